@@ -1,0 +1,30 @@
+# Two commands on a fresh machine: `make test` and `make train`.
+# The virtualenv is created on first use; torch is pinned to the CPU wheel first so that
+# installing the package never pulls a multi-GB CUDA build of torch.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+TORCH_PIN ?= torch==2.13.0
+
+.PHONY: install test test-quick train train-adamw bench clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet "$(TORCH_PIN)"
+	$(PY) -m pip install --quiet -e ".[dev]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+test-quick: $(STAMP)
+	$(PY) -m pytest -q -m "not slow and not distributed"
+
+bench: $(STAMP)
+	$(PY) bench/shampoo_step.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info

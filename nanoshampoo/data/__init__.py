@@ -1,0 +1,1 @@
+"""Data: FineWeb-style token shards, loaders, corpus preparation."""

@@ -1,0 +1,1 @@
+"""Evidence tools: statistics over repeated runs, plots, profiler trace analysis."""

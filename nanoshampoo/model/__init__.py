@@ -1,0 +1,1 @@
+"""GPT model (modded-nanogpt style)."""

@@ -1,0 +1,1 @@
+"""Distributors: who computes which block and how the results travel between ranks."""

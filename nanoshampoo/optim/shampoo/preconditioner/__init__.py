@@ -1,0 +1,1 @@
+"""Preconditioners: the math of one preconditioner per module."""

@@ -1,0 +1,1 @@
+"""Shared foundation of the Shampoo optimizer: configs, state handling, shape tools, communication helpers."""
