@@ -1,0 +1,173 @@
+"""Specification of the speedrun GPT: shapes, causality, soft-cap, init, rotary, presets."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from nanoshampoo.model.gpt import GPT, GPTConfig, Rotary, gpt_preset, linear_weight_and_bias
+
+VOCAB = 97
+
+
+def small_config(**overrides: object) -> GPTConfig:
+    fields = dict(vocab_size=VOCAB, num_layers=2, model_dim=32, head_dim=16, max_seq_len=24)
+    fields.update(overrides)
+    return GPTConfig(**fields)  # type: ignore[arg-type]
+
+
+@pytest.fixture(autouse=True)
+def _one_thread() -> None:
+    torch.set_num_threads(1)
+
+
+def test_output_shapes_and_loss_matches_cross_entropy_of_logits() -> None:
+    torch.manual_seed(0)
+    model = GPT(small_config())
+    torch.nn.init.normal_(model.lm_head.weight, std=1.0)  # non-zero head: non-trivial logits
+    idx = torch.randint(0, VOCAB, (3, 20))
+    targets = torch.randint(0, VOCAB, (3, 20))
+    logits = model(idx)
+    assert logits.shape == (3, 20, VOCAB) and logits.dtype == torch.float32
+    loss = model(idx, targets)
+    assert loss.shape == ()
+    log_probs = torch.log_softmax(logits.double(), dim=-1)
+    expected = -log_probs.gather(-1, targets.unsqueeze(-1)).mean()
+    torch.testing.assert_close(loss.double(), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_zero_head_gives_uniform_loss_at_init() -> None:
+    model = GPT(small_config())
+    idx = torch.randint(0, VOCAB, (2, 8))
+    torch.testing.assert_close(model(idx, idx), torch.tensor(math.log(VOCAB)))
+
+
+def test_future_tokens_do_not_change_past_logits() -> None:
+    torch.manual_seed(1)
+    model = GPT(small_config())
+    with torch.no_grad():  # zero-init outputs would hide any leak: randomize every parameter
+        for p in model.parameters():
+            p.normal_(0.0, 0.3)
+    idx = torch.randint(0, VOCAB, (2, 16))
+    changed = idx.clone()
+    changed[:, 10:] = (changed[:, 10:] + 1) % VOCAB
+    a, b = model(idx), model(changed)
+    torch.testing.assert_close(a[:, :10], b[:, :10])
+    assert not torch.allclose(a[:, 10:], b[:, 10:])
+
+
+def test_logits_are_soft_capped_at_15() -> None:
+    model = GPT(small_config())
+    with torch.no_grad():
+        model.lm_head.weight.normal_(0.0, 100.0)
+        model.lm_head.bias.normal_(0.0, 100.0)
+    logits = model(torch.randint(0, VOCAB, (2, 8)))
+    assert logits.abs().max() < 15.0
+    assert logits.abs().max() > 14.0  # huge pre-activations approach the cap
+    z = torch.tensor([-1e4, -15.0, 0.0, 3.0, 15.0])
+    reference = torch.tensor([15 * v / math.sqrt(v * v + 225) for v in z.tolist()])
+    capped = 15 * z / torch.sqrt(z.square() + 225)
+    torch.testing.assert_close(capped, reference)
+
+
+def test_init_zero_outputs_unit_embedding_and_scaled_hidden_weights() -> None:
+    torch.manual_seed(2)
+    config = GPTConfig(vocab_size=1000, num_layers=2, model_dim=256, head_dim=64, max_seq_len=8)
+    model = GPT(config)
+    for layer in model.output_layers():
+        assert torch.count_nonzero(layer.weight) == 0 and torch.count_nonzero(layer.bias) == 0
+    assert abs(model.embed.weight.std().item() - 1.0) < 0.01
+    for block in model.blocks:
+        for layer in (block.attn.qkv, block.mlp.fc):
+            fan_in = layer.weight.size(1)
+            expected = math.sqrt(0.33 / fan_in)
+            assert abs(layer.weight.std().item() / expected - 1.0) < 0.02
+            assert torch.count_nonzero(layer.bias) == 0
+    for name, p in model.named_parameters():
+        if "norm" in name:
+            assert p.ndim == 1 and torch.equal(p, torch.ones_like(p)), name
+
+
+def test_rotary_rotates_exactly_half_of_the_head_dims() -> None:
+    head_dim, seq = 16, 6
+    rotary = Rotary(head_dim, max_seq_len=seq)
+    x = torch.randn(1, 1, seq, head_dim, dtype=torch.float32)
+    y = rotary(x)
+    # Reference: pair i with i + D/2; pairs i < D/4 turn by angle t * (1/1024)^(i / (D/4 - 1)).
+    quarter, half = head_dim // 4, head_dim // 2
+    expected = x.clone()
+    for t in range(seq):
+        for i in range(quarter):
+            angle = t * (1 / 1024) ** (i / (quarter - 1))
+            a, b = x[0, 0, t, i].item(), x[0, 0, t, i + half].item()
+            expected[0, 0, t, i] = a * math.cos(angle) + b * math.sin(angle)
+            expected[0, 0, t, i + half] = b * math.cos(angle) - a * math.sin(angle)
+    torch.testing.assert_close(y, expected, rtol=1e-5, atol=1e-5)
+    untouched = torch.cat([torch.arange(quarter, half), torch.arange(half + quarter, head_dim)])
+    torch.testing.assert_close(y[..., untouched], x[..., untouched], rtol=0, atol=0)
+    assert not torch.allclose(y[0, 0, 1:, :quarter], x[0, 0, 1:, :quarter])
+
+
+def test_combined_linear_variant_equals_linear_variant() -> None:
+    pytest.importorskip("nanoshampoo.optim.shampoo.utils.shampoo_model_utils")
+    torch.manual_seed(3)
+    plain = GPT(small_config())
+    combined = GPT(small_config(combined_linear=True))
+    with torch.no_grad():
+        for p in plain.parameters():
+            p.normal_(0.0, 0.2)
+        plain_modules = dict(plain.named_modules())
+        for name, module in combined.named_modules():
+            if hasattr(module, "combined_weight"):
+                weight, bias = linear_weight_and_bias(plain_modules[name])
+                module.combined_weight.copy_(torch.cat([weight, bias.unsqueeze(1)], dim=1))
+            elif isinstance(module, (torch.nn.RMSNorm, torch.nn.Embedding)):
+                module.weight.copy_(plain_modules[name].weight)
+    idx = torch.randint(0, VOCAB, (2, 12))
+    torch.testing.assert_close(combined(idx), plain(idx))
+    assert sum(p.numel() for p in combined.parameters()) == sum(
+        p.numel() for p in plain.parameters()
+    )
+
+
+def test_gpt2_124m_parameter_count_matches_formula() -> None:
+    vocab = 50304
+    config = gpt_preset("gpt2-124m", vocab_size=vocab)
+    C, L, D = 768, 12, 128
+    assert (config.model_dim, config.num_layers, config.head_dim) == (C, L, D)
+    per_block = (
+        (C * 3 * C + 3 * C)  # qkv
+        + (C * C + C)  # attention output projection
+        + (C * 4 * C + 4 * C)  # mlp fc
+        + (4 * C * C + C)  # mlp projection
+        + 2 * C  # attention and mlp norm gains
+        + 2 * D  # q and k norm gains
+    )
+    expected = vocab * C + L * per_block + C + (C * vocab + vocab)
+    with torch.device("meta"):
+        model = GPT(config)
+    assert sum(p.numel() for p in model.parameters()) == expected
+
+
+@pytest.mark.parametrize(
+    "overrides, field",
+    [
+        (dict(vocab_size=0), "vocab_size"),
+        (dict(model_dim=40), "model_dim"),
+        (dict(head_dim=6, model_dim=36), "head_dim"),
+        (dict(num_layers=-1), "num_layers"),
+    ],
+)
+def test_invalid_config_names_the_field(overrides: dict[str, int], field: str) -> None:
+    with pytest.raises(ValueError, match=field):
+        small_config(**overrides)
+
+
+def test_unknown_preset_and_too_long_sequence_raise() -> None:
+    with pytest.raises(ValueError, match="unknown GPT preset"):
+        gpt_preset("huge", vocab_size=10)
+    model = GPT(small_config())
+    with pytest.raises(ValueError, match="max_seq_len"):
+        model(torch.zeros(1, 25, dtype=torch.long))
