@@ -1,0 +1,137 @@
+"""Render an :class:`~nanoshampoo.evidence.stats.EvidenceReport` as a text table or JSON.
+
+The JSON form is ``dataclasses.asdict`` of the report with non-finite numbers written as
+``null`` (strict JSON); files are written atomically.
+
+Example:
+    >>> print(format_report(build_report({"base": runs})))  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from nanoshampoo.evidence.stats import Comparison, EvidenceReport, GroupReport, Summary
+
+
+def report_to_dict(report: EvidenceReport) -> dict[str, Any]:
+    """The report as plain JSON-ready data (NaN and infinities become ``None``)."""
+    return _finite(dataclasses.asdict(report))
+
+
+def write_json(path: str | Path, data: Any) -> None:
+    """Write ``data`` as indented strict JSON to ``path`` atomically."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(data, f, indent=2, allow_nan=False)
+            f.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+
+
+def format_report(report: EvidenceReport) -> str:
+    """Human-readable report: one block per group, then the A/B comparisons."""
+    blocks = [_format_group(group, report.target) for group in report.groups]
+    if report.comparisons:
+        blocks.append(_format_comparisons(report.comparisons))
+    return "\n\n".join(blocks)
+
+
+def _format_group(group: GroupReport, target: float) -> str:
+    test = group.target_test
+    verdict = "PASS" if test.passed else "FAIL"
+    lines = [
+        f"== {group.name} ({len(group.runs)} runs) ==",
+        f"  final val loss   {_mean_std(group.final_val_loss, 4)}",
+        f"  vs target {target:g}   "
+        + (
+            f"t = {test.t_statistic:.3f}  p = {_p(test.p_value)}  (one-sided, H1: mean < target)"
+            if test.p_value is not None
+            else "t-test needs at least 2 runs"
+        ),
+        f"  track rule       (target - mean) * sqrt(n) = {test.rule_statistic:.5f}"
+        f" {'>=' if test.passed else '<'} {test.rule_threshold:g}  {verdict}",
+        f"  train time       {_mean_std(group.train_time_s, 4, ' s')}",
+        f"  step avg         {_mean_std(group.step_avg_ms, 2, ' ms')}",
+        f"  steps to target  {_mean_std(group.target_step, 1)}"
+        f"  ({group.reached} of {len(group.runs)} reached)",
+        f"  time to target   {_mean_std(group.target_time_s, 3, ' s')}",
+    ]
+    rows = [["run", "seed", "val_loss", "train_time_s", "step_avg_ms", "target_step", "target_time_s"]]
+    for run in group.runs:
+        rows.append(
+            [
+                run.run_id,
+                "-" if run.seed is None else str(run.seed),
+                f"{run.final_val_loss:.4f}",
+                f"{run.train_time_s:.3f}",
+                f"{run.step_avg_ms:.2f}",
+                "not reached" if run.target_step is None else f"{run.target_step:.1f}",
+                "-" if run.target_time_s is None else f"{run.target_time_s:.3f}",
+            ]
+        )
+    lines.extend("  " + line for line in _table(rows))
+    return "\n".join(lines)
+
+
+def _format_comparisons(comparisons: tuple[Comparison, ...]) -> str:
+    confidence = comparisons[0].confidence
+    header = f"{confidence:.0%} CI"
+    rows = [["baseline", "candidate", "metric", "baseline", "candidate", "diff", header, "t", "dof", "p"]]
+    for c in comparisons:
+        has_test = c.p_value is not None
+        rows.append(
+            [
+                c.baseline,
+                c.candidate,
+                c.metric,
+                f"{c.baseline_mean:.4f}",
+                f"{c.candidate_mean:.4f}",
+                f"{c.difference:+.4f}",
+                f"[{c.ci_low:+.4f}, {c.ci_high:+.4f}]" if has_test else "-",
+                f"{c.t_statistic:.3f}" if has_test else "-",
+                f"{c.dof:.1f}" if has_test else "-",
+                _p(c.p_value) if has_test else "-",
+            ]
+        )
+    title = "== A/B: candidate - baseline, Welch's t-test (two-sided) =="
+    return "\n".join([title, *("  " + line for line in _table(rows))])
+
+
+def _mean_std(summary: Summary, digits: int, unit: str = "") -> str:
+    if summary.mean is None:
+        return "-"
+    std = "-" if summary.std is None else f"{summary.std:.{digits}f}"
+    return f"mean {summary.mean:.{digits}f}{unit}  std {std}{unit}  (n={summary.n})"
+
+
+def _p(p: float | None) -> str:
+    if p is None or math.isnan(p):
+        return "-"
+    return f"{p:.4f}" if p >= 1e-4 else f"{p:.2e}"
+
+
+def _table(rows: list[list[str]]) -> list[str]:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value

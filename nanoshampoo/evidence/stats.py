@@ -1,0 +1,292 @@
+"""Statistics over repeated runs: summaries, the target-loss test, steps-to-target, A/B tests.
+
+The methodology is the speedrun's: run a configuration with several seeds, report mean and
+unbiased std (``ddof=1``) of the final validation loss and of the train time, test the losses
+against the target with a one-sided one-sample t-test (``H1: mean < target``), and apply the
+optimization-track rule ``(target - mean) * sqrt(n) >= 0.004`` (i.e. a z-test with an assumed
+seed-to-seed sigma of 0.0013 at p < 0.001). Two configurations are compared with Welch's
+t-test and a confidence interval for the difference of means (Welch--Satterthwaite dof).
+
+Example:
+    >>> losses = [3.2775, 3.2776, 3.2777, 3.2780, 3.2781, 3.2775, 3.2786, 3.2774, 3.2751, 3.2739]
+    >>> t = compare_to_target(losses, 3.28)
+    >>> round(t.mean, 4), round(t.std, 4), t.p_value < 0.001, t.passed
+    (3.2771, 0.0015, True, True)
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import scipy.stats
+
+from nanoshampoo.evidence.logs import RunRecord, ValPoint
+
+DEFAULT_TARGET = 3.28
+# The optimization track's rule: (target - mean) * sqrt(n) must reach 0.004, which is a
+# one-sided z-test at p < 0.001 (z = 3.08) with the assumed seed std of 0.0013.
+TRACK_RULE_THRESHOLD = 0.004
+TRACK_RULE_SIGMA = 0.0013
+
+
+@dataclass(frozen=True)
+class Summary:
+    """Sample size, mean and unbiased std (``None`` when ``n < 2``) of one metric."""
+
+    n: int
+    mean: float | None
+    std: float | None
+
+
+def summarize(values: Sequence[float]) -> Summary:
+    """Mean and unbiased (``ddof=1``) standard deviation; ``None`` where undefined."""
+    array = np.asarray(values, dtype=np.float64)
+    n = int(array.size)
+    mean = float(np.mean(array)) if n else None
+    std = float(np.std(array, ddof=1)) if n >= 2 else None
+    return Summary(n=n, mean=mean, std=std)
+
+
+@dataclass(frozen=True)
+class TargetTest:
+    """Whether final losses beat ``target``: one-sided t-test and the track rule.
+
+    ``t_statistic``/``p_value`` come from ``scipy.stats.ttest_1samp(losses, target,
+    alternative="less")`` and are ``None`` for fewer than two runs. ``rule_statistic`` is
+    ``(target - mean) * sqrt(n)``; ``passed`` is ``rule_statistic >= TRACK_RULE_THRESHOLD``.
+    """
+
+    target: float
+    n: int
+    mean: float
+    std: float | None
+    t_statistic: float | None
+    p_value: float | None
+    rule_statistic: float
+    rule_threshold: float
+    passed: bool
+
+
+def compare_to_target(losses: Sequence[float], target: float = DEFAULT_TARGET) -> TargetTest:
+    """One-sided one-sample t-test of ``losses`` against ``target`` plus the track rule."""
+    summary = summarize(losses)
+    if summary.mean is None:
+        raise ValueError("losses: need at least one final loss to test against the target")
+    t_statistic = p_value = None
+    if summary.n >= 2:
+        result = scipy.stats.ttest_1samp(losses, target, alternative="less")
+        t_statistic, p_value = float(result.statistic), float(result.pvalue)
+    rule_statistic = (target - summary.mean) * math.sqrt(summary.n)
+    return TargetTest(
+        target=target,
+        n=summary.n,
+        mean=summary.mean,
+        std=summary.std,
+        t_statistic=t_statistic,
+        p_value=p_value,
+        rule_statistic=rule_statistic,
+        rule_threshold=TRACK_RULE_THRESHOLD,
+        passed=rule_statistic >= TRACK_RULE_THRESHOLD,
+    )
+
+
+@dataclass(frozen=True)
+class TargetCrossing:
+    """Where a validation curve first reaches the target (linearly interpolated)."""
+
+    step: float
+    train_time_ms: float
+
+
+def steps_to_target(curve: Sequence[ValPoint], target: float) -> TargetCrossing | None:
+    """First point where the validation loss reaches ``target`` (``<=``), or ``None``.
+
+    Between the last point above the target and the first point at or below it, step and
+    train time are interpolated linearly in the loss. A curve whose first point is already at
+    or below the target crosses at that point.
+    """
+    previous: ValPoint | None = None
+    for point in curve:
+        if point.val_loss <= target:
+            if previous is None:
+                return TargetCrossing(float(point.step), point.train_time_ms)
+            fraction = (previous.val_loss - target) / (previous.val_loss - point.val_loss)
+            return TargetCrossing(
+                step=previous.step + fraction * (point.step - previous.step),
+                train_time_ms=previous.train_time_ms
+                + fraction * (point.train_time_ms - previous.train_time_ms),
+            )
+        previous = point
+    return None
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """Welch's two-sample comparison of one metric: ``candidate - baseline``.
+
+    ``ci_low``/``ci_high`` bound the difference of means at ``confidence`` using the
+    Welch--Satterthwaite degrees of freedom ``dof``; all test fields are ``None`` when either
+    group has fewer than two runs.
+    """
+
+    metric: str
+    baseline: str
+    candidate: str
+    baseline_mean: float
+    candidate_mean: float
+    difference: float
+    confidence: float
+    ci_low: float | None
+    ci_high: float | None
+    t_statistic: float | None
+    p_value: float | None
+    dof: float | None
+
+
+def welch_compare(
+    metric: str,
+    baseline: tuple[str, Sequence[float]],
+    candidate: tuple[str, Sequence[float]],
+    confidence: float = 0.95,
+) -> Comparison:
+    """Compare ``candidate`` against ``baseline`` with Welch's (unequal variance) t-test."""
+    if not 0.0 < confidence < 1.0:
+        raise ValueError(f"confidence: must be in (0, 1), got {confidence}")
+    (base_name, base_values), (cand_name, cand_values) = baseline, candidate
+    if not base_values or not cand_values:
+        raise ValueError(f"{metric}: both groups need at least one value to compare")
+    base_mean, cand_mean = float(np.mean(base_values)), float(np.mean(cand_values))
+    ci_low = ci_high = t_statistic = p_value = dof = None
+    if len(base_values) >= 2 and len(cand_values) >= 2:
+        result = scipy.stats.ttest_ind(cand_values, base_values, equal_var=False)
+        interval = result.confidence_interval(confidence_level=confidence)
+        ci_low, ci_high = float(interval.low), float(interval.high)
+        t_statistic, p_value, dof = float(result.statistic), float(result.pvalue), float(result.df)
+    return Comparison(
+        metric=metric,
+        baseline=base_name,
+        candidate=cand_name,
+        baseline_mean=base_mean,
+        candidate_mean=cand_mean,
+        difference=cand_mean - base_mean,
+        confidence=confidence,
+        ci_low=ci_low,
+        ci_high=ci_high,
+        t_statistic=t_statistic,
+        p_value=p_value,
+        dof=dof,
+    )
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    """One run's line in a group report."""
+
+    run_id: str
+    path: str
+    seed: int | None
+    final_val_loss: float
+    train_time_s: float
+    step_avg_ms: float
+    target_step: float | None
+    target_time_s: float | None
+
+
+@dataclass(frozen=True)
+class GroupReport:
+    """All statistics of one group of runs (one configuration, several seeds)."""
+
+    name: str
+    runs: tuple[RunSummary, ...]
+    final_val_loss: Summary
+    train_time_s: Summary
+    step_avg_ms: Summary
+    target_test: TargetTest
+    # Over the runs that reached the target; ``reached`` of ``len(runs)`` did.
+    target_step: Summary
+    target_time_s: Summary
+    reached: int
+
+
+@dataclass(frozen=True)
+class EvidenceReport:
+    """Reports of every group and the comparisons of each group against the baseline."""
+
+    target: float
+    groups: tuple[GroupReport, ...]
+    comparisons: tuple[Comparison, ...]
+
+
+# Metrics compared between groups: name in the report -> RunSummary attribute.
+COMPARED_METRICS = ("final_val_loss", "train_time_s", "step_avg_ms")
+
+
+def group_report(name: str, runs: Sequence[RunRecord], target: float = DEFAULT_TARGET) -> GroupReport:
+    """Summarize one group of finished runs against ``target``."""
+    if not runs:
+        raise ValueError(f"group {name!r}: no runs")
+    summaries = []
+    for run in runs:
+        crossing = steps_to_target(run.curve, target)
+        summaries.append(
+            RunSummary(
+                run_id=run.run_id,
+                path=str(run.path),
+                seed=run.seed,
+                final_val_loss=run.final_val_loss,
+                train_time_s=run.train_time_ms / 1000.0,
+                step_avg_ms=run.step_avg_ms,
+                target_step=None if crossing is None else crossing.step,
+                target_time_s=None if crossing is None else crossing.train_time_ms / 1000.0,
+            )
+        )
+    reached = [s for s in summaries if s.target_step is not None]
+    return GroupReport(
+        name=name,
+        runs=tuple(summaries),
+        final_val_loss=summarize([s.final_val_loss for s in summaries]),
+        train_time_s=summarize([s.train_time_s for s in summaries]),
+        step_avg_ms=summarize([s.step_avg_ms for s in summaries]),
+        target_test=compare_to_target([s.final_val_loss for s in summaries], target),
+        target_step=summarize([s.target_step for s in reached]),
+        target_time_s=summarize([s.target_time_s for s in reached]),
+        reached=len(reached),
+    )
+
+
+def build_report(
+    groups: Mapping[str, Sequence[RunRecord]],
+    target: float = DEFAULT_TARGET,
+    baseline: str | None = None,
+    confidence: float = 0.95,
+) -> EvidenceReport:
+    """Report every group; with two or more, compare each group against ``baseline``.
+
+    ``baseline`` defaults to the first group. Differences are ``group - baseline``, so a
+    negative train-time difference means the group is faster than the baseline.
+    """
+    if not groups:
+        raise ValueError("groups: no groups of runs to report")
+    if baseline is None:
+        baseline = next(iter(groups))
+    if baseline not in groups:
+        raise ValueError(f"baseline: {baseline!r} is not one of the groups {sorted(groups)}")
+    reports = {name: group_report(name, runs, target) for name, runs in groups.items()}
+    comparisons = []
+    base = reports[baseline]
+    for name, report in reports.items():
+        if name == baseline:
+            continue
+        for metric in COMPARED_METRICS:
+            comparisons.append(
+                welch_compare(
+                    metric,
+                    (baseline, [getattr(r, metric) for r in base.runs]),
+                    (name, [getattr(r, metric) for r in report.runs]),
+                    confidence,
+                )
+            )
+    return EvidenceReport(target=target, groups=tuple(reports.values()), comparisons=tuple(comparisons))
