@@ -1,12 +1,14 @@
-"""Shape and sequence tools for Shampoo: merging small dims, blocking, index ranges, contexts.
+"""Shape and sequence tools for Shampoo: merging small dims, blocking, index ranges, contexts,
+and the assignment of blocks to ranks (``distribute_buffer_sizes``).
 
-The distributed helpers of this layer (``distribute_buffer_sizes``,
-``prepare_update_param_buffers``, ``redistribute_and_update_params``) live in
-``shampoo_dist_utils`` and are re-exported here, so both import paths work.
+The parameter exchange between ranks (``prepare_update_param_buffers``,
+``redistribute_and_update_params``) talks to other ranks, so it lives in
+``param_redistribution`` and is re-exported here.
 """
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections.abc import Callable, Iterator, Sequence
 from functools import cache, reduce
@@ -15,6 +17,11 @@ from types import TracebackType
 from typing import Generic, TypeVar
 
 import torch
+
+from nanoshampoo.optim.shampoo.utils.load_balancing_utils import (
+    DefaultCostModel,
+    LoadBalancingConfig,
+)
 
 T = TypeVar("T")
 
@@ -243,3 +250,68 @@ class ParameterizeEnterExitContext(Generic[T]):
         traceback: TracebackType | None,
     ) -> None:
         self._exit(self._obj)
+
+
+def distribute_buffer_sizes(
+    buffer_sizes: Sequence[int],
+    group_size: int,
+    load_balancing_config: LoadBalancingConfig | None = None,
+    blocks: Sequence[torch.Tensor] | None = None,
+) -> tuple[tuple[int, int], ...]:
+    """Assign blocks to ``group_size`` ranks, balancing their load; deterministic on every rank.
+
+    Each block is described by its buffer size in bytes. Its aligned buffer size is
+    ``DefaultCostModel.cost`` of the block and its load is
+    ``load_balancing_config.cost_model.cost`` of the block (default: the aligned bytes). The
+    cost models need a tensor: when ``blocks`` is given they get the real blocks (so a
+    shape-aware model such as ``PolynomialComputationalCostModel`` sees the real dims), otherwise
+    they get a proxy, a 1-D ``uint8`` meta tensor with ``buffer_size`` elements (same byte
+    count, no memory; a shape-aware model then sees one dim equal to the byte count).
+
+    Greedy (longest-processing-time first) with a heap: blocks in decreasing load, ties by
+    block index, each goes to the rank with the least load so far, ties by lower rank. The
+    result depends only on the inputs, so all ranks agree without communicating, and
+    ``max load - min load <= largest block load``.
+
+    Args:
+        buffer_sizes: bytes per block, ints ``>= 0``.
+        group_size: number of ranks, int ``>= 1``.
+        load_balancing_config: what to balance; ``None`` means ``LoadBalancingConfig()``.
+        blocks: optional, the blocks themselves (same length as ``buffer_sizes``), given to the
+            cost models instead of the proxies.
+
+    Returns:
+        One ``(aligned_buffer_size, rank)`` per block, in block order.
+
+    Raises:
+        ValueError: bad ``group_size``, a negative size, or ``blocks`` of another length.
+
+    Example:
+        >>> distribute_buffer_sizes((128, 64, 500, 256), group_size=2)
+        ((128, 1), (64, 1), (512, 0), (256, 1))
+    """
+    if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1:
+        raise ValueError(
+            f"distribute_buffer_sizes: group_size must be an int >= 1, got {group_size!r}"
+        )
+    if any(size < 0 for size in buffer_sizes):
+        raise ValueError(
+            f"distribute_buffer_sizes: buffer_sizes must be >= 0, got {tuple(buffer_sizes)}"
+        )
+    if blocks is not None and len(blocks) != len(buffer_sizes):
+        raise ValueError(
+            "distribute_buffer_sizes: blocks must match buffer_sizes, got "
+            f"len(blocks)={len(blocks)} and len(buffer_sizes)={len(buffer_sizes)}"
+        )
+    cost_model = (load_balancing_config or LoadBalancingConfig()).cost_model
+    proxies = [torch.empty(int(size), dtype=torch.uint8, device="meta") for size in buffer_sizes]
+    aligned_sizes = [int(DefaultCostModel.cost(proxy)) for proxy in proxies]
+    loads = [float(cost_model.cost(tensor)) for tensor in (blocks if blocks is not None else proxies)]
+
+    rank_loads = [(0.0, rank) for rank in range(group_size)]  # sorted, hence already a heap
+    ranks = [0] * len(loads)
+    for index in sorted(range(len(loads)), key=lambda i: (-loads[i], i)):
+        load, rank = heapq.heappop(rank_loads)
+        ranks[index] = rank
+        heapq.heappush(rank_loads, (load + loads[index], rank))
+    return tuple(zip(aligned_sizes, ranks, strict=True))

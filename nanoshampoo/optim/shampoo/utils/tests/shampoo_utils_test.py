@@ -4,9 +4,14 @@ from itertools import product
 import pytest
 import torch
 
+from nanoshampoo.optim.shampoo.utils.load_balancing_utils import (
+    LoadBalancingConfig,
+    PolynomialComputationalCostModel,
+)
 from nanoshampoo.optim.shampoo.utils.shampoo_utils import (
     ParameterizeEnterExitContext,
     compress_list,
+    distribute_buffer_sizes,
     generate_pairwise_indices,
     get_dtype_size,
     merge_small_dims,
@@ -205,3 +210,67 @@ def test_parameterize_enter_exit_context_exits_when_body_raises() -> None:
         ):
             raise RuntimeError("boom")
     assert recorder.calls == ["enter", "exit"]
+
+
+# ----------------------------------------------------------------------------- distribute_buffer_sizes
+def _loads_per_rank(loads: list[float], assignment: tuple[tuple[int, int], ...], group_size: int) -> list[float]:
+    per_rank = [0.0] * group_size
+    for load, (_, rank) in zip(loads, assignment, strict=True):
+        per_rank[rank] += load
+    return per_rank
+
+
+def test_distribute_buffer_sizes_article_example() -> None:
+    # Loads 128, 64, 512, 256 (aligned): 512 -> rank 0, then 256, 128, 64 all -> rank 1.
+    assert distribute_buffer_sizes((128, 64, 500, 256), 2) == ((128, 1), (64, 1), (512, 0), (256, 1))
+
+
+@pytest.mark.parametrize("group_size", [1, 2, 3, 4, 8])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_distribute_buffer_sizes_balances_and_aligns(group_size: int, seed: int) -> None:
+    generator = torch.Generator().manual_seed(seed)
+    sizes = torch.randint(0, 5000, (13,), generator=generator).tolist()
+    assignment = distribute_buffer_sizes(sizes, group_size)
+    aligned = [-(-s // 64) * 64 for s in sizes]
+    assert [a for a, _ in assignment] == aligned
+    assert all(0 <= rank < group_size for _, rank in assignment)
+    per_rank = _loads_per_rank(aligned, assignment, group_size)
+    assert max(per_rank) - min(per_rank) <= max(aligned)
+    assert distribute_buffer_sizes(list(sizes), group_size) == assignment  # deterministic
+
+
+def test_distribute_buffer_sizes_group_size_one_and_more_ranks_than_blocks() -> None:
+    assert distribute_buffer_sizes((10, 200, 3), 1) == ((64, 0), (256, 0), (64, 0))
+    # Heaviest first to the emptiest rank, ties by lower rank: each block gets its own rank.
+    assert distribute_buffer_sizes((10, 200, 3), 5) == ((64, 1), (256, 0), (64, 2))
+    assert distribute_buffer_sizes((), 3) == ()
+
+
+def test_distribute_buffer_sizes_breaks_ties_by_index_then_rank() -> None:
+    assert distribute_buffer_sizes((64,) * 5, 2) == ((64, 0), (64, 1), (64, 0), (64, 1), (64, 0))
+
+
+def test_distribute_buffer_sizes_uses_config_cost_model_on_blocks() -> None:
+    blocks = [torch.empty(100, 100), torch.empty(10, 10), torch.empty(90, 90), torch.empty(20, 20)]
+    sizes = [b.numel() * 4 for b in blocks]
+    config = LoadBalancingConfig(cost_model=PolynomialComputationalCostModel())
+    assignment = distribute_buffer_sizes(sizes, 2, config, blocks=blocks)
+    # Cubic loads 2e6, 2e3, 1.458e6, 1.6e4: 100x100 alone on rank 0, the rest on rank 1.
+    assert [rank for _, rank in assignment] == [0, 1, 1, 1]
+    assert [size for size, _ in assignment] == [-(-s // 64) * 64 for s in sizes]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"buffer_sizes": (1,), "group_size": 0}, r"group_size must be an int >= 1, got 0"),
+        ({"buffer_sizes": (1, -1), "group_size": 2}, r"buffer_sizes must be >= 0, got \(1, -1\)"),
+        (
+            {"buffer_sizes": (1, 2), "group_size": 2, "blocks": [torch.empty(1)]},
+            r"len\(blocks\)=1 and len\(buffer_sizes\)=2",
+        ),
+    ],
+)
+def test_distribute_buffer_sizes_rejects_bad_input(kwargs: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        distribute_buffer_sizes(**kwargs)

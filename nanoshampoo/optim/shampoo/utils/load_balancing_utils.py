@@ -1,0 +1,122 @@
+"""Cost models that say how expensive a block is, for spreading blocks over ranks."""
+
+from __future__ import annotations
+
+import math
+from abc import abstractmethod
+from dataclasses import dataclass, field
+
+import torch
+from numpy.polynomial import polynomial
+
+from nanoshampoo.optim.shampoo.utils.abstract_dataclass import AbstractDataclass
+
+
+@dataclass(init=False)
+class CostModel(AbstractDataclass):
+    """Abstract: ``cost(tensor) -> float``, the load one block puts on the rank that owns it.
+
+    Concrete models are plain ``@dataclass`` subclasses implementing :meth:`cost`. Costs must
+    depend only on the tensor's shape and dtype (never its values), so that every rank computes
+    the same assignment; meta tensors are therefore valid inputs.
+    """
+
+    @abstractmethod
+    def cost(self, tensor: torch.Tensor) -> float:
+        """The non-negative cost of owning ``tensor``."""
+
+
+@dataclass
+class PolynomialComputationalCostModel(CostModel):
+    """Compute cost: ``max(min_cost, sum over dims d of polyval(d, coefficients))``.
+
+    ``coefficients`` are in increasing degree (numpy's ``polynomial.polyval`` convention), so the
+    default ``(0, 0, 0, 1)`` is ``sum(d**3)``: the cost of a root-inverse or eigendecomposition
+    of each ``d x d`` Shampoo factor matrix. A 0-D tensor has no dims and costs ``min_cost``.
+
+    Fields:
+        coefficients: non-empty tuple of finite floats.
+        min_cost: finite, ``>= 0``; the floor of every cost.
+
+    Example:
+        >>> model = PolynomialComputationalCostModel(coefficients=(1.0, 0.1, 0.01), min_cost=10.0)
+        >>> model.cost(torch.empty(100, 200, device="meta"))
+        532.0
+    """
+
+    coefficients: tuple[float, ...] = (0.0, 0.0, 0.0, 1.0)
+    min_cost: float = 0.0
+
+    def __post_init__(self) -> None:
+        self.coefficients = tuple(float(c) for c in self.coefficients)
+        if not self.coefficients or not all(math.isfinite(c) for c in self.coefficients):
+            raise ValueError(
+                "PolynomialComputationalCostModel.coefficients must be a non-empty tuple of finite "
+                f"floats, got {self.coefficients!r}"
+            )
+        if not (math.isfinite(self.min_cost) and self.min_cost >= 0):
+            raise ValueError(
+                f"PolynomialComputationalCostModel.min_cost must be finite and >= 0, got {self.min_cost!r}"
+            )
+
+    def cost(self, tensor: torch.Tensor) -> float:
+        total = sum(float(polynomial.polyval(dim, self.coefficients)) for dim in tensor.shape)
+        return max(self.min_cost, total)
+
+
+@dataclass
+class AlignedMemoryCostModel(CostModel):
+    """Memory cost: the tensor's bytes rounded up to a multiple of ``alignment_bytes``.
+
+    The result is an int number of bytes (also usable as a buffer size).
+
+    Fields:
+        alignment_bytes: int ``>= 1`` (default 64, a cache line).
+
+    Example:
+        >>> AlignedMemoryCostModel(alignment_bytes=64).cost(torch.empty(10, dtype=torch.float32))
+        64
+    """
+
+    alignment_bytes: int = 64
+
+    def __post_init__(self) -> None:
+        if (
+            isinstance(self.alignment_bytes, bool)
+            or not isinstance(self.alignment_bytes, int)
+            or self.alignment_bytes < 1
+        ):
+            raise ValueError(
+                f"AlignedMemoryCostModel.alignment_bytes must be an int >= 1, got {self.alignment_bytes!r}"
+            )
+
+    def cost(self, tensor: torch.Tensor) -> int:
+        size = tensor.numel() * tensor.element_size()
+        return -(-size // self.alignment_bytes) * self.alignment_bytes
+
+
+# The memory model that buffer sizes are aligned by, and the default load measure.
+DefaultCostModel = AlignedMemoryCostModel()
+
+
+@dataclass
+class LoadBalancingConfig:
+    """How :func:`~nanoshampoo.optim.shampoo.utils.shampoo_utils.distribute_buffer_sizes` weighs blocks.
+
+    Fields:
+        cost_model: a :class:`CostModel` instance; default equal to ``DefaultCostModel`` (balance
+            aligned bytes).
+
+    Example:
+        >>> LoadBalancingConfig(cost_model=PolynomialComputationalCostModel()).cost_model.min_cost
+        0.0
+    """
+
+    cost_model: CostModel = field(default_factory=lambda: AlignedMemoryCostModel())
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.cost_model, CostModel):
+            raise ValueError(
+                "LoadBalancingConfig.cost_model must be a CostModel instance, "
+                f"got {type(self.cost_model).__name__}"
+            )
