@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from nanoshampoo.evidence.stats import Comparison, EvidenceReport, GroupReport, Summary
+from nanoshampoo.evidence.tables import format_table
 
 
 def report_to_dict(report: EvidenceReport) -> dict[str, Any]:
@@ -81,7 +82,7 @@ def _format_group(group: GroupReport, target: float) -> str:
                 "-" if run.target_time_s is None else f"{run.target_time_s:.3f}",
             ]
         )
-    lines.extend("  " + line for line in _table(rows))
+    lines.extend("  " + line for line in format_table(rows))
     return "\n".join(lines)
 
 
@@ -106,7 +107,7 @@ def _format_comparisons(comparisons: tuple[Comparison, ...]) -> str:
             ]
         )
     title = "== A/B: candidate - baseline, Welch's t-test (two-sided) =="
-    return "\n".join([title, *("  " + line for line in _table(rows))])
+    return "\n".join([title, *("  " + line for line in format_table(rows))])
 
 
 def _mean_std(summary: Summary, digits: int, unit: str = "") -> str:
@@ -121,10 +122,6 @@ def _p(p: float | None) -> str:
         return "-"
     return f"{p:.4f}" if p >= 1e-4 else f"{p:.2e}"
 
-
-def _table(rows: list[list[str]]) -> list[str]:
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    return ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
 
 
 def _finite(value: Any) -> Any:

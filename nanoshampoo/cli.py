@@ -1,0 +1,151 @@
+"""The ``nanoshampoo`` command: train, prepare data, and produce evidence.
+
+Subcommands:
+
+* ``train ...`` -- the trainer (``nanoshampoo.train.cli.main``), arguments passed through;
+* ``prepare ...`` -- data preparation (``nanoshampoo.data.prepare.main``), passed through;
+* ``stats PATH... [--group NAME=GLOB] [--group-by KEY] [--baseline NAME] [--target 3.28]
+  [--json OUT] [--plot DIR]`` -- statistics of repeated runs and A/B comparisons;
+* ``repeat -n N [--out-dir DIR] [--seed0 S] [--nproc K] [--name NAME] -- TRAIN_ARGS`` -- train
+  N seeds, then report them;
+* ``trace PATH... [--json OUT]`` -- communication/computation overlap in profiler traces.
+
+Example:
+    $ nanoshampoo repeat -n 5 --out-dir runs/hook -- --preset tiny --adam-launch hook
+    $ nanoshampoo stats runs/step runs/hook --plot plots/ --json report.json
+    $ nanoshampoo trace runs/hook/profile
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from nanoshampoo.evidence.grouping import groups_by_directory, groups_from_specs, regroup
+from nanoshampoo.evidence.logs import LogFormatError, read_run
+from nanoshampoo.evidence.repeat import RepeatConfig, run_repeats
+from nanoshampoo.evidence.report import format_report, report_to_dict, write_json
+from nanoshampoo.evidence.stats import DEFAULT_TARGET, build_report
+from nanoshampoo.evidence.traces import TraceFormatError, analyze_paths, format_overlap
+
+# Subcommands whose arguments belong to another module's own parser: name -> "module:function".
+PASSTHROUGH = {
+    "train": ("nanoshampoo.train.cli", "main", "train a model (see `nanoshampoo train --help`)"),
+    "prepare": ("nanoshampoo.data.prepare", "main", "download and tokenize data (see `nanoshampoo prepare --help`)"),
+}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line ``argv`` (default ``sys.argv[1:]``); return the exit status."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in PASSTHROUGH:
+        module, function, _ = PASSTHROUGH[argv[0]]
+        # Imported only when used: training and data preparation pull in heavy dependencies.
+        result = getattr(importlib.import_module(module), function)(argv[1:])
+        return int(result or 0)
+    parser = _parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.handler(args))
+    except (LogFormatError, TraceFormatError, ValueError, RuntimeError) as exc:
+        print(f"nanoshampoo {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="nanoshampoo", description=__doc__.split("\n\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, (_, _, help_text) in PASSTHROUGH.items():
+        commands.add_parser(name, help=help_text, add_help=False)
+
+    stats = commands.add_parser("stats", help="statistics and A/B tests over repeated runs")
+    stats.add_argument("paths", nargs="*", metavar="PATH",
+                       help="run logs (.jsonl/.txt) or directories; each directory is a group")
+    _add_report_options(stats)
+    stats.set_defaults(handler=_run_stats)
+
+    repeat = commands.add_parser("repeat", help="train N seeds of one configuration, then report")
+    repeat.add_argument("-n", "--runs", type=int, required=True, help="number of seeds")
+    repeat.add_argument("--out-dir", type=Path, default=Path("runs"), help="where the runs' logs go")
+    repeat.add_argument("--seed0", type=int, default=0, help="first seed")
+    repeat.add_argument("--nproc", type=int, default=1, help="processes per run (torchrun when > 1)")
+    repeat.add_argument("--name", default="run", help="run id prefix: <name>_seed<s>")
+    repeat.add_argument("--target", type=float, default=DEFAULT_TARGET, help="target val loss")
+    repeat.add_argument("--json", type=Path, help="also write the report as JSON here")
+    repeat.add_argument("train_args", nargs=argparse.REMAINDER,
+                        help="arguments for `python -m nanoshampoo.train`, after `--`")
+    repeat.set_defaults(handler=_run_repeat)
+
+    trace = commands.add_parser("trace", help="communication/computation overlap in profiler traces")
+    trace.add_argument("paths", nargs="+", metavar="PATH",
+                       help="Chrome traces (.json/.json.gz) or directories of them (one per rank)")
+    trace.add_argument("--json", type=Path, help="also write the figures as JSON here")
+    trace.set_defaults(handler=_run_trace)
+    return parser
+
+
+def _add_report_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--group", action="append", default=[], metavar="NAME=GLOB",
+                        help="a named group of run logs matching GLOB (repeatable)")
+    parser.add_argument("--group-by", metavar="KEY",
+                        help="regroup all runs by optimizer, preset, world_size or a config field")
+    parser.add_argument("--baseline", help="group the others are compared with (default: first)")
+    parser.add_argument("--target", type=float, default=DEFAULT_TARGET, help="target val loss")
+    parser.add_argument("--confidence", type=float, default=0.95, help="confidence of the A/B CIs")
+    parser.add_argument("--json", type=Path, help="also write the report as JSON here")
+    parser.add_argument("--plot", type=Path, metavar="DIR", help="write PNG figures into DIR")
+
+
+def _run_stats(args: argparse.Namespace) -> int:
+    if not args.paths and not args.group:
+        raise ValueError("give run log paths or directories, or --group NAME=GLOB")
+    groups = {}
+    if args.paths:
+        groups.update(groups_by_directory(args.paths))
+    for name, runs in groups_from_specs(args.group).items():
+        if name in groups:
+            raise ValueError(f"group: name {name!r} is also a directory group")
+        groups[name] = runs
+    if args.group_by:
+        groups = regroup(groups, args.group_by)
+    report = build_report(groups, args.target, args.baseline, args.confidence)
+    print(format_report(report))
+    if args.json:
+        write_json(args.json, report_to_dict(report))
+        print(f"\nwrote {args.json}")
+    if args.plot:
+        from nanoshampoo.evidence.plots import write_plots  # matplotlib loads only when plotting
+
+        for path in write_plots(groups, report, args.plot):
+            print(f"wrote {path}")
+    return 0
+
+
+def _run_repeat(args: argparse.Namespace) -> int:
+    train_args = args.train_args[1:] if args.train_args[:1] == ["--"] else args.train_args
+    config = RepeatConfig(runs=args.runs, out_dir=args.out_dir, seed0=args.seed0,
+                          nproc=args.nproc, name=args.name)
+    run_repeats(config, train_args)
+    files = [config.out_dir / f"{config.run_id(seed)}.jsonl" for seed in config.seeds]
+    missing = [str(f) for f in files if not f.exists()]
+    if missing:
+        raise RuntimeError(f"the runs did not write their logs: {', '.join(missing)}")
+    groups = {str(config.out_dir): [read_run(f) for f in files]}
+    report = build_report(groups, args.target)
+    print(format_report(report))
+    if args.json:
+        write_json(args.json, report_to_dict(report))
+    return 0
+
+
+def _run_trace(args: argparse.Namespace) -> int:
+    stats = analyze_paths(args.paths)
+    print(format_overlap(stats))
+    if args.json:
+        write_json(args.json, [dataclasses.asdict(s) for s in stats])
+        print(f"\nwrote {args.json}")
+    return 0

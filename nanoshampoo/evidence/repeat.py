@@ -1,0 +1,88 @@
+"""Run one training configuration with several seeds, one subprocess per seed.
+
+Each seed ``s`` runs ``python -m nanoshampoo.train <train args> --seed s --run-id
+<name>_seed<s> --out-dir DIR`` (through ``torch.distributed.run --standalone`` when
+``nproc > 1``), so every run leaves ``DIR/<name>_seed<s>.{txt,jsonl}`` for
+``nanoshampoo stats DIR``.
+
+Example:
+    >>> config = RepeatConfig(runs=3, out_dir="runs/adam")  # doctest: +SKIP
+    >>> run_repeats(config, ["--preset", "tiny"])  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+# Options repeat sets per seed; giving them among the train args would be ambiguous.
+MANAGED_OPTIONS = ("--seed", "--run-id", "--out-dir")
+
+
+@dataclass(frozen=True)
+class RepeatConfig:
+    """How many seeds to run, from which seed, where, and on how many processes."""
+
+    runs: int
+    out_dir: Path
+    seed0: int = 0
+    nproc: int = 1
+    name: str = "run"
+
+    def __post_init__(self) -> None:
+        if self.runs < 1:
+            raise ValueError(f"runs: must be >= 1, got {self.runs}")
+        if self.seed0 < 0:
+            raise ValueError(f"seed0: must be >= 0, got {self.seed0}")
+        if self.nproc < 1:
+            raise ValueError(f"nproc: must be >= 1, got {self.nproc}")
+        if not self.name or "/" in self.name or self.name.startswith("."):
+            raise ValueError(f"name: must be a plain file-name prefix, got {self.name!r}")
+        object.__setattr__(self, "out_dir", Path(self.out_dir))
+
+    @property
+    def seeds(self) -> range:
+        return range(self.seed0, self.seed0 + self.runs)
+
+    def run_id(self, seed: int) -> str:
+        return f"{self.name}_seed{seed}"
+
+
+def seed_command(config: RepeatConfig, seed: int, train_args: Sequence[str]) -> list[str]:
+    """The command line that trains seed ``seed``."""
+    for arg in train_args:
+        if arg.split("=", 1)[0] in MANAGED_OPTIONS:
+            raise ValueError(f"train_args: {arg!r} is set by repeat for each seed; remove it")
+    launcher = [sys.executable]
+    if config.nproc > 1:
+        launcher += ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={config.nproc}"]
+    return [
+        *launcher,
+        "-m",
+        "nanoshampoo.train",
+        *train_args,
+        "--seed",
+        str(seed),
+        "--run-id",
+        config.run_id(seed),
+        "--out-dir",
+        str(config.out_dir),
+    ]
+
+
+def run_repeats(
+    config: RepeatConfig,
+    train_args: Sequence[str],
+    run: Callable[[list[str]], int] = lambda cmd: subprocess.run(cmd, check=False).returncode,
+) -> None:
+    """Train every seed in turn; raise ``RuntimeError`` naming the first seed that fails."""
+    config.out_dir.mkdir(parents=True, exist_ok=True)
+    for seed in config.seeds:
+        command = seed_command(config, seed, train_args)
+        print(f"[repeat] seed {seed}: {' '.join(command)}", flush=True)
+        returncode = run(command)
+        if returncode != 0:
+            raise RuntimeError(f"seed {seed} failed with exit status {returncode}: {' '.join(command)}")
