@@ -1,0 +1,405 @@
+"""DistAdam: ZeRO-2-style sharded AdamW whose gradient reduce-scatters start during backward.
+
+Each rank keeps the Adam moments of one dim-0 slice of every parameter, updates only that slice
+with the rank-averaged gradient slice, then all-gathers the full parameter back. The gradient
+reduce-scatter of a parameter is launched by its post-accumulate-grad hook, so the last layers'
+gradients (produced first by backward) start syncing while earlier layers still differentiate.
+``step()`` walks parameters in reverse order, waiting first on what was launched first.
+
+Layout (world size ``W``, rank ``r``):
+- Parameters are grouped by shape, one param group per distinct shape in first-seen order (a
+  dict param group given by the caller is split by shape the same way, keeping its options).
+- A parameter is *sharded* when ``W > 1``, it is contiguous, ``shape[0] % W == 0`` and it has at
+  least ``shard_min_numel`` elements: rank ``r`` owns rows ``[r*n, (r+1)*n)`` with
+  ``n = shape[0] // W`` and holds ``exp_avg``/``exp_avg_sq`` of shape ``(n, *shape[1:])``.
+- Every other parameter (dim 0 not divisible by ``W``, 0-D, or small) is *replicated*: its
+  gradient is all-reduced (AVG) in place in ``param.grad`` (in a contiguous copy when
+  ``param.grad`` is not contiguous) and every rank applies the full,
+  identical update with full-size moments; no all-gather is needed. Small tensors are replicated
+  because one all-reduce costs one collective latency where reduce-scatter + all-gather cost two,
+  and their optimizer state is too small to be worth sharding. Sharded parameters' ``.grad``
+  keeps the local (unaveraged) gradient.
+
+Update, per parameter slice ``p`` with averaged gradient slice ``g`` at step ``t``
+(``lr = group["lr"] * param.lr_mul``, ``wd = group["weight_decay"] * param.wd_mul``, both
+multipliers optional attributes defaulting to 1)::
+
+    p *= 1 - lr * wd
+    m = beta1 * m + (1 - beta1) * g;   v = beta2 * v + (1 - beta2) * g * g
+    p -= lr * sqrt(1 - beta2**t) / (1 - beta1**t) * m / (sqrt(v) + eps)
+
+This is torch's AdamW except where ``eps`` enters: here it is added to ``sqrt(v)`` before the
+bias correction, torch adds it after; the two differ only where ``sqrt(v)`` is comparable to
+``eps``.
+
+Schedules (``launch``):
+- ``"hook"``: the post-accumulate-grad hook launches the reduce-scatter when ``should_sync`` is
+  true. Set ``should_sync = False`` on micro-batches that only accumulate gradients.
+- ``"step"``: the baseline; ``step()`` launches every reduce-scatter itself (all of them up front,
+  in the order it then consumes them) so communication overlaps only the optimizer math.
+In either mode a parameter that has a gradient but no launched sync is reduced inside ``step()``;
+a parameter whose ``.grad`` is ``None`` and has no launched sync is skipped. A hook-launched
+sync that ``step()`` never consumed raises ``RuntimeError`` at the next launch for that parameter
+or at ``zero_grad()``: it means a synced backward was not followed by ``step()``.
+
+Collectives: ``nanoshampoo.optim.collectives`` (``reduce_scatter_single``/``all_gather_single`` on
+torch >= 2.13, the deprecated older names before). On gloo (CPU) a reduce-scatter's ``Work``
+has no future (``get_future()`` raises "Work::getFuture not implemented") and gloo runs it as a
+full all-reduce, so this module waits on ``Work`` handles, never on futures. The same code runs on
+NCCL, where ``Work.wait()`` makes the current CUDA stream wait instead of blocking the host.
+With world size 1, or without an initialized process group, no collective is issued.
+
+State dict: each rank saves and loads its own shard state (moments of its slices, plus the full
+moments of replicated parameters) and the ``(world_size, rank)`` it was saved under; loading on a
+different world size or rank raises ``ValueError``. Checkpoint one file per rank.
+
+Example:
+    >>> opt = DistAdam(model.parameters(), lr=3e-4, betas=(0.9, 0.95), weight_decay=0.1)
+    >>> for micro in range(accum_steps):  # doctest: +SKIP
+    ...     opt.should_sync = micro == accum_steps - 1
+    ...     model(x[micro], y[micro]).backward()
+    >>> opt.step()  # doctest: +SKIP
+    >>> opt.zero_grad(set_to_none=True)  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+from torch.distributed import ProcessGroup, ReduceOp, Work
+from torch.utils.hooks import RemovableHandle
+
+from nanoshampoo.optim.collectives import (
+    all_gather_into_tensor,
+    reduce_scatter_tensor,
+    wait_all,
+    wait_work,
+)
+
+Launch = Literal["hook", "step"]
+_LAUNCH_MODES: tuple[str, ...] = ("hook", "step")
+# Below this many elements a parameter is replicated (see module docstring).
+DEFAULT_SHARD_MIN_NUMEL = 1024
+
+
+def adamw_update_(
+    param: Tensor,
+    grad: Tensor,
+    exp_avg: Tensor,
+    exp_avg_sq: Tensor,
+    *,
+    step: int,
+    lr: float,
+    beta1: float,
+    beta2: float,
+    eps: float,
+    weight_decay: float,
+) -> None:
+    """Apply one decoupled-weight-decay Adam step in place to ``param``, ``exp_avg``, ``exp_avg_sq``.
+
+    All four tensors have the same shape; ``step`` is the 1-based count including this step.
+    """
+    if weight_decay != 0.0:
+        param.mul_(1.0 - lr * weight_decay)
+    exp_avg.mul_(beta1).add_(grad, alpha=1.0 - beta1)
+    exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1.0 - beta2)
+    step_size = lr * math.sqrt(1.0 - beta2**step) / (1.0 - beta1**step)
+    denom = exp_avg_sq.sqrt().add_(eps)
+    param.addcdiv_(exp_avg, denom, value=-step_size)
+
+
+@dataclass
+class _PendingSync:
+    """A launched gradient sync: ``grad`` holds this rank's averaged gradient once ``work`` is done.
+
+    ``source`` keeps the reduce-scatter input alive until the collective completes.
+    """
+
+    work: Work | None
+    grad: Tensor
+    source: Tensor
+    launched_by_hook: bool
+
+
+def _validate_options(options: dict[str, Any], where: str) -> None:
+    lr, betas, eps, weight_decay = (
+        options["lr"],
+        options["betas"],
+        options["eps"],
+        options["weight_decay"],
+    )
+    if not lr >= 0.0:
+        raise ValueError(f"{where}lr must be >= 0, got {lr!r}")
+    if len(betas) != 2 or not all(0.0 <= b < 1.0 for b in betas):
+        raise ValueError(f"{where}betas must be two values in [0, 1), got {betas!r}")
+    if not eps >= 0.0:
+        raise ValueError(f"{where}eps must be >= 0, got {eps!r}")
+    if not weight_decay >= 0.0:
+        raise ValueError(f"{where}weight_decay must be >= 0, got {weight_decay!r}")
+
+
+class DistAdam(torch.optim.Optimizer):
+    """Sharded AdamW for data parallelism with hook-launched gradient reduce-scatters.
+
+    Args:
+        params: tensors (grouped by shape here) or dicts of param groups with optional ``lr``,
+            ``betas``, ``eps``, ``weight_decay`` (each split by shape).
+        lr, betas, eps, weight_decay: AdamW hyper-parameters (defaults of every group).
+        launch: ``"hook"`` (reduce-scatter launched in backward) or ``"step"`` (baseline).
+        shard_min_numel: parameters with fewer elements are replicated, not sharded.
+        process_group: the data-parallel group; ``None`` is the default group (or no group).
+
+    Attributes:
+        should_sync: when false, the backward hooks launch nothing (accumulation micro-batches).
+    """
+
+    def __init__(
+        self,
+        params: Iterable[Tensor] | Iterable[dict[str, Any]],
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 0.0,
+        launch: Launch = "hook",
+        *,
+        shard_min_numel: int = DEFAULT_SHARD_MIN_NUMEL,
+        process_group: ProcessGroup | None = None,
+    ) -> None:
+        defaults = {"lr": lr, "betas": tuple(betas), "eps": eps, "weight_decay": weight_decay}
+        _validate_options(defaults, "")
+        if not isinstance(shard_min_numel, int) or shard_min_numel < 0:
+            raise ValueError(f"shard_min_numel must be an int >= 0, got {shard_min_numel!r}")
+        self.launch = launch
+        self.should_sync: bool = True
+        self._shard_min_numel = shard_min_numel
+        self._process_group = process_group
+        if dist.is_available() and dist.is_initialized():
+            self._world_size = dist.get_world_size(process_group)
+            self._rank = dist.get_rank(process_group)
+        else:
+            self._world_size, self._rank = 1, 0
+        self._pending: dict[Tensor, _PendingSync] = {}
+        self._hook_handles: list[RemovableHandle] = []
+        super().__init__(params, defaults)
+
+    @property
+    def launch(self) -> Launch:
+        """Which schedule launches the gradient reduce-scatters; may be switched between steps."""
+        return self._launch
+
+    @launch.setter
+    def launch(self, value: Launch) -> None:
+        if value not in _LAUNCH_MODES:
+            raise ValueError(f"launch must be one of {_LAUNCH_MODES}, got {value!r}")
+        self._launch = value
+
+    @property
+    def world_size(self) -> int:
+        return self._world_size
+
+    @property
+    def rank(self) -> int:
+        return self._rank
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        """Add ``param_group`` split into one group per distinct shape, and hook its params."""
+        params = param_group["params"]
+        if isinstance(params, Tensor):
+            params = [params]
+        elif isinstance(params, set):
+            raise TypeError("params must be an ordered collection, not a set")
+        by_shape: dict[torch.Size, list[Any]] = {}
+        for item in params:
+            tensor = item[1] if isinstance(item, tuple) else item
+            if not isinstance(tensor, Tensor):
+                raise TypeError(f"params must hold tensors, got {type(tensor).__name__}")
+            by_shape.setdefault(tensor.shape, []).append(item)
+        if not by_shape:
+            raise ValueError("params: a param group must hold at least one tensor")
+        for same_shape in by_shape.values():
+            super().add_param_group({**param_group, "params": same_shape})
+            group = self.param_groups[-1]
+            _validate_options(group, f"param group {len(self.param_groups) - 1}: ")
+            for param in group["params"]:
+                self._hook_handles.append(
+                    param.register_post_accumulate_grad_hook(self._sync_gradient)
+                )
+
+    def remove_hooks(self) -> None:
+        """Detach the backward hooks (e.g. before building another optimizer on these params)."""
+        for handle in self._hook_handles:
+            handle.remove()
+        self._hook_handles.clear()
+
+    def is_sharded(self, param: Tensor) -> bool:
+        """Whether ``param`` is split along dim 0 across ranks (else it is replicated)."""
+        return (
+            self._world_size > 1
+            and param.dim() >= 1
+            and param.shape[0] % self._world_size == 0
+            and param.numel() >= self._shard_min_numel
+            and param.is_contiguous()
+        )
+
+    def local_shape(self, param: Tensor) -> torch.Size:
+        """Shape of the slice of ``param`` (and of its Adam moments) that this rank updates."""
+        if self.is_sharded(param):
+            return torch.Size((param.shape[0] // self._world_size, *param.shape[1:]))
+        return param.shape
+
+    def _local_slice(self, param: Tensor) -> Tensor:
+        if self.is_sharded(param):
+            rows = param.shape[0] // self._world_size
+            return param[self._rank * rows : (self._rank + 1) * rows]
+        return param
+
+    def _describe(self, param: Tensor) -> str:
+        for group_index, group in enumerate(self.param_groups):
+            for param_index, candidate in enumerate(group["params"]):
+                if candidate is param:
+                    return (
+                        f"param {param_index} of group {group_index} "
+                        f"(shape {tuple(param.shape)})"
+                    )
+        return f"a parameter of shape {tuple(param.shape)}"
+
+    def _unconsumed_error(self, param: Tensor) -> RuntimeError:
+        return RuntimeError(
+            f"DistAdam: the gradient reduce-scatter launched in backward for "
+            f"{self._describe(param)} was never consumed by step(). Call step() after every "
+            f"backward run with should_sync=True, and set should_sync=False on micro-batches "
+            f"that only accumulate gradients."
+        )
+
+    @torch.no_grad()
+    def _launch_gradient_sync(self, param: Tensor, by_hook: bool) -> _PendingSync:
+        grad = param.grad
+        if grad is None:
+            raise RuntimeError(f"DistAdam: {self._describe(param)} has no gradient to sync")
+        if self._world_size == 1:
+            return _PendingSync(None, grad, grad, by_hook)
+        if self.is_sharded(param):
+            source = grad.contiguous()
+            local = torch.empty(
+                self.local_shape(param), dtype=grad.dtype, device=grad.device
+            )
+            work = reduce_scatter_tensor(
+                local, source, ReduceOp.AVG, group=self._process_group, async_op=True
+            )
+            return _PendingSync(work, local, source, by_hook)
+        # Averaged in place: a replicated gradient needs no second buffer.
+        source = grad if grad.is_contiguous() else grad.contiguous()
+        work = dist.all_reduce(source, op=ReduceOp.AVG, group=self._process_group, async_op=True)
+        return _PendingSync(work, source, source, by_hook)
+
+    def _sync_gradient(self, param: Tensor) -> None:
+        """Post-accumulate-grad hook: launch ``param``'s gradient sync if this backward syncs."""
+        if self._launch != "hook" or not self.should_sync:
+            return
+        if param in self._pending:
+            raise self._unconsumed_error(param)
+        self._pending[param] = self._launch_gradient_sync(param, by_hook=True)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Reset gradients; raises if a hook-launched sync is still waiting for ``step()``."""
+        for param, pending in self._pending.items():
+            if pending.launched_by_hook:
+                raise self._unconsumed_error(param)
+        super().zero_grad(set_to_none=set_to_none)
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]
+        """Wait for each gradient sync (last-launched-last), update this rank's slices, gather.
+
+        Walks ``reversed(param_groups)`` and each group's params in reverse: backward produced
+        (and the hooks launched) the last parameters' syncs first.
+        """
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        order = [
+            (group, param)
+            for group in reversed(self.param_groups)
+            for param in reversed(group["params"])
+        ]
+        for _, param in order:
+            if param not in self._pending and param.grad is not None:
+                self._pending[param] = self._launch_gradient_sync(param, by_hook=False)
+        gathers: list[Work | None] = []
+        for group, param in order:
+            pending = self._pending.pop(param, None)
+            if pending is None:
+                continue
+            wait_work(pending.work)
+            local = self._local_slice(param)
+            self._update_slice(group, param, local, pending.grad)
+            if self.is_sharded(param):
+                gathers.append(
+                    all_gather_into_tensor(
+                        param, local, group=self._process_group, async_op=True
+                    )
+                )
+        wait_all(gathers)
+        return loss
+
+    def _update_slice(
+        self, group: dict[str, Any], param: Tensor, local: Tensor, grad: Tensor
+    ) -> None:
+        state = self.state[param]
+        if not state:
+            state["step"] = 0
+            state["exp_avg"] = torch.zeros_like(local, memory_format=torch.preserve_format)
+            state["exp_avg_sq"] = torch.zeros_like(local, memory_format=torch.preserve_format)
+        state["step"] += 1
+        beta1, beta2 = group["betas"]
+        lr = group["lr"] * getattr(param, "lr_mul", 1.0)
+        adamw_update_(
+            local,
+            grad,
+            state["exp_avg"],
+            state["exp_avg_sq"],
+            step=state["step"],
+            lr=lr,
+            beta1=beta1,
+            beta2=beta2,
+            eps=group["eps"],
+            weight_decay=group["weight_decay"] * getattr(param, "wd_mul", 1.0),
+        )
+
+    def state_dict(self) -> dict[str, Any]:
+        """This rank's shard state, tagged with the ``world_size`` and ``rank`` it belongs to."""
+        state_dict = super().state_dict()
+        state_dict["dist_adam"] = {"world_size": self._world_size, "rank": self._rank}
+        return state_dict
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Load a state saved by ``state_dict()`` on this same rank of the same world size."""
+        layout = state_dict.get("dist_adam")
+        expected = {"world_size": self._world_size, "rank": self._rank}
+        if layout is None:
+            raise ValueError("state_dict has no 'dist_adam' entry: not saved by DistAdam")
+        if layout != expected:
+            raise ValueError(
+                f"state_dict was saved by rank {layout.get('rank')} of world size "
+                f"{layout.get('world_size')}, but this is rank {self._rank} of world size "
+                f"{self._world_size}: each rank must load the shard state it saved"
+            )
+        params = [param for group in self.param_groups for param in group["params"]]
+        for index, saved in state_dict["state"].items():
+            if not 0 <= index < len(params):
+                raise ValueError(f"state_dict state index {index} is out of range")
+            want = self.local_shape(params[index])
+            for key in ("exp_avg", "exp_avg_sq"):
+                if key in saved and saved[key].shape != want:
+                    raise ValueError(
+                        f"state_dict state[{index}][{key!r}] has shape {tuple(saved[key].shape)}, "
+                        f"expected the local shard shape {tuple(want)}"
+                    )
+        super().load_state_dict({k: v for k, v in state_dict.items() if k != "dist_adam"})

@@ -1,0 +1,418 @@
+"""DistAdam against torch.optim.AdamW fed the rank-mean gradient, on gloo and on one process.
+
+The toy problem has one parameter of each kind DistAdam distinguishes: sharded (two of the same
+shape, so one shape group holds both), dim 0 divisible by neither 2 nor 4 (replicated), small
+(replicated), 0-D (replicated) and one that never receives a gradient (skipped).
+"""
+
+from __future__ import annotations
+
+import io
+import math
+
+import pytest
+import torch
+from torch import Tensor
+
+from nanoshampoo.optim.dist_adam import DistAdam, adamw_update_
+from nanoshampoo.testing.distributed import run_on_gloo
+
+SHAPES: dict[str, tuple[int, ...]] = {
+    "w1": (16, 80),  # 1280 elements, dim 0 divisible by 2 and 4: sharded
+    "w2": (16, 80),  # same shape group as w1
+    "odd": (5, 256),  # 1280 elements, dim 0 divisible by neither 2 nor 4: replicated
+    "bias": (16,),  # below shard_min_numel: replicated
+    "gain": (),  # 0-D: replicated
+    "unused": (8, 160),  # never in the loss: grad stays None
+}
+LR_MUL = {"w2": 0.5, "odd": 2.0}
+WD_MUL = {"bias": 0.0, "odd": 0.3}
+LR = 1e-2
+BETAS = (0.9, 0.99)
+# DistAdam adds eps before the bias correction, AdamW after; with eps far below sqrt(v) in
+# fp32 both are exact, so the comparison tests everything else at 1e-6.
+EPS = 1e-12
+WD = 0.1
+# Comparable to sqrt(v) of this problem's gradients, so the gradient scale shows in the update.
+LARGE_EPS = 1e-2
+BATCH = 4
+STEPS = 4
+SPLIT = 2  # the state-dict round trip saves after this many steps
+
+
+def make_params() -> dict[str, Tensor]:
+    gen = torch.Generator().manual_seed(0)
+    params = {name: torch.randn(shape, generator=gen) * 0.3 for name, shape in SHAPES.items()}
+    params["gain"] = params["gain"] + 1.0
+    return {name: p.requires_grad_() for name, p in params.items()}
+
+
+def make_batch(rank: int, step: int, micro: int) -> tuple[Tensor, Tensor]:
+    gen = torch.Generator().manual_seed(10_000 * rank + 100 * step + micro)
+    return torch.randn(BATCH, 80, generator=gen), torch.randn(BATCH, 256, generator=gen)
+
+
+def loss_fn(params: dict[str, Tensor], x: Tensor, y: Tensor) -> Tensor:
+    h = torch.tanh(x @ params["w1"].T + params["bias"])  # (B, 16)
+    h = h * (x @ params["w2"].T)  # (B, 16)
+    z = h[:, :5] + 0.1 * (y @ params["odd"].T)  # (B, 5)
+    return params["gain"] * (z**2).mean()
+
+
+def make_optimizer(
+    params: dict[str, Tensor], launch: str = "hook", eps: float = EPS
+) -> DistAdam:
+    for name, p in params.items():
+        if name in LR_MUL:
+            p.lr_mul = LR_MUL[name]
+        if name in WD_MUL:
+            p.wd_mul = WD_MUL[name]
+    return DistAdam(
+        list(params.values()), lr=LR, betas=BETAS, eps=eps, weight_decay=WD, launch=launch
+    )
+
+
+def train(
+    rank: int,
+    params: dict[str, Tensor],
+    opt: DistAdam,
+    steps: range,
+    micro_batches: int = 1,
+    sync_in_hooks: bool = True,
+) -> None:
+    for step in steps:
+        for micro in range(micro_batches):
+            opt.should_sync = sync_in_hooks and micro == micro_batches - 1
+            x, y = make_batch(rank, step, micro)
+            (loss_fn(params, x, y) / micro_batches).backward()
+        opt.step()
+        opt.zero_grad()
+
+
+def mean_gradients(
+    params: dict[str, Tensor], world_size: int, step: int, micro_batches: int
+) -> dict[str, Tensor]:
+    """Each rank's gradient on its whole (all micro-batches) batch, averaged over ranks."""
+    trained = [name for name in params if name != "unused"]
+    total = {name: torch.zeros_like(params[name]) for name in trained}
+    for rank in range(world_size):
+        batches = [make_batch(rank, step, micro) for micro in range(micro_batches)]
+        x = torch.cat([b[0] for b in batches])
+        y = torch.cat([b[1] for b in batches])
+        grads = torch.autograd.grad(loss_fn(params, x, y), [params[n] for n in trained])
+        for name, grad in zip(trained, grads):
+            total[name] += grad
+    return {name: grad / world_size for name, grad in total.items()}
+
+
+def reference_adamw(world_size: int, steps: int, micro_batches: int = 1) -> dict[str, Tensor]:
+    """torch.optim.AdamW on one process, fed each step the rank-mean gradient."""
+    params = make_params()
+    groups = [
+        {
+            "params": [p],
+            "lr": LR * LR_MUL.get(name, 1.0),
+            "weight_decay": WD * WD_MUL.get(name, 1.0),
+        }
+        for name, p in params.items()
+    ]
+    opt = torch.optim.AdamW(groups, lr=LR, betas=BETAS, eps=EPS, weight_decay=WD)
+    for step in range(steps):
+        for name, grad in mean_gradients(params, world_size, step, micro_batches).items():
+            params[name].grad = grad
+        opt.step()
+    return {name: p.detach() for name, p in params.items()}
+
+
+def reference_spec_adam(world_size: int, steps: int, eps: float) -> dict[str, Tensor]:
+    """The spec's update (eps added to sqrt(v) before bias correction) written out by hand.
+
+    With a large ``eps`` the update depends on the gradient's scale, so this also checks that
+    gradients are averaged over ranks rather than summed.
+    """
+    params = make_params()
+    beta1, beta2 = BETAS
+    moments = {name: (torch.zeros_like(p), torch.zeros_like(p)) for name, p in params.items()}
+    for step in range(1, steps + 1):
+        grads = mean_gradients(params, world_size, step - 1, 1)
+        with torch.no_grad():
+            for name, grad in grads.items():
+                lr = LR * LR_MUL.get(name, 1.0)
+                wd = WD * WD_MUL.get(name, 1.0)
+                m = beta1 * moments[name][0] + (1 - beta1) * grad
+                v = beta2 * moments[name][1] + (1 - beta2) * grad * grad
+                moments[name] = (m, v)
+                step_size = lr * math.sqrt(1 - beta2**step) / (1 - beta1**step)
+                new = params[name] * (1 - lr * wd) - step_size * m / (v.sqrt() + eps)
+                params[name].copy_(new)
+    return {name: p.detach() for name, p in params.items()}
+
+
+def detached(params: dict[str, Tensor]) -> dict[str, Tensor]:
+    return {name: p.detach().clone() for name, p in params.items()}
+
+
+def roundtrip(obj: object) -> object:
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
+    buffer.seek(0)
+    return torch.load(buffer, weights_only=True)
+
+
+def _gloo_body(rank: int, world_size: int) -> dict[str, object]:
+    results: dict[str, object] = {}
+
+    # Hook launch, saving a checkpoint half way; the uninterrupted run is the main result.
+    params = make_params()
+    opt = make_optimizer(params)
+    train(rank, params, opt, range(SPLIT))
+    saved_state = roundtrip(opt.state_dict())
+    saved_params = detached(params)
+    train(rank, params, opt, range(SPLIT, STEPS))
+    results["hook"] = detached(params)
+    results["state_shapes"] = {
+        name: list(opt.state[p]["exp_avg"].shape) for name, p in params.items() if p in opt.state
+    }
+
+    resumed = {name: p.clone().requires_grad_() for name, p in saved_params.items()}
+    resumed_opt = make_optimizer(resumed)
+    resumed_opt.load_state_dict(saved_state)
+    train(rank, resumed, resumed_opt, range(SPLIT, STEPS))
+    results["resumed"] = detached(resumed)
+
+    params = make_params()
+    train(rank, params, make_optimizer(params, launch="step"), range(STEPS))
+    results["step"] = detached(params)
+
+    # Hook mode with should_sync never set: step() must still launch every reduce-scatter.
+    params = make_params()
+    train(rank, params, make_optimizer(params), range(STEPS), sync_in_hooks=False)
+    results["unsynced_hooks"] = detached(params)
+
+    params = make_params()
+    train(rank, params, make_optimizer(params), range(STEPS), micro_batches=2)
+    results["accumulated"] = detached(params)
+
+    params = make_params()
+    train(rank, params, make_optimizer(params, eps=LARGE_EPS), range(STEPS))
+    results["large_eps"] = detached(params)
+
+    # A synced backward not followed by step(): zero_grad and the next synced backward refuse.
+    params = make_params()
+    opt = make_optimizer(params)
+    x, y = make_batch(rank, 0, 0)
+    loss_fn(params, x, y).backward()
+    errors = []
+    try:
+        opt.zero_grad()
+    except RuntimeError as exc:
+        errors.append(str(exc))
+    try:
+        loss_fn(params, x, y).backward()
+    except RuntimeError as exc:
+        errors.append(str(exc))
+    opt.step()  # consumes the launched collectives so the group shuts down cleanly
+    results["errors"] = errors
+    return results
+
+
+@pytest.fixture(scope="module", params=[2, 4], ids=["world2", "world4"])
+def gloo_run(request: pytest.FixtureRequest) -> tuple[int, list[dict[str, object]]]:
+    world_size = request.param
+    return world_size, run_on_gloo(_gloo_body, world_size)
+
+
+def assert_params_close(actual: dict[str, Tensor], expected: dict[str, Tensor]) -> None:
+    for name in SHAPES:
+        torch.testing.assert_close(actual[name], expected[name], atol=1e-6, rtol=1e-6)
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+def test_matches_adamw_on_the_mean_gradient(gloo_run: tuple[int, list[dict]]) -> None:
+    world_size, results = gloo_run
+    expected = reference_adamw(world_size, STEPS)
+    for result in results:
+        assert_params_close(result["hook"], expected)
+    assert not torch.equal(expected["w1"], make_params()["w1"])
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+def test_gradients_are_averaged_over_ranks(gloo_run: tuple[int, list[dict]]) -> None:
+    world_size, results = gloo_run
+    expected = reference_spec_adam(world_size, STEPS, LARGE_EPS)
+    for result in results:
+        assert_params_close(result["large_eps"], expected)
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+def test_every_rank_holds_identical_parameters(gloo_run: tuple[int, list[dict]]) -> None:
+    _, results = gloo_run
+    for result in results[1:]:
+        for name in SHAPES:
+            assert torch.equal(result["hook"][name], results[0]["hook"][name])
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+def test_step_launch_gives_the_same_numbers_as_hook_launch(gloo_run: tuple[int, list]) -> None:
+    _, results = gloo_run
+    for result in results:
+        for name in SHAPES:
+            assert torch.equal(result["step"][name], result["hook"][name])
+            assert torch.equal(result["unsynced_hooks"][name], result["hook"][name])
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+def test_gradient_accumulation_equals_one_large_batch(gloo_run: tuple[int, list]) -> None:
+    world_size, results = gloo_run
+    expected = reference_adamw(world_size, STEPS, micro_batches=2)
+    for result in results:
+        assert_params_close(result["accumulated"], expected)
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+def test_state_dict_round_trip_continues_identically(gloo_run: tuple[int, list]) -> None:
+    _, results = gloo_run
+    for result in results:
+        for name in SHAPES:
+            assert torch.equal(result["resumed"][name], result["hook"][name])
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+def test_state_is_sharded_only_where_dim0_divides(gloo_run: tuple[int, list]) -> None:
+    world_size, results = gloo_run
+    expected = {
+        "w1": [16 // world_size, 80],
+        "w2": [16 // world_size, 80],
+        "odd": [5, 256],
+        "bias": [16],
+        "gain": [],
+    }
+    for result in results:
+        assert result["state_shapes"] == expected
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+def test_parameter_without_gradient_is_unchanged(gloo_run: tuple[int, list]) -> None:
+    _, results = gloo_run
+    for result in results:
+        assert torch.equal(result["hook"]["unused"], make_params()["unused"])
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+def test_unconsumed_reduce_scatter_is_an_error(gloo_run: tuple[int, list]) -> None:
+    _, results = gloo_run
+    for result in results:
+        assert len(result["errors"]) == 2
+        for message in result["errors"]:
+            assert "never consumed by step()" in message
+
+
+def test_world_size_one_matches_adamw_without_a_process_group() -> None:
+    params = make_params()
+    opt = make_optimizer(params)
+    assert (opt.world_size, opt.rank) == (1, 0)
+    train(0, params, opt, range(STEPS))
+    assert_params_close(detached(params), reference_adamw(1, STEPS))
+
+
+def test_world_size_one_gradient_accumulation() -> None:
+    params = make_params()
+    train(0, params, make_optimizer(params), range(STEPS), micro_batches=3)
+    assert_params_close(detached(params), reference_adamw(1, STEPS, micro_batches=3))
+
+
+def test_update_follows_the_bias_corrected_formula() -> None:
+    gen = torch.Generator().manual_seed(1)
+    param, grad = torch.randn(7, generator=gen), torch.randn(7, generator=gen)
+    exp_avg, exp_avg_sq = torch.randn(7, generator=gen), torch.rand(7, generator=gen)
+    lr, beta1, beta2, eps, wd, step = 0.1, 0.8, 0.9, 0.05, 0.2, 3
+    expected = []
+    for i in range(7):
+        p = param[i].item() * (1 - lr * wd)
+        m = beta1 * exp_avg[i].item() + (1 - beta1) * grad[i].item()
+        v = beta2 * exp_avg_sq[i].item() + (1 - beta2) * grad[i].item() ** 2
+        step_size = lr * math.sqrt(1 - beta2**step) / (1 - beta1**step)
+        expected.append(p - step_size * m / (math.sqrt(v) + eps))
+    adamw_update_(
+        param, grad, exp_avg, exp_avg_sq,
+        step=step, lr=lr, beta1=beta1, beta2=beta2, eps=eps, weight_decay=wd,
+    )  # fmt: skip
+    torch.testing.assert_close(param, torch.tensor(expected), atol=1e-6, rtol=1e-6)
+
+
+def test_groups_by_shape_in_first_seen_order_keeping_group_options() -> None:
+    a, b, c, d = (torch.zeros(s, requires_grad=True) for s in [(2, 3), (4,), (2, 3), (4,)])
+    e = torch.zeros(5, requires_grad=True)
+    opt = DistAdam([{"params": [a, b, c, d]}, {"params": [e], "lr": 0.5}], lr=0.1)
+    assert [g["params"] for g in opt.param_groups] == [[a, c], [b, d], [e]]
+    assert [g["lr"] for g in opt.param_groups] == [0.1, 0.1, 0.5]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        ({"lr": -1.0}, "lr"),
+        ({"betas": (0.9, 1.0)}, "betas"),
+        ({"eps": -1e-8}, "eps"),
+        ({"weight_decay": -0.1}, "weight_decay"),
+        ({"launch": "backward"}, "launch"),
+        ({"shard_min_numel": -1}, "shard_min_numel"),
+    ],
+)
+def test_invalid_options_raise_value_error_naming_the_field(kwargs: dict, field: str) -> None:
+    with pytest.raises(ValueError, match=field):
+        DistAdam([torch.zeros(3, requires_grad=True)], **kwargs)
+
+
+def test_invalid_group_option_names_the_group() -> None:
+    p = torch.zeros(3, requires_grad=True)
+    with pytest.raises(ValueError, match="param group 0: lr"):
+        DistAdam([{"params": [p], "lr": -1.0}])
+
+
+def test_synced_backward_without_step_raises_only_in_hook_mode() -> None:
+    for launch, raises in [("hook", True), ("step", False)]:
+        params = make_params()
+        opt = make_optimizer(params, launch=launch)
+        x, y = make_batch(0, 0, 0)
+        loss_fn(params, x, y).backward()
+        if raises:
+            with pytest.raises(RuntimeError, match="never consumed by step"):
+                loss_fn(params, x, y).backward()
+        else:
+            loss_fn(params, x, y).backward()
+            opt.zero_grad()
+
+
+def test_removed_hooks_launch_nothing() -> None:
+    params = make_params()
+    opt = make_optimizer(params)
+    opt.remove_hooks()
+    x, y = make_batch(0, 0, 0)
+    loss_fn(params, x, y).backward()
+    loss_fn(params, x, y).backward()  # would raise if a hook had launched a sync
+    opt.step()
+
+
+def test_load_state_dict_rejects_state_from_another_layout() -> None:
+    params = make_params()
+    opt = make_optimizer(params)
+    train(0, params, opt, range(1))
+    state = opt.state_dict()
+    with pytest.raises(ValueError, match="rank 1 of world size 2"):
+        opt.load_state_dict({**state, "dist_adam": {"world_size": 2, "rank": 1}})
+    with pytest.raises(ValueError, match="no 'dist_adam' entry"):
+        opt.load_state_dict({k: v for k, v in state.items() if k != "dist_adam"})
+    bad = roundtrip(state)
+    bad["state"][0]["exp_avg"] = torch.zeros(8, 80)
+    with pytest.raises(ValueError, match=r"expected the local shard shape \(16, 80\)"):
+        opt.load_state_dict(bad)
