@@ -1,0 +1,106 @@
+"""The one interface every preconditioner implements, and the bucket layout it works on.
+
+Blocks of a parameter group that share a shape and dtype form a :class:`BlockBucket`; their
+gradients, states and search directions are stacked along a new leading dim, so each bucket
+is processed by a few batched kernels instead of a Python loop over blocks.
+
+A preconditioner (optax-like) has three operations, called by the optimizer in this order:
+
+- ``update_statistics(grads, step)``: fold this step's gradients into the statistics;
+- ``amortized_computation(step)``: the expensive part (e.g. matrix roots), on a schedule;
+- ``precondition(grads, step)``: map (filtered) gradients to search directions.
+
+The optimizer loop does not know which preconditioner it drives.
+
+Example:
+    >>> bucket = BlockBucket(shape=(4, 3), dtype=torch.float32, device=torch.device("cpu"),
+    ...                      block_labels=("w block_0", "w block_1"))
+    >>> bucket.stacked_shape
+    (2, 4, 3)
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from nanoshampoo.optim.shampoo.utils.optimizer_modules import OptimizerModule
+
+
+@dataclass(frozen=True)
+class BlockBucket:
+    """Blocks of one shape and computation dtype, stacked along a leading dim.
+
+    Fields:
+        shape: the shape of one block (after merging small dims and splitting).
+        dtype: computation dtype of the block's states and search directions.
+        device: where the block's states live.
+        block_labels: one human-readable label per block (parameter name and block id),
+            used in error messages; its length is the number of blocks ``B``.
+    """
+
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    device: torch.device
+    block_labels: tuple[str, ...]
+
+    @property
+    def num_blocks(self) -> int:
+        return len(self.block_labels)
+
+    @property
+    def stacked_shape(self) -> tuple[int, ...]:
+        """``(B, *shape)``: the shape of every per-bucket tensor."""
+        return (self.num_blocks, *self.shape)
+
+    def zeros(self) -> torch.Tensor:
+        """A zero-filled ``(B, *shape)`` tensor in the bucket's dtype and device."""
+        return torch.zeros(self.stacked_shape, dtype=self.dtype, device=self.device)
+
+
+class BlockStateView(OptimizerModule):
+    """Named views into stacked preconditioner state, for one block.
+
+    ``state_dict()`` of this module is what a checkpoint stores for the block; loading writes
+    into the stacked tensors in place (the attributes are views).
+    """
+
+    def __init__(self, **tensors: torch.Tensor | dict[int, torch.Tensor]) -> None:
+        for name, value in tensors.items():
+            setattr(self, name, value)
+
+
+class Preconditioner(ABC):
+    """A preconditioner over the buckets of one parameter group.
+
+    ``grads`` arguments are one tensor per bucket, shaped ``bucket.stacked_shape`` and in the
+    bucket's dtype. Returned search directions have the same layout; they may be buffers owned
+    by the preconditioner (overwritten by the next call) or the inputs themselves, so callers
+    must neither modify nor keep them.
+
+    Attributes:
+        name: the key of this preconditioner's state in a block's state dict.
+    """
+
+    name: str
+
+    def __init__(self, buckets: Sequence[BlockBucket]) -> None:
+        self._buckets = tuple(buckets)
+
+    @abstractmethod
+    def update_statistics(self, grads: Sequence[torch.Tensor], step: int) -> None:
+        """Fold the step-``step`` (1-based) gradients into the statistics."""
+
+    def amortized_computation(self, step: int) -> None:
+        """Recompute the expensive part (e.g. roots) from the statistics; cheap ones have none."""
+
+    @abstractmethod
+    def precondition(self, grads: Sequence[torch.Tensor], step: int) -> list[torch.Tensor]:
+        """Search directions for ``grads`` at step ``step`` (1-based)."""
+
+    def block_state(self, bucket_index: int, position: int) -> OptimizerModule | None:
+        """The state of block ``position`` of bucket ``bucket_index`` (None: stateless)."""
+        return None

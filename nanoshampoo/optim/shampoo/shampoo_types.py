@@ -1,0 +1,332 @@
+"""Configuration types of Distributed Shampoo: preconditioners, root solvers, distributors.
+
+Every config is a small dataclass validated in ``__post_init__``: a bad value raises
+``ValueError`` whose message starts with the field name. Names and defaults follow the
+well-known PyTorch Distributed Shampoo library, so scripts port by changing the import line.
+
+Example:
+    >>> config = RootInvShampooPreconditionerConfig(
+    ...     amortized_computation_config=EigenConfig(),
+    ...     factor_matrix_dtype=torch.float64,
+    ...     inverse_exponent_override={1: 0.25},  # vectors: (A + eps I)^(-1/4) instead of -1/2
+    ... )
+    >>> AdamPreconditionerConfig(beta2=2.0)
+    Traceback (most recent call last):
+    ...
+    ValueError: beta2 must be in (0.0, 1.0], got 2.0
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+from nanoshampoo.optim.shampoo.utils.abstract_dataclass import AbstractDataclass
+
+FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+class WeightDecayType(enum.Enum):
+    """Where weight decay enters the step.
+
+    ``L2``: ``G <- G + wd * W`` before statistics and preconditioning (classic L2 penalty).
+    ``DECOUPLED``: ``P <- P + wd * W`` after preconditioning, scaled by lr with the update (AdamW).
+    """
+
+    L2 = enum.auto()
+    DECOUPLED = enum.auto()
+
+
+class NonFiniteGradientError(RuntimeError):
+    """A gradient given to ``DistributedShampoo.step`` holds NaN or Inf.
+
+    Raised before any parameter or optimizer state is modified, so the caller may skip the batch
+    and continue (e.g. after lowering a loss scale).
+    """
+
+
+def _check_open_closed_unit(name: str, value: float, low_open: bool, high_open: bool) -> None:
+    """Raise ``ValueError`` naming ``name`` unless ``value`` lies in the given unit interval."""
+    low_ok = value > 0.0 if low_open else value >= 0.0
+    high_ok = value < 1.0 if high_open else value <= 1.0
+    if not (isinstance(value, (int, float)) and low_ok and high_ok):
+        interval = f"{'(' if low_open else '['}0.0, 1.0{')' if high_open else ']'}"
+        raise ValueError(f"{name} must be in {interval}, got {value!r}")
+
+
+def _check_positive(name: str, value: float) -> None:
+    if not (isinstance(value, (int, float)) and value > 0.0):
+        raise ValueError(f"{name} must be > 0.0, got {value!r}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Preconditioners (the simple ones are also grafting configs)
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(init=False)
+class PreconditionerConfig(AbstractDataclass):
+    """Base of every ``preconditioner_config`` / ``grafting_config``."""
+
+
+@dataclass
+class SGDPreconditionerConfig(PreconditionerConfig):
+    """Identity preconditioner: the search direction is the (filtered) gradient."""
+
+
+@dataclass
+class AdaGradPreconditionerConfig(PreconditionerConfig):
+    """Diagonal AdaGrad: ``V <- V + G^2``, ``P = G / (sqrt(V) + epsilon)``.
+
+    Args:
+        epsilon: added to ``sqrt(V)``; > 0.
+    """
+
+    epsilon: float = 1e-10
+
+    def __post_init__(self) -> None:
+        _check_positive("epsilon", self.epsilon)
+
+
+@dataclass
+class RMSpropPreconditionerConfig(PreconditionerConfig):
+    """Diagonal RMSprop: ``V <- b2 V + (1 - b2) G^2``, ``P = G / (sqrt(V) + epsilon)``.
+
+    No bias correction of ``V`` (that is what distinguishes it from Adam).
+
+    Args:
+        beta2: EMA factor of the second moment, in (0, 1].
+        epsilon: added to ``sqrt(V)``; > 0.
+    """
+
+    beta2: float = 0.99
+    epsilon: float = 1e-10
+
+    def __post_init__(self) -> None:
+        _check_open_closed_unit("beta2", self.beta2, low_open=True, high_open=False)
+        _check_positive("epsilon", self.epsilon)
+
+
+@dataclass
+class AdamPreconditionerConfig(PreconditionerConfig):
+    """Diagonal Adam: ``V <- b2 V + (1 - b2) G^2``, ``P = G / (sqrt(V / (1 - b2^t)) + epsilon)``.
+
+    Args:
+        beta2: EMA factor of the second moment, in (0, 1].
+        epsilon: added to the bias-corrected ``sqrt(V)``; > 0.
+    """
+
+    beta2: float = 0.999
+    epsilon: float = 1e-10
+
+    def __post_init__(self) -> None:
+        _check_open_closed_unit("beta2", self.beta2, low_open=True, high_open=False)
+        _check_positive("epsilon", self.epsilon)
+
+
+GRAFTING_CONFIG_TYPES = (
+    SGDPreconditionerConfig,
+    AdaGradPreconditionerConfig,
+    RMSpropPreconditionerConfig,
+    AdamPreconditionerConfig,
+)
+
+
+# ---------------------------------------------------------------------------------------------
+# Amortized root computations
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(init=False)
+class AmortizedComputationConfig(AbstractDataclass):
+    """Base of the configs of the expensive, amortized computation of a preconditioner."""
+
+
+@dataclass(init=False)
+class RootInvConfig(AmortizedComputationConfig):
+    """Base of the solvers of ``X = (A + eps I)^(-e)`` for a symmetric PSD ``A``."""
+
+
+@dataclass
+class EigenConfig(RootInvConfig):
+    """Root by symmetric eigendecomposition (``torch.linalg.eigh``, batched by size).
+
+    The spectrum is shifted so its smallest eigenvalue is at least ``eps`` (``A`` is PSD in
+    exact arithmetic; rounding can make tiny eigenvalues negative).
+
+    Args:
+        retry_double_precision: when ``eigh`` fails in the factor's precision, retry in float64.
+    """
+
+    retry_double_precision: bool = True
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.retry_double_precision, bool):
+            raise ValueError(
+                f"retry_double_precision must be a bool, got {self.retry_double_precision!r}"
+            )
+
+
+@dataclass
+class CoupledNewtonConfig(RootInvConfig):
+    """Root by the coupled Newton iteration (matrix multiplications only; GPU friendly).
+
+    Needs an integer root order ``p = 1 / e`` (true for the default exponents ``1 / (2k)``).
+
+    Args:
+        max_iterations: iteration cap, >= 1.
+        tolerance: stop once ``max |M - I| <= tolerance``; >= 0.
+    """
+
+    max_iterations: int = 100
+    tolerance: float = 1e-6
+
+    def __post_init__(self) -> None:
+        if isinstance(self.max_iterations, bool) or not isinstance(self.max_iterations, int):
+            raise ValueError(f"max_iterations must be an int >= 1, got {self.max_iterations!r}")
+        if self.max_iterations < 1:
+            raise ValueError(f"max_iterations must be an int >= 1, got {self.max_iterations!r}")
+        if not (isinstance(self.tolerance, (int, float)) and self.tolerance >= 0.0):
+            raise ValueError(f"tolerance must be >= 0.0, got {self.tolerance!r}")
+
+
+DefaultEigenConfig = EigenConfig()
+
+
+# ---------------------------------------------------------------------------------------------
+# Shampoo
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(init=False)
+class ShampooPreconditionerConfig(PreconditionerConfig):
+    """Fields shared by the Kronecker-factored (Shampoo) preconditioners.
+
+    Args:
+        amortized_computation_config: root solver (``EigenConfig`` or ``CoupledNewtonConfig``).
+        factor_matrix_dtype: storage dtype of the factor matrices (a float dtype).
+        inverse_exponent_override: ``{order: e}`` or ``{order: {dim: e}}``; the root of dim ``dim``
+            of a block of order ``order`` becomes ``(A + eps I)^(-e)``. ``e = 0`` leaves that dim
+            unpreconditioned (no factor is kept). Unlisted dims use ``1 / (2 * order)``.
+        num_tolerated_failed_amortized_computations: consecutive failed root computations of one
+            factor that are tolerated (the previous root is kept); one more raises.
+    """
+
+    amortized_computation_config: RootInvConfig = field(default_factory=EigenConfig)
+    factor_matrix_dtype: torch.dtype = torch.float32
+    inverse_exponent_override: dict[int, float | dict[int, float]] = field(default_factory=dict)
+    num_tolerated_failed_amortized_computations: int = 3
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.amortized_computation_config, RootInvConfig):
+            raise ValueError(
+                "amortized_computation_config must be an EigenConfig or CoupledNewtonConfig, got "
+                f"{self.amortized_computation_config!r}"
+            )
+        if self.factor_matrix_dtype not in FLOAT_DTYPES:
+            raise ValueError(
+                f"factor_matrix_dtype must be one of {FLOAT_DTYPES}, got {self.factor_matrix_dtype!r}"
+            )
+        tolerated = self.num_tolerated_failed_amortized_computations
+        if isinstance(tolerated, bool) or not isinstance(tolerated, int) or tolerated < 0:
+            raise ValueError(
+                f"num_tolerated_failed_amortized_computations must be an int >= 0, got {tolerated!r}"
+            )
+        self._validate_inverse_exponent_override()
+
+    def _validate_inverse_exponent_override(self) -> None:
+        override = self.inverse_exponent_override
+        name = "inverse_exponent_override"
+        if not isinstance(override, dict):
+            raise ValueError(f"{name} must be a dict, got {override!r}")
+        coupled = isinstance(self.amortized_computation_config, CoupledNewtonConfig)
+        for order, value in override.items():
+            if isinstance(order, bool) or not isinstance(order, int) or order < 1:
+                raise ValueError(f"{name} keys must be block orders (ints >= 1), got {order!r}")
+            per_dim = value if isinstance(value, dict) else {None: value}
+            for dim, exponent in per_dim.items():
+                if dim is not None and (
+                    isinstance(dim, bool) or not isinstance(dim, int) or not 0 <= dim < order
+                ):
+                    raise ValueError(
+                        f"{name}[{order}] keys must be dims in [0, {order}), got {dim!r}"
+                    )
+                if isinstance(exponent, bool) or not isinstance(exponent, (int, float)):
+                    raise ValueError(f"{name}[{order}] exponents must be floats, got {exponent!r}")
+                if not (exponent >= 0.0 and math.isfinite(exponent)):
+                    raise ValueError(
+                        f"{name}[{order}] exponents must be finite and >= 0, got {exponent!r}"
+                    )
+                if coupled and exponent > 0.0 and abs(1.0 / exponent - round(1.0 / exponent)) > 1e-9:
+                    raise ValueError(
+                        f"{name}[{order}] exponent {exponent!r}: CoupledNewtonConfig needs "
+                        "1 / exponent to be an integer root order"
+                    )
+
+    def inverse_exponent(self, order: int, dim: int) -> float:
+        """The root exponent ``e`` of dim ``dim`` of an order-``order`` block (``1/(2k)`` default)."""
+        value = self.inverse_exponent_override.get(order, {})
+        if isinstance(value, dict):
+            return float(value.get(dim, 1.0 / (2 * order)))
+        return float(value)
+
+
+@dataclass
+class RootInvShampooPreconditionerConfig(ShampooPreconditionerConfig):
+    """Classic Shampoo: the search direction of a block is ``X_1 x_1 ... X_k x_k G``.
+
+    ``X_i = (F_i / bc2 + eps I)^(-e_i)``, recomputed every ``precondition_frequency`` steps.
+    Fields: see :class:`ShampooPreconditionerConfig`.
+    """
+
+
+DefaultShampooConfig = RootInvShampooPreconditionerConfig()
+
+
+# ---------------------------------------------------------------------------------------------
+# Distributors
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(init=False)
+class DistributedConfig(AbstractDataclass):
+    """Base of the configs choosing who computes which block and how results travel."""
+
+
+@dataclass
+class SingleDeviceDistributedConfig(DistributedConfig):
+    """Every process computes every block (single GPU, CPU, or replicated work under DDP)."""
+
+
+@dataclass
+class DDPDistributedConfig(DistributedConfig):
+    """ZeRO-1-style DDP: blocks are assigned to ranks; results are exchanged by collectives.
+
+    Args:
+        communication_dtype: dtype the updates (or parameters) travel in; a float dtype.
+        num_trainers_per_group: ranks sharing the blocks of one group; ``-1`` = world size.
+        communicate_params: send updated parameters instead of updates ``-lr * P``.
+    """
+
+    communication_dtype: torch.dtype = torch.float32
+    num_trainers_per_group: int = -1
+    communicate_params: bool = False
+
+    def __post_init__(self) -> None:
+        if self.communication_dtype not in FLOAT_DTYPES:
+            raise ValueError(
+                f"communication_dtype must be one of {FLOAT_DTYPES}, got {self.communication_dtype!r}"
+            )
+        trainers = self.num_trainers_per_group
+        if isinstance(trainers, bool) or not isinstance(trainers, int) or not (
+            trainers == -1 or trainers >= 1
+        ):
+            raise ValueError(f"num_trainers_per_group must be -1 or an int >= 1, got {trainers!r}")
+        if not isinstance(self.communicate_params, bool):
+            raise ValueError(f"communicate_params must be a bool, got {self.communicate_params!r}")
+
+
+DefaultSingleDeviceDistributedConfig = SingleDeviceDistributedConfig()
