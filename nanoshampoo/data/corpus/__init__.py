@@ -1,0 +1,1 @@
+"""The embedded public-domain corpus files (gzip JSON lines); see README.md here."""

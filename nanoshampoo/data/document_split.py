@@ -1,0 +1,82 @@
+"""Deterministic train/validation split and training order of documents.
+
+The rule, applied to each ``source`` separately so every source appears in both splits:
+
+* A source with several documents gives whole documents to validation, taken in the order
+  of the SHA-256 of their titles, until validation holds at least ``val_fraction`` of the
+  source's characters (at least one document stays in training).
+* A source with a single document is cut at the first line break at or after
+  ``(1 - val_fraction)`` of its text; the tail becomes the validation document.
+
+Training documents are then ordered by the hash of ``source`` and ``title``, which mixes
+sources instead of reading all of one before the next. The split depends only on the
+documents, never on a random seed, so every run and machine gets the same one.
+
+Example:
+    >>> docs = [Document("s", f"doc {i}", "x" * 100) for i in range(10)]
+    >>> train, val = split_documents(docs, val_fraction=0.2)
+    >>> len(train), len(val)
+    (8, 2)
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+
+from nanoshampoo.data.documents import Document
+
+
+def _hash_key(*parts: str) -> str:
+    return hashlib.sha256("\0".join(parts).encode("utf-8")).hexdigest()
+
+
+def _cut_single_document(document: Document, val_fraction: float) -> tuple[Document, Document]:
+    text = document.text
+    target = max(1, min(len(text) - 1, round(len(text) * (1.0 - val_fraction))))
+    newline = text.find("\n", target - 1)
+    # Cut after a newline when one lies in the tail; never leave either part empty.
+    cut = newline + 1 if 0 <= newline < len(text) - 1 else target
+    return (
+        Document(document.source, document.title, text[:cut]),
+        Document(document.source, f"{document.title} (validation part)", text[cut:]),
+    )
+
+
+def split_documents(
+    documents: Sequence[Document], val_fraction: float
+) -> tuple[list[Document], list[Document]]:
+    """Return ``(train, val)`` by the rule in the module docstring; train in training order.
+
+    ``val_fraction`` must lie in ``(0, 1)``. A single-document source must have at least two
+    characters.
+    """
+    if not 0.0 < val_fraction < 1.0:
+        raise ValueError(f"val_fraction must lie in (0, 1), got {val_fraction}")
+    if not documents:
+        raise ValueError("documents must not be empty")
+    by_source: dict[str, list[Document]] = {}
+    for document in documents:
+        by_source.setdefault(document.source, []).append(document)
+    train: list[Document] = []
+    val: list[Document] = []
+    for source, group in by_source.items():
+        if len(group) == 1:
+            if len(group[0].text) < 2:
+                raise ValueError(f"source {source!r} has one document of under two characters")
+            train_part, val_part = _cut_single_document(group[0], val_fraction)
+            train.append(train_part)
+            val.append(val_part)
+            continue
+        target = val_fraction * sum(len(d.text) for d in group)
+        val_chars = 0
+        chosen: set[int] = set()
+        for index in sorted(range(len(group)), key=lambda i: _hash_key(group[i].title)):
+            if val_chars >= target or len(chosen) == len(group) - 1:
+                break
+            chosen.add(index)
+            val_chars += len(group[index].text)
+        val += [d for i, d in enumerate(group) if i in chosen]
+        train += [d for i, d in enumerate(group) if i not in chosen]
+    train.sort(key=lambda d: _hash_key(d.source, d.title))
+    return train, val

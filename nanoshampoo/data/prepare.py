@@ -1,0 +1,418 @@
+"""Turn text into FineWeb-format token shards plus ``tokenizer.json``.
+
+Output directory layout (the same names as the speedrun's FineWeb data, so the same glob
+patterns work for both)::
+
+    out_dir/fineweb_val_000000.bin     validation tokens (more shards if they exceed shard_tokens)
+    out_dir/fineweb_train_000001.bin   training tokens, fineweb_train_000002.bin, ...
+    out_dir/tokenizer.json             the tokenizer (HF tokenizers format)
+    out_dir/manifest.json              settings, their hash, file list and token counts
+
+Every document starts with the end-of-text token. Documents are split into train and
+validation deterministically (``document_split``), and the tokenizer is trained on the
+training documents only. Preparation is idempotent: when ``manifest.json`` carries the same
+settings hash (same source bytes, tokenizer, vocab size, split and shard size) and its files
+are intact, the work is skipped and the recorded result returned.
+
+Entry points:
+
+* ``prepare_embedded(out_dir)``: the embedded public-domain corpus (``embedded_corpus``).
+* ``prepare_text_files(paths, out_dir)``: your own UTF-8 text files, one document per file.
+* ``python -m nanoshampoo.data.prepare --out-dir data/embedded [--tokenizer gpt2]`` (also
+  ``nanoshampoo prepare ...``).
+
+Real FineWeb for the gpt2-124m speedrun is not prepared here and nothing here downloads it:
+in a checkout of the speedrun repository (github.com/KellerJordan/modded-nanogpt) run
+``python data/cached_fineweb10B.py 8`` yourself, which fetches the GPT-2-tokenized validation
+shard and the first 8 training shards (100 M tokens each) into ``data/fineweb10B/``. Point the
+trainer at ``data/fineweb10B/fineweb_train_*.bin`` and ``data/fineweb10B/fineweb_val_*.bin``
+with the GPT-2 vocabulary (50257 tokens, end-of-text 50256); those files are read by the same
+``shards``/``loader`` code.
+
+Example:
+    >>> data = prepare_embedded("data/embedded")  # doctest: +SKIP
+    >>> data.train_pattern, data.vocab_size  # doctest: +SKIP
+    ('data/embedded/fineweb_train_*.bin', 4096)
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from nanoshampoo.data.atomic_files import atomic_output
+from nanoshampoo.data.document_split import split_documents
+from nanoshampoo.data.documents import Document
+from nanoshampoo.data.embedded_corpus import (
+    EMBEDDED_SOURCES,
+    embedded_corpus_path,
+    load_embedded_corpus,
+)
+from nanoshampoo.data.shards import (
+    MAX_SHARD_TOKENS,
+    TOKEN_DTYPE,
+    read_shard_token_count,
+    write_shard,
+)
+from nanoshampoo.data.tokenizer import (
+    MAX_VOCAB_SIZE,
+    MIN_VOCAB_SIZE,
+    TextTokenizer,
+    gpt2_tokenizer,
+    load_tokenizer,
+    train_bpe_tokenizer,
+)
+
+MANIFEST_NAME = "manifest.json"
+TOKENIZER_NAME = "tokenizer.json"
+TRAIN_PREFIX = "fineweb_train_"
+VAL_PREFIX = "fineweb_val_"
+# Bumped when the output for the same settings would change.
+FORMAT_VERSION = 1
+
+
+@dataclass(frozen=True)
+class PrepareConfig:
+    """How to tokenize and split.
+
+    ``tokenizer``: ``"bpe"`` (train a byte-level BPE of ``vocab_size`` tokens on the training
+    documents), ``"gpt2"`` (the GPT-2 BPE; ``vocab_size`` is then ignored) or the path of an
+    existing ``tokenizer.json``. ``val_fraction`` of the characters go to validation
+    (``document_split``). ``shard_tokens`` is the most tokens per shard file (the speedrun's
+    FineWeb shards hold 100 M).
+    """
+
+    tokenizer: str = "bpe"
+    vocab_size: int = 4096
+    val_fraction: float = 0.05
+    shard_tokens: int = 100_000_000
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.tokenizer, str) or not self.tokenizer:
+            raise ValueError(f"tokenizer must be 'bpe', 'gpt2' or a path, got {self.tokenizer!r}")
+        if self.tokenizer not in ("bpe", "gpt2") and not Path(self.tokenizer).is_file():
+            raise ValueError(
+                f"tokenizer must be 'bpe', 'gpt2' or the path of a tokenizer.json file; "
+                f"{self.tokenizer!r} is neither"
+            )
+        if isinstance(self.vocab_size, bool) or not isinstance(self.vocab_size, int):
+            raise ValueError(f"vocab_size must be an integer, got {self.vocab_size!r}")
+        if not MIN_VOCAB_SIZE <= self.vocab_size <= MAX_VOCAB_SIZE:
+            raise ValueError(
+                f"vocab_size must lie in [{MIN_VOCAB_SIZE}, {MAX_VOCAB_SIZE}], "
+                f"got {self.vocab_size}"
+            )
+        if not isinstance(self.val_fraction, float | int) or not 0.0 < self.val_fraction < 1.0:
+            raise ValueError(f"val_fraction must lie in (0, 1), got {self.val_fraction!r}")
+        if (
+            isinstance(self.shard_tokens, bool)
+            or not isinstance(self.shard_tokens, int)
+            or not 1 <= self.shard_tokens <= MAX_SHARD_TOKENS
+        ):
+            raise ValueError(
+                f"shard_tokens must be an integer in [1, {MAX_SHARD_TOKENS}], "
+                f"got {self.shard_tokens!r}"
+            )
+
+
+@dataclass(frozen=True)
+class PreparedData:
+    """Where prepared data lives and what the model needs to know about it.
+
+    ``train_pattern`` / ``val_pattern`` are glob patterns for ``DistributedTokenLoader``;
+    ``vocab_size`` is the tokenizer's size (ids are ``< vocab_size``) and ``eot_id`` the
+    end-of-text id that starts every document. ``reused`` is True when a matching manifest
+    made the call skip the work.
+    """
+
+    out_dir: Path
+    train_pattern: str
+    val_pattern: str
+    tokenizer_path: Path
+    vocab_size: int
+    eot_id: int
+    train_tokens: int
+    val_tokens: int
+    train_documents: int
+    val_documents: int
+    reused: bool
+
+
+def _file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _settings_hash(settings: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(settings, sort_keys=True).encode("utf-8")).hexdigest()
+
+
+def _tokenizer_identity(config: PrepareConfig) -> dict[str, Any]:
+    if config.tokenizer == "bpe":
+        return {"kind": "bpe", "vocab_size": config.vocab_size}
+    if config.tokenizer == "gpt2":
+        return {"kind": "gpt2"}
+    return {"kind": "file", "sha256": _file_sha256(Path(config.tokenizer))}
+
+
+def _build_tokenizer(config: PrepareConfig, train_documents: Sequence[Document]) -> TextTokenizer:
+    if config.tokenizer == "bpe":
+        return train_bpe_tokenizer([d.text for d in train_documents], config.vocab_size)
+    if config.tokenizer == "gpt2":
+        return gpt2_tokenizer()
+    return load_tokenizer(config.tokenizer)
+
+
+def _token_stream(tokenizer: TextTokenizer, documents: Sequence[Document]) -> np.ndarray:
+    """All documents as one uint16 stream, each preceded by the end-of-text token."""
+    encoded = tokenizer.encode_batch([d.text for d in documents])
+    total = sum(len(ids) + 1 for ids in encoded)
+    stream = np.empty(total, dtype=TOKEN_DTYPE)
+    offset = 0
+    for ids in encoded:
+        stream[offset] = tokenizer.eot_id
+        stream[offset + 1 : offset + 1 + len(ids)] = ids
+        offset += len(ids) + 1
+    return stream
+
+
+def _write_shards(
+    stream: np.ndarray, out_dir: Path, prefix: str, first_index: int, shard_tokens: int
+) -> list[str]:
+    names = []
+    for k, start in enumerate(range(0, len(stream), shard_tokens)):
+        name = f"{prefix}{first_index + k:06d}.bin"
+        write_shard(out_dir / name, stream[start : start + shard_tokens])
+        names.append(name)
+    return names
+
+
+def _read_manifest(out_dir: Path) -> dict[str, Any] | None:
+    path = out_dir / MANIFEST_NAME
+    if not path.is_file():
+        return None
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except ValueError:
+        return None
+    return manifest if isinstance(manifest, dict) else None
+
+
+def _manifest_files_intact(out_dir: Path, manifest: dict[str, Any]) -> bool:
+    counts = manifest.get("shard_token_counts", {})
+    if not (out_dir / TOKENIZER_NAME).is_file() or not counts:
+        return False
+    for name, count in counts.items():
+        path = out_dir / name
+        try:
+            if not path.is_file() or read_shard_token_count(path) != count:
+                return False
+        except ValueError:
+            return False
+    return True
+
+
+def _result(out_dir: Path, manifest: dict[str, Any], reused: bool) -> PreparedData:
+    return PreparedData(
+        out_dir=out_dir,
+        train_pattern=str(out_dir / f"{TRAIN_PREFIX}*.bin"),
+        val_pattern=str(out_dir / f"{VAL_PREFIX}*.bin"),
+        tokenizer_path=out_dir / TOKENIZER_NAME,
+        vocab_size=int(manifest["vocab_size"]),
+        eot_id=int(manifest["eot_id"]),
+        train_tokens=int(manifest["train_tokens"]),
+        val_tokens=int(manifest["val_tokens"]),
+        train_documents=int(manifest["train_documents"]),
+        val_documents=int(manifest["val_documents"]),
+        reused=reused,
+    )
+
+
+def _clear_previous_output(out_dir: Path, manifest: dict[str, Any] | None) -> None:
+    """Remove shards this module wrote before; refuse to touch shards it did not write."""
+    (out_dir / MANIFEST_NAME).unlink(missing_ok=True)
+    if manifest is not None:
+        for name in manifest.get("shard_token_counts", {}):
+            (out_dir / Path(name).name).unlink(missing_ok=True)
+    foreign = sorted(
+        p.name for prefix in (TRAIN_PREFIX, VAL_PREFIX) for p in out_dir.glob(f"{prefix}*.bin")
+    )
+    if foreign:
+        raise ValueError(
+            f"out_dir {out_dir} holds shard files not listed in a manifest of this tool "
+            f"({', '.join(foreign[:3])}{', ...' if len(foreign) > 3 else ''}); they would be "
+            f"mixed into the new data: choose an empty out_dir or remove them"
+        )
+
+
+def _prepare(
+    load_documents: Callable[[], Sequence[Document]],
+    source_identity: dict[str, Any],
+    out_dir: Path,
+    config: PrepareConfig,
+) -> PreparedData:
+    settings = {
+        "format_version": FORMAT_VERSION,
+        "source": source_identity,
+        "tokenizer": _tokenizer_identity(config),
+        "val_fraction": float(config.val_fraction),
+        "shard_tokens": config.shard_tokens,
+    }
+    settings_hash = _settings_hash(settings)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    previous = _read_manifest(out_dir)
+    if (
+        previous is not None
+        and previous.get("settings_hash") == settings_hash
+        and _manifest_files_intact(out_dir, previous)
+    ):
+        return _result(out_dir, previous, reused=True)
+    _clear_previous_output(out_dir, previous)
+
+    train_docs, val_docs = split_documents(load_documents(), float(config.val_fraction))
+    tokenizer = _build_tokenizer(config, train_docs)
+    if tokenizer.vocab_size > MAX_VOCAB_SIZE:
+        raise ValueError(
+            f"tokenizer has {tokenizer.vocab_size} tokens; shards store uint16, "
+            f"so at most {MAX_VOCAB_SIZE}"
+        )
+    val_stream = _token_stream(tokenizer, val_docs)
+    train_stream = _token_stream(tokenizer, train_docs)
+    # The speedrun numbers the validation shard 000000 and training shards from 000001.
+    val_files = _write_shards(val_stream, out_dir, VAL_PREFIX, 0, config.shard_tokens)
+    train_files = _write_shards(train_stream, out_dir, TRAIN_PREFIX, 1, config.shard_tokens)
+    tokenizer.save(out_dir / TOKENIZER_NAME)
+    shard_token_counts = {
+        name: read_shard_token_count(out_dir / name) for name in val_files + train_files
+    }
+    manifest = {
+        "settings": settings,
+        "settings_hash": settings_hash,
+        "vocab_size": tokenizer.vocab_size,
+        "eot_id": tokenizer.eot_id,
+        "train_tokens": len(train_stream),
+        "val_tokens": len(val_stream),
+        "train_documents": len(train_docs),
+        "val_documents": len(val_docs),
+        "val_titles": [d.title for d in val_docs],
+        "shard_token_counts": shard_token_counts,
+    }
+    with atomic_output(out_dir / MANIFEST_NAME) as tmp:
+        tmp.write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
+    return _result(out_dir, manifest, reused=False)
+
+
+def prepare_embedded(
+    out_dir: str | os.PathLike[str],
+    vocab_size: int = 4096,
+    val_fraction: float = 0.05,
+    tokenizer: str = "bpe",
+    shard_tokens: int = 100_000_000,
+    sources: Sequence[str] = EMBEDDED_SOURCES,
+) -> PreparedData:
+    """Prepare the embedded corpus (``embedded_corpus``) into ``out_dir``; see the module
+    docstring for the layout and caching. With the defaults: about 2.7 M training and 0.15 M
+    validation tokens, vocabulary 4096."""
+    config = PrepareConfig(tokenizer, vocab_size, val_fraction, shard_tokens)
+    sources = tuple(sources)
+    identity = {
+        "embedded": {source: _file_sha256(embedded_corpus_path(source)) for source in sources}
+    }
+    return _prepare(lambda: load_embedded_corpus(sources), identity, Path(out_dir), config)
+
+
+def prepare_text_files(
+    paths: Sequence[str | os.PathLike[str]],
+    out_dir: str | os.PathLike[str],
+    tokenizer: str = "bpe",
+    vocab_size: int = 4096,
+    val_fraction: float = 0.05,
+    shard_tokens: int = 100_000_000,
+) -> PreparedData:
+    """Prepare your own UTF-8 text files into ``out_dir``, one document per file.
+
+    With several files, whole files go to validation; a single file is cut at a line break
+    (``document_split``). A missing, empty or non-UTF-8 file raises ``ValueError`` naming it.
+    """
+    config = PrepareConfig(tokenizer, vocab_size, val_fraction, shard_tokens)
+    if not paths:
+        raise ValueError("paths must name at least one text file")
+    documents = []
+    hashes = {}
+    for path in map(Path, paths):
+        if not path.is_file():
+            raise ValueError(f"text file {path} does not exist")
+        try:
+            text = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError as error:
+            raise ValueError(f"{path}: not valid UTF-8 text: {error}") from error
+        if not text:
+            raise ValueError(f"text file {path} is empty")
+        documents.append(Document("text_files", str(path), text))
+        hashes[str(path)] = hashlib.sha256(text.encode("utf-8")).hexdigest()
+    return _prepare(lambda: documents, {"text_files": hashes}, Path(out_dir), config)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m nanoshampoo.data.prepare",
+        description="Tokenize the embedded public-domain corpus (default) or your own text "
+        "files into FineWeb-format shards and tokenizer.json. Skips the work when out-dir "
+        "already holds the same preparation.",
+    )
+    parser.add_argument("--out-dir", type=Path, default=Path("data/embedded"))
+    parser.add_argument(
+        "--tokenizer", default="bpe", help="'bpe' (train one), 'gpt2', or a tokenizer.json path"
+    )
+    parser.add_argument("--vocab-size", type=int, default=4096, help="for --tokenizer bpe")
+    parser.add_argument("--val-fraction", type=float, default=0.05)
+    parser.add_argument("--shard-tokens", type=int, default=100_000_000)
+    parser.add_argument(
+        "--text-files", nargs="+", type=Path, help="prepare these UTF-8 files instead"
+    )
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """CLI entry point; prints the prepared data's patterns and sizes. Returns 0."""
+    parser = _parser()
+    args = parser.parse_args(argv)
+    try:
+        if args.text_files:
+            data = prepare_text_files(
+                args.text_files,
+                args.out_dir,
+                tokenizer=args.tokenizer,
+                vocab_size=args.vocab_size,
+                val_fraction=args.val_fraction,
+                shard_tokens=args.shard_tokens,
+            )
+        else:
+            data = prepare_embedded(
+                args.out_dir,
+                vocab_size=args.vocab_size,
+                val_fraction=args.val_fraction,
+                tokenizer=args.tokenizer,
+                shard_tokens=args.shard_tokens,
+            )
+    except (ValueError, FileNotFoundError) as error:
+        parser.error(str(error))
+    print("reused existing preparation" if data.reused else f"prepared {data.out_dir}")
+    for key, value in asdict(data).items():
+        print(f"{key}: {value}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
