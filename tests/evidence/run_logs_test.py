@@ -1,0 +1,80 @@
+"""Reading speedrun .txt logs and .jsonl metrics, and grouping runs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from evidence_fixtures import TOTAL_STEPS, write_group, write_jsonl, write_txt
+
+from nanoshampoo.evidence.grouping import groups_by_directory, groups_from_specs, regroup
+from nanoshampoo.evidence.logs import LogFormatError, read_run
+
+
+def test_txt_and_jsonl_give_the_same_run(tmp_path: Path) -> None:
+    txt = read_run(write_txt(tmp_path / "a.txt", 3.2775, 140.909))
+    jsonl = read_run(write_jsonl(tmp_path / "b.jsonl", 3.2775, 140.909, seed=7))
+    for run in (txt, jsonl):
+        assert run.total_steps == TOTAL_STEPS
+        assert run.final_val_loss == pytest.approx(3.2775)
+        assert run.train_time_ms == pytest.approx(140909.0)
+        assert run.step_avg_ms == pytest.approx(1409.09)
+        assert [p.step for p in run.curve] == [0, 25, 50, 75, 100]
+    assert txt.peak_memory_mib == 321.0 and txt.seed is None
+    assert (jsonl.seed, jsonl.optimizer, jsonl.preset, jsonl.run_id) == (7, "adam", "tiny", "b")
+
+
+def test_modded_nanogpt_record_line_parses(tmp_path: Path) -> None:
+    path = tmp_path / "record.txt"
+    path.write_text(
+        "code...\nstep:0/1750 val_loss:10.8258 train_time:0ms step_avg:0.03ms\n"
+        "step:1750/1750 val_loss:3.2781 train_time:140909ms step_avg:80.52ms\n"
+    )
+    run = read_run(path)
+    assert (run.final_val_loss, run.train_time_ms, run.step_avg_ms) == (3.2781, 140909.0, 80.52)
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "message"),
+    [
+        ("empty.txt", "", "no validation lines"),
+        ("partial.txt", "step:10/100 val_loss:4.0 train_time:5ms step_avg:0.5ms\n", "incomplete run"),
+        ("bad.jsonl", '{"kind": "config"}\nnot json\n', r"bad.jsonl:2: invalid JSON"),
+        ("nofinal.jsonl", '{"kind": "val", "step": 1, "val_loss": 3.0, "train_time_ms": 1.0}\n', "no 'final'"),
+        ("field.jsonl", '{"kind": "final", "step": 1, "total_steps": 1, "train_time_ms": 1}\n', "lacks field 'val_loss'"),
+        ("log.csv", "x", "unknown run log type"),
+    ],
+)
+def test_malformed_logs_name_the_file(tmp_path: Path, name: str, text: str, message: str) -> None:
+    path = tmp_path / name
+    path.write_text(text)
+    with pytest.raises(LogFormatError, match=message) as info:
+        read_run(path)
+    assert str(path) in str(info.value)
+
+
+def test_groups_by_directory_prefers_jsonl(tmp_path: Path) -> None:
+    write_group(tmp_path / "a", [3.27, 3.28], [10.0, 11.0], fmt="txt")
+    write_group(tmp_path / "a", [3.27, 3.28], [10.0, 11.0], fmt="jsonl")
+    write_group(tmp_path / "b", [3.26], [9.0], fmt="txt")
+    groups = groups_by_directory([tmp_path / "a", tmp_path / "b" / "run_seed0.txt"])
+    assert list(groups) == [str(tmp_path / "a"), str(tmp_path / "b")]
+    assert [r.path.suffix for r in groups[str(tmp_path / "a")]] == [".jsonl", ".jsonl"]
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(LogFormatError, match="no run logs"):
+        groups_by_directory([tmp_path / "empty"])
+    with pytest.raises(LogFormatError, match="no such file"):
+        groups_by_directory([tmp_path / "missing"])
+
+
+def test_groups_from_specs_and_regroup(tmp_path: Path) -> None:
+    write_group(tmp_path / "x1", [3.27, 3.28], [10.0, 11.0])
+    write_group(tmp_path / "x2", [3.25], [9.0])
+    groups = groups_from_specs([f"all={tmp_path}/x*", f"one={tmp_path}/x2/*.jsonl"])
+    assert {k: len(v) for k, v in groups.items()} == {"all": 3, "one": 1}
+    assert {k: len(v) for k, v in regroup(groups, "optimizer").items()} == {"optimizer=adam": 4}
+    assert list(regroup(groups, "lr")) == ["lr=0.01"]
+    with pytest.raises(ValueError, match="NAME=GLOB"):
+        groups_from_specs(["nolabel"])
+    with pytest.raises(LogFormatError, match="matches no run logs"):
+        groups_from_specs([f"none={tmp_path}/nothing*"])
