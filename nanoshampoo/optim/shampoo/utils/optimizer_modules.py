@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Mapping
 from copy import deepcopy
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -21,7 +21,9 @@ _CONTAINERS = (dict, list, tuple, set)
 class OptimizerModule:
     """Base class for optimizer components whose state is their tensor attributes.
 
-    Subclasses need no ``super().__init__()`` call: the state is whatever is in ``vars(self)``.
+    Subclasses need no ``super().__init__()`` call: the state is whatever is in ``vars(self)``,
+    except the attribute names a subclass lists in ``non_state_attributes`` (structure such as
+    block descriptions or caches, which is rebuilt rather than saved).
 
     State layout (nested dicts, loadable with ``torch.load(weights_only=True)``):
 
@@ -48,6 +50,8 @@ class OptimizerModule:
         tensor([1., 1.])
     """
 
+    non_state_attributes: ClassVar[frozenset[str]] = frozenset()
+
     def state_dict(
         self,
         destination: dict[str, Any] | None = None,
@@ -66,7 +70,7 @@ class OptimizerModule:
             ``destination`` with one entry per attribute that holds stored state.
         """
         destination = {} if destination is None else destination
-        for name, value in vars(self).items():
+        for name, value in _state_attributes(self).items():
             entry = _save(value, keep_vars, store_non_tensors)
             if entry is not _SKIP:
                 destination[name] = entry
@@ -92,7 +96,7 @@ class OptimizerModule:
             ValueError: a tensor arrives with another shape or dtype, or a value has the wrong
                 kind (e.g. a tensor where a container is expected).
         """
-        updated = _load_entries(vars(self), state_dict, "", store_non_tensors)
+        updated = _load_entries(_state_attributes(self), state_dict, "", store_non_tensors)
         for name, value in updated.items():
             setattr(self, name, value)
 
@@ -102,6 +106,10 @@ class _Skip:
 
 
 _SKIP = _Skip()
+
+
+def _state_attributes(module: OptimizerModule) -> dict[str, Any]:
+    return {k: v for k, v in vars(module).items() if k not in module.non_state_attributes}
 
 
 def _items(container: Any) -> Mapping[Hashable, Any]:
@@ -130,7 +138,7 @@ def _has_entry(value: Any, store_non_tensors: bool) -> bool:
     if isinstance(value, torch.Tensor):
         return True
     if isinstance(value, OptimizerModule):
-        return any(_has_entry(v, store_non_tensors) for v in vars(value).values())
+        return any(_has_entry(v, store_non_tensors) for v in _state_attributes(value).values())
     if isinstance(value, _CONTAINERS):
         return any(_has_entry(v, store_non_tensors) for v in _items(value).values())
     return store_non_tensors
@@ -209,7 +217,7 @@ def _load_value(old: Any, new: Any, path: str, store_non_tensors: bool) -> Any:
         old.detach().copy_(new)
         return old
     if isinstance(old, OptimizerModule):
-        for name, value in _load_entries(vars(old), new, path, store_non_tensors).items():
+        for name, value in _load_entries(_state_attributes(old), new, path, store_non_tensors).items():
             setattr(old, name, value)
         return old
     if isinstance(old, dict):

@@ -179,3 +179,21 @@ def test_load_state_dict_container_given_a_tensor_raises_value_error() -> None:
     state["blocks"] = torch.zeros(2)
     with pytest.raises(ValueError, match=r"'blocks': expected a mapping, got Tensor"):
         _Outer().load_state_dict(state)
+
+
+class _WithStructure(OptimizerModule):
+    non_state_attributes = frozenset({"cache", "layout"})
+
+    def __init__(self) -> None:
+        self.value = torch.zeros(2)
+        self.cache = torch.ones(2)
+        self.layout = "rows"
+
+
+def test_non_state_attributes_are_neither_saved_nor_expected() -> None:
+    module = _WithStructure()
+    assert set(module.state_dict(store_non_tensors=True)) == {"value"}
+    module.load_state_dict({"value": torch.full((2,), 3.0)}, store_non_tensors=True)
+    assert torch.equal(module.value, torch.full((2,), 3.0)) and torch.equal(module.cache, torch.ones(2))
+    with pytest.raises(KeyError, match="unexpected key 'cache'"):
+        module.load_state_dict({"value": torch.zeros(2), "cache": torch.zeros(2)})

@@ -1,0 +1,308 @@
+"""Optimizer state stored in a low-precision float format and computed with in a higher one.
+
+Shampoo keeps large per-block state (factor matrices, their roots). Storing it in bf16 halves
+its memory; :class:`QuantizedTensorList` dequantizes it into the computation dtype for an update
+and writes the result back afterwards::
+
+    state = QuantizedTensorList([(t, None, None) for t in fp32_tensors], torch.bfloat16)
+    with DequantizeQuantizedTensorListContext(state):
+        for t in state.dequantized_value:   # float32 copies
+            t.mul_(0.9)
+    # state is back in bfloat16 storage; the float32 copies are freed
+
+Only float formats (fp16, bf16, fp32, fp64) are supported; conversion is a rounding ``copy_``,
+so the per-element relative round-trip error is at most the format's unit roundoff (2^-11 for
+fp16, 2^-8 for bf16 on normal values; exact for fp32 stored and computed in fp32, and for fp64).
+Other formats (int8, fp8, ...) raise ``NotImplementedError``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from nanoshampoo.optim.shampoo.utils.optimizer_modules import OptimizerModule
+from nanoshampoo.optim.shampoo.utils.shampoo_block_info import BlockInfo
+from nanoshampoo.optim.shampoo.utils.shampoo_utils import (
+    ParameterizeEnterExitContext,
+    compress_list,
+)
+
+FLOAT_DTYPES: tuple[torch.dtype, ...] = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def _check_format(dtype: torch.dtype, role: str) -> None:
+    if dtype not in FLOAT_DTYPES:
+        raise NotImplementedError(
+            f"{role} {dtype} is not supported; supported formats: {list(FLOAT_DTYPES)}"
+        )
+
+
+class QuantizedTensor(OptimizerModule):
+    """One tensor stored in a float format, with optional min/max metadata and its block.
+
+    ``min_value``/``max_value`` are metadata for range-based formats; the float formats here do
+    not need them and conversion ignores them. ``block_info`` is structure, not state: it is not
+    part of ``state_dict()``.
+
+    Example:
+        >>> info = BlockInfo(param=torch.zeros(3), composable_block_ids=(0, "block_0"))
+        >>> q = QuantizedTensor.init_from_dequantized_tensor(torch.tensor([1.0, 2.5, 3.0]), torch.bfloat16, info)
+        >>> q.quantized_values.dtype, q.dequantize(torch.float32)
+        (torch.bfloat16, tensor([1.0000, 2.5000, 3.0000]))
+    """
+
+    non_state_attributes = frozenset({"block_info"})
+
+    def __init__(
+        self,
+        quantized_values: torch.Tensor,
+        block_info: BlockInfo,
+        min_value: torch.Tensor | None = None,
+        max_value: torch.Tensor | None = None,
+    ) -> None:
+        _check_format(quantized_values.dtype, "QuantizedTensor storage dtype")
+        self.quantized_values = quantized_values
+        self.min_value = min_value
+        self.max_value = max_value
+        self.block_info = block_info
+
+    @classmethod
+    def init_from_dequantized_tensor(
+        cls,
+        dequantized_values: torch.Tensor,
+        quantized_dtype: torch.dtype,
+        block_info: BlockInfo,
+    ) -> QuantizedTensor:
+        """Allocate storage of ``quantized_dtype`` via ``block_info`` and quantize the values into it.
+
+        Raises:
+            NotImplementedError: ``quantized_dtype`` or the values' dtype is not a float format.
+        """
+        _check_format(quantized_dtype, "quantized_dtype")
+        storage = block_info.allocate_zeros_tensor(
+            tuple(dequantized_values.shape), quantized_dtype, dequantized_values.device
+        )
+        quantized = cls(storage, block_info)
+        quantized.quantize_(dequantized_values)
+        return quantized
+
+    def dequantize(self, dtype: torch.dtype) -> torch.Tensor:
+        """A new tensor of ``dtype`` holding the stored values (never aliases the storage).
+
+        Raises:
+            NotImplementedError: ``dtype`` is not a float format.
+        """
+        _check_format(dtype, "dequantize dtype")
+        return self.block_info.get_tensor(self.quantized_values).to(dtype=dtype, copy=True)
+
+    def quantize_(self, tensor: torch.Tensor) -> None:
+        """Round ``tensor`` (same shape, any float format) into the storage, in place.
+
+        Raises:
+            NotImplementedError: ``tensor`` is not in a float format.
+            ValueError: the shapes differ.
+        """
+        _check_format(tensor.dtype, "quantize_ input dtype")
+        storage = self.block_info.get_tensor(self.quantized_values)
+        if tensor.shape != storage.shape:
+            raise ValueError(
+                f"QuantizedTensor.quantize_: expected shape {tuple(storage.shape)}, "
+                f"got {tuple(tensor.shape)}"
+            )
+        storage.copy_(tensor)
+
+
+QuantizedItem = tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]
+
+
+class QuantizedTensorList(OptimizerModule):
+    """A list of tensors sharing one storage format, dequantized together for computation.
+
+    Build it from ``(tensor, min, max)`` tuples or from :class:`QuantizedTensor`s. A tuple whose
+    tensor is in ``quantized_dtype`` is stored as it is (no copy); one in another float format
+    is rounded into new ``quantized_dtype`` storage. Min/max are all ``None`` or all set.
+
+    Lifecycle: :meth:`dequantize_` caches computation-precision tensors
+    (:attr:`dequantized_value`); :meth:`quantize_` writes them back into storage and drops the
+    cache (and empties the CUDA caching allocator when the storage is on CUDA, so the freed
+    high-precision copies really return to the device). When ``quantized_dtype ==
+    computation_dtype`` the cache is the storage itself (no copy, no extra memory).
+    ``state_dict()`` holds the storage (and min/max), never the cache.
+
+    Args:
+        quantized_data: the tensors, as described above; may be empty.
+        quantized_dtype: the storage format (fp16, bf16, fp32 or fp64).
+        computation_dtype: the format of the dequantized copies; must be a float dtype.
+
+    Raises:
+        NotImplementedError: ``quantized_dtype`` or an input tensor is not a float format.
+        ValueError: non-float ``computation_dtype``, mixed tuple / ``QuantizedTensor`` items,
+            a ``QuantizedTensor`` stored in another dtype, or mixed ``None`` / set min-max.
+
+    Example:
+        >>> tensors = [torch.randn(50, 50) for _ in range(3)]
+        >>> qlist = QuantizedTensorList([(t, None, None) for t in tensors], torch.bfloat16)
+        >>> qlist.quantized_value[0].dtype
+        torch.bfloat16
+        >>> with DequantizeQuantizedTensorListContext(qlist):
+        ...     sums = [t.sum() for t in qlist.dequantized_value]   # float32
+    """
+
+    non_state_attributes = frozenset({"quantized_dtype", "computation_dtype", "_dequantized_value"})
+
+    def __init__(
+        self,
+        quantized_data: Sequence[QuantizedItem] | Sequence[QuantizedTensor],
+        quantized_dtype: torch.dtype,
+        computation_dtype: torch.dtype = torch.float32,
+    ) -> None:
+        _check_format(quantized_dtype, "quantized_dtype")
+        if not (isinstance(computation_dtype, torch.dtype) and computation_dtype.is_floating_point):
+            raise ValueError(
+                f"QuantizedTensorList.computation_dtype must be a floating-point dtype, "
+                f"got {computation_dtype!r}"
+            )
+        items = list(quantized_data)
+        kinds = {isinstance(item, QuantizedTensor) for item in items}
+        if len(kinds) > 1:
+            raise ValueError(
+                "QuantizedTensorList.quantized_data must be all (tensor, min, max) tuples or all "
+                "QuantizedTensor, got a mix"
+            )
+        if kinds == {True}:
+            items = [(q.quantized_values, q.min_value, q.max_value) for q in items]  # type: ignore[union-attr]
+            stored_dtypes = {t.dtype for t, _, _ in items}
+            if stored_dtypes != {quantized_dtype}:
+                raise ValueError(
+                    f"QuantizedTensorList.quantized_data: every QuantizedTensor must be stored in "
+                    f"{quantized_dtype}, got {sorted(map(str, stored_dtypes))}"
+                )
+        has_range = {item[1] is not None for item in items} | {item[2] is not None for item in items}
+        if len(has_range) > 1:
+            raise ValueError(
+                "QuantizedTensorList.quantized_data: min/max must be all None or all set, got a mix"
+            )
+        for tensor, _, _ in items:
+            _check_format(tensor.dtype, "QuantizedTensorList input dtype")
+        self.quantized_dtype = quantized_dtype
+        self.computation_dtype = computation_dtype
+        self.quantized_values: tuple[torch.Tensor, ...] = tuple(
+            t if t.dtype == quantized_dtype else t.to(quantized_dtype) for t, _, _ in items
+        )
+        self.min_values: tuple[torch.Tensor | None, ...] = tuple(item[1] for item in items)
+        self.max_values: tuple[torch.Tensor | None, ...] = tuple(item[2] for item in items)
+        self._dequantized_value: tuple[torch.Tensor, ...] | None = None
+
+    def __len__(self) -> int:
+        return len(self.quantized_values)
+
+    @property
+    def quantized_value(self) -> tuple[torch.Tensor, ...]:
+        """The storage tensors, in ``quantized_dtype``."""
+        return self.quantized_values
+
+    @property
+    def storage_bytes(self) -> int:
+        """Bytes held by the storage tensors (the cache not counted)."""
+        return sum(t.numel() * t.element_size() for t in self.quantized_values)
+
+    @property
+    def is_dequantized(self) -> bool:
+        """Whether a dequantized cache exists (between ``dequantize_`` and ``quantize_``)."""
+        return self._dequantized_value is not None
+
+    @property
+    def dequantized_value(self) -> tuple[torch.Tensor, ...]:
+        """The cached computation-precision tensors.
+
+        Raises:
+            RuntimeError: called outside ``dequantize_()`` ... ``quantize_()``.
+        """
+        if self._dequantized_value is None:
+            raise RuntimeError(
+                "QuantizedTensorList.dequantized_value: no dequantized cache; call dequantize_() "
+                "or use DequantizeQuantizedTensorListContext first"
+            )
+        return self._dequantized_value
+
+    def dequantize_(self) -> None:
+        """Cache the values in ``computation_dtype``.
+
+        Raises:
+            RuntimeError: already dequantized (a second call would drop pending updates).
+        """
+        if self._dequantized_value is not None:
+            raise RuntimeError("QuantizedTensorList.dequantize_: already dequantized; call quantize_() first")
+        self._dequantized_value = tuple(
+            t if t.dtype == self.computation_dtype else t.to(self.computation_dtype)
+            for t in self.quantized_values
+        )
+
+    def quantize_(self) -> None:
+        """Write the cached values back into storage (rounding) and free the cache.
+
+        Raises:
+            RuntimeError: not dequantized.
+        """
+        cache = self.dequantized_value
+        pairs = [(q, d) for q, d in zip(self.quantized_values, cache, strict=True) if q is not d]
+        if pairs:
+            torch._foreach_copy_([q for q, _ in pairs], [d for _, d in pairs])
+        self._dequantized_value = None
+        # Drop the last references to the high-precision copies before returning memory.
+        del cache, pairs
+        if any(t.is_cuda for t in self.quantized_values) and torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+    def compress(self, selector: Sequence[bool]) -> QuantizedTensorList:
+        """A new list of the selected entries, sharing their storage.
+
+        Raises:
+            RuntimeError: the list is dequantized (the cache would be lost).
+            ValueError: ``selector`` has another length than the list.
+        """
+        if self._dequantized_value is not None:
+            raise RuntimeError("QuantizedTensorList.compress: quantize_() before compressing")
+        return QuantizedTensorList(
+            list(
+                zip(
+                    compress_list(self.quantized_values, selector),
+                    compress_list(self.min_values, selector),
+                    compress_list(self.max_values, selector),
+                    strict=True,
+                )
+            ),
+            self.quantized_dtype,
+            self.computation_dtype,
+        )
+
+    def __repr__(self) -> str:
+        return (
+            f"QuantizedTensorList(len={len(self)}, quantized_dtype={self.quantized_dtype}, "
+            f"computation_dtype={self.computation_dtype}, dequantized={self.is_dequantized})"
+        )
+
+
+class DequantizeQuantizedTensorListContext(ParameterizeEnterExitContext[QuantizedTensorList]):
+    """``with`` block in which a :class:`QuantizedTensorList` is dequantized.
+
+    Calls ``dequantize_()`` on enter and ``quantize_()`` on exit (also when the body raises).
+
+    Example:
+        >>> qlist = QuantizedTensorList([(torch.ones(2), None, None)], torch.float16)
+        >>> with DequantizeQuantizedTensorListContext(qlist):
+        ...     qlist.dequantized_value[0].add_(1.0)
+        tensor([2., 2.])
+        >>> qlist.quantized_value[0]
+        tensor([2., 2.], dtype=torch.float16)
+    """
+
+    def __init__(self, quantized_tensor_list: QuantizedTensorList) -> None:
+        super().__init__(
+            quantized_tensor_list,
+            QuantizedTensorList.dequantize_,
+            QuantizedTensorList.quantize_,
+        )
+

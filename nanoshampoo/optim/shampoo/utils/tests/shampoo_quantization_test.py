@@ -1,0 +1,226 @@
+import io
+
+import pytest
+import torch
+
+from nanoshampoo.optim.shampoo.utils.shampoo_block_info import BlockInfo
+from nanoshampoo.optim.shampoo.utils.shampoo_quantization import (
+    DequantizeQuantizedTensorListContext,
+    QuantizedTensor,
+    QuantizedTensorList,
+)
+
+# Unit roundoff of each storage format for values in its normal range (round to nearest).
+_REL_ERROR_BOUND = {torch.float16: 2.0**-11, torch.bfloat16: 2.0**-8, torch.float32: 0.0, torch.float64: 0.0}
+
+
+def _info(shape: tuple[int, ...] = (3,)) -> BlockInfo:
+    return BlockInfo(param=torch.zeros(shape), composable_block_ids=(0, "block_0"))
+
+
+def _normal_values(n: int = 4096, seed: int = 0) -> torch.Tensor:
+    """fp32 values whose magnitudes stay in the normal range of fp16 and bf16."""
+    generator = torch.Generator().manual_seed(seed)
+    magnitudes = torch.exp(torch.empty(n).uniform_(-9.0, 10.0, generator=generator))  # 1.2e-4 .. 2.2e4
+    signs = torch.randint(0, 2, (n,), generator=generator) * 2 - 1
+    return magnitudes * signs
+
+
+@pytest.mark.parametrize("dtype", list(_REL_ERROR_BOUND))
+def test_quantized_tensor_round_trip_error_bound(dtype: torch.dtype) -> None:
+    values = _normal_values()
+    quantized = QuantizedTensor.init_from_dequantized_tensor(values, dtype, _info(values.shape))
+    assert quantized.quantized_values.dtype == dtype
+    restored = quantized.dequantize(torch.float32)
+    relative_error = ((restored - values).abs() / values.abs()).max().item()
+    assert relative_error <= _REL_ERROR_BOUND[dtype]
+    if dtype in (torch.float16, torch.bfloat16):
+        assert relative_error > 0  # the bound is not vacuous: rounding really happened
+
+
+def test_quantized_tensor_dequantize_is_a_copy_and_quantize_rounds_in_place() -> None:
+    quantized = QuantizedTensor.init_from_dequantized_tensor(torch.ones(3), torch.bfloat16, _info())
+    copy = quantized.dequantize(torch.bfloat16)
+    copy.add_(1.0)
+    assert torch.equal(quantized.quantized_values, torch.ones(3, dtype=torch.bfloat16))
+    storage = quantized.quantized_values
+    quantized.quantize_(torch.tensor([1.0 + 2.0**-10, 2.0, 3.0], dtype=torch.float64))
+    assert quantized.quantized_values is storage
+    assert storage.tolist() == [1.0, 2.0, 3.0]  # 1 + 2^-10 rounds to 1 in bf16
+
+
+def test_quantized_tensor_uses_block_info_allocation() -> None:
+    allocations: list[tuple] = []
+
+    def allocate(size: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        allocations.append((size, dtype))
+        return torch.zeros(size, dtype=dtype, device=device)
+
+    info = BlockInfo(param=torch.zeros(2, 2), composable_block_ids=(1, "block_0"), allocate_zeros_tensor=allocate)
+    QuantizedTensor.init_from_dequantized_tensor(torch.ones(2, 2), torch.float16, info)
+    assert allocations == [((2, 2), torch.float16)]
+
+
+@pytest.mark.parametrize("values", [torch.tensor(1.5), torch.zeros(0, 3)], ids=["0d", "empty"])
+def test_quantized_tensor_edge_shapes(values: torch.Tensor) -> None:
+    quantized = QuantizedTensor.init_from_dequantized_tensor(values, torch.bfloat16, _info(values.shape))
+    assert torch.equal(quantized.dequantize(torch.float32), values)
+
+
+def test_quantized_tensor_state_dict_excludes_block_info() -> None:
+    quantized = QuantizedTensor.init_from_dequantized_tensor(torch.ones(3), torch.float16, _info())
+    assert set(quantized.state_dict(store_non_tensors=True)) == {"quantized_values", "min_value", "max_value"}
+    assert set(quantized.state_dict()) == {"quantized_values"}
+
+
+@pytest.mark.parametrize("dtype", [torch.int8, torch.uint8, torch.float8_e4m3fn, torch.complex64])
+def test_unsupported_formats_raise_not_implemented(dtype: torch.dtype) -> None:
+    with pytest.raises(NotImplementedError, match=rf"quantized_dtype {dtype} is not supported"):
+        QuantizedTensor.init_from_dequantized_tensor(torch.ones(3), dtype, _info())
+    with pytest.raises(NotImplementedError, match=rf"quantized_dtype {dtype} is not supported"):
+        QuantizedTensorList([(torch.ones(3), None, None)], dtype)
+    quantized = QuantizedTensor.init_from_dequantized_tensor(torch.ones(3), torch.float16, _info())
+    with pytest.raises(NotImplementedError, match=rf"dequantize dtype {dtype} is not supported"):
+        quantized.dequantize(dtype)
+
+
+def test_non_float_inputs_raise_not_implemented() -> None:
+    with pytest.raises(NotImplementedError, match="QuantizedTensorList input dtype torch.int64"):
+        QuantizedTensorList([(torch.ones(3, dtype=torch.int64), None, None)], torch.bfloat16)
+    quantized = QuantizedTensor.init_from_dequantized_tensor(torch.ones(3), torch.float16, _info())
+    with pytest.raises(NotImplementedError, match="quantize_ input dtype torch.int32"):
+        quantized.quantize_(torch.ones(3, dtype=torch.int32))
+    with pytest.raises(ValueError, match=r"expected shape \(3,\), got \(1,\)"):
+        quantized.quantize_(torch.ones(1))
+
+
+# ----------------------------------------------------------------------------- QuantizedTensorList
+def _fp32_list(seed: int = 0) -> list[torch.Tensor]:
+    generator = torch.Generator().manual_seed(seed)
+    return [torch.randn(shape, generator=generator) for shape in [(40, 40), (7,), (3, 5)]]
+
+
+def test_bf16_storage_halves_the_bytes_of_fp32() -> None:
+    tensors = _fp32_list()
+    fp32 = QuantizedTensorList([(t, None, None) for t in tensors], torch.float32)
+    bf16 = QuantizedTensorList([(t, None, None) for t in tensors], torch.bfloat16)
+    expected_fp32 = sum(t.numel() * 4 for t in tensors)
+    assert fp32.storage_bytes == expected_fp32
+    assert bf16.storage_bytes * 2 == expected_fp32
+    assert all(q.dtype == torch.bfloat16 for q in bf16.quantized_value)
+    assert fp32.quantized_value[0] is tensors[0]  # already in storage format: no copy
+
+
+@pytest.mark.parametrize("quantized_dtype", list(_REL_ERROR_BOUND))
+@pytest.mark.parametrize("computation_dtype", [torch.float32, torch.float64])
+def test_list_dequantize_update_quantize_cycle(quantized_dtype: torch.dtype, computation_dtype: torch.dtype) -> None:
+    tensors = [_normal_values(1000, seed=s) for s in range(3)]
+    # fp32 storage aliases its inputs, so give it copies and keep the originals for reference.
+    qlist = QuantizedTensorList([(t.clone(), None, None) for t in tensors], quantized_dtype, computation_dtype)
+    with DequantizeQuantizedTensorListContext(qlist):
+        assert qlist.is_dequantized
+        assert all(t.dtype == computation_dtype for t in qlist.dequantized_value)
+        for t in qlist.dequantized_value:
+            t.mul_(1.5)
+    assert not qlist.is_dequantized
+    for stored, original in zip(qlist.quantized_value, tensors, strict=True):
+        assert stored.dtype == quantized_dtype
+        expected = original.double() * 1.5
+        relative_error = ((stored.double() - expected).abs() / expected.abs()).max().item()
+        # Two roundings (initial storage, write-back); 1.5x stays inside the fp16 range.
+        assert relative_error <= 2 * _REL_ERROR_BOUND[quantized_dtype] + 2.0**-23
+
+
+def test_list_cache_aliases_storage_when_formats_match() -> None:
+    qlist = QuantizedTensorList([(torch.ones(2), None, None)], torch.float32, torch.float32)
+    qlist.dequantize_()
+    assert qlist.dequantized_value[0] is qlist.quantized_value[0]
+    qlist.quantize_()
+
+
+def test_list_lifecycle_errors() -> None:
+    qlist = QuantizedTensorList([(torch.ones(2), None, None)], torch.bfloat16)
+    with pytest.raises(RuntimeError, match="no dequantized cache"):
+        qlist.dequantized_value
+    with pytest.raises(RuntimeError, match="no dequantized cache"):
+        qlist.quantize_()
+    qlist.dequantize_()
+    with pytest.raises(RuntimeError, match="already dequantized"):
+        qlist.dequantize_()
+    with pytest.raises(RuntimeError, match="quantize_\\(\\) before compressing"):
+        qlist.compress([True])
+    qlist.quantize_()
+
+
+def test_context_quantizes_back_when_body_raises() -> None:
+    qlist = QuantizedTensorList([(torch.ones(2), None, None)], torch.float16)
+    with pytest.raises(ZeroDivisionError):
+        with DequantizeQuantizedTensorListContext(qlist):
+            qlist.dequantized_value[0].fill_(5.0)
+            raise ZeroDivisionError
+    assert not qlist.is_dequantized
+    assert qlist.quantized_value[0].tolist() == [5.0, 5.0]
+
+
+def test_compress_selects_and_shares_storage() -> None:
+    tensors = [torch.full((2,), float(i)) for i in range(4)]
+    mins = [torch.tensor(float(i)) for i in range(4)]
+    qlist = QuantizedTensorList([(t, m, m + 1) for t, m in zip(tensors, mins)], torch.float32, torch.float64)
+    selected = qlist.compress([True, False, False, True])
+    assert len(selected) == 2
+    assert selected.quantized_value[1] is tensors[3]
+    assert [m.item() for m in selected.min_values] == [0.0, 3.0]
+    assert [m.item() for m in selected.max_values] == [1.0, 4.0]
+    assert selected.computation_dtype == torch.float64
+    with pytest.raises(ValueError, match=r"len\(seq\)=4 and len\(selector\)=3"):
+        qlist.compress([True, False, True])
+
+
+def test_list_from_quantized_tensors_and_empty_list() -> None:
+    quantized = [QuantizedTensor.init_from_dequantized_tensor(torch.ones(3), torch.float16, _info()) for _ in range(2)]
+    qlist = QuantizedTensorList(quantized, torch.float16)
+    assert qlist.quantized_value[1] is quantized[1].quantized_values
+    empty = QuantizedTensorList([], torch.bfloat16)
+    with DequantizeQuantizedTensorListContext(empty):
+        assert empty.dequantized_value == ()
+    assert len(empty) == 0 and empty.storage_bytes == 0
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (lambda: QuantizedTensorList([(torch.ones(1), None, None)], torch.bfloat16, torch.int32),
+         r"computation_dtype must be a floating-point dtype, got torch.int32"),
+        (lambda: QuantizedTensorList([(torch.ones(1), torch.zeros(()), None)], torch.bfloat16),
+         r"min/max must be all None or all set"),
+        (lambda: QuantizedTensorList(
+            [(torch.ones(1), None, None), (torch.ones(1), torch.zeros(()), torch.ones(()))], torch.bfloat16),
+         r"min/max must be all None or all set"),
+        (lambda: QuantizedTensorList(
+            [(torch.ones(3), None, None),
+             QuantizedTensor.init_from_dequantized_tensor(torch.ones(3), torch.bfloat16, _info())],
+            torch.bfloat16),
+         r"all \(tensor, min, max\) tuples or all QuantizedTensor"),
+        (lambda: QuantizedTensorList(
+            [QuantizedTensor.init_from_dequantized_tensor(torch.ones(3), torch.float16, _info())], torch.bfloat16),
+         r"every QuantizedTensor must be stored in torch.bfloat16, got \['torch.float16'\]"),
+    ],
+)  # fmt: skip
+def test_list_rejects_bad_construction(make, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        make()
+
+
+def test_list_state_dict_round_trip_excludes_cache() -> None:
+    source = QuantizedTensorList([(t, None, None) for t in _fp32_list(1)], torch.bfloat16)
+    target = QuantizedTensorList([(torch.zeros_like(t), None, None) for t in _fp32_list(1)], torch.bfloat16)
+    source.dequantize_()
+    state = source.state_dict()
+    assert set(state) == {"quantized_values"}
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    buffer.seek(0)
+    target.load_state_dict(torch.load(buffer, weights_only=True))
+    for mine, theirs in zip(target.quantized_value, source.quantized_value, strict=True):
+        assert torch.equal(mine, theirs)
+    source.quantize_()
