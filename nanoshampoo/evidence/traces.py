@@ -19,10 +19,11 @@ every other kernel, over all GPU streams of the rank. Memcpy/memset events are n
 **CPU traces** (gloo backend). Observed on torch 2.13 CPU with a 2-rank gloo job (see
 ``bench/evidence_gloo_trace.py``): every collective, whatever its API
 (``reduce_scatter_tensor``, ``all_gather_into_tensor``, ``all_reduce``, functional
-collectives, ``barrier``), runs on a gloo worker thread (thread name ``pt_gloo_runloop``) as a
+collectives, ``barrier``), runs on a gloo worker thread (named ``pt_gloo_runloop`` or just
+``python``, so threads are recognized by their events, not their names) as a
 ``user_annotation`` named ``gloo:<collective>`` (``gloo:all_reduce`` -- gloo runs
 reduce-scatter as an all-reduce --, ``gloo:all_gather``, ``gloo:barrier``), which may contain
-the worker's own ``aten::`` copies. The main thread shows the launch as a ``cpu_op`` named
+the worker's own ``aten::`` ops (copies, the ``div_`` of an AVG reduction). The main thread shows the launch as a ``cpu_op`` named
 ``c10d::<op>_`` (``c10d::_reduce_scatter_base_``, ``c10d::_allgather_base_``,
 ``c10d::allreduce_``, ``c10d::barrier``), containing staging ``aten::clone``/``aten::copy_``;
 functional collectives add ``_c10d_functional::all_reduce`` and a blocking
