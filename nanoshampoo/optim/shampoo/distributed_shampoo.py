@@ -197,7 +197,6 @@ class _GroupRuntime:
         ]
         self.local_block_offsets = offsets
         self.buckets, self.bucket_members = self._make_buckets(blocked_params, offsets)
-        self.blocked_params = blocked_params
         beta1, beta2 = group["betas"]
         self.preconditioner = build_preconditioner(
             group["preconditioner_config"], self.buckets, beta2, group["epsilon"], group["use_bias_correction"]
@@ -216,6 +215,14 @@ class _GroupRuntime:
         )
         self.momentum = [b.zeros() for b in self.buckets] if group["momentum"] > 0.0 else []
         self.block_states = [self._block_state(i) for i in range(len(self.block_infos))]
+        # Per-block views, built once: parameter blocks per bucket, and each local block's
+        # slice of the update buffers (in local block order, as the distributor expects).
+        self._bucket_param_views = [self._in_bucket_order(blocked_params, k) for k in range(len(self.buckets))]
+        self._param_slices = [list(buffer.unbind(0)) for buffer in self.params]
+        self._local_updates: list[torch.Tensor] = [torch.empty(0)] * len(self.block_infos)
+        for k, buffer in enumerate(self.updates):
+            for position, i in enumerate(self.bucket_members[k]):
+                self._local_updates[i] = buffer[position]
 
     def _make_buckets(
         self, blocked_params: Sequence[torch.Tensor], offsets: Sequence[int]
@@ -298,8 +305,8 @@ class _GroupRuntime:
         start = frequency if group["start_preconditioning_step"] == -1 else group["start_preconditioning_step"]
         grads = self.grads
         if wd > 0.0:
-            for k, buffer in enumerate(self.params):
-                torch._foreach_copy_(list(buffer.unbind(0)), self._in_bucket_order(self.blocked_params, k))
+            for slices, views in zip(self._param_slices, self._bucket_param_views):
+                torch._foreach_copy_(slices, views)
             if decay_type == WeightDecayType.L2:
                 torch._foreach_add_(grads, self.params, alpha=wd)
 
@@ -332,14 +339,10 @@ class _GroupRuntime:
                 torch._foreach_copy_(self.updates, self.momentum)
         torch._foreach_mul_(self.updates, -float(group["lr"]))
 
-        local_updates: list[torch.Tensor] = [torch.empty(0)] * len(present)
-        for k, buffer in enumerate(self.updates):
-            for position, i in enumerate(self.bucket_members[k]):
-                local_updates[i] = buffer[position]
         for i in missing:
-            local_updates[i].zero_()
+            self._local_updates[i].zero_()
             self.block_states[i].load_state_dict(saved[i])
-        self.distributor.update_params(local_updates)
+        self.distributor.update_params(self._local_updates)
 
     def _filtered_grads(self, group: Mapping[str, Any], t: int) -> list[torch.Tensor]:
         beta1, _ = group["betas"]

@@ -15,7 +15,9 @@ class SingleDeviceDistributor(Distributor):
     Example:
         >>> w = torch.zeros(2, 2)
         >>> d = SingleDeviceDistributor([w], max_preconditioner_dim=1024, first_param_index=0)
-        >>> d.update_params([torch.ones(2, 2)])
+        >>> [tuple(v.shape) for v in d.local_blocked_params]  # small dims merge into one
+        [(4,)]
+        >>> d.update_params([torch.ones(4)])
         >>> w
         tensor([[1., 1.],
                 [1., 1.]])
