@@ -158,7 +158,8 @@ def parse_args(argv: list[str] | None = None) -> BenchConfig:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     for name in ("world_size", "steps", "warmup", "num_layers", "model_dim", "head_dim",
                  "vocab_size", "seq_len", "batch_size", "threads"):  # fmt: skip
-        parser.add_argument("--" + name.replace("_", "-"), type=int, default=getattr(defaults, name))
+        flag = "--" + name.replace("_", "-")
+        parser.add_argument(flag, type=int, default=getattr(defaults, name))
     parser.add_argument("--trace-dir", default=None)
     return BenchConfig(**vars(parser.parse_args(argv)))
 

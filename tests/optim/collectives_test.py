@@ -46,6 +46,7 @@ def _collectives_body(rank: int, world_size: int) -> dict[str, torch.Tensor]:
 
 
 @pytest.mark.distributed
+@pytest.mark.slow
 def test_reduce_scatter_and_all_gather_on_gloo() -> None:
     world_size = 2
     results = run_on_gloo(_collectives_body, world_size)
