@@ -22,6 +22,24 @@ from nanoshampoo.optim.shampoo.utils.load_balancing_utils import (
     DefaultCostModel,
     LoadBalancingConfig,
 )
+from nanoshampoo.optim.shampoo.utils.param_redistribution import (
+    UpdateParamBuffers,
+    prepare_update_param_buffers,
+    redistribute_and_update_params,
+)
+
+__all__ = [
+    "ParameterizeEnterExitContext",
+    "UpdateParamBuffers",
+    "compress_list",
+    "distribute_buffer_sizes",
+    "generate_pairwise_indices",
+    "get_dtype_size",
+    "merge_small_dims",
+    "multi_dim_split",
+    "prepare_update_param_buffers",
+    "redistribute_and_update_params",
+]
 
 T = TypeVar("T")
 
