@@ -1,1 +1,4 @@
-"""Shared foundation of the Shampoo optimizer: configs, state handling, shape tools, communication helpers."""
+"""Shared foundation of the Shampoo optimizer.
+
+Configs, state handling, shape tools, quantized state, load balancing and the parameter exchange.
+"""

@@ -26,11 +26,13 @@ class DictZipIterator(Generic[V]):
         >>> list(DictZipIterator({"a": [1], "b": [1, 2]}))
         Traceback (most recent call last):
         ...
-        ValueError: DictZipIterator: iterators have different lengths; exhausted keys ['a'], still-active keys ['b']
+        ValueError: DictZipIterator: ... exhausted keys ['a'], still-active keys ['b']
     """
 
     def __init__(self, data: Mapping[str, Iterable[V]]) -> None:
-        self._iterators: dict[str, Iterator[V]] = {key: iter(values) for key, values in data.items()}
+        self._iterators: dict[str, Iterator[V]] = {
+            key: iter(values) for key, values in data.items()
+        }
 
     def __iter__(self) -> DictZipIterator[V]:
         return self

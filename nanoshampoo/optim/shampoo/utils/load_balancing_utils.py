@@ -56,7 +56,8 @@ class PolynomialComputationalCostModel(CostModel):
             )
         if not (math.isfinite(self.min_cost) and self.min_cost >= 0):
             raise ValueError(
-                f"PolynomialComputationalCostModel.min_cost must be finite and >= 0, got {self.min_cost!r}"
+                "PolynomialComputationalCostModel.min_cost must be finite and >= 0, "
+                f"got {self.min_cost!r}"
             )
 
     def cost(self, tensor: torch.Tensor) -> float:
@@ -87,7 +88,8 @@ class AlignedMemoryCostModel(CostModel):
             or self.alignment_bytes < 1
         ):
             raise ValueError(
-                f"AlignedMemoryCostModel.alignment_bytes must be an int >= 1, got {self.alignment_bytes!r}"
+                "AlignedMemoryCostModel.alignment_bytes must be an int >= 1, "
+                f"got {self.alignment_bytes!r}"
             )
 
     def cost(self, tensor: torch.Tensor) -> int:
@@ -101,7 +103,7 @@ DefaultCostModel = AlignedMemoryCostModel()
 
 @dataclass
 class LoadBalancingConfig:
-    """How :func:`~nanoshampoo.optim.shampoo.utils.shampoo_utils.distribute_buffer_sizes` weighs blocks.
+    """How ``shampoo_utils.distribute_buffer_sizes`` weighs blocks when spreading them over ranks.
 
     Fields:
         cost_model: a :class:`CostModel` instance; default equal to ``DefaultCostModel`` (balance

@@ -76,7 +76,9 @@ class OptimizerModule:
                 destination[name] = entry
         return destination
 
-    def load_state_dict(self, state_dict: Mapping[Any, Any], store_non_tensors: bool = False) -> None:
+    def load_state_dict(
+        self, state_dict: Mapping[Any, Any], store_non_tensors: bool = False
+    ) -> None:
         """Load ``state_dict`` into this module in place, strictly.
 
         Tensors are copied into the existing tensors (``old.detach().copy_(new)``), nested
@@ -217,7 +219,9 @@ def _load_value(old: Any, new: Any, path: str, store_non_tensors: bool) -> Any:
         old.detach().copy_(new)
         return old
     if isinstance(old, OptimizerModule):
-        for name, value in _load_entries(_state_attributes(old), new, path, store_non_tensors).items():
+        for name, value in _load_entries(
+            _state_attributes(old), new, path, store_non_tensors
+        ).items():
             setattr(old, name, value)
         return old
     if isinstance(old, dict):

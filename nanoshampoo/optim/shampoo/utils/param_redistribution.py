@@ -104,19 +104,23 @@ def prepare_update_param_buffers(
     if dist.is_available() and dist.is_initialized():
         group_size, group_rank = dist.get_world_size(group), dist.get_rank(group)
     elif group is not None:
-        raise ValueError("prepare_update_param_buffers: a group was given but no process group is initialized")
+        raise ValueError(
+            "prepare_update_param_buffers: a group was given but no process group is initialized"
+        )
     else:
         group_size, group_rank = 1, 0
     owners = [rank for _, rank in block_assignment]
     bad = [rank for rank in owners if not 0 <= rank < group_size]
     if bad:
         raise ValueError(
-            f"prepare_update_param_buffers: owner ranks must be in [0, {group_size}), got {sorted(set(bad))}"
+            "prepare_update_param_buffers: owner ranks must be in "
+            f"[0, {group_size}), got {sorted(set(bad))}"
         )
     devices = {block.device for block in blocks}
     if len(devices) > 1:
         raise ValueError(
-            f"prepare_update_param_buffers: blocks must share one device, got {sorted(map(str, devices))}"
+            "prepare_update_param_buffers: blocks must share one device, "
+            f"got {sorted(map(str, devices))}"
         )
     if communication_dtype is None:
         dtypes = {block.dtype for block in blocks}
@@ -165,7 +169,7 @@ def prepare_update_param_buffers(
             received[index] = _view(recv_buffer, start, blocks[index])
 
     round_inputs, round_outputs = [], []
-    for k, (offset, size) in enumerate(zip(round_offsets, round_sizes, strict=True)):
+    for offset, size in zip(round_offsets, round_sizes, strict=True):
         if size == 0 or group_size == 1:
             continue  # nothing to move: all blocks of the round are empty, or we are alone
         chunk = send_buffer[offset : offset + size]
@@ -220,7 +224,9 @@ def redistribute_and_update_params(
                 "redistribute_and_update_params: expected one value per owned block "
                 f"({len(buffers.send_views)}), got {len(owned_values)}"
             )
-        for view, value, index in zip(buffers.send_views, owned_values, buffers.owned_block_indices):
+        for view, value, index in zip(
+            buffers.send_views, owned_values, buffers.owned_block_indices, strict=True
+        ):
             if value.shape != view.shape:
                 raise ValueError(
                     f"redistribute_and_update_params: value for block {index} has shape "

@@ -96,4 +96,7 @@ class CombinedLinear(nn.Module):
         return F.linear(input, self.weight, self.bias)
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.has_bias}"
+        return (
+            f"in_features={self.in_features}, out_features={self.out_features}, "
+            f"bias={self.has_bias}"
+        )

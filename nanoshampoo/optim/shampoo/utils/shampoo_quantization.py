@@ -29,7 +29,12 @@ from nanoshampoo.optim.shampoo.utils.shampoo_utils import (
     compress_list,
 )
 
-FLOAT_DTYPES: tuple[torch.dtype, ...] = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+FLOAT_DTYPES: tuple[torch.dtype, ...] = (
+    torch.float16,
+    torch.bfloat16,
+    torch.float32,
+    torch.float64,
+)
 
 
 def _check_format(dtype: torch.dtype, role: str) -> None:
@@ -48,7 +53,8 @@ class QuantizedTensor(OptimizerModule):
 
     Example:
         >>> info = BlockInfo(param=torch.zeros(3), composable_block_ids=(0, "block_0"))
-        >>> q = QuantizedTensor.init_from_dequantized_tensor(torch.tensor([1.0, 2.5, 3.0]), torch.bfloat16, info)
+        >>> values = torch.tensor([1.0, 2.5, 3.0])
+        >>> q = QuantizedTensor.init_from_dequantized_tensor(values, torch.bfloat16, info)
         >>> q.quantized_values.dtype, q.dequantize(torch.float32)
         (torch.bfloat16, tensor([1.0000, 2.5000, 3.0000]))
     """
@@ -75,7 +81,7 @@ class QuantizedTensor(OptimizerModule):
         quantized_dtype: torch.dtype,
         block_info: BlockInfo,
     ) -> QuantizedTensor:
-        """Allocate storage of ``quantized_dtype`` via ``block_info`` and quantize the values into it.
+        """Allocate ``quantized_dtype`` storage via ``block_info``; quantize the values into it.
 
         Raises:
             NotImplementedError: ``quantized_dtype`` or the values' dtype is not a float format.
@@ -172,14 +178,16 @@ class QuantizedTensorList(OptimizerModule):
                 "QuantizedTensor, got a mix"
             )
         if kinds == {True}:
-            items = [(q.quantized_values, q.min_value, q.max_value) for q in items]  # type: ignore[union-attr]
+            items = [(q.quantized_values, q.min_value, q.max_value) for q in items]
             stored_dtypes = {t.dtype for t, _, _ in items}
             if stored_dtypes != {quantized_dtype}:
                 raise ValueError(
                     f"QuantizedTensorList.quantized_data: every QuantizedTensor must be stored in "
                     f"{quantized_dtype}, got {sorted(map(str, stored_dtypes))}"
                 )
-        has_range = {item[1] is not None for item in items} | {item[2] is not None for item in items}
+        has_range = {item[1] is not None for item in items} | {
+            item[2] is not None for item in items
+        }
         if len(has_range) > 1:
             raise ValueError(
                 "QuantizedTensorList.quantized_data: min/max must be all None or all set, got a mix"
@@ -234,7 +242,9 @@ class QuantizedTensorList(OptimizerModule):
             RuntimeError: already dequantized (a second call would drop pending updates).
         """
         if self._dequantized_value is not None:
-            raise RuntimeError("QuantizedTensorList.dequantize_: already dequantized; call quantize_() first")
+            raise RuntimeError(
+                "QuantizedTensorList.dequantize_: already dequantized; call quantize_() first"
+            )
         self._dequantized_value = tuple(
             t if t.dtype == self.computation_dtype else t.to(self.computation_dtype)
             for t in self.quantized_values
@@ -305,4 +315,3 @@ class DequantizeQuantizedTensorListContext(ParameterizeEnterExitContext[Quantize
             QuantizedTensorList.dequantize_,
             QuantizedTensorList.quantize_,
         )
-

@@ -84,14 +84,19 @@ def update_param_state_dict_object(
         if isinstance(current, dict):
             if not isinstance(loaded, Mapping):
                 raise ValueError(
-                    f"state {key!r}: expected a mapping to load into a dict, got {type(loaded).__name__}"
+                    f"state {key!r}: expected a mapping to load into a dict, "
+                    f"got {type(loaded).__name__}"
                 )
             update_param_state_dict_object(current, loaded, enable_missing_key_check)
         elif hasattr(current, "load_state_dict"):
             current.load_state_dict(loaded)
         elif isinstance(current, torch.Tensor):
             if not isinstance(loaded, torch.Tensor) or loaded.shape != current.shape:
-                got = tuple(loaded.shape) if isinstance(loaded, torch.Tensor) else type(loaded).__name__
+                got = (
+                    tuple(loaded.shape)
+                    if isinstance(loaded, torch.Tensor)
+                    else type(loaded).__name__
+                )
                 raise ValueError(
                     f"state {key!r}: expected a tensor of shape {tuple(current.shape)}, got {got}"
                 )

@@ -229,7 +229,7 @@ def generate_pairwise_indices(sizes: Sequence[int]) -> Iterator[tuple[int, int]]
 
 
 class ParameterizeEnterExitContext(Generic[T]):
-    """Context manager calling ``enter_method_caller(obj)`` on enter, ``exit_method_caller(obj)`` on exit.
+    """Calls ``enter_method_caller(obj)`` on ``__enter__`` and ``exit_method_caller(obj)`` on exit.
 
     The exit callback also runs when the body raises (the exception then propagates). ``with``
     binds ``obj`` itself.
@@ -324,7 +324,9 @@ def distribute_buffer_sizes(
     cost_model = (load_balancing_config or LoadBalancingConfig()).cost_model
     proxies = [torch.empty(int(size), dtype=torch.uint8, device="meta") for size in buffer_sizes]
     aligned_sizes = [int(DefaultCostModel.cost(proxy)) for proxy in proxies]
-    loads = [float(cost_model.cost(tensor)) for tensor in (blocks if blocks is not None else proxies)]
+    loads = [
+        float(cost_model.cost(tensor)) for tensor in (blocks if blocks is not None else proxies)
+    ]
 
     rank_loads = [(0.0, rank) for rank in range(group_size)]  # sorted, hence already a heap
     ranks = [0] * len(loads)

@@ -41,10 +41,14 @@ def test_local_exchange_on_cuda(dtype: torch.dtype) -> None:
     params = _params(device)
     blocks = [b for p in params for b in multi_dim_split(p, 2)]
     buffers = prepare_update_param_buffers(
-        blocks, distribute_buffer_sizes([b.numel() * 4 for b in blocks], 1), communication_dtype=dtype
+        blocks,
+        distribute_buffer_sizes([b.numel() * 4 for b in blocks], 1),
+        communication_dtype=dtype,
     )
     assert buffers.send_buffer.is_cuda and buffers.send_buffer.dtype == dtype
-    redistribute_and_update_params(buffers, [_new_value(blocks[i], i) for i in buffers.owned_block_indices])
+    redistribute_and_update_params(
+        buffers, [_new_value(blocks[i], i) for i in buffers.owned_block_indices]
+    )
     for got, want in zip(params, _expected(device, dtype), strict=True):
         assert torch.equal(got, want)
 
@@ -56,8 +60,12 @@ def _nccl_body(rank: int, world_size: int, dtype: torch.dtype) -> list[torch.Ten
     params = _params(device)
     blocks = [b for p in params for b in multi_dim_split(p, 2)]
     assignment = distribute_buffer_sizes([b.numel() * 4 for b in blocks], world_size)
-    buffers = prepare_update_param_buffers(blocks, assignment, group=group, communication_dtype=dtype)
-    redistribute_and_update_params(buffers, [_new_value(blocks[i], i) for i in buffers.owned_block_indices])
+    buffers = prepare_update_param_buffers(
+        blocks, assignment, group=group, communication_dtype=dtype
+    )
+    redistribute_and_update_params(
+        buffers, [_new_value(blocks[i], i) for i in buffers.owned_block_indices]
+    )
     torch.cuda.synchronize()
     return [p.cpu() for p in params]
 

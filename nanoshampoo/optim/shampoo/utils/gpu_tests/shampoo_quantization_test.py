@@ -1,4 +1,4 @@
-"""Quantization on CUDA: the same round trips, and ``quantize_`` returns freed memory to the device."""
+"""Quantization on CUDA: round trips, and ``quantize_`` gives freed memory back to the device."""
 
 import pytest
 import torch
@@ -17,7 +17,9 @@ pytestmark = [
 def test_quantize_empties_the_cuda_cache(monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[None] = []
     real_empty_cache = torch.cuda.empty_cache
-    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: (calls.append(None), real_empty_cache())[1])
+    monkeypatch.setattr(
+        torch.cuda, "empty_cache", lambda: (calls.append(None), real_empty_cache())[1]
+    )
     tensors = [torch.randn(256, 256, device="cuda") for _ in range(3)]
     qlist = QuantizedTensorList([(t, None, None) for t in tensors], torch.bfloat16)
     with DequantizeQuantizedTensorListContext(qlist):
@@ -26,7 +28,9 @@ def test_quantize_empties_the_cuda_cache(monkeypatch: pytest.MonkeyPatch) -> Non
     assert len(calls) == 1
     for stored, original in zip(qlist.quantized_value, tensors, strict=True):
         assert stored.is_cuda and stored.dtype == torch.bfloat16
-        torch.testing.assert_close(stored.float(), (original * 2).bfloat16().float(), rtol=0, atol=0)
+        torch.testing.assert_close(
+            stored.float(), (original * 2).bfloat16().float(), rtol=0, atol=0
+        )
 
 
 def test_dequantized_copies_are_released_after_quantize() -> None:

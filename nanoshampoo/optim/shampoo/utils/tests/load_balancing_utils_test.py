@@ -75,7 +75,9 @@ def test_aligned_memory_cost(numel: int, dtype: torch.dtype, alignment: int, exp
 
 @pytest.mark.parametrize("alignment", [0, -64, 1.5, True])
 def test_aligned_memory_cost_model_rejects_bad_alignment(alignment: object) -> None:
-    with pytest.raises(ValueError, match=r"AlignedMemoryCostModel.alignment_bytes must be an int >= 1"):
+    with pytest.raises(
+        ValueError, match=r"AlignedMemoryCostModel.alignment_bytes must be an int >= 1"
+    ):
         AlignedMemoryCostModel(alignment_bytes=alignment)  # type: ignore[arg-type]
 
 

@@ -163,11 +163,16 @@ def test_load_state_dict_requires_non_tensors_when_asked() -> None:
     ("replacement", "message"),
     [
         (torch.zeros(4), r"'weight': shape mismatch, module has \(3,\), state_dict has \(4,\)"),
-        (torch.zeros(3, dtype=torch.float64), r"'weight': dtype mismatch, module has torch.float32"),
+        (
+            torch.zeros(3, dtype=torch.float64),
+            r"'weight': dtype mismatch, module has torch.float32",
+        ),
         (3.0, r"'weight': expected a tensor, got float"),
     ],
 )
-def test_load_state_dict_value_mismatch_raises_value_error(replacement: object, message: str) -> None:
+def test_load_state_dict_value_mismatch_raises_value_error(
+    replacement: object, message: str
+) -> None:
     state = _Outer().state_dict()
     state["weight"] = replacement
     with pytest.raises(ValueError, match=message):
@@ -194,6 +199,8 @@ def test_non_state_attributes_are_neither_saved_nor_expected() -> None:
     module = _WithStructure()
     assert set(module.state_dict(store_non_tensors=True)) == {"value"}
     module.load_state_dict({"value": torch.full((2,), 3.0)}, store_non_tensors=True)
-    assert torch.equal(module.value, torch.full((2,), 3.0)) and torch.equal(module.cache, torch.ones(2))
+    assert torch.equal(module.value, torch.full((2,), 3.0)) and torch.equal(
+        module.cache, torch.ones(2)
+    )
     with pytest.raises(KeyError, match="unexpected key 'cache'"):
         module.load_state_dict({"value": torch.zeros(2), "cache": torch.zeros(2)})

@@ -43,8 +43,12 @@ def _run_cases(group_size: int, group: dist.ProcessGroup | None) -> dict[str, di
     for name, (shapes, split_size, dtype, accumulate) in _CASES.items():
         params = _params(shapes)
         blocks = _blocks(params, split_size)
-        assignment = distribute_buffer_sizes([b.numel() * b.element_size() for b in blocks], group_size)
-        buffers = prepare_update_param_buffers(blocks, assignment, group=group, communication_dtype=dtype)
+        assignment = distribute_buffer_sizes(
+            [b.numel() * b.element_size() for b in blocks], group_size
+        )
+        buffers = prepare_update_param_buffers(
+            blocks, assignment, group=group, communication_dtype=dtype
+        )
         pointers = (buffers.send_buffer.data_ptr(), buffers.recv_buffer.data_ptr())
         owned = buffers.owned_block_indices
         for step in range(_STEPS):
@@ -61,7 +65,8 @@ def _run_cases(group_size: int, group: dist.ProcessGroup | None) -> dict[str, di
             "group_size": buffers.group_size,
             "send_numel": buffers.send_buffer.numel(),
             "recv_numel": buffers.recv_buffer.numel(),
-            "persistent": pointers == (buffers.send_buffer.data_ptr(), buffers.recv_buffer.data_ptr()),
+            "persistent": pointers
+            == (buffers.send_buffer.data_ptr(), buffers.recv_buffer.data_ptr()),
         }
     return results
 
@@ -122,7 +127,9 @@ def test_every_rank_ends_with_the_single_process_result() -> None:
                     assert outcome["group_size"] == group_size and outcome["persistent"]
                     assert outcome["send_numel"] == send_numel
                     assert outcome["recv_numel"] == group_size * send_numel
-                    for got, want, exact in zip(outcome["params"], expected, unrounded, strict=True):
+                    for got, want, exact in zip(
+                        outcome["params"], expected, unrounded, strict=True
+                    ):
                         assert torch.equal(got, want), (name, group_size)
                         if dtype == torch.bfloat16:  # within bf16 rounding of full precision
                             torch.testing.assert_close(got, exact, rtol=2.0**-7, atol=1e-6)

@@ -9,7 +9,9 @@ def test_block_info_defaults_allocate_zeros_and_return_tensor_unchanged() -> Non
     param = torch.nn.Parameter(torch.ones(4, 3))
     info = BlockInfo(param=param, composable_block_ids=(2, "block_1"))
     state = info.allocate_zeros_tensor((3, 3), torch.float64, param.device)
-    assert state.dtype == torch.float64 and torch.equal(state, torch.zeros(3, 3, dtype=torch.float64))
+    assert state.dtype == torch.float64 and torch.equal(
+        state, torch.zeros(3, 3, dtype=torch.float64)
+    )
     assert info.get_tensor(state) is state
     assert info.composable_block_ids == (2, "block_1")
 

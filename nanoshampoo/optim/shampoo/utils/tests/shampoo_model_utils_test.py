@@ -9,7 +9,9 @@ from nanoshampoo.optim.shampoo.utils.shampoo_model_utils import CombinedLinear
 
 @pytest.mark.parametrize("bias", [True, False])
 @pytest.mark.parametrize(("in_features", "out_features"), [(7, 5), (1, 1), (16, 3)])
-def test_same_outputs_and_gradients_as_nn_linear(in_features: int, out_features: int, bias: bool) -> None:
+def test_same_outputs_and_gradients_as_nn_linear(
+    in_features: int, out_features: int, bias: bool
+) -> None:
     torch.manual_seed(0)
     linear = nn.Linear(in_features, out_features, bias=bias, dtype=torch.float64)
     combined = CombinedLinear.from_linear(linear)
@@ -56,7 +58,10 @@ def test_zero_sized_layers_work() -> None:
     assert CombinedLinear(4, 0)(torch.randn(2, 4)).shape == (2, 0)
 
 
-@pytest.mark.parametrize(("kwargs", "field"), [({"in_features": -1}, "in_features"), ({"out_features": 2.0}, "out_features")])
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [({"in_features": -1}, "in_features"), ({"out_features": 2.0}, "out_features")],
+)
 def test_rejects_bad_sizes(kwargs: dict, field: str) -> None:
     arguments = {"in_features": 2, "out_features": 2, **kwargs}
     with pytest.raises(ValueError, match=rf"CombinedLinear.{field} must be an int >= 0"):

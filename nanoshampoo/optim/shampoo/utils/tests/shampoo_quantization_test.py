@@ -11,7 +11,12 @@ from nanoshampoo.optim.shampoo.utils.shampoo_quantization import (
 )
 
 # Unit roundoff of each storage format for values in its normal range (round to nearest).
-_REL_ERROR_BOUND = {torch.float16: 2.0**-11, torch.bfloat16: 2.0**-8, torch.float32: 0.0, torch.float64: 0.0}
+_REL_ERROR_BOUND = {
+    torch.float16: 2.0**-11,
+    torch.bfloat16: 2.0**-8,
+    torch.float32: 0.0,
+    torch.float64: 0.0,
+}
 
 
 def _info(shape: tuple[int, ...] = (3,)) -> BlockInfo:
@@ -21,7 +26,9 @@ def _info(shape: tuple[int, ...] = (3,)) -> BlockInfo:
 def _normal_values(n: int = 4096, seed: int = 0) -> torch.Tensor:
     """fp32 values whose magnitudes stay in the normal range of fp16 and bf16."""
     generator = torch.Generator().manual_seed(seed)
-    magnitudes = torch.exp(torch.empty(n).uniform_(-9.0, 10.0, generator=generator))  # 1.2e-4 .. 2.2e4
+    magnitudes = torch.exp(
+        torch.empty(n).uniform_(-9.0, 10.0, generator=generator)
+    )  # 1.2e-4 .. 2.2e4
     signs = torch.randint(0, 2, (n,), generator=generator) * 2 - 1
     return magnitudes * signs
 
@@ -56,20 +63,28 @@ def test_quantized_tensor_uses_block_info_allocation() -> None:
         allocations.append((size, dtype))
         return torch.zeros(size, dtype=dtype, device=device)
 
-    info = BlockInfo(param=torch.zeros(2, 2), composable_block_ids=(1, "block_0"), allocate_zeros_tensor=allocate)
+    info = BlockInfo(
+        param=torch.zeros(2, 2), composable_block_ids=(1, "block_0"), allocate_zeros_tensor=allocate
+    )
     QuantizedTensor.init_from_dequantized_tensor(torch.ones(2, 2), torch.float16, info)
     assert allocations == [((2, 2), torch.float16)]
 
 
 @pytest.mark.parametrize("values", [torch.tensor(1.5), torch.zeros(0, 3)], ids=["0d", "empty"])
 def test_quantized_tensor_edge_shapes(values: torch.Tensor) -> None:
-    quantized = QuantizedTensor.init_from_dequantized_tensor(values, torch.bfloat16, _info(values.shape))
+    quantized = QuantizedTensor.init_from_dequantized_tensor(
+        values, torch.bfloat16, _info(values.shape)
+    )
     assert torch.equal(quantized.dequantize(torch.float32), values)
 
 
 def test_quantized_tensor_state_dict_excludes_block_info() -> None:
     quantized = QuantizedTensor.init_from_dequantized_tensor(torch.ones(3), torch.float16, _info())
-    assert set(quantized.state_dict(store_non_tensors=True)) == {"quantized_values", "min_value", "max_value"}
+    assert set(quantized.state_dict(store_non_tensors=True)) == {
+        "quantized_values",
+        "min_value",
+        "max_value",
+    }
     assert set(quantized.state_dict()) == {"quantized_values"}
 
 
@@ -113,10 +128,14 @@ def test_bf16_storage_halves_the_bytes_of_fp32() -> None:
 
 @pytest.mark.parametrize("quantized_dtype", list(_REL_ERROR_BOUND))
 @pytest.mark.parametrize("computation_dtype", [torch.float32, torch.float64])
-def test_list_dequantize_update_quantize_cycle(quantized_dtype: torch.dtype, computation_dtype: torch.dtype) -> None:
+def test_list_dequantize_update_quantize_cycle(
+    quantized_dtype: torch.dtype, computation_dtype: torch.dtype
+) -> None:
     tensors = [_normal_values(1000, seed=s) for s in range(3)]
     # fp32 storage aliases its inputs, so give it copies and keep the originals for reference.
-    qlist = QuantizedTensorList([(t.clone(), None, None) for t in tensors], quantized_dtype, computation_dtype)
+    qlist = QuantizedTensorList(
+        [(t.clone(), None, None) for t in tensors], quantized_dtype, computation_dtype
+    )
     with DequantizeQuantizedTensorListContext(qlist):
         assert qlist.is_dequantized
         assert all(t.dtype == computation_dtype for t in qlist.dequantized_value)
@@ -141,7 +160,7 @@ def test_list_cache_aliases_storage_when_formats_match() -> None:
 def test_list_lifecycle_errors() -> None:
     qlist = QuantizedTensorList([(torch.ones(2), None, None)], torch.bfloat16)
     with pytest.raises(RuntimeError, match="no dequantized cache"):
-        qlist.dequantized_value
+        _ = qlist.dequantized_value
     with pytest.raises(RuntimeError, match="no dequantized cache"):
         qlist.quantize_()
     qlist.dequantize_()
@@ -165,7 +184,9 @@ def test_context_quantizes_back_when_body_raises() -> None:
 def test_compress_selects_and_shares_storage() -> None:
     tensors = [torch.full((2,), float(i)) for i in range(4)]
     mins = [torch.tensor(float(i)) for i in range(4)]
-    qlist = QuantizedTensorList([(t, m, m + 1) for t, m in zip(tensors, mins)], torch.float32, torch.float64)
+    qlist = QuantizedTensorList(
+        [(t, m, m + 1) for t, m in zip(tensors, mins, strict=True)], torch.float32, torch.float64
+    )
     selected = qlist.compress([True, False, False, True])
     assert len(selected) == 2
     assert selected.quantized_value[1] is tensors[3]
@@ -177,7 +198,10 @@ def test_compress_selects_and_shares_storage() -> None:
 
 
 def test_list_from_quantized_tensors_and_empty_list() -> None:
-    quantized = [QuantizedTensor.init_from_dequantized_tensor(torch.ones(3), torch.float16, _info()) for _ in range(2)]
+    quantized = [
+        QuantizedTensor.init_from_dequantized_tensor(torch.ones(3), torch.float16, _info())
+        for _ in range(2)
+    ]
     qlist = QuantizedTensorList(quantized, torch.float16)
     assert qlist.quantized_value[1] is quantized[1].quantized_values
     empty = QuantizedTensorList([], torch.bfloat16)
@@ -186,34 +210,44 @@ def test_list_from_quantized_tensors_and_empty_list() -> None:
     assert len(empty) == 0 and empty.storage_bytes == 0
 
 
+def _quantized(dtype: torch.dtype) -> QuantizedTensor:
+    return QuantizedTensor.init_from_dequantized_tensor(torch.ones(3), dtype, _info())
+
+
+_ONE = (torch.ones(1), None, None)
+_RANGED = (torch.ones(1), torch.zeros(()), torch.ones(()))
+
+
 @pytest.mark.parametrize(
-    ("make", "message"),
+    ("items", "computation_dtype", "message"),
     [
-        (lambda: QuantizedTensorList([(torch.ones(1), None, None)], torch.bfloat16, torch.int32),
-         r"computation_dtype must be a floating-point dtype, got torch.int32"),
-        (lambda: QuantizedTensorList([(torch.ones(1), torch.zeros(()), None)], torch.bfloat16),
-         r"min/max must be all None or all set"),
-        (lambda: QuantizedTensorList(
-            [(torch.ones(1), None, None), (torch.ones(1), torch.zeros(()), torch.ones(()))], torch.bfloat16),
-         r"min/max must be all None or all set"),
-        (lambda: QuantizedTensorList(
-            [(torch.ones(3), None, None),
-             QuantizedTensor.init_from_dequantized_tensor(torch.ones(3), torch.bfloat16, _info())],
-            torch.bfloat16),
-         r"all \(tensor, min, max\) tuples or all QuantizedTensor"),
-        (lambda: QuantizedTensorList(
-            [QuantizedTensor.init_from_dequantized_tensor(torch.ones(3), torch.float16, _info())], torch.bfloat16),
-         r"every QuantizedTensor must be stored in torch.bfloat16, got \['torch.float16'\]"),
+        ([_ONE], torch.int32, r"computation_dtype must be a floating-point dtype, got torch.int32"),
+        ([(torch.ones(1), torch.zeros(()), None)], torch.float32, r"min/max must be all None or"),
+        ([_ONE, _RANGED], torch.float32, r"min/max must be all None or all set"),
+        (
+            [_ONE, _quantized(torch.bfloat16)],
+            torch.float32,
+            r"all \(tensor, min, max\) tuples or all",
+        ),
+        (
+            [_quantized(torch.float16)],
+            torch.float32,
+            r"every QuantizedTensor must be stored in torch.bfloat16, got \['torch.float16'\]",
+        ),
     ],
-)  # fmt: skip
-def test_list_rejects_bad_construction(make, message: str) -> None:
+)
+def test_list_rejects_bad_construction(
+    items: list, computation_dtype: torch.dtype, message: str
+) -> None:
     with pytest.raises(ValueError, match=message):
-        make()
+        QuantizedTensorList(items, torch.bfloat16, computation_dtype)
 
 
 def test_list_state_dict_round_trip_excludes_cache() -> None:
     source = QuantizedTensorList([(t, None, None) for t in _fp32_list(1)], torch.bfloat16)
-    target = QuantizedTensorList([(torch.zeros_like(t), None, None) for t in _fp32_list(1)], torch.bfloat16)
+    target = QuantizedTensorList(
+        [(torch.zeros_like(t), None, None) for t in _fp32_list(1)], torch.bfloat16
+    )
     source.dequantize_()
     state = source.state_dict()
     assert set(state) == {"quantized_values"}

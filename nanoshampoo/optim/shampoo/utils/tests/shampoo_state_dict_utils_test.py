@@ -69,7 +69,9 @@ def test_missing_key_raises_when_checked() -> None:
 def test_missing_key_is_logged_and_skipped_when_unchecked(caplog: pytest.LogCaptureFixture) -> None:
     live = {"a": torch.zeros(1)}
     with caplog.at_level(logging.WARNING):
-        update_param_state_dict_object(live, {"a": torch.ones(1), "extra": 3}, enable_missing_key_check=False)
+        update_param_state_dict_object(
+            live, {"a": torch.ones(1), "extra": 3}, enable_missing_key_check=False
+        )
     assert torch.equal(live["a"], torch.ones(1)) and "extra" not in live
     assert "key 'extra' of the loaded state is missing" in caplog.text
 

@@ -212,8 +212,10 @@ def test_parameterize_enter_exit_context_exits_when_body_raises() -> None:
     assert recorder.calls == ["enter", "exit"]
 
 
-# ----------------------------------------------------------------------------- distribute_buffer_sizes
-def _loads_per_rank(loads: list[float], assignment: tuple[tuple[int, int], ...], group_size: int) -> list[float]:
+# ----------------------------------------------------------------------- distribute_buffer_sizes
+def _loads_per_rank(
+    loads: list[float], assignment: tuple[tuple[int, int], ...], group_size: int
+) -> list[float]:
     per_rank = [0.0] * group_size
     for load, (_, rank) in zip(loads, assignment, strict=True):
         per_rank[rank] += load
@@ -222,7 +224,12 @@ def _loads_per_rank(loads: list[float], assignment: tuple[tuple[int, int], ...],
 
 def test_distribute_buffer_sizes_article_example() -> None:
     # Loads 128, 64, 512, 256 (aligned): 512 -> rank 0, then 256, 128, 64 all -> rank 1.
-    assert distribute_buffer_sizes((128, 64, 500, 256), 2) == ((128, 1), (64, 1), (512, 0), (256, 1))
+    assert distribute_buffer_sizes((128, 64, 500, 256), 2) == (
+        (128, 1),
+        (64, 1),
+        (512, 0),
+        (256, 1),
+    )
 
 
 @pytest.mark.parametrize("group_size", [1, 2, 3, 4, 8])
