@@ -110,6 +110,17 @@ def linear_weight_and_bias(layer: nn.Module) -> tuple[Tensor, Tensor]:
     return combined[:, :-1], combined[:, -1]
 
 
+class RMSNorm(nn.RMSNorm):
+    """``nn.RMSNorm`` with a learnable gain, run in the input's dtype.
+
+    Under bf16 autocast the inputs arrive in bf16 while the gain stays float32; casting the gain
+    keeps the fused kernel (which accumulates in float32) instead of a slow mixed-dtype path.
+    """
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.rms_norm(x, self.normalized_shape, self.weight.to(x.dtype), self.eps)
+
+
 class Rotary(nn.Module):
     """Rotary position embedding on half of each head's dims; the other half is position-free.
 
@@ -149,8 +160,8 @@ class CausalSelfAttention(nn.Module):
         inner = config.num_heads * config.head_dim
         self.qkv = make_linear(config.model_dim, 3 * inner, config.combined_linear)
         self.proj = make_linear(inner, config.model_dim, config.combined_linear)
-        self.q_norm = nn.RMSNorm(config.head_dim)
-        self.k_norm = nn.RMSNorm(config.head_dim)
+        self.q_norm = RMSNorm(config.head_dim)
+        self.k_norm = RMSNorm(config.head_dim)
         self.rotary = Rotary(config.head_dim, config.max_seq_len)
 
     def forward(self, x: Tensor) -> Tensor:
@@ -179,9 +190,9 @@ class MLP(nn.Module):
 class Block(nn.Module):
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
-        self.attn_norm = nn.RMSNorm(config.model_dim)
+        self.attn_norm = RMSNorm(config.model_dim)
         self.attn = CausalSelfAttention(config)
-        self.mlp_norm = nn.RMSNorm(config.model_dim)
+        self.mlp_norm = RMSNorm(config.model_dim)
         self.mlp = MLP(config)
 
     def forward(self, x: Tensor) -> Tensor:
@@ -202,7 +213,7 @@ class GPT(nn.Module):
         self.config = config
         self.embed = nn.Embedding(config.vocab_size, config.model_dim)
         self.blocks = nn.ModuleList(Block(config) for _ in range(config.num_layers))
-        self.final_norm = nn.RMSNorm(config.model_dim)
+        self.final_norm = RMSNorm(config.model_dim)
         self.lm_head = make_linear(config.model_dim, config.vocab_size, config.combined_linear)
         self.reset_parameters()
 
@@ -215,7 +226,7 @@ class GPT(nn.Module):
         nn.init.normal_(self.embed.weight, mean=0.0, std=1.0)
         zero_init = {id(m) for m in self.output_layers()}
         for module in self.modules():
-            if isinstance(module, nn.RMSNorm):
+            if isinstance(module, RMSNorm):
                 nn.init.ones_(module.weight)
             elif isinstance(module, nn.Linear) or hasattr(module, "combined_weight"):
                 weight, bias = linear_weight_and_bias(module)

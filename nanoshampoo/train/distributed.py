@@ -1,0 +1,106 @@
+"""Process-group setup for training and the DDP-style gradient average.
+
+One entry point serves a plain process (world size 1) and ``torchrun`` (env:// rendezvous):
+NCCL when the device is CUDA, gloo on CPU. A process group that already exists (e.g. one made
+by ``nanoshampoo.testing.distributed.run_on_gloo``) is used as is.
+
+Example:
+    >>> ctx = setup_distributed("cpu")
+    >>> (ctx.rank, ctx.world_size, ctx.device.type)
+    (0, 1, 'cpu')
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+# Gradients are averaged in flat buckets of at most this many elements: few collectives,
+# bounded extra memory.
+ALL_REDUCE_BUCKET_NUMEL = 2**25
+
+
+@dataclass(frozen=True)
+class DistributedContext:
+    rank: int
+    world_size: int
+    device: torch.device
+    owns_process_group: bool
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def setup_distributed(device: str) -> DistributedContext:
+    """Pick the device and join (or create) the process group described by the environment."""
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("TrainConfig.device is 'cuda' but CUDA is not available")
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    torch_device = torch.device("cuda", local_rank) if device == "cuda" else torch.device("cpu")
+    if torch_device.type == "cuda":
+        torch.cuda.set_device(torch_device)
+    owns = False
+    if not dist.is_initialized() and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        backend = "nccl" if torch_device.type == "cuda" else "gloo"
+        dist.init_process_group(backend, init_method="env://")
+        owns = True
+    if dist.is_initialized():
+        return DistributedContext(dist.get_rank(), dist.get_world_size(), torch_device, owns)
+    return DistributedContext(0, 1, torch_device, owns)
+
+
+def teardown_distributed(ctx: DistributedContext) -> None:
+    if ctx.owns_process_group:
+        dist.destroy_process_group()
+
+
+def barrier(ctx: DistributedContext) -> None:
+    if ctx.world_size > 1:
+        dist.barrier()
+
+
+def all_reduce_mean_(tensor: torch.Tensor, ctx: DistributedContext) -> torch.Tensor:
+    """Average ``tensor`` over ranks in place (SUM then divide: gloo has no AVG)."""
+    if ctx.world_size > 1:
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+        tensor.div_(ctx.world_size)
+    return tensor
+
+
+def all_reduce_gradients(params: list[torch.nn.Parameter], ctx: DistributedContext) -> None:
+    """Average the gradients of ``params`` over ranks, as DDP does, in flat buckets.
+
+    A parameter without a gradient contributes zeros (and gets them), so that every rank
+    issues the same collectives.
+    """
+    if ctx.world_size == 1:
+        return
+    for p in params:
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+    bucket: list[torch.nn.Parameter] = []
+    numel = 0
+    for p in params:
+        if bucket and numel + p.numel() > ALL_REDUCE_BUCKET_NUMEL:
+            _all_reduce_bucket(bucket, ctx)
+            bucket, numel = [], 0
+        bucket.append(p)
+        numel += p.numel()
+    if bucket:
+        _all_reduce_bucket(bucket, ctx)
+
+
+def _all_reduce_bucket(bucket: list[torch.nn.Parameter], ctx: DistributedContext) -> None:
+    grads = [p.grad for p in bucket]
+    flat = torch.cat([g.reshape(-1) for g in grads])  # type: ignore[union-attr]
+    all_reduce_mean_(flat, ctx)
+    offset = 0
+    for g in grads:
+        g.copy_(flat[offset:offset + g.numel()].view_as(g))  # type: ignore[union-attr]
+        offset += g.numel()  # type: ignore[union-attr]

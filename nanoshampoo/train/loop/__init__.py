@@ -1,0 +1,1 @@
+"""The training loop: the ``Trainer`` orchestrator and its evaluation step."""
