@@ -19,6 +19,14 @@ class CostModel(AbstractDataclass):
     Concrete models are plain ``@dataclass`` subclasses implementing :meth:`cost`. Costs must
     depend only on the tensor's shape and dtype (never its values), so that every rank computes
     the same assignment; meta tensors are therefore valid inputs.
+
+    Example:
+        >>> @dataclass
+        ... class NumelCostModel(CostModel):
+        ...     def cost(self, tensor: torch.Tensor) -> float:
+        ...         return float(tensor.numel())
+        >>> NumelCostModel().cost(torch.empty(3, 4, device="meta"))
+        12.0
     """
 
     @abstractmethod

@@ -5,7 +5,8 @@ Ownership comes from :func:`~nanoshampoo.optim.shampoo.utils.shampoo_utils.distr
 The exchange is a sequence of ``torch.distributed.all_to_all`` rounds: in round ``k`` every rank
 sends its ``k``-th owned block to every rank. ``all_to_all`` needs equal chunk sizes on the gloo
 backend, so every chunk of round ``k`` is padded with zeros to the largest block of that round,
-and a rank that owns fewer blocks than there are rounds sends an all-zero chunk. All buffers and
+and a rank that owns fewer blocks than there are rounds sends an all-zero chunk (gloo in torch
+2.13 moves fp32, fp16 and bf16 this way; NCCL moves any float dtype). All buffers and
 views are built once by :func:`prepare_update_param_buffers`; a step only copies into the send
 buffer, runs the rounds and writes everything back with one ``torch._foreach_copy_``.
 
@@ -95,6 +96,12 @@ def prepare_update_param_buffers(
         ValueError: lengths differ, an owner rank is outside ``[0, group_size)``, blocks on
             several devices, mixed block dtypes without ``communication_dtype``, or a
             non-floating ``communication_dtype``.
+
+    Example (one process, no process group: the exchange is local):
+        >>> param = torch.zeros(4, 2)
+        >>> buffers = prepare_update_param_buffers([param[:2], param[2:]], [(64, 0), (64, 0)])
+        >>> buffers.group_size, buffers.owned_block_indices, buffers.send_buffer.shape
+        (1, (0, 1), torch.Size([8]))
     """
     if len(block_assignment) != len(blocks):
         raise ValueError(
@@ -217,6 +224,16 @@ def redistribute_and_update_params(
 
     Raises:
         ValueError: ``owned_values`` has the wrong length or a wrong shape.
+
+    Example (one process; with a process group every rank makes the same call):
+        >>> param = torch.zeros(4, 2)
+        >>> buffers = prepare_update_param_buffers([param[:2], param[2:]], [(64, 0), (64, 0)])
+        >>> redistribute_and_update_params(buffers, [torch.ones(2, 2), torch.full((2, 2), 2.0)])
+        >>> param
+        tensor([[1., 1.],
+                [1., 1.],
+                [2., 2.],
+                [2., 2.]])
     """
     if owned_values is not None:
         if len(owned_values) != len(buffers.send_views):
