@@ -64,7 +64,6 @@ from nanoshampoo.optim.shampoo.shampoo_types import (
     SingleDeviceDistributedConfig,
     WeightDecayType,
 )
-from nanoshampoo.optim.shampoo.utils.optimizer_modules import OptimizerModule
 
 logger = logging.getLogger(__name__)
 
