@@ -1,14 +1,16 @@
 """ZeRO-1-style parameter exchange for DDP Shampoo: each rank updates the blocks it owns, then
 all ranks swap the results so that every rank ends with identical parameters.
 
-Ownership comes from :func:`~nanoshampoo.optim.shampoo.utils.shampoo_utils.distribute_buffer_sizes`.
-The exchange is a sequence of ``torch.distributed.all_to_all`` rounds: in round ``k`` every rank
-sends its ``k``-th owned block to every rank. ``all_to_all`` needs equal chunk sizes on the gloo
-backend, so every chunk of round ``k`` is padded with zeros to the largest block of that round,
-and a rank that owns fewer blocks than there are rounds sends an all-zero chunk (gloo in torch
-2.13 moves fp32, fp16 and bf16 this way; NCCL moves any float dtype). All buffers and
-views are built once by :func:`prepare_update_param_buffers`; a step only copies into the send
-buffer, runs the rounds and writes everything back with one ``torch._foreach_copy_``.
+Ownership comes from ``shampoo_utils.distribute_buffer_sizes``. The exchange is a sequence of
+``torch.distributed.all_to_all`` rounds: in round ``k`` every rank sends its ``k``-th largest
+owned block to every rank. ``all_to_all`` needs equal chunk sizes on the gloo backend, so every
+chunk of round ``k`` is padded with zeros to the largest block of that round, and a rank that
+owns fewer blocks than there are rounds sends an all-zero chunk (gloo in torch 2.13 moves fp32,
+fp16 and bf16 this way; NCCL moves any float dtype). Sending largest-first pairs blocks of
+similar size in each round, which keeps the padding small (none for the speedrun GPT at 2 and 4
+ranks, see ``bench/utils_param_exchange.py``). All buffers and views are built once by
+:func:`prepare_update_param_buffers`; a step only copies into the send buffer, runs the rounds
+and writes everything back with one ``torch._foreach_copy_``.
 
 Usage (on every rank of ``group``)::
 
@@ -42,7 +44,8 @@ class UpdateParamBuffers:
         communication_dtype: dtype of the buffers (values are cast to it for the transfer).
         local_blocks: the block views that receive the exchanged values, in block order.
         owned_block_indices: indices (into ``local_blocks``) of the blocks this rank computes,
-            in the order their values are passed to :func:`redistribute_and_update_params`.
+            in the order their values are passed to :func:`redistribute_and_update_params`
+            (round order: largest block first, ties by index).
         send_views: one view per owned block, block-shaped, inside ``send_buffer``; a rank may
             write its new values here directly instead of passing them.
         send_buffer: flat ``(sum of round sizes,)`` buffer of ``communication_dtype``; padding
@@ -144,9 +147,11 @@ def prepare_update_param_buffers(
         )
     device = devices.pop() if devices else torch.device("cpu")
 
+    # Each rank sends its blocks largest first, so that every round pairs blocks of similar size
+    # and the zero padding up to the round's largest block stays small.
     owned_by_rank: list[list[int]] = [[] for _ in range(group_size)]
-    for index, rank in enumerate(owners):
-        owned_by_rank[rank].append(index)
+    for index in sorted(range(len(blocks)), key=lambda i: (-blocks[i].numel(), i)):
+        owned_by_rank[owners[index]].append(index)
     num_rounds = max((len(owned) for owned in owned_by_rank), default=0)
     round_sizes = [
         max((blocks[owned[k]].numel() for owned in owned_by_rank if k < len(owned)), default=0)

@@ -85,7 +85,8 @@ def _expected_send_numel(name: str, group_size: int) -> int:
     shapes, split_size, _, _ = _CASES[name]
     blocks = _blocks(_params(shapes), split_size)
     assignment = distribute_buffer_sizes([b.numel() * 4 for b in blocks], group_size)
-    owned = [[i for i, (_, r) in enumerate(assignment) if r == rank] for rank in range(group_size)]
+    largest_first = sorted(range(len(blocks)), key=lambda i: (-blocks[i].numel(), i))
+    owned = [[i for i in largest_first if assignment[i][1] == r] for r in range(group_size)]
     rounds = max((len(o) for o in owned), default=0)
     return sum(max(blocks[o[k]].numel() for o in owned if k < len(o)) for k in range(rounds))
 
@@ -143,10 +144,15 @@ def test_single_process_exchange_without_process_group() -> None:
     assignment = distribute_buffer_sizes([b.numel() * 4 for b in blocks], 1)
     buffers = prepare_update_param_buffers(blocks, assignment)
     assert buffers.group_size == 1 and buffers.recv_buffer is buffers.send_buffer
-    assert buffers.round_inputs == () and buffers.owned_block_indices == tuple(range(len(blocks)))
-    values = [_owner_value(b, i, 0) for i, b in enumerate(blocks)]
-    redistribute_and_update_params(buffers, values)
-    for block, value in zip(blocks, values, strict=True):
+    assert buffers.round_inputs == ()
+    # Round order: largest block first, ties by block index.
+    sizes = [b.numel() for b in blocks]
+    assert buffers.owned_block_indices == tuple(
+        sorted(range(len(blocks)), key=lambda i: (-sizes[i], i))
+    )
+    expected = [_owner_value(b, i, 0) for i, b in enumerate(blocks)]
+    redistribute_and_update_params(buffers, [expected[i] for i in buffers.owned_block_indices])
+    for block, value in zip(blocks, expected, strict=True):
         assert torch.equal(block, value)
 
 
