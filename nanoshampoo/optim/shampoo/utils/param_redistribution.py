@@ -94,6 +94,8 @@ def prepare_update_param_buffers(
 
     Returns:
         The :class:`UpdateParamBuffers` to pass to :func:`redistribute_and_update_params`.
+        Memory: the receive buffer holds one copy of all blocks in ``communication_dtype`` plus
+        the round padding; the send buffer is ``1 / group_size`` of that.
 
     Raises:
         ValueError: lengths differ, an owner rank is outside ``[0, group_size)``, blocks on
@@ -119,6 +121,8 @@ def prepare_update_param_buffers(
         )
     else:
         group_size, group_rank = 1, 0
+    if group_rank < 0:
+        raise ValueError("prepare_update_param_buffers: this process is not a member of group")
     owners = [rank for _, rank in block_assignment]
     bad = [rank for rank in owners if not 0 <= rank < group_size]
     if bad:

@@ -74,9 +74,16 @@ def _run_cases(group_size: int, group: dist.ProcessGroup | None) -> dict[str, di
 def _exchange_body(rank: int, world_size: int) -> dict[str, dict]:
     """Group size ``world_size`` on the default group, then group size 2 on pairs of ranks."""
     pairs = [dist.new_group([r, r + 1]) for r in range(0, world_size, 2)]
+    outsider_error = ""
+    if rank >= 2:
+        try:
+            prepare_update_param_buffers([torch.zeros(1)], [(64, 0)], group=pairs[0])
+        except ValueError as error:
+            outsider_error = str(error)
     return {
         world_size: _run_cases(world_size, None),
         2: _run_cases(2, pairs[rank // 2]),
+        "outsider_error": outsider_error,
     }
 
 
@@ -136,6 +143,9 @@ def test_every_rank_ends_with_the_single_process_result() -> None:
                             torch.testing.assert_close(got, exact, rtol=2.0**-7, atol=1e-6)
     fewer = [len(result[world_size]["fewer_blocks_than_ranks"]["owned"]) for result in results]
     assert sorted(fewer) == [0, 0, 1, 1]  # two idle ranks send zero padding
+    assert [result["outsider_error"] for result in results] == ["", ""] + [
+        "prepare_update_param_buffers: this process is not a member of group"
+    ] * 2
 
 
 def test_single_process_exchange_without_process_group() -> None:
