@@ -111,9 +111,7 @@ class Trainer:
             if last or (cfg.val_every and step % cfg.val_every == 0):
                 val_loss = validation_loss(self.forward, self.data.val_pattern, cfg.batch_size,
                                            cfg.seq_len, cfg.val_tokens, ctx, cfg.autocast_bf16)
-                line = self.log.val(step, total, val_loss, self.train_time_ms)
-                if ctx.is_main and cfg.progress:
-                    bar.write(line)
+                _say(self.log.val(step, total, val_loss, self.train_time_ms), ctx, bar)
             periodic = cfg.checkpoint_every and step % cfg.checkpoint_every == 0
             if step > self.start_step and (periodic or (last and cfg.save_final_checkpoint)):
                 last_checkpoint = self._save_checkpoint(step)
@@ -167,7 +165,7 @@ class Trainer:
         allocated, reserved = _peak_memory_mib(self.ctx)
         total = self.cfg.num_iterations
         self.log.final(total, total, val_loss, self.train_time_ms, allocated, reserved)
-        if self.ctx.is_main and self.cfg.progress:
+        if self.ctx.is_main:
             print(f"final val_loss {val_loss:.4f} after {total} steps "
                   f"({self.train_time_ms / 1000:.1f}s training); log: {self.log.text_path}")
 
@@ -185,6 +183,15 @@ class Trainer:
                 f"world_size {self.ctx.world_size} threads {torch.get_num_threads()} "
                 f"parameters {params} vocab_size {self.data.vocab_size} "
                 f"train {self.data.train_pattern} val {self.data.val_pattern}")
+
+
+def _say(line: str, ctx: DistributedContext, bar: tqdm) -> None:
+    """Print on rank 0, above the progress bar when there is one."""
+    if ctx.is_main:
+        if bar.disable:
+            print(line, flush=True)
+        else:
+            bar.write(line)
 
 
 def _agree_on_run_id(cfg: TrainConfig, ctx: DistributedContext) -> str:
