@@ -34,11 +34,15 @@ from typing import Any
 
 import torch
 
+from nanoshampoo.optim.shampoo.distributor.ddp_distributor import DDPDistributor
 from nanoshampoo.optim.shampoo.distributor.distributor import Distributor
 from nanoshampoo.optim.shampoo.distributor.single_device_distributor import (
     SingleDeviceDistributor,
 )
 from nanoshampoo.optim.shampoo.preconditioner.adagrad_preconditioner import AdaGradPreconditioner
+from nanoshampoo.optim.shampoo.preconditioner.eigenvalue_corrected_shampoo_preconditioner import (
+    EigenvalueCorrectedShampooPreconditioner,
+)
 from nanoshampoo.optim.shampoo.preconditioner.preconditioner import (
     BlockBucket,
     BlockStateView,
@@ -48,6 +52,9 @@ from nanoshampoo.optim.shampoo.preconditioner.sgd_preconditioner import SGDPreco
 from nanoshampoo.optim.shampoo.preconditioner.shampoo_preconditioner import (
     ShampooPreconditioner,
 )
+from nanoshampoo.optim.shampoo.preconditioner.spectral_descent_preconditioner import (
+    SpectralDescentPreconditioner,
+)
 from nanoshampoo.optim.shampoo.shampoo_types import (
     GRAFTING_CONFIG_TYPES,
     AdaGradPreconditionerConfig,
@@ -56,12 +63,14 @@ from nanoshampoo.optim.shampoo.shampoo_types import (
     DefaultShampooConfig,
     DefaultSingleDeviceDistributedConfig,
     DistributedConfig,
+    EigenvalueCorrectedShampooPreconditionerConfig,
     NonFiniteGradientError,
     PreconditionerConfig,
     RMSpropPreconditionerConfig,
     SGDPreconditionerConfig,
     ShampooPreconditionerConfig,
     SingleDeviceDistributedConfig,
+    SpectralDescentPreconditionerConfig,
     WeightDecayType,
 )
 
@@ -82,12 +91,19 @@ def build_preconditioner(
 ) -> Preconditioner:
     """The preconditioner a config describes, over ``buckets``.
 
-    ``beta2``/``epsilon``/``use_bias_correction`` are the group's and apply to Shampoo; the
+    ``beta2``/``epsilon``/``use_bias_correction`` are the group's and apply to both Shampoo
+    kinds (root-inverse and eigenvalue-corrected); spectral descent uses none of them; the
     diagonal preconditioners carry their own ``beta2``/``epsilon`` and bias-correction rule
     (Adam corrects, RMSprop and AdaGrad do not).
     """
     if isinstance(config, ShampooPreconditionerConfig):
         return ShampooPreconditioner(buckets, config, beta2, epsilon, use_bias_correction)
+    if isinstance(config, EigenvalueCorrectedShampooPreconditionerConfig):
+        return EigenvalueCorrectedShampooPreconditioner(
+            buckets, config, beta2, epsilon, use_bias_correction
+        )
+    if isinstance(config, SpectralDescentPreconditionerConfig):
+        return SpectralDescentPreconditioner(buckets, config)
     if isinstance(config, AdamPreconditionerConfig):
         return AdaGradPreconditioner(buckets, config.beta2, config.epsilon, True)
     if isinstance(config, RMSpropPreconditionerConfig):
@@ -109,10 +125,7 @@ def build_distributor(
     if isinstance(config, SingleDeviceDistributedConfig):
         return SingleDeviceDistributor(params, max_preconditioner_dim, first_param_index)
     if isinstance(config, DDPDistributedConfig):
-        raise NotImplementedError(
-            "distributed_config=DDPDistributedConfig: the DDP distributor is not available in "
-            "this build yet; use SingleDeviceDistributedConfig() (every rank computes every block)"
-        )
+        return DDPDistributor(params, max_preconditioner_dim, first_param_index, config)
     raise ValueError(f"distributed_config: unsupported config {config!r}")
 
 
@@ -187,6 +200,11 @@ class _GroupRuntime:
         )
         names = group.get("param_names")
         offsets = self.distributor.local_block_param_offsets
+        # Whether the group steps depends on every blocked parameter, not only the local ones,
+        # so that all ranks of a DDP group take part in the same exchanges.
+        self._blocked_params = tuple(
+            {id(info.param): info.param for info in self.distributor.global_block_info_list}.values()
+        )
         self.block_infos = self.distributor.local_block_info_list
         blocked_params = self.distributor.local_blocked_params
         self.param_labels = [
@@ -262,12 +280,13 @@ class _GroupRuntime:
     def gather_grads(self) -> list[bool] | None:
         """Copy this step's block gradients into the bucket buffers.
 
-        Returns the per-local-block "has a gradient" mask, or None when no block has one.
+        Returns the per-local-block "has a gradient" mask, or None when no block of the group
+        (on any rank) has one.
         """
+        if all(param.grad is None for param in self._blocked_params):
+            return None
         grads = self.distributor.local_blocked_grads()
         present = [g is not None for g in grads]
-        if not any(present):
-            return None
         for k, buffer in enumerate(self.grads):
             targets, sources = [], []
             for position, i in enumerate(self.bucket_members[k]):
@@ -280,9 +299,25 @@ class _GroupRuntime:
                 torch._foreach_copy_(targets, sources)
         return present
 
-    def grad_sums(self) -> list[torch.Tensor]:
-        """One float64 sum per bucket: finite iff every gradient entry is finite (barring overflow)."""
-        return [buffer.sum(dtype=torch.float64) for buffer in self.grads]
+    def grad_sum(self) -> torch.Tensor:
+        """Float64 sum of the group's gradients: finite iff every entry is (barring overflow).
+
+        Under DDP the local sums are added over the trainer group, so every rank sees every block.
+        """
+        total = torch.zeros((), dtype=torch.float64, device=self._blocked_params[0].device)
+        for buffer in self.grads:
+            total += buffer.sum(dtype=torch.float64)
+        if isinstance(self.distributor, DDPDistributor):
+            self.distributor.all_reduce_grad_sum_(total)
+        return total
+
+    def state_bytes(self) -> int:
+        """Bytes of this rank's per-block optimizer state (what :meth:`state_dict` holds)."""
+        return sum(
+            tensor.numel() * tensor.element_size()
+            for state in self.block_states
+            for tensor in _flatten(state.state_dict(), "").values()
+        )
 
     def nonfinite_param_labels(self) -> list[str]:
         """Labels of the parameters whose gradient holds NaN/Inf (slow; only after a failed check)."""
@@ -294,6 +329,11 @@ class _GroupRuntime:
 
     def apply_step(self, group: Mapping[str, Any], present: list[bool]) -> None:
         """Steps 1-8 of the module docstring for every local block, then the distributor update."""
+        if not self.block_infos:
+            # A DDP rank that owns no block still takes part in the exchange.
+            self.step += 1
+            self.distributor.update_params([])
+            return
         missing = [i for i, has in enumerate(present) if not has]
         saved = {i: _clone_tree(self.block_states[i].state_dict()) for i in missing}
         self.step += 1
@@ -500,7 +540,7 @@ class DistributedShampoo(torch.optim.Optimizer):
                 loss = closure()
         masks = [runtime.gather_grads() for runtime in self._runtimes]
         active = [(r, g, m) for r, g, m in zip(self._runtimes, self.param_groups, masks) if m is not None]
-        sums = [s for runtime, _, _ in active for s in runtime.grad_sums()]
+        sums = [runtime.grad_sum() for runtime, _, _ in active]
         if sums:
             device = sums[0].device
             total = torch.stack([s.to(device) for s in sums]).sum()
@@ -515,12 +555,23 @@ class DistributedShampoo(torch.optim.Optimizer):
             runtime.apply_step(group, mask)
         return loss
 
+    def optimizer_state_bytes(self) -> int:
+        """Bytes of this rank's optimizer state: the tensors :meth:`state_dict` returns.
+
+        Under ``DDPDistributedConfig`` only the blocks this rank owns hold state, so this is
+        about ``1 / num_trainers_per_group`` of the single-device figure. Work buffers (gradient
+        and update buckets) and the DDP exchange buffers are not counted.
+        """
+        return sum(runtime.state_bytes() for runtime in self._runtimes)
+
     def state_dict(self) -> dict[str, Any]:  # type: ignore[override]
         """``{"state": {param_index: {"block_j.<path>": tensor}}, "param_groups": [...]}``.
 
         Tensors are views of the live state (like ``torch.optim``); ``param_groups`` keep the
         plain hyperparameters, the param indices and the group's ``step``. Loadable with
-        ``torch.load(weights_only=True)``.
+        ``torch.load(weights_only=True)``. Under ``DDPDistributedConfig`` the state is per rank:
+        it holds only the blocks this rank owns (save one file per rank and load it on the same
+        rank with the same world size and ``num_trainers_per_group``).
         """
         state: dict[int, dict[str, torch.Tensor]] = {}
         for runtime in self._runtimes:

@@ -13,7 +13,6 @@ from nanoshampoo.optim.shampoo import (
     AdaGradPreconditionerConfig,
     AdamPreconditionerConfig,
     CoupledNewtonConfig,
-    DDPDistributedConfig,
     DistributedShampoo,
     EigenConfig,
     NonFiniteGradientError,
@@ -314,11 +313,6 @@ def test_parameter_without_gradient_is_left_untouched() -> None:
     for key, value in opt.state_dict()["state"][2].items():
         assert torch.equal(value, frozen_state[key]), key
     assert not torch.equal(params[0].detach(), other)
-
-
-def test_ddp_config_is_not_available_yet() -> None:
-    with pytest.raises(NotImplementedError, match="DDPDistributedConfig"):
-        DistributedShampoo([torch.nn.Parameter(torch.zeros(3))], distributed_config=DDPDistributedConfig())
 
 
 def test_per_group_overrides() -> None:
