@@ -1,0 +1,1 @@
+"""Runnable examples of DistributedShampoo (``python -m nanoshampoo.optim.shampoo.examples.<name>``)."""
