@@ -40,6 +40,9 @@ from nanoshampoo.optim.shampoo.distributor.single_device_distributor import (
     SingleDeviceDistributor,
 )
 from nanoshampoo.optim.shampoo.preconditioner.adagrad_preconditioner import AdaGradPreconditioner
+from nanoshampoo.optim.shampoo.preconditioner.eigenvalue_corrected_shampoo_preconditioner import (
+    EigenvalueCorrectedShampooPreconditioner,
+)
 from nanoshampoo.optim.shampoo.preconditioner.preconditioner import (
     BlockBucket,
     BlockStateView,
@@ -49,6 +52,9 @@ from nanoshampoo.optim.shampoo.preconditioner.sgd_preconditioner import SGDPreco
 from nanoshampoo.optim.shampoo.preconditioner.shampoo_preconditioner import (
     ShampooPreconditioner,
 )
+from nanoshampoo.optim.shampoo.preconditioner.spectral_descent_preconditioner import (
+    SpectralDescentPreconditioner,
+)
 from nanoshampoo.optim.shampoo.shampoo_types import (
     GRAFTING_CONFIG_TYPES,
     AdaGradPreconditionerConfig,
@@ -57,12 +63,14 @@ from nanoshampoo.optim.shampoo.shampoo_types import (
     DefaultShampooConfig,
     DefaultSingleDeviceDistributedConfig,
     DistributedConfig,
+    EigenvalueCorrectedShampooPreconditionerConfig,
     NonFiniteGradientError,
     PreconditionerConfig,
     RMSpropPreconditionerConfig,
     SGDPreconditionerConfig,
     ShampooPreconditionerConfig,
     SingleDeviceDistributedConfig,
+    SpectralDescentPreconditionerConfig,
     WeightDecayType,
 )
 
@@ -83,12 +91,19 @@ def build_preconditioner(
 ) -> Preconditioner:
     """The preconditioner a config describes, over ``buckets``.
 
-    ``beta2``/``epsilon``/``use_bias_correction`` are the group's and apply to Shampoo; the
+    ``beta2``/``epsilon``/``use_bias_correction`` are the group's and apply to both Shampoo
+    kinds (root-inverse and eigenvalue-corrected); spectral descent uses none of them; the
     diagonal preconditioners carry their own ``beta2``/``epsilon`` and bias-correction rule
     (Adam corrects, RMSprop and AdaGrad do not).
     """
     if isinstance(config, ShampooPreconditionerConfig):
         return ShampooPreconditioner(buckets, config, beta2, epsilon, use_bias_correction)
+    if isinstance(config, EigenvalueCorrectedShampooPreconditionerConfig):
+        return EigenvalueCorrectedShampooPreconditioner(
+            buckets, config, beta2, epsilon, use_bias_correction
+        )
+    if isinstance(config, SpectralDescentPreconditionerConfig):
+        return SpectralDescentPreconditioner(buckets, config)
     if isinstance(config, AdamPreconditionerConfig):
         return AdaGradPreconditioner(buckets, config.beta2, config.epsilon, True)
     if isinstance(config, RMSpropPreconditionerConfig):

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import enum
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -284,6 +285,273 @@ class RootInvShampooPreconditionerConfig(ShampooPreconditionerConfig):
 
 
 DefaultShampooConfig = RootInvShampooPreconditionerConfig()
+
+
+# ---------------------------------------------------------------------------------------------
+# Eigenbasis computations (eigenvalue-corrected Shampoo)
+# ---------------------------------------------------------------------------------------------
+
+
+def _check_bool(name: str, value: object) -> None:
+    if not isinstance(value, bool):
+        raise ValueError(f"{name} must be a bool, got {value!r}")
+
+
+def _check_int(name: str, value: object, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
+
+
+@dataclass(init=False)
+class EigendecompositionConfig(AmortizedComputationConfig):
+    """Base of the solvers of the eigenbasis (eigenvectors) of a symmetric PSD factor matrix."""
+
+
+@dataclass
+class EighEigendecompositionConfig(EigendecompositionConfig):
+    """Eigenbasis by ``torch.linalg.eigh`` (batched by size) at every recomputation.
+
+    Args:
+        retry_double_precision: when ``eigh`` fails in the factor's precision, retry in float64.
+    """
+
+    retry_double_precision: bool = True
+
+    def __post_init__(self) -> None:
+        _check_bool("retry_double_precision", self.retry_double_precision)
+
+
+@dataclass
+class QREigendecompositionConfig(EigendecompositionConfig):
+    """Eigenbasis by QR (orthogonal) iterations warm-started from the previous eigenbasis.
+
+    The first computation of a factor (no previous basis yet) is a full ``eigh``; later ones
+    run ``Q <- qr(F Q)`` while ``||B - diag(B)||_F > tolerance * ||B||_F`` with ``B = Q^T F Q``,
+    at most ``max_iterations`` times (zero iterations when the previous basis is still good).
+    Only for :class:`EigenvalueCorrectedShampooPreconditionerConfig`: root-inverse Shampoo
+    needs eigenvalues as well, so its ``amortized_computation_config`` is a ``RootInvConfig``.
+
+    Args:
+        max_iterations: iteration cap per recomputation, >= 1.
+        tolerance: relative off-diagonal mass accepted as converged, in [0, 1].
+        retry_double_precision: the first (``eigh``) computation retries in float64 on failure.
+    """
+
+    max_iterations: int = 1
+    tolerance: float = 0.01
+    retry_double_precision: bool = True
+
+    def __post_init__(self) -> None:
+        _check_int("max_iterations", self.max_iterations, minimum=1)
+        if isinstance(self.tolerance, bool) or not (
+            isinstance(self.tolerance, (int, float)) and 0.0 <= self.tolerance <= 1.0
+        ):
+            raise ValueError(f"tolerance must be in [0.0, 1.0], got {self.tolerance!r}")
+        _check_bool("retry_double_precision", self.retry_double_precision)
+
+
+DefaultEigendecompositionConfig = EighEigendecompositionConfig()
+
+
+@dataclass
+class EigenvalueCorrectedShampooPreconditionerConfig(PreconditionerConfig):
+    """Eigenvalue-corrected Shampoo (SOAP): Adam's second moment in the factors' eigenbasis.
+
+    Per block of order ``k`` with factors ``F_i`` (updated like Shampoo's) and their eigenbases
+    ``Q_i`` (recomputed on the amortized schedule; identity before the first computation):
+    rotate ``R(X) = X x_1 Q_1^T ... x_k Q_k^T``; every step
+    ``D <- b2 D + w R(G)^2`` (the corrected eigenvalues, in the basis in force for this step's
+    search direction); ``P = R^-1(R(Gbar) / ((D / bc2)^e + eps))`` with ``e = 1/2`` by default.
+
+    Args:
+        amortized_computation_config: eigenbasis solver (``EighEigendecompositionConfig`` or
+            ``QREigendecompositionConfig``).
+        num_tolerated_failed_amortized_computations: consecutive failed eigenbasis computations of
+            one factor that are tolerated (the previous basis is kept); one more raises.
+        factor_matrix_dtype: storage dtype of the factor matrices.
+        ignored_basis_change_dims: ``{order: [dims]}``: those dims of blocks of that order are not
+            rotated (no factor is kept), like a zero exponent in root-inverse Shampoo.
+        inverse_exponent_override: ``{order: e}`` with ``e > 0``: the exponent applied to the
+            corrected eigenvalues of blocks of that order (default ``1/2``, Adam's square root).
+        factor_matrix_eigenvectors_dtype: storage dtype of the eigenbases.
+        corrected_eigenvalues_dtype: storage dtype of the corrected eigenvalues.
+    """
+
+    amortized_computation_config: EigendecompositionConfig = field(
+        default_factory=EighEigendecompositionConfig
+    )
+    num_tolerated_failed_amortized_computations: int = 3
+    factor_matrix_dtype: torch.dtype = torch.float32
+    ignored_basis_change_dims: dict[int, list[int]] = field(default_factory=dict)
+    inverse_exponent_override: dict[int, float] = field(default_factory=dict)
+    factor_matrix_eigenvectors_dtype: torch.dtype = torch.float32
+    corrected_eigenvalues_dtype: torch.dtype = torch.float32
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.amortized_computation_config, EigendecompositionConfig):
+            raise ValueError(
+                "amortized_computation_config must be an EighEigendecompositionConfig or "
+                f"QREigendecompositionConfig, got {self.amortized_computation_config!r}"
+            )
+        _check_int(
+            "num_tolerated_failed_amortized_computations",
+            self.num_tolerated_failed_amortized_computations,
+            minimum=0,
+        )
+        for name in ("factor_matrix_dtype", "factor_matrix_eigenvectors_dtype", "corrected_eigenvalues_dtype"):
+            if getattr(self, name) not in FLOAT_DTYPES:
+                raise ValueError(f"{name} must be one of {FLOAT_DTYPES}, got {getattr(self, name)!r}")
+        self._validate_ignored_basis_change_dims()
+        override = self.inverse_exponent_override
+        if not isinstance(override, dict):
+            raise ValueError(f"inverse_exponent_override must be a dict, got {override!r}")
+        for order, exponent in override.items():
+            _check_int("inverse_exponent_override keys", order, minimum=0)
+            if isinstance(exponent, bool) or not (
+                isinstance(exponent, (int, float)) and exponent > 0.0 and math.isfinite(exponent)
+            ):
+                raise ValueError(
+                    f"inverse_exponent_override[{order}] must be a finite float > 0, got {exponent!r}"
+                )
+
+    def _validate_ignored_basis_change_dims(self) -> None:
+        name = "ignored_basis_change_dims"
+        ignored = self.ignored_basis_change_dims
+        if not isinstance(ignored, dict):
+            raise ValueError(f"{name} must be a dict, got {ignored!r}")
+        for order, dims in ignored.items():
+            _check_int(f"{name} keys", order, minimum=0)
+            if not isinstance(dims, (list, tuple)):
+                raise ValueError(f"{name}[{order}] must be a list of dims, got {dims!r}")
+            for dim in dims:
+                if isinstance(dim, bool) or not isinstance(dim, int) or not 0 <= dim <= max(order - 1, 0):
+                    raise ValueError(
+                        f"{name}[{order}] dims must be ints in [0, {max(order - 1, 0)}], got {dim!r}"
+                    )
+            if len(set(dims)) != len(dims):
+                raise ValueError(f"{name}[{order}] has duplicate dims: {dims!r}")
+
+    def inverse_exponent(self, order: int) -> float:
+        """The exponent ``e`` applied to the corrected eigenvalues of an order-``order`` block."""
+        return float(self.inverse_exponent_override.get(order, 0.5))
+
+    def rotates(self, order: int, dim: int) -> bool:
+        """Whether dim ``dim`` of an order-``order`` block is rotated into its factor's eigenbasis."""
+        return dim not in self.ignored_basis_change_dims.get(order, ())
+
+
+DefaultEigenvalueCorrectedShampooConfig = EigenvalueCorrectedShampooPreconditionerConfig()
+DefaultSOAPConfig = EigenvalueCorrectedShampooPreconditionerConfig(
+    amortized_computation_config=QREigendecompositionConfig()
+)
+
+
+# ---------------------------------------------------------------------------------------------
+# Spectral descent (Muon)
+# ---------------------------------------------------------------------------------------------
+
+
+def _unit_scale_by_dims(d_in: int, d_out: int) -> float:
+    """The default ``scale_by_dims_fn``: no scaling."""
+    return 1.0
+
+
+@dataclass(init=False)
+class OrthogonalizationConfig(AbstractDataclass):
+    """Base of the ways to map a matrix ``G = U S V^T`` to (approximately) ``U V^T``.
+
+    Args:
+        scale_by_dims_fn: ``f(d_in, d_out) -> float``; the result is multiplied by it, where a
+            ``(rows, cols)`` block has ``d_out = rows`` and ``d_in = cols`` (``nn.Linear``
+            weights). Muon's ``sqrt(max(1, d_out / d_in))`` is one choice. Use a named function
+            (lambdas do not pickle).
+    """
+
+    scale_by_dims_fn: Callable[[int, int], float] = _unit_scale_by_dims
+
+    def _check_scale_by_dims_fn(self) -> None:
+        if not callable(self.scale_by_dims_fn):
+            raise ValueError(f"scale_by_dims_fn must be callable, got {self.scale_by_dims_fn!r}")
+
+
+@dataclass
+class SVDOrthogonalizationConfig(OrthogonalizationConfig):
+    """Exact ``U V^T`` from a reduced SVD (slow on GPU; the reference for Newton-Schulz).
+
+    Args:
+        scale_by_nuclear_norm: multiply by ``sum(S)`` (the steepest-descent step under the
+            spectral norm) instead of returning the unit-spectral-norm ``U V^T``.
+    """
+
+    scale_by_nuclear_norm: bool = False
+
+    def __post_init__(self) -> None:
+        self._check_scale_by_dims_fn()
+        _check_bool("scale_by_nuclear_norm", self.scale_by_nuclear_norm)
+
+
+@dataclass
+class NewtonSchulzOrthogonalizationConfig(OrthogonalizationConfig):
+    """Approximate ``U V^T`` by the quintic Newton-Schulz iteration (matmuls only).
+
+    ``X_0 = G / ||G||_F``, then ``num_iterations`` times ``X <- a X + b (X X^T) X + c (X X^T)^2 X``
+    (on the wide orientation, so ``X X^T`` is the smaller Gram matrix). The default Muon
+    coefficients do not converge to 1: they push every singular value into roughly
+    ``[0.7, 1.2]`` fast, which is what training needs.
+
+    Args:
+        num_iterations: iterations, >= 1.
+        coefficients: ``(a, b, c)`` of the quintic polynomial.
+    """
+
+    num_iterations: int = 5
+    coefficients: tuple[float, float, float] = (3.4445, -4.7750, 2.0315)
+
+    def __post_init__(self) -> None:
+        self._check_scale_by_dims_fn()
+        _check_int("num_iterations", self.num_iterations, minimum=1)
+        coefficients = self.coefficients
+        if not (
+            isinstance(coefficients, (tuple, list))
+            and len(coefficients) == 3
+            and all(
+                isinstance(c, (int, float)) and not isinstance(c, bool) and math.isfinite(c)
+                for c in coefficients
+            )
+        ):
+            raise ValueError(f"coefficients must be three finite floats (a, b, c), got {coefficients!r}")
+        self.coefficients = tuple(float(c) for c in coefficients)
+
+
+DefaultNewtonSchulzOrthogonalizationConfig = NewtonSchulzOrthogonalizationConfig()
+
+
+@dataclass
+class SpectralDescentPreconditionerConfig(PreconditionerConfig):
+    """Spectral descent (Muon): the search direction of a 2-D block is ``orth(Gbar) ~ U V^T``.
+
+    Only for 2-D blocks: every block of a group using it must be a matrix after merging and
+    splitting (choose ``max_preconditioner_dim``, or put vectors in another param group);
+    otherwise the optimizer raises ``ValueError`` naming ``preconditioner_config``. Stateless.
+
+    Args:
+        orthogonalization_config: ``NewtonSchulzOrthogonalizationConfig`` (default) or
+            ``SVDOrthogonalizationConfig``.
+    """
+
+    orthogonalization_config: OrthogonalizationConfig = field(
+        default_factory=NewtonSchulzOrthogonalizationConfig
+    )
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.orthogonalization_config, OrthogonalizationConfig):
+            raise ValueError(
+                "orthogonalization_config must be a NewtonSchulzOrthogonalizationConfig or "
+                f"SVDOrthogonalizationConfig, got {self.orthogonalization_config!r}"
+            )
+
+
+DefaultSpectralDescentPreconditionerConfig = SpectralDescentPreconditionerConfig()
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,0 +1,315 @@
+"""Eigenvalue-corrected Shampoo (SOAP): Adam's second moment in the eigenbasis of the factors.
+
+For a block ``G`` of order ``k``, factor ``i`` is updated like Shampoo's,
+``F_i <- b2 F_i + w G_(i) G_(i)^T`` (``w = 1`` if ``b2 == 1`` else ``1 - b2``), and on the
+amortized schedule its eigenbasis ``Q_i`` (columns = eigenvectors, descending eigenvalues) is
+recomputed; before the first computation ``Q_i = I``. With the rotation
+``R(X) = X x_1 Q_1^T ... x_k Q_k^T`` (``x_i`` contracts dim ``i``; for a matrix
+``Q_L^T X Q_R``), one step is:
+
+1. ``update_statistics``: factors; corrected eigenvalues ``D <- b2 D + w R(G)^2``.
+2. ``amortized_computation`` (scheduled steps): new ``Q_i``; ``D`` of this step is then
+   recomputed from its pre-step value with the new basis, so ``D`` always accumulates in the
+   basis that this step's search direction uses.
+3. ``precondition``: ``P = R^-1(R(Gbar) / ((D / bc2)^e + eps))``, ``bc2 = 1 - b2^t`` with bias
+   correction (``b2 < 1``), ``e = 1/2`` by default (Adam in the rotated coordinates).
+
+When a basis is recomputed the corrected eigenvalues are kept as they are: the descending
+order, and the warm-started QR iteration that preserves it, keep column ``j`` on the same
+eigen-direction. A failed eigenbasis computation keeps the previous basis and is counted; more
+than ``num_tolerated_failed_amortized_computations`` consecutive failures raise.
+
+Layout, as in root-inverse Shampoo: all factors of one size share one ``(N, n, n)`` pool, so one
+batched ``eigh`` (or QR iteration) per size serves every block; per-bucket tensors are stacked
+``(B, *shape)``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from nanoshampoo.optim.shampoo.preconditioner.eigenbasis import eigh_eigenbasis, qr_eigenbasis
+from nanoshampoo.optim.shampoo.preconditioner.preconditioner import (
+    BlockBucket,
+    BlockStateView,
+    Preconditioner,
+)
+from nanoshampoo.optim.shampoo.shampoo_types import (
+    EigenvalueCorrectedShampooPreconditionerConfig,
+    EighEigendecompositionConfig,
+    QREigendecompositionConfig,
+)
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class _EigenbasisPool:
+    """All factors of one size ``n`` of a parameter group, with their eigenbases.
+
+    ``factors`` ``(N, n, n)`` in the factor dtype; ``bases`` ``(N, n, n)`` in the eigenvector
+    dtype (identity until computed); ``computed`` ``(N,)`` bool, a basis was computed at least
+    once (the QR solver warm-starts only from those); ``failure_counts`` ``(N,)`` int64,
+    consecutive failures; ``labels`` name each factor for error messages.
+    """
+
+    factors: torch.Tensor
+    bases: torch.Tensor
+    computed: torch.Tensor
+    failure_counts: torch.Tensor
+    labels: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class _FactorSlot:
+    """Where the factors of one dim of one bucket live: ``pools[size][offset:offset + B]``."""
+
+    size: int
+    offset: int
+
+
+class EigenvalueCorrectedShampooPreconditioner(Preconditioner):
+    """Eigenvalue-corrected Shampoo over the buckets of one parameter group.
+
+    Args:
+        buckets: the group's block buckets.
+        config: solver, dtypes, ignored dims, exponent overrides, failure tolerance.
+        beta2: EMA factor of the factors and the corrected eigenvalues, in (0, 1].
+        epsilon: added to ``(D / bc2)^e``.
+        use_bias_correction: divide ``D`` by ``1 - b2^t`` (when ``b2 < 1``).
+
+    ``amortized_computation(step)`` uses the gradients given to ``update_statistics(step)`` of
+    the same step (it re-folds them into ``D`` in the new basis).
+
+    Example:
+        >>> from nanoshampoo.optim.shampoo.shampoo_types import DefaultEigenvalueCorrectedShampooConfig
+        >>> bucket = BlockBucket((3, 2), torch.float32, torch.device("cpu"), ("w block_0",))
+        >>> soap = EigenvalueCorrectedShampooPreconditioner(
+        ...     [bucket], DefaultEigenvalueCorrectedShampooConfig, 0.999, 1e-8, True)
+        >>> g = torch.randn(1, 3, 2)
+        >>> soap.update_statistics([g], step=1)
+        >>> soap.amortized_computation(step=1)
+        >>> soap.precondition([g], step=1)[0].shape
+        torch.Size([1, 3, 2])
+    """
+
+    name = "shampoo"
+
+    def __init__(
+        self,
+        buckets: Sequence[BlockBucket],
+        config: EigenvalueCorrectedShampooPreconditionerConfig,
+        beta2: float,
+        epsilon: float,
+        use_bias_correction: bool,
+    ) -> None:
+        super().__init__(buckets)
+        self._config = config
+        self._beta2 = beta2
+        self._epsilon = epsilon
+        self._use_bias_correction = use_bias_correction and beta2 < 1.0
+        self._slots, self._pools = self._allocate_pools()
+        eigenvalue_dtype = config.corrected_eigenvalues_dtype
+        self._corrected = [
+            torch.zeros(b.stacked_shape, dtype=eigenvalue_dtype, device=b.device) for b in self._buckets
+        ]
+        # This step's raw gradients and the pre-step corrected eigenvalues, kept so that a
+        # basis recomputed later in the step can re-fold the step into D in the new basis.
+        self._previous_corrected = [torch.zeros_like(d) for d in self._corrected]
+        self._step_grads = [bucket.zeros() for bucket in self._buckets]
+        self._rotated = [bucket.zeros() for bucket in self._buckets]
+        self._outputs = [bucket.zeros() for bucket in self._buckets]
+
+    def _allocate_pools(self) -> tuple[list[list[_FactorSlot | None]], dict[int, _EigenbasisPool]]:
+        config = self._config
+        plan: dict[int, list[str]] = {}
+        slots: list[list[_FactorSlot | None]] = []
+        for bucket in self._buckets:
+            order = len(bucket.shape)
+            bucket_slots: list[_FactorSlot | None] = []
+            for dim, size in enumerate(bucket.shape):
+                if not config.rotates(order, dim):
+                    bucket_slots.append(None)
+                    continue
+                labels = plan.setdefault(size, [])
+                bucket_slots.append(_FactorSlot(size, len(labels)))
+                labels.extend(f"{label} dim {dim}" for label in bucket.block_labels)
+            slots.append(bucket_slots)
+        device = self._buckets[0].device if self._buckets else torch.device("cpu")
+        pools = {
+            size: _EigenbasisPool(
+                factors=torch.zeros(len(labels), size, size, dtype=config.factor_matrix_dtype, device=device),
+                bases=torch.eye(size, dtype=config.factor_matrix_eigenvectors_dtype, device=device).repeat(
+                    len(labels), 1, 1
+                ),
+                computed=torch.zeros(len(labels), dtype=torch.bool, device=device),
+                failure_counts=torch.zeros(len(labels), dtype=torch.int64, device=device),
+                labels=labels,
+            )
+            for size, labels in plan.items()
+        }
+        return slots, pools
+
+    def _solve_dtype(self) -> torch.dtype:
+        """Eigenbases are solved in at least float32 (``eigh``/``qr`` have no half kernels)."""
+        return torch.promote_types(self._config.factor_matrix_dtype, torch.float32)
+
+    def _bucket_bases(self, bucket_index: int) -> list[torch.Tensor | None]:
+        """Per dim, the bucket's ``(B, n, n)`` eigenbases in its dtype (None: not rotated)."""
+        bucket = self._buckets[bucket_index]
+        count = bucket.num_blocks
+        return [
+            None
+            if slot is None
+            else self._pools[slot.size].bases[slot.offset : slot.offset + count].to(bucket.dtype)
+            for slot in self._slots[bucket_index]
+        ]
+
+    @staticmethod
+    def _rotate(
+        x: torch.Tensor, bases: Sequence[torch.Tensor | None], into_eigenbasis: bool, out: torch.Tensor
+    ) -> torch.Tensor:
+        """``out = R(x)`` (``into_eigenbasis``) or ``R^-1(x)``, batched over the bucket."""
+        if len(bases) == 2 and bases[0] is not None and bases[1] is not None:
+            left, right = bases
+            if into_eigenbasis:
+                return torch.matmul(left.mT @ x, right, out=out)
+            return torch.matmul(left @ x, right.mT, out=out)
+        result = x
+        count = x.shape[0]
+        for dim, basis in enumerate(bases):
+            if basis is None:
+                continue
+            matrix = basis.mT if into_eigenbasis else basis
+            moved = result.movedim(dim + 1, 1)
+            product = matrix @ moved.reshape(count, moved.shape[1], -1)
+            result = product.view(moved.shape).movedim(1, dim + 1)
+        return out.copy_(result)
+
+    def update_statistics(self, grads: Sequence[torch.Tensor], step: int) -> None:
+        weight = 1.0 if self._beta2 == 1.0 else 1.0 - self._beta2
+        factor_dtype = self._config.factor_matrix_dtype
+        for index, (bucket, grad) in enumerate(zip(self._buckets, grads)):
+            factor_grad = grad.to(factor_dtype)
+            count = bucket.num_blocks
+            for dim, slot in enumerate(self._slots[index]):
+                if slot is None:
+                    continue
+                unfolded = self._unfold(factor_grad, dim)
+                factors = self._pools[slot.size].factors[slot.offset : slot.offset + count]
+                factors.baddbmm_(unfolded, unfolded.mT, beta=self._beta2, alpha=weight)
+            self._step_grads[index].copy_(grad)
+            self._previous_corrected[index].copy_(self._corrected[index])
+            self._fold_step_into_corrected_eigenvalues(index)
+
+    @staticmethod
+    def _unfold(grad: torch.Tensor, dim: int) -> torch.Tensor:
+        """``(B, n_dim, prod(other dims))``; a view for the first and the last dim."""
+        count, size = grad.shape[0], grad.shape[dim + 1]
+        if dim + 2 == grad.dim():
+            return grad.reshape(count, -1, size).mT
+        return grad.movedim(dim + 1, 1).reshape(count, size, -1)
+
+    def _fold_step_into_corrected_eigenvalues(self, index: int) -> None:
+        """``D = b2 D_prev + w R(G)^2`` from the stashed pre-step ``D_prev`` and gradient."""
+        rotated = self._rotate(
+            self._step_grads[index], self._bucket_bases(index), True, self._rotated[index]
+        )
+        corrected = self._corrected[index]
+        if self._beta2 == 1.0:
+            torch.addcmul(self._previous_corrected[index], rotated, rotated, out=corrected)
+        else:
+            torch.mul(self._previous_corrected[index], self._beta2, out=corrected)
+            corrected.addcmul_(rotated, rotated, value=1.0 - self._beta2)
+
+    def amortized_computation(self, step: int) -> None:
+        """Recompute every eigenbasis (failed ones keep the previous basis), then re-fold ``D``."""
+        solver = self._config.amortized_computation_config
+        for pool in self._pools.values():
+            matrices = pool.factors.to(self._solve_dtype())
+            if isinstance(solver, EighEigendecompositionConfig):
+                bases, ok = eigh_eigenbasis(matrices, solver.retry_double_precision)
+            elif isinstance(solver, QREigendecompositionConfig):
+                bases, ok = self._warm_started_bases(pool, matrices, solver)
+            else:
+                raise TypeError(f"unsupported amortized_computation_config {solver!r}")
+            pool.bases.copy_(torch.where(ok.view(-1, 1, 1), bases.to(pool.bases.dtype), pool.bases))
+            pool.computed.logical_or_(ok)
+            pool.failure_counts.add_(1).masked_fill_(ok, 0)
+            if not bool(ok.all()):
+                self._report_failures(pool, ok)
+        for index in range(len(self._buckets)):
+            self._fold_step_into_corrected_eigenvalues(index)
+
+    def _warm_started_bases(
+        self, pool: _EigenbasisPool, matrices: torch.Tensor, solver: QREigendecompositionConfig
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """QR iterations from the previous basis; a full ``eigh`` for never-computed factors."""
+        previous = pool.bases.to(matrices.dtype)
+        bases, ok = qr_eigenbasis(matrices, previous, solver.max_iterations, solver.tolerance)
+        fresh = (~pool.computed).nonzero().squeeze(1)
+        if fresh.numel() > 0:
+            fresh_bases, fresh_ok = eigh_eigenbasis(matrices[fresh], solver.retry_double_precision)
+            bases = bases.index_copy(0, fresh, fresh_bases)
+            ok = ok.index_copy(0, fresh, fresh_ok)
+        return bases, ok
+
+    def _report_failures(self, pool: _EigenbasisPool, ok: torch.Tensor) -> None:
+        tolerated = self._config.num_tolerated_failed_amortized_computations
+        counts = pool.failure_counts.tolist()
+        for index in (~ok).nonzero().squeeze(1).tolist():
+            if counts[index] > tolerated:
+                raise RuntimeError(
+                    f"eigenvalue-corrected Shampoo: the eigenbasis computation failed for "
+                    f"{pool.labels[index]} {counts[index]} consecutive times, more than "
+                    f"num_tolerated_failed_amortized_computations={tolerated}; the factor matrix "
+                    "is probably non-finite (check the gradients and the loss)"
+                )
+            logger.warning(
+                "eigenbasis computation failed for %s (%d consecutive); keeping the previous basis",
+                pool.labels[index],
+                counts[index],
+            )
+
+    def precondition(self, grads: Sequence[torch.Tensor], step: int) -> list[torch.Tensor]:
+        bias_correction = 1.0 - self._beta2**step if self._use_bias_correction else 1.0
+        for index, (bucket, grad) in enumerate(zip(self._buckets, grads)):
+            bases = self._bucket_bases(index)
+            rotated = self._rotate(grad, bases, True, self._rotated[index])
+            out = self._outputs[index]
+            torch.div(self._corrected[index], bias_correction, out=out)
+            exponent = self._config.inverse_exponent(len(bucket.shape))
+            if exponent == 0.5:
+                out.sqrt_()  # correctly rounded, and faster than pow(0.5)
+            else:
+                out.pow_(exponent)
+            out.add_(self._epsilon)
+            torch.div(rotated, out, out=rotated)
+            self._rotate(rotated, bases, False, out)
+        return self._outputs
+
+    def block_state(self, bucket_index: int, position: int) -> BlockStateView:
+        factors: dict[int, torch.Tensor] = {}
+        bases: dict[int, torch.Tensor] = {}
+        computed: dict[int, torch.Tensor] = {}
+        failures: dict[int, torch.Tensor] = {}
+        for dim, slot in enumerate(self._slots[bucket_index]):
+            if slot is None:
+                continue
+            pool = self._pools[slot.size]
+            row = slot.offset + position
+            factors[dim] = pool.factors[row]
+            bases[dim] = pool.bases[row]
+            computed[dim] = pool.computed[row]
+            failures[dim] = pool.failure_counts[row]
+        return BlockStateView(
+            factor_matrices=factors,
+            factor_matrices_eigenvectors=bases,
+            eigenvectors_computed=computed,
+            failure_counts=failures,
+            corrected_eigenvalues=self._corrected[bucket_index][position],
+        )
