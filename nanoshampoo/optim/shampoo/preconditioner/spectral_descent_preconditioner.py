@@ -102,8 +102,9 @@ class SpectralDescentPreconditioner(Preconditioner):
                 raise ValueError(
                     "preconditioner_config: SpectralDescentPreconditionerConfig needs 2-D blocks, "
                     f"but {bucket.block_labels[0]} is a block of shape {bucket.shape}; put such "
-                    "parameters in a param group with another preconditioner_config, or choose "
-                    "max_preconditioner_dim so that they merge to matrices"
+                    "parameters in a param group with another preconditioner_config (matrices "
+                    "with rows * cols <= max_preconditioner_dim merge into vectors: lower it for "
+                    "that group)"
                 )
         self._config = config
         self._outputs = [bucket.zeros() for bucket in self._buckets]
