@@ -148,6 +148,13 @@ def test_resume_rejects_a_checkpoint_of_another_setup(shards: dict[str, str],
         Trainer(tiny_config(shards, tmp_path, resume=str(tmp_path / "run.ckpt" / "step_000099")))
 
 
+def test_profile_steps_write_one_chrome_trace(shards: dict[str, str], tmp_path: Path) -> None:
+    trace_dir = tmp_path / "trace"
+    Trainer(tiny_config(shards, tmp_path, optimizer="adamw", num_iterations=4, val_every=0,
+                        profile_steps=(1, 2), profile_dir=str(trace_dir))).run()
+    assert (trace_dir / "rank0.json.gz").is_file()
+
+
 SETUPS = ("adamw", "shampoo", "distadam", "shampoo-distadam")
 
 

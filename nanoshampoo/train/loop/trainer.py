@@ -88,6 +88,9 @@ class Trainer:
             self.start_step, self.train_time_ms = load_checkpoint(
                 Path(cfg.resume), self.ctx.rank, self.ctx.world_size, self.model,
                 self.setup.optimizers, self.loader)
+            if self.start_step > cfg.num_iterations:
+                raise ValueError(f"TrainConfig.resume: the checkpoint is at step {self.start_step}, "
+                                 f"beyond num_iterations={cfg.num_iterations}")
 
     def run(self) -> TrainResult:
         cfg, ctx, total = self.cfg, self.ctx, self.cfg.num_iterations
