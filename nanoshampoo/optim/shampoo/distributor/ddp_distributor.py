@@ -145,7 +145,9 @@ class DDPDistributor(Distributor):
         included, once per peer (the chunk addressed to itself does not leave the rank)."""
         buffers = self._buffers
         peers = buffers.group_size - 1
-        return sum(peers * inputs[0].numel() * inputs[0].element_size() for inputs in buffers.round_inputs)
+        return sum(
+            peers * inputs[0].numel() * inputs[0].element_size() for inputs in buffers.round_inputs
+        )
 
     def all_reduce_grad_sum_(self, grad_sum: torch.Tensor) -> None:
         """Sum ``grad_sum`` (a float64 scalar) over the trainer group, in place (collective).

@@ -34,7 +34,9 @@ COMMUNICATION_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--steps", type=int, default=30)
-    parser.add_argument("--communication-dtype", choices=sorted(COMMUNICATION_DTYPES), default="float32")
+    parser.add_argument(
+        "--communication-dtype", choices=sorted(COMMUNICATION_DTYPES), default="float32"
+    )
     parser.add_argument("--communicate-params", action="store_true")
     parser.add_argument("--num-trainers-per-group", type=int, default=-1)
     return parser.parse_args(argv)
@@ -42,7 +44,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def init_distributed() -> torch.device:
     """Join the torchrun process group (or a world of one); NCCL on CUDA, gloo on CPU."""
-    for key, value in (("RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", "29531")):
+    defaults = {"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29531"}
+    for key, value in defaults.items():
         os.environ.setdefault(key, value)
     if torch.cuda.is_available():
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
@@ -60,7 +63,11 @@ def main(argv: list[str] | None = None) -> None:
     rank, world_size = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(0)  # same initial weights on every rank
     model = torch.nn.Sequential(
-        torch.nn.Linear(32, 64), torch.nn.GELU(), torch.nn.Linear(64, 64), torch.nn.GELU(), torch.nn.Linear(64, 1)
+        torch.nn.Linear(32, 64),
+        torch.nn.GELU(),
+        torch.nn.Linear(64, 64),
+        torch.nn.GELU(),
+        torch.nn.Linear(64, 1),
     ).to(device)
     ddp_model = DistributedDataParallel(model)
     optimizer = DistributedShampoo(

@@ -72,7 +72,8 @@ def step_grads(shapes: list[tuple[int, ...]], step: int) -> list[torch.Tensor | 
 
 
 def make_optimizer(params: list[torch.Tensor], config: Any, **overrides: Any) -> DistributedShampoo:
-    return DistributedShampoo(params, **{**HYPERPARAMETERS, "distributed_config": config, **overrides})
+    settings = {**HYPERPARAMETERS, "distributed_config": config, **overrides}
+    return DistributedShampoo(params, **settings)
 
 
 def train(
@@ -100,7 +101,9 @@ def train(
 def block_keys(optimizer: DistributedShampoo) -> list[str]:
     """``"<param_index>.<block_j>"`` of every block whose state this rank holds."""
     state = optimizer.state_dict()["state"]
-    return sorted({f"{index}.{key.split('.')[0]}" for index, entries in state.items() for key in entries})
+    return sorted(
+        {f"{index}.{key.split('.')[0]}" for index, entries in state.items() for key in entries}
+    )
 
 
 def round_trip(state_dict: dict[str, Any]) -> dict[str, Any]:
@@ -122,7 +125,7 @@ def resumed_params(shapes: list[tuple[int, ...]], config: Any) -> list[torch.Ten
 
 
 def skipped_nan_params(config: Any) -> list[torch.Tensor]:
-    """Train with policy "skip"; at step NAN_STEP one entry of the last parameter's gradient is NaN."""
+    """Train with policy "skip"; at step NAN_STEP one entry of the last parameter's grad is NaN."""
     params = [torch.nn.Parameter(p) for p in initial_params(UNEVEN_SHAPES)]
     optimizer = make_optimizer(params, config, nonfinite_grad_policy="skip")
     for step in range(1, STEPS + 1):
@@ -171,9 +174,11 @@ def ddp_body(rank: int, world_size: int) -> dict[str, Any]:
     return result
 
 
-def reference(shapes: list[tuple[int, ...]], **overrides: Any) -> tuple[list[torch.Tensor], list[list[torch.Tensor]]]:
-    """Single-device params after STEPS steps, the params after every step, and the initial ones."""
-    params, _, history = train(shapes, SingleDeviceDistributedConfig(), range(1, STEPS + 1), **overrides)
+def reference(
+    shapes: list[tuple[int, ...]],
+) -> tuple[list[torch.Tensor], list[list[torch.Tensor]]]:
+    """Single-device params after STEPS steps, and the params before step 1 and after each step."""
+    params, _, history = train(shapes, SingleDeviceDistributedConfig(), range(1, STEPS + 1))
     return [p.detach() for p in params], [initial_params(shapes)] + history
 
 
@@ -190,7 +195,9 @@ def bf16_bound(history: list[list[torch.Tensor]], communicate_params: bool) -> l
         if communicate_params:
             terms = [history[t][index].abs() for t in range(1, len(history))]
         else:
-            terms = [(history[t][index] - history[t - 1][index]).abs() for t in range(1, len(history))]
+            terms = [
+                (history[t][index] - history[t - 1][index]).abs() for t in range(1, len(history))
+            ]
         bounds.append(BF16_RELATIVE * torch.stack(terms).sum(0))
     return bounds
 
@@ -205,7 +212,7 @@ def expected_keys(shapes: list[tuple[int, ...]]) -> list[str]:
 @pytest.mark.parametrize("world_size", [2, 4])
 def test_ddp_matches_single_device(world_size: int) -> None:
     results = run_on_gloo(ddp_body, world_size)
-    references = {shapes_id: reference(shapes) for shapes_id, shapes in (("uneven", UNEVEN_SHAPES), ("few", FEW_SHAPES))}
+    references = {"uneven": reference(UNEVEN_SHAPES), "few": reference(FEW_SHAPES)}
     for name, shapes, config in cases(world_size):
         ref_params, history = references["uneven" if shapes is UNEVEN_SHAPES else "few"]
         per_rank = [result[name]["params"] for result in results]
@@ -222,14 +229,15 @@ def test_ddp_matches_single_device(world_size: int) -> None:
             assert any(not torch.equal(g, w) for g, w in zip(per_rank[0], ref_params)), name
 
         # Each trainer group holds every block exactly once; groups are replicas.
-        group_size = world_size if config.num_trainers_per_group == -1 else config.num_trainers_per_group
+        trainers = config.num_trainers_per_group
+        group_size = world_size if trainers == -1 else trainers
         for first in range(0, world_size, group_size):
             keys = [results[r][name]["keys"] for r in range(first, first + group_size)]
             flat = [key for rank_keys in keys for key in rank_keys]
             assert sorted(flat) == expected_keys(shapes), name
             assert keys == [results[r][name]["keys"] for r in range(group_size)], name
         if shapes is FEW_SHAPES and world_size > len(expected_keys(shapes)):
-            assert any(result[name]["keys"] == [] for result in results), "a rank should own no block"
+            assert any(result[name]["keys"] == [] for result in results), "a rank owns no block"
 
     # Resume from a per-rank state dict continues exactly like the uninterrupted run.
     for result in results:
