@@ -155,24 +155,35 @@ def test_profile_steps_write_one_chrome_trace(shards: dict[str, str], tmp_path: 
     assert (trace_dir / "rank0.json.gz").is_file()
 
 
-SETUPS = ("adamw", "shampoo", "distadam", "shampoo-distadam")
+# (run id, optimizer setup, Shampoo distributor): "auto" is the DDP distributor on 2 ranks.
+RUNS = (
+    ("adamw", "adamw", "auto"),
+    ("shampoo-ddp", "shampoo", "auto"),
+    ("shampoo-single", "shampoo", "single"),
+    ("distadam", "distadam", "auto"),
+    ("shampoo-distadam", "shampoo-distadam", "auto"),
+)
+RESUMED = ("shampoo-ddp", "distadam")  # setups whose optimizer state differs per rank
 
 
 def train_every_setup_on_rank(rank: int, world_size: int, shards: dict[str, str],
                               out_dir: str) -> dict[str, Any]:
     results: dict[str, Any] = {}
-    for optimizer in SETUPS:
-        cfg = tiny_config(shards, Path(out_dir), optimizer=optimizer, run_id=optimizer,
-                          shampoo_distributor="single", checkpoint_every=4)
+    for run_id, optimizer, distributor in RUNS:
+        cfg = tiny_config(shards, Path(out_dir), optimizer=optimizer, run_id=run_id,
+                          shampoo_distributor=distributor, checkpoint_every=4)
         trainer = Trainer(cfg)
         result = trainer.run()
-        results[optimizer] = {"params": flat_params(trainer),
-                              "val_loss": torch.tensor(result.final_val_loss)}
-    resumed = Trainer(tiny_config(
-        shards, Path(out_dir), optimizer="distadam", run_id="distadam-resumed",
-        resume=str(Path(out_dir) / "distadam.ckpt" / "step_000004")))
-    resumed.run()
-    results["distadam-resumed"] = {"params": flat_params(resumed)}
+        results[run_id] = {"params": flat_params(trainer),
+                           "val_loss": torch.tensor(result.final_val_loss)}
+    for run_id, optimizer, distributor in RUNS:
+        if run_id in RESUMED:
+            resumed = Trainer(tiny_config(
+                shards, Path(out_dir), optimizer=optimizer, run_id=f"{run_id}-resumed",
+                shampoo_distributor=distributor,
+                resume=str(Path(out_dir) / f"{run_id}.ckpt" / "step_000004")))
+            resumed.run()
+            results[f"{run_id}-resumed"] = {"params": flat_params(resumed)}
     return results
 
 
@@ -181,11 +192,17 @@ def train_every_setup_on_rank(rank: int, world_size: int, shards: dict[str, str]
 def test_two_rank_runs_keep_ranks_identical_and_match_one_process(
         shards: dict[str, str], tmp_path: Path) -> None:
     rank0, rank1 = run_on_gloo(train_every_setup_on_rank, 2, shards, str(tmp_path))
-    for name in (*SETUPS, "distadam-resumed"):
+    assert set(rank0) == {run_id for run_id, _, _ in RUNS} | {f"{r}-resumed" for r in RESUMED}
+    for name in rank0:
         torch.testing.assert_close(rank0[name]["params"], rank1[name]["params"], rtol=0, atol=0)
-    # Resuming the sharded DistAdam state from per-rank checkpoints continues the same run.
-    torch.testing.assert_close(rank0["distadam-resumed"]["params"], rank0["distadam"]["params"],
-                               rtol=0, atol=0)
+    # Resuming per-rank optimizer state (DistAdam shards, DDP Shampoo's owned blocks) from
+    # per-rank checkpoint files continues the same run bit for bit.
+    for name in RESUMED:
+        torch.testing.assert_close(rank0[f"{name}-resumed"]["params"], rank0[name]["params"],
+                                   rtol=0, atol=0)
+    # Distributing Shampoo's blocks over ranks computes the same update as every rank doing all.
+    torch.testing.assert_close(rank0["shampoo-ddp"]["params"], rank0["shampoo-single"]["params"],
+                               rtol=0, atol=1e-6)
     # The 2-rank run sees the same global batches as one process: same result up to rounding
     # (Adam with eps 1e-10 turns rounding-level gradient differences of near-zero entries into
     # update differences of up to ~1e-4; a real averaging bug moves parameters by ~lr = 0.3).
