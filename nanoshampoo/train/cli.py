@@ -76,5 +76,9 @@ def config_from_args(argv: Sequence[str] | None = None) -> TrainConfig:
 def main(argv: Sequence[str] | None = None) -> int:
     from nanoshampoo.train.loop.trainer import Trainer
 
-    Trainer(config_from_args(argv)).run()
+    try:
+        cfg = config_from_args(argv)
+    except ValueError as exc:  # a bad value or preset: a usage error, not a crash
+        build_parser().error(str(exc))
+    Trainer(cfg).run()
     return 0

@@ -18,6 +18,7 @@ Gradients of every parameter not owned by a DistAdam are averaged across ranks b
 before the step (``OptimizerSetup.all_reduce_params``); DistAdam reduce-scatters its own.
 
 Example:
+    >>> model = GPT(gpt_preset("tiny", vocab_size=256))
     >>> setup = build_optimizer_setup(model, TrainConfig(optimizer="adamw"), world_size=1)
     >>> [type(o).__name__ for o in setup.optimizers]
     ['AdamW']
@@ -31,7 +32,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from nanoshampoo.model.gpt import GPT
+from nanoshampoo.model.gpt import GPT, gpt_preset  # noqa: F401 - gpt_preset: docstring example
 from nanoshampoo.train.config import TrainConfig
 
 GROUP_NAMES = ("embed", "head", "scalar", "matrix")

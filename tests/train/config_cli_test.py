@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from nanoshampoo.train.cli import config_from_args
+from nanoshampoo.train.cli import config_from_args, main
 from nanoshampoo.train.config import TrainConfig
 from nanoshampoo.train.presets import load_preset, preset_names
 
@@ -72,3 +72,10 @@ def test_bad_flag_value_and_unknown_preset_are_rejected(tmp_path) -> None:  # ty
     bad.write_text('optimizer = "adamw"\nlearning_rate = 3\n')
     with pytest.raises(ValueError, match=r"bad\.toml.*learning_rate"):
         load_preset(str(bad))
+
+
+def test_cli_reports_an_invalid_value_as_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["--optimizer", "sgd"])
+    assert info.value.code == 2
+    assert "TrainConfig.optimizer must be one of" in capsys.readouterr().err
