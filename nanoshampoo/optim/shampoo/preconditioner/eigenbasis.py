@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import torch
 
-from nanoshampoo.optim.shampoo.preconditioner.matrix_roots import _robust_eigh
+from nanoshampoo.optim.shampoo.preconditioner.matrix_roots import robust_eigh
 
 
 def _finite(matrices: torch.Tensor) -> torch.Tensor:
@@ -43,7 +43,7 @@ def eigh_eigenbasis(
     Returns:
         ``(bases (N, n, n), ok (N,) bool)``; ``bases[i]`` is garbage where ``ok[i]`` is False.
     """
-    _, evecs, ok = _robust_eigh(matrices, retry_double_precision)
+    _, evecs, ok = robust_eigh(matrices, retry_double_precision)
     bases = evecs.flip(-1)
     return bases, ok & _finite(bases)
 

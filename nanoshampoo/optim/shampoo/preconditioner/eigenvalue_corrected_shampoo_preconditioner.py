@@ -1,7 +1,8 @@
 """Eigenvalue-corrected Shampoo (SOAP): Adam's second moment in the eigenbasis of the factors.
 
 For a block ``G`` of order ``k``, factor ``i`` is updated like Shampoo's,
-``F_i <- b2 F_i + w G_(i) G_(i)^T`` (``w = 1`` if ``b2 == 1`` else ``1 - b2``), and on the
+``F_i <- b2 F_i + w G_(i) G_(i)^T`` (``w = 1`` if ``b2 == 1`` else ``1 - b2``; see
+:mod:`kronecker_factors`), and on the
 amortized schedule its eigenbasis ``Q_i`` (columns = eigenvectors, descending eigenvalues) is
 recomputed; before the first computation ``Q_i = I``. With the rotation
 ``R(X) = X x_1 Q_1^T ... x_k Q_k^T`` (``x_i`` contracts dim ``i``; for a matrix
@@ -19,20 +20,23 @@ order, and the warm-started QR iteration that preserves it, keep column ``j`` on
 eigen-direction. A failed eigenbasis computation keeps the previous basis and is counted; more
 than ``num_tolerated_failed_amortized_computations`` consecutive failures raise.
 
-Layout, as in root-inverse Shampoo: all factors of one size share one ``(N, n, n)`` pool, so one
-batched ``eigh`` (or QR iteration) per size serves every block; per-bucket tensors are stacked
-``(B, *shape)``.
+Layout, as in root-inverse Shampoo: all factors of one size share one ``(N, n, n)`` pool, with
+a matching stack of eigenbases, so one batched ``eigh`` (or QR iteration) per size serves every
+block; per-bucket tensors are stacked ``(B, *shape)``.
 """
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 
 import torch
 
 from nanoshampoo.optim.shampoo.preconditioner.eigenbasis import eigh_eigenbasis, qr_eigenbasis
+from nanoshampoo.optim.shampoo.preconditioner.kronecker_factors import (
+    KroneckerFactors,
+    keep_previous_where_failed,
+    solve_dtype,
+)
 from nanoshampoo.optim.shampoo.preconditioner.preconditioner import (
     BlockBucket,
     BlockStateView,
@@ -43,34 +47,6 @@ from nanoshampoo.optim.shampoo.shampoo_types import (
     EighEigendecompositionConfig,
     QREigendecompositionConfig,
 )
-
-logger = logging.getLogger(__name__)
-
-
-@dataclass
-class _EigenbasisPool:
-    """All factors of one size ``n`` of a parameter group, with their eigenbases.
-
-    ``factors`` ``(N, n, n)`` in the factor dtype; ``bases`` ``(N, n, n)`` in the eigenvector
-    dtype (identity until computed); ``computed`` ``(N,)`` bool, a basis was computed at least
-    once (the QR solver warm-starts only from those); ``failure_counts`` ``(N,)`` int64,
-    consecutive failures; ``labels`` name each factor for error messages.
-    """
-
-    factors: torch.Tensor
-    bases: torch.Tensor
-    computed: torch.Tensor
-    failure_counts: torch.Tensor
-    labels: list[str] = field(default_factory=list)
-
-
-@dataclass(frozen=True)
-class _FactorSlot:
-    """Where the factors of one dim of one bucket live: ``pools[size][offset:offset + B]``."""
-
-    size: int
-    offset: int
-
 
 class EigenvalueCorrectedShampooPreconditioner(Preconditioner):
     """Eigenvalue-corrected Shampoo over the buckets of one parameter group.
@@ -112,7 +88,19 @@ class EigenvalueCorrectedShampooPreconditioner(Preconditioner):
         self._beta2 = beta2
         self._epsilon = epsilon
         self._use_bias_correction = use_bias_correction and beta2 < 1.0
-        self._slots, self._pools = self._allocate_pools()
+        self._factors = KroneckerFactors(self._buckets, config.factor_matrix_dtype, self._pool_key)
+        # Per pool (keyed by size): eigenbases (N, n, n) in the eigenvector dtype, identity until
+        # computed, and (N,) bool "computed at least once" (QR warm-starts only from those).
+        self._bases = {
+            size: torch.eye(
+                size, dtype=config.factor_matrix_eigenvectors_dtype, device=pool.factors.device
+            ).repeat(len(pool.labels), 1, 1)
+            for size, pool in self._factors.pools.items()
+        }
+        self._computed = {
+            size: torch.zeros(len(pool.labels), dtype=torch.bool, device=pool.factors.device)
+            for size, pool in self._factors.pools.items()
+        }
         eigenvalue_dtype = config.corrected_eigenvalues_dtype
         self._corrected = [
             torch.zeros(b.stacked_shape, dtype=eigenvalue_dtype, device=b.device) for b in self._buckets
@@ -124,49 +112,17 @@ class EigenvalueCorrectedShampooPreconditioner(Preconditioner):
         self._rotated = [bucket.zeros() for bucket in self._buckets]
         self._outputs = [bucket.zeros() for bucket in self._buckets]
 
-    def _allocate_pools(self) -> tuple[list[list[_FactorSlot | None]], dict[int, _EigenbasisPool]]:
-        config = self._config
-        plan: dict[int, list[str]] = {}
-        slots: list[list[_FactorSlot | None]] = []
-        for bucket in self._buckets:
-            order = len(bucket.shape)
-            bucket_slots: list[_FactorSlot | None] = []
-            for dim, size in enumerate(bucket.shape):
-                if not config.rotates(order, dim):
-                    bucket_slots.append(None)
-                    continue
-                labels = plan.setdefault(size, [])
-                bucket_slots.append(_FactorSlot(size, len(labels)))
-                labels.extend(f"{label} dim {dim}" for label in bucket.block_labels)
-            slots.append(bucket_slots)
-        device = self._buckets[0].device if self._buckets else torch.device("cpu")
-        pools = {
-            size: _EigenbasisPool(
-                factors=torch.zeros(len(labels), size, size, dtype=config.factor_matrix_dtype, device=device),
-                bases=torch.eye(size, dtype=config.factor_matrix_eigenvectors_dtype, device=device).repeat(
-                    len(labels), 1, 1
-                ),
-                computed=torch.zeros(len(labels), dtype=torch.bool, device=device),
-                failure_counts=torch.zeros(len(labels), dtype=torch.int64, device=device),
-                labels=labels,
-            )
-            for size, labels in plan.items()
-        }
-        return slots, pools
-
-    def _solve_dtype(self) -> torch.dtype:
-        """Eigenbases are solved in at least float32 (``eigh``/``qr`` have no half kernels)."""
-        return torch.promote_types(self._config.factor_matrix_dtype, torch.float32)
+    def _pool_key(self, bucket: BlockBucket, dim: int) -> int | None:
+        """Factors pool by size (bases have one dtype); dims that are not rotated have none."""
+        return bucket.shape[dim] if self._config.rotates(len(bucket.shape), dim) else None
 
     def _bucket_bases(self, bucket_index: int) -> list[torch.Tensor | None]:
         """Per dim, the bucket's ``(B, n, n)`` eigenbases in its dtype (None: not rotated)."""
         bucket = self._buckets[bucket_index]
         count = bucket.num_blocks
         return [
-            None
-            if slot is None
-            else self._pools[slot.size].bases[slot.offset : slot.offset + count].to(bucket.dtype)
-            for slot in self._slots[bucket_index]
+            None if slot is None else KroneckerFactors.rows(slot, count, self._bases).to(bucket.dtype)
+            for slot in self._factors.slots[bucket_index]
         ]
 
     @staticmethod
@@ -191,28 +147,11 @@ class EigenvalueCorrectedShampooPreconditioner(Preconditioner):
         return out.copy_(result)
 
     def update_statistics(self, grads: Sequence[torch.Tensor], step: int) -> None:
-        weight = 1.0 if self._beta2 == 1.0 else 1.0 - self._beta2
-        factor_dtype = self._config.factor_matrix_dtype
-        for index, (bucket, grad) in enumerate(zip(self._buckets, grads)):
-            factor_grad = grad.to(factor_dtype)
-            count = bucket.num_blocks
-            for dim, slot in enumerate(self._slots[index]):
-                if slot is None:
-                    continue
-                unfolded = self._unfold(factor_grad, dim)
-                factors = self._pools[slot.size].factors[slot.offset : slot.offset + count]
-                factors.baddbmm_(unfolded, unfolded.mT, beta=self._beta2, alpha=weight)
+        self._factors.update(grads, self._beta2)
+        for index, grad in enumerate(grads):
             self._step_grads[index].copy_(grad)
             self._previous_corrected[index].copy_(self._corrected[index])
             self._fold_step_into_corrected_eigenvalues(index)
-
-    @staticmethod
-    def _unfold(grad: torch.Tensor, dim: int) -> torch.Tensor:
-        """``(B, n_dim, prod(other dims))``; a view for the first and the last dim."""
-        count, size = grad.shape[0], grad.shape[dim + 1]
-        if dim + 2 == grad.dim():
-            return grad.reshape(count, -1, size).mT
-        return grad.movedim(dim + 1, 1).reshape(count, size, -1)
 
     def _fold_step_into_corrected_eigenvalues(self, index: int) -> None:
         """``D = b2 D_prev + w R(G)^2`` from the stashed pre-step ``D_prev`` and gradient."""
@@ -229,51 +168,38 @@ class EigenvalueCorrectedShampooPreconditioner(Preconditioner):
     def amortized_computation(self, step: int) -> None:
         """Recompute every eigenbasis (failed ones keep the previous basis), then re-fold ``D``."""
         solver = self._config.amortized_computation_config
-        for pool in self._pools.values():
-            matrices = pool.factors.to(self._solve_dtype())
+        for size, pool in self._factors.pools.items():
+            matrices = pool.factors.to(solve_dtype(self._config.factor_matrix_dtype))
             if isinstance(solver, EighEigendecompositionConfig):
                 bases, ok = eigh_eigenbasis(matrices, solver.retry_double_precision)
             elif isinstance(solver, QREigendecompositionConfig):
-                bases, ok = self._warm_started_bases(pool, matrices, solver)
+                bases, ok = self._warm_started_bases(size, matrices, solver)
             else:
                 raise TypeError(f"unsupported amortized_computation_config {solver!r}")
-            pool.bases.copy_(torch.where(ok.view(-1, 1, 1), bases.to(pool.bases.dtype), pool.bases))
-            pool.computed.logical_or_(ok)
-            pool.failure_counts.add_(1).masked_fill_(ok, 0)
-            if not bool(ok.all()):
-                self._report_failures(pool, ok)
+            keep_previous_where_failed(self._bases[size], bases, ok)
+            self._computed[size].logical_or_(ok)
+            self._factors.count_failures(
+                pool,
+                ok,
+                self._config.num_tolerated_failed_amortized_computations,
+                computation="eigenvalue-corrected Shampoo: the eigenbasis computation",
+                kept="basis",
+            )
         for index in range(len(self._buckets)):
             self._fold_step_into_corrected_eigenvalues(index)
 
     def _warm_started_bases(
-        self, pool: _EigenbasisPool, matrices: torch.Tensor, solver: QREigendecompositionConfig
+        self, size: int, matrices: torch.Tensor, solver: QREigendecompositionConfig
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """QR iterations from the previous basis; a full ``eigh`` for never-computed factors."""
-        previous = pool.bases.to(matrices.dtype)
+        previous = self._bases[size].to(matrices.dtype)
         bases, ok = qr_eigenbasis(matrices, previous, solver.max_iterations, solver.tolerance)
-        fresh = (~pool.computed).nonzero().squeeze(1)
+        fresh = (~self._computed[size]).nonzero().squeeze(1)
         if fresh.numel() > 0:
             fresh_bases, fresh_ok = eigh_eigenbasis(matrices[fresh], solver.retry_double_precision)
             bases = bases.index_copy(0, fresh, fresh_bases)
             ok = ok.index_copy(0, fresh, fresh_ok)
         return bases, ok
-
-    def _report_failures(self, pool: _EigenbasisPool, ok: torch.Tensor) -> None:
-        tolerated = self._config.num_tolerated_failed_amortized_computations
-        counts = pool.failure_counts.tolist()
-        for index in (~ok).nonzero().squeeze(1).tolist():
-            if counts[index] > tolerated:
-                raise RuntimeError(
-                    f"eigenvalue-corrected Shampoo: the eigenbasis computation failed for "
-                    f"{pool.labels[index]} {counts[index]} consecutive times, more than "
-                    f"num_tolerated_failed_amortized_computations={tolerated}; the factor matrix "
-                    "is probably non-finite (check the gradients and the loss)"
-                )
-            logger.warning(
-                "eigenbasis computation failed for %s (%d consecutive); keeping the previous basis",
-                pool.labels[index],
-                counts[index],
-            )
 
     def precondition(self, grads: Sequence[torch.Tensor], step: int) -> list[torch.Tensor]:
         bias_correction = 1.0 - self._beta2**step if self._use_bias_correction else 1.0
@@ -297,14 +223,14 @@ class EigenvalueCorrectedShampooPreconditioner(Preconditioner):
         bases: dict[int, torch.Tensor] = {}
         computed: dict[int, torch.Tensor] = {}
         failures: dict[int, torch.Tensor] = {}
-        for dim, slot in enumerate(self._slots[bucket_index]):
+        for dim, slot in enumerate(self._factors.slots[bucket_index]):
             if slot is None:
                 continue
-            pool = self._pools[slot.size]
+            pool = self._factors.pools[slot.pool_key]
             row = slot.offset + position
             factors[dim] = pool.factors[row]
-            bases[dim] = pool.bases[row]
-            computed[dim] = pool.computed[row]
+            bases[dim] = self._bases[slot.pool_key][row]
+            computed[dim] = self._computed[slot.pool_key][row]
             failures[dim] = pool.failure_counts[row]
         return BlockStateView(
             factor_matrices=factors,

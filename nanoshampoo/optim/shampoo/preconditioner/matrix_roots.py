@@ -24,10 +24,14 @@ def _eigh_or_none(matrices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] |
         return None
 
 
-def _robust_eigh(
+def robust_eigh(
     matrices: torch.Tensor, retry_double_precision: bool
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``eigh`` of a stack with fallbacks; returns ``(eigenvalues, eigenvectors, ok)``.
+
+    ``matrices`` ``(N, n, n)`` symmetric, float32 or float64; returns eigenvalues ``(N, n)``
+    in ascending order, eigenvectors ``(N, n, n)`` (columns) in the input dtype, ``ok`` ``(N,)``
+    bool. Shared by the inverse roots here and the eigenbases of :mod:`eigenbasis`.
 
     One batched call first. If it raises, retry the batch in float64 (when asked), and if that
     raises too, decompose matrix by matrix so one bad matrix does not fail the others; failed
@@ -76,7 +80,7 @@ def eigh_inverse_root(
     Returns:
         ``(roots (N, n, n), ok (N,) bool)``; ``roots[i]`` is garbage where ``ok[i]`` is False.
     """
-    evals, evecs, ok = _robust_eigh(matrices, retry_double_precision)
+    evals, evecs, ok = robust_eigh(matrices, retry_double_precision)
     evals = evals + epsilon
     shift = (epsilon - evals.amin(dim=-1, keepdim=True)).clamp_(min=0.0)
     evals.add_(shift)

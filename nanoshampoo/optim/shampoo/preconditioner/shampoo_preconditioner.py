@@ -1,25 +1,27 @@
 """Classic (root-inverse) Shampoo: one Kronecker factor per block dim, batched by factor size.
 
-For a block ``G`` of order ``k`` with dims ``n_1..n_k``, factor ``i`` is
-``F_i <- b2 F_i + w G_(i) G_(i)^T`` where ``G_(i)`` is ``G`` unfolded along dim ``i``
-(``n_i x prod(other dims)``) and ``w = 1`` if ``b2 == 1`` else ``1 - b2``. Its root is
-``X_i = (F_i / bc2 + eps I)^(-e_i)`` and the search direction is ``X_1 x_1 ... X_k x_k G``
-(``x_i`` multiplies along dim ``i``). For a matrix block: ``X_L G X_R``.
+For a block ``G`` of order ``k``, factor ``i`` is ``F_i <- b2 F_i + w G_(i) G_(i)^T`` (see
+:mod:`kronecker_factors`). Its root is ``X_i = (F_i / bc2 + eps I)^(-e_i)`` and the search
+direction is ``X_1 x_1 ... X_k x_k G`` (``x_i`` multiplies along dim ``i``). For a matrix
+block: ``X_L G X_R``.
 
-Layout, chosen for speed: all factors of one size ``n`` (over every block and dim of the
-group) live in one stacked ``(N, n, n)`` tensor, a *factor pool*. A bucket's factors for one
-dim are a contiguous slice of a pool, so statistics are one ``baddbmm_`` per bucket and dim,
-and all roots of one size are one batched ``eigh`` call.
+Layout: factors are pooled by ``(size, block dtype)``; each pool has a matching ``(N, n, n)``
+stack of roots (in the block dtype), so all roots of one size are one batched ``eigh`` call.
+A failed root computation keeps the previous root and is counted; more than
+``num_tolerated_failed_amortized_computations`` consecutive failures raise.
 """
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 
 import torch
 
+from nanoshampoo.optim.shampoo.preconditioner.kronecker_factors import (
+    KroneckerFactors,
+    keep_previous_where_failed,
+    solve_dtype,
+)
 from nanoshampoo.optim.shampoo.preconditioner.matrix_roots import (
     coupled_newton_inverse_root,
     eigh_inverse_root,
@@ -34,33 +36,6 @@ from nanoshampoo.optim.shampoo.shampoo_types import (
     EigenConfig,
     ShampooPreconditionerConfig,
 )
-
-logger = logging.getLogger(__name__)
-
-
-@dataclass
-class _FactorPool:
-    """All factors of one size ``n`` (and one root dtype) of a parameter group.
-
-    ``factors`` ``(N, n, n)`` in the factor dtype; ``roots`` ``(N, n, n)`` in the computation
-    dtype (identity until the first root computation); ``exponents`` ``(N,)``;
-    ``failure_counts`` ``(N,)`` int64, consecutive failed root computations; ``labels`` name
-    each factor (block label and dim) for error messages.
-    """
-
-    factors: torch.Tensor
-    roots: torch.Tensor
-    exponents: torch.Tensor
-    failure_counts: torch.Tensor
-    labels: list[str] = field(default_factory=list)
-
-
-@dataclass(frozen=True)
-class _FactorSlot:
-    """Where the factors of one dim of one bucket live: ``pool[key][offset:offset + B]``."""
-
-    pool_key: tuple[int, torch.dtype]
-    offset: int
 
 
 class ShampooPreconditioner(Preconditioner):
@@ -99,95 +74,63 @@ class ShampooPreconditioner(Preconditioner):
         self._beta2 = beta2
         self._epsilon = epsilon
         self._use_bias_correction = use_bias_correction and beta2 < 1.0
-        self._slots, self._pools = self._allocate_pools(config)
+        self._factors = KroneckerFactors(self._buckets, config.factor_matrix_dtype, self._pool_key)
+        root_dtype = solve_dtype(config.factor_matrix_dtype)
+        # Roots per pool: (N, n, n) in the block dtype, identity until first computed; and the
+        # (N,) exponent of each factor.
+        self._roots = {
+            (size, dtype): torch.eye(size, dtype=dtype, device=pool.factors.device).repeat(
+                len(pool.labels), 1, 1
+            )
+            for (size, dtype), pool in self._factors.pools.items()
+        }
+        self._exponents = {
+            key: torch.tensor(
+                [config.inverse_exponent(order, dim) for order, dim in pool.positions],
+                dtype=root_dtype,
+                device=pool.factors.device,
+            )
+            for key, pool in self._factors.pools.items()
+        }
         # Output buffers of the matrix fast path, allocated once.
         self._outputs = [bucket.zeros() for bucket in self._buckets]
         self._scratch = [
             bucket.zeros() if len(bucket.shape) == 2 else None for bucket in self._buckets
         ]
 
-    def _allocate_pools(
-        self, config: ShampooPreconditionerConfig
-    ) -> tuple[list[list[_FactorSlot | None]], dict[tuple[int, torch.dtype], _FactorPool]]:
-        plan: dict[tuple[int, torch.dtype], list[tuple[str, float]]] = {}
-        slots: list[list[_FactorSlot | None]] = []
-        for bucket in self._buckets:
-            order = len(bucket.shape)
-            bucket_slots: list[_FactorSlot | None] = []
-            for dim, size in enumerate(bucket.shape):
-                exponent = config.inverse_exponent(order, dim)
-                if exponent == 0.0:
-                    bucket_slots.append(None)
-                    continue
-                key = (size, bucket.dtype)
-                entries = plan.setdefault(key, [])
-                bucket_slots.append(_FactorSlot(key, len(entries)))
-                entries.extend((f"{label} dim {dim}", exponent) for label in bucket.block_labels)
-            slots.append(bucket_slots)
-        device = self._buckets[0].device if self._buckets else torch.device("cpu")
-        pools = {}
-        for (size, dtype), entries in plan.items():
-            count = len(entries)
-            root_dtype = self._root_dtype()
-            pools[(size, dtype)] = _FactorPool(
-                factors=torch.zeros(count, size, size, dtype=config.factor_matrix_dtype, device=device),
-                roots=torch.eye(size, dtype=dtype, device=device).repeat(count, 1, 1),
-                exponents=torch.tensor([e for _, e in entries], dtype=root_dtype, device=device),
-                failure_counts=torch.zeros(count, dtype=torch.int64, device=device),
-                labels=[label for label, _ in entries],
-            )
-        return slots, pools
-
-    def _root_dtype(self) -> torch.dtype:
-        """Roots are solved in at least float32 (``eigh`` has no half-precision kernels)."""
-        return torch.promote_types(self._config.factor_matrix_dtype, torch.float32)
-
-    def _factor_slice(self, slot: _FactorSlot, count: int) -> torch.Tensor:
-        return self._pools[slot.pool_key].factors[slot.offset : slot.offset + count]
-
-    def _root_slice(self, slot: _FactorSlot, count: int) -> torch.Tensor:
-        return self._pools[slot.pool_key].roots[slot.offset : slot.offset + count]
+    def _pool_key(self, bucket: BlockBucket, dim: int) -> tuple[int, torch.dtype] | None:
+        """Factors pool by size and block dtype (the dtype of their roots); exponent 0: none."""
+        if self._config.inverse_exponent(len(bucket.shape), dim) == 0.0:
+            return None
+        return (bucket.shape[dim], bucket.dtype)
 
     def update_statistics(self, grads: Sequence[torch.Tensor], step: int) -> None:
-        weight = 1.0 if self._beta2 == 1.0 else 1.0 - self._beta2
-        factor_dtype = self._config.factor_matrix_dtype
-        for bucket, bucket_slots, grad in zip(self._buckets, self._slots, grads):
-            grad = grad.to(factor_dtype)
-            count = bucket.num_blocks
-            for dim, slot in enumerate(bucket_slots):
-                if slot is None:
-                    continue
-                unfolded = self._unfold(grad, dim)
-                self._factor_slice(slot, count).baddbmm_(
-                    unfolded, unfolded.mT, beta=self._beta2, alpha=weight
-                )
-
-    @staticmethod
-    def _unfold(grad: torch.Tensor, dim: int) -> torch.Tensor:
-        """``(B, n_dim, prod(other dims))``: a view for the first and the last dim."""
-        count, size = grad.shape[0], grad.shape[dim + 1]
-        if dim + 2 == grad.dim():
-            return grad.reshape(count, -1, size).mT
-        return grad.movedim(dim + 1, 1).reshape(count, size, -1)
+        self._factors.update(grads, self._beta2)
 
     def amortized_computation(self, step: int) -> None:
         """Recompute every root; failed ones keep their previous value (see the module doc)."""
         bias_correction = 1.0 - self._beta2**step if self._use_bias_correction else 1.0
         solver = self._config.amortized_computation_config
-        for pool in self._pools.values():
-            matrices = pool.factors.to(self._root_dtype()) / bias_correction
+        root_dtype = solve_dtype(self._config.factor_matrix_dtype)
+        for key, pool in self._factors.pools.items():
+            matrices = pool.factors.to(root_dtype) / bias_correction
+            exponents = self._exponents[key]
             if isinstance(solver, EigenConfig):
                 roots, ok = eigh_inverse_root(
-                    matrices, pool.exponents, self._epsilon, solver.retry_double_precision
+                    matrices, exponents, self._epsilon, solver.retry_double_precision
                 )
             elif isinstance(solver, CoupledNewtonConfig):
-                roots, ok = self._coupled_newton_roots(matrices, pool.exponents, solver)
+                roots, ok = self._coupled_newton_roots(matrices, exponents, solver)
             else:
                 raise TypeError(f"unsupported amortized_computation_config {solver!r}")
-            pool.roots.copy_(torch.where(ok.view(-1, 1, 1), roots.to(pool.roots.dtype), pool.roots))
-            pool.failure_counts.add_(1).masked_fill_(ok, 0)
-            if not bool(ok.all()):
-                self._report_failures(pool, ok)
+            keep_previous_where_failed(self._roots[key], roots, ok)
+            self._factors.count_failures(
+                pool,
+                ok,
+                self._config.num_tolerated_failed_amortized_computations,
+                computation="Shampoo root computation",
+                kept="root",
+            )
 
     def _coupled_newton_roots(
         self, matrices: torch.Tensor, exponents: torch.Tensor, solver: CoupledNewtonConfig
@@ -202,27 +145,14 @@ class ShampooPreconditioner(Preconditioner):
             )
         return roots, ok
 
-    def _report_failures(self, pool: _FactorPool, ok: torch.Tensor) -> None:
-        tolerated = self._config.num_tolerated_failed_amortized_computations
-        counts = pool.failure_counts.tolist()
-        for index in (~ok).nonzero().squeeze(1).tolist():
-            if counts[index] > tolerated:
-                raise RuntimeError(
-                    f"Shampoo root computation failed for {pool.labels[index]} "
-                    f"{counts[index]} consecutive times, more than "
-                    f"num_tolerated_failed_amortized_computations={tolerated}; the factor matrix "
-                    "is probably non-finite (check the gradients and the loss)"
-                )
-            logger.warning(
-                "Shampoo root computation failed for %s (%d consecutive); keeping the previous root",
-                pool.labels[index],
-                counts[index],
-            )
-
     def precondition(self, grads: Sequence[torch.Tensor], step: int) -> list[torch.Tensor]:
-        for index, (bucket, bucket_slots, grad) in enumerate(zip(self._buckets, self._slots, grads)):
+        slots = self._factors.slots
+        for index, (bucket, bucket_slots, grad) in enumerate(zip(self._buckets, slots, grads)):
             count = bucket.num_blocks
-            roots = [None if s is None else self._root_slice(s, count) for s in bucket_slots]
+            roots = [
+                None if slot is None else KroneckerFactors.rows(slot, count, self._roots)
+                for slot in bucket_slots
+            ]
             out = self._outputs[index]
             if len(bucket.shape) == 2:
                 self._precondition_matrices(grad, roots[0], roots[1], self._scratch[index], out)
@@ -260,13 +190,13 @@ class ShampooPreconditioner(Preconditioner):
         factors: dict[int, torch.Tensor] = {}
         roots: dict[int, torch.Tensor] = {}
         failures: dict[int, torch.Tensor] = {}
-        for dim, slot in enumerate(self._slots[bucket_index]):
+        for dim, slot in enumerate(self._factors.slots[bucket_index]):
             if slot is None:
                 continue
-            pool = self._pools[slot.pool_key]
+            pool = self._factors.pools[slot.pool_key]
             row = slot.offset + position
             factors[dim] = pool.factors[row]
-            roots[dim] = pool.roots[row]
+            roots[dim] = self._roots[slot.pool_key][row]
             failures[dim] = pool.failure_counts[row]
         return BlockStateView(
             factor_matrices=factors, inv_factor_matrices=roots, failure_counts=failures

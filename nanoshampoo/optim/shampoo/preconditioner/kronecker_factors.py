@@ -1,0 +1,194 @@
+"""Kronecker factor statistics of Shampoo-family preconditioners, pooled by factor size.
+
+For a block ``G`` of order ``k`` with dims ``n_1..n_k``, factor ``i`` is
+``F_i <- b2 F_i + w G_(i) G_(i)^T`` where ``G_(i)`` is ``G`` unfolded along dim ``i``
+(``n_i x prod(other dims)``) and ``w = 1`` if ``b2 == 1`` else ``1 - b2``. Root-inverse Shampoo
+takes inverse roots of these factors, eigenvalue-corrected Shampoo their eigenbases; both keep
+the statistics and the failure bookkeeping here.
+
+Layout, chosen for speed: all factors that share a *pool key* (the factor size ``n``, plus what
+else the preconditioner batches by) live in one stacked ``(N, n, n)`` tensor, a *factor pool*.
+A bucket's factors for one dim are a contiguous slice of a pool, so statistics are one
+``baddbmm_`` per bucket and dim, and the amortized computation is one batched call per pool.
+
+A failed amortized computation (solver error or non-finite result) keeps the previous result
+and is counted per factor; more than ``num_tolerated_failed_amortized_computations``
+consecutive failures raise.
+
+Example:
+    >>> from nanoshampoo.optim.shampoo.preconditioner.preconditioner import BlockBucket
+    >>> bucket = BlockBucket((3, 2), torch.float32, torch.device("cpu"), ("w block_0",))
+    >>> stats = KroneckerFactors([bucket], torch.float32, lambda bucket, dim: bucket.shape[dim])
+    >>> stats.update([torch.ones(1, 3, 2)], beta2=1.0)
+    >>> stats.pools[3].factors[0].tolist()
+    [[2.0, 2.0, 2.0], [2.0, 2.0, 2.0], [2.0, 2.0, 2.0]]
+    >>> stats.pools[2].labels
+    ['w block_0 dim 1']
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from nanoshampoo.optim.shampoo.preconditioner.preconditioner import BlockBucket
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class FactorPool:
+    """All factors of one pool key.
+
+    ``factors`` ``(N, n, n)`` in the factor dtype; ``failure_counts`` ``(N,)`` int64,
+    consecutive failed amortized computations; ``labels[r]`` names factor ``r`` (block label
+    and dim) for error messages; ``positions[r]`` is its ``(block order, dim)``.
+    """
+
+    factors: torch.Tensor
+    failure_counts: torch.Tensor
+    labels: list[str]
+    positions: list[tuple[int, int]]
+
+
+@dataclass(frozen=True)
+class FactorSlot:
+    """Where the factors of one dim of one bucket live: ``pools[pool_key]`` rows
+    ``offset:offset + B``."""
+
+    pool_key: Hashable
+    offset: int
+
+
+def solve_dtype(factor_dtype: torch.dtype) -> torch.dtype:
+    """Amortized computations run in at least float32 (``eigh``/``qr`` have no half kernels)."""
+    return torch.promote_types(factor_dtype, torch.float32)
+
+
+def unfold(grad: torch.Tensor, dim: int) -> torch.Tensor:
+    """``(B, n_dim, prod(other dims))`` from stacked blocks ``(B, *shape)``.
+
+    A view (no copy) for the first and the last dim of the block.
+    """
+    count, size = grad.shape[0], grad.shape[dim + 1]
+    if dim + 2 == grad.dim():
+        return grad.reshape(count, -1, size).mT
+    return grad.movedim(dim + 1, 1).reshape(count, size, -1)
+
+
+def keep_previous_where_failed(
+    previous: torch.Tensor, computed: torch.Tensor, ok: torch.Tensor
+) -> None:
+    """``previous[i] = computed[i]`` where ``ok[i]``, in place; ``(N, n, n)`` and ``(N,)``."""
+    previous.copy_(torch.where(ok.view(-1, 1, 1), computed.to(previous.dtype), previous))
+
+
+class KroneckerFactors:
+    """The Kronecker factors of the buckets of one parameter group, pooled by key.
+
+    Args:
+        buckets: the group's block buckets.
+        factor_dtype: dtype of the factor matrices.
+        pool_key: ``pool_key(bucket, dim)`` is the key of the pool holding the factors of that
+            dim, or None where the dim has no factor (ignored, or exponent 0). Keys must
+            determine the factor size ``bucket.shape[dim]``.
+
+    Attributes:
+        slots: per bucket, per dim, a :class:`FactorSlot` (None: no factor).
+        pools: the factor pools by key, in the order their keys first appear.
+    """
+
+    def __init__(
+        self,
+        buckets: Sequence[BlockBucket],
+        factor_dtype: torch.dtype,
+        pool_key: Callable[[BlockBucket, int], Hashable | None],
+    ) -> None:
+        self._buckets = tuple(buckets)
+        self._factor_dtype = factor_dtype
+        plan: dict[Hashable, tuple[int, list[str], list[tuple[int, int]]]] = {}
+        self.slots: list[list[FactorSlot | None]] = []
+        for bucket in self._buckets:
+            order = len(bucket.shape)
+            bucket_slots: list[FactorSlot | None] = []
+            for dim, size in enumerate(bucket.shape):
+                key = pool_key(bucket, dim)
+                if key is None:
+                    bucket_slots.append(None)
+                    continue
+                _, labels, positions = plan.setdefault(key, (size, [], []))
+                bucket_slots.append(FactorSlot(key, len(labels)))
+                labels.extend(f"{label} dim {dim}" for label in bucket.block_labels)
+                positions.extend((order, dim) for _ in bucket.block_labels)
+            self.slots.append(bucket_slots)
+        device = self._buckets[0].device if self._buckets else torch.device("cpu")
+        self.pools = {
+            key: FactorPool(
+                factors=torch.zeros(len(labels), size, size, dtype=factor_dtype, device=device),
+                failure_counts=torch.zeros(len(labels), dtype=torch.int64, device=device),
+                labels=labels,
+                positions=positions,
+            )
+            for key, (size, labels, positions) in plan.items()
+        }
+
+    @staticmethod
+    def rows(slot: FactorSlot, count: int, tensors: dict[Hashable, torch.Tensor]) -> torch.Tensor:
+        """The ``count`` rows of ``tensors[slot.pool_key]`` that belong to ``slot`` (a view)."""
+        return tensors[slot.pool_key][slot.offset : slot.offset + count]
+
+    def update(self, grads: Sequence[torch.Tensor], beta2: float) -> None:
+        """``F_i <- b2 F_i + w G_(i) G_(i)^T`` for every bucket and dim with a factor.
+
+        ``grads`` is one ``(B, *shape)`` tensor per bucket, in any float dtype (cast to the
+        factor dtype).
+        """
+        weight = 1.0 if beta2 == 1.0 else 1.0 - beta2
+        for bucket, bucket_slots, grad in zip(self._buckets, self.slots, grads):
+            grad = grad.to(self._factor_dtype)
+            count = bucket.num_blocks
+            for dim, slot in enumerate(bucket_slots):
+                if slot is None:
+                    continue
+                unfolded = unfold(grad, dim)
+                factors = self.pools[slot.pool_key].factors[slot.offset : slot.offset + count]
+                factors.baddbmm_(unfolded, unfolded.mT, beta=beta2, alpha=weight)
+
+    @staticmethod
+    def count_failures(
+        pool: FactorPool, ok: torch.Tensor, tolerated: int, computation: str, kept: str
+    ) -> None:
+        """Reset the counts of ``ok`` factors, add one to the others; warn, or raise past
+        ``tolerated`` consecutive failures.
+
+        Args:
+            pool: the pool the amortized computation ran on.
+            ok: ``(N,)`` bool, True where it succeeded.
+            tolerated: ``num_tolerated_failed_amortized_computations``.
+            computation: what failed, for messages (e.g. ``"Shampoo root computation"``).
+            kept: what is kept instead, for the warning (e.g. ``"root"``).
+
+        Raises:
+            RuntimeError: naming the first factor that failed more than ``tolerated`` times.
+        """
+        pool.failure_counts.add_(1).masked_fill_(ok, 0)
+        if bool(ok.all()):
+            return
+        counts = pool.failure_counts.tolist()
+        for index in (~ok).nonzero().squeeze(1).tolist():
+            if counts[index] > tolerated:
+                raise RuntimeError(
+                    f"{computation} failed for {pool.labels[index]} {counts[index]} consecutive "
+                    f"times, more than num_tolerated_failed_amortized_computations={tolerated}; "
+                    "the factor matrix is probably non-finite (check the gradients and the loss)"
+                )
+            logger.warning(
+                "%s failed for %s (%d consecutive); keeping the previous %s",
+                computation,
+                pool.labels[index],
+                counts[index],
+                kept,
+            )
