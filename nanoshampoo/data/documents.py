@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from nanoshampoo.data.atomic_files import atomic_output
+from nanoshampoo.io_utils import atomic_output
 
 
 @dataclass(frozen=True)

@@ -48,7 +48,6 @@ from typing import Any
 
 import numpy as np
 
-from nanoshampoo.data.atomic_files import atomic_output
 from nanoshampoo.data.document_split import split_documents
 from nanoshampoo.data.documents import Document
 from nanoshampoo.data.embedded_corpus import (
@@ -70,6 +69,7 @@ from nanoshampoo.data.tokenizer import (
     load_tokenizer,
     train_bpe_tokenizer,
 )
+from nanoshampoo.io_utils import atomic_output
 
 MANIFEST_NAME = "manifest.json"
 TOKENIZER_NAME = "tokenizer.json"

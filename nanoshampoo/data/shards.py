@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 from numpy.typing import ArrayLike
 
-from nanoshampoo.data.atomic_files import atomic_output
+from nanoshampoo.io_utils import atomic_output
 
 SHARD_MAGIC = 20240520
 SHARD_VERSION = 1

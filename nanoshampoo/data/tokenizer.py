@@ -32,7 +32,7 @@ from pathlib import Path
 
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from nanoshampoo.data.atomic_files import atomic_output
+from nanoshampoo.io_utils import atomic_output
 
 EOT_TOKEN = "<|endoftext|>"
 GPT2_VOCAB_SIZE = 50257

@@ -17,8 +17,6 @@ Example:
 from __future__ import annotations
 
 import itertools
-import os
-import tempfile
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
@@ -34,6 +32,7 @@ from matplotlib.figure import Figure  # noqa: E402
 
 from nanoshampoo.evidence.logs import RunRecord  # noqa: E402
 from nanoshampoo.evidence.stats import EvidenceReport  # noqa: E402
+from nanoshampoo.io_utils import atomic_output  # noqa: E402
 
 GRID_POINTS = 400
 ZOOM_FRACTION = 0.3
@@ -160,14 +159,9 @@ def _colors() -> Iterator[str]:
 
 
 def _save(fig: Figure, path: Path) -> Path:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.", suffix=".png")
-    os.close(fd)
     try:
-        fig.savefig(tmp, dpi=110)
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
+        with atomic_output(path, suffix=".png") as tmp:
+            fig.savefig(tmp, dpi=110)
     finally:
         plt.close(fig)
     return path

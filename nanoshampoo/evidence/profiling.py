@@ -19,14 +19,14 @@ Example:
 
 from __future__ import annotations
 
-import os
-import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 from types import TracebackType
 
 import torch
 from torch.profiler import ProfilerAction, ProfilerActivity, profile
+
+from nanoshampoo.io_utils import atomic_output
 
 
 class StepProfiler:
@@ -86,15 +86,8 @@ class StepProfiler:
         return ProfilerAction.NONE
 
     def _export(self, prof: profile) -> None:
-        self.out_dir.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=self.out_dir, prefix=f".rank{self.rank}.", suffix=".json.gz")
-        os.close(fd)
-        try:
-            prof.export_chrome_trace(tmp)  # gzip-compressed because of the .gz suffix
-            os.replace(tmp, self.trace_path)
-        except BaseException:
-            os.unlink(tmp)
-            raise
+        with atomic_output(self.trace_path, suffix=".json.gz") as tmp:
+            prof.export_chrome_trace(str(tmp))  # gzip-compressed because of the .gz suffix
 
     def __enter__(self) -> StepProfiler:
         self._profiler.__enter__()

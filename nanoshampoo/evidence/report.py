@@ -12,13 +12,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from nanoshampoo.evidence.stats import Comparison, EvidenceReport, GroupReport, Summary
 from nanoshampoo.evidence.tables import format_table
+from nanoshampoo.io_utils import atomic_output
 
 
 def report_to_dict(report: EvidenceReport) -> dict[str, Any]:
@@ -28,17 +27,9 @@ def report_to_dict(report: EvidenceReport) -> dict[str, Any]:
 
 def write_json(path: str | Path, data: Any) -> None:
     """Write ``data`` as indented strict JSON to ``path`` atomically."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(data, f, indent=2, allow_nan=False)
-            f.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
+    with atomic_output(path) as tmp, tmp.open("w", encoding="utf-8") as f:
+        json.dump(data, f, indent=2, allow_nan=False)
+        f.write("\n")
 
 
 def format_report(report: EvidenceReport) -> str:

@@ -1,7 +1,7 @@
 """Checkpoints that resume a run exactly: model, optimizers, data position, step, clock, RNG.
 
 Layout: ``<out_dir>/<run_id>.ckpt/step_NNNNNN/rank{r}.pt``, one file per rank, each written
-atomically (temp file in the same directory, then ``os.replace``). ``rank0.pt`` also holds the
+atomically (:func:`nanoshampoo.io_utils.atomic_output`). ``rank0.pt`` also holds the
 model weights (identical on every rank); every rank holds its own optimizer state (sharded
 optimizers such as DistAdam and the DDP Shampoo distributor keep different state per rank),
 loader position and RNG state. Files load with ``torch.load(weights_only=True)``.
@@ -12,13 +12,13 @@ Example:
 
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
+
+from nanoshampoo.io_utils import atomic_output
 
 FORMAT_VERSION = 1
 
@@ -50,8 +50,8 @@ def save_checkpoint(
     }
     if rank == 0:
         record["model"] = model.state_dict()
-    directory.mkdir(parents=True, exist_ok=True)
-    _atomic_save(record, directory / f"rank{rank}.pt")
+    with atomic_output(directory / f"rank{rank}.pt") as tmp:
+        torch.save(record, tmp)
 
 
 def load_checkpoint(
@@ -95,13 +95,3 @@ def _load(path: Path) -> dict[str, Any]:
         raise ValueError(f"{path}: not a nanoshampoo training checkpoint")
     return record
 
-
-def _atomic_save(obj: Any, path: Path) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            torch.save(obj, f)
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -30,6 +31,11 @@ def test_stats_table_json_and_plots(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert time_cmp["difference"] == pytest.approx(140.8028 - 141.5125)
     for name in ("val_loss_curves.png", "ab_comparison.png"):
         assert (tmp_path / "plots" / name).read_bytes()[:8] == PNG_MAGIC
+    # Written files get the usual permissions, not the owner-only 0o600 of a temporary file.
+    mask = os.umask(0)
+    os.umask(mask)
+    for path in (out, tmp_path / "plots" / "ab_comparison.png"):
+        assert path.stat().st_mode & 0o777 == 0o666 & ~mask
 
 
 def test_stats_named_groups_and_group_by(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

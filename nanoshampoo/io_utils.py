@@ -1,6 +1,7 @@
 """Atomic file output: write to a temporary file beside the target, then ``os.replace``.
 
-A reader (or a crash) never sees a half-written file. The file gets the usual permissions
+Every file the project writes in one piece (shards, tokenizers, checkpoints, reports, plots,
+traces) goes through :func:`atomic_output`. A reader (or a crash) never sees a half-written file. The file gets the usual permissions
 (``0o666`` less the umask), not the ``0o600`` of ``tempfile.mkstemp``.
 
 Example:
@@ -28,14 +29,17 @@ def _umask() -> int:
 
 
 @contextmanager
-def atomic_output(path: str | os.PathLike[str]) -> Iterator[Path]:
+def atomic_output(path: str | os.PathLike[str], suffix: str = ".tmp") -> Iterator[Path]:
     """Yield a temporary path in ``path``'s directory; on normal exit move it onto ``path``.
 
-    On an exception the temporary file is removed and ``path`` is left untouched.
+    ``suffix`` ends the temporary file's name, for writers that choose the format by the
+    extension (``".png"`` for matplotlib, ``".json.gz"`` for a gzip-compressed Chrome trace).
+    The parent directory is created. On an exception the temporary file is removed and
+    ``path`` is left untouched.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=suffix)
     os.close(fd)
     tmp = Path(tmp_name)
     try:
