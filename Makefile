@@ -23,6 +23,12 @@ test: $(STAMP)
 test-quick: $(STAMP)
 	$(PY) -m pytest -q -m "not slow and not distributed"
 
+train: $(STAMP)
+	$(PY) -m nanoshampoo.train --preset tiny-shampoo
+
+train-adamw: $(STAMP)
+	$(PY) -m nanoshampoo.train --preset tiny-adamw
+
 bench: $(STAMP)
 	$(PY) bench/shampoo_step.py
 
