@@ -35,6 +35,7 @@ from nanoshampoo.optim.shampoo.preconditioner.eigenbasis import eigh_eigenbasis,
 from nanoshampoo.optim.shampoo.preconditioner.kronecker_factors import (
     KroneckerFactors,
     keep_previous_where_failed,
+    multiply_along_dim,
     solve_dtype,
 )
 from nanoshampoo.optim.shampoo.preconditioner.preconditioner import (
@@ -111,6 +112,10 @@ class EigenvalueCorrectedShampooPreconditioner(Preconditioner):
         self._step_grads = [bucket.zeros() for bucket in self._buckets]
         self._rotated = [bucket.zeros() for bucket in self._buckets]
         self._outputs = [bucket.zeros() for bucket in self._buckets]
+        # Intermediate of the matrix fast path of _rotate, allocated once.
+        self._scratch = [
+            bucket.zeros() if len(bucket.shape) == 2 else None for bucket in self._buckets
+        ]
 
     def _pool_key(self, bucket: BlockBucket, dim: int) -> int | None:
         """Factors pool by size (bases have one dtype); dims that are not rotated have none."""
@@ -125,25 +130,25 @@ class EigenvalueCorrectedShampooPreconditioner(Preconditioner):
             for slot in self._factors.slots[bucket_index]
         ]
 
-    @staticmethod
     def _rotate(
-        x: torch.Tensor, bases: Sequence[torch.Tensor | None], into_eigenbasis: bool, out: torch.Tensor
+        self,
+        index: int,
+        x: torch.Tensor,
+        bases: Sequence[torch.Tensor | None],
+        into_eigenbasis: bool,
+        out: torch.Tensor,
     ) -> torch.Tensor:
-        """``out = R(x)`` (``into_eigenbasis``) or ``R^-1(x)``, batched over the bucket."""
+        """``out = R(x)`` (``into_eigenbasis``) or ``R^-1(x)``, batched over bucket ``index``."""
         if len(bases) == 2 and bases[0] is not None and bases[1] is not None:
             left, right = bases
+            scratch = self._scratch[index]
             if into_eigenbasis:
-                return torch.matmul(left.mT @ x, right, out=out)
-            return torch.matmul(left @ x, right.mT, out=out)
+                return torch.matmul(torch.matmul(left.mT, x, out=scratch), right, out=out)
+            return torch.matmul(torch.matmul(left, x, out=scratch), right.mT, out=out)
         result = x
-        count = x.shape[0]
         for dim, basis in enumerate(bases):
-            if basis is None:
-                continue
-            matrix = basis.mT if into_eigenbasis else basis
-            moved = result.movedim(dim + 1, 1)
-            product = matrix @ moved.reshape(count, moved.shape[1], -1)
-            result = product.view(moved.shape).movedim(1, dim + 1)
+            if basis is not None:
+                result = multiply_along_dim(basis.mT if into_eigenbasis else basis, result, dim)
         return out.copy_(result)
 
     def update_statistics(self, grads: Sequence[torch.Tensor], step: int) -> None:
@@ -156,7 +161,7 @@ class EigenvalueCorrectedShampooPreconditioner(Preconditioner):
     def _fold_step_into_corrected_eigenvalues(self, index: int) -> None:
         """``D = b2 D_prev + w R(G)^2`` from the stashed pre-step ``D_prev`` and gradient."""
         rotated = self._rotate(
-            self._step_grads[index], self._bucket_bases(index), True, self._rotated[index]
+            index, self._step_grads[index], self._bucket_bases(index), True, self._rotated[index]
         )
         corrected = self._corrected[index]
         if self._beta2 == 1.0:
@@ -205,7 +210,7 @@ class EigenvalueCorrectedShampooPreconditioner(Preconditioner):
         bias_correction = 1.0 - self._beta2**step if self._use_bias_correction else 1.0
         for index, (bucket, grad) in enumerate(zip(self._buckets, grads)):
             bases = self._bucket_bases(index)
-            rotated = self._rotate(grad, bases, True, self._rotated[index])
+            rotated = self._rotate(index, grad, bases, True, self._rotated[index])
             out = self._outputs[index]
             torch.div(self._corrected[index], bias_correction, out=out)
             exponent = self._config.inverse_exponent(len(bucket.shape))
@@ -215,7 +220,7 @@ class EigenvalueCorrectedShampooPreconditioner(Preconditioner):
                 out.pow_(exponent)
             out.add_(self._epsilon)
             torch.div(rotated, out, out=rotated)
-            self._rotate(rotated, bases, False, out)
+            self._rotate(index, rotated, bases, False, out)
         return self._outputs
 
     def block_state(self, bucket_index: int, position: int) -> BlockStateView:

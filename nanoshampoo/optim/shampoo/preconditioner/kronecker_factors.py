@@ -79,6 +79,17 @@ def unfold(grad: torch.Tensor, dim: int) -> torch.Tensor:
     return grad.movedim(dim + 1, 1).reshape(count, size, -1)
 
 
+def multiply_along_dim(matrices: torch.Tensor, x: torch.Tensor, dim: int) -> torch.Tensor:
+    """``x x_dim M``: ``matrices`` ``(B, n, n)`` applied along dim ``dim`` of blocks ``x``.
+
+    ``x`` is ``(B, *shape)`` with ``shape[dim] == n``; the result has the same shape (a new
+    tensor). For matrix blocks, dim 0 is ``M @ X`` and dim 1 is ``X @ M^T``.
+    """
+    moved = x.movedim(dim + 1, 1)
+    product = matrices @ moved.reshape(x.shape[0], moved.shape[1], -1)
+    return product.view(moved.shape).movedim(1, dim + 1)
+
+
 def keep_previous_where_failed(
     previous: torch.Tensor, computed: torch.Tensor, ok: torch.Tensor
 ) -> None:

@@ -20,6 +20,7 @@ import torch
 from nanoshampoo.optim.shampoo.preconditioner.kronecker_factors import (
     KroneckerFactors,
     keep_previous_where_failed,
+    multiply_along_dim,
     solve_dtype,
 )
 from nanoshampoo.optim.shampoo.preconditioner.matrix_roots import (
@@ -162,9 +163,7 @@ class ShampooPreconditioner(Preconditioner):
                 result = grad
                 for dim, root in enumerate(roots):
                     if root is not None:
-                        moved = result.movedim(dim + 1, 1)
-                        product = root @ moved.reshape(count, bucket.shape[dim], -1)
-                        result = product.view(moved.shape).movedim(1, dim + 1)
+                        result = multiply_along_dim(root, result, dim)
                 out.copy_(result)
         return self._outputs
 
