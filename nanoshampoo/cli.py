@@ -35,7 +35,7 @@ from nanoshampoo.evidence.traces import TraceFormatError, analyze_paths, format_
 # Subcommands whose arguments belong to another module's own parser: name -> "module:function".
 PASSTHROUGH = {
     "train": ("nanoshampoo.train.cli", "main", "train a model (see `nanoshampoo train --help`)"),
-    "prepare": ("nanoshampoo.data.prepare", "main", "download and tokenize data (see `nanoshampoo prepare --help`)"),
+    "prepare": ("nanoshampoo.data.prepare", "main", "tokenize a corpus into speedrun shards (see `nanoshampoo prepare --help`)"),
 }
 
 
