@@ -7,7 +7,10 @@ import logging
 import pytest
 import torch
 
-from nanoshampoo.optim.shampoo.preconditioner.kronecker_factors import KroneckerFactors
+from nanoshampoo.optim.shampoo.preconditioner.kronecker_factors import (
+    KroneckerFactors,
+    multiply_along_dim,
+)
 from nanoshampoo.optim.shampoo.preconditioner.preconditioner import BlockBucket
 
 torch.set_num_threads(1)
@@ -76,3 +79,14 @@ def test_failures_are_counted_warned_and_raised_past_the_tolerance(
     stats.count_failures(pool, failed_first, 1, "root computation", "root")
     with pytest.raises(RuntimeError, match=r"^root computation failed for b block_0 dim 0 2 "):
         stats.count_failures(pool, failed_first, 1, "root computation", "root")
+
+
+@pytest.mark.parametrize("dim", [0, 1, 2])
+def test_multiply_along_dim_matches_einsum(dim: int) -> None:
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(2, 3, 4, 5, dtype=torch.float64, generator=gen)
+    size = x.shape[dim + 1]
+    matrices = torch.randn(2, size, size, dtype=torch.float64, generator=gen)
+    spec = {0: "bjk,bkyz->bjyz", 1: "bjk,bxkz->bxjz", 2: "bjk,bxyk->bxyj"}[dim]
+    expected = torch.einsum(spec, matrices, x)
+    torch.testing.assert_close(multiply_along_dim(matrices, x, dim), expected, rtol=1e-12, atol=1e-12)
