@@ -89,4 +89,5 @@ def test_multiply_along_dim_matches_einsum(dim: int) -> None:
     matrices = torch.randn(2, size, size, dtype=torch.float64, generator=gen)
     spec = {0: "bjk,bkyz->bjyz", 1: "bjk,bxkz->bxjz", 2: "bjk,bxyk->bxyj"}[dim]
     expected = torch.einsum(spec, matrices, x)
-    torch.testing.assert_close(multiply_along_dim(matrices, x, dim), expected, rtol=1e-12, atol=1e-12)
+    result = multiply_along_dim(matrices, x, dim)
+    torch.testing.assert_close(result, expected, rtol=1e-12, atol=1e-12)
