@@ -24,7 +24,6 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -104,16 +103,6 @@ def find_run_files(directory: str | Path) -> list[Path]:
             if path.is_file():
                 by_stem[path.stem] = path
     return [by_stem[stem] for stem in sorted(by_stem)]
-
-
-def read_runs(paths: Iterable[str | Path]) -> list[RunRecord]:
-    """Read several runs; directories are expanded with :func:`find_run_files`."""
-    runs = []
-    for path in paths:
-        path = Path(path)
-        files = find_run_files(path) if path.is_dir() else [path]
-        runs.extend(read_run(f) for f in files)
-    return runs
 
 
 def _read_text(path: Path) -> str:
