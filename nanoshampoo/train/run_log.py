@@ -1,7 +1,8 @@
 """The run's records: the speedrun text log and the JSONL event stream (rank 0 writes both).
 
 ``<out_dir>/<run_id>.txt`` starts with the full source of the training code that ran (every
-module of ``nanoshampoo.train`` and ``nanoshampoo.model``, each under a
+module of ``nanoshampoo.train``, ``nanoshampoo.model`` and ``nanoshampoo.optim`` (the
+optimizers under study), tests and examples left out, each under a
 ``# ===== <path> =====`` header), then a line of ``=``, the config and environment, another
 line of ``=``, then one line per event::
 
@@ -26,17 +27,23 @@ from pathlib import Path
 from typing import Any
 
 import nanoshampoo.model
+import nanoshampoo.optim
 import nanoshampoo.train
 
 SEPARATOR = "=" * 100
 
 
 def training_source() -> str:
-    """The source of every ``.py`` file of the trainer and model packages, concatenated."""
+    """The source of every ``.py`` file of the trainer, model and optimizer packages, concatenated.
+
+    Test and example modules are left out: they are not part of what ran.
+    """
     parts = []
-    for package in (nanoshampoo.train, nanoshampoo.model):
+    for package in (nanoshampoo.train, nanoshampoo.model, nanoshampoo.optim):
         root = Path(package.__file__).parent
         for path in sorted(root.rglob("*.py")):
+            if {"tests", "gpu_tests", "examples"} & set(path.relative_to(root).parts):
+                continue
             rel = Path(package.__name__.replace(".", "/")) / path.relative_to(root)
             parts.append(f"# ===== {rel.as_posix()} =====\n{path.read_text()}")
     return "\n".join(parts)

@@ -104,6 +104,10 @@ def test_cli_run_lowers_the_loss_and_writes_both_logs(shards: dict[str, str], tm
     trainer_source = Path(Trainer.__module__.replace(".", "/") + ".py")
     assert f"# ===== {trainer_source.as_posix()} =====" in text
     assert "# ===== nanoshampoo/model/gpt.py =====" in text
+    # The optimizers under study are part of the code that ran; their tests are not.
+    assert "# ===== nanoshampoo/optim/shampoo/distributed_shampoo.py =====" in text
+    assert "# ===== nanoshampoo/optim/dist_adam.py =====" in text
+    assert "/tests/" not in "".join(line for line in text.splitlines() if line.startswith("# ====="))
     assert Path(__import__("nanoshampoo.model.gpt").model.gpt.__file__).read_text() in text
     lines = text.splitlines()
     step_lines = [m for m in map(STEP_LINE.match, lines) if m]
