@@ -1,16 +1,24 @@
-"""Deterministic train/validation split and training order of documents.
+"""Deterministic train/validation split and order of documents (usually passages).
 
-The rule, applied to each ``source`` separately so every source appears in both splits:
+Documents here are normally the passages of ``passages`` (a few thousand characters each),
+so the rule below draws a random sample of passages from every work; with whole works it
+holds out whole works. The rule, applied to each ``source`` separately so every source
+appears in both splits:
 
-* A source with several documents gives whole documents to validation, taken in the order
-  of the SHA-256 of their titles, until validation holds at least ``val_fraction`` of the
-  source's characters (at least one document stays in training).
+* A source with several documents gives documents to validation, taken in the order of the
+  SHA-256 of ``("split", source, title)`` (a fixed-key shuffle), until validation holds at
+  least ``val_fraction`` of the source's characters (at least one document stays in
+  training). The validation share thus exceeds ``val_fraction`` by less than one document.
 * A source with a single document is cut at the first line break at or after
   ``(1 - val_fraction)`` of its text; the tail becomes the validation document.
 
-Training documents are then ordered by the hash of ``source`` and ``title``, which mixes
-sources instead of reading all of one before the next. The split depends only on the
-documents, never on a random seed, so every run and machine gets the same one.
+Both splits are then ordered by the SHA-256 of ``("order", source, title)``: another
+fixed-key shuffle, which interleaves sources and works in the training stream (read
+sequentially by the loader) and makes any prefix of the validation stream (the trainer
+evaluates the first ``val_tokens``) a random sample of it. Passage titles carry the work
+title and the passage number, so the keys are hashes of source, work and passage index. The
+split and order depend only on the documents, never on a random seed or the input order, so
+every run and machine gets the same ones.
 
 Example:
     >>> docs = [Document("s", f"doc {i}", "x" * 100) for i in range(10)]
@@ -46,7 +54,7 @@ def _cut_single_document(document: Document, val_fraction: float) -> tuple[Docum
 def split_documents(
     documents: Sequence[Document], val_fraction: float
 ) -> tuple[list[Document], list[Document]]:
-    """Return ``(train, val)`` by the rule in the module docstring; train in training order.
+    """Return ``(train, val)`` by the rule in the module docstring, each in its stream order.
 
     ``val_fraction`` must lie in ``(0, 1)``. A single-document source must have at least two
     characters.
@@ -71,12 +79,18 @@ def split_documents(
         target = val_fraction * sum(len(d.text) for d in group)
         val_chars = 0
         chosen: set[int] = set()
-        for index in sorted(range(len(group)), key=lambda i: _hash_key(group[i].title)):
+        split_order = sorted(
+            range(len(group)),
+            key=lambda i: (_hash_key("split", source, group[i].title), group[i].text),
+        )
+        for index in split_order:
             if val_chars >= target or len(chosen) == len(group) - 1:
                 break
             chosen.add(index)
             val_chars += len(group[index].text)
         val += [d for i, d in enumerate(group) if i in chosen]
         train += [d for i, d in enumerate(group) if i not in chosen]
-    train.sort(key=lambda d: _hash_key(d.source, d.title))
+    # The text breaks ties between equal titles, so the input order never matters.
+    train.sort(key=lambda d: (_hash_key("order", d.source, d.title), d.text))
+    val.sort(key=lambda d: (_hash_key("order", d.source, d.title), d.text))
     return train, val

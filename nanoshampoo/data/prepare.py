@@ -8,16 +8,22 @@ patterns work for both)::
     out_dir/tokenizer.json             the tokenizer (HF tokenizers format)
     out_dir/manifest.json              settings, their hash, file list and token counts
 
-Every document starts with the end-of-text token. Documents are split into train and
-validation deterministically (``document_split``), and the tokenizer is trained on the
-training documents only. Preparation is idempotent: when ``manifest.json`` carries the same
-settings hash (same source bytes, tokenizer, vocab size, split and shard size) and its files
-are intact, the work is skipped and the recorded result returned.
+Each work or file is first cut into passages of at least ``passage_chars`` characters at
+paragraph boundaries (``passages``; 2000 by default, about 600 tokens, like a short web page
+of FineWeb; ``passage_chars=0`` keeps whole documents). Every passage is then a document: it
+starts with the end-of-text token. Passages are split into train and validation and each
+split is ordered deterministically, by fixed-key hashes, never by a random seed
+(``document_split``): validation is a random sample of about ``val_fraction`` of each
+source's characters, and the training stream interleaves all works. The tokenizer is trained
+on the training passages only. Preparation is idempotent: when ``manifest.json`` carries the
+same settings hash (same source bytes, tokenizer, vocab size, passage size, split and shard
+size) and its files are intact, the work is skipped and the recorded result returned.
 
 Entry points:
 
 * ``prepare_embedded(out_dir)``: the embedded public-domain corpus (``embedded_corpus``).
-* ``prepare_text_files(paths, out_dir)``: your own UTF-8 text files, one document per file.
+* ``prepare_text_files(paths, out_dir)``: your own UTF-8 text files, cut into passages
+  (``passage_chars=0``: one document per file).
 * ``python -m nanoshampoo.data.prepare --out-dir data/embedded [--tokenizer gpt2]`` (also
   ``nanoshampoo prepare ...``).
 
@@ -55,6 +61,7 @@ from nanoshampoo.data.embedded_corpus import (
     embedded_corpus_path,
     load_embedded_corpus,
 )
+from nanoshampoo.data.passages import split_all_into_passages
 from nanoshampoo.data.shards import (
     MAX_SHARD_TOKENS,
     TOKEN_DTYPE,
@@ -76,7 +83,8 @@ TOKENIZER_NAME = "tokenizer.json"
 TRAIN_PREFIX = "fineweb_train_"
 VAL_PREFIX = "fineweb_val_"
 # Bumped when the output for the same settings would change.
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+DEFAULT_PASSAGE_CHARS = 2000
 
 
 @dataclass(frozen=True)
@@ -87,13 +95,16 @@ class PrepareConfig:
     documents), ``"gpt2"`` (the GPT-2 BPE; ``vocab_size`` is then ignored) or the path of an
     existing ``tokenizer.json``. ``val_fraction`` of the characters go to validation
     (``document_split``). ``shard_tokens`` is the most tokens per shard file (the speedrun's
-    FineWeb shards hold 100 M).
+    FineWeb shards hold 100 M). ``passage_chars`` is the least characters of a passage
+    (``passages``: every document is cut at paragraph boundaries into passages of about that
+    size, each then a document of its own); 0 keeps whole documents.
     """
 
     tokenizer: str = "bpe"
     vocab_size: int = 4096
     val_fraction: float = 0.05
     shard_tokens: int = 100_000_000
+    passage_chars: int = DEFAULT_PASSAGE_CHARS
 
     def __post_init__(self) -> None:
         if not isinstance(self.tokenizer, str) or not self.tokenizer:
@@ -121,6 +132,15 @@ class PrepareConfig:
                 f"shard_tokens must be an integer in [1, {MAX_SHARD_TOKENS}], "
                 f"got {self.shard_tokens!r}"
             )
+        if (
+            isinstance(self.passage_chars, bool)
+            or not isinstance(self.passage_chars, int)
+            or self.passage_chars < 0
+        ):
+            raise ValueError(
+                f"passage_chars must be a non-negative integer (0: whole documents), "
+                f"got {self.passage_chars!r}"
+            )
 
 
 @dataclass(frozen=True)
@@ -129,8 +149,9 @@ class PreparedData:
 
     ``train_pattern`` / ``val_pattern`` are glob patterns for ``DistributedTokenLoader``;
     ``vocab_size`` is the tokenizer's size (ids are ``< vocab_size``) and ``eot_id`` the
-    end-of-text id that starts every document. ``reused`` is True when a matching manifest
-    made the call skip the work.
+    end-of-text id that starts every document. ``train_documents`` / ``val_documents`` count
+    the documents written, i.e. passages unless ``passage_chars`` was 0. ``reused`` is True
+    when a matching manifest made the call skip the work.
     """
 
     out_dir: Path
@@ -268,6 +289,7 @@ def _prepare(
         "tokenizer": _tokenizer_identity(config),
         "val_fraction": float(config.val_fraction),
         "shard_tokens": config.shard_tokens,
+        "passage_chars": config.passage_chars,
     }
     settings_hash = _settings_hash(settings)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -280,7 +302,8 @@ def _prepare(
         return _result(out_dir, previous, reused=True)
     _clear_previous_output(out_dir, previous)
 
-    train_docs, val_docs = split_documents(load_documents(), float(config.val_fraction))
+    documents = split_all_into_passages(load_documents(), config.passage_chars)
+    train_docs, val_docs = split_documents(documents, float(config.val_fraction))
     tokenizer = _build_tokenizer(config, train_docs)
     if tokenizer.vocab_size > MAX_VOCAB_SIZE:
         raise ValueError(
@@ -320,11 +343,12 @@ def prepare_embedded(
     tokenizer: str = "bpe",
     shard_tokens: int = 100_000_000,
     sources: Sequence[str] = EMBEDDED_SOURCES,
+    passage_chars: int = DEFAULT_PASSAGE_CHARS,
 ) -> PreparedData:
     """Prepare the embedded corpus (``embedded_corpus``) into ``out_dir``; see the module
-    docstring for the layout and caching. With the defaults: about 2.7 M training and 0.15 M
-    validation tokens, vocabulary 4096."""
-    config = PrepareConfig(tokenizer, vocab_size, val_fraction, shard_tokens)
+    docstring for the layout and caching. With the defaults: about 3,300 passages, 2.7 M
+    training and 0.15 M validation tokens, vocabulary 4096."""
+    config = PrepareConfig(tokenizer, vocab_size, val_fraction, shard_tokens, passage_chars)
     sources = tuple(sources)
     identity = {
         "embedded": {source: _file_sha256(embedded_corpus_path(source)) for source in sources}
@@ -339,13 +363,16 @@ def prepare_text_files(
     vocab_size: int = 4096,
     val_fraction: float = 0.05,
     shard_tokens: int = 100_000_000,
+    passage_chars: int = DEFAULT_PASSAGE_CHARS,
 ) -> PreparedData:
-    """Prepare your own UTF-8 text files into ``out_dir``, one document per file.
+    """Prepare your own UTF-8 text files into ``out_dir``.
 
-    With several files, whole files go to validation; a single file is cut at a line break
-    (``document_split``). A missing, empty or non-UTF-8 file raises ``ValueError`` naming it.
+    Each file is cut into passages of at least ``passage_chars`` characters (``passages``),
+    then passages are split as in ``document_split``; with ``passage_chars=0`` each file is
+    one document, so whole files go to validation (a single file is cut at a line break).
+    A missing, empty or non-UTF-8 file raises ``ValueError`` naming it.
     """
-    config = PrepareConfig(tokenizer, vocab_size, val_fraction, shard_tokens)
+    config = PrepareConfig(tokenizer, vocab_size, val_fraction, shard_tokens, passage_chars)
     if not paths:
         raise ValueError("paths must name at least one text file")
     documents = []
@@ -379,6 +406,13 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--val-fraction", type=float, default=0.05)
     parser.add_argument("--shard-tokens", type=int, default=100_000_000)
     parser.add_argument(
+        "--passage-chars",
+        type=int,
+        default=DEFAULT_PASSAGE_CHARS,
+        help="cut documents into passages of at least this many characters at paragraph "
+        "boundaries, each its own document; 0 keeps whole documents",
+    )
+    parser.add_argument(
         "--text-files", nargs="+", type=Path, help="prepare these UTF-8 files instead"
     )
     return parser
@@ -397,6 +431,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 vocab_size=args.vocab_size,
                 val_fraction=args.val_fraction,
                 shard_tokens=args.shard_tokens,
+                passage_chars=args.passage_chars,
             )
         else:
             data = prepare_embedded(
@@ -405,6 +440,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 val_fraction=args.val_fraction,
                 tokenizer=args.tokenizer,
                 shard_tokens=args.shard_tokens,
+                passage_chars=args.passage_chars,
             )
     except (ValueError, FileNotFoundError) as error:
         parser.error(str(error))

@@ -1,9 +1,14 @@
-"""Deterministic train/validation split of documents."""
+"""Deterministic train/validation split and order of documents and passages."""
+
+import hashlib
+import itertools
 
 import pytest
 
 from nanoshampoo.data.document_split import split_documents
 from nanoshampoo.data.documents import Document
+from nanoshampoo.data.embedded_corpus import load_embedded_corpus
+from nanoshampoo.data.passages import split_all_into_passages
 
 
 def _docs() -> list[Document]:
@@ -30,9 +35,11 @@ def test_split_is_deterministic_and_independent_of_input_order() -> None:
     docs = _docs()
     first = split_documents(docs, 0.2)
     again = split_documents(list(reversed(docs)), 0.2)
-    assert first[0] == again[0]
-    assert sorted(d.title for d in first[1]) == sorted(d.title for d in again[1])
-    # Training order interleaves the sources rather than keeping the input order.
+    assert first == again
+    # Both splits are in the order of a keyed hash (a fixed shuffle), not the input order.
+    for split in first:
+        keys = [hashlib.sha256(f"order\0{d.source}\0{d.title}".encode()).hexdigest() for d in split]
+        assert keys == sorted(keys)
     assert [d.source for d in first[0]] != sorted(d.source for d in first[0])
 
 
@@ -48,3 +55,28 @@ def test_single_document_is_cut_at_a_line_break() -> None:
 def test_invalid_fraction(val_fraction: float) -> None:
     with pytest.raises(ValueError, match="val_fraction"):
         split_documents(_docs(), val_fraction)
+
+
+def _work(passage: Document) -> str:
+    return passage.title.rsplit(", passage ", 1)[0]
+
+
+def test_embedded_passages_split_samples_every_source_and_mixes_the_training_order() -> None:
+    docs = load_embedded_corpus()
+    passages = split_all_into_passages(docs, 2000)
+    train, val = split_documents(passages, 0.05)
+    assert sorted(train + val, key=lambda p: p.title) == sorted(passages, key=lambda p: p.title)
+    longest = max(len(p.text) for p in passages)
+    for source in ("shakespeare", "kjv"):
+        total = sum(len(p.text) for p in passages if p.source == source)
+        val_chars = sum(len(p.text) for p in val if p.source == source)
+        assert 0.05 * total <= val_chars < 0.05 * total + longest
+        assert any(p.source == source for p in train)
+    # Validation is a sample of passages from many works, not a few whole works; any prefix
+    # of it (the trainer evaluates the first val_tokens) mixes both sources.
+    assert len({_work(p) for p in val}) > 50
+    assert {p.source for p in val[:20]} == {"shakespeare", "kjv"}
+    # The first 100 training passages come from many works, never more than 3 in a row.
+    head = [_work(p) for p in train[:100]]
+    assert max(len(list(run)) for _, run in itertools.groupby(head)) <= 3
+    assert len(set(head)) > 40 and {p.source for p in train[:100]} == {"shakespeare", "kjv"}

@@ -7,8 +7,10 @@ import numpy as np
 import pytest
 
 from nanoshampoo.data import prepare as prepare_module
+from nanoshampoo.data.documents import Document
 from nanoshampoo.data.embedded_corpus import load_embedded_corpus
 from nanoshampoo.data.loader import DistributedTokenLoader
+from nanoshampoo.data.passages import split_all_into_passages
 from nanoshampoo.data.prepare import (
     PrepareConfig,
     PreparedData,
@@ -80,6 +82,8 @@ def test_prepare_is_idempotent_and_rebuilds_on_new_settings(
     assert {p.name: p.stat().st_mtime_ns for p in out.iterdir()} == stamps
     assert len(list_shards(first.train_pattern)) > 2  # small shard_tokens: several shards
 
+    passages = prepare_text_files(text_files, out, vocab_size=300, passage_chars=100)
+    assert not passages.reused and passages.train_documents > first.train_documents
     rebuilt = prepare_text_files(text_files, out, vocab_size=300, shard_tokens=100_000)
     assert not rebuilt.reused
     # The old shards are gone: the glob sees only the new single training shard.
@@ -99,11 +103,27 @@ def test_loader_reads_prepared_shards(tmp_path: Path, text_files: list[Path]) ->
     assert int(inputs.max()) < data.vocab_size
 
 
+def test_text_files_are_cut_into_passages(tmp_path: Path, text_files: list[Path]) -> None:
+    data = prepare_text_files(text_files, tmp_path / "out", vocab_size=300, passage_chars=100)
+    files = [Document("text_files", str(p), p.read_text(encoding="utf-8")) for p in text_files]
+    passages = split_all_into_passages(files, 100)
+    assert len(passages) > 2 * len(files)
+    train, val = _decoded(data, data.train_pattern), _decoded(data, data.val_pattern)
+    assert sorted(train + val) == sorted(p.text for p in passages)
+    assert (len(train), len(val)) == (data.train_documents, data.val_documents)
+    total = sum(len(p.text) for p in passages)
+    assert 0.05 * total <= sum(map(len, val)) < 0.05 * total + max(len(p.text) for p in passages)
+    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    assert manifest["settings"]["passage_chars"] == 100
+
+
 def test_single_file_is_cut_into_train_and_validation(tmp_path: Path) -> None:
     path = tmp_path / "one.txt"
     text = "".join(f"line {i} of a single long document\n" for i in range(200))
     path.write_text(text, encoding="utf-8")
-    data = prepare_text_files([path], tmp_path / "out", vocab_size=300, val_fraction=0.1)
+    data = prepare_text_files(
+        [path], tmp_path / "out", vocab_size=300, val_fraction=0.1, passage_chars=0
+    )
     (train,), (val,) = _decoded(data, data.train_pattern), _decoded(data, data.val_pattern)
     assert train + val == text
     assert val.startswith("line ") and 0.05 < len(val) / len(text) < 0.15
@@ -137,6 +157,8 @@ def test_refuses_foreign_shards_in_out_dir(tmp_path: Path, text_files: list[Path
         ({"val_fraction": 1.0}, "val_fraction"),
         ({"shard_tokens": 0}, "shard_tokens"),
         ({"vocab_size": 100}, "vocab_size"),
+        ({"passage_chars": -1}, "passage_chars"),
+        ({"passage_chars": 2.5}, "passage_chars"),
         ({"tokenizer": "no-such-tokenizer"}, "tokenizer"),
     ],
 )
@@ -160,6 +182,8 @@ def test_bad_text_files(tmp_path: Path) -> None:
 def test_cli(tmp_path: Path, text_files: list[Path], capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "cli"
     argv = ["--out-dir", str(out), "--vocab-size", "300", "--text-files", *map(str, text_files)]
+    assert main([*argv, "--passage-chars", "0"]) == 0
+    assert json.loads((out / "manifest.json").read_text())["settings"]["passage_chars"] == 0
     assert main(argv) == 0
     assert f"prepared {out}" in capsys.readouterr().out
     assert main(argv) == 0
@@ -184,10 +208,11 @@ def test_missing_embedded_corpus_is_a_clear_error(
 def test_prepare_embedded_real_corpus(tmp_path: Path) -> None:
     data = prepare_embedded(tmp_path / "embedded")
     assert (data.vocab_size, data.eot_id) == (4096, 4095)
-    assert (data.train_documents + data.val_documents) == 42 + 66
+    passages = split_all_into_passages(load_embedded_corpus(), 2000)
+    assert data.train_documents + data.val_documents == len(passages) > 3000
     assert data.train_tokens > 2_000_000 and 0.03 < data.val_tokens / data.train_tokens < 0.08
     manifest = json.loads((tmp_path / "embedded" / "manifest.json").read_text())
-    sources = {d.title: d.source for d in load_embedded_corpus()}
+    sources = {p.title: p.source for p in passages}
     assert {sources[t] for t in manifest["val_titles"]} == {"shakespeare", "kjv"}
     val = _documents_in(data.val_pattern, data.eot_id)
     train = _documents_in(data.train_pattern, data.eot_id)
