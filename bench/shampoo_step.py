@@ -10,6 +10,7 @@ parameter byte.
 
 Usage:
     python bench/shampoo_step.py [--device cpu|cuda] [--steps 20] [--warmup 3] [--threads N]
+        [--max-dims 1024,8192] [--frequencies 1,10]
 """
 
 from __future__ import annotations
@@ -70,6 +71,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch default)")
+    parser.add_argument("--max-dims", default="1024,8192", help="comma-separated max_preconditioner_dim values")
+    parser.add_argument("--frequencies", default="1,10", help="comma-separated precondition_frequency values")
     args = parser.parse_args()
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda requested but CUDA is not available")
@@ -90,8 +93,8 @@ def main() -> None:
         f"{'AdamW':<34} {adamw_seconds * 1e3:>14.2f} {1.0:>8.2f} {adamw_seconds * 1e3:>12.2f} "
         f"{adamw_state / param_bytes:>18.2f}"
     )
-    for max_dim in (1024, 8192):
-        for frequency in (1, 10):
+    for max_dim in (int(v) for v in args.max_dims.split(",")):
+        for frequency in (int(v) for v in args.frequencies.split(",")):
             params = make_params(device)
             shampoo = DistributedShampoo(
                 params, lr=1e-3, betas=(0.9, 0.999), epsilon=1e-12,
