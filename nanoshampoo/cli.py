@@ -34,7 +34,8 @@ from nanoshampoo.evidence.traces import TraceFormatError, analyze_paths, format_
 
 # Subcommands whose arguments belong to another module's own parser: name -> "module:function".
 PASSTHROUGH = {
-    "train": ("nanoshampoo.train.cli", "main", "train a model (see `nanoshampoo train --help`)"),
+    # Through the trainer's entry point, which re-executes with tuned malloc settings.
+    "train": ("nanoshampoo.train.cli", "run_entry_point", "train a model (see `nanoshampoo train --help`)"),
     "prepare": ("nanoshampoo.data.prepare", "main", "tokenize a corpus into speedrun shards (see `nanoshampoo prepare --help`)"),
 }
 

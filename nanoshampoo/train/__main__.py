@@ -2,7 +2,7 @@
 
 import sys
 
-from nanoshampoo.train.cli import main
+from nanoshampoo.train.cli import run_entry_point
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_entry_point(sys.argv[1:]))

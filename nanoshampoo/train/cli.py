@@ -17,6 +17,7 @@ import typing
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from nanoshampoo.train.allocator import exec_with_tuned_malloc
 from nanoshampoo.train.config import TrainConfig
 from nanoshampoo.train.presets import load_preset, preset_names
 
@@ -82,3 +83,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         build_parser().error(str(exc))
     Trainer(cfg).run()
     return 0
+
+
+def run_entry_point(argv: Sequence[str]) -> int:
+    """``python -m nanoshampoo.train ARGV`` / ``nanoshampoo train ARGV``: :func:`main` in a
+    process with tuned glibc malloc settings (re-executes once; see
+    ``nanoshampoo.train.allocator``). Tests call :func:`main` directly instead."""
+    exec_with_tuned_malloc("nanoshampoo.train", list(argv))
+    return main(argv)

@@ -1,0 +1,64 @@
+"""glibc malloc settings for training on CPU, applied by re-executing the entry point once.
+
+Why: glibc serves every allocation above its mmap threshold (dynamic, at most 32 MiB) with a
+fresh ``mmap`` and gives it back with ``munmap`` on free, and trims the heap top eagerly; a
+training step allocates and frees the same large activations every step (e.g. the
+``(B, T, vocab)`` logits), so each step page-faults them in anew. Measured on the ``tiny-shampoo``
+preset (30 steps, 2 cores, glibc 2.36): 10.8 s of 16.9 s wall in the kernel and 12.7 s of
+training time with the defaults; 0.7 s in the kernel and 7.9 s of training with
+:data:`TUNED_MALLOC_ENV`. Freed memory up to the thresholds is kept for reuse instead.
+
+These settings can only come from the environment before the process starts (``mallopt`` caps
+the mmap threshold at 32 MiB), hence the re-exec. It keeps the process id, so it is safe under
+``torchrun``. Set ``NANOSHAMPOO_KEEP_MALLOC=1`` to opt out; values already in the environment
+are respected.
+
+Example:
+    >>> tuned_environment({"PATH": "/bin"}, libc="glibc")["MALLOC_MMAP_THRESHOLD_"]
+    '268435456'
+    >>> tuned_environment({"NANOSHAMPOO_KEEP_MALLOC": "1"}, libc="glibc") is None
+    True
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import sys
+from collections.abc import Mapping, Sequence
+
+TUNED_MALLOC_ENV = {
+    "MALLOC_MMAP_THRESHOLD_": str(256 << 20),
+    "MALLOC_TRIM_THRESHOLD_": str(1 << 30),
+}
+OPT_OUT_VAR = "NANOSHAMPOO_KEEP_MALLOC"
+
+
+def tuned_environment(environ: Mapping[str, str], libc: str) -> dict[str, str] | None:
+    """The environment to re-execute with, or None when no re-exec is wanted.
+
+    None when ``libc`` is not ``"glibc"`` (the variables mean nothing elsewhere), when the user
+    opted out with ``NANOSHAMPOO_KEEP_MALLOC``, or when every variable is already set (by the
+    user, or by an earlier re-exec: this is what stops a loop). Otherwise a copy of ``environ``
+    with the missing variables added; variables the user set keep their values.
+    """
+    if libc != "glibc" or environ.get(OPT_OUT_VAR):
+        return None
+    missing = {k: v for k, v in TUNED_MALLOC_ENV.items() if k not in environ}
+    if not missing:
+        return None
+    return {**environ, **missing}
+
+
+def exec_with_tuned_malloc(module: str, args: Sequence[str]) -> None:
+    """Replace this process by ``python -m module *args`` with :data:`TUNED_MALLOC_ENV` set.
+
+    Returns (doing nothing) when :func:`tuned_environment` says no re-exec is wanted. Call it
+    first thing in an entry point, before any work whose output could be duplicated.
+    """
+    environment = tuned_environment(os.environ, platform.libc_ver()[0])
+    if environment is None:
+        return
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execve(sys.executable, [sys.executable, "-m", module, *args], environment)
