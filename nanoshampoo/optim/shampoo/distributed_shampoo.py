@@ -570,8 +570,22 @@ class DistributedShampoo(torch.optim.Optimizer):
         Tensors are views of the live state (like ``torch.optim``); ``param_groups`` keep the
         plain hyperparameters, the param indices and the group's ``step``. Loadable with
         ``torch.load(weights_only=True)``. Under ``DDPDistributedConfig`` the state is per rank:
-        it holds only the blocks this rank owns (save one file per rank and load it on the same
-        rank with the same world size and ``num_trainers_per_group``).
+        it holds only the blocks this rank owns (with ``torch.save``: one file per rank, loaded
+        on the same rank with the same world size and ``num_trainers_per_group``).
+
+        With ``torch.distributed.checkpoint`` every rank saves into one checkpoint: block keys
+        are global (param index, ``block_j``), so ranks' keys are disjoint and replicas (when
+        ``num_trainers_per_group`` < world size) hold identical copies; to load, pass a fresh
+        optimizer's ``state_dict()`` as the template to ``dcp.load`` (it holds every key the
+        rank owns, as state is allocated at construction), then :meth:`load_state_dict` it.
+        Such a checkpoint loads at another world size too (each rank picks its blocks by key;
+        tested from two DDP ranks into one single-device process).
+
+        Example:
+            >>> dcp.save({"optim": opt.state_dict()}, checkpoint_id=path)  # doctest: +SKIP
+            >>> template = {"optim": fresh_opt.state_dict()}  # doctest: +SKIP
+            >>> dcp.load(template, checkpoint_id=path)  # doctest: +SKIP
+            >>> fresh_opt.load_state_dict(template["optim"])  # doctest: +SKIP
         """
         state: dict[int, dict[str, torch.Tensor]] = {}
         for runtime in self._runtimes:
