@@ -422,26 +422,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     """CLI entry point; prints the prepared data's patterns and sizes. Returns 0."""
     parser = _parser()
     args = parser.parse_args(argv)
+    settings = dict(
+        tokenizer=args.tokenizer,
+        vocab_size=args.vocab_size,
+        val_fraction=args.val_fraction,
+        shard_tokens=args.shard_tokens,
+        passage_chars=args.passage_chars,
+    )
     try:
         if args.text_files:
-            data = prepare_text_files(
-                args.text_files,
-                args.out_dir,
-                tokenizer=args.tokenizer,
-                vocab_size=args.vocab_size,
-                val_fraction=args.val_fraction,
-                shard_tokens=args.shard_tokens,
-                passage_chars=args.passage_chars,
-            )
+            data = prepare_text_files(args.text_files, args.out_dir, **settings)
         else:
-            data = prepare_embedded(
-                args.out_dir,
-                vocab_size=args.vocab_size,
-                val_fraction=args.val_fraction,
-                tokenizer=args.tokenizer,
-                shard_tokens=args.shard_tokens,
-                passage_chars=args.passage_chars,
-            )
+            data = prepare_embedded(args.out_dir, **settings)
     except (ValueError, FileNotFoundError) as error:
         parser.error(str(error))
     print("reused existing preparation" if data.reused else f"prepared {data.out_dir}")
