@@ -20,8 +20,6 @@ Usage:
 from __future__ import annotations
 
 import argparse
-import os
-import socket
 import statistics
 import time
 from dataclasses import dataclass
@@ -29,12 +27,12 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch.profiler import record_function
 
 from nanoshampoo.evidence.profiling import StepProfiler
 from nanoshampoo.model.gpt import GPT, GPTConfig
 from nanoshampoo.optim.dist_adam import DistAdam
+from nanoshampoo.testing.distributed import run_on_gloo
 
 SCHEDULES = ("hook", "step")
 
@@ -62,12 +60,6 @@ class BenchConfig:
             raise ValueError(f"warmup must be >= 0, got {self.warmup}")
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _train_step(
     model: GPT, opt: DistAdam, schedule: str, idx: torch.Tensor, targets: torch.Tensor
 ) -> tuple[float, float]:
@@ -84,50 +76,45 @@ def _train_step(
     return end - backward_end, end - start
 
 
-def _worker(rank: int, config: BenchConfig, port: int) -> None:
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(port)
+def _bench_rank(rank: int, world_size: int, config: BenchConfig) -> None:
+    """One rank of the bench, inside the gloo group that ``run_on_gloo`` sets up."""
     torch.set_num_threads(config.threads)
-    dist.init_process_group("gloo", rank=rank, world_size=config.world_size)
-    try:
-        torch.manual_seed(0)  # identical initial weights on every rank
-        model = GPT(
-            GPTConfig(
-                vocab_size=config.vocab_size,
-                num_layers=config.num_layers,
-                model_dim=config.model_dim,
-                head_dim=config.head_dim,
-                max_seq_len=config.seq_len,
-            )
+    torch.manual_seed(0)  # identical initial weights on every rank
+    model = GPT(
+        GPTConfig(
+            vocab_size=config.vocab_size,
+            num_layers=config.num_layers,
+            model_dim=config.model_dim,
+            head_dim=config.head_dim,
+            max_seq_len=config.seq_len,
         )
-        opt = DistAdam(model.parameters(), lr=1e-3, betas=(0.9, 0.95), weight_decay=0.0)
-        gen = torch.Generator().manual_seed(1 + rank)
-        tokens = torch.randint(
-            0, config.vocab_size, (config.batch_size, config.seq_len + 1), generator=gen
+    )
+    opt = DistAdam(model.parameters(), lr=1e-3, betas=(0.9, 0.95), weight_decay=0.0)
+    gen = torch.Generator().manual_seed(1 + rank)
+    tokens = torch.randint(
+        0, config.vocab_size, (config.batch_size, config.seq_len + 1), generator=gen
+    )
+    idx, targets = tokens[:, :-1], tokens[:, 1:]
+
+    total_steps = config.warmup + 2 * config.steps
+    timings = torch.zeros(total_steps, 2, dtype=torch.float64)
+    for step in range(total_steps):
+        dist.barrier()  # start every step together, outside the timed region
+        timings[step] = torch.tensor(
+            _train_step(model, opt, SCHEDULES[step % 2], idx, targets)
         )
-        idx, targets = tokens[:, :-1], tokens[:, 1:]
+    dist.all_reduce(timings, op=dist.ReduceOp.MAX)  # a step lasts as long as its slowest rank
 
-        total_steps = config.warmup + 2 * config.steps
-        timings = torch.zeros(total_steps, 2, dtype=torch.float64)
-        for step in range(total_steps):
-            dist.barrier()  # start every step together, outside the timed region
-            timings[step] = torch.tensor(
-                _train_step(model, opt, SCHEDULES[step % 2], idx, targets)
-            )
-        dist.all_reduce(timings, op=dist.ReduceOp.MAX)  # a step lasts as long as its slowest rank
+    if config.trace_dir is not None:
+        for schedule in SCHEDULES:
+            with StepProfiler(Path(config.trace_dir) / schedule, steps=[1], rank=rank) as prof:
+                for step in range(2):
+                    dist.barrier()
+                    prof.step(step)
+                    _train_step(model, opt, schedule, idx, targets)
 
-        if config.trace_dir is not None:
-            for schedule in SCHEDULES:
-                with StepProfiler(Path(config.trace_dir) / schedule, steps=[1], rank=rank) as prof:
-                    for step in range(2):
-                        dist.barrier()
-                        prof.step(step)
-                        _train_step(model, opt, schedule, idx, targets)
-
-        if rank == 0:
-            _report(config, timings[config.warmup :], model)
-    finally:
-        dist.destroy_process_group()
+    if rank == 0:
+        _report(config, timings[config.warmup :], model)
 
 
 def _report(config: BenchConfig, timings: torch.Tensor, model: GPT) -> None:
@@ -166,9 +153,7 @@ def parse_args(argv: list[str] | None = None) -> BenchConfig:
 
 def main(argv: list[str] | None = None) -> None:
     config = parse_args(argv)
-    mp.start_processes(
-        _worker, args=(config, _free_port()), nprocs=config.world_size, start_method="spawn"
-    )
+    run_on_gloo(_bench_rank, config.world_size, config)
 
 
 if __name__ == "__main__":
