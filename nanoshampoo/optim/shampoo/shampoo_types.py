@@ -141,9 +141,93 @@ GRAFTING_CONFIG_TYPES = (
 # ---------------------------------------------------------------------------------------------
 
 
+def _check_optional_tolerance(name: str, value: object, allow_none: bool = True) -> None:
+    if value is None and allow_none:
+        return
+    if isinstance(value, bool) or not (
+        isinstance(value, (int, float)) and math.isfinite(value) and value >= 0.0
+    ):
+        expected = "a finite float >= 0" + (" or None" if allow_none else "")
+        raise ValueError(f"{name} must be {expected}, got {value!r}")
+
+
+def _check_rank_deficient_stability_config(value: object) -> None:
+    if not isinstance(value, RankDeficientStabilityConfig):
+        raise ValueError(
+            "rank_deficient_stability_config must be a PerturbationConfig or PseudoInverseConfig, "
+            f"got {value!r}"
+        )
+
+
 @dataclass(init=False)
 class AmortizedComputationConfig(AbstractDataclass):
     """Base of the configs of the expensive, amortized computation of a preconditioner."""
+
+
+@dataclass(init=False)
+class RankDeficientStabilityConfig(AbstractDataclass):
+    """Base of the ways a root or eigenbasis computation treats a rank-deficient factor.
+
+    Kronecker factors are often singular (a vector block, a wide block ``n > m``, the first
+    steps), and in float32 their numerically-zero eigenvalues are rounding noise of size
+    ``~ n * u * lambda_max`` (``u`` the unit roundoff), of either sign.
+    """
+
+
+@dataclass
+class PerturbationConfig(RankDeficientStabilityConfig):
+    """Regularize: ``(A + eps I)^(-e)`` with the spectrum made at least ``eps``.
+
+    ``lambda <- lambda - min(lambda_min, 0) + eps``: the shift by the smallest eigenvalue comes
+    first and ``eps`` is added after it, so a float32 ``lambda_min`` far below ``-eps`` cannot
+    round the shifted minimum to 0 (whose root is inf).
+
+    Args:
+        perturb_before_computation: form ``A + eps I`` before the decomposition (True, the
+            well-known library's default) or add ``eps`` to the eigenvalues after it (False).
+            Equal in exact arithmetic.
+        eigenvalue_floor_rtol: eigenvalues below ``rtol * lambda_max`` are raised to it before
+            ``eps`` is added: they are indistinguishable from rounding noise, and their huge
+            ``eps^(-e)`` weight would amplify the noise that the gradient has in those directions.
+            None (default): ``n * finfo(solve dtype).eps``, the noise level of an ``n x n``
+            decomposition. ``0.0``: no floor (the plain shift, the float32 baseline).
+    """
+
+    perturb_before_computation: bool = True
+    eigenvalue_floor_rtol: float | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.perturb_before_computation, bool):
+            raise ValueError(
+                "perturb_before_computation must be a bool, got "
+                f"{self.perturb_before_computation!r}"
+            )
+        _check_optional_tolerance("eigenvalue_floor_rtol", self.eigenvalue_floor_rtol)
+
+
+DefaultPerturbationConfig = PerturbationConfig()
+
+
+@dataclass
+class PseudoInverseConfig(RankDeficientStabilityConfig):
+    """Pseudo-inverse: eigen-directions whose eigenvalue is numerically zero get weight 0.
+
+    An eigenvalue counts as zero when ``lambda <= max(rank_atol, rtol * lambda_max)`` (the rule
+    of ``torch.linalg.matrix_rank``); the others get ``lambda^(-e)``. The optimizer's
+    ``epsilon`` must then be 0. Only for eigendecompositions (``EigenConfig`` and the
+    eigenbasis configs); the coupled Newton iteration needs a nonsingular matrix.
+
+    Args:
+        rank_atol: absolute tolerance, finite and >= 0.
+        rank_rtol: relative tolerance, finite and >= 0; None: ``n * finfo(solve dtype).eps``.
+    """
+
+    rank_atol: float = 0.0
+    rank_rtol: float | None = None
+
+    def __post_init__(self) -> None:
+        _check_optional_tolerance("rank_atol", self.rank_atol, allow_none=False)
+        _check_optional_tolerance("rank_rtol", self.rank_rtol)
 
 
 @dataclass(init=False)
@@ -155,20 +239,26 @@ class RootInvConfig(AmortizedComputationConfig):
 class EigenConfig(RootInvConfig):
     """Root by symmetric eigendecomposition (``torch.linalg.eigh``, batched by size).
 
-    The spectrum is shifted so its smallest eigenvalue is at least ``eps`` (``A`` is PSD in
-    exact arithmetic; rounding can make tiny eigenvalues negative).
+    ``A`` is PSD in exact arithmetic, but rounding makes its tiny eigenvalues noise of either
+    sign; ``rank_deficient_stability_config`` says how they are treated.
 
     Args:
         retry_double_precision: when ``eigh`` fails in the factor's precision, retry in float64.
+        rank_deficient_stability_config: ``PerturbationConfig`` (default) or
+            ``PseudoInverseConfig`` (then the optimizer's ``epsilon`` must be 0).
     """
 
     retry_double_precision: bool = True
+    rank_deficient_stability_config: RankDeficientStabilityConfig = field(
+        default_factory=PerturbationConfig
+    )
 
     def __post_init__(self) -> None:
         if not isinstance(self.retry_double_precision, bool):
             raise ValueError(
                 f"retry_double_precision must be a bool, got {self.retry_double_precision!r}"
             )
+        _check_rank_deficient_stability_config(self.rank_deficient_stability_config)
 
 
 @dataclass
@@ -176,6 +266,9 @@ class CoupledNewtonConfig(RootInvConfig):
     """Root by the coupled Newton iteration (matrix multiplications only; GPU friendly).
 
     Needs an integer root order ``p = 1 / e`` (true for the default exponents ``1 / (2k)``).
+    Rank-deficient factors are handled by perturbation only (``A + eps I``, with ``eps`` at
+    least the float32 noise level of ``A``): the iteration needs a nonsingular matrix, so
+    there is no pseudo-inverse variant and no ``rank_deficient_stability_config`` field.
 
     Args:
         max_iterations: iteration cap, >= 1.
@@ -313,12 +406,19 @@ class EighEigendecompositionConfig(EigendecompositionConfig):
 
     Args:
         retry_double_precision: when ``eigh`` fails in the factor's precision, retry in float64.
+        rank_deficient_stability_config: ``PerturbationConfig`` (default) or
+            ``PseudoInverseConfig`` (then the optimizer's ``epsilon`` must be 0); see
+            :class:`EigenvalueCorrectedShampooPreconditionerConfig` for what each does there.
     """
 
     retry_double_precision: bool = True
+    rank_deficient_stability_config: RankDeficientStabilityConfig = field(
+        default_factory=PerturbationConfig
+    )
 
     def __post_init__(self) -> None:
         _check_bool("retry_double_precision", self.retry_double_precision)
+        _check_rank_deficient_stability_config(self.rank_deficient_stability_config)
 
 
 @dataclass
@@ -335,11 +435,15 @@ class QREigendecompositionConfig(EigendecompositionConfig):
         max_iterations: iteration cap per recomputation, >= 1.
         tolerance: relative off-diagonal mass accepted as converged, in [0, 1].
         retry_double_precision: the first (``eigh``) computation retries in float64 on failure.
+        rank_deficient_stability_config: as for :class:`EighEigendecompositionConfig`.
     """
 
     max_iterations: int = 1
     tolerance: float = 0.01
     retry_double_precision: bool = True
+    rank_deficient_stability_config: RankDeficientStabilityConfig = field(
+        default_factory=PerturbationConfig
+    )
 
     def __post_init__(self) -> None:
         _check_int("max_iterations", self.max_iterations, minimum=1)
@@ -348,6 +452,7 @@ class QREigendecompositionConfig(EigendecompositionConfig):
         ):
             raise ValueError(f"tolerance must be in [0.0, 1.0], got {self.tolerance!r}")
         _check_bool("retry_double_precision", self.retry_double_precision)
+        _check_rank_deficient_stability_config(self.rank_deficient_stability_config)
 
 
 DefaultEigendecompositionConfig = EighEigendecompositionConfig()
