@@ -378,6 +378,9 @@ def prepare_text_files(
     documents = []
     hashes = {}
     for path in map(Path, paths):
+        if path.is_dir():
+            raise ValueError(f"text file {path} is a directory; name the files in it, "
+                             f"e.g. --text-files {path}/*.txt")
         if not path.is_file():
             raise ValueError(f"text file {path} does not exist")
         try:
@@ -434,8 +437,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             data = prepare_text_files(args.text_files, args.out_dir, **settings)
         else:
             data = prepare_embedded(args.out_dir, **settings)
-    except (ValueError, FileNotFoundError) as error:
-        parser.error(str(error))
+    except (ValueError, FileNotFoundError, FileExistsError) as error:
+        # One line naming the file and what is wrong; argparse's usage text would bury it.
+        parser.exit(2, f"{parser.prog}: error: {error}\n")
     print("reused existing preparation" if data.reused else f"prepared {data.out_dir}")
     for key, value in asdict(data).items():
         print(f"{key}: {value}")

@@ -221,3 +221,15 @@ def test_prepare_embedded_real_corpus(tmp_path: Path) -> None:
     sample = tokenizer.decode(train[0][:200].tolist())
     assert sample and tokenizer.encode(sample) == train[0][:200].tolist()
     assert prepare_embedded(tmp_path / "embedded").reused
+
+
+def test_cli_given_a_directory_says_so_in_one_line(
+    tmp_path: Path, text_files: list[Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    corpus = text_files[0].parent
+    with pytest.raises(SystemExit) as info:
+        main(["--out-dir", str(tmp_path / "out"), "--text-files", str(corpus)])
+    assert info.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert f"text file {corpus} is a directory" in err
