@@ -121,7 +121,12 @@ def build_distributor(
     max_preconditioner_dim: int | float,
     first_param_index: int,
 ) -> Distributor:
-    """The distributor a config describes, for one parameter group."""
+    """The distributor a config describes, for one parameter group.
+
+    One branch per kind of ``DistributedConfig``; a config class that subclasses another must
+    be tested before its parent. Whatever is built here must implement :class:`Distributor`:
+    the optimizer talks to it through that interface only.
+    """
     if isinstance(config, SingleDeviceDistributedConfig):
         return SingleDeviceDistributor(params, max_preconditioner_dim, first_param_index)
     if isinstance(config, DDPDistributedConfig):
@@ -302,13 +307,13 @@ class _GroupRuntime:
     def grad_sum(self) -> torch.Tensor:
         """Float64 sum of the group's gradients: finite iff every entry is (barring overflow).
 
-        Under DDP the local sums are added over the trainer group, so every rank sees every block.
+        The distributor adds the local sums over the ranks that hold the group's blocks, so every
+        rank sees every block (collective under DDP).
         """
         total = torch.zeros((), dtype=torch.float64, device=self._blocked_params[0].device)
         for buffer in self.grads:
             total += buffer.sum(dtype=torch.float64)
-        if isinstance(self.distributor, DDPDistributor):
-            self.distributor.all_reduce_grad_sum_(total)
+        self.distributor.all_reduce_grad_sum_(total)
         return total
 
     def state_bytes(self) -> int:
@@ -334,6 +339,11 @@ class _GroupRuntime:
             self.step += 1
             self.distributor.update_params([])
             return
+        # Blocks without a gradient this step (zeros in the gradient buffer) are stepped with
+        # the others and rolled back afterwards, rather than left out: a bucket is processed by
+        # batched kernels over all of its blocks (one baddbmm per bucket, one eigh per factor
+        # size), and under DDP every rank must enter the same exchanges with the same buffers.
+        # So their state is saved here, restored after the step, and their update is zero.
         missing = [i for i, has in enumerate(present) if not has]
         saved = {i: _clone_tree(self.block_states[i].state_dict()) for i in missing}
         self.step += 1

@@ -4,8 +4,11 @@ A distributor is built per parameter group. It cuts every parameter into blocks 
 size-1 dims, merge small dims from the back up to ``max_preconditioner_dim`` into one dim,
 split every dim into chunks of ``max_preconditioner_dim``), decides which blocks this rank
 computes (:attr:`Distributor.local_block_indices`), hands the optimizer those blocks'
-gradients, and applies the updates ``-lr * P`` the optimizer computed for them
-(:meth:`Distributor.update_params`), exchanging them with other ranks where needed.
+gradients, completes the optimizer's gradient finiteness check over the ranks
+(:meth:`Distributor.all_reduce_grad_sum_`), and applies the updates ``-lr * P`` the optimizer
+computed for them (:meth:`Distributor.update_params`), exchanging them with other ranks where
+needed. The optimizer uses only this interface: a new distributor implements it and is added to
+``build_distributor`` in ``distributed_shampoo.py``.
 
 Blocks are numbered globally within the group in parameter order, then block order; the
 ``BlockInfo.composable_block_ids`` of a block is ``(param_index, f"block_{j}")`` with
@@ -129,6 +132,19 @@ class Distributor(ABC):
             grads = blocked[owner]
             result.append(None if grads is None else grads[self._global_block_positions[index]])
         return tuple(result)
+
+    @abstractmethod
+    def all_reduce_grad_sum_(self, grad_sum: torch.Tensor) -> None:
+        """Sum ``grad_sum`` in place over every rank that holds blocks of this group (collective).
+
+        The optimizer detects NaN/Inf gradients from one float64 scalar: the sum of this rank's
+        local block gradients. After this call the scalar covers every block of the group, so
+        all ranks agree on whether to step, skip or raise (none may skip an exchange that the
+        others enter). A single device holds every block: the scalar is already complete.
+
+        Args:
+            grad_sum: a float64 scalar tensor on the parameters' device.
+        """
 
     @abstractmethod
     def update_params(self, local_block_updates: Sequence[torch.Tensor]) -> None:

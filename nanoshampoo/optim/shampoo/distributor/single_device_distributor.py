@@ -27,6 +27,9 @@ class SingleDeviceDistributor(Distributor):
     def local_block_indices(self) -> tuple[int, ...]:
         return tuple(range(len(self.global_block_info_list)))
 
+    def all_reduce_grad_sum_(self, grad_sum: torch.Tensor) -> None:
+        """Nothing to reduce: this process holds every block of the group."""
+
     def update_params(self, local_block_updates: Sequence[torch.Tensor]) -> None:
         if local_block_updates:
             torch._foreach_add_(list(self._global_block_views), list(local_block_updates))
