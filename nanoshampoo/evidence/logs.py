@@ -7,11 +7,24 @@ Two formats describe the same run (the trainer writes both):
   then ``peak memory allocated: X MiB reserved: Y MiB``. Logs of the original
   modded-nanogpt records parse as well.
 * ``<run_id>.jsonl`` -- one JSON object per line with ``"kind"`` in ``config``, ``train``,
-  ``val``, ``final``; it also carries the seed, preset, optimizer and world size.
+  ``val``, ``final``, ``diverged``; it also carries the seed, preset, optimizer and world size.
 
-Both are reduced to a :class:`RunRecord`. A run must be complete: its last validation is at
-the last step (``N == M``; for JSONL, a ``final`` record exists), because the final loss and
-train time of a crashed run are not comparable with finished ones.
+Both are reduced to a :class:`RunRecord`. A run must have ended, one of two ways:
+
+* finished: its last validation is at the last step (``N == M``; for JSONL, a ``final``
+  record exists);
+* diverged: the trainer stopped it on a non-finite loss or gradient (JSONL: a ``diverged``
+  record ``{"step": N, "total_steps": M, "reason": ..., "train_time_ms": T}`` and no
+  ``final``; text: a line ``diverged at step:N/M: <reason>``). A log that finished with a
+  non-finite final validation loss (what the trainer wrote before it stopped diverged runs)
+  is read as diverged at its first non-finite validation.
+
+A run that ended neither way (crashed, killed, still running) is refused, because its final
+loss and train time are not comparable with finished ones.
+
+Non-finite numbers are read in every spelling a log may hold: the JSON strings ``"nan"``,
+``"inf"``, ``"-inf"`` (the trainer's contract), ``null`` (older trainers wrote NaN as null)
+and the bare ``NaN``/``Infinity`` tokens that Python's ``json`` writes by default.
 
 Example:
     >>> run = read_run("logs/adam/adam_seed0.jsonl")  # doctest: +SKIP
@@ -21,6 +34,7 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import re
@@ -35,7 +49,14 @@ _VAL_LINE = re.compile(
     rf"^step:(?P<step>\d+)/(?P<total>\d+) val_loss:(?P<loss>{_NUMBER}) "
     rf"train_time:(?P<time>{_NUMBER})ms step_avg:(?P<avg>{_NUMBER})ms"
 )
+_TRAIN_LINE = re.compile(
+    rf"^step:(?P<step>\d+)/(?P<total>\d+) train_loss:(?:{_NUMBER}) train_time:(?P<time>{_NUMBER})ms"
+)
 _PEAK_LINE = re.compile(rf"^peak memory allocated: (?P<alloc>{_NUMBER}) MiB")
+_DIVERGED_LINE = re.compile(r"^diverged at step:(?P<step>\d+)/(?P<total>\d+): (?P<reason>.*)$")
+# JSON strings that stand for non-finite floats (the trainer's contract writes the first three).
+_NON_FINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf, "+inf": math.inf,
+               "infinity": math.inf, "-infinity": -math.inf}
 
 
 class LogFormatError(ValueError):
@@ -53,11 +74,13 @@ class ValPoint:
 
 @dataclass(frozen=True)
 class RunRecord:
-    """Everything the statistics need about one finished run.
+    """Everything the statistics need about one ended run.
 
-    ``curve`` is sorted by step, one point per step; its last point is the final validation
-    (``curve[-1].step == total_steps``). Metadata that only JSONL carries is ``None`` for
-    ``.txt`` logs.
+    ``curve`` is sorted by step, one point per step. For a finished run (``diverged_step is
+    None``) its last point is the final validation (``curve[-1].step == total_steps``) and
+    every loss is finite. A diverged run's curve holds the validations logged before it
+    stopped (possibly none, possibly non-finite ones); its ``train_time_ms`` is the training
+    time until it stopped. Metadata that only JSONL carries is ``None`` for ``.txt`` logs.
     """
 
     path: Path
@@ -72,10 +95,18 @@ class RunRecord:
     world_size: int | None = None
     peak_memory_mib: float | None = None
     config: dict[str, Any] = field(default_factory=dict)
+    # The step at which the trainer stopped a diverged run, and its message; None if finished.
+    diverged_step: int | None = None
+    diverged_reason: str = ""
+
+    @property
+    def diverged(self) -> bool:
+        return self.diverged_step is not None
 
     @property
     def final_val_loss(self) -> float:
-        return self.curve[-1].val_loss
+        """The last validation loss of a finished run; NaN for a diverged run."""
+        return math.nan if self.diverged else self.curve[-1].val_loss
 
 
 def read_run(path: str | Path) -> RunRecord:
@@ -119,25 +150,52 @@ def _read_txt(path: Path) -> RunRecord:
     total_steps: int | None = None
     step_avg_ms = math.nan
     peak: float | None = None
+    last_time = (0, 0.0)  # (step, train_time_ms) of the latest step line, for diverged runs
+    diverged: re.Match[str] | None = None
+
+    def check_total(total: int, line: str) -> None:
+        nonlocal total_steps
+        if total_steps is not None and total != total_steps:
+            raise LogFormatError(
+                f"{path}: inconsistent total steps ({total_steps} then {total}) in {line!r}"
+            )
+        total_steps = total
+
     for line in _read_text(path).splitlines():
         if match := _VAL_LINE.match(line):
             step, total = int(match["step"]), int(match["total"])
-            if total_steps is not None and total != total_steps:
-                raise LogFormatError(
-                    f"{path}: inconsistent total steps ({total_steps} then {total}) in {line!r}"
-                )
-            total_steps = total
+            check_total(total, line)
             points[step] = ValPoint(step, float(match["loss"]), float(match["time"]))
+            last_time = max(last_time, (step, float(match["time"])))
             if step == total:
                 step_avg_ms = float(match["avg"])
+        elif match := _TRAIN_LINE.match(line):
+            check_total(int(match["total"]), line)
+            last_time = max(last_time, (int(match["step"]), float(match["time"])))
+        elif match := _DIVERGED_LINE.match(line):
+            check_total(int(match["total"]), line)
+            diverged = match
         elif match := _PEAK_LINE.match(line):
             peak = float(match["alloc"])
     if total_steps is None:
         raise LogFormatError(
             f"{path}: no validation lines 'step:N/M val_loss:X train_time:Yms step_avg:Zms'"
         )
+    if diverged is not None:
+        step, train_time_ms = last_time
+        return RunRecord(
+            path=path,
+            run_id=path.stem,
+            total_steps=total_steps,
+            curve=_sorted_curve(points),
+            train_time_ms=train_time_ms,
+            step_avg_ms=train_time_ms / max(step, 1),
+            peak_memory_mib=peak,
+            diverged_step=int(diverged["step"]),
+            diverged_reason=diverged["reason"],
+        )
     curve = _checked_curve(path, points, total_steps)
-    return RunRecord(
+    return _mark_non_finite(RunRecord(
         path=path,
         run_id=path.stem,
         total_steps=total_steps,
@@ -145,13 +203,14 @@ def _read_txt(path: Path) -> RunRecord:
         train_time_ms=curve[-1].train_time_ms,
         step_avg_ms=step_avg_ms,
         peak_memory_mib=peak,
-    )
+    ))
 
 
 def _read_jsonl(path: Path) -> RunRecord:
     config: dict[str, Any] = {}
     points: dict[int, ValPoint] = {}
     final: dict[str, Any] | None = None
+    diverged: dict[str, Any] | None = None
     for lineno, line in enumerate(_read_text(path).splitlines(), start=1):
         if not line.strip():
             continue
@@ -166,46 +225,109 @@ def _read_jsonl(path: Path) -> RunRecord:
             config = record
         elif kind in ("val", "final"):
             point = ValPoint(
-                step=int(_field(path, lineno, record, "step")),
-                val_loss=float(_field(path, lineno, record, "val_loss")),
-                train_time_ms=float(_field(path, lineno, record, "train_time_ms")),
+                step=_integer(path, lineno, record, "step"),
+                val_loss=_number(path, lineno, record, "val_loss"),
+                train_time_ms=_number(path, lineno, record, "train_time_ms"),
             )
             points[point.step] = point
             if kind == "final":
                 final = record
-    if final is None:
-        raise LogFormatError(f"{path}: no 'final' record (the run did not finish)")
-    total_steps = int(_field(path, None, final, "total_steps"))
-    curve = _checked_curve(path, points, total_steps)
+        elif kind == "diverged":
+            for name in ("step", "total_steps"):
+                _integer(path, lineno, record, name)
+            _number(path, lineno, record, "train_time_ms")
+            diverged = record
     seed = config.get("seed")
     world_size = config.get("world_size")
-    return RunRecord(
+    peak = None if final is None else final.get("peak_memory_mib")
+    common = dict(
         path=path,
         run_id=str(config.get("run_id", path.stem)),
-        total_steps=total_steps,
-        curve=curve,
-        train_time_ms=float(_field(path, None, final, "train_time_ms")),
-        step_avg_ms=float(_field(path, None, final, "step_avg_ms")),
         seed=None if seed is None else int(seed),
         preset=config.get("preset"),
         optimizer=config.get("optimizer"),
         world_size=None if world_size is None else int(world_size),
-        peak_memory_mib=final.get("peak_memory_mib"),
+        peak_memory_mib=None if peak is None else _number(path, None, final, "peak_memory_mib"),
         config=dict(config.get("config") or {}),
     )
+    # A diverged record wins over a final one: the contract never writes both, and a run that
+    # diverged is not a finished result whatever else its log says.
+    if diverged is not None:
+        step = int(diverged["step"])
+        train_time_ms = _number(path, None, diverged, "train_time_ms")
+        return RunRecord(
+            **common,
+            total_steps=int(diverged["total_steps"]),
+            curve=_sorted_curve(points),
+            train_time_ms=train_time_ms,
+            step_avg_ms=train_time_ms / max(step, 1),
+            diverged_step=step,
+            diverged_reason=str(diverged.get("reason", "")),
+        )
+    if final is None:
+        raise LogFormatError(f"{path}: no 'final' or 'diverged' record (the run did not finish)")
+    total_steps = _integer(path, None, final, "total_steps")
+    return _mark_non_finite(RunRecord(
+        **common,
+        total_steps=total_steps,
+        curve=_checked_curve(path, points, total_steps),
+        train_time_ms=_number(path, None, final, "train_time_ms"),
+        step_avg_ms=_number(path, None, final, "step_avg_ms"),
+    ))
 
 
 def _field(path: Path, lineno: int | None, record: dict[str, Any], name: str) -> Any:
-    if name not in record or record[name] is None:
-        where = f"{path}:{lineno}" if lineno is not None else str(path)
-        raise LogFormatError(f"{where}: {record.get('kind')!r} record lacks field {name!r}")
+    if name not in record:
+        raise LogFormatError(f"{_where(path, lineno)}: {record.get('kind')!r} record lacks field {name!r}")
     return record[name]
 
 
-def _checked_curve(path: Path, points: dict[int, ValPoint], total_steps: int) -> tuple[ValPoint, ...]:
-    curve = tuple(points[step] for step in sorted(points))
-    if curve[-1].step != total_steps:
+def _where(path: Path, lineno: int | None) -> str:
+    return f"{path}:{lineno}" if lineno is not None else str(path)
+
+
+def _number(path: Path, lineno: int | None, record: dict[str, Any], name: str) -> float:
+    """A float field; ``null`` and the strings "nan"/"inf"/"-inf" are non-finite values."""
+    value = _field(path, lineno, record, name)
+    if value is None:
+        return math.nan
+    if isinstance(value, str) and value.strip().lower() in _NON_FINITE:
+        return _NON_FINITE[value.strip().lower()]
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise LogFormatError(
-            f"{path}: incomplete run, last validation at step {curve[-1].step} of {total_steps}"
+            f"{_where(path, lineno)}: {record.get('kind')!r} field {name!r} is not a number: {value!r}"
+        )
+    return float(value)
+
+
+def _integer(path: Path, lineno: int | None, record: dict[str, Any], name: str) -> int:
+    value = _field(path, lineno, record, name)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise LogFormatError(
+            f"{_where(path, lineno)}: {record.get('kind')!r} field {name!r} is not an integer: {value!r}"
+        )
+    return value
+
+
+def _sorted_curve(points: dict[int, ValPoint]) -> tuple[ValPoint, ...]:
+    return tuple(points[step] for step in sorted(points))
+
+
+def _mark_non_finite(run: RunRecord) -> RunRecord:
+    """A finished run with a non-finite validation loss diverged at the first such point."""
+    bad = next((p for p in run.curve if not math.isfinite(p.val_loss)), None)
+    if bad is None:
+        return run
+    return dataclasses.replace(
+        run, diverged_step=bad.step, diverged_reason=f"validation loss {bad.val_loss} at step {bad.step}"
+    )
+
+
+def _checked_curve(path: Path, points: dict[int, ValPoint], total_steps: int) -> tuple[ValPoint, ...]:
+    curve = _sorted_curve(points)
+    if not curve or curve[-1].step != total_steps:
+        raise LogFormatError(
+            f"{path}: incomplete run, last validation at step "
+            f"{curve[-1].step if curve else 'none'} of {total_steps}"
         )
     return curve

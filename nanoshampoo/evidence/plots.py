@@ -2,9 +2,10 @@
 
 Curves of a group are interpolated onto a common grid (steps, or training seconds) that
 spans the range every run covers, then averaged; the band is ±1 unbiased std over seeds. The
-top row shows whole curves (log loss axis), the bottom row zooms on the last 30 % of the
-x range, where the target is decided. The A/B figure shows every run's final loss and train
-time per group, with the group mean and its 95 % t confidence interval.
+whole curves are drawn on a log loss axis, and a zoom shows the last 30 % of the x range,
+where the target is decided. The A/B figure shows every run's final loss and train time per
+group, with the group mean and its 95 % t confidence interval. Diverged runs are left out of
+every figure (the legend counts them).
 
 Matplotlib runs on the Agg backend, so plotting needs no display.
 
@@ -54,30 +55,54 @@ def mean_std_on_grid(
     return grid, stacked.mean(axis=0), std
 
 
+# The two x axes of a loss curve: file-name stem and axis label.
+CURVE_AXES = {"step": "step", "time": "train time (s)"}
+
+
 def plot_curves(groups: Mapping[str, Sequence[RunRecord]], target: float) -> Figure:
     """2x2 figure: loss vs step and vs train time; whole curves on top, zoom below."""
     fig, axes = plt.subplots(2, 2, figsize=(12, 8), constrained_layout=True)
-    for column, axis_name in enumerate(("step", "train time (s)")):
-        for color, (name, runs) in zip(_colors(), groups.items()):
-            xs = [_curve_x(run, column) for run in runs]
-            ys = [np.array([p.val_loss for p in run.curve]) for run in runs]
-            grid, mean, std = mean_std_on_grid(xs, ys)
-            for row in range(2):
-                ax = axes[row][column]
-                ax.plot(grid, mean, color=color, label=f"{name} (n={len(runs)})")
-                ax.fill_between(grid, mean - std, mean + std, color=color, alpha=0.25, linewidth=0)
-        for row in range(2):
-            ax = axes[row][column]
-            ax.axhline(target, color="black", linestyle="--", linewidth=1, label=f"target {target:g}")
-            ax.set_xlabel(axis_name)
-            ax.set_ylabel("validation loss")
-            ax.grid(alpha=0.3)
-        axes[0][column].set_yscale("log")
-        axes[0][column].set_title(f"validation loss vs {axis_name} (mean ± 1 std)")
-        _zoom(axes[1][column], target)
-        axes[1][column].set_title(f"last {ZOOM_FRACTION:.0%} of the run")
+    for column, x in enumerate(CURVE_AXES):
+        _draw_curves(axes[0][column], axes[1][column], groups, target, x)
     axes[0][0].legend(loc="upper right")
     return fig
+
+
+def plot_curve(groups: Mapping[str, Sequence[RunRecord]], target: float, x: str) -> Figure:
+    """1x2 figure of loss vs ``x`` (``"step"`` or ``"time"``): whole curves, then the zoom."""
+    if x not in CURVE_AXES:
+        raise ValueError(f"x: expected one of {sorted(CURVE_AXES)}, got {x!r}")
+    fig, (whole, zoom) = plt.subplots(1, 2, figsize=(12, 4.5), constrained_layout=True)
+    _draw_curves(whole, zoom, groups, target, x)
+    whole.legend(loc="upper right")
+    return fig
+
+
+def _draw_curves(whole: Axes, zoom: Axes, groups: Mapping[str, Sequence[RunRecord]],
+                 target: float, x: str) -> None:
+    """Mean ± 1 std of every group's finished runs on ``whole`` and on ``zoom``."""
+    label = CURVE_AXES[x]
+    for color, (name, runs) in zip(_colors(), groups.items()):
+        finished = [run for run in runs if not run.diverged]
+        if not finished:
+            continue
+        xs = [_curve_x(run, x) for run in finished]
+        ys = [np.array([p.val_loss for p in run.curve]) for run in finished]
+        grid, mean, std = mean_std_on_grid(xs, ys)
+        diverged = len(runs) - len(finished)
+        legend = f"{name} (n={len(finished)}" + (f", {diverged} diverged)" if diverged else ")")
+        for ax in (whole, zoom):
+            ax.plot(grid, mean, color=color, label=legend)
+            ax.fill_between(grid, mean - std, mean + std, color=color, alpha=0.25, linewidth=0)
+    for ax in (whole, zoom):
+        ax.axhline(target, color="black", linestyle="--", linewidth=1, label=f"target {target:g}")
+        ax.set_xlabel(label)
+        ax.set_ylabel("validation loss")
+        ax.grid(alpha=0.3)
+    whole.set_yscale("log")
+    whole.set_title(f"validation loss vs {label} (mean ± 1 std)")
+    _zoom(zoom, target)
+    zoom.set_title(f"last {ZOOM_FRACTION:.0%} of the run")
 
 
 def plot_ab(report: EvidenceReport) -> Figure:
@@ -88,7 +113,9 @@ def plot_ab(report: EvidenceReport) -> Figure:
     names = [group.name for group in report.groups]
     for ax, (metric, label) in zip(axes, panels):
         for i, (color, group) in enumerate(zip(_colors(), report.groups)):
-            values = np.array([getattr(run, metric) for run in group.runs])
+            values = np.array([getattr(run, metric) for run in group.runs if not run.diverged])
+            if not values.size:
+                continue
             jitter = rng.uniform(-0.12, 0.12, size=values.size)
             ax.scatter(np.full(values.size, i) + jitter, values, color=color, alpha=0.6, s=20)
             mean = values.mean()
@@ -124,8 +151,15 @@ def write_plots(
     return written
 
 
-def _curve_x(run: RunRecord, column: int) -> np.ndarray:
-    if column == 0:
+def write_curve_plots(
+    groups: Mapping[str, Sequence[RunRecord]], target: float, out_dir: str | Path
+) -> list[Path]:
+    """Write ``loss_vs_step.png`` and ``loss_vs_time.png`` into ``out_dir``."""
+    return [_save(plot_curve(groups, target, x), Path(out_dir) / f"loss_vs_{x}.png") for x in CURVE_AXES]
+
+
+def _curve_x(run: RunRecord, x: str) -> np.ndarray:
+    if x == "step":
         return np.array([p.step for p in run.curve], dtype=np.float64)
     return np.array([p.train_time_ms / 1000.0 for p in run.curve])
 
@@ -138,6 +172,8 @@ def _zoom(ax: Axes, target: float) -> None:
         for line in ax.get_lines()
         if len(line.get_xdata()) > 2
     ]
+    if not curves:  # every run diverged: nothing to zoom on
+        return
     lo = min(float(x[0]) for x, _ in curves)
     hi = max(float(x[-1]) for x, _ in curves)
     start = hi - ZOOM_FRACTION * (hi - lo)

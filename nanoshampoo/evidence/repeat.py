@@ -51,26 +51,28 @@ class RepeatConfig:
         return f"{self.name}_seed{seed}"
 
 
+def check_unmanaged(train_args: Sequence[str], managed: Sequence[str], owner: str) -> None:
+    """Raise ``ValueError`` if ``train_args`` give an option that ``owner`` sets itself."""
+    for arg in train_args:
+        if arg.split("=", 1)[0] in managed:
+            raise ValueError(f"train_args: {arg!r} is set by {owner}; remove it")
+
+
+def train_command(train_args: Sequence[str], run_id: str, out_dir: Path, nproc: int) -> list[str]:
+    """``python -m nanoshampoo.train TRAIN_ARGS --run-id ID --out-dir DIR``, under
+    ``torch.distributed.run --standalone`` with ``nproc`` processes when ``nproc > 1``."""
+    launcher = [sys.executable]
+    if nproc > 1:
+        launcher += ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
+    return [*launcher, "-m", "nanoshampoo.train", *train_args, "--run-id", run_id,
+            "--out-dir", str(out_dir)]
+
+
 def seed_command(config: RepeatConfig, seed: int, train_args: Sequence[str]) -> list[str]:
     """The command line that trains seed ``seed``."""
-    for arg in train_args:
-        if arg.split("=", 1)[0] in MANAGED_OPTIONS:
-            raise ValueError(f"train_args: {arg!r} is set by repeat for each seed; remove it")
-    launcher = [sys.executable]
-    if config.nproc > 1:
-        launcher += ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={config.nproc}"]
-    return [
-        *launcher,
-        "-m",
-        "nanoshampoo.train",
-        *train_args,
-        "--seed",
-        str(seed),
-        "--run-id",
-        config.run_id(seed),
-        "--out-dir",
-        str(config.out_dir),
-    ]
+    check_unmanaged(train_args, MANAGED_OPTIONS, "repeat for each seed")
+    return train_command([*train_args, "--seed", str(seed)], config.run_id(seed), config.out_dir,
+                         config.nproc)
 
 
 def run_repeats(

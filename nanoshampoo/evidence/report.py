@@ -22,7 +22,12 @@ from nanoshampoo.io_utils import atomic_output
 
 def report_to_dict(report: EvidenceReport) -> dict[str, Any]:
     """The report as plain JSON-ready data (NaN and infinities become ``None``)."""
-    return _finite(dataclasses.asdict(report))
+    return json_ready(report)
+
+
+def json_ready(data: Any) -> Any:
+    """A dataclass instance as plain strict-JSON data: ``asdict``, non-finite floats to ``None``."""
+    return _finite(dataclasses.asdict(data))
 
 
 def write_json(path: str | Path, data: Any) -> None:
@@ -42,18 +47,27 @@ def format_report(report: EvidenceReport) -> str:
 
 def _format_group(group: GroupReport, target: float) -> str:
     test = group.target_test
-    verdict = "PASS" if test.passed else "FAIL"
-    lines = [
-        f"== {group.name} ({len(group.runs)} runs) ==",
-        f"  final val loss   {_mean_std(group.final_val_loss, 4)}",
-        f"  vs target {target:g}   "
-        + (
-            f"t = {test.t_statistic:.3f}  p = {_p(test.p_value)}  (one-sided, H1: mean < target)"
-            if test.p_value is not None
-            else "t-test needs at least 2 runs"
-        ),
-        f"  track rule       (target - mean) * sqrt(n) = {test.rule_statistic:.5f}"
-        f" {'>=' if test.passed else '<'} {test.rule_threshold:g}  {verdict}",
+    diverged = f", {group.diverged} diverged" if group.diverged else ""
+    lines = [f"== {group.name} ({len(group.runs)} runs{diverged}) =="]
+    if group.diverged:
+        lines.append(f"  diverged runs    {group.diverged} of {len(group.runs)}: left out of the"
+                     " statistics, counted as not reaching the target")
+    if test is None:
+        lines.append(f"  vs target {target:g}   every run diverged: no final loss to test")
+    else:
+        verdict = "PASS" if test.passed else "FAIL"
+        lines += [
+            f"  final val loss   {_mean_std(group.final_val_loss, 4)}",
+            f"  vs target {target:g}   "
+            + (
+                f"t = {test.t_statistic:.3f}  p = {format_p(test.p_value)}  (one-sided, H1: mean < target)"
+                if test.p_value is not None
+                else "t-test needs at least 2 runs"
+            ),
+            f"  track rule       (target - mean) * sqrt(n) = {test.rule_statistic:.5f}"
+            f" {'>=' if test.passed else '<'} {test.rule_threshold:g}  {verdict}",
+        ]
+    lines += [
         f"  train time       {_mean_std(group.train_time_s, 4, ' s')}",
         f"  step avg         {_mean_std(group.step_avg_ms, 2, ' ms')}",
         f"  steps to target  {_mean_std(group.target_step, 1)}"
@@ -66,7 +80,7 @@ def _format_group(group: GroupReport, target: float) -> str:
             [
                 run.run_id,
                 "-" if run.seed is None else str(run.seed),
-                f"{run.final_val_loss:.4f}",
+                f"diverged at step {run.diverged_step}" if run.diverged else f"{run.final_val_loss:.4f}",
                 f"{run.train_time_s:.3f}",
                 f"{run.step_avg_ms:.2f}",
                 "not reached" if run.target_step is None else f"{run.target_step:.1f}",
@@ -94,7 +108,7 @@ def _format_comparisons(comparisons: tuple[Comparison, ...]) -> str:
                 f"[{c.ci_low:+.4f}, {c.ci_high:+.4f}]" if has_test else "-",
                 f"{c.t_statistic:.3f}" if has_test else "-",
                 f"{c.dof:.1f}" if has_test else "-",
-                _p(c.p_value) if has_test else "-",
+                format_p(c.p_value) if has_test else "-",
             ]
         )
     title = "== A/B: candidate - baseline, Welch's t-test (two-sided) =="
@@ -108,11 +122,11 @@ def _mean_std(summary: Summary, digits: int, unit: str = "") -> str:
     return f"mean {summary.mean:.{digits}f}{unit}  std {std}{unit}  (n={summary.n})"
 
 
-def _p(p: float | None) -> str:
+def format_p(p: float | None) -> str:
+    """A p-value with 4 decimals, or in scientific notation below 1e-4; "-" when undefined."""
     if p is None or math.isnan(p):
         return "-"
     return f"{p:.4f}" if p >= 1e-4 else f"{p:.2e}"
-
 
 
 def _finite(value: Any) -> Any:

@@ -7,6 +7,10 @@ optimization-track rule ``(target - mean) * sqrt(n) >= 0.004`` (i.e. a z-test wi
 seed-to-seed sigma of 0.0013 at p < 0.001). Two configurations are compared with Welch's
 t-test and a confidence interval for the difference of means (Welch--Satterthwaite dof).
 
+Diverged runs (``RunRecord.diverged``) are counted but have no final loss: they are left out of
+every mean, std and test, and count as not reaching the target (even when their curve crossed
+it before they diverged: a recipe that blows up has not reached anything).
+
 Example:
     >>> losses = [3.2775, 3.2776, 3.2777, 3.2780, 3.2781, 3.2775, 3.2786, 3.2774, 3.2751, 3.2739]
     >>> t = compare_to_target(losses, 3.28)
@@ -106,10 +110,12 @@ def steps_to_target(curve: Sequence[ValPoint], target: float) -> TargetCrossing 
 
     Between the last point above the target and the first point at or below it, step and
     train time are interpolated linearly in the loss. A curve whose first point is already at
-    or below the target crosses at that point.
+    or below the target crosses at that point. Non-finite points are skipped.
     """
     previous: ValPoint | None = None
     for point in curve:
+        if not math.isfinite(point.val_loss):
+            continue
         if point.val_loss <= target:
             if previous is None:
                 return TargetCrossing(float(point.step), point.train_time_ms)
@@ -183,7 +189,11 @@ def welch_compare(
 
 @dataclass(frozen=True)
 class RunSummary:
-    """One run's line in a group report."""
+    """One run's line in a group report.
+
+    A diverged run has ``diverged_step`` set, ``final_val_loss`` NaN and no target crossing;
+    its train time and step average cover the steps it ran.
+    """
 
     run_id: str
     path: str
@@ -193,22 +203,36 @@ class RunSummary:
     step_avg_ms: float
     target_step: float | None
     target_time_s: float | None
+    peak_memory_mib: float | None = None
+    diverged_step: int | None = None
+    diverged_reason: str = ""
+
+    @property
+    def diverged(self) -> bool:
+        return self.diverged_step is not None
 
 
 @dataclass(frozen=True)
 class GroupReport:
-    """All statistics of one group of runs (one configuration, several seeds)."""
+    """All statistics of one group of runs (one configuration, several seeds).
+
+    Summaries and the target test cover the ``finished`` runs only; ``diverged`` of
+    ``len(runs)`` diverged. ``target_test`` is ``None`` when every run diverged.
+    """
 
     name: str
     runs: tuple[RunSummary, ...]
     final_val_loss: Summary
     train_time_s: Summary
     step_avg_ms: Summary
-    target_test: TargetTest
+    peak_memory_mib: Summary
+    target_test: TargetTest | None
     # Over the runs that reached the target; ``reached`` of ``len(runs)`` did.
     target_step: Summary
     target_time_s: Summary
     reached: int
+    finished: int
+    diverged: int
 
 
 @dataclass(frozen=True)
@@ -225,12 +249,12 @@ COMPARED_METRICS = ("final_val_loss", "train_time_s", "step_avg_ms")
 
 
 def group_report(name: str, runs: Sequence[RunRecord], target: float = DEFAULT_TARGET) -> GroupReport:
-    """Summarize one group of finished runs against ``target``."""
+    """Summarize one group of runs against ``target``; diverged runs are counted, not averaged."""
     if not runs:
         raise ValueError(f"group {name!r}: no runs")
     summaries = []
     for run in runs:
-        crossing = steps_to_target(run.curve, target)
+        crossing = None if run.diverged else steps_to_target(run.curve, target)
         summaries.append(
             RunSummary(
                 run_id=run.run_id,
@@ -241,19 +265,27 @@ def group_report(name: str, runs: Sequence[RunRecord], target: float = DEFAULT_T
                 step_avg_ms=run.step_avg_ms,
                 target_step=None if crossing is None else crossing.step,
                 target_time_s=None if crossing is None else crossing.train_time_ms / 1000.0,
+                peak_memory_mib=run.peak_memory_mib,
+                diverged_step=run.diverged_step,
+                diverged_reason=run.diverged_reason,
             )
         )
-    reached = [s for s in summaries if s.target_step is not None]
+    finished = [s for s in summaries if not s.diverged]
+    reached = [s for s in finished if s.target_step is not None]
+    losses = [s.final_val_loss for s in finished]
     return GroupReport(
         name=name,
         runs=tuple(summaries),
-        final_val_loss=summarize([s.final_val_loss for s in summaries]),
-        train_time_s=summarize([s.train_time_s for s in summaries]),
-        step_avg_ms=summarize([s.step_avg_ms for s in summaries]),
-        target_test=compare_to_target([s.final_val_loss for s in summaries], target),
+        final_val_loss=summarize(losses),
+        train_time_s=summarize([s.train_time_s for s in finished]),
+        step_avg_ms=summarize([s.step_avg_ms for s in finished]),
+        peak_memory_mib=summarize([s.peak_memory_mib for s in finished if s.peak_memory_mib is not None]),
+        target_test=compare_to_target(losses, target) if losses else None,
         target_step=summarize([s.target_step for s in reached]),
         target_time_s=summarize([s.target_time_s for s in reached]),
         reached=len(reached),
+        finished=len(finished),
+        diverged=len(summaries) - len(finished),
     )
 
 
@@ -266,7 +298,8 @@ def build_report(
     """Report every group; with two or more, compare each group against ``baseline``.
 
     ``baseline`` defaults to the first group. Differences are ``group - baseline``, so a
-    negative train-time difference means the group is faster than the baseline.
+    negative train-time difference means the group is faster than the baseline. Only
+    finished runs are compared; a group whose runs all diverged has no comparisons.
     """
     if not groups:
         raise ValueError("groups: no groups of runs to report")
@@ -280,12 +313,14 @@ def build_report(
     for name, report in reports.items():
         if name == baseline:
             continue
+        if not base.finished or not report.finished:
+            continue
         for metric in COMPARED_METRICS:
             comparisons.append(
                 welch_compare(
                     metric,
-                    (baseline, [getattr(r, metric) for r in base.runs]),
-                    (name, [getattr(r, metric) for r in report.runs]),
+                    (baseline, [getattr(r, metric) for r in base.runs if not r.diverged]),
+                    (name, [getattr(r, metric) for r in report.runs if not r.diverged]),
                     confidence,
                 )
             )
