@@ -14,10 +14,16 @@ Facts measured on torch 2.13 CPU with gloo, which shape how callers wait:
 - gloo executes reduce-scatter as a full all-reduce followed by a local slice, so on CPU it moves
   as many bytes as an all-reduce.
 
-Example:
-    >>> out = torch.empty(grad.shape[0] // world_size, *grad.shape[1:])  # doctest: +SKIP
-    >>> work = reduce_scatter_tensor(out, grad, async_op=True)  # doctest: +SKIP
-    >>> wait_work(work)  # doctest: +SKIP
+Example (a one-rank gloo group, so that it runs anywhere; rank ``r`` of ``W`` keeps rows
+``[r*n, (r+1)*n)``):
+    >>> dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    >>> grad = torch.arange(6.0).reshape(3, 2)
+    >>> out = torch.empty(grad.shape[0] // dist.get_world_size(), *grad.shape[1:])
+    >>> work = reduce_scatter_tensor(out, grad, async_op=True)
+    >>> wait_work(work)
+    >>> torch.equal(out, grad)
+    True
+    >>> dist.destroy_process_group()
 """
 
 from __future__ import annotations

@@ -30,7 +30,30 @@ multipliers optional attributes defaulting to 1)::
 
 This is torch's AdamW except where ``eps`` enters: here it is added to ``sqrt(v)`` before the
 bias correction, torch adds it after; the two differ only where ``sqrt(v)`` is comparable to
-``eps``.
+``eps``. A complex parameter is updated as its real view (``torch.view_as_real``: real and
+imaginary parts are independent coordinates, each with its own second moment), which is what
+``torch.optim.AdamW`` does; its moments are stored complex, of the parameter's shape.
+
+Validation (all-or-nothing): ``lr``, ``betas``, ``eps`` and ``weight_decay`` of every group, and
+the optional ``lr_mul``/``wd_mul`` of every parameter, are checked at construction, in
+``add_param_group`` (a group that fails is not added, and its parameters get no hook) and again at
+the start of every ``step()`` (a scheduler may have changed them). A bad value raises
+``ValueError`` naming the group and the field before anything is launched or changed:
+``lr >= 0``, ``weight_decay >= 0`` and ``eps > 0`` finite, ``betas`` a pair in ``[0, 1)``.
+
+Non-finite gradients: every gradient sync records the float64 sum of the local gradient before
+the collective starts (a finite float32/bfloat16 tensor cannot overflow it, so the sum is finite
+iff every entry is); with world size 1 no collective starts and ``step()`` sums the gradient as
+it is then (with world size > 1 a gradient changed after its sync launched is not what the
+update uses anyway: the collective has already read it). ``step()`` launches what is still
+unlaunched, then all-reduces the vector of these sums (one small collective issued after every
+gradient collective, so the ranks' collective order stays the same) and reads it on the host.
+If any entry is NaN or Inf on any rank, every rank waits for its in-flight collectives, forgets
+them, and with ``nonfinite_grad_policy="raise"`` (default) raises
+:class:`NonFiniteGradientError` naming the parameters, or with ``"skip"`` logs a warning and
+returns: parameters, moments and step counts are unchanged on every rank (the gradients of
+replicated parameters have been averaged in place). Reading the flag synchronizes the
+host with the device once per step.
 
 Schedules (``launch``):
 - ``"hook"``: the post-accumulate-grad hook launches the reduce-scatter when ``should_sync`` is
@@ -53,18 +76,25 @@ State dict: each rank saves and loads its own shard state (moments of its slices
 moments of replicated parameters) and the ``(world_size, rank)`` it was saved under; loading on a
 different world size or rank raises ``ValueError``. Checkpoint one file per rank.
 
-Example:
-    >>> opt = DistAdam(model.parameters(), lr=3e-4, weight_decay=0.1)  # doctest: +SKIP
-    >>> for micro in range(accum_steps):  # doctest: +SKIP
-    ...     opt.should_sync = micro == accum_steps - 1
-    ...     model(x[micro], y[micro]).backward()
-    >>> opt.step()  # doctest: +SKIP
-    >>> opt.zero_grad(set_to_none=True)  # doctest: +SKIP
+Example (one process, so no collective is issued; the same code runs on every rank):
+    >>> model = torch.nn.Linear(4, 2)
+    >>> opt = DistAdam(model.parameters(), lr=1e-2, weight_decay=0.1)
+    >>> for micro in range(2):  # accumulate; the hooks sync only on the last micro-batch
+    ...     opt.should_sync = micro == 1
+    ...     model(torch.randn(8, 4)).square().mean().backward()
+    >>> opt.step()
+    >>> opt.zero_grad(set_to_none=True)
+    >>> DistAdam(model.parameters(), eps=0.0)
+    Traceback (most recent call last):
+    ...
+    ValueError: eps must be a finite number > 0, got 0.0
 """
 
 from __future__ import annotations
 
+import logging
 import math
+import numbers
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -81,9 +111,13 @@ from nanoshampoo.optim.collectives import (
     wait_all,
     wait_work,
 )
+from nanoshampoo.optim.shampoo.shampoo_types import NonFiniteGradientError
+
+logger = logging.getLogger(__name__)
 
 Launch = Literal["hook", "step"]
 _LAUNCH_MODES: tuple[str, ...] = ("hook", "step")
+NONFINITE_GRAD_POLICIES: tuple[str, ...] = ("raise", "skip")
 # Below this many elements a parameter is replicated (see module docstring).
 DEFAULT_SHARD_MIN_NUMEL = 1024
 
@@ -103,8 +137,13 @@ def adamw_update_(
 ) -> None:
     """One decoupled-weight-decay Adam step, in place on ``param``, ``exp_avg``, ``exp_avg_sq``.
 
-    All four tensors have the same shape; ``step`` is the 1-based count including this step.
+    All four tensors have the same shape and dtype; ``step`` is the 1-based count including this
+    step. Complex tensors are updated through their real views, as ``torch.optim.AdamW`` does.
     """
+    if param.is_complex():
+        param, grad, exp_avg, exp_avg_sq = (
+            _real_view(t) for t in (param, grad, exp_avg, exp_avg_sq)
+        )
     if weight_decay != 0.0:
         param.mul_(1.0 - lr * weight_decay)
     exp_avg.mul_(beta1).add_(grad, alpha=1.0 - beta1)
@@ -114,34 +153,61 @@ def adamw_update_(
     param.addcdiv_(exp_avg, denom, value=-step_size)
 
 
+def _real_view(tensor: Tensor) -> Tensor:
+    """``tensor`` itself if real, else its ``(..., 2)`` real view (same storage)."""
+    return torch.view_as_real(tensor) if tensor.is_complex() else tensor
+
+
 @dataclass
 class _PendingSync:
     """A launched gradient sync: ``grad`` holds this rank's averaged gradient once ``work`` is done.
 
     ``source`` keeps the reduce-scatter input alive until the collective completes.
+    ``local_sum`` is the 0-D float64 sum of this rank's gradient taken before the collective
+    started (finite iff the local gradient is); ``None`` when no collective was launched
+    (``work`` is ``None``), in which case ``step()`` sums ``grad`` itself.
     """
 
     work: Work | None
     grad: Tensor
     source: Tensor
     launched_by_hook: bool
+    local_sum: Tensor | None
+
+
+def _is_real_number(value: object) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
 def _validate_options(options: dict[str, Any], where: str) -> None:
+    """Raise ``ValueError`` naming the field (prefixed by ``where``) for a bad AdamW option.
+
+    Comparisons are written so that NaN fails them.
+    """
     lr, betas, eps, weight_decay = (
         options["lr"],
         options["betas"],
         options["eps"],
         options["weight_decay"],
     )
-    if not lr >= 0.0:
-        raise ValueError(f"{where}lr must be >= 0, got {lr!r}")
-    if len(betas) != 2 or not all(0.0 <= b < 1.0 for b in betas):
-        raise ValueError(f"{where}betas must be two values in [0, 1), got {betas!r}")
-    if not eps >= 0.0:
-        raise ValueError(f"{where}eps must be >= 0, got {eps!r}")
-    if not weight_decay >= 0.0:
-        raise ValueError(f"{where}weight_decay must be >= 0, got {weight_decay!r}")
+    if not (_is_real_number(lr) and math.isfinite(lr) and lr >= 0.0):
+        raise ValueError(f"{where}lr must be a finite number >= 0, got {lr!r}")
+    if not (isinstance(betas, (tuple, list)) and len(betas) == 2):
+        raise ValueError(f"{where}betas must be a pair (beta1, beta2), got {betas!r}")
+    if not all(_is_real_number(b) and 0.0 <= b < 1.0 for b in betas):
+        raise ValueError(f"{where}betas must be two numbers in [0, 1), got {betas!r}")
+    if not (_is_real_number(eps) and math.isfinite(eps) and eps > 0.0):
+        raise ValueError(f"{where}eps must be a finite number > 0, got {eps!r}")
+    if not (_is_real_number(weight_decay) and math.isfinite(weight_decay) and weight_decay >= 0.0):
+        raise ValueError(f"{where}weight_decay must be a finite number >= 0, got {weight_decay!r}")
+
+
+def _validate_multipliers(param: Tensor, where: str) -> None:
+    """Raise ``ValueError`` for a non-finite or negative ``lr_mul``/``wd_mul`` of ``param``."""
+    for name in ("lr_mul", "wd_mul"):
+        value = getattr(param, name, 1.0)
+        if not (_is_real_number(value) and math.isfinite(value) and value >= 0.0):
+            raise ValueError(f"{where}{name} must be a finite number >= 0, got {value!r}")
 
 
 class DistAdam(torch.optim.Optimizer):
@@ -154,6 +220,8 @@ class DistAdam(torch.optim.Optimizer):
         launch: ``"hook"`` (reduce-scatter launched in backward) or ``"step"`` (baseline).
         shard_min_numel: parameters with fewer elements are replicated, not sharded.
         process_group: the data-parallel group; ``None`` is the default group (or no group).
+        nonfinite_grad_policy: ``"raise"`` (default) or ``"skip"`` when a gradient holds NaN/Inf
+            on any rank (see the module docstring); nothing is changed either way.
 
     Attributes:
         should_sync: when false, the backward hooks launch nothing (accumulation micro-batches).
@@ -170,11 +238,19 @@ class DistAdam(torch.optim.Optimizer):
         *,
         shard_min_numel: int = DEFAULT_SHARD_MIN_NUMEL,
         process_group: ProcessGroup | None = None,
+        nonfinite_grad_policy: str = "raise",
     ) -> None:
-        defaults = {"lr": lr, "betas": tuple(betas), "eps": eps, "weight_decay": weight_decay}
+        defaults = {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay}
         _validate_options(defaults, "")
+        defaults["betas"] = tuple(betas)
         if not isinstance(shard_min_numel, int) or shard_min_numel < 0:
             raise ValueError(f"shard_min_numel must be an int >= 0, got {shard_min_numel!r}")
+        if nonfinite_grad_policy not in NONFINITE_GRAD_POLICIES:
+            raise ValueError(
+                f"nonfinite_grad_policy must be one of {NONFINITE_GRAD_POLICIES}, "
+                f"got {nonfinite_grad_policy!r}"
+            )
+        self._nonfinite_grad_policy = nonfinite_grad_policy
         self.launch = launch
         self.should_sync: bool = True
         self._shard_min_numel = shard_min_numel
@@ -208,7 +284,11 @@ class DistAdam(torch.optim.Optimizer):
         return self._rank
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
-        """Add ``param_group`` split into one group per distinct shape, and hook its params."""
+        """Add ``param_group`` split into one group per distinct shape, and hook its params.
+
+        All or nothing: the options (the group's, else the defaults) and the parameters are
+        checked first; if anything fails, ``param_groups`` and the hooks are left as they were.
+        """
         params = param_group["params"]
         if isinstance(params, Tensor):
             params = [params]
@@ -222,14 +302,44 @@ class DistAdam(torch.optim.Optimizer):
             by_shape.setdefault(tensor.shape, []).append(item)
         if not by_shape:
             raise ValueError("params: a param group must hold at least one tensor")
+        first_new = len(self.param_groups)
+        where = f"param group {first_new}: "
+        _validate_options({**self.defaults, **param_group}, where)
         for same_shape in by_shape.values():
-            super().add_param_group({**param_group, "params": same_shape})
-            group = self.param_groups[-1]
-            _validate_options(group, f"param group {len(self.param_groups) - 1}: ")
+            for item in same_shape:
+                self._validate_param(item[1] if isinstance(item, tuple) else item, where)
+        try:
+            for same_shape in by_shape.values():
+                super().add_param_group({**param_group, "params": same_shape})
+        except BaseException:
+            # torch's own checks (non-leaf tensor, a parameter already in another group) may
+            # fail after the first shape group was appended: drop every group this call added.
+            del self.param_groups[first_new:]
+            raise
+        for group in self.param_groups[first_new:]:
             for param in group["params"]:
                 self._hook_handles.append(
                     param.register_post_accumulate_grad_hook(self._sync_gradient)
                 )
+
+    @staticmethod
+    def _validate_param(param: Tensor, where: str) -> None:
+        """Raise ``ValueError`` for a parameter DistAdam cannot update."""
+        _validate_multipliers(param, where)
+        if param.is_complex() and param.dim() > 0 and param.stride(-1) != 1:
+            # The update goes through torch.view_as_real, which needs a unit last stride.
+            raise ValueError(
+                f"{where}params: a complex parameter needs stride 1 in its last dim, "
+                f"got strides {param.stride()}"
+            )
+
+    def _validate_groups(self) -> None:
+        """Re-check every group's options and parameters (schedulers change them between steps)."""
+        for index, group in enumerate(self.param_groups):
+            where = f"param group {index}: "
+            _validate_options(group, where)
+            for param in group["params"]:
+                _validate_multipliers(param, where)
 
     def remove_hooks(self) -> None:
         """Detach the backward hooks (e.g. before building another optimizer on these params)."""
@@ -282,21 +392,33 @@ class DistAdam(torch.optim.Optimizer):
         grad = param.grad
         if grad is None:
             raise RuntimeError(f"DistAdam: {self._describe(param)} has no gradient to sync")
+        if grad.is_sparse:
+            raise RuntimeError(f"DistAdam: {self._describe(param)} has a sparse gradient")
         if self._world_size == 1:
-            return _PendingSync(None, grad, grad, by_hook)
+            return _PendingSync(None, grad, grad, by_hook, None)
+        # Taken before the collective may average ``grad`` in place; float64 cannot overflow.
+        local_sum = _real_view(grad).sum(dtype=torch.float64)
+        # Complex gradients travel as their real views: the collectives then handle only real
+        # dtypes, and dim 0 (the sharded dim) is unchanged by the view.
         if self.is_sharded(param):
             source = grad.contiguous()
             local = torch.empty(
                 self.local_shape(param), dtype=grad.dtype, device=grad.device
             )
             work = reduce_scatter_tensor(
-                local, source, ReduceOp.AVG, group=self._process_group, async_op=True
+                _real_view(local),
+                _real_view(source),
+                ReduceOp.AVG,
+                group=self._process_group,
+                async_op=True,
             )
-            return _PendingSync(work, local, source, by_hook)
+            return _PendingSync(work, local, source, by_hook, local_sum)
         # Averaged in place: a replicated gradient needs no second buffer.
         source = grad if grad.is_contiguous() else grad.contiguous()
-        work = dist.all_reduce(source, op=ReduceOp.AVG, group=self._process_group, async_op=True)
-        return _PendingSync(work, source, source, by_hook)
+        work = dist.all_reduce(
+            _real_view(source), op=ReduceOp.AVG, group=self._process_group, async_op=True
+        )
+        return _PendingSync(work, source, source, by_hook, local_sum)
 
     def _sync_gradient(self, param: Tensor) -> None:
         """Post-accumulate-grad hook: launch ``param``'s gradient sync if this backward syncs."""
@@ -320,8 +442,10 @@ class DistAdam(torch.optim.Optimizer):
         """Wait for each gradient sync (last-launched-last), update this rank's slices, gather.
 
         Walks ``reversed(param_groups)`` and each group's params in reverse: backward produced
-        (and the hooks launched) the last parameters' syncs first.
+        (and the hooks launched) the last parameters' syncs first. Options are validated and
+        gradients checked for NaN/Inf on every rank before any parameter or state changes.
         """
+        self._validate_groups()
         loss = None
         if closure is not None:
             with torch.enable_grad():
@@ -334,6 +458,19 @@ class DistAdam(torch.optim.Optimizer):
         for _, param in order:
             if param not in self._pending and param.grad is not None:
                 self._pending[param] = self._launch_gradient_sync(param, by_hook=False)
+        nonfinite = self._nonfinite_params()
+        if nonfinite:
+            for pending in self._pending.values():
+                wait_work(pending.work)
+            self._pending.clear()
+            message = (
+                f"DistAdam: non-finite gradient (NaN or Inf) in {', '.join(nonfinite)}"
+                + (f" on at least one of {self._world_size} ranks" if self._world_size > 1 else "")
+            )
+            if self._nonfinite_grad_policy == "raise":
+                raise NonFiniteGradientError(message + "; no parameter or state was changed")
+            logger.warning("%s; skipping this step", message)
+            return loss
         gathers: list[Work | None] = []
         for group, param in order:
             pending = self._pending.pop(param, None)
@@ -345,11 +482,39 @@ class DistAdam(torch.optim.Optimizer):
             if self.is_sharded(param):
                 gathers.append(
                     all_gather_into_tensor(
-                        param, local, group=self._process_group, async_op=True
+                        _real_view(param),
+                        _real_view(local),
+                        group=self._process_group,
+                        async_op=True,
                     )
                 )
         wait_all(gathers)
         return loss
+
+    def _nonfinite_params(self) -> list[str]:
+        """Descriptions of the parameters whose gradient holds NaN/Inf on any rank.
+
+        One all-reduce (SUM) of the per-parameter local sums, indexed by position in
+        ``param_groups`` so that every rank reduces the same layout; NaN and Inf survive the sum.
+        """
+        params = [param for group in self.param_groups for param in group["params"]]
+        device = params[0].device
+        zero = torch.zeros((), dtype=torch.float64, device=device)
+        sums = torch.stack(
+            [self._local_sum(p).to(device) if p in self._pending else zero for p in params]
+        )
+        if self._world_size > 1:
+            dist.all_reduce(sums, op=ReduceOp.SUM, group=self._process_group)
+        finite = torch.isfinite(sums)
+        if bool(finite.all()):
+            return []
+        return [self._describe(param) for param, ok in zip(params, finite.tolist()) if not ok]
+
+    def _local_sum(self, param: Tensor) -> Tensor:
+        pending = self._pending[param]
+        if pending.local_sum is None:
+            return _real_view(pending.grad).sum(dtype=torch.float64)
+        return pending.local_sum
 
     def _update_slice(
         self, group: dict[str, Any], param: Tensor, local: Tensor, grad: Tensor
@@ -382,7 +547,11 @@ class DistAdam(torch.optim.Optimizer):
         return state_dict
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Load a state saved by ``state_dict()`` on this same rank of the same world size."""
+        """Load a state saved by ``state_dict()`` on this same rank of the same world size.
+
+        Everything is checked before anything is written: the layout tag, every saved group's
+        options, and every saved entry's keys, shapes and (real or complex) kind.
+        """
         layout = state_dict.get("dist_adam")
         expected = {"world_size": self._world_size, "rank": self._rank}
         if layout is None:
@@ -394,14 +563,24 @@ class DistAdam(torch.optim.Optimizer):
                 f"{self._world_size}: each rank must load the shard state it saved"
             )
         params = [param for group in self.param_groups for param in group["params"]]
+        for index, saved_group in enumerate(state_dict.get("param_groups", [])):
+            _validate_options(saved_group, f"state_dict param group {index}: ")
         for index, saved in state_dict["state"].items():
             if not 0 <= index < len(params):
                 raise ValueError(f"state_dict state index {index} is out of range")
+            missing = {"step", "exp_avg", "exp_avg_sq"} - set(saved)
+            if missing:
+                raise ValueError(f"state_dict state[{index}] lacks {sorted(missing)}")
             want = self.local_shape(params[index])
             for key in ("exp_avg", "exp_avg_sq"):
-                if key in saved and saved[key].shape != want:
+                if saved[key].shape != want:
                     raise ValueError(
                         f"state_dict state[{index}][{key!r}] has shape {tuple(saved[key].shape)}, "
                         f"expected the local shard shape {tuple(want)}"
+                    )
+                if saved[key].is_complex() != params[index].is_complex():
+                    raise ValueError(
+                        f"state_dict state[{index}][{key!r}] has dtype {saved[key].dtype}, "
+                        f"expected one like the parameter's {params[index].dtype}"
                     )
         super().load_state_dict({k: v for k, v in state_dict.items() if k != "dist_adam"})

@@ -14,7 +14,9 @@ import pytest
 import torch
 from torch import Tensor
 
+import nanoshampoo.optim.dist_adam as dist_adam_module
 from nanoshampoo.optim.dist_adam import DistAdam, adamw_update_
+from nanoshampoo.optim.shampoo.shampoo_types import NonFiniteGradientError
 from nanoshampoo.testing.distributed import run_on_gloo
 
 SHAPES: dict[str, tuple[int, ...]] = {
@@ -357,16 +359,32 @@ def test_groups_by_shape_in_first_seen_order_keeping_group_options() -> None:
     assert [g["lr"] for g in opt.param_groups] == [0.1, 0.1, 0.5]
 
 
+INVALID_OPTIONS = [
+    ({"lr": -1.0}, "lr"),
+    ({"lr": math.inf}, "lr"),
+    ({"lr": math.nan}, "lr"),
+    ({"betas": (0.9, 1.0)}, "betas"),
+    ({"betas": 0.9}, "betas"),
+    ({"betas": (0.9,)}, "betas"),
+    ({"betas": (math.nan, 0.99)}, "betas"),
+    ({"eps": -1e-8}, "eps"),
+    ({"eps": 0.0}, "eps"),
+    ({"eps": math.inf}, "eps"),
+    ({"weight_decay": -0.1}, "weight_decay"),
+    ({"weight_decay": math.inf}, "weight_decay"),
+    ({"weight_decay": math.nan}, "weight_decay"),
+]
+
+
 @pytest.mark.parametrize(
     ("kwargs", "field"),
-    [
-        ({"lr": -1.0}, "lr"),
-        ({"betas": (0.9, 1.0)}, "betas"),
-        ({"eps": -1e-8}, "eps"),
-        ({"weight_decay": -0.1}, "weight_decay"),
+    INVALID_OPTIONS
+    + [
         ({"launch": "backward"}, "launch"),
         ({"shard_min_numel": -1}, "shard_min_numel"),
+        ({"nonfinite_grad_policy": "ignore"}, "nonfinite_grad_policy"),
     ],
+    ids=str,
 )
 def test_invalid_options_raise_value_error_naming_the_field(kwargs: dict, field: str) -> None:
     with pytest.raises(ValueError, match=field):
@@ -377,6 +395,176 @@ def test_invalid_group_option_names_the_group() -> None:
     p = torch.zeros(3, requires_grad=True)
     with pytest.raises(ValueError, match="param group 0: lr"):
         DistAdam([{"params": [p], "lr": -1.0}])
+
+
+@pytest.mark.parametrize("name", ["lr_mul", "wd_mul"])
+@pytest.mark.parametrize("value", [math.nan, math.inf, -1.0])
+def test_invalid_parameter_multiplier_names_it(name: str, value: float) -> None:
+    p = torch.zeros(3, requires_grad=True)
+    setattr(p, name, value)
+    with pytest.raises(ValueError, match=f"param group 0: {name}"):
+        DistAdam([p])
+
+
+def assert_one_group_holding(opt: DistAdam, param: Tensor) -> None:
+    assert len(opt.param_groups) == 1 and opt.param_groups[0]["params"] == [param]
+
+
+@pytest.mark.parametrize(("kwargs", "field"), INVALID_OPTIONS, ids=str)
+def test_add_param_group_that_fails_validation_is_not_added(kwargs: dict, field: str) -> None:
+    kept = torch.zeros(3, requires_grad=True)
+    rejected = torch.ones(2, 3, requires_grad=True)
+    opt = DistAdam([kept], lr=0.1)
+    with pytest.raises(ValueError, match=f"param group 1: {field}"):
+        opt.add_param_group({"params": [rejected], **kwargs})
+    assert_one_group_holding(opt, kept)
+    assert not rejected._post_accumulate_grad_hooks  # no backward hook was registered
+    rejected.sum().backward()
+    opt.step()
+    assert torch.equal(rejected, torch.ones(2, 3))
+    assert opt.state_dict()["state"] == {}
+
+
+def test_add_param_group_rolls_back_every_shape_group_when_torch_refuses_one() -> None:
+    kept = torch.zeros(3, requires_grad=True)
+    new = torch.zeros(2, 3, requires_grad=True)
+    opt = DistAdam([kept])
+    # Split by shape into [new] (accepted by torch) then [kept] (already in group 0: refused).
+    with pytest.raises(ValueError, match="more than one parameter group"):
+        opt.add_param_group({"params": [new, kept]})
+    assert_one_group_holding(opt, kept)
+    assert not new._post_accumulate_grad_hooks
+
+
+def test_step_revalidates_options_before_changing_anything() -> None:
+    params = make_params()
+    opt = make_optimizer(params)
+    train(0, params, opt, range(1))
+    before = detached(params)
+    state_before = roundtrip(opt.state_dict())
+    x, y = make_batch(0, 1, 0)
+    loss_fn(params, x, y).backward()  # the hooks launch (world size 1: trivial) syncs
+    for field, value in [("lr", math.inf), ("eps", 0.0), ("betas", 0.9)]:
+        good = opt.param_groups[1][field]
+        opt.param_groups[1][field] = value  # what a buggy scheduler would do
+        with pytest.raises(ValueError, match=f"param group 1: {field}"):
+            opt.step()
+        opt.param_groups[1][field] = good
+        assert all(torch.equal(params[n], before[n]) for n in SHAPES)
+        assert_state_equal(opt.state_dict(), state_before)
+    opt.step()  # the launched syncs are still there to consume once the options are fixed
+    opt.zero_grad()
+    train(0, params, opt, range(2, STEPS))
+    reference = make_params()
+    reference_opt = make_optimizer(reference)
+    train(0, reference, reference_opt, range(STEPS))
+    for name in SHAPES:
+        assert torch.equal(params[name], reference[name])
+
+
+def assert_state_equal(actual: dict, expected: dict) -> None:
+    assert actual["state"].keys() == expected["state"].keys()
+    for index, entry in expected["state"].items():
+        assert actual["state"][index]["step"] == entry["step"]
+        for key in ("exp_avg", "exp_avg_sq"):
+            assert torch.equal(actual["state"][index][key], entry[key])
+
+
+def nan_batch(rank: int, step: int) -> tuple[Tensor, Tensor]:
+    """``make_batch`` with one NaN input: every parameter but ``unused`` gets a NaN gradient."""
+    x, y = make_batch(rank, step, 0)
+    x[0, 0] = math.nan
+    return x, y
+
+
+def test_nonfinite_gradient_raises_naming_the_parameter_and_changes_nothing() -> None:
+    params = make_params()
+    opt = make_optimizer(params)
+    train(0, params, opt, range(1))
+    before, state_before = detached(params), roundtrip(opt.state_dict())
+    x, y = make_batch(0, 1, 0)
+    loss_fn(params, x, y).backward()
+    params["odd"].grad[2, 7] = math.inf  # only this gradient is bad
+    with pytest.raises(NonFiniteGradientError, match=r"param 0 of group 1 \(shape \(5, 256\)\)"):
+        opt.step()
+    assert all(torch.equal(params[n], before[n]) for n in SHAPES)
+    assert_state_equal(opt.state_dict(), state_before)
+    opt.zero_grad()  # nothing launched is left waiting for step()
+    train(0, params, opt, range(1, STEPS))
+    assert all(torch.isfinite(p).all() for p in params.values())
+
+
+def test_nonfinite_gradient_skip_policy_skips_the_step(caplog: pytest.LogCaptureFixture) -> None:
+    params = make_params()
+    opt = DistAdam(list(params.values()), lr=LR, nonfinite_grad_policy="skip")
+    before = detached(params)
+    x, y = nan_batch(0, 0)
+    loss_fn(params, x, y).backward()
+    opt.step()
+    assert "skipping this step" in caplog.text and "group 0" in caplog.text
+    assert all(torch.equal(params[n], before[n]) for n in SHAPES)
+    assert opt.state_dict()["state"] == {}
+    opt.zero_grad()
+    train(0, params, opt, range(1))
+    assert not torch.equal(params["w1"], before["w1"])
+
+
+COMPLEX_SHAPES: dict[str, tuple[int, ...]] = {
+    "c_sharded": (16, 80),  # sharded at world size 2
+    "c_replicated": (5, 3),  # small: replicated
+    "c_scalar": (),
+}
+
+
+def make_complex_params() -> dict[str, Tensor]:
+    gen = torch.Generator().manual_seed(5)
+    return {
+        name: (torch.randn(shape, dtype=torch.complex64, generator=gen) * 0.3).requires_grad_()
+        for name, shape in COMPLEX_SHAPES.items()
+    }
+
+
+def complex_loss(params: dict[str, Tensor], rank: int, step: int) -> Tensor:
+    """A real loss whose gradients have real and imaginary parts of very different scales."""
+    gen = torch.Generator().manual_seed(777 + 100 * rank + step)
+    x = torch.randn(4, 80, dtype=torch.complex64, generator=gen)
+    z = torch.randn(4, 3, dtype=torch.complex64, generator=gen)
+    h = x @ params["c_sharded"].T  # (4, 16)
+    out = h[:, :5] @ params["c_replicated"] + z * params["c_scalar"]  # (4, 3)
+    return out.real.square().mean() + 0.01 * out.imag.abs().mean()
+
+
+def train_complex(rank: int, params: dict[str, Tensor], opt: torch.optim.Optimizer) -> None:
+    for step in range(STEPS):
+        complex_loss(params, rank, step).backward()
+        opt.step()
+        opt.zero_grad()
+
+
+def reference_complex_adamw(world_size: int) -> dict[str, Tensor]:
+    """torch.optim.AdamW on the rank-mean gradient of ``complex_loss``."""
+    params = make_complex_params()
+    opt = torch.optim.AdamW(list(params.values()), lr=LR, betas=BETAS, eps=EPS, weight_decay=WD)
+    for step in range(STEPS):
+        grads = [
+            torch.autograd.grad(complex_loss(params, rank, step), list(params.values()))
+            for rank in range(world_size)
+        ]
+        for index, p in enumerate(params.values()):
+            p.grad = sum(g[index] for g in grads) / world_size
+        opt.step()
+    return detached(params)
+
+
+def test_complex_parameters_match_adamw() -> None:
+    params = make_complex_params()
+    opt = DistAdam(list(params.values()), lr=LR, betas=BETAS, eps=EPS, weight_decay=WD)
+    train_complex(0, params, opt)
+    expected = reference_complex_adamw(1)
+    for name in COMPLEX_SHAPES:
+        assert params[name].dtype == torch.complex64
+        torch.testing.assert_close(params[name], expected[name], atol=1e-6, rtol=1e-6)
+        assert not torch.equal(expected[name], make_complex_params()[name])
 
 
 def test_synced_backward_without_step_raises_only_in_hook_mode() -> None:
@@ -396,11 +584,35 @@ def test_synced_backward_without_step_raises_only_in_hook_mode() -> None:
 def test_removed_hooks_launch_nothing() -> None:
     params = make_params()
     opt = make_optimizer(params)
+    assert all(len(p._post_accumulate_grad_hooks) == 1 for p in params.values())
     opt.remove_hooks()
+    assert all(not p._post_accumulate_grad_hooks for p in params.values())
     x, y = make_batch(0, 0, 0)
     loss_fn(params, x, y).backward()
-    loss_fn(params, x, y).backward()  # would raise if a hook had launched a sync
-    opt.step()
+    opt.zero_grad()  # with a hook, this synced backward would have left a launched sync: raise
+    train(0, params, opt, range(STEPS))  # step() still syncs every gradient itself
+    assert_params_close(detached(params), reference_adamw(1, STEPS))
+
+
+def test_load_state_dict_validates_everything_before_writing() -> None:
+    params = make_params()
+    opt = make_optimizer(params)
+    train(0, params, opt, range(1))
+    saved = roundtrip(opt.state_dict())
+    train(0, params, opt, range(1, 2))
+    current = roundtrip(opt.state_dict())
+    bad_lr = roundtrip(saved)
+    bad_lr["param_groups"][3]["lr"] = math.nan
+    missing_key = roundtrip(saved)
+    del missing_key["state"][4]["exp_avg_sq"]
+    for bad, message in [
+        (bad_lr, "state_dict param group 3: lr"),
+        (missing_key, r"state\[4\] lacks \['exp_avg_sq'\]"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            opt.load_state_dict(bad)
+        assert_state_equal(opt.state_dict(), current)
+        assert opt.param_groups[3]["lr"] == LR
 
 
 def test_load_state_dict_rejects_state_from_another_layout() -> None:
