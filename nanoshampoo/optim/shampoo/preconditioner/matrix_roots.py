@@ -14,7 +14,16 @@ Example:
 
 from __future__ import annotations
 
+import math
+
 import torch
+
+from nanoshampoo.optim.shampoo.shampoo_types import (
+    DefaultPerturbationConfig,
+    PerturbationConfig,
+    PseudoInverseConfig,
+    RankDeficientStabilityConfig,
+)
 
 
 def _eigh_or_none(matrices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -59,33 +68,115 @@ def robust_eigh(
     return evals, evecs, ok
 
 
+def _least_precise(first: torch.dtype, second: torch.dtype) -> torch.dtype:
+    return first if torch.finfo(first).eps >= torch.finfo(second).eps else second
+
+
+def default_rank_rtol(size: int, dtype: torch.dtype) -> float:
+    """``n * finfo(dtype).eps``: the rank tolerance of ``torch.linalg.matrix_rank`` for an
+    ``n x n`` matrix in ``dtype`` (the default ``rank_rtol`` of ``PseudoInverseConfig``)."""
+    return size * torch.finfo(dtype).eps
+
+
+def default_floor_rtol(size: int, dtype: torch.dtype) -> float:
+    """``sqrt(n) * finfo(dtype).eps``: the default ``eigenvalue_floor_rtol`` (relative to
+    ``lambda_max``) of an ``n x n`` factor whose root is computed or applied in ``dtype``.
+
+    Chosen by measurement among ``1e-7``, ``1e-6``, ``n eps`` and ``sqrt(n) eps`` (see
+    ``bench/shampoo_fp32_accuracy.py``): ``sqrt(n) eps`` had the smallest float32-vs-float64
+    parameter error; ``n eps`` over-damps the larger factors.
+    """
+    return math.sqrt(size) * torch.finfo(dtype).eps
+
+
+def inverse_root_spectrum(
+    evals: torch.Tensor,
+    exponents: torch.Tensor,
+    epsilon: float,
+    stability: RankDeficientStabilityConfig,
+    size: int,
+    perturbed: bool,
+    noise_dtype: torch.dtype,
+) -> torch.Tensor:
+    """The weights ``w_j`` of ``X = Q diag(w) Q^T`` from the eigenvalues ``mu`` of ``A``.
+
+    Args:
+        evals: ``(N, n)`` eigenvalues, ascending (from ``eigh``).
+        exponents: ``(N,)`` exponents ``e > 0``.
+        epsilon: ridge ``eps >= 0``.
+        stability: ``PerturbationConfig``: ``lambda = max(mu - min(mu_min, 0), f mu_max) + eps``
+            with ``f`` its ``eigenvalue_floor_rtol``; the shift comes first, so in float32 a
+            ``mu_min`` far below ``-eps`` cannot round the smallest ``lambda`` to 0. When
+            ``perturbed`` (``eps I`` already added to ``A``), ``eps`` is only added where the
+            shifted spectrum's minimum is below it. ``PseudoInverseConfig``: ``w = 0`` where
+            ``mu <= max(rank_atol, rank_rtol * mu_max)``, else ``(mu + eps)^(-e)``.
+        size: ``n``, for the default relative tolerances.
+        perturbed: whether ``evals`` are those of ``A + eps I``.
+        noise_dtype: the least precise dtype the root passes through (decomposition or
+            storage); the default tolerances are relative to its ``eps``.
+
+    Returns:
+        ``(N, n)`` weights, finite wherever ``evals`` are (and ``eps > 0`` or a pseudo-inverse).
+    """
+    power = -exponents.unsqueeze(-1)
+    top = evals[..., -1:].clamp(min=0.0)
+    if isinstance(stability, PseudoInverseConfig):
+        rtol = stability.rank_rtol
+        if rtol is None:
+            rtol = default_rank_rtol(size, noise_dtype)
+        kept = evals > torch.clamp(top * rtol, min=stability.rank_atol)
+        # Dropped directions get base 1 so that pow stays finite before the mask zeroes it.
+        base = torch.where(kept, evals + epsilon, torch.ones_like(evals))
+        return torch.where(kept, base.pow(power), torch.zeros_like(evals))
+    if not isinstance(stability, PerturbationConfig):
+        raise TypeError(f"unsupported rank_deficient_stability_config {stability!r}")
+    rtol = stability.eigenvalue_floor_rtol
+    floor = top * (default_floor_rtol(size, noise_dtype) if rtol is None else rtol)
+    if perturbed:
+        lowest = evals[..., :1]
+        shifted = torch.where(lowest < epsilon, (evals - lowest) + epsilon, evals)
+        return torch.maximum(shifted, floor).pow(power)
+    shifted = evals - evals[..., :1].clamp(max=0.0)
+    return (torch.maximum(shifted, floor) + epsilon).pow(power)
+
+
 def eigh_inverse_root(
     matrices: torch.Tensor,
     exponents: torch.Tensor,
     epsilon: float,
     retry_double_precision: bool = True,
+    stability: RankDeficientStabilityConfig = DefaultPerturbationConfig,
+    root_dtype: torch.dtype | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(A + eps I)^(-e)`` for each matrix of a stack, by one batched eigendecomposition.
 
-    With ``A = Q diag(mu) Q^T``: ``lambda = mu + eps``; if ``min(lambda) < eps`` the spectrum is
-    shifted up so that its minimum equals ``eps`` (rounding can make a PSD matrix's smallest
-    eigenvalues slightly negative); then ``X = Q diag(lambda^(-e)) Q^T``.
+    With ``A = Q diag(mu) Q^T``: ``X = Q diag(w) Q^T``, ``w`` from :func:`inverse_root_spectrum`
+    (perturbation with a noise floor, or pseudo-inverse, as ``stability`` says).
 
     Args:
         matrices: ``(N, n, n)`` symmetric, float32 or float64.
         exponents: ``(N,)`` exponents ``e > 0``, same dtype/device as ``matrices``.
         epsilon: ridge ``eps >= 0``.
         retry_double_precision: retry a failed decomposition in float64.
+        stability: the rank-deficient stability config.
+        root_dtype: dtype the caller stores and applies the roots in (default: the input's).
+            A float32 root of a float64 factor amplifies its own rounding by its condition
+            number, so the default tolerances use the less precise of the two dtypes.
 
     Returns:
         ``(roots (N, n, n), ok (N,) bool)``; ``roots[i]`` is garbage where ``ok[i]`` is False.
     """
+    perturbed = isinstance(stability, PerturbationConfig) and stability.perturb_before_computation
+    if perturbed and epsilon > 0.0:
+        matrices = matrices + epsilon * torch.eye(
+            matrices.shape[-1], dtype=matrices.dtype, device=matrices.device
+        )
     evals, evecs, ok = robust_eigh(matrices, retry_double_precision)
-    evals = evals + epsilon
-    shift = (epsilon - evals.amin(dim=-1, keepdim=True)).clamp_(min=0.0)
-    evals.add_(shift)
-    scaled = evecs * evals.pow(-exponents.unsqueeze(-1)).unsqueeze(-2)
-    roots = scaled @ evecs.mT
+    noise_dtype = _least_precise(matrices.dtype, root_dtype or matrices.dtype)
+    weights = inverse_root_spectrum(
+        evals, exponents, epsilon, stability, matrices.shape[-1], perturbed, noise_dtype
+    )
+    roots = (evecs * weights.unsqueeze(-2)) @ evecs.mT
     return roots, ok & torch.isfinite(roots).all(dim=-1).all(dim=-1)
 
 

@@ -118,7 +118,12 @@ class ShampooPreconditioner(Preconditioner):
             exponents = self._exponents[key]
             if isinstance(solver, EigenConfig):
                 roots, ok = eigh_inverse_root(
-                    matrices, exponents, self._epsilon, solver.retry_double_precision
+                    matrices,
+                    exponents,
+                    self._epsilon,
+                    solver.retry_double_precision,
+                    solver.rank_deficient_stability_config,
+                    root_dtype=key[1],
                 )
             elif isinstance(solver, CoupledNewtonConfig):
                 roots, ok = self._coupled_newton_roots(matrices, exponents, solver)
