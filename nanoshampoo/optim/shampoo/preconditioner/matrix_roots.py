@@ -186,13 +186,20 @@ def coupled_newton_inverse_root(
     epsilon: float,
     max_iterations: int,
     tolerance: float,
+    root_dtype: torch.dtype | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(A + eps I)^(-1/p)`` for each matrix of a stack by the coupled Newton iteration.
+    """``(A + delta I)^(-1/p)`` for each matrix of a stack by the coupled Newton iteration.
 
-    Keeps ``M_k = X_k^p (A + eps I)``: starting from ``X_0 = z^(1/p) I``, ``M_0 = z (A + eps I)``
-    with ``z = (p + 1) / (2 ||A + eps I||_F)``, iterate ``T = ((p + 1) I - M) / p``,
-    ``X <- X T``, ``M <- T^p M`` until ``max |M - I| <= tolerance`` for every matrix, or
-    ``max_iterations``. Then ``X -> (A + eps I)^(-1/p)``.
+    The ridge is ``delta = eps + sqrt(n) * finfo(dtype).eps * ||A||_F`` (``dtype`` the less
+    precise of the input's and ``root_dtype``): the same noise floor as the eigendecomposition
+    roots' default, as a ridge since there is no spectrum to floor. Without it a rank-deficient
+    float32 factor, whose null-space eigenvalues are rounding noise of either sign, makes the
+    iteration diverge (a negative eigenvalue grows at every step) or stall far from converged.
+
+    Keeps ``M_k = X_k^p (A + delta I)``: starting from ``X_0 = z^(1/p) I``,
+    ``M_0 = z (A + delta I)`` with ``z = (p + 1) / (2 ||A + delta I||_F)``, iterate
+    ``T = ((p + 1) I - M) / p``, ``X <- X T``, ``M <- T^p M`` until ``max |M - I| <= tolerance``
+    for every matrix, or ``max_iterations``. Then ``X -> (A + delta I)^(-1/p)``.
 
     Args:
         matrices: ``(N, n, n)`` symmetric PSD, float32 or float64.
@@ -200,13 +207,17 @@ def coupled_newton_inverse_root(
         epsilon: ridge ``eps >= 0``.
         max_iterations: iteration cap.
         tolerance: convergence threshold on ``max |M - I|``.
+        root_dtype: dtype the caller stores the roots in (default: the input's).
 
     Returns:
         ``(roots (N, n, n), ok (N,) bool)``; ``ok`` is False where the result is not finite.
     """
     n = matrices.shape[-1]
     identity = torch.eye(n, dtype=matrices.dtype, device=matrices.device)
-    ridged = matrices + epsilon * identity
+    noise_dtype = _least_precise(matrices.dtype, root_dtype or matrices.dtype)
+    norms = torch.linalg.matrix_norm(matrices).view(-1, 1, 1)
+    ridge = epsilon + default_floor_rtol(n, noise_dtype) * norms
+    ridged = matrices + ridge * identity
     z = (root_order + 1) / (2.0 * torch.linalg.matrix_norm(ridged).clamp(min=torch.finfo(ridged.dtype).tiny))
     z = z.view(-1, 1, 1)
     roots = z.pow(1.0 / root_order) * identity

@@ -126,7 +126,7 @@ class ShampooPreconditioner(Preconditioner):
                     root_dtype=key[1],
                 )
             elif isinstance(solver, CoupledNewtonConfig):
-                roots, ok = self._coupled_newton_roots(matrices, exponents, solver)
+                roots, ok = self._coupled_newton_roots(matrices, exponents, solver, key[1])
             else:
                 raise TypeError(f"unsupported amortized_computation_config {solver!r}")
             keep_previous_where_failed(self._roots[key], roots, ok)
@@ -139,7 +139,11 @@ class ShampooPreconditioner(Preconditioner):
             )
 
     def _coupled_newton_roots(
-        self, matrices: torch.Tensor, exponents: torch.Tensor, solver: CoupledNewtonConfig
+        self,
+        matrices: torch.Tensor,
+        exponents: torch.Tensor,
+        solver: CoupledNewtonConfig,
+        root_dtype: torch.dtype,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         roots = torch.empty_like(matrices)
         ok = torch.empty(matrices.shape[0], dtype=torch.bool, device=matrices.device)
@@ -147,7 +151,12 @@ class ShampooPreconditioner(Preconditioner):
         for order in orders.unique().tolist():
             index = (orders == order).nonzero().squeeze(1)
             roots[index], ok[index] = coupled_newton_inverse_root(
-                matrices[index], int(order), self._epsilon, solver.max_iterations, solver.tolerance
+                matrices[index],
+                int(order),
+                self._epsilon,
+                solver.max_iterations,
+                solver.tolerance,
+                root_dtype=root_dtype,
             )
         return roots, ok
 
