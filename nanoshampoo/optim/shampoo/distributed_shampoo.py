@@ -16,13 +16,26 @@ One step for a block (``t`` 1-based, ``s`` = start_preconditioning_step, ``f`` =
 8. ``W <- W - lr P`` (through the distributor).
 
 Blocks with the same shape are stacked into buckets and processed by batched kernels
-(``baddbmm``/``bmm``/``_foreach_*``; one ``eigh`` per factor size); all buffers are allocated
-at construction.
+(``baddbmm``/``bmm``/``_foreach_*``; one ``eigh`` per factor size); the buffers a group's
+hyperparameters need are allocated when the group is added.
 
-Non-finite gradients: every step runs one fused finiteness check over all gradients before
-touching any state. With ``nonfinite_grad_policy="raise"`` (default) it raises
-:class:`NonFiniteGradientError` naming the parameters; with ``"skip"`` it logs a warning and
-skips the step (parameters, state and step counter unchanged).
+A step is all or nothing. Before anything moves it checks, for every group: the
+hyperparameters (re-validated every step, so that a scheduler's ``lr = inf`` is refused), that
+the entries fixed at construction are unchanged (``params``, ``max_preconditioner_dim``,
+``preconditioner_config``, ``grafting_config``, ``distributed_config``: they decide the blocks,
+which rank holds them and the layout of their state), and that every gradient is dense, real
+and of its parameter's shape; a failure raises ``ValueError`` naming the field or parameter.
+Then one fused finiteness check over all gradients: with ``nonfinite_grad_policy="raise"``
+(default) it raises :class:`NonFiniteGradientError` naming the parameters; with ``"skip"`` it
+logs a warning and skips the step (parameters, state and step counter unchanged).
+
+Changed hyperparameters apply from the next step. The ``-1`` sentinels (``beta3``,
+``start_preconditioning_step``) are resolved when a group is added and again only when one of
+its entries changes; ``param_groups`` and ``state_dict`` keep the user's values. State follows
+the hyperparameters in use: momentum (``momentum > 0``) and the filtered gradient
+(``betas[0] > 0``) start from zero when turned on and are dropped when turned off; a change of
+``betas[1]``, ``epsilon`` or ``use_bias_correction`` rebuilds the preconditioner for the new
+values and carries every block's state over, as a checkpoint round trip would.
 """
 
 from __future__ import annotations
@@ -30,6 +43,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -66,6 +80,7 @@ from nanoshampoo.optim.shampoo.shampoo_types import (
     EigenvalueCorrectedShampooPreconditionerConfig,
     NonFiniteGradientError,
     PreconditionerConfig,
+    PseudoInverseConfig,
     RMSpropPreconditionerConfig,
     SGDPreconditionerConfig,
     ShampooPreconditionerConfig,
@@ -78,8 +93,17 @@ logger = logging.getLogger(__name__)
 
 NONFINITE_GRAD_POLICIES = ("raise", "skip")
 _GRAFTING_NORM_EPSILON = 1e-16
-# Group entries that fix the block structure: a checkpoint must agree with them.
-_STRUCTURAL_KEYS = ("max_preconditioner_dim",)
+# Group entries fixed when the group is added: they decide the blocks, which rank holds them and
+# the layout of their state. A change after construction (or from a checkpoint) is refused.
+_FIXED_KEYS = ("max_preconditioner_dim", "preconditioner_config", "grafting_config", "distributed_config")
+# Group entries a step reads; changing them between steps is supported.
+_STEP_KEYS = (
+    "lr", "betas", "beta3", "epsilon", "momentum", "dampening", "use_nesterov", "weight_decay",
+    "weight_decay_type", "precondition_frequency", "start_preconditioning_step",
+    "use_bias_correction",
+)
+# Block state entries that exist only while the hyperparameters use them.
+_OPTIONAL_BLOCK_STATE = ("filtered_grad", "momentum")
 
 
 def build_preconditioner(
@@ -138,68 +162,164 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_finite_number(value: Any) -> bool:
+    return _is_number(value) and math.isfinite(value)
+
+
+def uses_pseudo_inverse(config: PreconditionerConfig) -> bool:
+    """Whether ``config`` drops numerically-zero eigenvalues (then ``epsilon`` must be 0)."""
+    solver = getattr(config, "amortized_computation_config", None)
+    return isinstance(getattr(solver, "rank_deficient_stability_config", None), PseudoInverseConfig)
+
+
 def validate_group(group: Mapping[str, Any]) -> None:
-    """Raise ``ValueError`` (message starting with the field name) for an invalid group entry."""
+    """Raise ``ValueError`` (message starting with the field name) for an invalid group entry.
+
+    Checks every entry but ``params`` (see :func:`validate_params`); cheap Python only, so
+    :meth:`DistributedShampoo.step` runs it on every group at every step.
+    """
 
     def check(ok: bool, name: str, requirement: str) -> None:
         if not ok:
             raise ValueError(f"{name} {requirement}, got {group.get(name.split('[')[0])!r}")
 
-    lr, betas, beta3, eps = group["lr"], group["betas"], group["beta3"], group["epsilon"]
-    check(_is_number(lr) and lr >= 0.0, "lr", "must be >= 0.0")
-    check(isinstance(betas, (tuple, list)) and len(betas) == 2, "betas", "must be a pair")
-    check(_is_number(betas[0]) and 0.0 <= betas[0] < 1.0, "betas[0]", "must be in [0.0, 1.0)")
-    check(_is_number(betas[1]) and 0.0 < betas[1] <= 1.0, "betas[1]", "must be in (0.0, 1.0]")
-    check(_is_number(beta3) and (beta3 == -1.0 or 0.0 <= beta3 < 1.0), "beta3", "must be -1.0 or in [0.0, 1.0)")
-    check(_is_number(eps) and eps > 0.0, "epsilon", "must be > 0.0")
-    momentum, dampening = group["momentum"], group["dampening"]
-    check(_is_number(momentum) and 0.0 <= momentum < 1.0, "momentum", "must be in [0.0, 1.0)")
-    check(_is_number(dampening) and 0.0 <= dampening < 1.0, "dampening", "must be in [0.0, 1.0)")
-    check(isinstance(group["use_nesterov"], bool), "use_nesterov", "must be a bool")
-    check(not group["use_nesterov"] or momentum > 0.0, "use_nesterov", "needs momentum > 0.0")
-    wd = group["weight_decay"]
-    check(_is_number(wd) and wd >= 0.0, "weight_decay", "must be >= 0.0")
-    check(isinstance(group["weight_decay_type"], WeightDecayType), "weight_decay_type", "must be a WeightDecayType")
-    max_dim = group["max_preconditioner_dim"]
-    check(
-        (isinstance(max_dim, int) and not isinstance(max_dim, bool) and max_dim >= 1) or max_dim == math.inf,
-        "max_preconditioner_dim",
-        "must be an int >= 1 or math.inf",
-    )
-    frequency, start = group["precondition_frequency"], group["start_preconditioning_step"]
-    check(
-        isinstance(frequency, int) and not isinstance(frequency, bool) and frequency >= 1,
-        "precondition_frequency",
-        "must be an int >= 1",
-    )
-    check(
-        isinstance(start, int) and not isinstance(start, bool) and (start == -1 or start >= frequency),
-        "start_preconditioning_step",
-        f"must be -1 or an int >= precondition_frequency ({frequency})",
-    )
-    check(isinstance(group["use_bias_correction"], bool), "use_bias_correction", "must be a bool")
+    config = group["preconditioner_config"]
+    check(isinstance(config, PreconditionerConfig), "preconditioner_config", "must be a PreconditionerConfig")
     grafting = group["grafting_config"]
     check(
         grafting is None or isinstance(grafting, GRAFTING_CONFIG_TYPES),
         "grafting_config",
         "must be None or an SGD/AdaGrad/RMSprop/Adam PreconditionerConfig",
     )
-    check(isinstance(group["preconditioner_config"], PreconditionerConfig), "preconditioner_config", "must be a PreconditionerConfig")
     check(isinstance(group["distributed_config"], DistributedConfig), "distributed_config", "must be a DistributedConfig")
-    for index, param in enumerate(group["params"]):
+    lr, betas, beta3, eps = group["lr"], group["betas"], group["beta3"], group["epsilon"]
+    check(_is_finite_number(lr) and lr >= 0.0, "lr", "must be finite and >= 0.0")
+    check(isinstance(betas, (tuple, list)) and len(betas) == 2, "betas", "must be a pair (beta1, beta2)")
+    check(_is_number(betas[0]) and 0.0 <= betas[0] < 1.0, "betas[0]", "must be in [0.0, 1.0)")
+    check(_is_number(betas[1]) and 0.0 < betas[1] <= 1.0, "betas[1]", "must be in (0.0, 1.0]")
+    check(_is_number(beta3) and (beta3 == -1.0 or 0.0 <= beta3 < 1.0), "beta3", "must be -1.0 or in [0.0, 1.0)")
+    check(_is_finite_number(eps) and eps >= 0.0, "epsilon", "must be finite and >= 0.0")
+    if uses_pseudo_inverse(config):
+        check(eps == 0.0, "epsilon", "must be 0.0 with a PseudoInverseConfig (the pseudo-inverse adds no ridge)")
+    else:
+        check(eps > 0.0, "epsilon", "must be > 0.0 (0.0 only with a PseudoInverseConfig rank_deficient_stability_config)")
+    momentum, dampening = group["momentum"], group["dampening"]
+    check(_is_number(momentum) and 0.0 <= momentum < 1.0, "momentum", "must be in [0.0, 1.0)")
+    check(_is_number(dampening) and 0.0 <= dampening < 1.0, "dampening", "must be in [0.0, 1.0)")
+    check(isinstance(group["use_nesterov"], bool), "use_nesterov", "must be a bool")
+    check(not group["use_nesterov"] or momentum > 0.0, "use_nesterov", "needs momentum > 0.0")
+    wd = group["weight_decay"]
+    check(_is_finite_number(wd) and wd >= 0.0, "weight_decay", "must be finite and >= 0.0")
+    check(isinstance(group["weight_decay_type"], WeightDecayType), "weight_decay_type", "must be a WeightDecayType")
+    max_dim = group["max_preconditioner_dim"]
+    check(
+        (_is_int(max_dim) and max_dim >= 1) or max_dim == math.inf,
+        "max_preconditioner_dim",
+        "must be an int >= 1 or math.inf",
+    )
+    frequency, start = group["precondition_frequency"], group["start_preconditioning_step"]
+    check(_is_int(frequency) and frequency >= 1, "precondition_frequency", "must be an int >= 1")
+    check(
+        _is_int(start) and (start == -1 or start >= frequency),
+        "start_preconditioning_step",
+        f"must be -1 or an int >= precondition_frequency ({frequency})",
+    )
+    check(isinstance(group["use_bias_correction"], bool), "use_bias_correction", "must be a bool")
+
+
+def validate_params(params: Sequence[torch.Tensor]) -> None:
+    """Raise ``ValueError`` naming ``params[i]`` for a parameter Shampoo cannot step."""
+    for index, param in enumerate(params):
+        if param.is_complex():
+            raise ValueError(f"params[{index}] is complex ({param.dtype}): DistributedShampoo needs real parameters")
         if not param.is_floating_point():
             raise ValueError(f"params[{index}] must be a floating-point tensor, got {param.dtype}")
+        if param.layout != torch.strided:
+            raise ValueError(f"params[{index}] must be a dense (strided) tensor, got {param.layout}")
+
+
+def _step_values(group: Mapping[str, Any]) -> tuple[Any, ...]:
+    """The group entries a step reads, as a comparable snapshot (``betas`` as a tuple)."""
+    return tuple(tuple(group[k]) if k == "betas" else group[k] for k in _STEP_KEYS)
+
+
+@dataclass(frozen=True)
+class _Hyperparameters:
+    """One group's hyperparameters as a step uses them: validated, ``-1`` sentinels resolved.
+
+    ``group_values`` is the snapshot of the group entries they were resolved from; a step
+    resolves again only when the group's entries differ from it.
+    """
+
+    lr: float
+    beta1: float
+    beta2: float
+    beta3: float
+    epsilon: float
+    momentum: float
+    dampening: float
+    use_nesterov: bool
+    weight_decay: float
+    weight_decay_type: WeightDecayType
+    precondition_frequency: int
+    start_preconditioning_step: int
+    use_bias_correction: bool
+    group_values: tuple[Any, ...]
+
+    @classmethod
+    def resolve(cls, group: Mapping[str, Any]) -> _Hyperparameters:
+        """From a group that passed :func:`validate_group`."""
+        beta1, beta2 = group["betas"]
+        frequency, start = group["precondition_frequency"], group["start_preconditioning_step"]
+        return cls(
+            lr=float(group["lr"]),
+            beta1=float(beta1),
+            beta2=float(beta2),
+            beta3=float(beta1 if group["beta3"] == -1.0 else group["beta3"]),
+            epsilon=float(group["epsilon"]),
+            momentum=float(group["momentum"]),
+            dampening=float(group["dampening"]),
+            use_nesterov=group["use_nesterov"],
+            weight_decay=float(group["weight_decay"]),
+            weight_decay_type=group["weight_decay_type"],
+            precondition_frequency=frequency,
+            start_preconditioning_step=frequency if start == -1 else start,
+            use_bias_correction=group["use_bias_correction"],
+            group_values=_step_values(group),
+        )
+
+    def buffers_needed(self) -> dict[str, bool]:
+        """Which per-bucket buffers of :class:`_GroupRuntime` a step with these values uses."""
+        filtering = self.beta1 > 0.0
+        return {
+            "params": self.weight_decay > 0.0,
+            "filtered": filtering,
+            "filtered_out": filtering and (self.beta3 != self.beta1 or self.use_bias_correction),
+            "momentum": self.momentum > 0.0,
+        }
 
 
 class _GroupRuntime:
     """Everything one parameter group needs per step: buckets, buffers, preconditioners.
 
     Block order: ``local`` = the distributor's local blocks; each bucket lists the local
-    indices of its blocks. All per-bucket tensors are ``(B, *shape)`` and allocated once.
+    indices of its blocks. All per-bucket tensors are ``(B, *shape)``; the buffers the
+    hyperparameters need are allocated in :meth:`configure` (at construction, and again only
+    when a hyperparameter change needs other buffers).
+
+    A step is :meth:`plan` (validate, change nothing), :meth:`check_grads`,
+    :meth:`gather_grads`, then, once every group passed, :meth:`configure` and
+    :meth:`apply_step`.
     """
 
     def __init__(self, group: dict[str, Any], group_index: int, first_param_index: int) -> None:
         self.step = 0
+        self._fixed = {key: group[key] for key in _FIXED_KEYS}
+        self._params = tuple(group["params"])
         self.distributor = build_distributor(
             group["distributed_config"], group["params"], group["max_preconditioner_dim"], first_param_index
         )
@@ -219,32 +339,147 @@ class _GroupRuntime:
         ]
         self.local_block_offsets = offsets
         self.buckets, self.bucket_members = self._make_buckets(blocked_params, offsets)
-        beta1, beta2 = group["betas"]
-        self.preconditioner = build_preconditioner(
-            group["preconditioner_config"], self.buckets, beta2, group["epsilon"], group["use_bias_correction"]
-        )
+        # (bucket index, position in the bucket) of each local block.
+        self._bucket_positions = [(0, 0)] * len(self.block_infos)
+        for k, members in enumerate(self.bucket_members):
+            for position, i in enumerate(members):
+                self._bucket_positions[i] = (k, position)
+        hyperparameters = _Hyperparameters.resolve(group)
+        self.hyperparameters = hyperparameters
+        self.preconditioner = self._build_preconditioner(hyperparameters)
         grafting = group["grafting_config"]
-        self.grafting = None if grafting is None else build_preconditioner(grafting, self.buckets, beta2, group["epsilon"], False)
+        # The diagonal grafting preconditioners carry their own beta2 and epsilon.
+        self.grafting = None if grafting is None else build_preconditioner(
+            grafting, self.buckets, hyperparameters.beta2, hyperparameters.epsilon, False
+        )
         self.grads = [b.zeros() for b in self.buckets]
         self.updates = [b.zeros() for b in self.buckets]
-        self.params = [b.zeros() for b in self.buckets] if group["weight_decay"] > 0.0 else []
-        beta3 = beta1 if group["beta3"] == -1.0 else group["beta3"]
-        self.filtered = [b.zeros() for b in self.buckets] if beta1 > 0.0 else []
-        self.filtered_out = (
-            [b.zeros() for b in self.buckets]
-            if beta1 > 0.0 and (beta3 != beta1 or group["use_bias_correction"])
-            else []
-        )
-        self.momentum = [b.zeros() for b in self.buckets] if group["momentum"] > 0.0 else []
+        self.params: list[torch.Tensor] = []
+        self.filtered: list[torch.Tensor] = []
+        self.filtered_out: list[torch.Tensor] = []
+        self.momentum: list[torch.Tensor] = []
+        self._param_slices: list[list[torch.Tensor]] = []
+        self._allocate_buffers(hyperparameters)
         self.block_states = [self._block_state(i) for i in range(len(self.block_infos))]
         # Per-block views, built once: parameter blocks per bucket, and each local block's
         # slice of the update buffers (in local block order, as the distributor expects).
         self._bucket_param_views = [self._in_bucket_order(blocked_params, k) for k in range(len(self.buckets))]
-        self._param_slices = [list(buffer.unbind(0)) for buffer in self.params]
         self._local_updates: list[torch.Tensor] = [torch.empty(0)] * len(self.block_infos)
         for k, buffer in enumerate(self.updates):
             for position, i in enumerate(self.bucket_members[k]):
                 self._local_updates[i] = buffer[position]
+
+    def _build_preconditioner(self, hyperparameters: _Hyperparameters) -> Preconditioner:
+        return build_preconditioner(
+            self._fixed["preconditioner_config"],
+            self.buckets,
+            hyperparameters.beta2,
+            hyperparameters.epsilon,
+            hyperparameters.use_bias_correction,
+        )
+
+    def plan(self, group: Mapping[str, Any]) -> _Hyperparameters:
+        """Validate ``group`` for this runtime and return the hyperparameters of its next step.
+
+        Changes nothing. Raises ``ValueError`` naming the field for an invalid entry, or for an
+        entry fixed at construction (``params`` and ``_FIXED_KEYS``) that differs.
+        """
+        validate_group(group)
+        for key, built in self._fixed.items():
+            value = group[key]
+            if value is not built and value != built:
+                raise ValueError(
+                    f"{key} cannot change after the group is added (it decides the blocks and "
+                    f"the layout of their state): built with {built!r}, got {value!r}"
+                )
+        params = group["params"]
+        if len(params) != len(self._params) or any(p is not q for p, q in zip(params, self._params)):
+            raise ValueError(
+                "params cannot change after the group is added; add a new group with add_param_group"
+            )
+        if _step_values(group) == self.hyperparameters.group_values:
+            return self.hyperparameters
+        return _Hyperparameters.resolve(group)
+
+    def configure(self, hyperparameters: _Hyperparameters) -> bool:
+        """Make the buffers and the preconditioner match ``hyperparameters`` (from :meth:`plan`).
+
+        Returns whether :attr:`block_states` were rebuilt (the optimizer then re-registers
+        them). A new ``beta2``/``epsilon``/``use_bias_correction`` builds a new preconditioner
+        and loads every block's state into it: the preconditioners take these values at
+        construction, and a block's state is everything a checkpoint needs. This briefly holds
+        the preconditioner state twice.
+        """
+        old = self.hyperparameters
+        rebuilt = (old.beta2, old.epsilon, old.use_bias_correction) != (
+            hyperparameters.beta2,
+            hyperparameters.epsilon,
+            hyperparameters.use_bias_correction,
+        )
+        if rebuilt:
+            preconditioner = self._build_preconditioner(hyperparameters)
+            for k, bucket in enumerate(self.buckets):
+                for position in range(bucket.num_blocks):
+                    state = self.preconditioner.block_state(k, position)
+                    if state is not None:
+                        preconditioner.block_state(k, position).load_state_dict(state.state_dict())
+            self.preconditioner = preconditioner
+        reallocated = self._allocate_buffers(hyperparameters)
+        self.hyperparameters = hyperparameters
+        if rebuilt or reallocated:
+            self.block_states = [self._block_state(i) for i in range(len(self.block_infos))]
+        return rebuilt or reallocated
+
+    def _allocate_buffers(self, hyperparameters: _Hyperparameters) -> bool:
+        """Zero-filled buffers where ``hyperparameters`` need one, none where they do not.
+
+        Returns whether any buffer was added or dropped.
+        """
+        changed = False
+        for name, needed in hyperparameters.buffers_needed().items():
+            present = bool(getattr(self, name))
+            if needed != present:
+                setattr(self, name, [b.zeros() for b in self.buckets] if needed else [])
+                changed = True
+        self._param_slices = [list(buffer.unbind(0)) for buffer in self.params]
+        return changed
+
+    def expected_block_state(
+        self, local_index: int, hyperparameters: _Hyperparameters
+    ) -> dict[str, tuple[torch.Size, torch.dtype]]:
+        """Flat state keys (``block_j.<path>``) of a local block under ``hyperparameters``,
+        each with the shape and dtype a checkpoint must hold for it."""
+        _, block_name = self.block_infos[local_index].composable_block_ids
+        entries = {
+            key: (value.shape, value.dtype)
+            for key, value in _flatten(self.block_states[local_index].state_dict(), block_name).items()
+            if key.split(".")[1] not in _OPTIONAL_BLOCK_STATE
+        }
+        k, _ = self._bucket_positions[local_index]
+        bucket = self.buckets[k]
+        needed = hyperparameters.buffers_needed()
+        for entry, buffer in zip(_OPTIONAL_BLOCK_STATE, ("filtered", "momentum")):
+            if needed[buffer]:
+                entries[f"{block_name}.{entry}"] = (torch.Size(bucket.shape), bucket.dtype)
+        return entries
+
+    def check_grads(self) -> None:
+        """Raise ``ValueError`` naming the parameter for a gradient Shampoo cannot use."""
+        for label, param in zip(self.param_labels, self._params):
+            grad = param.grad
+            if grad is None:
+                continue
+            if grad.layout != torch.strided:
+                raise ValueError(
+                    f"the gradient of {label} is {grad.layout}: DistributedShampoo needs dense gradients"
+                )
+            if grad.is_complex() or not grad.is_floating_point():
+                raise ValueError(
+                    f"the gradient of {label} has dtype {grad.dtype}: DistributedShampoo needs "
+                    "real floating-point gradients"
+                )
+            if grad.shape != param.shape:
+                raise ValueError(f"the gradient of {label} has shape {tuple(grad.shape)}")
 
     def _make_buckets(
         self, blocked_params: Sequence[torch.Tensor], offsets: Sequence[int]
@@ -262,9 +497,7 @@ class _GroupRuntime:
         return buckets, list(members.values())
 
     def _block_state(self, local_index: int) -> BlockStateView:
-        bucket_index, position = next(
-            (k, m.index(local_index)) for k, m in enumerate(self.bucket_members) if local_index in m
-        )
+        bucket_index, position = self._bucket_positions[local_index]
         entries: dict[str, Any] = {}
         main = self.preconditioner.block_state(bucket_index, position)
         if main is not None:
@@ -321,7 +554,7 @@ class _GroupRuntime:
         return sum(
             tensor.numel() * tensor.element_size()
             for state in self.block_states
-            for tensor in _flatten(state.state_dict(), "").values()
+            for tensor in _flatten(state.state_dict()).values()
         )
 
     def nonfinite_param_labels(self) -> list[str]:
@@ -332,8 +565,12 @@ class _GroupRuntime:
             bad.update(self.local_block_offsets[i] for i, ok in zip(self.bucket_members[k], finite) if not ok)
         return [self.param_labels[o] for o in sorted(bad)]
 
-    def apply_step(self, group: Mapping[str, Any], present: list[bool]) -> None:
-        """Steps 1-8 of the module docstring for every local block, then the distributor update."""
+    def apply_step(self, present: list[bool]) -> None:
+        """Steps 1-8 of the module docstring for every local block, then the distributor update.
+
+        Uses :attr:`hyperparameters` (set by :meth:`configure`); ``present`` is
+        :meth:`gather_grads`' mask.
+        """
         if not self.block_infos:
             # A DDP rank that owns no block still takes part in the exchange.
             self.step += 1
@@ -348,10 +585,9 @@ class _GroupRuntime:
         saved = {i: _clone_tree(self.block_states[i].state_dict()) for i in missing}
         self.step += 1
         t = self.step
-        beta1, _ = group["betas"]
-        wd, decay_type = group["weight_decay"], group["weight_decay_type"]
-        frequency = group["precondition_frequency"]
-        start = frequency if group["start_preconditioning_step"] == -1 else group["start_preconditioning_step"]
+        h = self.hyperparameters
+        wd, decay_type = h.weight_decay, h.weight_decay_type
+        frequency, start = h.precondition_frequency, h.start_preconditioning_step
         grads = self.grads
         if wd > 0.0:
             for slices, views in zip(self._param_slices, self._bucket_param_views):
@@ -365,7 +601,7 @@ class _GroupRuntime:
         if (t % frequency == 0 and t > start) or t == start:
             self.preconditioner.amortized_computation(t)
 
-        filtered = self._filtered_grads(group, t)
+        filtered = self._filtered_grads(t)
         if t >= start:
             directions = self.preconditioner.precondition(filtered, t)
             if self.grafting is not None:
@@ -378,35 +614,35 @@ class _GroupRuntime:
 
         if wd > 0.0 and decay_type == WeightDecayType.DECOUPLED:
             torch._foreach_add_(self.updates, self.params, alpha=wd)
-        momentum = group["momentum"]
+        momentum = h.momentum
         if momentum > 0.0:
             torch._foreach_mul_(self.momentum, momentum)
-            torch._foreach_add_(self.momentum, self.updates, alpha=1.0 - group["dampening"])
-            if group["use_nesterov"]:
+            torch._foreach_add_(self.momentum, self.updates, alpha=1.0 - h.dampening)
+            if h.use_nesterov:
                 torch._foreach_add_(self.updates, self.momentum, alpha=momentum)
             else:
                 torch._foreach_copy_(self.updates, self.momentum)
-        torch._foreach_mul_(self.updates, -float(group["lr"]))
+        torch._foreach_mul_(self.updates, -h.lr)
 
         for i in missing:
             self._local_updates[i].zero_()
             self.block_states[i].load_state_dict(saved[i])
         self.distributor.update_params(self._local_updates)
 
-    def _filtered_grads(self, group: Mapping[str, Any], t: int) -> list[torch.Tensor]:
-        beta1, _ = group["betas"]
+    def _filtered_grads(self, t: int) -> list[torch.Tensor]:
+        h = self.hyperparameters
+        beta1, beta3 = h.beta1, h.beta3
         if beta1 == 0.0:
             return self.grads
-        beta3 = beta1 if group["beta3"] == -1.0 else group["beta3"]
         if beta3 != beta1:
             # The current-step average uses beta3 on the previous M, before M itself moves.
             torch._foreach_copy_(self.filtered_out, self.filtered)
             torch._foreach_lerp_(self.filtered_out, self.grads, 1.0 - beta3)
         torch._foreach_lerp_(self.filtered, self.grads, 1.0 - beta1)
-        if beta3 == beta1 and not group["use_bias_correction"]:
+        if beta3 == beta1 and not h.use_bias_correction:
             return self.filtered
         source = self.filtered if beta3 == beta1 else self.filtered_out
-        correction = 1.0 - beta3 * beta1 ** (t - 1) if group["use_bias_correction"] else 1.0
+        correction = 1.0 - beta3 * beta1 ** (t - 1) if h.use_bias_correction else 1.0
         for out, value in zip(self.filtered_out, source):
             torch.div(value, correction, out=out)
         return self.filtered_out
@@ -425,26 +661,16 @@ def _clone_tree(tree: Mapping[Any, Any]) -> dict[Any, Any]:
     return {k: _clone_tree(v) if isinstance(v, Mapping) else v.clone() for k, v in tree.items()}
 
 
-def _flatten(tree: Mapping[Any, Any], prefix: str) -> dict[str, torch.Tensor]:
-    flat: dict[str, torch.Tensor] = {}
+def _flatten(tree: Mapping[Any, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested dicts as one dict of dotted names (``prefix.key.subkey``); leaves kept as they are."""
+    flat: dict[str, Any] = {}
     for key, value in tree.items():
-        name = f"{prefix}.{key}"
+        name = f"{prefix}.{key}" if prefix else str(key)
         if isinstance(value, Mapping):
             flat.update(_flatten(value, name))
         else:
             flat[name] = value
     return flat
-
-
-def _unflatten(flat: Mapping[str, Any]) -> dict[str, Any]:
-    tree: dict[str, Any] = {}
-    for name, value in flat.items():
-        *parents, leaf = name.split(".")
-        node = tree
-        for part in parents:
-            node = node.setdefault(part, {})
-        node[leaf] = value
-    return tree
 
 
 def _is_plain(value: Any) -> bool:
@@ -516,7 +742,7 @@ class DistributedShampoo(torch.optim.Optimizer):
         self._nonfinite_grad_policy = nonfinite_grad_policy
         self._runtimes: list[_GroupRuntime] = []
         defaults = dict(
-            lr=lr, betas=tuple(betas), beta3=beta3, epsilon=epsilon, momentum=momentum,
+            lr=lr, betas=betas, beta3=beta3, epsilon=epsilon, momentum=momentum,
             dampening=dampening, use_nesterov=use_nesterov, weight_decay=weight_decay,
             weight_decay_type=weight_decay_type, max_preconditioner_dim=max_preconditioner_dim,
             precondition_frequency=precondition_frequency,
@@ -533,11 +759,16 @@ class DistributedShampoo(torch.optim.Optimizer):
         group = self.param_groups[-1]
         try:
             validate_group(group)
+            validate_params(group["params"])
             runtime = _GroupRuntime(group, len(self.param_groups) - 1, first_param_index)
         except Exception:
             self.param_groups.pop()
             raise
         self._runtimes.append(runtime)
+        self._register_block_states(runtime)
+
+    def _register_block_states(self, runtime: _GroupRuntime) -> None:
+        """``self.state[param]["block_j"]``: the live state of each local block."""
         for info, state in zip(runtime.block_infos, runtime.block_states):
             self.state[info.param][info.composable_block_ids[1]] = state
 
@@ -548,21 +779,32 @@ class DistributedShampoo(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        # Everything that can refuse the step runs before anything moves (see the module doc).
+        plans = []
+        for index, (runtime, group) in enumerate(zip(self._runtimes, self.param_groups)):
+            try:
+                plans.append(runtime.plan(group))
+                runtime.check_grads()
+            except ValueError as error:
+                raise ValueError(f"{error} (param_groups[{index}]; no parameter or state was changed)") from None
         masks = [runtime.gather_grads() for runtime in self._runtimes]
-        active = [(r, g, m) for r, g, m in zip(self._runtimes, self.param_groups, masks) if m is not None]
-        sums = [runtime.grad_sum() for runtime, _, _ in active]
+        active = [(r, m) for r, m in zip(self._runtimes, masks) if m is not None]
+        sums = [runtime.grad_sum() for runtime, _ in active]
         if sums:
             device = sums[0].device
             total = torch.stack([s.to(device) for s in sums]).sum()
             if not bool(torch.isfinite(total)):
-                bad = [label for runtime, _, _ in active for label in runtime.nonfinite_param_labels()]
+                bad = [label for runtime, _ in active for label in runtime.nonfinite_param_labels()]
                 message = f"non-finite gradient (NaN or Inf) in {', '.join(bad) or 'a parameter'}"
                 if self._nonfinite_grad_policy == "raise":
                     raise NonFiniteGradientError(message + "; no parameter or state was changed")
                 logger.warning("%s; skipping this step", message)
                 return loss
-        for runtime, group, mask in active:
-            runtime.apply_step(group, mask)
+        for runtime, hyperparameters in zip(self._runtimes, plans):
+            if runtime.configure(hyperparameters):
+                self._register_block_states(runtime)
+        for runtime, mask in active:
+            runtime.apply_step(mask)
         return loss
 
     def optimizer_state_bytes(self) -> int:
@@ -613,42 +855,86 @@ class DistributedShampoo(torch.optim.Optimizer):
         return {"state": state, "param_groups": groups}
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:  # type: ignore[override]
-        """Restore a :meth:`state_dict` in place (strict: every block key must match).
+        """Restore a :meth:`state_dict` in place, all or nothing.
+
+        The whole state dict is checked before anything is written: the number of groups and
+        of their parameters, each group's ``step`` and hyperparameters (validated like the
+        constructor's; the saved values replace the optimizer's, and entries fixed at
+        construction such as ``max_preconditioner_dim`` must agree), and every block's state:
+        exactly the keys the blocks have under the loaded hyperparameters (momentum and filtered
+        gradient only where they are in use), each a tensor of the block state's shape and dtype.
 
         Raises:
-            ValueError: groups or parameter counts differ, or a structural entry
-                (``max_preconditioner_dim``) differs, or a tensor's shape/dtype differs.
+            ValueError: a group, a hyperparameter, a step, or a tensor's kind, shape or dtype
+                is wrong.
             KeyError: a block state entry is missing or unexpected.
+            Either way the optimizer is left as it was.
         """
+        if not isinstance(state_dict, Mapping) or not {"state", "param_groups"} <= state_dict.keys():
+            raise ValueError("state_dict must be a mapping with 'state' and 'param_groups'")
         saved_groups = state_dict["param_groups"]
         if len(saved_groups) != len(self.param_groups):
             raise ValueError(
                 f"state_dict has {len(saved_groups)} param groups, the optimizer has {len(self.param_groups)}"
             )
-        for index, (saved, group) in enumerate(zip(saved_groups, self.param_groups)):
-            if len(saved["params"]) != len(group["params"]):
+        plans: list[tuple[dict[str, Any], _Hyperparameters, int]] = []
+        for index, (saved, group, runtime) in enumerate(zip(saved_groups, self.param_groups, self._runtimes)):
+            where = f"state_dict param_groups[{index}]"
+            if len(saved.get("params", ())) != len(group["params"]):
                 raise ValueError(
-                    f"param_groups[{index}] has {len(saved['params'])} params in the state_dict, "
-                    f"{len(group['params'])} in the optimizer"
+                    f"{where} has {len(saved.get('params', ()))} params, the optimizer's group has "
+                    f"{len(group['params'])}"
                 )
-            for key in _STRUCTURAL_KEYS:
-                if key in saved and saved[key] != group[key]:
-                    raise ValueError(
-                        f"param_groups[{index}]['{key}'] is {saved[key]!r} in the state_dict but "
-                        f"{group[key]!r} in the optimizer (it fixes the block structure)"
-                    )
-        saved_state = {int(k): v for k, v in state_dict["state"].items()}
-        trees = {index: _unflatten(flat) for index, flat in saved_state.items()}
-        for runtime in self._runtimes:
-            for info, block_state in zip(runtime.block_infos, runtime.block_states):
-                param_index, block_name = info.composable_block_ids
-                # Strict: a stateful block whose entry is absent raises KeyError naming the key.
-                block_state.load_state_dict(trees.get(param_index, {}).pop(block_name, {}))
-        leftover = [f"{i}.{name}" for i, tree in trees.items() for name in tree]
-        if leftover:
-            raise KeyError(f"unexpected block state in state_dict: {leftover}")
-        for saved, group, runtime in zip(saved_groups, self.param_groups, self._runtimes):
-            runtime.step = int(saved["step"])
+            step = saved.get("step")
+            if not _is_int(step) or step < 0:
+                raise ValueError(f"{where}['step'] must be an int >= 0, got {step!r}")
+            merged = dict(group)
             for key, value in saved.items():
                 if key not in ("params", "step") and key in group:
-                    group[key] = tuple(value) if isinstance(group[key], tuple) else value
+                    merged[key] = tuple(value) if isinstance(value, list) and isinstance(group[key], tuple) else value
+            try:
+                hyperparameters = runtime.plan(merged)
+            except ValueError as error:
+                raise ValueError(f"{where}: {error}") from None
+            plans.append((merged, hyperparameters, step))
+
+        try:
+            saved_state = {int(k): _flatten(v) for k, v in state_dict["state"].items()}
+        except (TypeError, ValueError, AttributeError) as error:
+            raise ValueError(f"state_dict['state'] must map param indices to dicts of tensors: {error}") from None
+        unexpected = {index: set(entries) for index, entries in saved_state.items()}
+        for runtime, (_, hyperparameters, _) in zip(self._runtimes, plans):
+            for local_index, info in enumerate(runtime.block_infos):
+                param_index = info.composable_block_ids[0]
+                entries = saved_state.get(param_index, {})
+                for key, (shape, dtype) in runtime.expected_block_state(local_index, hyperparameters).items():
+                    if key not in entries:
+                        raise KeyError(f"missing block state {param_index}.{key} in state_dict")
+                    value = entries[key]
+                    if not isinstance(value, torch.Tensor) or value.shape != shape or value.dtype != dtype:
+                        got = (
+                            f"{value.dtype} {tuple(value.shape)}" if isinstance(value, torch.Tensor)
+                            else type(value).__name__
+                        )
+                        raise ValueError(
+                            f"state_dict block state {param_index}.{key} must be a {dtype} tensor of "
+                            f"shape {tuple(shape)}, got {got}"
+                        )
+                    unexpected[param_index].discard(key)
+        leftover = sorted(f"{index}.{key}" for index, keys in unexpected.items() for key in keys)
+        if leftover:
+            raise KeyError(f"unexpected block state in state_dict: {leftover}")
+
+        # Everything checked: write.
+        for (merged, hyperparameters, step), group, runtime in zip(plans, self.param_groups, self._runtimes):
+            for key in group:
+                if key != "params":
+                    group[key] = merged[key]
+            if runtime.configure(hyperparameters):
+                self._register_block_states(runtime)
+            runtime.step = step
+            for info, block_state in zip(runtime.block_infos, runtime.block_states):
+                param_index, block_name = info.composable_block_ids
+                entries = saved_state[param_index]
+                for key, target in _flatten(block_state.state_dict(), block_name).items():
+                    target.copy_(entries[key])

@@ -234,16 +234,43 @@ def test_reference_blocking_matches_the_spec_examples() -> None:
     assert reference_merged_shape((1, 64), 1024) == (64,)
 
 
-def test_block_state_keys_and_exponents() -> None:
+# Per-factor inverse exponents by block shape (max_preconditioner_dim 8): the rule 1 / (2 * order)
+# by default; with the "exponent_override" case ({2: {0: 0.0}, 1: 0.25, 3: 0.2}) a 2-D block has no
+# dim-0 factor, 1-D blocks use 1/4 and 3-D blocks 1/5 on every dim. None: no factor on that dim.
+EXPECTED_EXPONENTS = {
+    "default": {1: [1 / 2], 2: [1 / 4, 1 / 4], 3: [1 / 6, 1 / 6, 1 / 6]},
+    "exponent_override": {1: [1 / 4], 2: [None, 1 / 4], 3: [1 / 5, 1 / 5, 1 / 5]},
+}
+
+
+@pytest.mark.parametrize("case", sorted(EXPECTED_EXPONENTS))
+def test_block_state_keys_and_exponents(case: str) -> None:
+    """Every block has one factor per dim with a nonzero exponent, and its root after step 1 is
+    ``(F + eps I)^(-e)`` with ``e`` from the rule (or the override), checked per factor."""
+    h = {**DEFAULTS, **CASES.get(case, {})}
     params = _make_params(0)
-    opt = _optimizer(params, DEFAULTS)
+    opt = _optimizer(params, h)
     state = opt.state_dict()["state"]
-    assert "block_0.shampoo.factor_matrices.0" in state[0]
-    assert "block_0.shampoo.factor_matrices.1" in state[0]  # 2-D: two factors
-    assert "block_0.shampoo.factor_matrices.1" not in state[1]  # 1-D: one factor
-    assert "block_0.shampoo.factor_matrices.2" in state[2]  # 3-D stays 3-D
-    assert "block_1.shampoo.factor_matrices.0" in state[4]  # (16, 5): two blocks
-    assert state[0]["block_0.shampoo.factor_matrices.0"].dtype == torch.float64
+    assert "block_1.shampoo.factor_matrices.1" in state[4]  # (16, 5): two blocks
+    assert state[0]["block_0.shampoo.factor_matrices.1"].dtype == torch.float64
+    _run(opt, params, _grad_sequence(0, 1))  # b2 = 1, frequency 1: roots at step 1, no bias correction
+    state = opt.state_dict()["state"]
+    checked = 0
+    for index, param in enumerate(params):
+        for j, block in enumerate(reference_blocks(param.detach(), MAX_DIM)):
+            for dim, exponent in enumerate(EXPECTED_EXPONENTS[case][block.dim()]):
+                key = f"block_{j}.shampoo.{{}}.{dim}"
+                if exponent is None:
+                    assert key.format("factor_matrices") not in state[index], (index, j, dim)
+                    continue
+                factor = state[index][key.format("factor_matrices")]
+                assert factor.shape == (block.shape[dim], block.shape[dim])
+                expected = reference_root(factor.numpy(), h["epsilon"], exponent)
+                root = state[index][key.format("inv_factor_matrices")].numpy()
+                np.testing.assert_allclose(root, expected, rtol=1e-8, atol=1e-10, err_msg=f"{index} {j} {dim}")
+                checked += 1
+            assert f"block_{j}.shampoo.factor_matrices.{block.dim()}" not in state[index]
+    assert checked == {"default": 18, "exponent_override": 12}[case]
 
 
 def test_kronecker_form_of_the_matrix_preconditioner() -> None:
@@ -316,13 +343,32 @@ def test_parameter_without_gradient_is_left_untouched() -> None:
 
 
 def test_per_group_overrides() -> None:
-    a, b = torch.nn.Parameter(torch.ones(3, 3)), torch.nn.Parameter(torch.ones(3))
-    opt = DistributedShampoo([{"params": [a]}, {"params": [b], "lr": 0.5, "max_preconditioner_dim": math.inf}], lr=0.1)
+    """Each group steps with its own lr and blocking, checked against the dense reference."""
+    gen = torch.Generator().manual_seed(6)
+    a = torch.nn.Parameter(torch.randn(3, 3, generator=gen, dtype=torch.float64))
+    b = torch.nn.Parameter(torch.randn(10, generator=gen, dtype=torch.float64))
+    config = RootInvShampooPreconditionerConfig(factor_matrix_dtype=torch.float64)
+    opt = DistributedShampoo(
+        [{"params": [a]}, {"params": [b], "lr": 0.5, "max_preconditioner_dim": math.inf}],
+        lr=0.1, betas=(0.9, 1.0), epsilon=1e-3, max_preconditioner_dim=4, preconditioner_config=config,
+    )
     assert opt.param_groups[0]["lr"] == 0.1 and opt.param_groups[1]["lr"] == 0.5
     assert opt.param_groups[1]["max_preconditioner_dim"] == math.inf
-    a.grad, b.grad = torch.ones(3, 3), torch.ones(3)
-    opt.step()
-    assert opt.state_dict()["param_groups"][1]["step"] == 1
+    h = {**DEFAULTS, "betas": (0.9, 1.0), "epsilon": 1e-3}
+    # Group 0: one (3, 3) block (3 * 3 > 4 does not merge). Group 1: one (10,) block under its
+    # max dim inf (the default 4 would cut it into 4, 4, 2).
+    references = [(a, [ReferenceBlock((3, 3), {**h, "lr": 0.1})]), (b, [ReferenceBlock((10,), {**h, "lr": 0.5})])]
+    expected = [a.detach().clone(), b.detach().clone()]
+    for t in range(1, 4):
+        grads = [torch.randn(3, 3, generator=gen, dtype=torch.float64), torch.randn(10, generator=gen, dtype=torch.float64)]
+        for (param, blocks), g, e in zip(references, grads, expected):
+            param.grad = g.clone()
+            e.copy_(torch.from_numpy(blocks[0].step(t, g.numpy(), e.numpy().copy())))
+        opt.step()
+    for param, e in zip((a, b), expected):
+        torch.testing.assert_close(param.detach(), e, rtol=1e-10, atol=1e-12)
+    assert opt.state_dict()["param_groups"][1]["step"] == 3
+    assert "block_1" not in opt.state[b]
 
 
 def test_nonfinite_gradient_raises_naming_the_parameter_and_changes_nothing() -> None:
@@ -351,3 +397,34 @@ def test_nonfinite_gradient_skip_policy_skips_the_step() -> None:
     opt.step()
     assert torch.equal(w.detach(), torch.ones(3, 3))
     assert opt.state_dict()["param_groups"][0]["step"] == 0
+
+
+def test_hyperparameters_changed_between_steps_match_the_reference() -> None:
+    """lr, betas, epsilon, momentum, weight decay and the schedule changed between steps (momentum
+    and the filtered gradient start from zero) match the reference run with the same schedule."""
+    phases = [
+        (range(1, 4), dict(betas=(0.0, 1.0))),
+        (range(4, 7), dict(betas=(0.9, 0.95), momentum=0.5, weight_decay=0.1, lr=0.02, epsilon=1e-2)),
+        (range(7, 11), dict(betas=(0.8, 0.95), beta3=0.5, weight_decay_type=WeightDecayType.L2,
+                            precondition_frequency=2, lr=0.03, use_nesterov=True)),
+    ]
+    h = {**DEFAULTS, "grafting_config": AdamPreconditionerConfig(beta2=0.99, epsilon=1e-8)}
+    params = _make_params(7)
+    grads = _grad_sequence(7, STEPS)
+    expected = [p.detach().clone() for p in params]
+    ref_blocks = [[ReferenceBlock(tuple(b.shape), h) for b in reference_blocks(p.detach(), MAX_DIM)] for p in params]
+    opt = _optimizer(params, h)
+    for steps, changes in phases:
+        h.update(changes)  # the reference blocks read h at every step
+        opt.param_groups[0].update(changes)
+        for t in steps:
+            for index, g in enumerate(grads[t - 1]):
+                w_blocks = reference_blocks(expected[index], MAX_DIM)
+                for block, wb, gb in zip(ref_blocks[index], w_blocks, reference_blocks(g, MAX_DIM)):
+                    wb.copy_(torch.from_numpy(block.step(t, gb.numpy(), wb.numpy().copy())))
+            _run(opt, params, [grads[t - 1]])
+    for p, e in zip(params, expected):
+        relative = (torch.linalg.vector_norm(p.detach() - e) / torch.linalg.vector_norm(e)).item()
+        assert relative < 1e-9, (tuple(p.shape), relative)
+    keys = opt.state_dict()["state"][0]
+    assert "block_0.momentum" in keys and "block_0.filtered_grad" in keys
