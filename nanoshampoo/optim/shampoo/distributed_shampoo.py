@@ -50,6 +50,8 @@ import torch
 
 from nanoshampoo.optim.shampoo.distributor.ddp_distributor import DDPDistributor
 from nanoshampoo.optim.shampoo.distributor.distributor import Distributor
+from nanoshampoo.optim.shampoo.distributor.fully_shard_distributor import FullyShardDistributor
+from nanoshampoo.optim.shampoo.distributor.hybrid_shard_distributor import HybridShardDistributor
 from nanoshampoo.optim.shampoo.distributor.single_device_distributor import (
     SingleDeviceDistributor,
 )
@@ -74,6 +76,8 @@ from nanoshampoo.optim.shampoo.shampoo_types import (
     AdaGradPreconditionerConfig,
     AdamPreconditionerConfig,
     DDPDistributedConfig,
+    FullyShardDistributedConfig,
+    HybridShardDistributedConfig,
     DefaultShampooConfig,
     DefaultSingleDeviceDistributedConfig,
     DistributedConfig,
@@ -155,6 +159,10 @@ def build_distributor(
         return SingleDeviceDistributor(params, max_preconditioner_dim, first_param_index)
     if isinstance(config, DDPDistributedConfig):
         return DDPDistributor(params, max_preconditioner_dim, first_param_index, config)
+    if isinstance(config, FullyShardDistributedConfig):
+        return FullyShardDistributor(params, max_preconditioner_dim, first_param_index, config)
+    if isinstance(config, HybridShardDistributedConfig):
+        return HybridShardDistributor(params, max_preconditioner_dim, first_param_index, config)
     raise ValueError(f"distributed_config: unsupported config {config!r}")
 
 
