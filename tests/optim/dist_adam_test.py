@@ -62,7 +62,7 @@ def loss_fn(params: dict[str, Tensor], x: Tensor, y: Tensor) -> Tensor:
 
 
 def make_optimizer(
-    params: dict[str, Tensor], launch: str = "hook", eps: float = EPS
+    params: dict[str, Tensor], launch: str = "hook", eps: float = EPS, policy: str = "raise"
 ) -> DistAdam:
     for name, p in params.items():
         if name in LR_MUL:
@@ -70,7 +70,13 @@ def make_optimizer(
         if name in WD_MUL:
             p.wd_mul = WD_MUL[name]
     return DistAdam(
-        list(params.values()), lr=LR, betas=BETAS, eps=eps, weight_decay=WD, launch=launch
+        list(params.values()),
+        lr=LR,
+        betas=BETAS,
+        eps=eps,
+        weight_decay=WD,
+        launch=launch,
+        nonfinite_grad_policy=policy,
     )
 
 
@@ -628,3 +634,117 @@ def test_load_state_dict_rejects_state_from_another_layout() -> None:
     bad["state"][0]["exp_avg"] = torch.zeros(8, 80)
     with pytest.raises(ValueError, match=r"expected the local shard shape \(16, 80\)"):
         opt.load_state_dict(bad)
+
+
+def _robustness_body(rank: int, world_size: int) -> dict[str, object]:
+    """Non-finite gradients on one rank, complex parameters and removed hooks, on gloo."""
+    results: dict[str, object] = {}
+
+    # Hook launch, "raise": rank 1 alone sees a NaN batch at step 1; then step 1 is redone.
+    params = make_params()
+    opt = make_optimizer(params)
+    train(rank, params, opt, range(1))
+    before = detached(params)
+    x, y = nan_batch(rank, 1) if rank == 1 else make_batch(rank, 1, 0)
+    loss_fn(params, x, y).backward()
+    try:
+        opt.step()
+        results["raised"] = ""
+    except NonFiniteGradientError as exc:
+        results["raised"] = str(exc)
+    results["unchanged"] = all(torch.equal(params[n], before[n]) for n in SHAPES)
+    results["state_steps"] = sorted({opt.state[p]["step"] for p in params.values() if opt.state[p]})
+    opt.zero_grad()
+    train(rank, params, opt, range(1, STEPS))
+    results["after_raise"] = detached(params)
+
+    # Step launch, "skip": rank 0 alone sees a NaN batch before the first step.
+    params = make_params()
+    opt = make_optimizer(params, launch="step", policy="skip")
+    x, y = nan_batch(rank, 0) if rank == 0 else make_batch(rank, 0, 0)
+    loss_fn(params, x, y).backward()
+    opt.step()
+    results["skip_left_state_empty"] = not any(opt.state[p] for p in params.values())
+    opt.zero_grad()
+    train(rank, params, opt, range(STEPS))
+    results["after_skip"] = detached(params)
+
+    complex_params = make_complex_params()
+    complex_opt = DistAdam(
+        list(complex_params.values()), lr=LR, betas=BETAS, eps=EPS, weight_decay=WD
+    )
+    train_complex(rank, complex_params, complex_opt)
+    results["complex"] = detached(complex_params)
+    results["complex_state_shape"] = list(
+        complex_opt.state[complex_params["c_sharded"]]["exp_avg"].shape
+    )
+
+    # Count the reduce-scatters DistAdam launches, with and without its backward hooks.
+    launched: list[int] = []
+    original = dist_adam_module.reduce_scatter_tensor
+
+    def counting_reduce_scatter(*args: object, **kwargs: object) -> object:
+        launched.append(1)
+        return original(*args, **kwargs)  # type: ignore[arg-type]
+
+    dist_adam_module.reduce_scatter_tensor = counting_reduce_scatter  # type: ignore[assignment]
+    try:
+        params = make_params()
+        opt = make_optimizer(params)
+        x, y = make_batch(rank, 0, 0)
+        loss_fn(params, x, y).backward()
+        results["launched_by_backward_with_hooks"] = len(launched)
+        opt.step()
+        opt.zero_grad()
+        opt.remove_hooks()
+        launched.clear()
+        loss_fn(params, x, y).backward()
+        results["launched_by_backward_without_hooks"] = len(launched)
+        opt.step()
+        results["launched_by_step_without_hooks"] = len(launched)
+    finally:
+        dist_adam_module.reduce_scatter_tensor = original  # type: ignore[assignment]
+    return results
+
+
+@pytest.fixture(scope="module")
+def robustness_run() -> list[dict[str, object]]:
+    return run_on_gloo(_robustness_body, 2)
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+def test_nonfinite_gradient_on_one_rank_raises_on_every_rank(robustness_run: list) -> None:
+    for result in robustness_run:
+        assert "non-finite gradient" in result["raised"]
+        assert "param 0 of group 0 (shape (16, 80))" in result["raised"]
+        assert "on at least one of 2 ranks" in result["raised"]
+        assert result["unchanged"] and result["state_steps"] == [1]
+        assert_params_close(result["after_raise"], reference_adamw(2, STEPS))
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+def test_nonfinite_gradient_on_one_rank_is_skipped_on_every_rank(robustness_run: list) -> None:
+    for result in robustness_run:
+        assert result["skip_left_state_empty"]
+        assert_params_close(result["after_skip"], reference_adamw(2, STEPS))
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+def test_complex_parameters_match_adamw_on_two_ranks(robustness_run: list) -> None:
+    expected = reference_complex_adamw(2)
+    for result in robustness_run:
+        assert result["complex_state_shape"] == [8, 80]  # sharded
+        for name in COMPLEX_SHAPES:
+            torch.testing.assert_close(result["complex"][name], expected[name], atol=1e-6, rtol=1e-6)
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+def test_removed_hooks_leave_the_reduce_scatters_to_step(robustness_run: list) -> None:
+    for result in robustness_run:
+        assert result["launched_by_backward_with_hooks"] == 2  # w1 and w2 are sharded
+        assert result["launched_by_backward_without_hooks"] == 0
+        assert result["launched_by_step_without_hooks"] == 2
