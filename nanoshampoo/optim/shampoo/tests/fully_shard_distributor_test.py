@@ -317,3 +317,34 @@ def test_per_rank_memory_shrinks_with_world_size(
         assert max(states) <= single / world + largest_state
     print("\nper-rank bytes (world, kind): ranks", report)
     assert max(report[(4, "state_bytes")]) < max(report[(2, "state_bytes")]) < single
+
+
+# ----- one process: layout and validation ------------------------------------------------------
+
+
+@pytest.mark.parametrize("dim0, world", [(7, 4), (3, 4), (2, 4), (12, 2), (1, 2), (9, 4)])
+def test_shard_row_ranges_follow_torch_chunk_padded_with_empty_shards(dim0: int, world: int) -> None:
+    chunks = torch.arange(dim0).chunk(world)
+    want = [(int(c[0]), int(c[-1]) + 1) for c in chunks]
+    want += [(dim0, dim0)] * (world - len(want))
+    assert list(shard_row_ranges(dim0, world)) == want
+
+
+@pytest.mark.parametrize(
+    "kwargs, field",
+    [
+        ({"param_assignment_strategy": "ROUND_ROBIN"}, "param_assignment_strategy"),
+        ({"communication_dtype": torch.int32}, "communication_dtype"),
+        ({"communicate_params": 1}, "communicate_params"),
+    ],
+)
+def test_invalid_config_raises_naming_the_field(kwargs: dict[str, Any], field: str) -> None:
+    with pytest.raises(ValueError, match=f"^{field}"):
+        FullyShardDistributedConfig(**kwargs)
+
+
+def test_plain_tensor_params_are_rejected_before_any_state_is_built() -> None:
+    model = ParamsModel()
+    config = FullyShardDistributedConfig(param_assignment_strategy=FSDPParamAssignmentStrategy.ROUND_ROBIN)
+    with pytest.raises(ValueError, match=r"^params\[0\] must be a DTensor"):
+        make_optimizer(list(model.parameters()), config)

@@ -1,0 +1,107 @@
+"""Shampoo on HSDP parameters (``fully_shard`` on a 2 x 2 replicate x shard mesh), on gloo.
+
+Specification: with the shard-group strategy ``ROUND_ROBIN`` or ``REPLICATE`` the result equals
+single-device Shampoo on the unsharded parameters; with ``DEFAULT`` it equals single-device
+Shampoo on the shards of a 2-way split (the shard dim's size) as separate parameters; both
+``communicate_params`` settings; float32, <= 1e-5 relative. The work of a shard is split over
+the two replicas (optimizer state per rank below the ``fully_shard`` figure at 2 shards).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+from nanoshampoo.optim.shampoo import (
+    FSDPParamAssignmentStrategy,
+    FullyShardDistributedConfig,
+    HybridShardDistributedConfig,
+)
+from fully_shard_distributor_test import (  # the neighbouring test module (pytest puts its dir on sys.path)
+    STEPS,
+    ParamsModel,
+    assert_close,
+    full_params,
+    make_optimizer,
+    reference_default,
+    reference_lossless,
+    train,
+)
+from nanoshampoo.testing.distributed import run_on_gloo
+
+REPLICAS, SHARDS = 2, 2
+CASES = [
+    (strategy, communicate)
+    for strategy in (
+        FSDPParamAssignmentStrategy.DEFAULT,
+        FSDPParamAssignmentStrategy.ROUND_ROBIN,
+        FSDPParamAssignmentStrategy.REPLICATE,
+    )
+    for communicate in (False, True)
+]
+
+
+def run_case(mesh: Any, config: Any) -> dict[str, Any]:
+    from torch.distributed.fsdp import fully_shard
+
+    model = ParamsModel()
+    fully_shard(model, mesh=mesh)
+    optimizer = make_optimizer(list(model.parameters()), config)
+    train(model, optimizer, range(STEPS))
+    return {"params": full_params(model), "state_bytes": optimizer.optimizer_state_bytes()}
+
+
+def body(rank: int, world: int) -> dict[str, Any]:
+    from torch.distributed.device_mesh import init_device_mesh
+
+    hsdp_mesh = init_device_mesh("cpu", (REPLICAS, SHARDS), mesh_dim_names=("replicate", "shard"))
+    results = {
+        f"{strategy.name}-{communicate}": run_case(
+            hsdp_mesh,
+            HybridShardDistributedConfig(
+                device_mesh=hsdp_mesh, param_assignment_strategy=strategy, communicate_params=communicate
+            ),
+        )
+        for strategy, communicate in CASES
+    }
+    # The same shard split without replicas: fully_shard over the shard dim's groups only.
+    shard_mesh = hsdp_mesh["shard"]
+    results["fsdp"] = run_case(
+        shard_mesh,
+        FullyShardDistributedConfig(param_assignment_strategy=FSDPParamAssignmentStrategy.ROUND_ROBIN),
+    )
+    return results
+
+
+@pytest.fixture(scope="module")
+def world4() -> list[dict[str, Any]]:
+    return run_on_gloo(body, REPLICAS * SHARDS)
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+@pytest.mark.parametrize("strategy, communicate", CASES, ids=lambda v: getattr(v, "name", str(v)))
+def test_hsdp_2x2_equals_single_device(
+    world4: list[dict[str, Any]], strategy: FSDPParamAssignmentStrategy, communicate: bool
+) -> None:
+    lossy = strategy == FSDPParamAssignmentStrategy.DEFAULT
+    want = reference_default(SHARDS, STEPS) if lossy else reference_lossless(STEPS)
+    for result in world4:
+        assert_close(result[f"{strategy.name}-{communicate}"]["params"], want)
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_hsdp_splits_the_shard_work_over_the_replicas(world4: list[dict[str, Any]]) -> None:
+    model = ParamsModel()
+    from nanoshampoo.optim.shampoo import SingleDeviceDistributedConfig
+
+    single = make_optimizer(list(model.parameters()), SingleDeviceDistributedConfig()).optimizer_state_bytes()
+    hsdp = [r["ROUND_ROBIN-False"]["state_bytes"] for r in world4]
+    fsdp = [r["fsdp"]["state_bytes"] for r in world4]
+    # Ranks (0, s) and (1, s) hold disjoint halves of what rank s holds without replicas.
+    for s in range(SHARDS):
+        assert hsdp[s] + hsdp[SHARDS + s] == fsdp[s] == fsdp[SHARDS + s]
+    assert sum(hsdp) == single and max(hsdp) < max(fsdp)
