@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from nanoshampoo.model.gpt import GPT, GPTConfig, Rotary, gpt_preset, linear_weight_and_bias
+from nanoshampoo.optim.shampoo.utils.shampoo_model_utils import CombinedLinear
 
 VOCAB = 97
 
@@ -58,18 +59,41 @@ def test_future_tokens_do_not_change_past_logits() -> None:
     assert not torch.allclose(a[:, 10:], b[:, 10:])
 
 
-def test_logits_are_soft_capped_at_15() -> None:
+def soft_cap_reference(z: float) -> float:
+    """The optimization track's logit cap, 15 z / sqrt(z^2 + 15^2), in float64."""
+    return 15.0 * z / math.sqrt(z * z + 225.0)
+
+
+def test_logits_are_the_head_outputs_soft_capped_at_15() -> None:
+    # A zero head weight makes every position's pre-cap logits equal the head bias, so chosen
+    # values (the cap's knee at +-15, the far tails, zero) go through the model's own cap.
+    model = GPT(small_config())
+    chosen = [-1e4, -100.0, -15.0, -1.0, 0.0, 1e-3, 3.0, 15.0, 100.0, 1e4]
+    bias = torch.cat([torch.tensor(chosen), torch.linspace(-60.0, 60.0, VOCAB - len(chosen))])
+    with torch.no_grad():
+        model.lm_head.weight.zero_()
+        model.lm_head.bias.copy_(bias)
+    logits = model(torch.randint(0, VOCAB, (2, 8)))  # (2, 8, V)
+    expected = torch.tensor([soft_cap_reference(z) for z in bias.tolist()])
+    torch.testing.assert_close(logits, expected.expand(2, 8, VOCAB), rtol=1e-6, atol=1e-6)
+    assert logits[0, 0, chosen.index(15.0)].item() == pytest.approx(15.0 / math.sqrt(2.0))
+    assert logits.abs().max() < 15.0
+
+
+def test_soft_cap_is_applied_to_what_the_head_computes() -> None:
+    torch.manual_seed(4)
     model = GPT(small_config())
     with torch.no_grad():
-        model.lm_head.weight.normal_(0.0, 100.0)
-        model.lm_head.bias.normal_(0.0, 100.0)
+        for p in model.parameters():
+            p.normal_(0.0, 1.0)
+        model.lm_head.weight.mul_(20.0)  # pre-cap logits of tens: the cap is far from linear
+    head_outputs: list[torch.Tensor] = []
+    model.lm_head.register_forward_hook(lambda _m, _i, out: head_outputs.append(out.detach()))
     logits = model(torch.randint(0, VOCAB, (2, 8)))
-    assert logits.abs().max() < 15.0
-    assert logits.abs().max() > 14.0  # huge pre-activations approach the cap
-    z = torch.tensor([-1e4, -15.0, 0.0, 3.0, 15.0])
-    reference = torch.tensor([15 * v / math.sqrt(v * v + 225) for v in z.tolist()])
-    capped = 15 * z / torch.sqrt(z.square() + 225)
-    torch.testing.assert_close(capped, reference)
+    (z,) = head_outputs
+    assert z.abs().max() > 30.0
+    expected = z.double().apply_(soft_cap_reference)
+    torch.testing.assert_close(logits.double(), expected, rtol=1e-6, atol=1e-6)
 
 
 def test_init_zero_outputs_unit_embedding_and_scaled_hidden_weights() -> None:
@@ -111,10 +135,11 @@ def test_rotary_rotates_exactly_half_of_the_head_dims() -> None:
 
 
 def test_combined_linear_variant_equals_linear_variant() -> None:
-    pytest.importorskip("nanoshampoo.optim.shampoo.utils.shampoo_model_utils")
     torch.manual_seed(3)
     plain = GPT(small_config())
     combined = GPT(small_config(combined_linear=True))
+    # 2 layers x (qkv, proj, fc, proj) + the head
+    assert sum(isinstance(m, CombinedLinear) for m in combined.modules()) == 9
     with torch.no_grad():
         for p in plain.parameters():
             p.normal_(0.0, 0.2)

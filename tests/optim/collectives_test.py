@@ -62,6 +62,31 @@ def test_reduce_scatter_and_all_gather_on_gloo() -> None:
         assert torch.equal(result["gathered"], expected_gather)
 
 
-def test_wait_work_accepts_none() -> None:
-    wait_work(None)
-    wait_all([None, None])
+class RecordingWork:
+    """Stands in for ``torch.distributed.Work``: records the order of ``wait`` calls."""
+
+    def __init__(self, name: str, log: list[str]) -> None:
+        self.name, self.log = name, log
+
+    def wait(self) -> bool:
+        self.log.append(self.name)
+        return True
+
+    def get_future(self) -> None:  # gloo's reduce-scatter Work has none: never call it
+        raise RuntimeError("Work::getFuture not implemented")
+
+
+def test_wait_work_waits_on_the_work_itself_and_skips_none() -> None:
+    log: list[str] = []
+    assert wait_work(RecordingWork("a", log)) is None
+    assert wait_work(None) is None
+    assert log == ["a"]
+
+
+def test_wait_all_waits_on_each_work_once_in_order() -> None:
+    log: list[str] = []
+    works = [RecordingWork("first", log), None, RecordingWork("second", log), None]
+    wait_all(works)
+    assert log == ["first", "second"]
+    wait_all(iter([RecordingWork("from a generator", log)]))
+    assert log[-1] == "from a generator" and len(log) == 3

@@ -1,6 +1,5 @@
 import math
 
-import numpy as np
 import pytest
 import torch
 
@@ -38,7 +37,13 @@ def test_polynomial_cost_article_example_and_default_is_cubic() -> None:
     model = PolynomialComputationalCostModel(coefficients=(1.0, 0.1, 0.01), min_cost=10.0)
     assert model.cost(torch.empty(100, 200)) == pytest.approx(111.0 + 421.0)
     assert PolynomialComputationalCostModel().cost(torch.empty(4, 3)) == 64 + 27
-    assert float(np.polynomial.polynomial.polyval(3, (1.0, 2.0))) == 7.0
+
+
+@pytest.mark.parametrize(("dim", "expected"), [(3, 1.0 + 2.0 * 3 + 0.5 * 9), (1, 3.5), (0, 1.0)])
+def test_polynomial_coefficients_are_in_increasing_degree(dim: int, expected: float) -> None:
+    # (1, 2, 0.5) is 1 + 2 d + 0.5 d^2; read in decreasing degree it would be d^2 + 2 d + 0.5.
+    model = PolynomialComputationalCostModel(coefficients=(1.0, 2.0, 0.5))
+    assert model.cost(torch.empty(dim, device="meta")) == expected
 
 
 @pytest.mark.parametrize(
