@@ -443,6 +443,8 @@ class _GroupRuntime:
 
         Returns whether any buffer was added or dropped.
         """
+        if not self.buckets:  # a DDP rank that owns no block: nothing to hold
+            return False
         changed = False
         for name, needed in hyperparameters.buffers_needed().items():
             present = bool(getattr(self, name))
@@ -472,7 +474,10 @@ class _GroupRuntime:
         return entries
 
     def check_grads(self) -> None:
-        """Raise ``ValueError`` naming the parameter for a gradient Shampoo cannot use."""
+        """Raise ``ValueError`` naming the parameter for a gradient Shampoo cannot use.
+
+        About 1 us per parameter (torch itself refuses a ``.grad`` of another shape).
+        """
         for label, param in zip(self.param_labels, self._params):
             grad = param.grad
             if grad is None:
@@ -481,13 +486,11 @@ class _GroupRuntime:
                 raise ValueError(
                     f"the gradient of {label} is {grad.layout}: DistributedShampoo needs dense gradients"
                 )
-            if grad.is_complex() or not grad.is_floating_point():
+            if not grad.is_floating_point():  # complex dtypes are not floating point
                 raise ValueError(
                     f"the gradient of {label} has dtype {grad.dtype}: DistributedShampoo needs "
                     "real floating-point gradients"
                 )
-            if grad.shape != param.shape:
-                raise ValueError(f"the gradient of {label} has shape {tuple(grad.shape)}")
 
     def _make_buckets(
         self, blocked_params: Sequence[torch.Tensor], offsets: Sequence[int]
@@ -693,12 +696,13 @@ class DistributedShampoo(torch.optim.Optimizer):
 
     Args:
         params: parameters or param groups; every keyword below can be overridden per group.
-        lr: learning rate, >= 0.
+        lr: learning rate, finite and >= 0.
         betas: ``(beta1, beta2)``: filtered-gradient EMA in [0, 1) (0 disables) and factor EMA
             in (0, 1] (1 accumulates).
         beta3: EMA factor of the current step's filtered gradient; -1 means ``beta1``.
-        epsilon: ridge of the factor matrices before the root, > 0.
-        weight_decay: >= 0.
+        epsilon: ridge of the factor matrices before the root, finite and > 0; exactly 0 with
+            (and only with) a ``PseudoInverseConfig`` rank-deficient stability config.
+        weight_decay: finite and >= 0.
         weight_decay_type: ``WeightDecayType.DECOUPLED`` (AdamW-style) or ``L2``.
         max_preconditioner_dim: largest block dim (int >= 1 or ``math.inf``).
         precondition_frequency: steps between root computations, >= 1.
@@ -712,6 +716,11 @@ class DistributedShampoo(torch.optim.Optimizer):
         dampening: momentum dampening, in [0, 1).
         use_nesterov: Nesterov momentum (needs momentum > 0).
         nonfinite_grad_policy: ``"raise"`` (default) or ``"skip"`` on NaN/Inf gradients.
+
+    Every group entry can be changed between steps (e.g. by a scheduler) and is validated again
+    at the next step, except ``params``, ``max_preconditioner_dim``, ``preconditioner_config``,
+    ``grafting_config`` and ``distributed_config``: changing those raises ``ValueError``. An
+    invalid value raises before any parameter or state changes (see the module docstring).
 
     Example:
         >>> model = torch.nn.Linear(8, 4)

@@ -138,6 +138,39 @@ def skipped_nan_params(config: Any) -> list[torch.Tensor]:
     return [p.detach() for p in params]
 
 
+# Hyperparameters set on the group after step 3 (momentum and filtering start from zero, a new
+# epsilon/beta2 rebuilds the preconditioner).
+CHANGED_AFTER_STEP_3: dict[str, Any] = dict(
+    momentum=0.5, betas=(0.9, 0.99), epsilon=1e-6, weight_decay=0.01, lr=0.02
+)
+
+
+def changed_hyperparameters_run(
+    shapes: list[tuple[int, ...]], config: Any
+) -> tuple[list[torch.Tensor], str, bool]:
+    """Steps 1-3 without momentum or filtering; an lr of inf is refused at step 4 on every rank
+    (nothing moves); then CHANGED_AFTER_STEP_3 for steps 4-6.
+
+    Returns the final params, the refusal message and whether the refused step left the
+    params unchanged.
+    """
+    params, optimizer, history = train(
+        shapes, config, range(1, 4), momentum=0.0, betas=(0.0, 0.999)
+    )
+    for param, grad in zip(params, step_grads(shapes, 4), strict=True):
+        param.grad = grad
+    optimizer.param_groups[0]["lr"] = float("inf")
+    try:
+        optimizer.step()
+        message = ""
+    except ValueError as error:
+        message = str(error)
+    unchanged = all(torch.equal(p, h) for p, h in zip(params, history[-1], strict=True))
+    optimizer.param_groups[0].update(CHANGED_AFTER_STEP_3)
+    train(shapes, config, range(4, STEPS + 1), params=params, optimizer=optimizer)
+    return [p.detach() for p in params], message, unchanged
+
+
 # (name, shapes, config) run on every rank; the parent compares each against the reference.
 def cases(world_size: int) -> list[tuple[str, list[tuple[int, ...]], DDPDistributedConfig]]:
     half = max(world_size // 2, 1)
@@ -164,6 +197,10 @@ def ddp_body(rank: int, world_size: int) -> dict[str, Any]:
     config = DDPDistributedConfig()
     result["resumed"] = resumed_params(UNEVEN_SHAPES, config)
     result["skipped_nan"] = skipped_nan_params(config)
+    result["changed"] = {
+        name: changed_hyperparameters_run(shapes, config)
+        for name, shapes in (("uneven", UNEVEN_SHAPES), ("few", FEW_SHAPES))
+    }
     equal_params = [torch.nn.Parameter(p) for p in initial_params(EQUAL_SHAPES)]
     result["equal_state_bytes"] = make_optimizer(equal_params, config).optimizer_state_bytes()
     try:
@@ -254,6 +291,17 @@ def test_ddp_matches_single_device(world_size: int) -> None:
 
     for result in results:  # 3 divides neither 2 nor 4
         assert "num_trainers_per_group" in result["bad_group_error"]
+
+    # Hyperparameters changed between steps: refused (lr inf) on every rank before anything
+    # moves, applied (momentum, filtering, epsilon, beta2, decay) like on one device, also on
+    # a rank that owns no block (FEW_SHAPES at world size 4).
+    for name, shapes in (("uneven", UNEVEN_SHAPES), ("few", FEW_SHAPES)):
+        want, _, _ = changed_hyperparameters_run(shapes, SingleDeviceDistributedConfig())
+        for result in results:
+            got, message, unchanged = result["changed"][name]
+            assert message.startswith("lr must be finite") and unchanged, (name, message)
+            for g, w in zip(got, want, strict=True):
+                torch.testing.assert_close(g, w, rtol=0.0, atol=1e-6, msg=name)
 
     # A NaN gradient seen by one rank's block makes every rank skip the step.
     want = skipped_nan_params(SingleDeviceDistributedConfig())
