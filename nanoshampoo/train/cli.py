@@ -1,27 +1,45 @@
-"""Command line: ``python -m nanoshampoo.train --preset NAME [--<field> VALUE ...]``.
+"""Command line: ``python -m nanoshampoo.train [--preset NAME] [--<field> VALUE ...]``.
 
 Every ``TrainConfig`` field is a flag (underscores become dashes): ``--seed 3``,
-``--num-iterations 500``, ``--autocast-bf16 false``, ``--profile-steps 5,6,7``. Flags override
-the preset, which overrides the defaults. Runs as one process or under ``torchrun``.
+``--num-iterations 500``, ``--autocast off``, ``--profile-steps 5,6,7``. Flags override the
+preset, which overrides the defaults; ``--preset NAME --help`` shows the preset's values.
+``--autocast-bf16 true|false`` is kept as an alias of ``--autocast bf16|off``. Runs as one
+process or under ``torchrun``.
+
+Exit status: 0 done; 2 a user error (a bad flag value, a missing or damaged file), printed as
+one line without a traceback; 3 the run diverged (NaN/Inf; the logs say where). Other failures
+are bugs and keep their traceback.
 
 Example:
     >>> main(["--preset", "tiny-adamw", "--num-iterations", "50", "--out-dir", "/tmp/runs"])
     ...                                                                    # doctest: +SKIP
+    $ python -m nanoshampoo.train --preset tiny-muon --muon-lr 0.03 --seed 1
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import sys
 import typing
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 from nanoshampoo.train.allocator import exec_with_tuned_malloc
-from nanoshampoo.train.config import TrainConfig
+from nanoshampoo.train.config import TrainConfig, UserError
 from nanoshampoo.train.presets import load_preset, preset_names
 
 DEFAULT_PRESET = "tiny-shampoo"
+PROG = "python -m nanoshampoo.train"
+EXIT_USER_ERROR = 2
+EXIT_DIVERGED = 3
+
+
+class _OneLineErrorParser(argparse.ArgumentParser):
+    """An ``ArgumentParser`` whose errors are one line (no usage dump burying the message)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USER_ERROR, f"{self.prog}: error: {message} (see --help)\n")
 
 
 def parse_bool(text: str) -> bool:
@@ -40,6 +58,11 @@ def parse_int_tuple(text: str) -> tuple[int, ...]:
         raise argparse.ArgumentTypeError(f"expected comma-separated ints, got {text!r}") from exc
 
 
+def parse_autocast_bf16(text: str) -> str:
+    """The ``--autocast-bf16 true|false`` alias: ``bf16`` or ``off``."""
+    return "bf16" if parse_bool(text) else "off"
+
+
 def _parser_for(annotation: Any) -> Callable[[str], Any]:
     if annotation is bool:
         return parse_bool
@@ -48,41 +71,76 @@ def _parser_for(annotation: Any) -> Callable[[str], Any]:
     return annotation  # int, float, str
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="python -m nanoshampoo.train",
+def build_parser(preset: str = DEFAULT_PRESET,
+                 preset_values: dict[str, Any] | None = None) -> argparse.ArgumentParser:
+    """The flag parser; each flag's help shows ``preset_values``' value where the preset has one."""
+    preset_values = preset_values or {}
+    parser = _OneLineErrorParser(
+        prog=PROG,
         description="Train a speedrun GPT. Presets: " + ", ".join(preset_names()),
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     hints = typing.get_type_hints(TrainConfig)
     for field in dataclasses.fields(TrainConfig):
         flag = "--" + field.name.replace("_", "-")
         if field.name == "preset":
             parser.add_argument(flag, default=DEFAULT_PRESET,
-                                help="preset name or path to a .toml of TrainConfig fields")
+                                help="preset name or path to a .toml of TrainConfig fields "
+                                     f"(default {DEFAULT_PRESET!r})")
             continue
+        default = field.default if field.default is not dataclasses.MISSING else None
+        if field.name in preset_values:
+            shown = f"(preset {preset}: {preset_values[field.name]!r}; default {default!r})"
+        else:
+            shown = f"(default {default!r})"
         parser.add_argument(flag, dest=field.name, type=_parser_for(hints[field.name]),
-                            default=argparse.SUPPRESS, help=f"(default {field.default!r})")
+                            default=argparse.SUPPRESS, help=shown)
+    parser.add_argument("--autocast-bf16", dest="autocast", type=parse_autocast_bf16,
+                        default=argparse.SUPPRESS,
+                        help="alias: true = --autocast bf16, false = --autocast off")
     return parser
 
 
 def config_from_args(argv: Sequence[str] | None = None) -> TrainConfig:
-    """Defaults <- preset <- flags, validated."""
-    args = vars(build_parser().parse_args(argv))
+    """Defaults <- preset <- flags, validated (``ValueError`` naming the field)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--preset", default=DEFAULT_PRESET)
+    preset = pre.parse_known_args(argv)[0].preset
+    try:
+        preset_values = load_preset(preset)
+    except ValueError:
+        if any(a in ("-h", "--help") for a in argv):
+            preset_values = {}  # still show the help; the parse below reports the preset
+        else:
+            raise
+    args = vars(build_parser(preset, preset_values).parse_args(argv))
     fields = load_preset(args.pop("preset"))
     fields.update(args)
     return TrainConfig(**fields)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from nanoshampoo.train.loop.trainer import Trainer
+    """Parse, train, and return the exit status (see the module docstring)."""
+    from nanoshampoo.train.trainer import Trainer, TrainingDiverged
 
     try:
         cfg = config_from_args(argv)
     except ValueError as exc:  # a bad value or preset: a usage error, not a crash
-        build_parser().error(str(exc))
-    Trainer(cfg).run()
+        return _user_error(str(exc))
+    try:
+        Trainer(cfg).run()
+    except UserError as exc:
+        return _user_error(str(exc))
+    except TrainingDiverged as exc:
+        print(f"{PROG}: diverged at step {exc.step}: {exc.reason}", file=sys.stderr)
+        return EXIT_DIVERGED
     return 0
+
+
+def _user_error(message: str) -> int:
+    one_line = " ".join(message.split())
+    print(f"{PROG}: error: {one_line}", file=sys.stderr)
+    return EXIT_USER_ERROR
 
 
 def run_entry_point(argv: Sequence[str]) -> int:

@@ -1,25 +1,53 @@
 """``TrainConfig``: every knob of a training run, in one validated dataclass.
 
 A run is fully described by this config and the code (which the run log records verbatim).
-Presets (``nanoshampoo/train/presets/*.toml``) and CLI flags override its defaults field by field.
+The defaults are the ``tiny-shampoo`` CPU run (tiny GPT on the embedded corpus, 300 steps);
+presets (``nanoshampoo/train/presets/*.toml``) hold only what differs from them, and CLI flags
+override the preset field by field.
 
 Example:
     >>> cfg = TrainConfig(optimizer="adamw", num_iterations=100)
-    >>> cfg.tokens_per_step
-    2048
+    >>> cfg.tokens_per_step, cfg.matrix_optimizer, cfg.small_params_optimizer
+    (2048, 'adamw', 'adamw')
+    >>> TrainConfig(run_id="a/b")
+    Traceback (most recent call last):
+    ...
+    ValueError: TrainConfig.run_id must not contain a path separator, got 'a/b'
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass
 
 from nanoshampoo.model.gpt import gpt_preset_names
 
-OPTIMIZER_SETUPS = ("shampoo", "adamw", "distadam", "shampoo-distadam")
+# Setup name -> (optimizer of the block matrices, optimizer of embed/head/scalars).
+OPTIMIZER_SETUPS: dict[str, tuple[str, str]] = {
+    "shampoo": ("shampoo", "adamw"),
+    "soap": ("soap", "adamw"),
+    "muon": ("muon", "adamw"),
+    "adamw": ("adamw", "adamw"),
+    "distadam": ("distadam", "distadam"),
+    "shampoo-distadam": ("shampoo", "distadam"),
+    "soap-distadam": ("soap", "distadam"),
+    "muon-distadam": ("muon", "distadam"),
+}
+# The matrix optimizers that are ``DistributedShampoo`` with some preconditioner.
+SHAMPOO_FAMILY = ("shampoo", "soap", "muon")
 DATASETS = ("embedded", "shards")
 DEVICES = ("auto", "cpu", "cuda")
-SHAMPOO_DISTRIBUTORS = ("auto", "single")
+DISTRIBUTORS = ("auto", "single", "ddp")
+STORAGE_DTYPES = ("float32", "bfloat16")
+AUTOCAST_CHOICES = ("auto", "bf16", "off")
+
+
+class UserError(ValueError):
+    """A problem with the run's inputs (a flag's value, a file it names), not with the code.
+
+    The command line prints its message as one line, without a traceback, and exits with 2.
+    """
 
 
 @dataclass
@@ -28,7 +56,8 @@ class TrainConfig:
 
     Learning rates are the peak values; the schedule is constant, then a linear cooldown to 0
     over the last ``cooldown_frac`` of ``num_iterations``. ``batch_size`` counts sequences of
-    ``seq_len`` tokens over all ranks together and must divide by the world size.
+    ``seq_len`` tokens per optimizer step over all ranks together; it must divide by
+    ``world_size * grad_accum_steps`` (each rank runs ``grad_accum_steps`` micro-batches).
     """
 
     preset: str = "tiny-shampoo"
@@ -44,10 +73,11 @@ class TrainConfig:
     vocab_size: int = 0
     seq_len: int = 128
     batch_size: int = 16
+    grad_accum_steps: int = 1
     # --- schedule
     num_iterations: int = 300
     cooldown_frac: float = 0.7
-    # --- optimizer setup and its hyper-parameters
+    # --- optimizer setup (a key of OPTIMIZER_SETUPS) and its hyper-parameters
     optimizer: str = "shampoo"
     # AdamW (or DistAdam) for the embedding, the head and every 1-D parameter.
     embed_lr: float = 0.3
@@ -56,20 +86,36 @@ class TrainConfig:
     adam_beta1: float = 0.8
     adam_beta2: float = 0.95
     adam_eps: float = 1e-10
-    # Block matrices (ndim >= 2): Shampoo, or AdamW in the "adamw"/"distadam" setups.
+    # Block matrices (ndim >= 2) in the shampoo, adamw and distadam setups.
     matrix_lr: float = 0.0015
     matrix_beta1: float = 0.9
     matrix_beta2: float = 0.95
     matrix_weight_decay: float = 0.2
-    # Shampoo only.
-    max_preconditioner_dim: int = 8192
+    # Shampoo (root-inverse, Adam grafting).
     precondition_frequency: int = 5
-    start_preconditioning_step: int = -1
+    shampoo_epsilon: float = 1e-12
     grafting_beta2: float = 0.95
     grafting_epsilon: float = 1e-10
-    shampoo_epsilon: float = 1e-12
-    # "auto": the DDP distributor when world size > 1; "single": every rank computes every block.
-    shampoo_distributor: str = "auto"
+    # SOAP (eigenvalue-corrected Shampoo, no grafting; its paper's betas, epsilon, frequency).
+    soap_lr: float = 0.003
+    soap_beta1: float = 0.95
+    soap_beta2: float = 0.95
+    soap_epsilon: float = 1e-8
+    soap_precondition_frequency: int = 10
+    # Muon (spectral descent by Newton-Schulz, Nesterov momentum, speedrun shape scaling).
+    muon_lr: float = 0.05
+    muon_momentum: float = 0.95
+    muon_weight_decay: float = 0.0
+    muon_ns_steps: int = 5
+    # Shared by the DistributedShampoo setups (shampoo, soap, muon).
+    max_preconditioner_dim: int = 8192
+    # -1: the first root is computed at step precondition_frequency (the library's rule).
+    start_preconditioning_step: int = -1
+    factor_dtype: str = "float32"
+    # "auto": DDP when world size > 1; "single": every rank computes every block.
+    distributor: str = "auto"
+    communication_dtype: str = "float32"
+    communicate_params: bool = True
     # --- evaluation, logging, checkpoints
     val_every: int = 50
     val_tokens: int = 32768
@@ -78,13 +124,19 @@ class TrainConfig:
     save_final_checkpoint: bool = True
     resume: str = ""
     out_dir: str = "runs"
+    # "" makes a unique id; a resume without one continues the checkpoint's run (and its logs).
     run_id: str = ""
     seed: int = 0
     progress: bool = True
     # --- execution
     device: str = "auto"
-    autocast_bf16: bool = True
+    # "auto": bf16 on CUDA with bf16 support, or on a CPU where a probe finds bf16 matmuls faster.
+    autocast: str = "auto"
+    # CPU threads per process; 0: the cores this process may run on, shared by its local ranks.
+    threads: int = 0
     compile: bool = False
+    # Seconds a collective may wait for another rank before the run fails (a dead peer).
+    dist_timeout_s: float = 600.0
     profile_steps: tuple[int, ...] = ()
     profile_dir: str = ""
 
@@ -92,31 +144,40 @@ class TrainConfig:
         self.profile_steps = tuple(self.profile_steps)
         _check_choice("model", self.model, tuple(gpt_preset_names()))
         _check_choice("dataset", self.dataset, DATASETS)
-        _check_choice("optimizer", self.optimizer, OPTIMIZER_SETUPS)
+        _check_choice("optimizer", self.optimizer, tuple(OPTIMIZER_SETUPS))
         _check_choice("device", self.device, DEVICES)
-        _check_choice("shampoo_distributor", self.shampoo_distributor, SHAMPOO_DISTRIBUTORS)
-        for name in ("seq_len", "batch_size", "num_iterations", "val_tokens",
-                     "max_preconditioner_dim", "precondition_frequency"):
+        _check_choice("distributor", self.distributor, DISTRIBUTORS)
+        _check_choice("factor_dtype", self.factor_dtype, STORAGE_DTYPES)
+        _check_choice("communication_dtype", self.communication_dtype, STORAGE_DTYPES)
+        _check_choice("autocast", self.autocast, AUTOCAST_CHOICES)
+        for name in ("seq_len", "batch_size", "grad_accum_steps", "num_iterations", "val_tokens",
+                     "max_preconditioner_dim", "precondition_frequency",
+                     "soap_precondition_frequency", "muon_ns_steps"):
             if getattr(self, name) < 1:
                 raise ValueError(f"TrainConfig.{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("val_every", "log_every", "checkpoint_every", "seed", "vocab_size"):
+        for name in ("val_every", "log_every", "checkpoint_every", "seed", "vocab_size",
+                     "threads"):
             if getattr(self, name) < 0:
                 raise ValueError(f"TrainConfig.{name} must be >= 0, got {getattr(self, name)}")
-        for name in ("embed_lr", "head_lr", "scalar_lr", "matrix_lr", "adam_eps",
-                     "matrix_weight_decay", "grafting_epsilon", "shampoo_epsilon"):
-            if getattr(self, name) < 0:
+        # "not >= 0" also refuses NaN; inf stays allowed (a run that diverges at once).
+        for name in ("embed_lr", "head_lr", "scalar_lr", "matrix_lr", "soap_lr", "muon_lr",
+                     "adam_eps", "matrix_weight_decay", "muon_weight_decay", "grafting_epsilon",
+                     "shampoo_epsilon", "soap_epsilon"):
+            if not getattr(self, name) >= 0:
                 raise ValueError(f"TrainConfig.{name} must be >= 0, got {getattr(self, name)}")
-        for name in ("adam_beta1", "adam_beta2", "matrix_beta1", "matrix_beta2", "grafting_beta2"):
+        for name in ("adam_beta1", "adam_beta2", "matrix_beta1", "matrix_beta2", "grafting_beta2",
+                     "soap_beta1", "soap_beta2", "muon_momentum"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise ValueError(f"TrainConfig.{name} must be in [0, 1), got {getattr(self, name)}")
         if not 0.0 <= self.cooldown_frac <= 1.0:
             raise ValueError(f"TrainConfig.cooldown_frac must be in [0, 1], got {self.cooldown_frac}")
-        if self.start_preconditioning_step != -1 and (
-            self.start_preconditioning_step < self.precondition_frequency
-        ):
+        if not self.dist_timeout_s > 0:
+            raise ValueError(f"TrainConfig.dist_timeout_s must be > 0, got {self.dist_timeout_s}")
+        frequency = self.active_precondition_frequency
+        if self.start_preconditioning_step != -1 and self.start_preconditioning_step < frequency:
             raise ValueError(
-                "TrainConfig.start_preconditioning_step must be -1 or >= precondition_frequency, "
-                f"got {self.start_preconditioning_step}"
+                "TrainConfig.start_preconditioning_step must be -1 or >= the precondition "
+                f"frequency ({frequency}), got {self.start_preconditioning_step}"
             )
         if self.dataset == "shards":
             for name in ("train_files", "val_files"):
@@ -124,6 +185,12 @@ class TrainConfig:
                     raise ValueError(f"TrainConfig.{name} is required when dataset='shards'")
             if self.vocab_size < 1:
                 raise ValueError("TrainConfig.vocab_size is required when dataset='shards'")
+        separators = {os.sep, os.altsep, "/", "\\"} - {None}
+        if any(sep in self.run_id for sep in separators) or self.run_id in (".", ".."):
+            raise ValueError(
+                f"TrainConfig.run_id must not contain a path separator, got {self.run_id!r}")
+        if not self.out_dir:
+            raise ValueError("TrainConfig.out_dir must not be empty")
         if any(s < 0 for s in self.profile_steps):
             raise ValueError(f"TrainConfig.profile_steps must be >= 0, got {self.profile_steps}")
         if self.profile_steps and not self.profile_dir:
@@ -132,6 +199,23 @@ class TrainConfig:
     @property
     def tokens_per_step(self) -> int:
         return self.batch_size * self.seq_len
+
+    @property
+    def matrix_optimizer(self) -> str:
+        """What updates the block matrices: ``shampoo``, ``soap``, ``muon``, ``adamw`` or
+        ``distadam``."""
+        return OPTIMIZER_SETUPS[self.optimizer][0]
+
+    @property
+    def small_params_optimizer(self) -> str:
+        """What updates the embedding, the head and the 1-D parameters: ``adamw`` or ``distadam``."""
+        return OPTIMIZER_SETUPS[self.optimizer][1]
+
+    @property
+    def active_precondition_frequency(self) -> int:
+        """The precondition frequency the setup's matrix optimizer uses (1: every step)."""
+        return {"shampoo": self.precondition_frequency,
+                "soap": self.soap_precondition_frequency}.get(self.matrix_optimizer, 1)
 
     def to_dict(self) -> dict[str, object]:
         """Plain JSON-serialisable dict (tuples become lists)."""

@@ -2,7 +2,8 @@
 
 One entry point serves a plain process (world size 1) and ``torchrun`` (env:// rendezvous):
 NCCL when the device is CUDA, gloo on CPU. A process group that already exists (e.g. one made
-by ``nanoshampoo.testing.distributed.run_on_gloo``) is used as is.
+by ``nanoshampoo.testing.distributed.run_on_gloo``) is used as is. A group made here has a
+timeout: a collective waiting on a dead or hung rank fails after it instead of hanging.
 
 Example:
     >>> ctx = setup_distributed("cpu")
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -35,8 +37,11 @@ class DistributedContext:
         return self.rank == 0
 
 
-def setup_distributed(device: str) -> DistributedContext:
-    """Pick the device and join (or create) the process group described by the environment."""
+def setup_distributed(device: str, timeout_s: float = 600.0) -> DistributedContext:
+    """Pick the device and join (or create) the process group described by the environment.
+
+    ``timeout_s`` bounds how long a collective of a group created here waits for the others.
+    """
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cuda" and not torch.cuda.is_available():
@@ -48,7 +53,8 @@ def setup_distributed(device: str) -> DistributedContext:
     owns = False
     if not dist.is_initialized() and int(os.environ.get("WORLD_SIZE", "1")) > 1:
         backend = "nccl" if torch_device.type == "cuda" else "gloo"
-        dist.init_process_group(backend, init_method="env://")
+        dist.init_process_group(backend, init_method="env://",
+                                timeout=timedelta(seconds=timeout_s))
         owns = True
     if dist.is_initialized():
         return DistributedContext(dist.get_rank(), dist.get_world_size(), torch_device, owns)
@@ -56,8 +62,45 @@ def setup_distributed(device: str) -> DistributedContext:
 
 
 def teardown_distributed(ctx: DistributedContext) -> None:
-    if ctx.owns_process_group:
+    """Destroy the process group if this context created it (also after an error)."""
+    if ctx.owns_process_group and dist.is_initialized():
         dist.destroy_process_group()
+
+
+def local_world_size() -> int:
+    """Processes of this run on this machine (``torchrun`` sets ``LOCAL_WORLD_SIZE``)."""
+    return int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+
+
+def first_error_on_any_rank(error: str | None, ctx: DistributedContext) -> str | None:
+    """Every rank learns the lowest rank's error message (``None`` if no rank has one).
+
+    A start-up check that fails on one rank must stop every rank: otherwise the others wait in
+    their next collective until the timeout. Collective; call it on every rank.
+    """
+    if ctx.world_size == 1:
+        return error
+    errors: list[str | None] = [None] * ctx.world_size
+    dist.all_gather_object(errors, error)
+    return next((e for e in errors if e is not None), None)
+
+
+def any_rank_true(flag: bool, ctx: DistributedContext) -> bool:
+    """Whether ``flag`` is true on any rank (one tiny all-reduce; collective)."""
+    if ctx.world_size == 1:
+        return flag
+    tensor = torch.tensor([1.0 if flag else 0.0], device=ctx.device)
+    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+    return bool(tensor.item())
+
+
+def broadcast_object(value: object, ctx: DistributedContext) -> object:
+    """Rank 0's ``value`` on every rank (collective)."""
+    if ctx.world_size == 1:
+        return value
+    box = [value]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
 
 
 def barrier(ctx: DistributedContext) -> None:

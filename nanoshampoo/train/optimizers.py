@@ -6,16 +6,23 @@ Parameters fall into four named groups (``partition_parameters``):
 - ``scalar``: every 1-D parameter (biases, norm gains, a non-combined head bias);
 - ``matrix``: every block parameter with ``ndim >= 2``.
 
-Setups (``TrainConfig.optimizer``):
+Setups (``TrainConfig.optimizer``; ``config.OPTIMIZER_SETUPS``): the embed/head/scalar groups
+use AdamW, or DistAdam in the ``*-distadam`` setups and ``distadam``; ``matrix`` uses
 
-- ``shampoo`` (the optimization-track recipe): AdamW for embed/head/scalar; ``DistributedShampoo``
-  with Adam grafting and decoupled weight decay for ``matrix``.
-- ``adamw``: AdamW for all four groups (``matrix`` with the matrix lr, betas and weight decay).
-- ``distadam``: ``DistAdam`` (sharded state, own reduce-scatter) for all four groups.
-- ``shampoo-distadam``: DistAdam for embed/head/scalar, Shampoo for ``matrix``.
+- ``shampoo`` (the optimization-track recipe): ``DistributedShampoo``, root-inverse
+  preconditioner, Adam grafting, decoupled weight decay (``matrix_*``, ``shampoo_*`` fields);
+- ``soap``: ``DistributedShampoo`` with the eigenvalue-corrected preconditioner and no grafting,
+  as in the SOAP paper: Adam in the eigenbasis of the Kronecker factors, bias-corrected, basis
+  refreshed by one warm-started QR step every ``soap_precondition_frequency`` steps;
+- ``muon``: ``DistributedShampoo`` with spectral descent (Newton-Schulz), as in the speedrun's
+  Muon: ``M <- m M + (1 - m) G``, direction ``orth(m M + (1 - m) G)`` (Nesterov; this is the
+  library's ``beta3 = m**2`` with no bias correction) times ``max(1, rows / cols)**0.5``;
+- ``adamw`` / ``distadam``: AdamW / DistAdam with the ``matrix_*`` lr, betas and weight decay.
 
-Gradients of every parameter not owned by a DistAdam are averaged across ranks by the trainer
-before the step (``OptimizerSetup.all_reduce_params``); DistAdam reduce-scatters its own.
+The shampoo-family setups share ``max_preconditioner_dim``, ``start_preconditioning_step``,
+``factor_dtype`` and the distributor fields. Gradients of every parameter not owned by a DistAdam
+are averaged across ranks by the trainer before the step (``OptimizerSetup.all_reduce_params``);
+DistAdam reduce-scatters its own.
 
 Example:
     >>> model = GPT(gpt_preset("tiny", vocab_size=256))
@@ -28,12 +35,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
 
 from nanoshampoo.model.gpt import GPT, gpt_preset  # noqa: F401 - gpt_preset: docstring example
-from nanoshampoo.train.config import TrainConfig
+from nanoshampoo.train.config import SHAMPOO_FAMILY, TrainConfig
 
 GROUP_NAMES = ("embed", "head", "scalar", "matrix")
 
@@ -45,6 +53,15 @@ class OptimizerSetup:
     optimizers: list[torch.optim.Optimizer]
     groups: dict[str, list[nn.Parameter]]
     all_reduce_params: list[nn.Parameter]
+
+    def set_gradient_sync(self, enabled: bool) -> None:
+        """Whether this backward's gradients start syncing across ranks (DistAdam's hooks).
+
+        False on the micro-batches that only accumulate; True on the last one.
+        """
+        for opt in self.optimizers:
+            if hasattr(opt, "should_sync"):
+                opt.should_sync = enabled
 
 
 def partition_parameters(model: GPT) -> dict[str, list[nn.Parameter]]:
@@ -96,9 +113,9 @@ def build_optimizer_setup(model: GPT, cfg: TrainConfig, world_size: int) -> Opti
     optimizers: list[torch.optim.Optimizer] = []
     distadam_params: list[nn.Parameter] = []
 
-    if cfg.optimizer in ("shampoo", "adamw"):
+    if cfg.small_params_optimizer == "adamw":
         adam_groups = [dict(params=small[n], lr=lrs[n]) for n in small if small[n]]
-        if cfg.optimizer == "adamw":
+        if cfg.matrix_optimizer == "adamw":
             adam_groups.append(dict(params=groups["matrix"], lr=cfg.matrix_lr,
                                     betas=(cfg.matrix_beta1, cfg.matrix_beta2),
                                     weight_decay=cfg.matrix_weight_decay))
@@ -112,13 +129,13 @@ def build_optimizer_setup(model: GPT, cfg: TrainConfig, world_size: int) -> Opti
                 optimizers.append(DistAdam(params, lr=lrs[name], eps=cfg.adam_eps,
                                            betas=(cfg.adam_beta1, cfg.adam_beta2)))
                 distadam_params += params
-        if cfg.optimizer == "distadam":
+        if cfg.matrix_optimizer == "distadam":
             optimizers.append(DistAdam(groups["matrix"], lr=cfg.matrix_lr, eps=cfg.adam_eps,
                                        betas=(cfg.matrix_beta1, cfg.matrix_beta2),
                                        weight_decay=cfg.matrix_weight_decay))
             distadam_params += groups["matrix"]
 
-    if cfg.optimizer in ("shampoo", "shampoo-distadam"):
+    if cfg.matrix_optimizer in SHAMPOO_FAMILY:
         optimizers.append(build_shampoo(groups["matrix"], cfg, world_size))
 
     sharded = {id(p) for p in distadam_params}
@@ -126,41 +143,86 @@ def build_optimizer_setup(model: GPT, cfg: TrainConfig, world_size: int) -> Opti
     return OptimizerSetup(optimizers=optimizers, groups=groups, all_reduce_params=all_reduce)
 
 
+def muon_shape_scale(d_in: int, d_out: int) -> float:
+    """The speedrun Muon's update scale for a ``(d_out, d_in)`` matrix: ``max(1, d_out/d_in)**0.5``.
+
+    Tall matrices (more rows than columns) get larger steps, so that the update's RMS per entry
+    does not shrink with the aspect ratio. A named function: lambdas do not pickle.
+    """
+    return max(1.0, d_out / d_in) ** 0.5
+
+
 def build_shampoo(params: list[nn.Parameter], cfg: TrainConfig,
                   world_size: int) -> torch.optim.Optimizer:
-    """``DistributedShampoo`` with Adam grafting and decoupled weight decay for the matrices.
+    """``DistributedShampoo`` for the block matrices, configured for ``cfg.matrix_optimizer``.
 
-    Multi-process runs use the DDP distributor (each rank computes the roots of its share of
-    the blocks, the updated parameters are exchanged in float32) unless
-    ``cfg.shampoo_distributor == "single"``, which has every rank compute every block.
+    ``shampoo``: root-inverse, Adam grafting; ``soap``: eigenvalue-corrected, no grafting;
+    ``muon``: spectral descent (see the module docstring). The distributor is DDP (each rank
+    computes its share of the blocks, results travel in ``communication_dtype``) when
+    ``cfg.distributor`` is ``ddp``, or ``auto`` on more than one rank; otherwise every rank
+    computes every block.
     """
     from nanoshampoo.optim.shampoo import (
         AdamPreconditionerConfig,
         DDPDistributedConfig,
         DistributedShampoo,
+        EigenvalueCorrectedShampooPreconditionerConfig,
+        NewtonSchulzOrthogonalizationConfig,
+        QREigendecompositionConfig,
+        RootInvShampooPreconditionerConfig,
         SingleDeviceDistributedConfig,
+        SpectralDescentPreconditionerConfig,
         WeightDecayType,
     )
 
-    distributed = world_size > 1 and cfg.shampoo_distributor != "single"
+    factor_dtype = getattr(torch, cfg.factor_dtype)
+    distributed = cfg.distributor == "ddp" or (cfg.distributor == "auto" and world_size > 1)
     distributed_config = (
-        DDPDistributedConfig(communication_dtype=torch.float32, communicate_params=True)
+        DDPDistributedConfig(communication_dtype=getattr(torch, cfg.communication_dtype),
+                             communicate_params=cfg.communicate_params)
         if distributed
         else SingleDeviceDistributedConfig()
     )
-    return DistributedShampoo(
-        params,
-        lr=cfg.matrix_lr,
-        betas=(cfg.matrix_beta1, cfg.matrix_beta2),
-        epsilon=cfg.shampoo_epsilon,
-        weight_decay=cfg.matrix_weight_decay,
-        weight_decay_type=WeightDecayType.DECOUPLED,
+    common: dict[str, Any] = dict(
         max_preconditioner_dim=cfg.max_preconditioner_dim,
-        precondition_frequency=cfg.precondition_frequency,
         start_preconditioning_step=cfg.start_preconditioning_step,
-        use_bias_correction=True,
-        grafting_config=AdamPreconditionerConfig(
-            beta2=cfg.grafting_beta2, epsilon=cfg.grafting_epsilon
-        ),
+        weight_decay_type=WeightDecayType.DECOUPLED,
         distributed_config=distributed_config,
     )
+    kind = cfg.matrix_optimizer
+    if kind == "shampoo":
+        return DistributedShampoo(
+            params, lr=cfg.matrix_lr, betas=(cfg.matrix_beta1, cfg.matrix_beta2),
+            epsilon=cfg.shampoo_epsilon, weight_decay=cfg.matrix_weight_decay,
+            precondition_frequency=cfg.precondition_frequency, use_bias_correction=True,
+            grafting_config=AdamPreconditionerConfig(beta2=cfg.grafting_beta2,
+                                                     epsilon=cfg.grafting_epsilon),
+            preconditioner_config=RootInvShampooPreconditionerConfig(
+                factor_matrix_dtype=factor_dtype),
+            **common,
+        )
+    if kind == "soap":
+        return DistributedShampoo(
+            params, lr=cfg.soap_lr, betas=(cfg.soap_beta1, cfg.soap_beta2),
+            epsilon=cfg.soap_epsilon, weight_decay=cfg.matrix_weight_decay,
+            precondition_frequency=cfg.soap_precondition_frequency, use_bias_correction=True,
+            grafting_config=None,
+            preconditioner_config=EigenvalueCorrectedShampooPreconditionerConfig(
+                amortized_computation_config=QREigendecompositionConfig(),
+                factor_matrix_dtype=factor_dtype),
+            **common,
+        )
+    if kind == "muon":
+        momentum = cfg.muon_momentum
+        return DistributedShampoo(
+            # beta2 is unused by the stateless spectral-descent preconditioner.
+            params, lr=cfg.muon_lr, betas=(momentum, 1.0), beta3=momentum**2,
+            weight_decay=cfg.muon_weight_decay, precondition_frequency=1,
+            use_bias_correction=False, grafting_config=None,
+            preconditioner_config=SpectralDescentPreconditionerConfig(
+                orthogonalization_config=NewtonSchulzOrthogonalizationConfig(
+                    num_iterations=cfg.muon_ns_steps, scale_by_dims_fn=muon_shape_scale)),
+            **common,
+        )
+    raise ValueError(f"TrainConfig.optimizer {cfg.optimizer!r} has no DistributedShampoo matrix "
+                     "optimizer")

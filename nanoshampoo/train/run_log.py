@@ -1,17 +1,26 @@
 """The run's records: the speedrun text log and the JSONL event stream (rank 0 writes both).
 
-``<out_dir>/<run_id>.txt`` starts with the full source of the training code that ran (every
-module of ``nanoshampoo.train``, ``nanoshampoo.model`` and ``nanoshampoo.optim`` (the
-optimizers under study), tests and examples left out, each under a
-``# ===== <path> =====`` header), then a line of ``=``, the config and environment, another
-line of ``=``, then one line per event::
+``<out_dir>/<run_id>.txt`` starts with the source of the project's modules that the run
+imported (from ``sys.modules``: trainer, model, the optimizer that ran, data; tests and
+examples left out; each under a ``# ===== <path> =====`` header), then a line of ``=``, the
+config and environment, another line of ``=``, then one line per event::
 
     step:100/300 val_loss:4.1234 train_time:5432ms step_avg:54.32ms
     step:101/300 train_loss:4.0917 train_time:5486ms step_avg:54.32ms
     peak memory allocated: 812 MiB reserved: 1024 MiB
 
+or, for a run stopped by a non-finite loss, gradient or parameter, instead of the last line::
+
+    diverged at step:57/300: <reason>
+
 ``<out_dir>/<run_id>.jsonl`` has one object per line, ``kind`` in ``config``, ``train``,
-``val``, ``final`` (fields in ``RunLog``'s methods).
+``val``, ``final``, ``diverged`` (fields in ``RunLog``'s methods). A diverged run has a
+``diverged`` record and no ``final`` one. Non-finite floats anywhere in a record are written as
+the strings ``"nan"``, ``"inf"``, ``"-inf"`` (JSON has no such numbers).
+
+Files are never overwritten: a fresh run creates both files exclusively, and a resume that
+continues the same run id appends (a second ``config`` record, with ``resumed_from``, then the
+records from the resumed step on; readers keep the last record per step).
 
 Example:
     >>> log = RunLog("runs", "demo", enabled=True)
@@ -23,48 +32,106 @@ from __future__ import annotations
 
 import json
 import math
+import sys
+from collections.abc import Mapping
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
-import nanoshampoo.model
-import nanoshampoo.optim
-import nanoshampoo.train
+from nanoshampoo.train.config import UserError
 
 SEPARATOR = "=" * 100
+# Source order in the log: the trainer first (a reader starts there), then what it drives.
+_SOURCE_ORDER = ("nanoshampoo.train", "nanoshampoo.model", "nanoshampoo.optim", "nanoshampoo")
+_NOT_RUN_CODE = {"tests", "gpu_tests", "examples", "testing"}
 
 
-def training_source() -> str:
-    """The source of every ``.py`` file of the trainer, model and optimizer packages, concatenated.
+def training_source(modules: Mapping[str, ModuleType] | None = None) -> str:
+    """The source of every ``nanoshampoo`` module in ``modules`` (default ``sys.modules``).
 
-    Test and example modules are left out: they are not part of what ran.
+    Only imported modules appear: an AdamW run's log holds no Shampoo code. Test, example and
+    test-helper modules are left out. Each file appears once, under its repository path.
     """
+    modules = sys.modules if modules is None else modules
+    chosen: dict[str, Path] = {}
+    for name, module in list(modules.items()):
+        file = getattr(module, "__file__", None)
+        if not (name == "nanoshampoo" or name.startswith("nanoshampoo.")) or not file:
+            continue
+        if _NOT_RUN_CODE & set(name.split(".")) or not file.endswith(".py"):
+            continue
+        chosen[name] = Path(file)
+
+    def order(name: str) -> tuple[int, str]:
+        rank = next(i for i, prefix in enumerate(_SOURCE_ORDER)
+                    if name == prefix or name.startswith(prefix + "."))
+        return rank, name
+
     parts = []
-    for package in (nanoshampoo.train, nanoshampoo.model, nanoshampoo.optim):
-        root = Path(package.__file__).parent
-        for path in sorted(root.rglob("*.py")):
-            if {"tests", "gpu_tests", "examples"} & set(path.relative_to(root).parts):
-                continue
-            rel = Path(package.__name__.replace(".", "/")) / path.relative_to(root)
-            parts.append(f"# ===== {rel.as_posix()} =====\n{path.read_text()}")
+    for name in sorted(chosen, key=order):
+        path = chosen[name]
+        rel = Path(*name.split(".")[:-1], path.name) if path.name != "__init__.py" else Path(
+            *name.split("."), "__init__.py")
+        parts.append(f"# ===== {rel.as_posix()} =====\n{path.read_text()}")
     return "\n".join(parts)
 
 
-class RunLog:
-    """Appends to the text log and the JSONL; every method is a no-op when not ``enabled``."""
+def json_safe(value: Any) -> Any:
+    """``value`` with every non-finite float (also inside dicts and lists) as a string."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    return value
 
-    def __init__(self, out_dir: str, run_id: str, enabled: bool) -> None:
+
+class RunLog:
+    """Writes the text log and the JSONL; every method is a no-op when not ``enabled``.
+
+    ``append``: continue the existing files of this run id (a resume of the same run);
+    otherwise the files must not exist yet.
+    """
+
+    def __init__(self, out_dir: str, run_id: str, enabled: bool, append: bool = False) -> None:
         self.enabled = enabled
+        self.append = append
         self.text_path = Path(out_dir) / f"{run_id}.txt"
         self.jsonl_path = Path(out_dir) / f"{run_id}.jsonl"
+
+    def check_can_start(self) -> None:
+        """``UserError`` if the logs cannot be written as asked (call before any training)."""
+        if not self.enabled:
+            return
+        out_dir = self.text_path.parent
+        if out_dir.exists() and not out_dir.is_dir():
+            raise UserError(f"--out-dir {out_dir}: is a file, not a directory")
+        if not self.append:
+            for path in (self.text_path, self.jsonl_path):
+                if path.exists():
+                    raise UserError(
+                        f"--run-id {self.text_path.stem}: {path} already exists; a run id names "
+                        "one run (choose another, or --resume one of its checkpoints)")
 
     def start(self, config_record: dict[str, Any], environment: str) -> None:
         if not self.enabled:
             return
+        self.check_can_start()
         self.text_path.parent.mkdir(parents=True, exist_ok=True)
-        header = [training_source(), SEPARATOR, "config: " + json.dumps(config_record),
-                  environment, SEPARATOR]
-        self.text_path.write_text("\n".join(header) + "\n")
-        self.jsonl_path.write_text("")
+        config_line = "config: " + json.dumps(json_safe(config_record))
+        if self.append and self.text_path.exists():
+            resumed = config_record.get("resumed_from") or {}
+            lines = [SEPARATOR, f"resumed from {resumed.get('checkpoint')} at step "
+                     f"{resumed.get('step')}", config_line, environment, SEPARATOR]
+            with self.text_path.open("a") as f:
+                f.write("\n".join(lines) + "\n")
+        else:
+            header = [training_source(), SEPARATOR, config_line, environment, SEPARATOR]
+            with self.text_path.open("x" if not self.append else "w") as f:
+                f.write("\n".join(header) + "\n")
+        if not (self.append and self.jsonl_path.exists()):
+            self.jsonl_path.open("x" if not self.append else "w").close()
         self._json(config_record)
 
     def train(self, step: int, total_steps: int, train_loss: float, train_time_ms: float,
@@ -95,15 +162,20 @@ class RunLog:
                     "step_avg_ms": train_time_ms / max(step, 1),
                     "peak_memory_mib": peak_allocated_mib})
 
+    def diverged(self, step: int, total_steps: int, reason: str, train_time_ms: float) -> str:
+        """Record that the run stopped at ``step`` (optimizer steps completed) for ``reason``."""
+        line = f"diverged at step:{step}/{total_steps}: {reason}"
+        self._line(line)
+        self._json({"kind": "diverged", "step": step, "total_steps": total_steps,
+                    "reason": reason, "train_time_ms": train_time_ms})
+        return line
+
     def _line(self, line: str) -> None:
         if self.enabled:
             with self.text_path.open("a") as f:
                 f.write(line + "\n")
 
     def _json(self, record: dict[str, Any]) -> None:
-        if not self.enabled:
-            return
-        clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v)
-                 for k, v in record.items()}
-        with self.jsonl_path.open("a") as f:
-            f.write(json.dumps(clean) + "\n")
+        if self.enabled:
+            with self.jsonl_path.open("a") as f:
+                f.write(json.dumps(json_safe(record), allow_nan=False) + "\n")

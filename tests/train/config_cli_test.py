@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import tomllib
+
 import pytest
 
 from nanoshampoo.train.cli import config_from_args, main
-from nanoshampoo.train.config import TrainConfig
-from nanoshampoo.train.presets import load_preset, preset_names
+from nanoshampoo.train.config import OPTIMIZER_SETUPS, TrainConfig
+from nanoshampoo.train.presets import PRESET_DIR, load_preset, preset_names
 
 
 @pytest.mark.parametrize(
@@ -22,7 +24,17 @@ from nanoshampoo.train.presets import load_preset, preset_names
         (dict(dataset="shards", val_files="v*", vocab_size=10), "train_files"),
         (dict(dataset="shards", train_files="t*", val_files="v*"), "vocab_size"),
         (dict(profile_steps=(3, 4)), "profile_dir"),
-        (dict(shampoo_distributor="fsdp"), "shampoo_distributor"),
+        (dict(distributor="fsdp"), "distributor"),
+        (dict(autocast="fp16"), "autocast"),
+        (dict(factor_dtype="float16"), "factor_dtype"),
+        (dict(communication_dtype="int8"), "communication_dtype"),
+        (dict(grad_accum_steps=0), "grad_accum_steps"),
+        (dict(muon_momentum=1.0), "muon_momentum"),
+        (dict(soap_lr=float("nan")), "soap_lr"),
+        (dict(optimizer="soap", soap_precondition_frequency=10, start_preconditioning_step=5),
+         "start_preconditioning_step"),
+        (dict(run_id="runs/a"), "run_id"),
+        (dict(run_id=".."), "run_id"),
     ],
 )
 def test_invalid_values_raise_naming_the_field(overrides: dict[str, object], field: str) -> None:
@@ -57,10 +69,10 @@ def test_flags_override_the_preset_with_typed_values() -> None:
         "--run-id", "abc", "--out-dir", "/tmp/o",
     ])
     assert cfg.preset == "tiny-adamw" and cfg.optimizer == "adamw"
-    assert (cfg.seed, cfg.cooldown_frac, cfg.autocast_bf16) == (7, 0.5, False)
+    assert (cfg.seed, cfg.cooldown_frac, cfg.autocast) == (7, 0.5, "off")
     assert cfg.profile_steps == (5, 6, 7)
     assert (cfg.run_id, cfg.out_dir) == ("abc", "/tmp/o")
-    assert cfg.num_iterations == load_preset("tiny-adamw")["num_iterations"]
+    assert cfg.num_iterations == TrainConfig().num_iterations
 
 
 def test_bad_flag_value_and_unknown_preset_are_rejected(tmp_path) -> None:  # type: ignore[no-untyped-def]
@@ -75,7 +87,46 @@ def test_bad_flag_value_and_unknown_preset_are_rejected(tmp_path) -> None:  # ty
 
 
 def test_cli_reports_an_invalid_value_as_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--optimizer", "sgd"]) == 2
+    err = capsys.readouterr().err
+    assert "TrainConfig.optimizer must be one of" in err and len(err.strip().splitlines()) == 1
     with pytest.raises(SystemExit) as info:
-        main(["--optimizer", "sgd"])
+        main(["--seed", "x"])
     assert info.value.code == 2
-    assert "TrainConfig.optimizer must be one of" in capsys.readouterr().err
+    assert len(capsys.readouterr().err.strip().splitlines()) == 1
+
+
+def test_presets_hold_only_what_differs_from_the_defaults() -> None:
+    defaults = TrainConfig()
+    for name in preset_names():
+        raw = tomllib.loads((PRESET_DIR / f"{name}.toml").read_text())
+        same = sorted(k for k, v in raw.items() if k != "extends" and getattr(defaults, k) == v)
+        assert same == [], f"{name} repeats defaults {same}"
+    assert load_preset("tiny-shampoo") == {"preset": "tiny-shampoo"}
+    assert {name: load_preset(name)["optimizer"] for name in preset_names()
+            if name.startswith("tiny-") and name != "tiny-shampoo"} == {
+        f"tiny-{setup}": setup for setup in OPTIMIZER_SETUPS if setup != "shampoo"}
+
+
+def test_extends_starts_from_the_named_preset(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    adamw = load_preset("gpt2-124m-adamw")
+    assert adamw == {**load_preset("gpt2-124m-shampoo"), "optimizer": "adamw",
+                     "preset": "gpt2-124m-adamw"}
+    loop = tmp_path / "loop.toml"
+    loop.write_text(f'extends = "{loop}"\n')
+    with pytest.raises(ValueError, match="loops back"):
+        load_preset(str(loop))
+
+
+def test_help_shows_the_presets_values(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        config_from_args(["--preset", "tiny-muon", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "--optimizer OPTIMIZER (preset tiny-muon: 'muon'; default 'shampoo')" in text
+    assert "--muon-lr MUON_LR (default 0.05)" in text
+
+
+def test_autocast_bf16_flag_is_an_alias() -> None:
+    assert config_from_args(["--autocast-bf16", "true"]).autocast == "bf16"
+    assert config_from_args(["--autocast-bf16", "no"]).autocast == "off"
+    assert config_from_args([]).autocast == "auto"

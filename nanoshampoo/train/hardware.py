@@ -1,0 +1,126 @@
+"""Choices that depend on the machine the run lands on: bf16 autocast and CPU threads.
+
+bf16 autocast: on a CPU without bf16 kernels it is very slow. Measured on a 2-core AMD EPYC
+without ``avx512_bf16`` (``bench/train_autocast_speed.py``): a bf16 matmul ran at 0.28 GFLOP/s
+against 105 GFLOP/s in float32, and the tiny-shampoo step took 4.8 s instead of 0.52 s. On an
+Intel CPU with ``avx512_bf16`` bf16 was about as fast as float32. So ``autocast="auto"`` uses
+bf16 on CUDA when the GPU supports it, and on a CPU only when :func:`probe_cpu_bf16_speedup`
+finds bf16 matmuls faster than float32 ones.
+
+Threads: torch's default is the machine's physical core count, which oversubscribes a process
+pinned to fewer cores (``taskset``, cgroup cpusets) and every rank of a multi-process CPU run.
+
+Example:
+    >>> choice = resolve_autocast("off", torch.device("cpu"))
+    >>> (choice.enabled, choice.reason)
+    (False, 'autocast=off')
+    >>> cpu_threads(requested=3, local_world_size=1)
+    3
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+# The probe runs ``F.linear`` on a (256, 128) input and a (512, 128) weight: the tiny model's MLP
+# shape at a quarter of its rows, 33.6 MFLOP, so one bf16 product costs ~6 ms on the slow CPU
+# above. One thread: the probe compares kernels, not thread scheduling (on a loaded 2-core
+# machine two threads made a float32 product of this size 40x slower, at random).
+PROBE_SHAPE = (256, 128, 512)
+PROBE_REPEATS = 5
+
+
+@dataclass(frozen=True)
+class AutocastChoice:
+    """Whether the forward runs under bf16 autocast, and why (printed and logged)."""
+
+    enabled: bool
+    reason: str
+
+    @property
+    def name(self) -> str:
+        return "bf16" if self.enabled else "off"
+
+
+def probe_cpu_bf16_speedup(shape: tuple[int, int, int] = PROBE_SHAPE,
+                           repeats: int = PROBE_REPEATS) -> float:
+    """float32 ``F.linear`` time over its bf16-autocast time on this CPU (> 1: bf16 is faster).
+
+    ``shape = (rows, in_features, out_features)``. Best of ``repeats`` timed products each,
+    after one warm-up, on one thread; the bf16 side stops early once a product is 10x slower
+    than float32's best (no point timing a hopeless case long).
+    """
+    rows, d_in, d_out = shape
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(rows, d_in, generator=generator)
+    w = torch.randn(d_out, d_in, generator=generator)
+
+    def best_time(bf16: bool, give_up_after: float) -> float:
+        best = float("inf")
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            F.linear(x, w)  # warm-up: kernel selection, first touch of the output
+            for _ in range(repeats):
+                start = time.perf_counter()
+                F.linear(x, w)
+                best = min(best, time.perf_counter() - start)
+                if best > give_up_after:
+                    break
+        return best
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        fp32 = best_time(False, give_up_after=float("inf"))
+        bf16 = best_time(True, give_up_after=10 * fp32)
+    finally:
+        torch.set_num_threads(threads)
+    return fp32 / bf16
+
+
+def resolve_autocast(choice: str, device: torch.device) -> AutocastChoice:
+    """Resolve ``TrainConfig.autocast`` (``auto|bf16|off``) for ``device``; see the module doc."""
+    if choice == "bf16":
+        return AutocastChoice(True, "autocast=bf16")
+    if choice == "off":
+        return AutocastChoice(False, "autocast=off")
+    if device.type == "cuda":
+        supported = torch.cuda.is_bf16_supported()
+        return AutocastChoice(supported, "auto: CUDA device " + (
+            "supports bf16" if supported else "without bf16 support"))
+    speedup = probe_cpu_bf16_speedup()
+    verdict = "faster" if speedup > 1.0 else "slower"
+    return AutocastChoice(speedup > 1.0, f"auto: bf16 matmuls are {verdict} than float32 on this "
+                          f"CPU (probe: {speedup:.2g}x float32's speed)")
+
+
+def cpu_name() -> str:
+    """The CPU's model name (``/proc/cpuinfo`` on Linux), else the architecture."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.machine()
+
+
+def available_cores() -> int:
+    """CPU cores this process may run on (its affinity mask; all cores where there is none)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def cpu_threads(requested: int, local_world_size: int) -> int:
+    """Intra-op threads per process: ``requested``, or for 0 the available cores shared
+    evenly by the ranks on this machine (at least 1)."""
+    if requested > 0:
+        return requested
+    return max(1, available_cores() // max(1, local_world_size))

@@ -1,1 +1,0 @@
-"""The training loop: the ``Trainer`` orchestrator and its evaluation step."""

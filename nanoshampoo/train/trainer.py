@@ -1,0 +1,407 @@
+"""``Trainer``: builds the run's components from a ``TrainConfig`` and drives the step loop.
+
+Construction checks everything a run will need before any step (config against the world size,
+data, the resume checkpoint, the log files) and fails with a ``UserError`` on every rank.
+
+The loop, in the speedrun's order, for ``step`` in ``0 .. num_iterations``:
+validate (every ``val_every`` steps and at the end; not timed), checkpoint (every
+``checkpoint_every`` steps and at the end; not timed), then one optimizer step (timed):
+``grad_accum_steps`` micro-batches of forward + backward (autocast as resolved), the loss scaled
+by ``1 / grad_accum_steps``, gradients synced only after the last micro-batch (DistAdam's hooks;
+the trainer's all-reduce of the others); a finiteness check of the loss and every gradient;
+set the scheduled learning rates; step every optimizer.
+
+A non-finite loss, gradient, parameter (checked before each checkpoint) or validation loss stops
+the run with :class:`TrainingDiverged`, after a ``diverged`` record in the logs; no checkpoint is
+written after it, so the last one on disk is the last good state.
+
+Example:
+    >>> result = Trainer(TrainConfig(num_iterations=20, out_dir="/tmp/runs")).run()
+    ...                                                                   # doctest: +SKIP
+    >>> result.final_val_loss, result.text_log  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import platform
+import resource
+import secrets
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from tqdm import tqdm
+
+from nanoshampoo.data.loader import DistributedTokenLoader, validation_batches
+from nanoshampoo.model.gpt import GPT, gpt_preset
+from nanoshampoo.train.checkpoint import (
+    CheckpointRecords,
+    checkpoint_path,
+    publish_checkpoint,
+    read_checkpoint,
+    restore_checkpoint,
+    save_checkpoint,
+)
+from nanoshampoo.train.config import TrainConfig, UserError
+from nanoshampoo.train.data_source import DataSource, resolve_data
+from nanoshampoo.train.distributed import (
+    DistributedContext,
+    all_reduce_gradients,
+    all_reduce_mean_,
+    any_rank_true,
+    barrier,
+    broadcast_object,
+    first_error_on_any_rank,
+    local_world_size,
+    setup_distributed,
+    teardown_distributed,
+)
+from nanoshampoo.train.hardware import (
+    AutocastChoice,
+    available_cores,
+    cpu_name,
+    cpu_threads,
+    resolve_autocast,
+)
+from nanoshampoo.train.optimizers import build_optimizer_setup
+from nanoshampoo.train.profiling import make_step_profiler
+from nanoshampoo.train.run_log import RunLog
+from nanoshampoo.train.schedule import apply_lr_multiplier, lr_multiplier, remember_peak_lrs
+
+
+class TrainingDiverged(RuntimeError):
+    """The loss, a gradient or a parameter became NaN/Inf; ``step`` optimizer steps were done."""
+
+    def __init__(self, step: int, reason: str) -> None:
+        super().__init__(reason)
+        self.step = step
+        self.reason = reason
+
+
+@dataclass
+class TrainResult:
+    run_id: str
+    final_val_loss: float
+    text_log: Path
+    jsonl_log: Path
+    last_checkpoint: Path | None
+
+
+class Trainer:
+    """One training run. Construct (joins the process group, builds and checks everything),
+    then ``run``. The process group is torn down when construction or the run fails too."""
+
+    def __init__(self, cfg: TrainConfig) -> None:
+        self.cfg = cfg
+        self.ctx = setup_distributed(cfg.device, cfg.dist_timeout_s)
+        try:
+            self._build()
+        except BaseException:
+            teardown_distributed(self.ctx)
+            raise
+
+    def _build(self) -> None:
+        cfg, ctx = self.cfg, self.ctx
+        if cfg.batch_size % (ctx.world_size * cfg.grad_accum_steps):
+            raise UserError(f"--batch-size {cfg.batch_size}: must be divisible by the world size "
+                            f"({ctx.world_size}) times --grad-accum-steps "
+                            f"({cfg.grad_accum_steps})")
+        if ctx.device.type == "cpu":
+            torch.set_num_threads(cpu_threads(cfg.threads, local_world_size()))
+        # Every rank must run the same numerics: rank 0's probe decides.
+        self.autocast: AutocastChoice = broadcast_object(  # type: ignore[assignment]
+            resolve_autocast(cfg.autocast, ctx.device) if ctx.is_main else None, ctx)
+        self.data: DataSource = resolve_data(cfg, ctx)
+        checkpoint = self._read_resume_checkpoint()
+        self.run_id = self._agree_on_run_id(checkpoint)
+        append = checkpoint is not None and self.run_id == checkpoint.run_id
+        self.log = RunLog(cfg.out_dir, self.run_id, enabled=ctx.is_main, append=append)
+        self._on_every_rank(self.log.check_can_start)
+        self.resumed_from = None if checkpoint is None else {
+            "checkpoint": str(checkpoint.directory), "run_id": checkpoint.run_id,
+            "step": checkpoint.step}
+
+        torch.manual_seed(cfg.seed)
+        model_config = gpt_preset(cfg.model, self.data.vocab_size, cfg.combined_linear)
+        if cfg.seq_len > model_config.max_seq_len:
+            raise UserError(f"--seq-len {cfg.seq_len}: exceeds the {cfg.model} model's "
+                            f"max_seq_len ({model_config.max_seq_len})")
+        self.model = GPT(model_config).to(ctx.device)
+        _broadcast_parameters(self.model, ctx)
+        self.param_names = {id(p): name for name, p in self.model.named_parameters()}
+        self.setup = build_optimizer_setup(self.model, cfg, ctx.world_size)
+        remember_peak_lrs(self.setup.optimizers)
+        self.forward: nn.Module = torch.compile(self.model) if cfg.compile else self.model  # type: ignore[assignment]
+        self.loader = DistributedTokenLoader(self.data.train_pattern, cfg.batch_size, cfg.seq_len,
+                                             ctx.rank, ctx.world_size)
+        self.start_step = 0
+        self.train_time_ms = 0.0
+        if checkpoint is not None:
+            self.start_step, self.train_time_ms = self._on_every_rank(
+                lambda: restore_checkpoint(checkpoint, self.model, self.setup.optimizers,
+                                           self.loader))
+            if self.start_step > cfg.num_iterations:
+                raise UserError(f"--resume {checkpoint.directory}: the checkpoint is at step "
+                                f"{self.start_step}, beyond --num-iterations {cfg.num_iterations}")
+
+    def _on_every_rank(self, check: Any) -> Any:
+        """Run ``check()``; if it raises ``UserError`` on any rank, raise it on every rank."""
+        result, error = None, None
+        try:
+            result = check()
+        except UserError as exc:
+            error = str(exc)
+        error = first_error_on_any_rank(error, self.ctx)
+        if error is not None:
+            raise UserError(error)
+        return result
+
+    def _read_resume_checkpoint(self) -> CheckpointRecords | None:
+        if not self.cfg.resume:
+            return None
+        return self._on_every_rank(lambda: read_checkpoint(
+            Path(self.cfg.resume), self.ctx.rank, self.ctx.world_size))
+
+    def _agree_on_run_id(self, checkpoint: CheckpointRecords | None) -> str:
+        """``--run-id``; else the resumed run's id; else a new unique id (rank 0's, for all).
+
+        New ids have millisecond resolution and a random suffix: two runs started in the same
+        second (seeds launched together) never share an id, so never share log files.
+        """
+        cfg = self.cfg
+        if cfg.run_id:
+            return cfg.run_id
+        if checkpoint is not None:
+            return checkpoint.run_id
+        now = time.time()
+        stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(now))
+        run_id = (f"{cfg.preset}-s{cfg.seed}-{stamp}.{int(now % 1 * 1000):03d}-"
+                  f"{secrets.token_hex(2)}")
+        return str(broadcast_object(run_id, self.ctx))
+
+    def run(self) -> TrainResult:
+        try:
+            return self._run()
+        finally:
+            teardown_distributed(self.ctx)
+
+    def _run(self) -> TrainResult:
+        cfg, ctx, total = self.cfg, self.ctx, self.cfg.num_iterations
+        self.log.start(self._config_record(), self._environment())
+        if ctx.is_main:
+            print(f"run {self.run_id}: {cfg.optimizer} on {ctx.device.type} x{ctx.world_size}, "
+                  f"{torch.get_num_threads()} threads, autocast {self.autocast.name} "
+                  f"({self.autocast.reason})", flush=True)
+        bar = tqdm(total=total, initial=self.start_step, disable=not (ctx.is_main and cfg.progress),
+                   desc=self.run_id, unit="step", dynamic_ncols=True)
+        profiler = make_step_profiler(cfg.profile_steps, cfg.profile_dir, ctx.rank)
+        try:
+            with profiler:
+                val_loss, last_checkpoint = self._loop(bar, profiler)
+        except TrainingDiverged as exc:
+            line = self.log.diverged(exc.step, total, exc.reason, self.train_time_ms)
+            _say(line, ctx, bar)
+            raise
+        finally:
+            bar.close()
+        self._finish(val_loss)
+        return TrainResult(self.run_id, val_loss, self.log.text_path, self.log.jsonl_path,
+                           last_checkpoint)
+
+    def _loop(self, bar: tqdm, profiler: Any) -> tuple[float, Path | None]:
+        cfg, total = self.cfg, self.cfg.num_iterations
+        val_loss, last_checkpoint = math.nan, None
+        for step in range(self.start_step, total + 1):
+            last = step == total
+            if last or (cfg.val_every and step % cfg.val_every == 0):
+                val_loss = self._validation_loss()
+                _say(self.log.val(step, total, val_loss, self.train_time_ms), self.ctx, bar)
+                if not math.isfinite(val_loss):
+                    raise TrainingDiverged(step, f"validation loss is {val_loss} at step {step}"
+                                           + self._first_nonfinite_parameter())
+            periodic = cfg.checkpoint_every and step % cfg.checkpoint_every == 0
+            if step > self.start_step and (periodic or (last and cfg.save_final_checkpoint)):
+                last_checkpoint = self._save_checkpoint(step)
+            if last:
+                break
+            profiler.step(step)  # before the step's work: the profiler records chosen steps
+            self._timed_step(step, bar)
+        return val_loss, last_checkpoint
+
+    def _timed_step(self, step: int, bar: tqdm) -> None:
+        cfg, total = self.cfg, self.cfg.num_iterations
+        _synchronize(self.ctx)
+        start = time.perf_counter()
+        loss = self._train_step(step)
+        _synchronize(self.ctx)
+        elapsed_ms = 1000 * (time.perf_counter() - start)
+        self.train_time_ms += elapsed_ms
+        done = step + 1
+        if done == total or (cfg.log_every > 0 and done % cfg.log_every == 0):
+            train_loss = float(all_reduce_mean_(loss.float(), self.ctx).item())
+            tokens_per_s = cfg.tokens_per_step / (elapsed_ms / 1000)
+            self.log.train(done, total, train_loss, self.train_time_ms, tokens_per_s)
+            bar.set_postfix(loss=f"{train_loss:.3f}", tok_s=f"{tokens_per_s:,.0f}")
+        bar.update(1)
+
+    def _train_step(self, step: int) -> torch.Tensor:
+        """One optimizer step over ``grad_accum_steps`` micro-batches; returns the mean loss.
+
+        The rank's batch is split along the batch dim into equal micro-batches, so the summed
+        scaled gradients equal the gradient of the whole batch's mean loss.
+        """
+        accum = self.cfg.grad_accum_steps
+        inputs, targets = self.loader.next_batch()
+        inputs = inputs.to(self.ctx.device, non_blocking=True)
+        targets = targets.to(self.ctx.device, non_blocking=True)
+        total = torch.zeros((), dtype=torch.float32, device=self.ctx.device)
+        for micro, (x, y) in enumerate(zip(inputs.chunk(accum), targets.chunk(accum))):
+            self.setup.set_gradient_sync(micro == accum - 1)
+            with torch.autocast(self.ctx.device.type, dtype=torch.bfloat16,
+                                enabled=self.autocast.enabled):
+                loss = self.forward(x, y) / accum
+            loss.backward()
+            total += loss.detach().float()
+        all_reduce_gradients(self.setup.all_reduce_params, self.ctx)
+        self._check_finite_loss_and_gradients(step, total)
+        multiplier = lr_multiplier(step, self.cfg.num_iterations, self.cfg.cooldown_frac)
+        apply_lr_multiplier(self.setup.optimizers, multiplier)
+        for opt in self.setup.optimizers:
+            opt.step()
+        for opt in self.setup.optimizers:
+            opt.zero_grad(set_to_none=True)
+        return total
+
+    def _check_finite_loss_and_gradients(self, step: int, loss: torch.Tensor) -> None:
+        """Raise ``TrainingDiverged`` (on every rank) if the loss or a gradient is NaN/Inf.
+
+        One fused pass: the norm of every gradient (NaN/Inf propagate into it), then one host
+        sync for the verdict. Gradients of DistAdam parameters are this rank's own, hence the
+        vote across ranks.
+        """
+        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
+        norms = torch._foreach_norm(grads) if grads else []
+        finite = torch.stack([loss.float(), *norms]).isfinite().all()
+        if not any_rank_true(not bool(finite.item()), self.ctx):
+            return
+        if bool(torch.isfinite(loss)):
+            reason = f"step {step}: non-finite gradient" + self._first_nonfinite_gradient()
+        else:
+            reason = (f"step {step}: train loss is {loss.item()}"
+                      + self._first_nonfinite_parameter() + self._first_nonfinite_gradient())
+        raise TrainingDiverged(step, reason)
+
+    def _first_nonfinite_parameter(self) -> str:
+        for name, p in self.model.named_parameters():
+            if not bool(torch.isfinite(p).all()):
+                return f"; first non-finite parameter: {name}"
+        return "; parameters finite on this rank"
+
+    def _first_nonfinite_gradient(self) -> str:
+        for name, p in self.model.named_parameters():
+            if p.grad is not None and not bool(torch.isfinite(p.grad).all()):
+                return f"; first non-finite gradient: {name}"
+        return "; gradients finite on this rank"
+
+    @torch.no_grad()
+    def _validation_loss(self) -> float:
+        """Mean next-token loss over the first ``val_tokens`` validation tokens, over ranks.
+
+        Every call reads the same tokens, so values are comparable across steps and runs.
+        """
+        cfg, ctx, model = self.cfg, self.ctx, self.forward
+        was_training = model.training
+        model.eval()
+        total = torch.zeros((), dtype=torch.float32, device=ctx.device)
+        batches = validation_batches(self.data.val_pattern, cfg.batch_size, cfg.seq_len,
+                                     ctx.rank, ctx.world_size, cfg.val_tokens)
+        count = 0
+        for inputs, targets in batches:
+            inputs = inputs.to(ctx.device, non_blocking=True)
+            targets = targets.to(ctx.device, non_blocking=True)
+            with torch.autocast(ctx.device.type, dtype=torch.bfloat16,
+                                enabled=self.autocast.enabled):
+                total += model(inputs, targets).float()
+            count += 1
+        model.train(was_training)
+        return float(all_reduce_mean_(total / count, ctx).item())
+
+    def _save_checkpoint(self, step: int) -> Path:
+        """Save a checkpoint of the state after ``step`` steps, unless a parameter is NaN/Inf."""
+        finite = all(bool(torch.isfinite(p).all()) for p in self.model.parameters())
+        if any_rank_true(not finite, self.ctx):
+            raise TrainingDiverged(step, f"step {step}: non-finite parameter before the "
+                                   f"checkpoint{self._first_nonfinite_parameter()}")
+        directory = checkpoint_path(self.cfg.out_dir, self.run_id, step)
+        save_checkpoint(directory, self.ctx.rank, self.ctx.world_size, step, self.train_time_ms,
+                        self.model, self.setup.optimizers, self.loader, self.run_id)
+        barrier(self.ctx)  # every rank has written its file
+        if self.ctx.is_main:
+            publish_checkpoint(directory)
+        barrier(self.ctx)  # the checkpoint exists for everyone
+        return directory
+
+    def _finish(self, val_loss: float) -> None:
+        allocated, reserved = _peak_memory_mib(self.ctx)
+        total = self.cfg.num_iterations
+        self.log.final(total, total, val_loss, self.train_time_ms, allocated, reserved)
+        if self.ctx.is_main:
+            print(f"final val_loss {val_loss:.4f} after {total} steps "
+                  f"({self.train_time_ms / 1000:.1f}s training); log: {self.log.text_path}")
+
+    def _config_record(self) -> dict[str, object]:
+        return {"kind": "config", "run_id": self.run_id, "seed": self.cfg.seed,
+                "preset": self.cfg.preset, "optimizer": self.cfg.optimizer,
+                "world_size": self.ctx.world_size, "autocast": self.autocast.name,
+                "autocast_reason": self.autocast.reason, "threads": torch.get_num_threads(),
+                "resumed_from": self.resumed_from, "config": self.cfg.to_dict()}
+
+    def _environment(self) -> str:
+        device = self.ctx.device.type
+        if device == "cuda":
+            device += f" ({torch.cuda.get_device_name(self.ctx.device)})"
+        params = sum(p.numel() for p in self.model.parameters())
+        return (f"python {platform.python_version()} torch {torch.__version__} device {device} "
+                f"cpu {cpu_name()} cores {available_cores()}/{os.cpu_count()} "
+                f"world_size {self.ctx.world_size} threads {torch.get_num_threads()} "
+                f"autocast {self.autocast.name} ({self.autocast.reason}) "
+                f"parameters {params} vocab_size {self.data.vocab_size} "
+                f"train {self.data.train_pattern} val {self.data.val_pattern}")
+
+
+def _say(line: str, ctx: DistributedContext, bar: tqdm) -> None:
+    """Print on rank 0, above the progress bar when there is one."""
+    if ctx.is_main:
+        if bar.disable:
+            print(line, flush=True)
+        else:
+            bar.write(line)
+
+
+@torch.no_grad()
+def _broadcast_parameters(model: nn.Module, ctx: DistributedContext) -> None:
+    """Make every rank start from rank 0's weights (seeding already agrees; this guarantees it)."""
+    if ctx.world_size > 1:
+        import torch.distributed as dist
+
+        for p in model.parameters():
+            dist.broadcast(p, src=0)
+
+
+def _synchronize(ctx: DistributedContext) -> None:
+    if ctx.device.type == "cuda":
+        torch.cuda.synchronize(ctx.device)
+
+
+def _peak_memory_mib(ctx: DistributedContext) -> tuple[float, float]:
+    """CUDA: the caching allocator's peaks. CPU: the process's peak resident set, for both."""
+    if ctx.device.type == "cuda":
+        return (torch.cuda.max_memory_allocated(ctx.device) / 2**20,
+                torch.cuda.max_memory_reserved(ctx.device) / 2**20)
+    peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB -> MiB on Linux
+    return peak_rss, peak_rss
