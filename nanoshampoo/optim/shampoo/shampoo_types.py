@@ -473,7 +473,14 @@ class EigenvalueCorrectedShampooPreconditionerConfig(PreconditionerConfig):
 
     Args:
         amortized_computation_config: eigenbasis solver (``EighEigendecompositionConfig`` or
-            ``QREigendecompositionConfig``).
+            ``QREigendecompositionConfig``). Its ``rank_deficient_stability_config`` acts twice:
+            eigenvectors of numerically-zero factor eigenvalues (tolerance as for root-inverse
+            Shampoo) get a canonical basis of their span, so the rotation does not depend on
+            rounding; and corrected eigenvalues below ``rtol * max(D / bc2)`` of their block
+            (``rtol`` = ``eigenvalue_floor_rtol``, default ``finfo(dtype).eps``: below float32's
+            resolution of ``D``) are raised to it (``PerturbationConfig``) or their coordinates
+            get a zero update (``PseudoInverseConfig``, ``rank_rtol`` with the same default).
+            A zero ``eigenvalue_floor_rtol`` turns both off (the plain algorithm).
         num_tolerated_failed_amortized_computations: consecutive failed eigenbasis computations of
             one factor that are tolerated (the previous basis is kept); one more raises.
         factor_matrix_dtype: storage dtype of the factor matrices.
@@ -539,8 +546,8 @@ class EigenvalueCorrectedShampooPreconditionerConfig(PreconditionerConfig):
             if len(set(dims)) != len(dims):
                 raise ValueError(f"{name}[{order}] has duplicate dims: {dims!r}")
 
-    def inverse_exponent(self, order: int) -> float:
-        """The exponent ``e`` applied to the corrected eigenvalues of an order-``order`` block."""
+    def corrected_eigenvalue_exponent(self, order: int) -> float:
+        """The exponent ``e`` of ``(D / bc2)^e`` for an order-``order`` block (default ``1/2``)."""
         return float(self.inverse_exponent_override.get(order, 0.5))
 
     def rotates(self, order: int, dim: int) -> bool:

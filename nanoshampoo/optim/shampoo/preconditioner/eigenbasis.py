@@ -24,28 +24,99 @@ from __future__ import annotations
 
 import torch
 
-from nanoshampoo.optim.shampoo.preconditioner.matrix_roots import robust_eigh
+from nanoshampoo.optim.shampoo.preconditioner.matrix_roots import (
+    numerical_zero_tolerance,
+    robust_eigh,
+)
+from nanoshampoo.optim.shampoo.shampoo_types import (
+    PerturbationConfig,
+    RankDeficientStabilityConfig,
+)
 
 
 def _finite(matrices: torch.Tensor) -> torch.Tensor:
     return torch.isfinite(matrices).flatten(1).all(dim=1)
 
 
+def canonical_null_space_basis(
+    bases: torch.Tensor, null: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Replace the columns of ``bases`` flagged ``null`` by a basis fixed by their span alone.
+
+    Any orthonormal basis of a (numerically) null eigenspace is an eigenbasis, and ``eigh``
+    picks one from rounding noise, so a float32 and a float64 run (or two float64 runs 1e-12
+    apart) rotate the gradient differently there. Eigenvalue-corrected Shampoo is not rotation
+    invariant, so that choice changed parameters by 3.5 % after 5 steps. Here the null columns
+    become the eigenvectors of ``diag(0, 1, ..., n-1)`` compressed onto their span, which depend
+    on the span only (distinct eigenvalues, generically). Other columns keep their position; a
+    column's sign may flip (harmless: the rotation is applied and undone).
+
+    Args:
+        bases: ``(N, n, n)`` orthonormal columns.
+        null: ``(N, n)`` bool, the columns spanning the null space.
+
+    Returns:
+        ``(bases (N, n, n), ok (N,) bool)``; ``ok`` is False where the small ``eigh`` failed.
+    """
+    n = bases.shape[-1]
+    index = torch.arange(n, dtype=bases.dtype, device=bases.device)
+    # Null columns first, the others after them, both in their original order.
+    order = torch.argsort((~null).to(torch.int8), dim=-1, stable=True)
+    permuted = bases.gather(-1, order.unsqueeze(-2).expand_as(bases))
+    null_sorted = null.gather(-1, order)
+    compressed = permuted.mT @ (index.unsqueeze(-1) * permuted)
+    both = null_sorted.unsqueeze(-1) & null_sorted.unsqueeze(-2)
+    # Other columns get distinct values above every null-block eigenvalue (< n): they stay put.
+    compressed = torch.where(both, compressed, 0.0) + torch.diag_embed(
+        torch.where(null_sorted, 0.0, n + index)
+    )
+    _, rotations, ok = robust_eigh(compressed, retry_double_precision=True)
+    canonical = permuted @ rotations
+    return torch.empty_like(bases).scatter_(
+        -1, order.unsqueeze(-2).expand_as(bases), canonical
+    ), ok
+
+
+def _canonicalize_null_columns(
+    bases: torch.Tensor,
+    eigenvalues: torch.Tensor,
+    stability: RankDeficientStabilityConfig | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`canonical_null_space_basis` for the columns whose eigenvalue is numerically zero
+    under ``stability`` (None, or a zero floor: leave the basis as computed)."""
+    ok = torch.ones(bases.shape[0], dtype=torch.bool, device=bases.device)
+    if stability is None or (
+        isinstance(stability, PerturbationConfig) and stability.eigenvalue_floor_rtol == 0.0
+    ):
+        return bases, ok
+    top = eigenvalues.amax(dim=-1, keepdim=True).clamp(min=0.0)
+    null = eigenvalues <= numerical_zero_tolerance(top, stability, bases.shape[-1], bases.dtype)
+    if not bool(null.any()):  # full-rank factors (the common case) skip the extra eigh
+        return bases, ok
+    return canonical_null_space_basis(bases, null)
+
+
 def eigh_eigenbasis(
-    matrices: torch.Tensor, retry_double_precision: bool = True
+    matrices: torch.Tensor,
+    retry_double_precision: bool = True,
+    stability: RankDeficientStabilityConfig | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Eigenvectors of each matrix of a stack by one batched ``eigh``, descending order.
 
     Args:
         matrices: ``(N, n, n)`` symmetric, float32 or float64.
         retry_double_precision: retry a failed decomposition in float64.
+        stability: when given, the numerically-null eigenvectors (tolerance of
+            :func:`numerical_zero_tolerance`) get the canonical basis of
+            :func:`canonical_null_space_basis`.
 
     Returns:
         ``(bases (N, n, n), ok (N,) bool)``; ``bases[i]`` is garbage where ``ok[i]`` is False.
     """
-    _, evecs, ok = robust_eigh(matrices, retry_double_precision)
-    bases = evecs.flip(-1)
-    return bases, ok & _finite(bases)
+    evals, evecs, ok = robust_eigh(matrices, retry_double_precision)
+    bases, canonical_ok = _canonicalize_null_columns(evecs, evals, stability)
+    bases = bases.flip(-1)
+    return bases, ok & canonical_ok & _finite(bases)
 
 
 def off_diagonal_ratio(matrices: torch.Tensor, bases: torch.Tensor) -> torch.Tensor:
@@ -61,7 +132,11 @@ def off_diagonal_ratio(matrices: torch.Tensor, bases: torch.Tensor) -> torch.Ten
 
 
 def qr_eigenbasis(
-    matrices: torch.Tensor, previous: torch.Tensor, max_iterations: int, tolerance: float
+    matrices: torch.Tensor,
+    previous: torch.Tensor,
+    max_iterations: int,
+    tolerance: float,
+    stability: RankDeficientStabilityConfig | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Refine ``previous`` bases by at most ``max_iterations`` QR (orthogonal) iterations.
 
@@ -75,6 +150,8 @@ def qr_eigenbasis(
             last eigenbasis in descending eigenvalue order.
         max_iterations: iteration cap, >= 1.
         tolerance: convergence threshold on the off-diagonal ratio, in [0, 1].
+        stability: as for :func:`eigh_eigenbasis`, with ``diag(Q^T A Q)`` as the eigenvalues
+            (a QR step maps null columns to rounding noise, so they need it most).
 
     Returns:
         ``(bases (N, n, n), ok (N,) bool)``; ``ok`` is False where the result is not finite.
@@ -89,4 +166,6 @@ def qr_eigenbasis(
         except RuntimeError:  # LinAlgError on non-finite input: every matrix of the batch fails
             return previous, torch.zeros_like(converged)
         bases = torch.where(converged.view(-1, 1, 1), bases, refined)
-    return bases, _finite(bases)
+    estimates = (bases.mT @ matrices @ bases).diagonal(dim1=-2, dim2=-1)
+    bases, canonical_ok = _canonicalize_null_columns(bases, estimates, stability)
+    return bases, canonical_ok & _finite(bases)

@@ -23,33 +23,45 @@ than ``num_tolerated_failed_amortized_computations`` consecutive failures raise.
 Layout, as in root-inverse Shampoo: all factors of one size share one ``(N, n, n)`` pool, with
 a matching stack of eigenbases, so one batched ``eigh`` (or QR iteration) per size serves every
 block; per-bucket tensors are stacked ``(B, *shape)``.
+
+Rank-deficient factors in float32 (``bench/shampoo_fp32_accuracy.py``, ``epsilon=1e-12``).
+Two effects, each with its fix (the ``rank_deficient_stability_config`` of the solver):
+
+- Rotated coordinates in a factor's null space hold rounding noise ``~u |G|``, and so does
+  their ``D``: the plain rule gives them weight ``noise / (noise + eps) ~ 1`` where float64
+  gives ``~1e-4``. One step with a fresh basis on a rank-1 32x16 gradient was 22x too long.
+  Fix: floor ``D / bc2`` at ``eps_fp32 * max(D / bc2)`` per block (direction error 2260 % ->
+  0.8 %; vector 16: 387 % -> 0.09 %; wide 8x64: 794 % -> 2 %).
+- The eigenvectors of a null space are any basis of it, picked by rounding, and SOAP is not
+  rotation invariant: two float64 runs whose factors differ by 1e-12 differ by 3.5 % in
+  parameters after 5 steps, exactly as much as float32 vs float64. Fix: a canonical basis of
+  the null space (:func:`eigenbasis.canonical_null_space_basis`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 
 import torch
 
 from nanoshampoo.optim.shampoo.preconditioner.eigenbasis import eigh_eigenbasis, qr_eigenbasis
 from nanoshampoo.optim.shampoo.preconditioner.kronecker_factors import (
+    KroneckerFactoredPreconditioner,
     KroneckerFactors,
-    keep_previous_where_failed,
     multiply_along_dim,
-    solve_dtype,
 )
-from nanoshampoo.optim.shampoo.preconditioner.preconditioner import (
-    BlockBucket,
-    BlockStateView,
-    Preconditioner,
-)
+from nanoshampoo.optim.shampoo.preconditioner.matrix_roots import least_precise_dtype
+from nanoshampoo.optim.shampoo.preconditioner.preconditioner import BlockBucket
 from nanoshampoo.optim.shampoo.shampoo_types import (
     EigenvalueCorrectedShampooPreconditionerConfig,
     EighEigendecompositionConfig,
+    PerturbationConfig,
+    PseudoInverseConfig,
     QREigendecompositionConfig,
 )
 
-class EigenvalueCorrectedShampooPreconditioner(Preconditioner):
+
+class EigenvalueCorrectedShampooPreconditioner(KroneckerFactoredPreconditioner):
     """Eigenvalue-corrected Shampoo over the buckets of one parameter group.
 
     Args:
@@ -74,7 +86,10 @@ class EigenvalueCorrectedShampooPreconditioner(Preconditioner):
         torch.Size([1, 3, 2])
     """
 
-    name = "shampoo"
+    computation = "eigenvalue-corrected Shampoo: the eigenbasis computation"
+    kept = "basis"
+    result_state_name = "factor_matrices_eigenvectors"
+    extra_dim_state_names = ("eigenvectors_computed",)
 
     def __init__(
         self,
@@ -84,20 +99,9 @@ class EigenvalueCorrectedShampooPreconditioner(Preconditioner):
         epsilon: float,
         use_bias_correction: bool,
     ) -> None:
-        super().__init__(buckets)
-        self._config = config
-        self._beta2 = beta2
-        self._epsilon = epsilon
-        self._use_bias_correction = use_bias_correction and beta2 < 1.0
-        self._factors = KroneckerFactors(self._buckets, config.factor_matrix_dtype, self._pool_key)
-        # Per pool (keyed by size): eigenbases (N, n, n) in the eigenvector dtype, identity until
-        # computed, and (N,) bool "computed at least once" (QR warm-starts only from those).
-        self._bases = {
-            size: torch.eye(
-                size, dtype=config.factor_matrix_eigenvectors_dtype, device=pool.factors.device
-            ).repeat(len(pool.labels), 1, 1)
-            for size, pool in self._factors.pools.items()
-        }
+        super().__init__(buckets, config, beta2, epsilon, use_bias_correction)
+        self._config: EigenvalueCorrectedShampooPreconditionerConfig = config
+        # Per pool: (N,) bool "computed at least once" (QR warm-starts only from those).
         self._computed = {
             size: torch.zeros(len(pool.labels), dtype=torch.bool, device=pool.factors.device)
             for size, pool in self._factors.pools.items()
@@ -121,14 +125,13 @@ class EigenvalueCorrectedShampooPreconditioner(Preconditioner):
         """Factors pool by size (bases have one dtype); dims that are not rotated have none."""
         return bucket.shape[dim] if self._config.rotates(len(bucket.shape), dim) else None
 
+    def _result_dtype(self, key: Hashable) -> torch.dtype:
+        return self._config.factor_matrix_eigenvectors_dtype
+
     def _bucket_bases(self, bucket_index: int) -> list[torch.Tensor | None]:
         """Per dim, the bucket's ``(B, n, n)`` eigenbases in its dtype (None: not rotated)."""
-        bucket = self._buckets[bucket_index]
-        count = bucket.num_blocks
-        return [
-            None if slot is None else KroneckerFactors.rows(slot, count, self._bases).to(bucket.dtype)
-            for slot in self._factors.slots[bucket_index]
-        ]
+        dtype = self._buckets[bucket_index].dtype
+        return [None if b is None else b.to(dtype) for b in self._bucket_results(bucket_index)]
 
     def _rotate(
         self,
@@ -152,7 +155,7 @@ class EigenvalueCorrectedShampooPreconditioner(Preconditioner):
         return out.copy_(result)
 
     def update_statistics(self, grads: Sequence[torch.Tensor], step: int) -> None:
-        self._factors.update(grads, self._beta2)
+        super().update_statistics(grads, step)
         for index, grad in enumerate(grads):
             self._step_grads[index].copy_(grad)
             self._previous_corrected[index].copy_(self._corrected[index])
@@ -172,75 +175,72 @@ class EigenvalueCorrectedShampooPreconditioner(Preconditioner):
 
     def amortized_computation(self, step: int) -> None:
         """Recompute every eigenbasis (failed ones keep the previous basis), then re-fold ``D``."""
-        solver = self._config.amortized_computation_config
-        for size, pool in self._factors.pools.items():
-            matrices = pool.factors.to(solve_dtype(self._config.factor_matrix_dtype))
-            if isinstance(solver, EighEigendecompositionConfig):
-                bases, ok = eigh_eigenbasis(matrices, solver.retry_double_precision)
-            elif isinstance(solver, QREigendecompositionConfig):
-                bases, ok = self._warm_started_bases(size, matrices, solver)
-            else:
-                raise TypeError(f"unsupported amortized_computation_config {solver!r}")
-            keep_previous_where_failed(self._bases[size], bases, ok)
-            self._computed[size].logical_or_(ok)
-            self._factors.count_failures(
-                pool,
-                ok,
-                self._config.num_tolerated_failed_amortized_computations,
-                computation="eigenvalue-corrected Shampoo: the eigenbasis computation",
-                kept="basis",
-            )
+        super().amortized_computation(step)
         for index in range(len(self._buckets)):
             self._fold_step_into_corrected_eigenvalues(index)
 
+    def _solve(self, key: Hashable, matrices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        solver = self._config.amortized_computation_config
+        stability = solver.rank_deficient_stability_config
+        if isinstance(solver, EighEigendecompositionConfig):
+            bases, ok = eigh_eigenbasis(matrices, solver.retry_double_precision, stability)
+        elif isinstance(solver, QREigendecompositionConfig):
+            bases, ok = self._warm_started_bases(key, matrices, solver)
+        else:
+            raise TypeError(f"unsupported amortized_computation_config {solver!r}")
+        self._computed[key].logical_or_(ok)
+        return bases, ok
+
     def _warm_started_bases(
-        self, size: int, matrices: torch.Tensor, solver: QREigendecompositionConfig
+        self, size: Hashable, matrices: torch.Tensor, solver: QREigendecompositionConfig
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """QR iterations from the previous basis; a full ``eigh`` for never-computed factors."""
-        previous = self._bases[size].to(matrices.dtype)
-        bases, ok = qr_eigenbasis(matrices, previous, solver.max_iterations, solver.tolerance)
+        stability = solver.rank_deficient_stability_config
+        previous = self._results[size].to(matrices.dtype)
+        bases, ok = qr_eigenbasis(
+            matrices, previous, solver.max_iterations, solver.tolerance, stability
+        )
         fresh = (~self._computed[size]).nonzero().squeeze(1)
         if fresh.numel() > 0:
-            fresh_bases, fresh_ok = eigh_eigenbasis(matrices[fresh], solver.retry_double_precision)
+            fresh_bases, fresh_ok = eigh_eigenbasis(
+                matrices[fresh], solver.retry_double_precision, stability
+            )
             bases = bases.index_copy(0, fresh, fresh_bases)
             ok = ok.index_copy(0, fresh, fresh_ok)
         return bases, ok
 
     def precondition(self, grads: Sequence[torch.Tensor], step: int) -> list[torch.Tensor]:
-        bias_correction = 1.0 - self._beta2**step if self._use_bias_correction else 1.0
+        bias_correction = self._bias_correction(step)
+        stability = self._config.amortized_computation_config.rank_deficient_stability_config
         for index, (bucket, grad) in enumerate(zip(self._buckets, grads)):
             bases = self._bucket_bases(index)
             rotated = self._rotate(index, grad, bases, True, self._rotated[index])
             out = self._outputs[index]
             torch.div(self._corrected[index], bias_correction, out=out)
-            exponent = self._config.inverse_exponent(len(bucket.shape))
+            noise = torch.finfo(least_precise_dtype(out.dtype, self._corrected[index].dtype)).eps
+            top = out.amax(dim=tuple(range(1, out.dim())), keepdim=True)
+            kept = None
+            if isinstance(stability, PseudoInverseConfig):
+                rtol = noise if stability.rank_rtol is None else stability.rank_rtol
+                kept = out > torch.clamp(top * rtol, min=stability.rank_atol)
+            elif isinstance(stability, PerturbationConfig):
+                rtol = stability.eigenvalue_floor_rtol
+                if rtol is None or rtol > 0.0:
+                    torch.maximum(out, top * (noise if rtol is None else rtol), out=out)
+            exponent = self._config.corrected_eigenvalue_exponent(len(bucket.shape))
             if exponent == 0.5:
                 out.sqrt_()  # correctly rounded, and faster than pow(0.5)
             else:
                 out.pow_(exponent)
             out.add_(self._epsilon)
             torch.div(rotated, out, out=rotated)
+            if kept is not None:  # dropped coordinates (0 / 0 with epsilon 0) move by nothing
+                rotated.masked_fill_(~kept, 0.0)
             self._rotate(index, rotated, bases, False, out)
         return self._outputs
 
-    def block_state(self, bucket_index: int, position: int) -> BlockStateView:
-        factors: dict[int, torch.Tensor] = {}
-        bases: dict[int, torch.Tensor] = {}
-        computed: dict[int, torch.Tensor] = {}
-        failures: dict[int, torch.Tensor] = {}
-        for dim, slot in enumerate(self._factors.slots[bucket_index]):
-            if slot is None:
-                continue
-            pool = self._factors.pools[slot.pool_key]
-            row = slot.offset + position
-            factors[dim] = pool.factors[row]
-            bases[dim] = self._bases[slot.pool_key][row]
-            computed[dim] = self._computed[slot.pool_key][row]
-            failures[dim] = pool.failure_counts[row]
-        return BlockStateView(
-            factor_matrices=factors,
-            factor_matrices_eigenvectors=bases,
-            eigenvectors_computed=computed,
-            failure_counts=failures,
-            corrected_eigenvalues=self._corrected[bucket_index][position],
-        )
+    def _extra_dim_state(self, key: Hashable, row: int) -> dict[str, torch.Tensor]:
+        return {"eigenvectors_computed": self._computed[key][row]}
+
+    def _extra_block_state(self, bucket_index: int, position: int) -> dict[str, torch.Tensor]:
+        return {"corrected_eigenvalues": self._corrected[bucket_index][position]}

@@ -15,6 +15,12 @@ A failed amortized computation (solver error or non-finite result) keeps the pre
 and is counted per factor; more than ``num_tolerated_failed_amortized_computations``
 consecutive failures raise.
 
+:class:`KroneckerFactoredPreconditioner` is the shared base of root-inverse Shampoo and
+eigenvalue-corrected Shampoo: factors, one amortized result per factor (a root or an
+eigenbasis) pooled like the factors, the solve loop with its failure bookkeeping, bias
+correction and the per-block state. The subclasses differ only in the maths: what is solved
+and how a gradient is preconditioned.
+
 Example:
     >>> from nanoshampoo.optim.shampoo.preconditioner.preconditioner import BlockBucket
     >>> bucket = BlockBucket((3, 2), torch.float32, torch.device("cpu"), ("w block_0",))
@@ -29,12 +35,21 @@ Example:
 from __future__ import annotations
 
 import logging
+from abc import abstractmethod
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 
 import torch
 
-from nanoshampoo.optim.shampoo.preconditioner.preconditioner import BlockBucket
+from nanoshampoo.optim.shampoo.preconditioner.preconditioner import (
+    BlockBucket,
+    BlockStateView,
+    Preconditioner,
+)
+from nanoshampoo.optim.shampoo.shampoo_types import (
+    EigenvalueCorrectedShampooPreconditionerConfig,
+    ShampooPreconditionerConfig,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -203,3 +218,118 @@ class KroneckerFactors:
                 counts[index],
                 kept,
             )
+
+
+class KroneckerFactoredPreconditioner(Preconditioner):
+    """Base of the preconditioners built on Kronecker factors and one amortized result each.
+
+    Holds the factors (:class:`KroneckerFactors`), the results ``self._results[key]``
+    ``(N, n, n)`` matching each factor pool (identity until first computed), and runs the
+    amortized computation: per pool, solve on the bias-corrected factors in the solve dtype,
+    keep the previous result where the solve failed, count failures.
+
+    Subclasses define ``_pool_key``, ``_result_dtype``, ``_solve`` and ``precondition``, and
+    the class attributes ``computation`` / ``kept`` (for failure messages) and
+    ``result_state_name`` (the result's key in a block's state).
+
+    Args:
+        buckets: the group's block buckets.
+        config: the preconditioner config (factor dtype, failure tolerance, solver).
+        beta2: EMA factor of the factors, in (0, 1]; ``1`` accumulates (AdaGrad-like).
+        epsilon: the group's epsilon.
+        use_bias_correction: divide by ``1 - b2^t`` (when ``b2 < 1``).
+    """
+
+    name = "shampoo"
+    computation: str
+    kept: str
+    result_state_name: str
+    extra_dim_state_names: tuple[str, ...] = ()
+
+    def __init__(
+        self,
+        buckets: Sequence[BlockBucket],
+        config: ShampooPreconditionerConfig | EigenvalueCorrectedShampooPreconditionerConfig,
+        beta2: float,
+        epsilon: float,
+        use_bias_correction: bool,
+    ) -> None:
+        super().__init__(buckets)
+        self._config = config
+        self._beta2 = beta2
+        self._epsilon = epsilon
+        self._use_bias_correction = use_bias_correction and beta2 < 1.0
+        self._solve_dtype = solve_dtype(config.factor_matrix_dtype)
+        self._factors = KroneckerFactors(self._buckets, config.factor_matrix_dtype, self._pool_key)
+        self._results = {
+            key: torch.eye(
+                pool.factors.shape[-1], dtype=self._result_dtype(key), device=pool.factors.device
+            ).repeat(len(pool.labels), 1, 1)
+            for key, pool in self._factors.pools.items()
+        }
+
+    @abstractmethod
+    def _pool_key(self, bucket: BlockBucket, dim: int) -> Hashable | None:
+        """The pool of the factor of ``dim`` of ``bucket``'s blocks (None: no factor)."""
+
+    @abstractmethod
+    def _result_dtype(self, key: Hashable) -> torch.dtype:
+        """Storage dtype of the results of pool ``key``."""
+
+    @abstractmethod
+    def _solve(self, key: Hashable, matrices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(results (N, n, n), ok (N,) bool)`` from the bias-corrected factors of a pool."""
+
+    def _bias_correction(self, step: int) -> float:
+        return 1.0 - self._beta2**step if self._use_bias_correction else 1.0
+
+    def update_statistics(self, grads: Sequence[torch.Tensor], step: int) -> None:
+        self._factors.update(grads, self._beta2)
+
+    def amortized_computation(self, step: int) -> None:
+        """Recompute every result; failed ones keep their previous value (see the module doc)."""
+        bias_correction = self._bias_correction(step)
+        for key, pool in self._factors.pools.items():
+            results, ok = self._solve(key, pool.factors.to(self._solve_dtype) / bias_correction)
+            keep_previous_where_failed(self._results[key], results, ok)
+            self._factors.count_failures(
+                pool,
+                ok,
+                self._config.num_tolerated_failed_amortized_computations,
+                computation=self.computation,
+                kept=self.kept,
+            )
+
+    def _bucket_results(self, bucket_index: int) -> list[torch.Tensor | None]:
+        """Per dim, the ``(B, n, n)`` results of bucket ``bucket_index`` (None: no factor)."""
+        count = self._buckets[bucket_index].num_blocks
+        return [
+            None if slot is None else KroneckerFactors.rows(slot, count, self._results)
+            for slot in self._factors.slots[bucket_index]
+        ]
+
+    def _extra_dim_state(self, key: Hashable, row: int) -> dict[str, torch.Tensor]:
+        """Per-factor state named in ``extra_dim_state_names`` (none by default)."""
+        return {}
+
+    def _extra_block_state(self, bucket_index: int, position: int) -> dict[str, torch.Tensor]:
+        """Per-block state beyond the per-factor dicts (none by default)."""
+        return {}
+
+    def block_state(self, bucket_index: int, position: int) -> BlockStateView:
+        names = ("factor_matrices", self.result_state_name, *self.extra_dim_state_names)
+        state: dict[str, dict[int, torch.Tensor]] = {name: {} for name in names}
+        failures: dict[int, torch.Tensor] = {}
+        for dim, slot in enumerate(self._factors.slots[bucket_index]):
+            if slot is None:
+                continue
+            pool = self._factors.pools[slot.pool_key]
+            row = slot.offset + position
+            state["factor_matrices"][dim] = pool.factors[row]
+            state[self.result_state_name][dim] = self._results[slot.pool_key][row]
+            for name, value in self._extra_dim_state(slot.pool_key, row).items():
+                state[name][dim] = value
+            failures[dim] = pool.failure_counts[row]
+        return BlockStateView(
+            **state, failure_counts=failures, **self._extra_block_state(bucket_index, position)
+        )

@@ -68,7 +68,8 @@ def robust_eigh(
     return evals, evecs, ok
 
 
-def _least_precise(first: torch.dtype, second: torch.dtype) -> torch.dtype:
+def least_precise_dtype(first: torch.dtype, second: torch.dtype) -> torch.dtype:
+    """The dtype with the larger machine epsilon."""
     return first if torch.finfo(first).eps >= torch.finfo(second).eps else second
 
 
@@ -87,6 +88,23 @@ def default_floor_rtol(size: int, dtype: torch.dtype) -> float:
     parameter error; ``n eps`` over-damps the larger factors.
     """
     return math.sqrt(size) * torch.finfo(dtype).eps
+
+
+def numerical_zero_tolerance(
+    top: torch.Tensor, stability: RankDeficientStabilityConfig, size: int, noise_dtype: torch.dtype
+) -> torch.Tensor:
+    """Eigenvalues ``<=`` this are rounding noise under ``stability``; ``top`` ``(N, 1)`` is
+    ``lambda_max`` (clamped at 0). Perturbation: ``eigenvalue_floor_rtol * lambda_max``;
+    pseudo-inverse: ``max(rank_atol, rank_rtol * lambda_max)``. Returns ``(N, 1)``."""
+    if isinstance(stability, PseudoInverseConfig):
+        rtol = stability.rank_rtol
+        if rtol is None:
+            rtol = default_rank_rtol(size, noise_dtype)
+        return torch.clamp(top * rtol, min=stability.rank_atol)
+    if isinstance(stability, PerturbationConfig):
+        rtol = stability.eigenvalue_floor_rtol
+        return top * (default_floor_rtol(size, noise_dtype) if rtol is None else rtol)
+    raise TypeError(f"unsupported rank_deficient_stability_config {stability!r}")
 
 
 def inverse_root_spectrum(
@@ -120,18 +138,13 @@ def inverse_root_spectrum(
     """
     power = -exponents.unsqueeze(-1)
     top = evals[..., -1:].clamp(min=0.0)
+    tolerance = numerical_zero_tolerance(top, stability, size, noise_dtype)
     if isinstance(stability, PseudoInverseConfig):
-        rtol = stability.rank_rtol
-        if rtol is None:
-            rtol = default_rank_rtol(size, noise_dtype)
-        kept = evals > torch.clamp(top * rtol, min=stability.rank_atol)
+        kept = evals > tolerance
         # Dropped directions get base 1 so that pow stays finite before the mask zeroes it.
         base = torch.where(kept, evals + epsilon, torch.ones_like(evals))
         return torch.where(kept, base.pow(power), torch.zeros_like(evals))
-    if not isinstance(stability, PerturbationConfig):
-        raise TypeError(f"unsupported rank_deficient_stability_config {stability!r}")
-    rtol = stability.eigenvalue_floor_rtol
-    floor = top * (default_floor_rtol(size, noise_dtype) if rtol is None else rtol)
+    floor = tolerance
     if perturbed:
         lowest = evals[..., :1]
         shifted = torch.where(lowest < epsilon, (evals - lowest) + epsilon, evals)
@@ -172,7 +185,7 @@ def eigh_inverse_root(
             matrices.shape[-1], dtype=matrices.dtype, device=matrices.device
         )
     evals, evecs, ok = robust_eigh(matrices, retry_double_precision)
-    noise_dtype = _least_precise(matrices.dtype, root_dtype or matrices.dtype)
+    noise_dtype = least_precise_dtype(matrices.dtype, root_dtype or matrices.dtype)
     weights = inverse_root_spectrum(
         evals, exponents, epsilon, stability, matrices.shape[-1], perturbed, noise_dtype
     )
@@ -214,7 +227,7 @@ def coupled_newton_inverse_root(
     """
     n = matrices.shape[-1]
     identity = torch.eye(n, dtype=matrices.dtype, device=matrices.device)
-    noise_dtype = _least_precise(matrices.dtype, root_dtype or matrices.dtype)
+    noise_dtype = least_precise_dtype(matrices.dtype, root_dtype or matrices.dtype)
     norms = torch.linalg.matrix_norm(matrices).view(-1, 1, 1)
     ridge = epsilon + default_floor_rtol(n, noise_dtype) * norms
     ridged = matrices + ridge * identity
