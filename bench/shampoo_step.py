@@ -1,34 +1,114 @@
-"""Benchmark: DistributedShampoo ``step()`` time on GPT-small shaped parameters vs AdamW.
+"""Benchmark: DistributedShampoo ``step()`` against AdamW, and where the Shampoo step's time goes.
 
-Parameters: four 768x768, one 768x3072, one 3072x768 (one transformer block's matrices).
-For each ``max_preconditioner_dim`` in (1024, 8192) and ``precondition_frequency`` in (1, 10):
-median and mean ``step()`` time over ``--steps`` timed steps (fresh random gradients each step;
-warm-up excluded and running past the first root computation, so every timed step is
-preconditioned; the mean includes the amortized root computations), the median's ratio to
-``torch.optim.AdamW`` on the same parameters in the same run, and the optimizer-state bytes per
-parameter byte.
+Parameters: by default one GPT-small transformer block's matrices (four 768x768, one 768x3072,
+one 3072x768; ``--shapes`` changes them). AdamW (``torch.optim.AdamW``, its default
+implementation for the device) is timed first, in the same process, on the same shapes. Then
+for each ``max_preconditioner_dim`` in ``--max-dims`` and ``precondition_frequency`` f in
+``--frequencies``: Shampoo with eigh roots, factor matrices in ``--dtype``, Adam grafting.
+
+Every step gets fresh random gradients (untimed). Warm-up runs ``--warmup`` steps past the
+first root computation (step f), so every timed step is preconditioned. The timed window is
+``--steps`` rounded up to whole root periods (a multiple of f), so it holds the root
+computations at their natural share. Printed per config:
+
+* median step ms; amortized mean step ms (the window's mean, roots included); max step ms and
+  max/median (the spike of the steps that compute every root at once);
+* x AdamW: the amortized mean over AdamW's mean step;
+* state B / param B: ``optimizer_state_bytes()`` over the parameters' bytes;
+* the breakdown, ms per step (window mean) and % of the mean step:
+  - statistics: the Shampoo preconditioner's ``update_statistics`` (factor updates);
+  - roots: its ``amortized_computation`` (eigh and the inverse roots);
+  - preconditioning: its ``precondition`` (the two-sided products);
+  - grafting: the grafting preconditioner's ``update_statistics`` and ``precondition`` and the
+    per-block norm scaling of the grafted update;
+  - rest: the step minus the above (gradient gather, finiteness check, filtering, momentum,
+    weight decay, parameter update).
+
+Phases are timed by wrapping those methods of their classes for the Shampoo runs (restored
+afterwards); a wrapped call inside another counts only in the outer one. On CPU the timers are
+``time.perf_counter``; on CUDA they are CUDA events recorded around each call and read after the
+step's closing ``synchronize``, so timing adds no host synchronization inside the step. Each step
+starts on an idle device (synchronized before), so the step's event span is its wall time.
 
 Usage:
-    python bench/shampoo_step.py [--device cpu|cuda] [--steps 20] [--warmup 3] [--threads N]
-        [--max-dims 1024,8192] [--frequencies 1,10]
+    python bench/shampoo_step.py [--device cpu|cuda] [--dtype float32|bfloat16] [--threads N]
+        [--steps 20] [--warmup 3] [--max-dims 1024,8192] [--frequencies 1,10]
+        [--shapes 768x768,768x3072] [--json OUT]
+
+Cost on a 2-core AMD EPYC (fp32, 2 threads): a max_dim 1024 step takes ~0.5 s without roots
+and ~2.7 s with them; the 8192 rows add eigh of 3072x3072 factors (several seconds each), so
+the default runs only max_dim 1024 (about a minute and a half) and ``--max-dims 1024,8192``
+asks for both.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import math
+import platform
 import statistics
+import subprocess
+import sys
 import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
 
 import torch
 
-from nanoshampoo.optim.shampoo import AdamPreconditionerConfig, DistributedShampoo
+from nanoshampoo.io_utils import atomic_output
+from nanoshampoo.optim.shampoo import (
+    AdamPreconditionerConfig,
+    DistributedShampoo,
+    EigenConfig,
+    RootInvShampooPreconditionerConfig,
+)
+from nanoshampoo.optim.shampoo.distributed_shampoo import _GroupRuntime
+from nanoshampoo.optim.shampoo.preconditioner.adagrad_preconditioner import AdaGradPreconditioner
+from nanoshampoo.optim.shampoo.preconditioner.shampoo_preconditioner import ShampooPreconditioner
 
-GPT_SMALL_SHAPES = [(768, 768)] * 4 + [(768, 3072), (3072, 768)]
+GPT_SMALL_SHAPES = "768x768,768x768,768x768,768x768,768x3072,3072x768"
+PHASES = ("statistics", "roots", "preconditioning", "grafting", "rest")
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+# (class, method, phase): the calls the breakdown times. The grafting norm scaling lives in the
+# optimizer's per-group runtime, not in a preconditioner, hence the private class.
+INSTRUMENTED_METHODS: tuple[tuple[type, str, str], ...] = (
+    (ShampooPreconditioner, "update_statistics", "statistics"),
+    (ShampooPreconditioner, "amortized_computation", "roots"),
+    (ShampooPreconditioner, "precondition", "preconditioning"),
+    (AdaGradPreconditioner, "update_statistics", "grafting"),
+    (AdaGradPreconditioner, "precondition", "grafting"),
+    (_GroupRuntime, "_graft", "grafting"),
+)
 
 
-def make_params(device: torch.device) -> list[torch.nn.Parameter]:
+def parse_shapes(text: str) -> list[tuple[int, int]]:
+    """``"768x768,768x3072"`` -> ``[(768, 768), (768, 3072)]``; ValueError naming ``--shapes``."""
+    shapes = []
+    for item in text.split(","):
+        parts = item.strip().lower().split("x")
+        if len(parts) != 2 or not all(p.isdigit() and int(p) > 0 for p in parts):
+            raise ValueError(f"--shapes: expected ROWSxCOLS items like 768x3072, got {item!r}")
+        shapes.append((int(parts[0]), int(parts[1])))
+    return shapes
+
+
+def parse_positive_ints(text: str, flag: str) -> list[int]:
+    """``"1,10"`` -> ``[1, 10]``; ValueError naming ``flag`` unless every item is an int >= 1."""
+    items = [item.strip() for item in text.split(",")]
+    if not all(item.isdigit() and int(item) >= 1 for item in items):
+        raise ValueError(f"{flag}: expected comma-separated ints >= 1, got {text!r}")
+    return [int(item) for item in items]
+
+
+def make_params(shapes: Sequence[tuple[int, int]], device: torch.device) -> list[torch.nn.Parameter]:
+    """Float32 parameters of ``shapes`` (scaled normal, seed 0), on ``device``."""
     gen = torch.Generator(device="cpu").manual_seed(0)
-    return [torch.nn.Parameter((torch.randn(s, generator=gen) * 0.02).to(device)) for s in GPT_SMALL_SHAPES]
+    return [torch.nn.Parameter((torch.randn(s, generator=gen) * 0.02).to(device)) for s in shapes]
 
 
 def synchronize(device: torch.device) -> None:
@@ -36,80 +116,286 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def step_seconds(
-    optimizer: torch.optim.Optimizer, params: list[torch.nn.Parameter], steps: int, warmup: int
-) -> list[float]:
-    """Wall times of ``optimizer.step()``; gradients are refreshed (untimed) before each."""
+class Clock:
+    """Time marks on one device: ``time.perf_counter`` on CPU, recorded CUDA events on CUDA.
+
+    ``seconds(start, end)`` of CUDA marks is valid only after the device was synchronized.
+    """
+
+    def __init__(self, device: torch.device) -> None:
+        self._cuda = device.type == "cuda"
+
+    def mark(self) -> Any:
+        if self._cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            return event
+        return time.perf_counter()
+
+    def seconds(self, start: Any, end: Any) -> float:
+        if self._cuda:
+            return start.elapsed_time(end) / 1e3
+        return end - start
+
+
+class PhaseTimer:
+    """Sums the time of wrapped calls per phase; calls nested inside a timed call are not
+    counted separately (their time is the outer call's)."""
+
+    def __init__(self, clock: Clock) -> None:
+        self._clock = clock
+        self._spans: list[tuple[str, Any, Any]] = []
+        self._depth = 0
+
+    def wrap(self, function: Callable[..., Any], phase: str) -> Callable[..., Any]:
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            if self._depth:
+                return function(*args, **kwargs)
+            self._depth += 1
+            start = self._clock.mark()
+            try:
+                return function(*args, **kwargs)
+            finally:
+                self._spans.append((phase, start, self._clock.mark()))
+                self._depth -= 1
+
+        return timed
+
+    def collect(self) -> dict[str, float]:
+        """Seconds per phase since the last call (after the device was synchronized)."""
+        totals = dict.fromkeys(PHASES[:-1], 0.0)
+        for phase, start, end in self._spans:
+            totals[phase] += self._clock.seconds(start, end)
+        self._spans.clear()
+        return totals
+
+
+@contextmanager
+def instrumented(timer: PhaseTimer) -> Iterator[None]:
+    """Route ``INSTRUMENTED_METHODS`` through ``timer`` while the context is open."""
+    originals = [(owner, name, owner.__dict__[name]) for owner, name, _ in INSTRUMENTED_METHODS]
+    try:
+        for owner, name, phase in INSTRUMENTED_METHODS:
+            setattr(owner, name, timer.wrap(owner.__dict__[name], phase))
+        yield
+    finally:
+        for owner, name, original in originals:
+            setattr(owner, name, original)
+
+
+@dataclass
+class Result:
+    """Timings of one optimizer config; ``phase_ms`` is empty for AdamW."""
+
+    name: str
+    step_ms: list[float]
+    state_bytes_per_param_byte: float
+    phase_ms: dict[str, float] = field(default_factory=dict)
+    max_preconditioner_dim: int | None = None
+    precondition_frequency: int | None = None
+
+    @property
+    def median_ms(self) -> float:
+        return statistics.median(self.step_ms)
+
+    @property
+    def mean_ms(self) -> float:
+        return statistics.fmean(self.step_ms)
+
+    @property
+    def max_ms(self) -> float:
+        return max(self.step_ms)
+
+    def to_dict(self, adamw_mean_ms: float) -> dict[str, Any]:
+        record = asdict(self)
+        record.update(median_ms=self.median_ms, mean_ms=self.mean_ms, max_ms=self.max_ms,
+                      max_over_median=self.max_ms / self.median_ms,
+                      x_adamw=self.mean_ms / adamw_mean_ms)
+        return record
+
+
+def time_steps(
+    optimizer: torch.optim.Optimizer,
+    params: Sequence[torch.nn.Parameter],
+    steps: int,
+    warmup: int,
+    clock: Clock,
+    timer: PhaseTimer | None = None,
+) -> tuple[list[float], dict[str, float]]:
+    """Run ``warmup + steps`` steps; return the timed steps' ms and the mean ms per phase.
+
+    Gradients are refreshed before each step, outside the timed span. The phase means include
+    ``rest`` (the step minus the timed phases) when ``timer`` is given.
+    """
     device = params[0].device
-    times = []
+    step_ms: list[float] = []
+    phase_sums = dict.fromkeys(PHASES, 0.0)
     for index in range(warmup + steps):
         for p in params:
-            p.grad = torch.randn_like(p) * 1e-3
+            p.grad = torch.randn_like(p).mul_(1e-3)
         synchronize(device)
-        start = time.perf_counter()
+        start = clock.mark()
         optimizer.step()
+        end = clock.mark()
         synchronize(device)
-        if index >= warmup:
-            times.append(time.perf_counter() - start)
-    return times
+        seconds = clock.seconds(start, end)
+        phases = timer.collect() if timer is not None else {}
+        if index < warmup:
+            continue
+        step_ms.append(seconds * 1e3)
+        for phase, value in phases.items():
+            phase_sums[phase] += value * 1e3
+        phase_sums["rest"] += (seconds - sum(phases.values())) * 1e3
+    if timer is None:
+        return step_ms, {}
+    return step_ms, {phase: total / steps for phase, total in phase_sums.items()}
 
 
-def state_bytes(optimizer: torch.optim.Optimizer) -> int:
-    """Bytes of distinct tensor storages held in the optimizer's state dict."""
-    seen: dict[int, int] = {}
-    for per_param in optimizer.state_dict()["state"].values():
-        for value in per_param.values():
-            if isinstance(value, torch.Tensor):
-                storage = value.untyped_storage()
-                seen[storage.data_ptr()] = storage.nbytes()
-    return sum(seen.values())
+def bench_adamw(shapes: Sequence[tuple[int, int]], device: torch.device, steps: int, warmup: int) -> Result:
+    params = make_params(shapes, device)
+    param_bytes = sum(p.numel() * p.element_size() for p in params)
+    optimizer = torch.optim.AdamW(params, lr=1e-3)
+    step_ms, _ = time_steps(optimizer, params, steps, warmup, Clock(device))
+    state = sum(t.numel() * t.element_size() for s in optimizer.state.values() for t in s.values())
+    return Result("AdamW", step_ms, state / param_bytes)
 
 
-def main() -> None:
+def bench_shampoo(
+    shapes: Sequence[tuple[int, int]],
+    device: torch.device,
+    factor_dtype: torch.dtype,
+    max_dim: int,
+    frequency: int,
+    steps: int,
+    warmup: int,
+) -> Result:
+    clock = Clock(device)
+    timer = PhaseTimer(clock)
+    # A whole number of root periods, so the mean carries the roots at their natural share.
+    window = math.ceil(steps / frequency) * frequency
+    with instrumented(timer):
+        params = make_params(shapes, device)
+        param_bytes = sum(p.numel() * p.element_size() for p in params)
+        shampoo = DistributedShampoo(
+            params, lr=1e-3, betas=(0.9, 0.999), epsilon=1e-12,
+            max_preconditioner_dim=max_dim, precondition_frequency=frequency,
+            grafting_config=AdamPreconditionerConfig(beta2=0.999, epsilon=1e-8),
+            preconditioner_config=RootInvShampooPreconditionerConfig(
+                amortized_computation_config=EigenConfig(), factor_matrix_dtype=factor_dtype
+            ),
+        )
+        # start_preconditioning_step = frequency: warm up past the first root computation.
+        step_ms, phase_ms = time_steps(shampoo, params, window, warmup + frequency, clock, timer)
+    never_called = [p for p in ("statistics", "roots", "preconditioning", "grafting") if phase_ms[p] == 0.0]
+    if never_called:
+        raise RuntimeError(
+            f"breakdown: no timed call for {never_called}; the optimizer no longer calls "
+            f"{[f'{o.__name__}.{n}' for o, n, p in INSTRUMENTED_METHODS if p in never_called]}"
+        )
+    return Result(
+        f"Shampoo max_dim={max_dim} freq={frequency}", step_ms,
+        shampoo.optimizer_state_bytes() / param_bytes, phase_ms, max_dim, frequency,
+    )
+
+
+def cpu_model_name() -> str:
+    """``lscpu``'s model name (falls back to /proc/cpuinfo, then ``platform``)."""
+    try:
+        listing = subprocess.run(["lscpu"], capture_output=True, text=True, check=True, timeout=10).stdout
+        for line in listing.splitlines():
+            if line.startswith("Model name:"):
+                return line.split(":", 1)[1].strip()
+    except (OSError, subprocess.SubprocessError):
+        pass
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def environment(device: torch.device) -> dict[str, Any]:
+    """Where the timing was taken."""
+    return {
+        "cpu": cpu_model_name(),
+        "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "threads": torch.get_num_threads(),
+    }
+
+
+def format_report(env: dict[str, Any], settings: dict[str, Any], adamw: Result, results: Sequence[Result]) -> str:
+    """The x AdamW table and the breakdown table, as printed."""
+    where = f"cpu: {env['cpu']}" + (f" | gpu: {env['gpu']}" if env["gpu"] else "")
+    lines = [
+        f"{where} | torch {env['torch']} | python {env['python']} | threads {env['threads']}",
+        f"device {settings['device']} | factor dtype {settings['dtype']} | eigh roots | "
+        f"steps {settings['steps']} (rounded up to whole root periods) | warmup {settings['warmup']} "
+        f"past the first root | shapes {settings['shapes']}",
+        "",
+        f"{'optimizer':<32} {'median ms':>10} {'mean ms':>10} {'max ms':>10} {'max/med':>8} "
+        f"{'x AdamW':>8} {'state B/param B':>16}",
+    ]
+    for result in (adamw, *results):
+        lines.append(
+            f"{result.name:<32} {result.median_ms:>10.2f} {result.mean_ms:>10.2f} {result.max_ms:>10.2f} "
+            f"{result.max_ms / result.median_ms:>8.2f} {result.mean_ms / adamw.mean_ms:>8.2f} "
+            f"{result.state_bytes_per_param_byte:>16.2f}"
+        )
+    lines += ["", "breakdown: ms per step (window mean) and % of the mean step",
+              f"{'optimizer':<32} " + " ".join(f"{p:>17}" for p in PHASES)]
+    for result in results:
+        cells = [f"{result.phase_ms[p]:>9.2f} ({100 * result.phase_ms[p] / result.mean_ms:>4.1f}%)" for p in PHASES]
+        lines.append(f"{result.name:<32} " + " ".join(cells))
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
-    parser.add_argument("--steps", type=int, default=20)
-    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--dtype", default="float32", choices=tuple(DTYPES), help="factor matrix dtype")
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch default)")
-    parser.add_argument("--max-dims", default="1024,8192", help="comma-separated max_preconditioner_dim values")
+    parser.add_argument("--steps", type=int, default=10, help="timed steps (rounded up to whole root periods)")
+    parser.add_argument("--warmup", type=int, default=2, help="untimed steps after the first root computation")
+    parser.add_argument("--max-dims", default="1024", help="comma-separated max_preconditioner_dim values")
     parser.add_argument("--frequencies", default="1,10", help="comma-separated precondition_frequency values")
-    args = parser.parse_args()
+    parser.add_argument("--shapes", default=GPT_SMALL_SHAPES, help="comma-separated ROWSxCOLS parameter shapes")
+    parser.add_argument("--json", type=Path, help="also write the figures as JSON here")
+    args = parser.parse_args(argv)
+    try:
+        shapes = parse_shapes(args.shapes)
+        max_dims = parse_positive_ints(args.max_dims, "--max-dims")
+        frequencies = parse_positive_ints(args.frequencies, "--frequencies")
+    except ValueError as exc:
+        parser.error(str(exc))
+    if args.steps < 1 or args.warmup < 0 or args.threads < 0:
+        parser.error("--steps must be >= 1, --warmup and --threads >= 0")
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda requested but CUDA is not available")
     if args.threads:
         torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
     device = torch.device(args.device)
+    env = environment(device)
+    settings = {"device": args.device, "dtype": args.dtype, "steps": args.steps, "warmup": args.warmup,
+                "shapes": args.shapes}
 
-    params = make_params(device)
-    param_bytes = sum(p.numel() * p.element_size() for p in params)
-    adamw = torch.optim.AdamW(params, lr=1e-3)
-    adamw_seconds = statistics.median(step_seconds(adamw, params, args.steps, args.warmup))
-    adamw_state = sum(
-        t.numel() * t.element_size() for s in adamw.state.values() for t in s.values() if t.dim() > 0
-    )
-    print(f"device={device} torch={torch.__version__} threads={torch.get_num_threads()} steps={args.steps}")
-    print(f"{'optimizer':<34} {'median step ms':>14} {'x AdamW':>8} {'mean step ms':>12} {'state B / param B':>18}")
-    print(
-        f"{'AdamW':<34} {adamw_seconds * 1e3:>14.2f} {1.0:>8.2f} {adamw_seconds * 1e3:>12.2f} "
-        f"{adamw_state / param_bytes:>18.2f}"
-    )
-    for max_dim in (int(v) for v in args.max_dims.split(",")):
-        for frequency in (int(v) for v in args.frequencies.split(",")):
-            params = make_params(device)
-            shampoo = DistributedShampoo(
-                params, lr=1e-3, betas=(0.9, 0.999), epsilon=1e-12,
-                max_preconditioner_dim=max_dim, precondition_frequency=frequency,
-                grafting_config=AdamPreconditionerConfig(beta2=0.999, epsilon=1e-8),
-            )
-            # Warm up past start_preconditioning_step (= frequency) so every timed step is
-            # preconditioned and the timed window holds roots at their natural frequency.
-            times = step_seconds(shampoo, params, args.steps, args.warmup + frequency)
-            seconds, mean = statistics.median(times), statistics.fmean(times)
-            name = f"Shampoo max_dim={max_dim} freq={frequency}"
-            print(
-                f"{name:<34} {seconds * 1e3:>14.2f} {seconds / adamw_seconds:>8.2f} {mean * 1e3:>12.2f} "
-                f"{state_bytes(shampoo) / param_bytes:>18.2f}"
-            )
+    adamw = bench_adamw(shapes, device, args.steps, args.warmup)
+    results = [
+        bench_shampoo(shapes, device, DTYPES[args.dtype], max_dim, frequency, args.steps, args.warmup)
+        for max_dim in max_dims
+        for frequency in frequencies
+    ]
+    print(format_report(env, settings, adamw, results))
+    if args.json:
+        record = {"environment": env, "settings": settings, "adamw": adamw.to_dict(adamw.mean_ms),
+                  "shampoo": [r.to_dict(adamw.mean_ms) for r in results]}
+        with atomic_output(args.json) as tmp:
+            tmp.write_text(json.dumps(record, indent=2) + "\n")
+        print(f"\nwrote {args.json}", file=sys.stderr)
 
 
 if __name__ == "__main__":
