@@ -142,9 +142,14 @@ class Trainer:
         self.start_step = 0
         self.train_time_ms = 0.0
         if checkpoint is not None:
+            # The config's learning rates win over the checkpoint's: a resume may change them.
+            peaks = [[g["peak_lr"] for g in opt.param_groups] for opt in self.setup.optimizers]
             self.start_step, self.train_time_ms = self._on_every_rank(
                 lambda: restore_checkpoint(checkpoint, self.model, self.setup.optimizers,
                                            self.loader))
+            for opt, opt_peaks in zip(self.setup.optimizers, peaks):
+                for group, peak in zip(opt.param_groups, opt_peaks):
+                    group["peak_lr"] = peak
             if self.start_step > cfg.num_iterations:
                 raise UserError(f"--resume {checkpoint.directory}: the checkpoint is at step "
                                 f"{self.start_step}, beyond --num-iterations {cfg.num_iterations}")
@@ -222,8 +227,8 @@ class Trainer:
                 val_loss = self._validation_loss()
                 _say(self.log.val(step, total, val_loss, self.train_time_ms), self.ctx, bar)
                 if not math.isfinite(val_loss):
-                    raise TrainingDiverged(step, f"validation loss is {val_loss} at step {step}"
-                                           + self._first_nonfinite_parameter())
+                    raise TrainingDiverged(step, f"validation loss is {val_loss}"
+                                           + self._culprit(gradients=False))
             periodic = cfg.checkpoint_every and step % cfg.checkpoint_every == 0
             if step > self.start_step and (periodic or (last and cfg.save_final_checkpoint)):
                 last_checkpoint = self._save_checkpoint(step)
@@ -290,23 +295,18 @@ class Trainer:
         if not any_rank_true(not bool(finite.item()), self.ctx):
             return
         if bool(torch.isfinite(loss)):
-            reason = f"step {step}: non-finite gradient" + self._first_nonfinite_gradient()
-        else:
-            reason = (f"step {step}: train loss is {loss.item()}"
-                      + self._first_nonfinite_parameter() + self._first_nonfinite_gradient())
-        raise TrainingDiverged(step, reason)
+            raise TrainingDiverged(step, "non-finite gradient" + self._culprit(gradients=True))
+        culprit = self._culprit(gradients=False) or self._culprit(gradients=True)
+        raise TrainingDiverged(step, f"train loss is {loss.item()}"
+                               + (culprit or "; parameters and gradients finite on this rank"))
 
-    def _first_nonfinite_parameter(self) -> str:
+    def _culprit(self, gradients: bool) -> str:
+        """``"; first non-finite parameter: NAME"`` (or gradient), ``""`` if all are finite."""
         for name, p in self.model.named_parameters():
-            if not bool(torch.isfinite(p).all()):
-                return f"; first non-finite parameter: {name}"
-        return "; parameters finite on this rank"
-
-    def _first_nonfinite_gradient(self) -> str:
-        for name, p in self.model.named_parameters():
-            if p.grad is not None and not bool(torch.isfinite(p.grad).all()):
-                return f"; first non-finite gradient: {name}"
-        return "; gradients finite on this rank"
+            tensor = p.grad if gradients else p
+            if tensor is not None and not bool(torch.isfinite(tensor).all()):
+                return f"; first non-finite {'gradient' if gradients else 'parameter'}: {name}"
+        return ""
 
     @torch.no_grad()
     def _validation_loss(self) -> float:
@@ -335,8 +335,8 @@ class Trainer:
         """Save a checkpoint of the state after ``step`` steps, unless a parameter is NaN/Inf."""
         finite = all(bool(torch.isfinite(p).all()) for p in self.model.parameters())
         if any_rank_true(not finite, self.ctx):
-            raise TrainingDiverged(step, f"step {step}: non-finite parameter before the "
-                                   f"checkpoint{self._first_nonfinite_parameter()}")
+            raise TrainingDiverged(step, "non-finite parameter before the checkpoint"
+                                   + self._culprit(gradients=False))
         directory = checkpoint_path(self.cfg.out_dir, self.run_id, step)
         save_checkpoint(directory, self.ctx.rank, self.ctx.world_size, step, self.train_time_ms,
                         self.model, self.setup.optimizers, self.loader, self.run_id)

@@ -1,0 +1,44 @@
+"""Machine-dependent choices: bf16 autocast resolution and CPU thread counts."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from nanoshampoo.train import hardware
+from nanoshampoo.train.hardware import available_cores, cpu_threads, resolve_autocast
+
+
+@pytest.mark.parametrize("choice, enabled", [("bf16", True), ("off", False)])
+def test_explicit_autocast_choices_are_taken_as_given(choice: str, enabled: bool) -> None:
+    resolved = resolve_autocast(choice, torch.device("cpu"))
+    assert resolved.enabled is enabled and resolved.reason == f"autocast={choice}"
+
+
+@pytest.mark.parametrize("speedup, enabled", [(0.03, False), (1.4, True)])
+def test_auto_on_cpu_follows_the_probe(speedup: float, enabled: bool,
+                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(hardware, "probe_cpu_bf16_speedup", lambda: speedup)
+    resolved = resolve_autocast("auto", torch.device("cpu"))
+    assert resolved.enabled is enabled
+    assert resolved.name == ("bf16" if enabled else "off")
+    assert ("faster" if enabled else "slower") in resolved.reason
+
+
+def test_probe_is_quick_and_returns_a_positive_ratio() -> None:
+    import time
+
+    start = time.perf_counter()
+    speedup = hardware.probe_cpu_bf16_speedup()
+    assert math.isfinite(speedup) and speedup > 0
+    assert time.perf_counter() - start < 2.0  # ~50 ms on a slow 2-core CPU
+    assert torch.get_num_threads() >= 1
+
+
+def test_threads_share_the_available_cores_between_local_ranks() -> None:
+    cores = available_cores()
+    assert cpu_threads(requested=0, local_world_size=1) == cores
+    assert cpu_threads(requested=0, local_world_size=2 * cores) == 1
+    assert cpu_threads(requested=3, local_world_size=8) == 3
