@@ -240,9 +240,8 @@ class DistAdam(torch.optim.Optimizer):
         process_group: ProcessGroup | None = None,
         nonfinite_grad_policy: str = "raise",
     ) -> None:
-        defaults = {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay}
-        _validate_options(defaults, "")
-        defaults["betas"] = tuple(betas)
+        _validate_options({"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay}, "")
+        defaults = {"lr": lr, "betas": tuple(betas), "eps": eps, "weight_decay": weight_decay}
         if not isinstance(shard_min_numel, int) or shard_min_numel < 0:
             raise ValueError(f"shard_min_numel must be an int >= 0, got {shard_min_numel!r}")
         if nonfinite_grad_policy not in NONFINITE_GRAD_POLICIES:

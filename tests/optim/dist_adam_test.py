@@ -738,7 +738,8 @@ def test_complex_parameters_match_adamw_on_two_ranks(robustness_run: list) -> No
     for result in robustness_run:
         assert result["complex_state_shape"] == [8, 80]  # sharded
         for name in COMPLEX_SHAPES:
-            torch.testing.assert_close(result["complex"][name], expected[name], atol=1e-6, rtol=1e-6)
+            actual = result["complex"][name]
+            torch.testing.assert_close(actual, expected[name], atol=1e-6, rtol=1e-6)
 
 
 @pytest.mark.distributed
