@@ -22,7 +22,10 @@ blocks; a second ``all_to_all_single`` sends each rank its rows of the update ``
 (``communicate_params=False``) or of the updated parameter (``True``) in
 ``communication_dtype``. Block names are single-device ones (``block_{j}``), so a
 ``torch.distributed.checkpoint`` loads at any world size, or into a single-device optimizer.
-Memory: the owned parameters' full buffers, about ``1 / n`` of the model per rank.
+Memory per rank, in parameter bytes ``B``: the owned parameters' full values and gradients
+(the gradient buffers later hold the updates), about ``2B / n``, and the gather's send and
+receive buffers (gradient and value: about ``2B / n`` each), which the scatter reuses: about
+``6B / n`` in all (``bench/shampoo_fsdp.py`` measures it).
 
 ``REPLICATE`` (lossless, the baseline): every rank gathers every gradient and value (the same
 ``all_to_all_single`` with every rank an owner of everything, i.e. an all-gather) and computes
@@ -155,6 +158,8 @@ class AllToAllPlan:
         recv_numels: per source rank, the element counts of the pieces received from it.
         dtype, device: of both buffers.
         group: the process group (``None``: default); ``group_rank``: this rank in it.
+        storage: optional ``(send, recv)`` flat tensors of ``dtype`` to carve the buffers from
+            (another plan's buffers, free while this plan runs); they must be large enough.
 
     ``send_views[q][k]`` / ``recv_views[s][k]`` are flat views of the buffers.
     """
@@ -167,13 +172,19 @@ class AllToAllPlan:
         device: torch.device,
         group: dist.ProcessGroup | None,
         group_rank: int,
+        storage: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> None:
         self.group = group
         self.group_rank = group_rank
         self.send_splits = [sum(pieces) for pieces in send_numels]
         self.recv_splits = [sum(pieces) for pieces in recv_numels]
-        self.send_buffer = torch.zeros(sum(self.send_splits), dtype=dtype, device=device)
-        self.recv_buffer = torch.zeros(sum(self.recv_splits), dtype=dtype, device=device)
+        sizes = (sum(self.send_splits), sum(self.recv_splits))
+        self.owns_buffers = storage is None
+        if storage is None:
+            storage = tuple(torch.zeros(n, dtype=dtype, device=device) for n in sizes)
+        elif any(t.dtype != dtype or t.numel() < n for t, n in zip(storage, sizes)):
+            raise ValueError("AllToAllPlan: storage has the wrong dtype or is too small")
+        self.send_buffer, self.recv_buffer = (t[:n] for t, n in zip(storage, sizes))
         self.send_views = self._cut(self.send_buffer, send_numels)
         self.recv_views = self._cut(self.recv_buffer, recv_numels)
 
@@ -196,6 +207,9 @@ class AllToAllPlan:
 
     @property
     def buffer_bytes(self) -> int:
+        """Bytes of the buffers this plan allocated (0 when carved from another plan's)."""
+        if not self.owns_buffers:
+            return 0
         return (self.send_buffer.numel() + self.recv_buffer.numel()) * self.send_buffer.element_size()
 
     def all_to_all_(self) -> None:
@@ -283,9 +297,9 @@ class FullyShardDistributor(Distributor):
         )
         lossless = self._strategy != FSDPParamAssignmentStrategy.DEFAULT
         self._work_grads = [torch.zeros_like(w) for w in work_params] if lossless else []
-        self._work_updates = (
-            [torch.zeros_like(w) for w in work_params] if lossless and not self._communicate_params else []
-        )
+        # The updates reuse the gradient buffers: the optimizer copies the gradients into its
+        # own buffers when it reads them (``local_blocked_grads``), before any update exists.
+        self._work_updates = self._work_grads if lossless and not self._communicate_params else []
         self._work_update_blocks = [
             b for w in self._work_updates for b in split_into_blocks(w, max_preconditioner_dim)
         ]
@@ -324,7 +338,19 @@ class FullyShardDistributor(Distributor):
         mine = self._owned_by(me)
         send = [[self._sharded[o].shard_numel(q) for o in mine] for q in range(n)]
         recv = [[self._sharded[o].shard_numel(me) for o in self._owned_by(s)] for s in range(n)]
-        plan = AllToAllPlan(send, recv, config.communication_dtype, self._sharded[0].local.device, self._shard_group, me)
+        gather = self._gather
+        # The gather's buffers are idle by the time of the scatter, and big enough: the gather
+        # receives 2x the owned elements and sends 2x the local shard, the scatter sends 1x and
+        # receives 1x of those.
+        storage = (
+            (gather.recv_buffer, gather.send_buffer)
+            if gather is not None and gather.send_buffer.dtype == config.communication_dtype
+            else None
+        )
+        plan = AllToAllPlan(
+            send, recv, config.communication_dtype, self._sharded[0].local.device,
+            self._shard_group, me, storage,
+        )
         results = dict(zip(self._work_offsets, self._work_updates or self._work_params))
         self._scatter_targets, self._scatter_sources = [], []
         for q in range(n):
@@ -382,8 +408,8 @@ class FullyShardDistributor(Distributor):
     def buffer_bytes(self) -> int:
         """Bytes of this rank's persistent work and exchange buffers (not the optimizer state)."""
         total = sum(plan.buffer_bytes for plan in (self._gather, self._scatter) if plan is not None)
+        tensors = self._work_params + self._work_grads
         if self._strategy != FSDPParamAssignmentStrategy.DEFAULT:
-            tensors = self._work_params + self._work_grads + self._work_updates
             total += sum(t.numel() * t.element_size() for t in tensors)
         return total
 
