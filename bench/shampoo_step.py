@@ -172,15 +172,22 @@ class PhaseTimer:
 
 @contextmanager
 def instrumented(timer: PhaseTimer) -> Iterator[None]:
-    """Route ``INSTRUMENTED_METHODS`` through ``timer`` while the context is open."""
-    originals = [(owner, name, owner.__dict__[name]) for owner, name, _ in INSTRUMENTED_METHODS]
+    """Route ``INSTRUMENTED_METHODS`` through ``timer`` while the context is open.
+
+    The wrapper is set on the named class itself, also where the method is inherited (so a
+    sibling class sharing the base is not timed), and removed again afterwards.
+    """
+    own = [(owner, name, owner.__dict__.get(name)) for owner, name, _ in INSTRUMENTED_METHODS]
     try:
         for owner, name, phase in INSTRUMENTED_METHODS:
-            setattr(owner, name, timer.wrap(owner.__dict__[name], phase))
+            setattr(owner, name, timer.wrap(getattr(owner, name), phase))
         yield
     finally:
-        for owner, name, original in originals:
-            setattr(owner, name, original)
+        for owner, name, original in own:
+            if original is None:
+                delattr(owner, name)
+            else:
+                setattr(owner, name, original)
 
 
 @dataclass
