@@ -40,6 +40,8 @@ the optional ``lr_mul``/``wd_mul`` of every parameter, are checked at constructi
 the start of every ``step()`` (a scheduler may have changed them). A bad value raises
 ``ValueError`` naming the group and the field before anything is launched or changed:
 ``lr >= 0``, ``weight_decay >= 0`` and ``eps > 0`` finite, ``betas`` a pair in ``[0, 1)``.
+This check is local (no collective): options are assumed the same on every rank, as they are when
+every rank runs the same schedule, so every rank raises alike.
 
 Non-finite gradients: every gradient sync records the float64 sum of the local gradient before
 the collective starts (a finite float32/bfloat16 tensor cannot overflow it, so the sum is finite
