@@ -287,8 +287,10 @@ def test_when_one_rank_dies_the_other_fails_within_the_timeout(
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE) for rank in range(2)]
     start = time.monotonic()
     codes = [p.wait(timeout=180) for p in processes]
+    survivor_err = processes[0].stderr.read().decode()  # type: ignore[union-attr]
     assert codes[1] == -signal.SIGKILL
     assert codes[0] != 0, "the surviving rank must fail, not finish or hang"
+    assert "RuntimeError" in survivor_err  # the failed collective, with its traceback
     checkpoints = tmp_path / "two.ckpt"
     assert sorted(p.name for p in checkpoints.iterdir()) == ["step_000002", "step_000004.partial"]
     assert sorted(p.name for p in (checkpoints / "step_000002").iterdir()) == [

@@ -217,3 +217,52 @@ def test_two_rank_runs_keep_ranks_identical_and_match_one_process(
     # The 2-rank log is written by rank 0 only and records the world size.
     config = read_jsonl(tmp_path / "adamw.jsonl")[0]
     assert config["world_size"] == 2
+
+
+def params_after(shards: dict[str, str], out_dir: Path, **overrides: Any) -> torch.Tensor:
+    trainer = Trainer(tiny_config(shards, out_dir, num_iterations=3, val_every=0, **overrides))
+    trainer.run()
+    return flat_params(trainer)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("optimizer", ["adamw", "shampoo", "distadam"])
+def test_grad_accumulation_equals_one_large_batch(optimizer: str, shards: dict[str, str],
+                                                  tmp_path: Path) -> None:
+    # eps 1e-8 (Shampoo: 1e-6), not the recipe's 1e-10 (1e-12): Adam divides by sqrt(v) + eps
+    # and Shampoo inverts rank-deficient factors + eps I; both turn rounding-level
+    # gradient differences of near-zero entries into large update differences.
+    eps = dict(adam_eps=1e-8, grafting_epsilon=1e-8, shampoo_epsilon=1e-6)
+    one = params_after(shards, tmp_path, optimizer=optimizer, run_id="k1", **eps)
+    four = params_after(shards, tmp_path, optimizer=optimizer, run_id="k4", grad_accum_steps=4,
+                        **eps)
+    # Only float rounding separates them (micro-batch gradients are summed in another order):
+    # up to ~4e-5 on the embedding (lr 0.3); a real error moves parameters by ~lr (>= 1.5e-3).
+    torch.testing.assert_close(four, one, rtol=0, atol=1e-4)
+    # The loss (and so the gradient) is scaled by 1/K: step 1's loss is the full batch's mean.
+    losses = [[r["train_loss"] for r in read_jsonl(tmp_path / f"{run}.jsonl")
+               if r["kind"] == "train"] for run in ("k1", "k4")]
+    assert losses[1][0] == pytest.approx(losses[0][0], abs=1e-6)
+    assert not torch.equal(one, params_after(shards, tmp_path, optimizer=optimizer,
+                                             run_id="other", batch_size=2, **eps))
+
+
+def accumulate_on_rank(rank: int, world_size: int, shards: dict[str, str],
+                       out_dir: str) -> dict[str, torch.Tensor]:
+    return {f"{optimizer}-k{k}": params_after(shards, Path(out_dir), optimizer=optimizer,
+                                              run_id=f"{optimizer}-k{k}", grad_accum_steps=k,
+                                              adam_eps=1e-8, grafting_epsilon=1e-8,
+                                              shampoo_epsilon=1e-6)
+            for optimizer in ("distadam", "shampoo") for k in (1, 2)}
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_grad_accumulation_on_two_ranks_equals_one_large_batch(shards: dict[str, str],
+                                                               tmp_path: Path) -> None:
+    rank0, rank1 = run_on_gloo(accumulate_on_rank, 2, shards, str(tmp_path))
+    for optimizer in ("distadam", "shampoo"):
+        torch.testing.assert_close(rank0[f"{optimizer}-k2"], rank0[f"{optimizer}-k1"],
+                                   rtol=0, atol=1e-4)
+        torch.testing.assert_close(rank0[f"{optimizer}-k2"], rank1[f"{optimizer}-k2"],
+                                   rtol=0, atol=0)
