@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 TORCH_PIN ?= torch==2.13.0
 
-.PHONY: install test test-quick train train-adamw bench clean
+.PHONY: install test test-quick train train-adamw train-soap train-muon bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -28,6 +28,12 @@ train: $(STAMP)
 
 train-adamw: $(STAMP)
 	$(PY) -m nanoshampoo.train --preset tiny-adamw
+
+train-soap: $(STAMP)
+	$(PY) -m nanoshampoo.train --preset tiny-soap
+
+train-muon: $(STAMP)
+	$(PY) -m nanoshampoo.train --preset tiny-muon
 
 bench: $(STAMP)
 	$(PY) bench/shampoo_step.py
