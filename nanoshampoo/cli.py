@@ -8,12 +8,19 @@ Subcommands:
   [--json OUT] [--plot DIR]`` -- statistics of repeated runs and A/B comparisons;
 * ``repeat -n N [--out-dir DIR] [--seed0 S] [--nproc K] [--name NAME] -- TRAIN_ARGS`` -- train
   N seeds, then report them;
+* ``compare [--setups adamw,shampoo,soap,muon] [--seeds 3] [--baseline NAME] [--target auto|X]
+  [--nproc K] [--out-dir runs/compare] -- TRAIN_ARGS`` -- train every setup over the seeds
+  (reusing ended runs), then write the leaderboard (``nanoshampoo.evidence.compare``);
 * ``trace PATH... [--json OUT]`` -- communication/computation overlap in profiler traces.
 
+A user error (a bad flag, a file that cannot be read, a run that failed) prints one line
+``nanoshampoo COMMAND: error: ...`` and exits with status 2.
+
 Example:
-    $ nanoshampoo repeat -n 5 --out-dir runs/hook -- --preset tiny --adam-launch hook
-    $ nanoshampoo stats runs/step runs/hook --plot plots/ --json report.json
-    $ nanoshampoo trace runs/hook/profile
+    $ nanoshampoo compare --setups adamw,shampoo --seeds 3 -- --num-iterations 100
+    $ nanoshampoo repeat -n 5 --out-dir runs/adamw --name adamw -- --preset tiny-adamw
+    $ nanoshampoo stats runs/compare/adamw runs/compare/shampoo --plot plots/ --json report.json
+    $ nanoshampoo trace runs/profile
 """
 
 from __future__ import annotations
@@ -22,9 +29,19 @@ import argparse
 import dataclasses
 import importlib
 import sys
+import typing
 from collections.abc import Sequence
 from pathlib import Path
 
+from nanoshampoo.evidence.compare import (
+    DEFAULT_SETUPS,
+    CompareConfig,
+    build_leaderboard,
+    format_leaderboard,
+    parse_setups,
+    run_compare,
+    write_leaderboard,
+)
 from nanoshampoo.evidence.grouping import groups_by_directory, groups_from_specs, regroup
 from nanoshampoo.evidence.logs import LogFormatError, read_run
 from nanoshampoo.evidence.repeat import RepeatConfig, run_repeats
@@ -57,8 +74,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
 
 
+class _OneLineErrorParser(argparse.ArgumentParser):
+    """Usage errors as one line (no usage dump), exit status 2; subcommand parsers inherit it."""
+
+    def error(self, message: str) -> typing.NoReturn:
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="nanoshampoo", description=__doc__.split("\n\n")[0])
+    parser = _OneLineErrorParser(prog="nanoshampoo", description=__doc__.split("\n\n")[0])
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, (_, _, help_text) in PASSTHROUGH.items():
         commands.add_parser(name, help=help_text, add_help=False)
@@ -80,6 +104,25 @@ def _parser() -> argparse.ArgumentParser:
     repeat.add_argument("train_args", nargs=argparse.REMAINDER,
                         help="arguments for `python -m nanoshampoo.train`, after `--`")
     repeat.set_defaults(handler=_run_repeat)
+
+    compare = commands.add_parser(
+        "compare", help="train every optimizer setup over seeds, then write a leaderboard",
+        description="Train every setup (NAME runs preset tiny-NAME; NAME=PRESET any preset) over "
+                    "the seeds, reusing runs that already ended with the same effective config, then "
+                    "write leaderboard.md, leaderboard.json and loss_vs_{step,time}.png into --out-dir.")
+    compare.add_argument("--setups", default=DEFAULT_SETUPS, metavar="NAME[=PRESET],...",
+                         help="setups to compare, comma-separated")
+    compare.add_argument("--seeds", type=int, default=3, help="seeds per setup")
+    compare.add_argument("--seed0", type=int, default=0, help="first seed")
+    compare.add_argument("--baseline", default="", help="setup the others are compared with (default: first)")
+    compare.add_argument("--target", default="auto",
+                         help="target val loss, or auto: the baseline's mean final val loss")
+    compare.add_argument("--nproc", type=int, default=1, help="processes per run (torchrun when > 1)")
+    compare.add_argument("--out-dir", type=Path, default=Path("runs/compare"),
+                         help="where the runs and the leaderboard go")
+    compare.add_argument("train_args", nargs=argparse.REMAINDER,
+                         help="arguments for every `python -m nanoshampoo.train` run, after `--`")
+    compare.set_defaults(handler=_run_compare)
 
     trace = commands.add_parser("trace", help="communication/computation overlap in profiler traces")
     trace.add_argument("paths", nargs="+", metavar="PATH",
@@ -141,6 +184,29 @@ def _run_repeat(args: argparse.Namespace) -> int:
     if args.json:
         write_json(args.json, report_to_dict(report))
     return 0
+
+
+def _run_compare(args: argparse.Namespace) -> int:
+    train_args = args.train_args[1:] if args.train_args[:1] == ["--"] else args.train_args
+    config = CompareConfig(setups=parse_setups(args.setups), seeds=args.seeds, seed0=args.seed0,
+                           baseline=args.baseline, target=_target(args.target), nproc=args.nproc,
+                           out_dir=args.out_dir, train_args=tuple(train_args))
+    groups = run_compare(config)
+    board = build_leaderboard(groups, config)
+    print()
+    print(format_leaderboard(board))
+    for path in write_leaderboard(board, groups, config.out_dir):
+        print(f"wrote {path}")
+    return 0
+
+
+def _target(text: str) -> float | None:
+    if text == "auto":
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        raise ValueError(f"target: expected auto or a number, got {text!r}") from None
 
 
 def _run_trace(args: argparse.Namespace) -> int:
