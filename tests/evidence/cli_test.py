@@ -101,3 +101,28 @@ def test_repeat_cli_reports_the_runs(tmp_path: Path, capsys: pytest.CaptureFixtu
     monkeypatch.setattr(cli, "run_repeats", lambda config, args: run_repeats(config, args, run=fake_train))
     assert main(["repeat", "-n", "2", "--out-dir", str(tmp_path), "--", "--preset", "tiny"]) == 0
     assert f"== {tmp_path} (2 runs) ==" in capsys.readouterr().out
+
+
+def test_stats_reads_and_marks_diverged_runs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    group = write_group(tmp_path / "g", [3.27, 3.275], [10.0, 10.5])
+    (group / "run_seed2.jsonl").write_text(
+        '{"kind": "config", "run_id": "run_seed2", "seed": 2}\n'
+        '{"kind": "val", "step": 0, "total_steps": 100, "val_loss": 9.0, "train_time_ms": 0.0}\n'
+        '{"kind": "diverged", "step": 40, "total_steps": 100, "reason": "loss is nan", "train_time_ms": "nan"}\n'
+    )
+    (group / "run_seed3.jsonl").write_text(  # today's trainer: ran to the end, NaN written as null
+        '{"kind": "config", "run_id": "run_seed3", "seed": 3}\n'
+        '{"kind": "val", "step": 100, "total_steps": 100, "val_loss": null, "train_time_ms": 9.0}\n'
+        '{"kind": "final", "step": 100, "total_steps": 100, "val_loss": null, "train_time_ms": 9.0,'
+        ' "step_avg_ms": 0.09, "peak_memory_mib": 1.0}\n'
+    )
+    out = tmp_path / "report.json"
+    assert main(["stats", str(group), "--target", "3.28", "--json", str(out), "--plot", str(tmp_path / "p")]) == 0
+    text = capsys.readouterr().out
+    assert f"== {group} (4 runs, 2 diverged) ==" in text
+    assert "diverged at step 40" in text and "diverged at step 100" in text
+    [report] = json.loads(out.read_text())["groups"]
+    assert (report["finished"], report["diverged"], report["reached"]) == (2, 2, 2)
+    assert report["final_val_loss"]["mean"] == pytest.approx(3.2725)
+    assert [run["diverged_step"] for run in report["runs"]] == [None, None, 40, 100]
+    assert (tmp_path / "p" / "val_loss_curves.png").read_bytes()[:8] == PNG_MAGIC
