@@ -32,7 +32,7 @@ starts on an idle device (synchronized before), so the step's event span is its 
 
 Usage:
     python bench/shampoo_step.py [--device cpu|cuda] [--dtype float32|bfloat16] [--threads N]
-        [--steps 20] [--warmup 3] [--max-dims 1024,8192] [--frequencies 1,10]
+        [--steps 10] [--warmup 2] [--max-dims 1024,8192] [--frequencies 1,10]
         [--shapes 768x768,768x3072] [--json OUT]
 
 Cost on a 2-core AMD EPYC (fp32, 2 threads): a max_dim 1024 step takes ~0.5 s without roots
