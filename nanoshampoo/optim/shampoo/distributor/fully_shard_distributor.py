@@ -11,7 +11,7 @@ exactly as single-device Shampoo blocks a whole parameter (merge small dims, spl
 boundary: a ``(1000, 512)`` weight on 4 ranks is four ``(250, 512)`` blocks, each with its own
 ``250 x 250`` and ``512 x 512`` factors, where a single device keeps one ``(1000, 512)`` block.
 The result equals single-device Shampoo run on the local shards as separate parameters.
-Block names are ``shard_{r}-block_{j}``.
+Block names are ``shard_{r}-block_{j}``, so its checkpoints load only at the same shard count.
 
 ``ROUND_ROBIN`` (lossless): every parameter has one owner rank, chosen by
 ``distribute_buffer_sizes`` over the parameters' bytes (greedy, balanced, identical on every
