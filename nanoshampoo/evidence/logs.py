@@ -22,6 +22,9 @@ Both are reduced to a :class:`RunRecord`. A run must have ended, one of two ways
 A run that ended neither way (crashed, killed, still running) is refused, because its final
 loss and train time are not comparable with finished ones.
 
+A resumed run appends to its logs (JSONL: a new ``config`` record; text: a ``resumed from``
+line); the last record per step counts, and the last segment decides whether the run ended.
+
 Non-finite numbers are read in every spelling a log may hold: the JSON strings ``"nan"``,
 ``"inf"``, ``"-inf"`` (the trainer's contract), ``null`` (older trainers wrote NaN as null)
 and the bare ``NaN``/``Infinity`` tokens that Python's ``json`` writes by default.
@@ -53,6 +56,7 @@ _TRAIN_LINE = re.compile(
     rf"^step:(?P<step>\d+)/(?P<total>\d+) train_loss:(?:{_NUMBER}) train_time:(?P<time>{_NUMBER})ms"
 )
 _PEAK_LINE = re.compile(rf"^peak memory allocated: (?P<alloc>{_NUMBER}) MiB")
+_RESUMED_PREFIX = "resumed from "
 _DIVERGED_LINE = re.compile(r"^diverged at step:(?P<step>\d+)/(?P<total>\d+): (?P<reason>.*)$")
 # JSON strings that stand for non-finite floats (the trainer's contract writes the first three).
 _NON_FINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf, "+inf": math.inf,
@@ -175,6 +179,8 @@ def _read_txt(path: Path) -> RunRecord:
         elif match := _DIVERGED_LINE.match(line):
             check_total(int(match["total"]), line)
             diverged = match
+        elif line.startswith(_RESUMED_PREFIX):
+            diverged = None  # the run went on from a checkpoint: its new segment decides
         elif match := _PEAK_LINE.match(line):
             peak = float(match["alloc"])
     if total_steps is None:
@@ -222,7 +228,8 @@ def _read_jsonl(path: Path) -> RunRecord:
             raise LogFormatError(f"{path}:{lineno}: expected an object with a 'kind' field")
         kind = record["kind"]
         if kind == "config":
-            config = record
+            # A resume appends a new config record: the run's state is its last segment's.
+            config, final, diverged = record, None, None
         elif kind in ("val", "final"):
             point = ValPoint(
                 step=_integer(path, lineno, record, "step"),
@@ -250,8 +257,8 @@ def _read_jsonl(path: Path) -> RunRecord:
         peak_memory_mib=None if peak is None else _number(path, None, final, "peak_memory_mib"),
         config=dict(config.get("config") or {}),
     )
-    # A diverged record wins over a final one: the contract never writes both, and a run that
-    # diverged is not a finished result whatever else its log says.
+    # A diverged record wins over a final one in the same segment: the contract never writes
+    # both, and a run that diverged is not a finished result whatever else its log says.
     if diverged is not None:
         step = int(diverged["step"])
         train_time_ms = _number(path, None, diverged, "train_time_ms")

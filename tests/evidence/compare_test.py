@@ -368,10 +368,10 @@ def test_cli_refuses_an_out_dir_that_is_a_file(tmp_path: Path, capsys: pytest.Ca
 
 @pytest.mark.slow
 def test_real_runs_then_reuse(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """Two real 4-step runs (adamw, shampoo) on the embedded corpus; a second call trains nothing."""
+    """Two real 2-step runs (adamw, shampoo) on the embedded corpus; a second call trains nothing."""
     argv = ["compare", "--setups", "adamw,shampoo", "--seeds", "1", "--out-dir", str(tmp_path / "cmp"),
-            "--", "--num-iterations", "4", "--val-every", "2", "--val-tokens", "1024", "--batch-size", "2",
-            "--seq-len", "64", "--autocast-bf16", "false", "--save-final-checkpoint", "false"]
+            "--", "--num-iterations", "2", "--val-every", "1", "--val-tokens", "256", "--batch-size", "2",
+            "--seq-len", "64", "--autocast", "off", "--save-final-checkpoint", "false"]
     assert main(argv) == 0
     first = capsys.readouterr().out
     assert "0 reused, 2 to train" in first and first.count("[compare] finished") == 2

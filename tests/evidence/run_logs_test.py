@@ -162,3 +162,36 @@ def test_bad_numbers_name_the_line(tmp_path: Path, record: str, message: str) ->
     with pytest.raises(LogFormatError, match=message) as info:
         read_run(path)
     assert f"{path}:2" in str(info.value)
+
+
+def test_a_diverged_run_resumed_to_the_end_is_finished(tmp_path: Path) -> None:
+    # The trainer appends on resume: a second config record, then the steps from the checkpoint.
+    path = _jsonl(tmp_path / "r.jsonl", [
+        CONFIG,
+        '{"kind": "val", "step": 0, "total_steps": 100, "val_loss": 7.0, "train_time_ms": 0.0}',
+        '{"kind": "val", "step": 50, "total_steps": 100, "val_loss": 5.0, "train_time_ms": 500.0}',
+        '{"kind": "diverged", "step": 60, "total_steps": 100, "reason": "loss is nan", "train_time_ms": 600.0}',
+        CONFIG.replace("}", ', "resumed_from": {"step": 50}}'),
+        '{"kind": "val", "step": 50, "total_steps": 100, "val_loss": 4.9, "train_time_ms": 510.0}',
+        '{"kind": "final", "step": 100, "total_steps": 100, "val_loss": 4.0, "train_time_ms": 1000.0,'
+        ' "step_avg_ms": 10.0, "peak_memory_mib": 1.0}',
+    ])
+    run = read_run(path)
+    assert not run.diverged and run.final_val_loss == 4.0
+    assert [(p.step, p.val_loss) for p in run.curve] == [(0, 7.0), (50, 4.9), (100, 4.0)]
+    # Resumed but not (yet) ended: not a finished run, whatever the first segment said.
+    _jsonl(path, path.read_text().splitlines()[:-1])
+    with pytest.raises(LogFormatError, match="no 'final' or 'diverged' record"):
+        read_run(path)
+
+
+def test_text_log_resumed_after_divergence(tmp_path: Path) -> None:
+    path = tmp_path / "r.txt"
+    path.write_text(
+        "step:0/20 val_loss:7.0000 train_time:0ms step_avg:0.00ms\n"
+        "diverged at step:12/20: loss is nan\n"
+        "resumed from runs/r.ckpt/step_000010 at step 10\n"
+        "step:20/20 val_loss:4.0000 train_time:10ms step_avg:0.50ms\n"
+    )
+    run = read_run(path)
+    assert not run.diverged and run.final_val_loss == 4.0
