@@ -173,8 +173,7 @@ def _run_repeat(args: argparse.Namespace) -> int:
     train_args = args.train_args[1:] if args.train_args[:1] == ["--"] else args.train_args
     config = RepeatConfig(runs=args.runs, out_dir=args.out_dir, seed0=args.seed0,
                           nproc=args.nproc, name=args.name)
-    run_repeats(config, train_args)
-    files = [config.out_dir / f"{config.run_id(seed)}.jsonl" for seed in config.seeds]
+    files = run_repeats(config, train_args)
     missing = [str(f) for f in files if not f.exists()]
     if missing:
         raise RuntimeError(f"the runs did not write their logs: {', '.join(missing)}")

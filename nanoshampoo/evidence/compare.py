@@ -60,7 +60,7 @@ from pathlib import Path
 from typing import Any
 
 from nanoshampoo.evidence.logs import LogFormatError, RunRecord, read_run
-from nanoshampoo.evidence.repeat import check_unmanaged, train_command
+from nanoshampoo.evidence.repeat import check_unmanaged, fresh_run_id, train_command
 from nanoshampoo.evidence.report import format_p, json_ready, write_json
 from nanoshampoo.evidence.stats import GroupReport, Summary, build_report
 from nanoshampoo.evidence.tables import format_markdown_table
@@ -236,15 +236,6 @@ def find_reusable(directory: Path, identity: str) -> RunRecord | None:
         except LogFormatError:
             continue  # crashed, killed or still running: train it again under a new id
     return None
-
-
-def fresh_run_id(directory: Path, base: str) -> str:
-    """``base``, or ``base-2``, ``base-3``, ...: the first that no file in ``directory`` uses."""
-    candidate, attempt = base, 1
-    while any(directory.glob(f"{candidate}.*")):
-        attempt += 1
-        candidate = f"{base}-{attempt}"
-    return candidate
 
 
 def launch_subprocess(command: list[str], output: Path) -> int:

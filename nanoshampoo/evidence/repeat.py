@@ -3,7 +3,9 @@
 Each seed ``s`` runs ``python -m nanoshampoo.train <train args> --seed s --run-id
 <name>_seed<s> --out-dir DIR`` (through ``torch.distributed.run --standalone`` when
 ``nproc > 1``), so every run leaves ``DIR/<name>_seed<s>.{txt,jsonl}`` for
-``nanoshampoo stats DIR``.
+``nanoshampoo stats DIR``. The trainer never overwrites a run's logs, so when that run id is
+taken (a repeat into the same directory) the run gets ``<name>_seed<s>-2``, ``-3``, ... A seed
+that diverged (non-zero exit, and a log that says so) is kept: it is a result.
 
 Example:
     >>> config = RepeatConfig(runs=3, out_dir="runs/adam")  # doctest: +SKIP
@@ -12,11 +14,14 @@ Example:
 
 from __future__ import annotations
 
+import glob
 import subprocess
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+from nanoshampoo.evidence.logs import LogFormatError, read_run
 
 # Options repeat sets per seed; giving them among the train args would be ambiguous.
 MANAGED_OPTIONS = ("--seed", "--run-id", "--out-dir")
@@ -68,23 +73,49 @@ def train_command(train_args: Sequence[str], run_id: str, out_dir: Path, nproc: 
             "--out-dir", str(out_dir)]
 
 
-def seed_command(config: RepeatConfig, seed: int, train_args: Sequence[str]) -> list[str]:
-    """The command line that trains seed ``seed``."""
+def seed_command(config: RepeatConfig, seed: int, train_args: Sequence[str],
+                 run_id: str | None = None) -> list[str]:
+    """The command line that trains seed ``seed`` (as ``run_id``, default ``config.run_id``)."""
     check_unmanaged(train_args, MANAGED_OPTIONS, "repeat for each seed")
-    return train_command([*train_args, "--seed", str(seed)], config.run_id(seed), config.out_dir,
-                         config.nproc)
+    return train_command([*train_args, "--seed", str(seed)], run_id or config.run_id(seed),
+                         config.out_dir, config.nproc)
+
+
+def fresh_run_id(directory: Path, base: str) -> str:
+    """``base``, or ``base-2``, ``base-3``, ...: the first that no file in ``directory`` uses."""
+    candidate, attempt = base, 1
+    while any(directory.glob(f"{glob.escape(candidate)}.*")):
+        attempt += 1
+        candidate = f"{base}-{attempt}"
+    return candidate
 
 
 def run_repeats(
     config: RepeatConfig,
     train_args: Sequence[str],
     run: Callable[[list[str]], int] = lambda cmd: subprocess.run(cmd, check=False).returncode,
-) -> None:
-    """Train every seed in turn; raise ``RuntimeError`` naming the first seed that fails."""
+) -> list[Path]:
+    """Train every seed in turn; return their JSONL logs, one per seed.
+
+    Raises ``RuntimeError`` naming the first seed that fails; a diverged seed is not a failure.
+    """
+    check_unmanaged(train_args, MANAGED_OPTIONS, "repeat for each seed")
     config.out_dir.mkdir(parents=True, exist_ok=True)
+    logs = []
     for seed in config.seeds:
-        command = seed_command(config, seed, train_args)
+        run_id = fresh_run_id(config.out_dir, config.run_id(seed))
+        command = seed_command(config, seed, train_args, run_id)
         print(f"[repeat] seed {seed}: {' '.join(command)}", flush=True)
         returncode = run(command)
-        if returncode != 0:
+        log = config.out_dir / f"{run_id}.jsonl"
+        if returncode != 0 and not _diverged(log):
             raise RuntimeError(f"seed {seed} failed with exit status {returncode}: {' '.join(command)}")
+        logs.append(log)
+    return logs
+
+
+def _diverged(log: Path) -> bool:
+    try:
+        return read_run(log).diverged
+    except LogFormatError:
+        return False

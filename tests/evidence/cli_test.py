@@ -126,3 +126,21 @@ def test_stats_reads_and_marks_diverged_runs(tmp_path: Path, capsys: pytest.Capt
     assert report["final_val_loss"]["mean"] == pytest.approx(3.2725)
     assert [run["diverged_step"] for run in report["runs"]] == [None, None, 40, 100]
     assert (tmp_path / "p" / "val_loss_curves.png").read_bytes()[:8] == PNG_MAGIC
+
+
+def test_repeat_keeps_diverged_seeds_and_never_reuses_a_run_id(tmp_path: Path) -> None:
+    def fake_train(cmd: list[str]) -> int:
+        run_id, seed = cmd[cmd.index("--run-id") + 1], int(cmd[cmd.index("--seed") + 1])
+        log = tmp_path / f"{run_id}.jsonl"
+        if seed == 1:  # diverges: the trainer logs it and exits non-zero
+            log.write_text('{"kind": "diverged", "step": 3, "total_steps": 100, "reason": "nan",'
+                           ' "train_time_ms": 1.0}\n')
+            return 1
+        write_jsonl(log, 3.27, 10.0, seed)
+        return 0
+
+    config = RepeatConfig(runs=2, out_dir=tmp_path)
+    first = run_repeats(config, [], run=fake_train)
+    assert [p.name for p in first] == ["run_seed0.jsonl", "run_seed1.jsonl"]
+    second = run_repeats(config, [], run=fake_train)
+    assert [p.name for p in second] == ["run_seed0-2.jsonl", "run_seed1-2.jsonl"]

@@ -23,12 +23,12 @@ from nanoshampoo.evidence.compare import (
     CompareConfig,
     Setup,
     build_leaderboard,
-    fresh_run_id,
     parse_setups,
     resolve_train_config,
     run_compare,
     run_identity,
 )
+from nanoshampoo.evidence.repeat import fresh_run_id
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 STEPS = (0, 25, 50, 75, 100)
