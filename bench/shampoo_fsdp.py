@@ -75,7 +75,9 @@ MAX_DIM = 1024
 MODES = ("ddp", "fsdp2-default", "fsdp2-round_robin", "fsdp2-replicate")
 
 
-def make_optimizer(params: list[torch.Tensor], config: DistributedConfig, frequency: int) -> DistributedShampoo:
+def make_optimizer(
+    params: list[torch.Tensor], config: DistributedConfig, frequency: int
+) -> DistributedShampoo:
     return DistributedShampoo(
         params, lr=1e-3, betas=(0.9, 0.999), epsilon=1e-12, max_preconditioner_dim=MAX_DIM,
         precondition_frequency=frequency,
@@ -109,7 +111,9 @@ def bench_rank(rank: int, world_size: int, mode: str, steps: int) -> dict[str, f
             if isinstance(p, DTensor):
                 rows = -(-p.shape[0] // world_size)
                 local = grad[rank * rows : (rank + 1) * rows]
-                grad = DTensor.from_local(local, p.device_mesh, p.placements, shape=p.shape, stride=p.stride())
+                grad = DTensor.from_local(
+                    local, p.device_mesh, p.placements, shape=p.shape, stride=p.stride()
+                )
             p.grad = grad
         dist.barrier()
         start = time.perf_counter()
@@ -175,7 +179,8 @@ def main() -> None:
     worlds = [int(w) for w in args.world_sizes.split(",")]
     mib = 2**20
     param_bytes = sum(4 * a * b for a, b in GPT_SMALL_SHAPES)
-    print(f"part 1: {param_bytes / mib:.1f} MiB of fp32 matrices; torch {torch.__version__}; 1 thread per rank")
+    print(f"part 1: {param_bytes / mib:.1f} MiB of fp32 matrices; torch {torch.__version__}; "
+          "1 thread per rank")
     print("| world | mode | step (ms) | root step (ms) | sent/rank/step (MiB) | params+grads/rank (MiB) "
           "| state/rank (MiB) | buffers/rank (MiB) |")
     print("|---|---|---|---|---|---|---|---|")
@@ -185,14 +190,16 @@ def main() -> None:
             results: list[dict[str, Any]] = run_on_gloo(bench_rank, world, mode, args.steps)
             worst = {key: max(r[key] for r in results) for key in results[0]}
             ratios[(world, mode)] = worst["buffer_bytes"] / param_bytes
-            print(f"| {world} | {mode} | {1e3 * worst['preconditioned_s']:.0f} | {1e3 * worst['root_step_s']:.0f} "
+            print(f"| {world} | {mode} | {1e3 * worst['preconditioned_s']:.0f} "
+                  f"| {1e3 * worst['root_step_s']:.0f} "
                   f"| {worst['bytes_sent'] / mib:.2f} | {worst['held_bytes'] / mib:.2f} "
                   f"| {worst['state_bytes'] / mib:.2f} | {worst['buffer_bytes'] / mib:.2f} |", flush=True)
 
     budget = args.budget_gib * 2**30
     costs = {name: preset_costs(name, args.vocab) for name in gpt_preset_names()}
     names = sorted(costs, key=lambda n: costs[n]["params"])
-    print(f"\npart 2: per-rank GiB (no activations), vocab {args.vocab}; budget {args.budget_gib} GiB per rank")
+    print(f"\npart 2: per-rank GiB (no activations), vocab {args.vocab}; "
+          f"budget {args.budget_gib} GiB per rank")
     print("| world | mode | " + " | ".join(f"{n} ({costs[n]['params'] / 1e6:.0f}M)" for n in names)
           + " | largest within budget |")
     print("|---|---|" + "---|" * (len(names) + 1))

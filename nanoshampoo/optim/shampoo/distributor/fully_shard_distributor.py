@@ -120,7 +120,10 @@ def sharded_params(
     result = []
     for index, param in enumerate(params):
         if not isinstance(param, DTensor):
-            raise ValueError(f"params[{index}] must be a DTensor (a fully_shard parameter), got {type(param).__name__}")
+            raise ValueError(
+                f"params[{index}] must be a DTensor (a fully_shard parameter), "
+                f"got {type(param).__name__}"
+            )
         expected = tuple(Shard(0) if d == shard_mesh_dim else Replicate() for d in range(mesh_ndim))
         if param.device_mesh.ndim != mesh_ndim or tuple(param.placements) != expected:
             raise ValueError(
@@ -264,62 +267,79 @@ class FullyShardDistributor(Distributor):
                 [math.prod(p.shape) * p.local.element_size() for p in sharded], n
             )
             owners = [(rank,) for _, rank in assignment]
-        self._owners = owners
-
-        infos: list[BlockInfo] = []
-        local: list[int] = []
-        work_params: list[torch.Tensor] = []
-        work_offsets: list[int] = []
-        for offset, p in enumerate(sharded):
-            index = first_param_index + offset
-            if self._strategy == FSDPParamAssignmentStrategy.DEFAULT:
-                for r in range(n):
-                    count = len(split_into_blocks(torch.empty(p.shard_shape(r), device="meta"), max_preconditioner_dim))
-                    if r == self._shard_rank and count:
-                        local.extend(range(len(infos), len(infos) + count))
-                        work_params.append(p.local)
-                        work_offsets.append(offset)
-                    infos.extend(BlockInfo(p.param, (index, f"shard_{r}-block_{j}")) for j in range(count))
-                continue
-            count = len(split_into_blocks(torch.empty(p.shape, device="meta"), max_preconditioner_dim))
-            if self._shard_rank in owners[offset] and count:
-                local.extend(range(len(infos), len(infos) + count))
-                work_params.append(torch.zeros(p.shape, dtype=p.local.dtype, device=p.local.device))
-                work_offsets.append(offset)
-            infos.extend(BlockInfo(p.param, (index, f"block_{j}")) for j in range(count))
-        self._infos = tuple(infos)
-        self._local_indices = tuple(local)
-        self._work_params = work_params
-        self._work_offsets = work_offsets
-        self._work_param_blocks = [b for w in work_params for b in split_into_blocks(w, max_preconditioner_dim)]
-        self._block_offsets = tuple(
-            o for o, w in zip(work_offsets, work_params) for _ in split_into_blocks(w, max_preconditioner_dim)
-        )
+        # An empty parameter has no blocks: nobody computes it, nothing travels for it.
+        self._owners = [ranks if math.prod(p.shape) else () for ranks, p in zip(owners, sharded)]
+        self._build_blocks(first_param_index)
         lossless = self._strategy != FSDPParamAssignmentStrategy.DEFAULT
-        self._work_grads = [torch.zeros_like(w) for w in work_params] if lossless else []
+        self._work_grads = [torch.zeros_like(w) for w in self._work_params] if lossless else []
         # The updates reuse the gradient buffers: the optimizer copies the gradients into its
         # own buffers when it reads them (``local_blocked_grads``), before any update exists.
         self._work_updates = self._work_grads if lossless and not self._communicate_params else []
         self._work_update_blocks = [
             b for w in self._work_updates for b in split_into_blocks(w, max_preconditioner_dim)
         ]
-        self._gather = self._plan_gather(config) if lossless else None
+        self._gather = self._plan_gather() if lossless else None
         self._scatter = (
-            self._plan_scatter(config) if self._strategy == FSDPParamAssignmentStrategy.ROUND_ROBIN else None
+            self._plan_scatter(config)
+            if self._strategy == FSDPParamAssignmentStrategy.ROUND_ROBIN
+            else None
         )
+
+    def _build_blocks(self, first_param_index: int) -> None:
+        """Global block infos (the same list on every rank), this rank's work tensors and blocks.
+
+        ``DEFAULT``: every shard's blocks, named per shard; the work tensors are the local
+        shards. Otherwise: single-device blocks of the whole parameters; the work tensors are
+        new full-size buffers of the parameters this rank computes.
+        """
+        max_dim = self._max_preconditioner_dim
+        n, me = self._shard_size, self._shard_rank
+
+        def count(shape: tuple[int, ...]) -> int:
+            return len(split_into_blocks(torch.empty(shape, device="meta"), max_dim))
+
+        infos: list[BlockInfo] = []
+        local: list[int] = []
+        work_params: list[torch.Tensor] = []
+        work_offsets: list[int] = []
+        for offset, p in enumerate(self._sharded):
+            index = first_param_index + offset
+            if self._strategy == FSDPParamAssignmentStrategy.DEFAULT:
+                for r in range(n):
+                    blocks = count(p.shard_shape(r))
+                    if r == me and blocks:
+                        local.extend(range(len(infos), len(infos) + blocks))
+                        work_params.append(p.local)
+                        work_offsets.append(offset)
+                    infos.extend(BlockInfo(p.param, (index, f"shard_{r}-block_{j}")) for j in range(blocks))
+                continue
+            blocks = count(p.shape)
+            if me in self._owners[offset]:
+                local.extend(range(len(infos), len(infos) + blocks))
+                work_params.append(torch.zeros(p.shape, dtype=p.local.dtype, device=p.local.device))
+                work_offsets.append(offset)
+            infos.extend(BlockInfo(p.param, (index, f"block_{j}")) for j in range(blocks))
+        self._infos = tuple(infos)
+        self._local_indices = tuple(local)
+        self._work_params = work_params
+        self._work_offsets = work_offsets
+        per_work = [split_into_blocks(w, max_dim) for w in work_params]
+        self._work_param_blocks = [b for blocks in per_work for b in blocks]
+        self._block_offsets = tuple(o for o, blocks in zip(work_offsets, per_work) for _ in blocks)
 
     # ----- exchange plans -------------------------------------------------------------------
 
     def _owned_by(self, rank: int) -> list[int]:
         return [o for o, owners in enumerate(self._owners) if rank in owners]
 
-    def _plan_gather(self, config: FullyShardDistributedConfig) -> AllToAllPlan:
+    def _plan_gather(self) -> AllToAllPlan:
         """Gradient then value shard of every parameter an owner computes, to that owner."""
-        me, n = self._shard_rank, self._shard_size
-        send = [[self._sharded[o].shard_numel(me) for o in self._owned_by(q) for _ in (0, 1)] for q in range(n)]
+        me, n, sharded = self._shard_rank, self._shard_size, self._sharded
+        send = [[sharded[o].shard_numel(me) for o in self._owned_by(q) for _ in (0, 1)] for q in range(n)]
         mine = self._owned_by(me)
-        recv = [[self._sharded[o].shard_numel(s) for o in mine for _ in (0, 1)] for s in range(n)]
-        plan = AllToAllPlan(send, recv, self._sharded[0].local.dtype, self._sharded[0].local.device, self._shard_group, me)
+        recv = [[sharded[o].shard_numel(s) for o in mine for _ in (0, 1)] for s in range(n)]
+        local = sharded[0].local
+        plan = AllToAllPlan(send, recv, local.dtype, local.device, self._shard_group, me)
         work = dict(zip(self._work_offsets, zip(self._work_grads, self._work_params)))
         self._gather_targets, self._gather_sources = [], []
         for s in range(n):

@@ -191,7 +191,8 @@ def load_checkpoint(checkpoint: str) -> dict[str, Any]:
 def body(rank: int, world: int, checkpoint: str, mode: str) -> dict[str, Any]:
     torch.manual_seed(0)
     results: dict[str, Any] = {
-        f"{strategy.name}-{communicate}": run_strategy(strategy, communicate) for strategy, communicate in LOSSLESS
+        f"{strategy.name}-{communicate}": run_strategy(strategy, communicate)
+        for strategy, communicate in LOSSLESS
     }
     results["DEFAULT"] = run_strategy(FSDPParamAssignmentStrategy.DEFAULT, False)
     results["dcp"] = save_checkpoint(checkpoint) if mode == "save" else load_checkpoint(checkpoint)
@@ -299,7 +300,8 @@ def test_per_rank_memory_shrinks_with_world_size(
     total_params = sum(p.numel() * p.element_size() for p in model.parameters())
     single = make_optimizer(list(model.parameters()), SingleDeviceDistributedConfig()).optimizer_state_bytes()
     largest_state = max(
-        make_optimizer([p], SingleDeviceDistributedConfig()).optimizer_state_bytes() for p in model.parameters()
+        make_optimizer([p], SingleDeviceDistributedConfig()).optimizer_state_bytes()
+        for p in model.parameters()
     )
     report = {}
     for world, results in ((2, world2), (4, world4)):
