@@ -109,7 +109,9 @@ def _parser() -> argparse.ArgumentParser:
         "compare", help="train every optimizer setup over seeds, then write a leaderboard",
         description="Train every setup (NAME runs preset tiny-NAME; NAME=PRESET any preset) over "
                     "the seeds, reusing runs that already ended with the same effective config, then "
-                    "write leaderboard.md, leaderboard.json and loss_vs_{step,time}.png into --out-dir.")
+                    "write leaderboard.md, leaderboard.json and loss_vs_{step,time}.png into --out-dir. "
+                    "Steps and time to the target are interpolated linearly between the two "
+                    "validations around the crossing; diverged runs count as not reaching it.")
     compare.add_argument("--setups", default=DEFAULT_SETUPS, metavar="NAME[=PRESET],...",
                          help="setups to compare, comma-separated")
     compare.add_argument("--seeds", type=int, default=3, help="seeds per setup")

@@ -4,7 +4,8 @@ A *setup* is a trainer preset under a short name: ``adamw`` runs ``--preset tiny
 ``NAME=PRESET`` runs any preset (a name or a ``.toml`` path) under ``NAME``, e.g.
 ``adamw=gpt2-124m-adamw``. The train flags after ``--`` apply to every setup on top of its
 preset. compare sets ``--preset``, ``--seed``, ``--run-id`` and ``--out-dir`` itself and refuses
-them (and ``--resume``) among the train flags.
+them (and ``--resume``, and ``--optimizer``, which belongs to the setup's preset) among the
+train flags.
 
 Layout of the out dir::
 
@@ -68,8 +69,9 @@ from nanoshampoo.io_utils import atomic_output
 
 DEFAULT_SETUPS = "adamw,shampoo,soap,muon"
 DEFAULT_PRESET_PREFIX = "tiny-"
-# Options compare sets per run; among the train flags they would be ambiguous or unsafe.
-MANAGED_OPTIONS = ("--preset", "--seed", "--run-id", "--out-dir", "--resume", "-h", "--help")
+# Options compare sets per run; among the train flags they would be ambiguous or unsafe
+# (``--optimizer`` would silently make every setup the same optimizer).
+MANAGED_OPTIONS = ("--preset", "--optimizer", "--seed", "--run-id", "--out-dir", "--resume", "-h", "--help")
 # TrainConfig fields that do not change a run's result: two runs that differ only here are one.
 RUN_IDENTITY_IGNORED = ("run_id", "out_dir", "progress")
 _SETUP_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")

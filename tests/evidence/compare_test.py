@@ -276,6 +276,7 @@ def test_baseline_option_picks_the_reference_row(tmp_path: Path) -> None:
         (dict(train_args=("--seed", "3")), "'--seed' is set by compare"),
         (dict(train_args=("--preset=tiny-adamw",)), "'--preset=tiny-adamw' is set by compare"),
         (dict(train_args=("--resume", "x")), "'--resume' is set by compare"),
+        (dict(train_args=("--optimizer", "adamw")), "'--optimizer' is set by compare"),
     ],
 )
 def test_invalid_compare_config_names_the_field(tmp_path: Path, overrides: dict[str, Any],
