@@ -26,6 +26,7 @@ Example:
     >>> log = RunLog("runs", "demo", enabled=True)
     >>> log.start(config_record={"kind": "config", "run_id": "demo"}, environment="cpu")
     >>> log.val(step=0, total_steps=10, val_loss=6.9, train_time_ms=0.0)
+    'step:0/10 val_loss:6.9000 train_time:0ms step_avg:0.00ms'
 """
 
 from __future__ import annotations

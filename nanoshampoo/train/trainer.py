@@ -111,8 +111,10 @@ class Trainer:
             raise UserError(f"--batch-size {cfg.batch_size}: must be divisible by the world size "
                             f"({ctx.world_size}) times --grad-accum-steps "
                             f"({cfg.grad_accum_steps})")
+        self.threads_reason = "CUDA run"
         if ctx.device.type == "cpu":
-            torch.set_num_threads(cpu_threads(cfg.threads, local_world_size()))
+            threads, self.threads_reason = cpu_threads(cfg.threads, local_world_size())
+            torch.set_num_threads(threads)
         # Every rank must run the same numerics: rank 0's probe decides.
         self.autocast: AutocastChoice = broadcast_object(  # type: ignore[assignment]
             resolve_autocast(cfg.autocast, ctx.device) if ctx.is_main else None, ctx)
@@ -200,8 +202,8 @@ class Trainer:
         self.log.start(self._config_record(), self._environment())
         if ctx.is_main:
             print(f"run {self.run_id}: {cfg.optimizer} on {ctx.device.type} x{ctx.world_size}, "
-                  f"{torch.get_num_threads()} threads, autocast {self.autocast.name} "
-                  f"({self.autocast.reason})", flush=True)
+                  f"{torch.get_num_threads()} threads ({self.threads_reason}), autocast "
+                  f"{self.autocast.name} ({self.autocast.reason})", flush=True)
         bar = tqdm(total=total, initial=self.start_step, disable=not (ctx.is_main and cfg.progress),
                    desc=self.run_id, unit="step", dynamic_ncols=True)
         profiler = make_step_profiler(cfg.profile_steps, cfg.profile_dir, ctx.rank)
@@ -359,6 +361,7 @@ class Trainer:
                 "preset": self.cfg.preset, "optimizer": self.cfg.optimizer,
                 "world_size": self.ctx.world_size, "autocast": self.autocast.name,
                 "autocast_reason": self.autocast.reason, "threads": torch.get_num_threads(),
+                "threads_reason": self.threads_reason,
                 "resumed_from": self.resumed_from, "config": self.cfg.to_dict()}
 
     def _environment(self) -> str:

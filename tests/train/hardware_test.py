@@ -37,8 +37,26 @@ def test_probe_is_quick_and_returns_a_positive_ratio() -> None:
     assert torch.get_num_threads() >= 1
 
 
-def test_threads_share_the_available_cores_between_local_ranks() -> None:
-    cores = available_cores()
-    assert cpu_threads(requested=0, local_world_size=1) == cores
-    assert cpu_threads(requested=0, local_world_size=2 * cores) == 1
-    assert cpu_threads(requested=3, local_world_size=8) == 3
+def test_requested_threads_are_taken_as_given() -> None:
+    assert cpu_threads(requested=3, local_world_size=8) == (3, "threads=3")
+
+
+@pytest.mark.parametrize("speedup, expected", [(1.7, 2), (0.2, 1)])
+def test_threads_share_the_cores_between_local_ranks_unless_one_is_faster(
+        speedup: float, expected: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(hardware, "available_cores", lambda: 4)
+    probed: list[int] = []
+    monkeypatch.setattr(hardware, "probe_thread_speedup",
+                        lambda threads: probed.append(threads) or speedup)
+    threads, reason = cpu_threads(requested=0, local_world_size=2)
+    assert (threads, probed) == (expected, [2])
+    assert f"{speedup:.2g}x" in reason
+    assert cpu_threads(requested=0, local_world_size=4)[0] == 1
+    assert probed == [2]  # one core per rank: nothing to probe
+
+
+def test_thread_probe_restores_the_thread_count() -> None:
+    before = torch.get_num_threads()
+    speedup = hardware.probe_thread_speedup(max(2, available_cores()))
+    assert math.isfinite(speedup) and speedup > 0
+    assert torch.get_num_threads() == before

@@ -24,7 +24,7 @@ STEP_LINE = re.compile(
 )
 JSONL_KEYS = {
     "config": {"kind", "run_id", "seed", "preset", "optimizer", "world_size", "autocast",
-               "autocast_reason", "threads", "resumed_from", "config"},
+               "autocast_reason", "threads", "threads_reason", "resumed_from", "config"},
     "train": {"kind", "step", "total_steps", "train_loss", "train_time_ms", "step_avg_ms",
               "tokens_per_s"},
     "val": {"kind", "step", "total_steps", "val_loss", "train_time_ms", "step_avg_ms"},
