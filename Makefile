@@ -42,8 +42,9 @@ clean:
 	rm -rf $(VENV) build *.egg-info
 
 # The embedded leaderboard: every optimizer setup's tiny preset over 3 seeds, into runs/compare
-# (leaderboard.md, leaderboard.json, loss_vs_step.png, loss_vs_time.png). Re-running reuses
-# the runs that already ended; add train flags with COMPARE_ARGS="-- --num-iterations 100".
+# (leaderboard.md, leaderboard.json, loss_vs_step.png, loss_vs_time.png), without final
+# checkpoints. Re-running reuses the runs that already ended; more train flags for every run:
+# COMPARE_ARGS="--num-iterations 100".
 .PHONY: compare
 compare: $(STAMP)
-	$(PY) -m nanoshampoo compare --setups adamw,shampoo,soap,muon --seeds 3 --baseline adamw --out-dir runs/compare $(COMPARE_ARGS)
+	$(PY) -m nanoshampoo compare --setups adamw,shampoo,soap,muon --seeds 3 --baseline adamw --out-dir runs/compare -- --save-final-checkpoint false $(COMPARE_ARGS)

@@ -73,7 +73,8 @@ DEFAULT_PRESET_PREFIX = "tiny-"
 # (``--optimizer`` would silently make every setup the same optimizer).
 MANAGED_OPTIONS = ("--preset", "--optimizer", "--seed", "--run-id", "--out-dir", "--resume", "-h", "--help")
 # TrainConfig fields that do not change a run's result: two runs that differ only here are one.
-RUN_IDENTITY_IGNORED = ("run_id", "out_dir", "progress")
+# (Checkpoints are written outside the timed steps.)
+RUN_IDENTITY_IGNORED = ("run_id", "out_dir", "progress", "save_final_checkpoint", "checkpoint_every")
 _SETUP_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")
 MANIFEST_SUFFIX = ".compare.json"
 

@@ -302,7 +302,8 @@ def test_fresh_run_id_never_takes_a_used_name(tmp_path: Path) -> None:
 def test_real_resolver_reads_flags_like_the_trainer() -> None:
     spaced = resolve_train_config(["--preset", "tiny-adamw", "--num-iterations", "20", "--seed", "1"])
     joined = resolve_train_config(["--num-iterations=20", "--preset=tiny-adamw", "--seed=1",
-                                   "--progress", "false", "--out-dir", "elsewhere"])
+                                   "--progress", "false", "--out-dir", "elsewhere",
+                                   "--save-final-checkpoint", "false"])
     assert spaced["optimizer"] == "adamw" and spaced["num_iterations"] == 20
     assert run_identity(spaced, 1) == run_identity(joined, 1) != run_identity(spaced, 2)
     with pytest.raises(ValueError, match="^train flags: unrecognized arguments: --bogus"):
