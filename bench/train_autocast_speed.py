@@ -1,4 +1,5 @@
-"""Median train-step time of the tiny GPT (AdamW) with and without bf16 autocast, on CPU.
+"""Median train-step time of the tiny GPT (AdamW) with and without bf16 autocast, on CPU, and
+what the trainer's ``autocast="auto"`` probe decides on this machine (the two should agree).
 
 Run: ``python bench/train_autocast_speed.py [--threads 2] [--steps 20] [--model tiny]``.
 Alternates the two settings step by step so machine load affects both alike.
@@ -13,6 +14,7 @@ import time
 import torch
 
 from nanoshampoo.model.gpt import GPT, gpt_preset
+from nanoshampoo.train.hardware import resolve_autocast
 
 
 def main() -> None:
@@ -43,8 +45,10 @@ def main() -> None:
     tokens = args.batch_size * args.seq_len
     for bf16, ts in times.items():
         med = statistics.median(ts)
-        print(f"autocast_bf16={bf16}: median step {1000 * med:.1f} ms, {tokens / med:,.0f} tok/s")
+        print(f"autocast {'bf16' if bf16 else 'off'}: median step {1000 * med:.1f} ms, {tokens / med:,.0f} tok/s")
     print(f"speedup of bf16: {statistics.median(times[False]) / statistics.median(times[True]):.2f}x")
+    choice = resolve_autocast("auto", torch.device("cpu"))
+    print(f"trainer's autocast=auto: {choice.name} ({choice.reason})")
 
 
 if __name__ == "__main__":
