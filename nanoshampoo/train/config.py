@@ -41,6 +41,7 @@ DEVICES = ("auto", "cpu", "cuda")
 DISTRIBUTORS = ("auto", "single", "ddp")
 STORAGE_DTYPES = ("float32", "bfloat16")
 AUTOCAST_CHOICES = ("auto", "bf16", "off")
+RANK_DEFICIENT_STABILITY = ("perturbation", "pseudo-inverse")
 
 
 class UserError(ValueError):
@@ -112,6 +113,9 @@ class TrainConfig:
     # -1: the first root is computed at step precondition_frequency (the library's rule).
     start_preconditioning_step: int = -1
     factor_dtype: str = "float32"
+    # Singular factors (shampoo, soap): "perturbation" adds epsilon (shampoo_epsilon /
+    # soap_epsilon); "pseudo-inverse" drops numerically-zero eigenvalues (epsilon is then 0).
+    rank_deficient_stability: str = "perturbation"
     # "auto": DDP when world size > 1; "single": every rank computes every block.
     distributor: str = "auto"
     communication_dtype: str = "float32"
@@ -150,6 +154,8 @@ class TrainConfig:
         _check_choice("factor_dtype", self.factor_dtype, STORAGE_DTYPES)
         _check_choice("communication_dtype", self.communication_dtype, STORAGE_DTYPES)
         _check_choice("autocast", self.autocast, AUTOCAST_CHOICES)
+        _check_choice("rank_deficient_stability", self.rank_deficient_stability,
+                      RANK_DEFICIENT_STABILITY)
         for name in ("seq_len", "batch_size", "grad_accum_steps", "num_iterations", "val_tokens",
                      "max_preconditioner_dim", "precondition_frequency",
                      "soap_precondition_frequency", "muon_ns_steps"):

@@ -20,7 +20,7 @@ use AdamW, or DistAdam in the ``*-distadam`` setups and ``distadam``; ``matrix``
 - ``adamw`` / ``distadam``: AdamW / DistAdam with the ``matrix_*`` lr, betas and weight decay.
 
 The shampoo-family setups share ``max_preconditioner_dim``, ``start_preconditioning_step``,
-``factor_dtype`` and the distributor fields. Gradients of every parameter not owned by a DistAdam
+``factor_dtype``, ``rank_deficient_stability`` (shampoo and soap) and the distributor fields. Gradients of every parameter not owned by a DistAdam
 are averaged across ranks by the trainer before the step (``OptimizerSetup.all_reduce_params``);
 DistAdam reduce-scatters its own.
 
@@ -166,8 +166,11 @@ def build_shampoo(params: list[nn.Parameter], cfg: TrainConfig,
         AdamPreconditionerConfig,
         DDPDistributedConfig,
         DistributedShampoo,
+        EigenConfig,
         EigenvalueCorrectedShampooPreconditionerConfig,
         NewtonSchulzOrthogonalizationConfig,
+        PerturbationConfig,
+        PseudoInverseConfig,
         QREigendecompositionConfig,
         RootInvShampooPreconditionerConfig,
         SingleDeviceDistributedConfig,
@@ -176,6 +179,8 @@ def build_shampoo(params: list[nn.Parameter], cfg: TrainConfig,
     )
 
     factor_dtype = getattr(torch, cfg.factor_dtype)
+    pseudo_inverse = cfg.rank_deficient_stability == "pseudo-inverse"
+    stability = PseudoInverseConfig() if pseudo_inverse else PerturbationConfig()
     distributed = cfg.distributor == "ddp" or (cfg.distributor == "auto" and world_size > 1)
     distributed_config = (
         DDPDistributedConfig(communication_dtype=getattr(torch, cfg.communication_dtype),
@@ -193,22 +198,28 @@ def build_shampoo(params: list[nn.Parameter], cfg: TrainConfig,
     if kind == "shampoo":
         return DistributedShampoo(
             params, lr=cfg.matrix_lr, betas=(cfg.matrix_beta1, cfg.matrix_beta2),
-            epsilon=cfg.shampoo_epsilon, weight_decay=cfg.matrix_weight_decay,
+            # The pseudo-inverse adds no ridge: the library requires epsilon 0 with it.
+            epsilon=0.0 if pseudo_inverse else cfg.shampoo_epsilon,
+            weight_decay=cfg.matrix_weight_decay,
             precondition_frequency=cfg.precondition_frequency, use_bias_correction=True,
             grafting_config=AdamPreconditionerConfig(beta2=cfg.grafting_beta2,
                                                      epsilon=cfg.grafting_epsilon),
             preconditioner_config=RootInvShampooPreconditionerConfig(
+                amortized_computation_config=EigenConfig(
+                    rank_deficient_stability_config=stability),
                 factor_matrix_dtype=factor_dtype),
             **common,
         )
     if kind == "soap":
         return DistributedShampoo(
             params, lr=cfg.soap_lr, betas=(cfg.soap_beta1, cfg.soap_beta2),
-            epsilon=cfg.soap_epsilon, weight_decay=cfg.matrix_weight_decay,
+            epsilon=0.0 if pseudo_inverse else cfg.soap_epsilon,
+            weight_decay=cfg.matrix_weight_decay,
             precondition_frequency=cfg.soap_precondition_frequency, use_bias_correction=True,
             grafting_config=None,
             preconditioner_config=EigenvalueCorrectedShampooPreconditionerConfig(
-                amortized_computation_config=QREigendecompositionConfig(),
+                amortized_computation_config=QREigendecompositionConfig(
+                    rank_deficient_stability_config=stability),
                 factor_matrix_dtype=factor_dtype),
             **common,
         )

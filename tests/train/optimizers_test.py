@@ -191,3 +191,18 @@ def test_distadam_gradient_sync_follows_set_gradient_sync() -> None:
     assert all(isinstance(o, DistAdam) and not o.should_sync for o in setup.optimizers)
     setup.set_gradient_sync(True)
     assert all(o.should_sync for o in setup.optimizers)
+
+
+@pytest.mark.parametrize("setup_name", ["shampoo", "soap"])
+@pytest.mark.parametrize("choice, config_type, epsilon", [
+    ("perturbation", shampoo.PerturbationConfig, None),
+    ("pseudo-inverse", shampoo.PseudoInverseConfig, 0.0),
+])
+def test_rank_deficient_stability_choice_reaches_the_solver(
+        setup_name: str, choice: str, config_type: type, epsilon: float | None) -> None:
+    cfg = TrainConfig(optimizer=setup_name, rank_deficient_stability=choice)
+    (group,) = build_shampoo(list(tiny_model().blocks.parameters())[:1], cfg, 1).param_groups
+    solver = group["preconditioner_config"].amortized_computation_config
+    assert isinstance(solver.rank_deficient_stability_config, config_type)
+    recipe_epsilon = cfg.shampoo_epsilon if setup_name == "shampoo" else cfg.soap_epsilon
+    assert group["epsilon"] == (recipe_epsilon if epsilon is None else epsilon)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import re
 from pathlib import Path
 from typing import Any
@@ -14,7 +15,7 @@ import torch
 from nanoshampoo.data.shards import write_shard
 from nanoshampoo.testing.distributed import run_on_gloo
 from nanoshampoo.train.cli import main as cli_main
-from nanoshampoo.train.config import TrainConfig, UserError
+from nanoshampoo.train.config import OPTIMIZER_SETUPS, TrainConfig, UserError
 from nanoshampoo.train.trainer import Trainer
 
 VOCAB = 64
@@ -266,3 +267,15 @@ def test_grad_accumulation_on_two_ranks_equals_one_large_batch(shards: dict[str,
                                    rtol=0, atol=1e-4)
         torch.testing.assert_close(rank0[f"{optimizer}-k2"], rank1[f"{optimizer}-k2"],
                                    rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("optimizer, extra", [
+    *[(setup, {}) for setup in OPTIMIZER_SETUPS],
+    ("shampoo", {"rank_deficient_stability": "pseudo-inverse"}),
+    ("soap", {"rank_deficient_stability": "pseudo-inverse", "factor_dtype": "bfloat16"}),
+])
+def test_every_setup_trains(optimizer: str, extra: dict[str, str], shards: dict[str, str],
+                            tmp_path: Path) -> None:
+    result = Trainer(tiny_config(shards, tmp_path, optimizer=optimizer, num_iterations=3,
+                                 val_every=0, **extra)).run()
+    assert math.log(VOCAB) - 1.0 < result.final_val_loss < math.log(VOCAB) + 0.5
