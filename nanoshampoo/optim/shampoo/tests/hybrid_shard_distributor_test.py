@@ -72,6 +72,11 @@ def body(rank: int, world: int) -> dict[str, Any]:
         shard_mesh,
         FullyShardDistributedConfig(param_assignment_strategy=FSDPParamAssignmentStrategy.ROUND_ROBIN),
     )
+    # An invalid replica count is refused before any collective, so no rank hangs.
+    try:
+        run_case(hsdp_mesh, HybridShardDistributedConfig(num_trainers_per_group=3))
+    except ValueError as error:
+        results["invalid_trainers"] = str(error)
     return results
 
 
@@ -105,3 +110,25 @@ def test_hsdp_splits_the_shard_work_over_the_replicas(world4: list[dict[str, Any
     for s in range(SHARDS):
         assert hsdp[s] + hsdp[SHARDS + s] == fsdp[s] == fsdp[SHARDS + s]
     assert sum(hsdp) == single and max(hsdp) < max(fsdp)
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_num_trainers_per_group_other_than_the_replicas_is_refused(world4: list[dict[str, Any]]) -> None:
+    for result in world4:
+        assert result["invalid_trainers"].startswith("num_trainers_per_group must be -1 or the replicate")
+
+
+@pytest.mark.parametrize(
+    "kwargs, field",
+    [
+        ({"device_mesh": "mesh"}, "device_mesh"),
+        ({"communication_dtype": torch.int8}, "communication_dtype"),
+        ({"num_trainers_per_group": 0}, "num_trainers_per_group"),
+        ({"communicate_params": None}, "communicate_params"),
+        ({"param_assignment_strategy": 2}, "param_assignment_strategy"),
+    ],
+)
+def test_invalid_config_raises_naming_the_field(kwargs: dict[str, Any], field: str) -> None:
+    with pytest.raises(ValueError, match=f"^{field}"):
+        HybridShardDistributedConfig(**kwargs)
