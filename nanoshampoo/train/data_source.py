@@ -77,7 +77,8 @@ def _data_source(cfg: TrainConfig) -> DataSource:
     try:
         prepared = prepare_embedded(cfg.data_dir)
     except (OSError, ValueError) as exc:
-        raise UserError(f"--data-dir {data_dir}: cannot prepare the embedded corpus: {exc}") from exc
+        raise UserError(f"--data-dir {data_dir}: cannot prepare the embedded corpus: "
+                        f"{exc}") from exc
     if cfg.vocab_size and cfg.vocab_size < prepared.vocab_size:
         raise UserError(f"--vocab-size {cfg.vocab_size}: smaller than the embedded tokenizer's "
                         f"vocabulary ({prepared.vocab_size})")

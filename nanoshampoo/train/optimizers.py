@@ -15,14 +15,14 @@ use AdamW, or DistAdam in the ``*-distadam`` setups and ``distadam``; ``matrix``
   as in the SOAP paper: Adam in the eigenbasis of the Kronecker factors, bias-corrected, basis
   refreshed by one warm-started QR step every ``soap_precondition_frequency`` steps;
 - ``muon``: ``DistributedShampoo`` with spectral descent (Newton-Schulz), as in the speedrun's
-  Muon: ``M <- m M + (1 - m) G``, direction ``orth(m M + (1 - m) G)`` (Nesterov; this is the
-  library's ``beta3 = m**2`` with no bias correction) times ``max(1, rows / cols)**0.5``;
+  Muon: ``M <- m M + (1 - m) G``, then the direction ``orth(m M + (1 - m) G)`` (Nesterov: the
+  library's ``beta3 = m**2``, no bias correction) times ``max(1, rows / cols)**0.5``;
 - ``adamw`` / ``distadam``: AdamW / DistAdam with the ``matrix_*`` lr, betas and weight decay.
 
 The shampoo-family setups share ``max_preconditioner_dim``, ``start_preconditioning_step``,
-``factor_dtype``, ``rank_deficient_stability`` (shampoo and soap) and the distributor fields. Gradients of every parameter not owned by a DistAdam
-are averaged across ranks by the trainer before the step (``OptimizerSetup.all_reduce_params``);
-DistAdam reduce-scatters its own.
+``factor_dtype``, ``rank_deficient_stability`` (shampoo and soap) and the distributor fields.
+Gradients of every parameter not owned by a DistAdam are averaged across ranks by the trainer
+before the step (``OptimizerSetup.all_reduce_params``); DistAdam reduce-scatters its own.
 
 Example:
     >>> model = GPT(gpt_preset("tiny", vocab_size=256))
