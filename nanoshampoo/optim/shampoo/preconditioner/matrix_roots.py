@@ -172,9 +172,10 @@ def eigh_inverse_root(
         epsilon: ridge ``eps >= 0``.
         retry_double_precision: retry a failed decomposition in float64.
         stability: the rank-deficient stability config.
-        root_dtype: dtype the caller stores and applies the roots in (default: the input's).
-            A float32 root of a float64 factor amplifies its own rounding by its condition
-            number, so the default tolerances use the less precise of the two dtypes.
+        root_dtype: the least precise dtype the factor or its root passes through (factor
+            storage, root storage; default: the input's). A float32 root of a float64 factor
+            amplifies its own rounding by its condition number, and a bfloat16 factor carries
+            bfloat16 rounding into a float32 solve, so the default tolerances use this dtype.
 
     Returns:
         ``(roots (N, n, n), ok (N,) bool)``; ``roots[i]`` is garbage where ``ok[i]`` is False.
@@ -220,7 +221,8 @@ def coupled_newton_inverse_root(
         epsilon: ridge ``eps >= 0``.
         max_iterations: iteration cap.
         tolerance: convergence threshold on ``max |M - I|``.
-        root_dtype: dtype the caller stores the roots in (default: the input's).
+        root_dtype: the least precise dtype the factor or its root passes through (default:
+            the input's); see :func:`eigh_inverse_root`.
 
     Returns:
         ``(roots (N, n, n), ok (N,) bool)``; ``ok`` is False where the result is not finite.

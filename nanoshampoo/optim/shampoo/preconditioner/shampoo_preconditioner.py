@@ -50,6 +50,7 @@ from nanoshampoo.optim.shampoo.preconditioner.kronecker_factors import (
 from nanoshampoo.optim.shampoo.preconditioner.matrix_roots import (
     coupled_newton_inverse_root,
     eigh_inverse_root,
+    least_precise_dtype,
 )
 from nanoshampoo.optim.shampoo.preconditioner.preconditioner import BlockBucket
 from nanoshampoo.optim.shampoo.shampoo_types import (
@@ -121,6 +122,8 @@ class ShampooPreconditioner(KroneckerFactoredPreconditioner):
     def _solve(self, key: Hashable, matrices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         solver = self._config.amortized_computation_config
         exponents = self._exponents[key]
+        # The roots are stored in the block dtype; the factors in factor_matrix_dtype.
+        precision = least_precise_dtype(key[1], self._config.factor_matrix_dtype)
         if isinstance(solver, EigenConfig):
             return eigh_inverse_root(
                 matrices,
@@ -128,10 +131,10 @@ class ShampooPreconditioner(KroneckerFactoredPreconditioner):
                 self._epsilon,
                 solver.retry_double_precision,
                 solver.rank_deficient_stability_config,
-                root_dtype=key[1],
+                root_dtype=precision,
             )
         if isinstance(solver, CoupledNewtonConfig):
-            return self._coupled_newton_roots(matrices, exponents, solver, key[1])
+            return self._coupled_newton_roots(matrices, exponents, solver, precision)
         raise TypeError(f"unsupported amortized_computation_config {solver!r}")
 
     def _coupled_newton_roots(

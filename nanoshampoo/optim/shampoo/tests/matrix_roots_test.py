@@ -1,0 +1,148 @@
+"""Inverse roots and eigenbases of rank-deficient factors: spectrum rules and configs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from nanoshampoo.optim.shampoo import (
+    CoupledNewtonConfig,
+    EigenConfig,
+    EighEigendecompositionConfig,
+    PerturbationConfig,
+    PseudoInverseConfig,
+    QREigendecompositionConfig,
+)
+from nanoshampoo.optim.shampoo.preconditioner.eigenbasis import (
+    canonical_null_space_basis,
+    eigh_eigenbasis,
+)
+from nanoshampoo.optim.shampoo.preconditioner.matrix_roots import (
+    coupled_newton_inverse_root,
+    eigh_inverse_root,
+)
+
+torch.set_num_threads(1)
+
+PLAIN = PerturbationConfig(eigenvalue_floor_rtol=0.0)
+
+
+def _rank_deficient_float32(n: int = 48, rank: int = 1, scale: float = 5000.0) -> torch.Tensor:
+    """A float32 ``G G^T`` of the given rank, norm ``~scale``: its zero eigenvalues come out of
+    ``eigh`` as rounding noise of size ``~1e-4``, far below ``-1e-12``."""
+    gen = torch.Generator().manual_seed(3)
+    g = torch.randn(n, rank, generator=gen) * (scale / n) ** 0.5
+    return (g @ g.T)[None]
+
+
+@pytest.mark.parametrize("perturb_before", [True, False])
+def test_plain_shift_is_finite_when_lambda_min_is_far_below_minus_epsilon(perturb_before: bool) -> None:
+    factor = _rank_deficient_float32()
+    assert float(torch.linalg.eigvalsh(factor).min()) < -1e-9  # the case that used to give inf
+    stability = PerturbationConfig(perturb_before_computation=perturb_before, eigenvalue_floor_rtol=0.0)
+    roots, ok = eigh_inverse_root(factor, torch.tensor([0.5]), 1e-12, stability=stability)
+    assert bool(ok.all()) and bool(torch.isfinite(roots).all())
+
+
+def _numpy_root(a: np.ndarray, exponent: float, rule: str, eps: float, tol: float) -> np.ndarray:
+    """Float64 reference of the documented spectrum rules."""
+    mu, q = np.linalg.eigh(a)
+    if rule == "pinv":
+        w = np.where(mu > tol, np.abs(mu + eps) ** (-exponent), 0.0)
+    else:  # floor: max(mu - min(mu_min, 0), tol) + eps
+        w = (np.maximum(mu - min(mu.min(), 0.0), tol) + eps) ** (-exponent)
+    return (q * w) @ q.T
+
+
+@pytest.mark.parametrize("rule", ["floor", "pinv"])
+def test_spectrum_rules_match_the_float64_formula(rule: str) -> None:
+    gen = torch.Generator().manual_seed(0)
+    g = torch.randn(2, 6, 3, generator=gen, dtype=torch.float64)
+    factors = g @ g.mT  # rank 3 of 6
+    rtol = 1e-6
+    stability = (
+        PseudoInverseConfig(rank_rtol=rtol) if rule == "pinv"
+        else PerturbationConfig(perturb_before_computation=False, eigenvalue_floor_rtol=rtol)
+    )
+    eps = 0.0 if rule == "pinv" else 1e-12
+    roots, ok = eigh_inverse_root(factors, torch.tensor([0.25, 0.5], dtype=torch.float64), eps, stability=stability)
+    assert bool(ok.all())
+    for index, exponent in enumerate((0.25, 0.5)):
+        a = factors[index].numpy()
+        expected = _numpy_root(a, exponent, rule, eps, rtol * np.linalg.eigvalsh(a).max())
+        np.testing.assert_allclose(roots[index].numpy(), expected, rtol=1e-7, atol=1e-7 * np.abs(expected).max())
+
+
+def test_pseudo_inverse_drops_the_null_space() -> None:
+    factor = _rank_deficient_float32(n=8, rank=2, scale=4.0)
+    roots, ok = eigh_inverse_root(factor, torch.tensor([0.5]), 0.0, stability=PseudoInverseConfig())
+    evals, evecs = torch.linalg.eigh(factor[0].double())
+    null = evecs[:, :6].float()  # the 6 numerically-zero directions
+    assert bool(ok.all())
+    assert float((roots[0] @ null).abs().max()) < 1e-6 * float(roots.abs().max())
+
+
+def test_coupled_newton_converges_on_a_rank_one_float32_factor() -> None:
+    factor = _rank_deficient_float32()
+    roots, ok = coupled_newton_inverse_root(factor, 2, 1e-12, 100, 1e-6)
+    assert bool(ok.all())
+    # On the range (the gradient direction) the root is lambda^(-1/2).
+    v = torch.linalg.eigh(factor[0].double())[1][:, -1]
+    lam = float(v @ factor[0].double() @ v)
+    assert abs(float(v @ roots[0].double() @ v) * lam**0.5 - 1.0) < 1e-3
+
+
+def test_canonical_null_space_basis_depends_only_on_the_span() -> None:
+    gen = torch.Generator().manual_seed(1)
+    basis = torch.linalg.qr(torch.randn(6, 6, generator=gen, dtype=torch.float64)).Q
+    null = torch.tensor([False, False, True, True, True, False])
+    # Another basis of the same null span: rotate the null columns among themselves.
+    mix = torch.linalg.qr(torch.randn(3, 3, generator=gen, dtype=torch.float64)).Q
+    other = basis.clone()
+    other[:, null] = basis[:, null] @ mix
+    first, ok_first = canonical_null_space_basis(basis[None], null[None])
+    second, ok_second = canonical_null_space_basis(other[None], null[None])
+    assert bool(ok_first.all() and ok_second.all())
+    # Same columns up to sign; the non-null columns stay where they were (up to sign).
+    torch.testing.assert_close(first.abs(), second.abs())
+    torch.testing.assert_close(first[0][:, ~null].abs(), basis[:, ~null].abs())
+    torch.testing.assert_close(first[0].mT @ first[0], torch.eye(6, dtype=torch.float64))
+    # The null columns still span the null space.
+    projector = basis[:, null] @ basis[:, null].T
+    torch.testing.assert_close(projector @ first[0][:, null], first[0][:, null])
+
+
+def test_eigh_eigenbasis_of_float32_and_float64_factors_agree_on_the_null_space() -> None:
+    gen = torch.Generator().manual_seed(2)
+    g = torch.randn(16, 3, generator=gen, dtype=torch.float64)
+    factor = g @ g.T
+    stability = PerturbationConfig()
+    bases64, _ = eigh_eigenbasis(factor[None], stability=stability)
+    bases32, _ = eigh_eigenbasis(factor.float()[None], stability=stability)
+    # Column by column (up to sign), not only the span: what SOAP needs.
+    cosines = (bases64[0].mT @ bases32[0].double()).diagonal().abs()
+    assert float(cosines.min()) > 1 - 1e-3
+
+
+@pytest.mark.parametrize(
+    ("factory", "field"),
+    [
+        (lambda: EigenConfig(rank_deficient_stability_config="perturb"), "rank_deficient_stability_config"),
+        (lambda: EighEigendecompositionConfig(rank_deficient_stability_config=None), "rank_deficient_stability_config"),
+        (lambda: QREigendecompositionConfig(rank_deficient_stability_config=1), "rank_deficient_stability_config"),
+        (lambda: PerturbationConfig(perturb_before_computation=1), "perturb_before_computation"),
+        (lambda: PerturbationConfig(eigenvalue_floor_rtol=-1.0), "eigenvalue_floor_rtol"),
+        (lambda: PseudoInverseConfig(rank_atol=float("inf")), "rank_atol"),
+        (lambda: PseudoInverseConfig(rank_rtol=float("nan")), "rank_rtol"),
+    ],
+)
+def test_invalid_stability_configs_name_the_field(factory: Any, field: str) -> None:
+    with pytest.raises(ValueError, match=f"^{field}"):
+        factory()
+
+
+def test_coupled_newton_has_no_pseudo_inverse_field() -> None:
+    assert not hasattr(CoupledNewtonConfig(), "rank_deficient_stability_config")
