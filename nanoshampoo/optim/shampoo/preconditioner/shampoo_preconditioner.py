@@ -13,28 +13,35 @@ A failed root computation keeps the previous root and is counted; more than
 Rank-deficient factors (vectors, wide blocks, the first steps) are the normal case. In float32
 their null-space eigenvalues are rounding noise, and ``eps = 1e-12`` would weight the noise the
 gradient has in those directions by ``eps^(-e)``; the default ``PerturbationConfig`` floors the
-spectrum at ``sqrt(n) * eps_fp32 * lambda_max`` (:mod:`matrix_roots`). Measured against a
-float64 run (float64 factors and ``eigh``, no floor, same steps) with
-``bench/shampoo_fp32_accuracy.py``; parameter relative error on shapes (64,32), (16,),
-(4,8,6), (200,70), (1,48), (3,3,5,5), ``max_preconditioner_dim=64``,
-``precondition_frequency=3``, ``epsilon=1e-12``, Adam grafting; direction error of one
-step with a fresh root (frequency 1, no grafting) on a 16-vector:
+spectrum at ``sqrt(n) * eps * lambda_max`` (:mod:`matrix_roots`). Measured with
+``bench/shampoo_fp32_accuracy.py`` against float64 (float64 factors and ``eigh``, no floor, same
+steps): parameter relative error on shapes (64,32), (16,), (4,8,6), (200,70), (1,48), (3,3,5,5),
+``max_preconditioner_dim=64``, ``precondition_frequency=3``, Adam grafting; worst direction
+error over a 16-vector, a rank-1 32x16 gradient and a wide 8x64 block, for one gradient and for
+step 3 with a fresh root every step; CPU ms (one thread) of the roots at GPT-small shapes
+(14 factors of 768, 6 of 1024):
 
-==========================================  =========  ==========  ===========  =========
-float32 option                               5 steps    20 steps    direction     ms (*)
-==========================================  =========  ==========  ===========  =========
-baseline: eigh, shift, no floor              13.9 %     9.5 %       15 %
-floor ``n eps`` (matrix_rank's tolerance)    1.2 %      2.0 %       0.02 %
-floor ``1e-6``                               0.71 %     1.2 %       0.02 %
-**floor ``sqrt(n) eps`` (default)**          **0.70 %** **1.20 %**  **0.02 %**
-pseudo-inverse (drop noise eigenvalues)      17.6 %     12.7 %      0.00 %
-float64 factors + eigh, no floor             0.32 %     0.23 %      0.00 %
-coupled Newton (ridge ``sqrt(n) eps``)       0.87 %     1.54 %
-==========================================  =========  ==========  ===========  =========
+=========================================  =======  ========  ========  =======  ======
+float32 option                             5 steps  20 steps  one step  3 steps  cpu ms
+=========================================  =======  ========  ========  =======  ======
+baseline: eigh, shift, no floor            13.9 %   9.55 %    38.6 %    6.0 %    2304
+symmetrize before eigh                     -        -         38.6 %    -        2304
+rescale by trace before eigh               -        -         44.9 %    -        2304
+float64 eigh of the float32 factor         -        -         12.7 %    -        4369
+float64 factors and eigh, no floor         0.32 %   0.23 %    12.7 %    112 %    4369
+floor ``64 eps``                           1.19 %   2.00 %    0.006 %   0.005 %  2304
+floor ``1e-6``                             0.71 %   1.22 %    0.013 %   0.012 %  2304
+**floor sqrt(n) eps (default)**            0.70 %   1.20 %    0.023 %   0.021 %  2304
+pseudo-inverse (epsilon 0)                 17.6 %   12.7 %    0.000 %   0.000 %  2304
+coupled Newton, ridge ``sqrt(n) eps``      0.87 %   1.54 %    0.098 %   0.12 %   118846
+=========================================  =======  ========  ========  =======  ======
 
-(*) costs: see ``bench/shampoo_fp32_accuracy.py``. The pseudo-inverse is accurate on one step
-but drops what a stale root does not cover: new gradients' null-space components, which the
-float64 run weights by ``eps^(-e)``.
+The floor is free and beats the baseline 8-20x in parameters and 300x in direction. Symmetrizing
+and rescaling change nothing (``eigh`` reads one triangle; the trouble is the noise, not the
+scale). Float64 factors are the most accurate over 20 steps but cost 2x, and a float32 root
+without a floor still amplifies its own rounding (112 % on a fresh root). The pseudo-inverse
+is exact for one step but drops what a stale root does not cover: later gradients'
+null-space components, which the float64 run weights by ``eps^(-e)``.
 """
 
 from __future__ import annotations
