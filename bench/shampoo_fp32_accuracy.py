@@ -54,7 +54,12 @@ from nanoshampoo.optim.shampoo.preconditioner.matrix_roots import (
 )
 
 SHAPES = [(64, 32), (16,), (4, 8, 6), (200, 70), (1, 48), (3, 3, 5, 5)]
-DIRECTION_CASES = [("vector 16", (16,), False), ("rank-1 32x16", (32, 16), True), ("wide 8x64", (8, 64), False)]
+# (name, shape, rank-one gradient)
+DIRECTION_CASES = [
+    ("vector 16", (16,), False),
+    ("rank-1 32x16", (32, 16), True),
+    ("wide 8x64", (8, 64), False),
+]
 EPSILON = 1e-12
 NO_FLOOR = PerturbationConfig(eigenvalue_floor_rtol=0.0)
 F64 = torch.float64
@@ -120,11 +125,14 @@ def relative(a: list[torch.Tensor], b: list[torch.Tensor], start: list[torch.Ten
 def _case_gradient(shape: tuple[int, ...], rank_one: bool, step: int) -> torch.Tensor:
     gen = torch.Generator().manual_seed(100 + (0 if rank_one else step))
     if rank_one:
-        return torch.outer(torch.randn(shape[0], generator=gen, dtype=F64), torch.randn(shape[1], generator=gen, dtype=F64))
+        left = torch.randn(shape[0], generator=gen, dtype=F64)
+        return torch.outer(left, torch.randn(shape[1], generator=gen, dtype=F64))
     return torch.randn(shape, generator=gen, dtype=F64)
 
 
-def last_direction(config: PreconditionerConfig, dtype: torch.dtype, shape: tuple[int, ...], rank_one: bool) -> torch.Tensor:
+def last_direction(
+    config: PreconditionerConfig, dtype: torch.dtype, shape: tuple[int, ...], rank_one: bool
+) -> torch.Tensor:
     """The search direction of step 3 (fresh root every step, no grafting, lr 1)."""
     p = torch.nn.Parameter(torch.zeros(shape, dtype=dtype))
     opt = DistributedShampoo(
@@ -147,7 +155,10 @@ def direction_error(config: PreconditionerConfig, reference: PreconditionerConfi
     return worst
 
 
-def transformed_direction_error(transform: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> float:
+Root = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def transformed_direction_error(transform: Root) -> float:
     """Worst error of one search direction ``X_L G X_R`` (factors ``G G^T``, ``G^T G`` of one
     gradient, accumulated in float32) where each float32 root is ``transform(factor, e)``;
     float64 plain roots of float64 factors as the reference. Every row's ``one step``."""
@@ -171,9 +182,13 @@ def plain_root(factor: torch.Tensor, exponent: torch.Tensor) -> torch.Tensor:
     return eigh_inverse_root(factor[None], exponent, EPSILON, stability=NO_FLOOR)[0][0]
 
 
-def stable_root(stability: RankDeficientStabilityConfig) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+def stable_root(stability: RankDeficientStabilityConfig) -> Root:
     epsilon = 0.0 if isinstance(stability, PseudoInverseConfig) else EPSILON
-    return lambda factor, exponent: eigh_inverse_root(factor[None], exponent, epsilon, stability=stability)[0][0]
+
+    def root(factor: torch.Tensor, exponent: torch.Tensor) -> torch.Tensor:
+        return eigh_inverse_root(factor[None], exponent, epsilon, stability=stability)[0][0]
+
+    return root
 
 
 def symmetrized_root(factor: torch.Tensor, exponent: torch.Tensor) -> torch.Tensor:
@@ -182,8 +197,8 @@ def symmetrized_root(factor: torch.Tensor, exponent: torch.Tensor) -> torch.Tens
 
 def rescaled_root(factor: torch.Tensor, exponent: torch.Tensor) -> torch.Tensor:
     scale = factor.trace()
-    root = eigh_inverse_root((factor / scale)[None], exponent, EPSILON / float(scale), stability=NO_FLOOR)
-    return root[0][0] * scale.pow(-exponent)
+    root, _ = eigh_inverse_root((factor / scale)[None], exponent, EPSILON / float(scale), stability=NO_FLOOR)
+    return root[0] * scale.pow(-exponent)
 
 
 def float64_eigh_root(factor: torch.Tensor, exponent: torch.Tensor) -> torch.Tensor:
@@ -250,11 +265,11 @@ class Cost:
 @dataclass
 class Row:
     """One option: its config (None: not a config, measured on one step only), the float32
-    root it computes, and the amortized computation it costs."""
+    root it computes from a float32 factor (None: it needs a float64 factor), and its cost."""
 
     name: str
     config: PreconditionerConfig | None
-    root: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    root: Root | None
     cost: Cost
 
 
@@ -271,7 +286,7 @@ def main() -> None:
         Row("symmetrize before eigh", None, symmetrized_root, eigh32),
         Row("rescale by trace before eigh", None, rescaled_root, eigh32),
         Row("fp64 eigh of the fp32 factor", None, float64_eigh_root, eigh64),
-        Row("fp64 factors + fp64 eigh (no floor)", shampoo(factor_dtype=F64), float64_eigh_root, eigh64),
+        Row("fp64 factors + fp64 eigh (no floor)", shampoo(factor_dtype=F64), None, eigh64),
         Row("floor 64 eps (n eps at n = 64)", shampoo(floor_64), stable_root(floor_64), eigh32),
         Row("floor 1e-6", shampoo(floor_1e6), stable_root(floor_1e6), eigh32),
         Row("DEFAULT: floor sqrt(n) eps", shampoo(default), stable_root(default), eigh32),
@@ -283,7 +298,7 @@ def main() -> None:
     print(f"{'option':40s} {'5 steps':>8s} {'20 steps':>9s} {'one step':>9s} {'3 steps':>9s} {'cpu ms':>7s}")
     references = {steps: trajectory(shampoo(factor_dtype=F64), F64, steps) for steps in (5, 20)}
     for row in rows:
-        one_step = f"{100 * transformed_direction_error(row.root):8.3f}%"
+        one_step = f"{'-':>9s}" if row.root is None else f"{100 * transformed_direction_error(row.root):8.3f}%"
         if row.config is None:
             cells = f"{'-':>8s} {'-':>9s} {one_step} {'-':>9s}"
         else:

@@ -28,7 +28,7 @@ baseline: eigh, shift, no floor            13.9 %   9.55 %    38.6 %    6.0 %   
 symmetrize before eigh                     -        -         38.6 %    -        2304
 rescale by trace before eigh               -        -         44.9 %    -        2304
 float64 eigh of the float32 factor         -        -         12.7 %    -        4369
-float64 factors and eigh, no floor         0.32 %   0.23 %    12.7 %    112 %    4369
+float64 factors and eigh, no floor         0.32 %   0.23 %    -         112 %    4369
 floor ``64 eps``                           1.19 %   2.00 %    0.006 %   0.005 %  2304
 floor ``1e-6``                             0.71 %   1.22 %    0.013 %   0.012 %  2304
 **floor sqrt(n) eps (default)**            0.70 %   1.20 %    0.023 %   0.021 %  2304
