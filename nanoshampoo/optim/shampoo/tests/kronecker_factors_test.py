@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import pytest
 import torch
@@ -91,3 +92,42 @@ def test_multiply_along_dim_matches_einsum(dim: int) -> None:
     expected = torch.einsum(spec, matrices, x)
     result = multiply_along_dim(matrices, x, dim)
     torch.testing.assert_close(result, expected, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("kind", ["shampoo", "soap"])
+def test_both_preconditioners_keep_results_where_the_solve_failed_and_count(
+    kind: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The shared solve loop: a failed factor keeps its result and is counted, the rest update."""
+    from nanoshampoo.optim.shampoo.preconditioner.eigenvalue_corrected_shampoo_preconditioner import (
+        EigenvalueCorrectedShampooPreconditioner,
+    )
+    from nanoshampoo.optim.shampoo.preconditioner.shampoo_preconditioner import ShampooPreconditioner
+    from nanoshampoo.optim.shampoo.shampoo_types import (
+        DefaultEigenvalueCorrectedShampooConfig,
+        DefaultShampooConfig,
+    )
+
+    bucket = BlockBucket((3,), torch.float32, torch.device("cpu"), ("v block_0", "w block_0"))
+    if kind == "shampoo":
+        preconditioner = ShampooPreconditioner([bucket], DefaultShampooConfig, 1.0, 1e-6, True)
+        name = "inv_factor_matrices"
+    else:
+        preconditioner = EigenvalueCorrectedShampooPreconditioner(
+            [bucket], DefaultEigenvalueCorrectedShampooConfig, 1.0, 1e-6, True
+        )
+        name = "factor_matrices_eigenvectors"
+    grads = torch.tensor([[1.0, 2.0, 3.0], [3.0, 0.0, 1.0]])
+    preconditioner.update_statistics([grads], step=1)
+    solve = type(preconditioner)._solve
+
+    def fail_first(self: Any, key: Any, matrices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        results, ok = solve(self, key, matrices)
+        return results, ok & torch.tensor([False, True])
+
+    monkeypatch.setattr(type(preconditioner), "_solve", fail_first)
+    preconditioner.amortized_computation(step=1)
+    first, second = (preconditioner.block_state(0, position) for position in (0, 1))
+    assert torch.equal(getattr(first, name)[0], torch.eye(3))  # kept: identity until computed
+    assert not torch.equal(getattr(second, name)[0], torch.eye(3))
+    assert [int(first.failure_counts[0]), int(second.failure_counts[0])] == [1, 0]
