@@ -136,7 +136,8 @@ class TrainConfig:
     device: str = "auto"
     # "auto": bf16 on CUDA with bf16 support, or on a CPU where a probe finds bf16 matmuls faster.
     autocast: str = "auto"
-    # CPU threads per process; 0: the cores this process may run on, shared by its local ranks.
+    # CPU threads per process; 0: the cores this process may run on, shared by its local ranks,
+    # or 1 when a probe finds the cores busy (re-probed every 10 steps).
     threads: int = 0
     compile: bool = False
     # Seconds a collective may wait for another rank before the run fails (a dead peer).

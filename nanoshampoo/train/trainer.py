@@ -11,6 +11,10 @@ by ``1 / grad_accum_steps``, gradients synced only after the last micro-batch (D
 the trainer's all-reduce of the others); a finiteness check of the loss and every gradient;
 set the scheduled learning rates; step every optimizer.
 
+With ``threads=0`` on CPU the thread count is re-probed every ``RETUNE_STEPS`` steps (outside
+the timed step): other processes may take or free cores during a run. Fix ``threads`` for
+bitwise-reproducible runs.
+
 A non-finite loss, gradient, parameter (checked before each checkpoint) or validation loss stops
 the run with :class:`TrainingDiverged`, after a ``diverged`` record in the logs; no checkpoint is
 written after it, so the last one on disk is the last good state.
@@ -74,6 +78,13 @@ from nanoshampoo.train.run_log import RunLog
 from nanoshampoo.train.schedule import apply_lr_multiplier, lr_multiplier, remember_peak_lrs
 
 
+# With ``threads=0`` on CPU the thread count is probed again every this many steps (outside the
+# timed step; ~3 ms on idle cores, ~150 ms on busy ones). Measured on 2 shared cores: a run that
+# started on idle cores with 2 threads (0.31 s/step) slowed to 6-28 s/step when other processes
+# took the cores, and runs at ~0.7 s/step on 1 thread then.
+RETUNE_STEPS = 10
+
+
 class TrainingDiverged(RuntimeError):
     """The loss, a gradient or a parameter became NaN/Inf; ``step`` optimizer steps were done."""
 
@@ -113,8 +124,7 @@ class Trainer:
                             f"({cfg.grad_accum_steps})")
         self.threads_reason = "CUDA run"
         if ctx.device.type == "cpu":
-            threads, self.threads_reason = cpu_threads(cfg.threads, local_world_size())
-            torch.set_num_threads(threads)
+            self._tune_threads()
         # Every rank must run the same numerics: rank 0's probe decides.
         self.autocast: AutocastChoice = broadcast_object(  # type: ignore[assignment]
             resolve_autocast(cfg.autocast, ctx.device) if ctx.is_main else None, ctx)
@@ -155,6 +165,13 @@ class Trainer:
             if self.start_step > cfg.num_iterations:
                 raise UserError(f"--resume {checkpoint.directory}: the checkpoint is at step "
                                 f"{self.start_step}, beyond --num-iterations {cfg.num_iterations}")
+
+    def _tune_threads(self) -> None:
+        """Set the CPU threads (``TrainConfig.threads``, or probed when 0); rank 0 decides for
+        every rank, so that all ranks reduce in the same order."""
+        choice = cpu_threads(self.cfg.threads, local_world_size()) if self.ctx.is_main else None
+        threads, self.threads_reason = broadcast_object(choice, self.ctx)  # type: ignore[misc]
+        torch.set_num_threads(threads)
 
     def _on_every_rank(self, check: Any) -> Any:
         """Run ``check()``; if it raises ``UserError`` on any rank, raise it on every rank."""
@@ -220,6 +237,10 @@ class Trainer:
         return TrainResult(self.run_id, val_loss, self.log.text_path, self.log.jsonl_path,
                            last_checkpoint)
 
+    @property
+    def _retunes_threads(self) -> bool:
+        return self.ctx.device.type == "cpu" and self.cfg.threads == 0
+
     def _loop(self, bar: tqdm, profiler: Any) -> tuple[float, Path | None]:
         cfg, total = self.cfg, self.cfg.num_iterations
         val_loss, last_checkpoint = math.nan, None
@@ -236,6 +257,8 @@ class Trainer:
                 last_checkpoint = self._save_checkpoint(step)
             if last:
                 break
+            if self._retunes_threads and step > self.start_step and step % RETUNE_STEPS == 0:
+                self._tune_threads()  # other processes may have taken or freed cores
             profiler.step(step)  # before the step's work: the profiler records chosen steps
             self._timed_step(step, bar)
         return val_loss, last_checkpoint

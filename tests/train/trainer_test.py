@@ -16,6 +16,7 @@ from nanoshampoo.data.shards import write_shard
 from nanoshampoo.testing.distributed import run_on_gloo
 from nanoshampoo.train.cli import main as cli_main
 from nanoshampoo.train.config import OPTIMIZER_SETUPS, TrainConfig, UserError
+from nanoshampoo.train import trainer as trainer_module
 from nanoshampoo.train.trainer import Trainer
 
 VOCAB = 64
@@ -279,3 +280,21 @@ def test_every_setup_trains(optimizer: str, extra: dict[str, str], shards: dict[
     result = Trainer(tiny_config(shards, tmp_path, optimizer=optimizer, num_iterations=3,
                                  val_every=0, **extra)).run()
     assert math.log(VOCAB) - 1.0 < result.final_val_loss < math.log(VOCAB) + 0.5
+
+
+def test_cpu_threads_are_reprobed_during_the_run(shards: dict[str, str], tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[int] = []
+
+    def fake_cpu_threads(requested: int, local_world_size: int) -> tuple[int, str]:
+        calls.append(requested)
+        return 1, "probed"
+
+    monkeypatch.setattr(trainer_module, "cpu_threads", fake_cpu_threads)
+    Trainer(tiny_config(shards, tmp_path, optimizer="adamw", threads=0, num_iterations=21,
+                        val_every=0)).run()
+    assert calls == [0, 0, 0]  # at start, before steps 10 and 20
+    calls.clear()
+    Trainer(tiny_config(shards, tmp_path, optimizer="adamw", run_id="fixed", threads=1,
+                        num_iterations=11, val_every=0)).run()
+    assert calls == [1]  # a fixed count is set once
