@@ -5,7 +5,15 @@ One step for a block (``t`` 1-based, ``s`` = start_preconditioning_step, ``f`` =
 1. L2 decay only: ``G <- G + wd W``.
 2. Preconditioner statistics from ``G`` every step (Shampoo: factor matrices).
 3. Grafting statistics from ``G`` every step.
-4. Roots when ``(t % f == 0 and t > s) or t == s``.
+4. Roots when ``(t % f == 0 and t > s) or t == s``. With ``amortize_roots`` (a different,
+   deterministic schedule that spreads the work, so no step carries every root): all roots at
+   ``t == s``; at each ``t > s`` the roots of share ``t % f`` (a fixed assignment of the
+   factors to ``f`` shares balanced by ``n^3``, :meth:`KroneckerFactors.share_rows`), from the
+   factors of step ``t``. Every root is still recomputed once per ``f`` steps from the factors
+   of the step that solves it, but roots of different shares come from different steps, so the
+   parameters differ from the all-at-once schedule (not bit-identical). Making it exact would
+   mean snapshotting all factors at the scheduled step (one more copy of the factor state) and
+   applying the roots one period later, which is a third schedule anyway.
 5. Filtered gradient ``M <- b1 M + (1 - b1) G``; ``Gbar = M / (1 - b1^t)`` with bias
    correction (``beta3 != beta1``: ``Gbar = (b3 M_old + (1 - b3) G) / (1 - b3 b1^(t-1))``).
 6. ``t >= s``: ``P = P_s * ||P_g|| / (||P_s|| + 1e-16)`` per block (``P_s`` the
@@ -104,7 +112,7 @@ _FIXED_KEYS = ("max_preconditioner_dim", "preconditioner_config", "grafting_conf
 _STEP_KEYS = (
     "lr", "betas", "beta3", "epsilon", "momentum", "dampening", "use_nesterov", "weight_decay",
     "weight_decay_type", "precondition_frequency", "start_preconditioning_step",
-    "use_bias_correction",
+    "use_bias_correction", "amortize_roots",
 )
 # Block state entries that exist only while the hyperparameters use them.
 _OPTIONAL_BLOCK_STATE = ("filtered_grad", "momentum")
@@ -237,6 +245,7 @@ def validate_group(group: Mapping[str, Any]) -> None:
         f"must be -1 or an int >= precondition_frequency ({frequency})",
     )
     check(isinstance(group["use_bias_correction"], bool), "use_bias_correction", "must be a bool")
+    check(isinstance(group["amortize_roots"], bool), "amortize_roots", "must be a bool")
 
 
 def validate_params(params: Sequence[torch.Tensor]) -> None:
@@ -276,6 +285,7 @@ class _Hyperparameters:
     precondition_frequency: int
     start_preconditioning_step: int
     use_bias_correction: bool
+    amortize_roots: bool
     group_values: tuple[Any, ...]
 
     @classmethod
@@ -297,6 +307,7 @@ class _Hyperparameters:
             precondition_frequency=frequency,
             start_preconditioning_step=frequency if start == -1 else start,
             use_bias_correction=group["use_bias_correction"],
+            amortize_roots=group["amortize_roots"],
             group_values=_step_values(group),
         )
 
@@ -609,8 +620,10 @@ class _GroupRuntime:
         self.preconditioner.update_statistics(grads, t)
         if self.grafting is not None:
             self.grafting.update_statistics(grads, t)
-        if (t % frequency == 0 and t > start) or t == start:
+        if t == start or (t > start and t % frequency == 0 and not h.amortize_roots):
             self.preconditioner.amortized_computation(t)
+        elif t > start and h.amortize_roots:
+            self.preconditioner.amortized_computation(t, t % frequency, frequency)
 
         filtered = self._filtered_grads(t)
         if t >= start:
@@ -709,6 +722,10 @@ class DistributedShampoo(torch.optim.Optimizer):
         start_preconditioning_step: first step using the preconditioner; -1 means
             ``precondition_frequency``; otherwise >= ``precondition_frequency``.
         use_bias_correction: bias-correct the filtered gradient and the factors.
+        amortize_roots: spread the root (or eigenbasis) computations over the
+            ``precondition_frequency`` steps, a fixed share per step, instead of all at once
+            every ``precondition_frequency`` steps (step 4 of the module docstring: a different,
+            deterministic schedule).
         grafting_config: None or an SGD/AdaGrad/RMSprop/Adam config: norm of the update per block.
         distributed_config: ``SingleDeviceDistributedConfig()`` (default) or DDP.
         preconditioner_config: ``DefaultShampooConfig`` or another ``PreconditionerConfig``.
@@ -747,6 +764,7 @@ class DistributedShampoo(torch.optim.Optimizer):
         distributed_config: DistributedConfig = DefaultSingleDeviceDistributedConfig,
         preconditioner_config: PreconditionerConfig = DefaultShampooConfig,
         *,
+        amortize_roots: bool = False,
         momentum: float = 0.0,
         dampening: float = 0.0,
         use_nesterov: bool = False,
@@ -764,7 +782,8 @@ class DistributedShampoo(torch.optim.Optimizer):
             weight_decay_type=weight_decay_type, max_preconditioner_dim=max_preconditioner_dim,
             precondition_frequency=precondition_frequency,
             start_preconditioning_step=start_preconditioning_step,
-            use_bias_correction=use_bias_correction, grafting_config=grafting_config,
+            use_bias_correction=use_bias_correction, amortize_roots=amortize_roots,
+            grafting_config=grafting_config,
             distributed_config=distributed_config, preconditioner_config=preconditioner_config,
         )
         super().__init__(params, defaults)

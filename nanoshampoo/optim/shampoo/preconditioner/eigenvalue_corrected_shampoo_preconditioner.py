@@ -191,34 +191,47 @@ class EigenvalueCorrectedShampooPreconditioner(KroneckerFactoredPreconditioner):
             torch.mul(self._previous_corrected[index], self._beta2, out=corrected)
             corrected.addcmul_(rotated, rotated, value=1.0 - self._beta2)
 
-    def amortized_computation(self, step: int) -> None:
-        """Recompute every eigenbasis (failed ones keep the previous basis), then re-fold ``D``."""
-        super().amortized_computation(step)
+    def amortized_computation(self, step: int, share: int = 0, num_shares: int = 1) -> None:
+        """Recompute the eigenbases of the share (failed ones keep the previous basis), then
+        re-fold ``D``."""
+        super().amortized_computation(step, share, num_shares)
         for index in range(len(self._buckets)):
             self._fold_step_into_corrected_eigenvalues(index)
 
-    def _solve(self, key: Hashable, matrices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def _solve(
+        self, key: Hashable, matrices: torch.Tensor, rows: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         solver = self._config.amortized_computation_config
         stability = solver.rank_deficient_stability_config
         if isinstance(solver, EighEigendecompositionConfig):
             bases, ok = eigh_eigenbasis(matrices, solver.retry_double_precision, stability)
         elif isinstance(solver, QREigendecompositionConfig):
-            bases, ok = self._warm_started_bases(key, matrices, solver)
+            bases, ok = self._warm_started_bases(key, matrices, rows, solver)
         else:
             raise TypeError(f"unsupported amortized_computation_config {solver!r}")
-        self._computed[key].logical_or_(ok)
+        computed = self._computed[key]
+        if rows is None:
+            computed.logical_or_(ok)
+        else:
+            computed.index_copy_(0, rows, computed.index_select(0, rows).logical_or_(ok))
         return bases, ok
 
     def _warm_started_bases(
-        self, size: Hashable, matrices: torch.Tensor, solver: QREigendecompositionConfig
+        self,
+        size: Hashable,
+        matrices: torch.Tensor,
+        rows: torch.Tensor | None,
+        solver: QREigendecompositionConfig,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """QR iterations from the previous basis; a full ``eigh`` for never-computed factors."""
         stability = solver.rank_deficient_stability_config
-        previous = self._results[size].to(matrices.dtype)
+        previous, computed = self._results[size], self._computed[size]
+        if rows is not None:
+            previous, computed = previous[rows], computed[rows]
         bases, ok = qr_eigenbasis(
-            matrices, previous, solver.max_iterations, solver.tolerance, stability
+            matrices, previous.to(matrices.dtype), solver.max_iterations, solver.tolerance, stability
         )
-        fresh = (~self._computed[size]).nonzero().squeeze(1)
+        fresh = (~computed).nonzero().squeeze(1)
         if fresh.numel() > 0:
             fresh_bases, fresh_ok = eigh_eigenbasis(
                 matrices[fresh], solver.retry_double_precision, stability

@@ -105,6 +105,41 @@ def multiply_along_dim(matrices: torch.Tensor, x: torch.Tensor, dim: int) -> tor
     return product.view(moved.shape).movedim(1, dim + 1)
 
 
+# Factors at least this large are updated by tiles (one triangle); smaller ones by one baddbmm,
+# where the per-tile launches cost more than the halved flops save.
+TILED_UPDATE_MIN_SIZE = 512
+TILE_SIZE = 256
+
+
+def symmetric_rank_update_(
+    factors: torch.Tensor, unfolded: torch.Tensor, beta: float, alpha: float
+) -> torch.Tensor:
+    """``F <- beta F + alpha U U^T`` in place, computing only the upper triangle of tiles.
+
+    ``factors`` ``(B, n, n)`` symmetric, ``unfolded`` ``(B, n, m)``. torch has no ``syrk``,
+    so for ``n >= TILED_UPDATE_MIN_SIZE`` the rows are cut into ``k = n // TILE_SIZE`` tiles;
+    tile ``(i, j)`` with ``i <= j`` is one ``baddbmm_`` and tile ``(j, i)`` its transpose:
+    ``(k + 1) / 2k`` of the flops. Tiles below the diagonal are exact copies of their mirrors. Measured on the 2-core
+    EPYC (1 thread, float32, GPT-small blocks): 768-factors of 768x768 blocks 161 -> 133 ms,
+    1024-factors of 1024x768 blocks 241-310 -> 183-203 ms, per bucket update.
+    """
+    size = factors.shape[-1]
+    tiles = size // TILE_SIZE if size >= TILED_UPDATE_MIN_SIZE else 1
+    if tiles <= 1:
+        return factors.baddbmm_(unfolded, unfolded.mT, beta=beta, alpha=alpha)
+    edges = [size * i // tiles for i in range(tiles + 1)]
+    spans = list(zip(edges[:-1], edges[1:]))
+    for i, (r0, r1) in enumerate(spans):
+        for c0, c1 in spans[i:]:
+            factors[:, r0:r1, c0:c1].baddbmm_(
+                unfolded[:, r0:r1], unfolded[:, c0:c1].mT, beta=beta, alpha=alpha
+            )
+    for i, (r0, r1) in enumerate(spans):
+        for c0, c1 in spans[i + 1 :]:
+            factors[:, c0:c1, r0:r1].copy_(factors[:, r0:r1, c0:c1].mT)
+    return factors
+
+
 def keep_previous_where_failed(
     previous: torch.Tensor, computed: torch.Tensor, ok: torch.Tensor
 ) -> None:
@@ -170,7 +205,8 @@ class KroneckerFactors:
         """``F_i <- b2 F_i + w G_(i) G_(i)^T`` for every bucket and dim with a factor.
 
         ``grads`` is one ``(B, *shape)`` tensor per bucket, in any float dtype (cast to the
-        factor dtype).
+        factor dtype). Large factors are updated one triangle of tiles at a time (see
+        :func:`symmetric_rank_update_`).
         """
         weight = 1.0 if beta2 == 1.0 else 1.0 - beta2
         for bucket, bucket_slots, grad in zip(self._buckets, self.slots, grads):
@@ -179,45 +215,93 @@ class KroneckerFactors:
             for dim, slot in enumerate(bucket_slots):
                 if slot is None:
                     continue
-                unfolded = unfold(grad, dim)
                 factors = self.pools[slot.pool_key].factors[slot.offset : slot.offset + count]
-                factors.baddbmm_(unfolded, unfolded.mT, beta=beta2, alpha=weight)
+                symmetric_rank_update_(factors, unfold(grad, dim), beta2, weight)
 
     @staticmethod
-    def count_failures(
-        pool: FactorPool, ok: torch.Tensor, tolerated: int, computation: str, kept: str
+    def record_outcome(pool: FactorPool, rows: torch.Tensor | None, ok: torch.Tensor) -> None:
+        """On the device, no host synchronization: reset the failure counts of the solved rows
+        (``rows``; None: all) that succeeded (``ok``), add one to the others."""
+        counts = pool.failure_counts
+        if rows is None:
+            counts.add_(1).masked_fill_(ok, 0)
+        else:
+            counts.index_copy_(0, rows, (counts.index_select(0, rows) + 1).masked_fill_(ok, 0))
+
+    @staticmethod
+    def check_failures(
+        outcomes: Sequence[tuple[FactorPool, torch.Tensor | None, torch.Tensor]],
+        tolerated: int,
+        computation: str,
+        kept: str,
     ) -> None:
-        """Reset the counts of ``ok`` factors, add one to the others; warn, or raise past
-        ``tolerated`` consecutive failures.
+        """Warn about the factors whose amortized computation failed, or raise past
+        ``tolerated`` consecutive failures; the counts were already updated on the device.
 
         Args:
-            pool: the pool the amortized computation ran on.
-            ok: ``(N,)`` bool, True where it succeeded.
+            outcomes: per pool solved, ``(pool, rows, ok)``: the rows solved (None: all) and
+                ``ok`` bool, one per solved row, True where it succeeded.
             tolerated: ``num_tolerated_failed_amortized_computations``.
             computation: what failed, for messages (e.g. ``"Shampoo root computation"``).
             kept: what is kept instead, for the warning (e.g. ``"root"``).
 
+        The success path reads one device scalar for all pools together (one host
+        synchronization per amortized computation, not one per pool).
+
         Raises:
             RuntimeError: naming the first factor that failed more than ``tolerated`` times.
         """
-        pool.failure_counts.add_(1).masked_fill_(ok, 0)
-        if bool(ok.all()):
+        if not outcomes or bool(torch.stack([ok.all() for _, _, ok in outcomes]).all()):
             return
-        counts = pool.failure_counts.tolist()
-        for index in (~ok).nonzero().squeeze(1).tolist():
-            if counts[index] > tolerated:
-                raise RuntimeError(
-                    f"{computation} failed for {pool.labels[index]} {counts[index]} consecutive "
-                    f"times, more than num_tolerated_failed_amortized_computations={tolerated}; "
-                    "the factor matrix is probably non-finite (check the gradients and the loss)"
+        for pool, rows, ok in outcomes:
+            counts = pool.failure_counts.tolist()
+            failed = (~ok).nonzero().squeeze(1)
+            if rows is not None:
+                failed = rows[failed]
+            for index in failed.tolist():
+                if counts[index] > tolerated:
+                    raise RuntimeError(
+                        f"{computation} failed for {pool.labels[index]} {counts[index]} "
+                        "consecutive times, more than "
+                        f"num_tolerated_failed_amortized_computations={tolerated}; the factor "
+                        "matrix is probably non-finite (check the gradients and the loss)"
+                    )
+                logger.warning(
+                    "%s failed for %s (%d consecutive); keeping the previous %s",
+                    computation,
+                    pool.labels[index],
+                    counts[index],
+                    kept,
                 )
-            logger.warning(
-                "%s failed for %s (%d consecutive); keeping the previous %s",
-                computation,
-                pool.labels[index],
-                counts[index],
-                kept,
-            )
+
+    def share_rows(self, num_shares: int) -> list[dict[Hashable, torch.Tensor]]:
+        """Per share ``0..num_shares-1``, the pool rows whose amortized computation it runs.
+
+        A fixed, deterministic assignment balanced by cost (``n^3`` for an ``n x n`` factor):
+        factors by decreasing size (then pool order, then row) each go to the share with the
+        least cost so far (ties: the lowest share). Pools without a row in a share are absent
+        from its dict; row tensors are int64 on the factors' device, ascending.
+        """
+        items = sorted(
+            (-(pool.factors.shape[-1] ** 3), order, row, key)
+            for order, (key, pool) in enumerate(self.pools.items())
+            for row in range(len(pool.labels))
+        )
+        loads = [0] * num_shares
+        chosen: list[dict[Hashable, list[int]]] = [{} for _ in range(num_shares)]
+        for negative_cost, _, row, key in items:
+            share = loads.index(min(loads))
+            loads[share] -= negative_cost
+            chosen[share].setdefault(key, []).append(row)
+        return [
+            {
+                key: torch.tensor(
+                    sorted(rows), dtype=torch.int64, device=self.pools[key].factors.device
+                )
+                for key, rows in share.items()
+            }
+            for share in chosen
+        ]
 
 
 class KroneckerFactoredPreconditioner(Preconditioner):
@@ -267,6 +351,8 @@ class KroneckerFactoredPreconditioner(Preconditioner):
             ).repeat(len(pool.labels), 1, 1)
             for key, pool in self._factors.pools.items()
         }
+        # num_shares -> share_rows(num_shares), for the frequency in use.
+        self._share_cache: dict[int, list[dict[Hashable, torch.Tensor]]] = {}
 
     @abstractmethod
     def _pool_key(self, bucket: BlockBucket, dim: int) -> Hashable | None:
@@ -277,8 +363,11 @@ class KroneckerFactoredPreconditioner(Preconditioner):
         """Storage dtype of the results of pool ``key``."""
 
     @abstractmethod
-    def _solve(self, key: Hashable, matrices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(results (N, n, n), ok (N,) bool)`` from the bias-corrected factors of a pool."""
+    def _solve(
+        self, key: Hashable, matrices: torch.Tensor, rows: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(results (M, n, n), ok (M,) bool)`` from the bias-corrected factors ``matrices``
+        ``(M, n, n)`` of pool ``key``: all of them (``rows`` None) or rows ``rows``."""
 
     def _bias_correction(self, step: int) -> float:
         return 1.0 - self._beta2**step if self._use_bias_correction else 1.0
@@ -286,19 +375,38 @@ class KroneckerFactoredPreconditioner(Preconditioner):
     def update_statistics(self, grads: Sequence[torch.Tensor], step: int) -> None:
         self._factors.update(grads, self._beta2)
 
-    def amortized_computation(self, step: int) -> None:
-        """Recompute every result; failed ones keep their previous value (see the module doc)."""
+    def amortized_computation(self, step: int, share: int = 0, num_shares: int = 1) -> None:
+        """Recompute the results of share ``share`` of ``num_shares`` (all factors when
+        ``num_shares == 1``; see :meth:`KroneckerFactors.share_rows`); failed ones keep their
+        previous value (see the module doc)."""
         bias_correction = self._bias_correction(step)
+        selected: dict[Hashable, torch.Tensor] | None = None
+        if num_shares > 1:
+            if num_shares not in self._share_cache:
+                self._share_cache = {num_shares: self._factors.share_rows(num_shares)}
+            selected = self._share_cache[num_shares][share]
+        outcomes: list[tuple[FactorPool, torch.Tensor | None, torch.Tensor]] = []
         for key, pool in self._factors.pools.items():
-            results, ok = self._solve(key, pool.factors.to(self._solve_dtype) / bias_correction)
-            keep_previous_where_failed(self._results[key], results, ok)
-            self._factors.count_failures(
-                pool,
-                ok,
-                self._config.num_tolerated_failed_amortized_computations,
-                computation=self.computation,
-                kept=self.kept,
-            )
+            rows = None if selected is None else selected.get(key)
+            if selected is not None and rows is None:
+                continue
+            factors = pool.factors if rows is None else pool.factors.index_select(0, rows)
+            results, ok = self._solve(key, factors.to(self._solve_dtype) / bias_correction, rows)
+            previous = self._results[key]
+            if rows is None:
+                keep_previous_where_failed(previous, results, ok)
+            else:
+                kept = previous.index_select(0, rows)
+                keep_previous_where_failed(kept, results, ok)
+                previous.index_copy_(0, rows, kept)
+            self._factors.record_outcome(pool, rows, ok)
+            outcomes.append((pool, rows, ok))
+        self._factors.check_failures(
+            outcomes,
+            self._config.num_tolerated_failed_amortized_computations,
+            computation=self.computation,
+            kept=self.kept,
+        )
 
     def _bucket_results(self, bucket_index: int) -> list[torch.Tensor | None]:
         """Per dim, the ``(B, n, n)`` results of bucket ``bucket_index`` (None: no factor)."""

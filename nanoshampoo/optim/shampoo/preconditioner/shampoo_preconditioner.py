@@ -126,9 +126,11 @@ class ShampooPreconditioner(KroneckerFactoredPreconditioner):
     def _result_dtype(self, key: Hashable) -> torch.dtype:
         return key[1]  # roots are applied to the block, so they live in its dtype
 
-    def _solve(self, key: Hashable, matrices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def _solve(
+        self, key: Hashable, matrices: torch.Tensor, rows: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         solver = self._config.amortized_computation_config
-        exponents = self._exponents[key]
+        exponents = self._exponents[key] if rows is None else self._exponents[key][rows]
         # The roots are stored in the block dtype; the factors in factor_matrix_dtype.
         precision = least_precise_dtype(key[1], self._config.factor_matrix_dtype)
         if isinstance(solver, EigenConfig):

@@ -11,6 +11,7 @@ import torch
 from nanoshampoo.optim.shampoo.preconditioner.kronecker_factors import (
     KroneckerFactors,
     multiply_along_dim,
+    symmetric_rank_update_,
 )
 from nanoshampoo.optim.shampoo.preconditioner.preconditioner import BlockBucket
 
@@ -64,22 +65,63 @@ def test_dims_without_a_key_get_no_factor() -> None:
     assert list(stats.pools) == [3]
 
 
+@pytest.mark.parametrize("rows", [None, torch.tensor([0, 2])])
 def test_failures_are_counted_warned_and_raised_past_the_tolerance(
-    caplog: pytest.LogCaptureFixture,
+    caplog: pytest.LogCaptureFixture, rows: torch.Tensor | None
 ) -> None:
-    bucket = BlockBucket((2,), torch.float32, torch.device("cpu"), ("b block_0", "b block_1"))
+    labels = ("b block_0", "b block_1", "b block_2")
+    bucket = BlockBucket((2,), torch.float32, torch.device("cpu"), labels)
     stats = KroneckerFactors([bucket], torch.float32, lambda b, dim: b.shape[dim])
     pool = stats.pools[2]
-    failed_first = torch.tensor([False, True])
+    # Row 0 fails, row 2 succeeds; row 1 is solved only when all rows are.
+    failed_first = torch.tensor([False, True]) if rows is not None else torch.tensor([False, True, True])
+    all_ok = torch.ones_like(failed_first)
+
+    def solve(ok: torch.Tensor) -> None:
+        stats.record_outcome(pool, rows, ok)
+        stats.check_failures([(pool, rows, ok)], 1, "root computation", "root")
+
     with caplog.at_level(logging.WARNING):
-        stats.count_failures(pool, failed_first, 1, "root computation", "root")
-    assert pool.failure_counts.tolist() == [1, 0]
+        solve(failed_first)
+    assert pool.failure_counts.tolist() == [1, 0, 0]
     assert "failed for b block_0 dim 0 (1 consecutive); keeping the previous root" in caplog.text
-    stats.count_failures(pool, torch.tensor([True, True]), 1, "root computation", "root")
-    assert pool.failure_counts.tolist() == [0, 0]
-    stats.count_failures(pool, failed_first, 1, "root computation", "root")
+    solve(all_ok)
+    assert pool.failure_counts.tolist() == [0, 0, 0]
+    solve(failed_first)
     with pytest.raises(RuntimeError, match=r"^root computation failed for b block_0 dim 0 2 "):
-        stats.count_failures(pool, failed_first, 1, "root computation", "root")
+        solve(failed_first)
+    assert pool.failure_counts.tolist() == [2, 0, 0]
+
+
+def test_symmetric_rank_update_matches_the_dense_product() -> None:
+    gen = torch.Generator().manual_seed(3)
+    unfolded = torch.randn(2, 1100, 40, dtype=torch.float64, generator=gen)
+    start = torch.randn(2, 1100, 1100, dtype=torch.float64, generator=gen)
+    start = start + start.mT
+    expected = 0.9 * start + 0.1 * unfolded @ unfolded.mT
+    result = symmetric_rank_update_(start.clone(), unfolded, 0.9, 0.1)
+    torch.testing.assert_close(result, expected, rtol=1e-12, atol=1e-12)
+    # 4 tiles of 275 rows: each tile below the diagonal is the copy of its mirror.
+    assert torch.equal(result[:, 275:, :275], result[:, :275, 275:].mT)
+    assert torch.equal(result[:, 825:, 550:825], result[:, 550:825, 825:].mT)
+
+
+def test_share_rows_cover_every_factor_once_balanced_by_cost() -> None:
+    big = BlockBucket((8, 8), torch.float32, torch.device("cpu"), ("w block_0", "w block_1"))
+    small = BlockBucket((4,), torch.float32, torch.device("cpu"), ("b block_0",) * 4)
+    stats = KroneckerFactors([big, small], torch.float32, lambda b, dim: b.shape[dim])
+    shares = stats.share_rows(3)
+    solved = sorted((key, row) for share in shares for key, rows in share.items() for row in rows.tolist())
+    assert solved == [(4, r) for r in range(4)] + [(8, r) for r in range(4)]
+    # Four 8x8 factors (cost 512) and four 4x4 ones (64) over 3 shares: 2 + 1 + 1 big ones,
+    # the small ones on the two lighter shares.
+    costs = sorted(sum(key**3 * len(rows) for key, rows in share.items()) for share in shares)
+    assert costs == [512 + 2 * 64, 512 + 2 * 64, 1024]
+    again = stats.share_rows(3)  # deterministic
+    assert all(
+        a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+        for a, b in zip(shares, again)
+    )
 
 
 @pytest.mark.parametrize("dim", [0, 1, 2])
@@ -121,8 +163,10 @@ def test_both_preconditioners_keep_results_where_the_solve_failed_and_count(
     preconditioner.update_statistics([grads], step=1)
     solve = type(preconditioner)._solve
 
-    def fail_first(self: Any, key: Any, matrices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        results, ok = solve(self, key, matrices)
+    def fail_first(
+        self: Any, key: Any, matrices: torch.Tensor, rows: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        results, ok = solve(self, key, matrices, rows)
         return results, ok & torch.tensor([False, True])
 
     monkeypatch.setattr(type(preconditioner), "_solve", fail_first)
