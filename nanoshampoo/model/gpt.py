@@ -78,11 +78,13 @@ _PRESETS: dict[str, dict[str, int]] = {
     "small": dict(num_layers=6, model_dim=384, head_dim=64, max_seq_len=1024),
     # The speedrun's GPT-2 small shape.
     "gpt2-124m": dict(num_layers=12, model_dim=768, head_dim=128, max_seq_len=1024),
+    # GPT-2 medium (24 layers, 1024 wide, 16 heads of 64).
+    "gpt2-350m": dict(num_layers=24, model_dim=1024, head_dim=64, max_seq_len=1024),
 }
 
 
 def gpt_preset(name: str, vocab_size: int, combined_linear: bool = False) -> GPTConfig:
-    """Return the ``GPTConfig`` of a named size (``tiny``, ``small``, ``gpt2-124m``)."""
+    """Return the ``GPTConfig`` of a named size (one of ``gpt_preset_names()``)."""
     if name not in _PRESETS:
         raise ValueError(f"unknown GPT preset {name!r}; choose one of {sorted(_PRESETS)}")
     return GPTConfig(vocab_size=vocab_size, combined_linear=combined_linear, **_PRESETS[name])

@@ -11,6 +11,13 @@ and once all have written (a barrier), rank 0 renames it to ``step_NNNNNN``
 (:func:`publish_checkpoint`). A run killed mid-write leaves at most a ``.partial`` directory,
 which nothing loads; the previous checkpoint is untouched.
 
+Under ``parallel`` ``fsdp2`` / ``hsdp`` a checkpoint is a sharded ``torch.distributed.checkpoint``
+(DCP) directory instead: every rank writes its shards of the model and optimizer state
+(``dcp.save``, published the same way), and rank 0 adds ``meta.pt`` (step, clock, loader
+position, RNG, run id). DCP reshards on load, so it resumes at any world size: the DTensor state
+of the model and AdamW is cut anew, and Shampoo's ``round_robin`` / ``replicate`` state is keyed
+by global block names. (``default`` names blocks by shard: same shard count only.)
+
 Example:
     >>> path = checkpoint_path("runs", "r1", step=100)  # runs/r1.ckpt/step_000100
 """
@@ -30,6 +37,7 @@ from nanoshampoo.train.config import UserError
 
 FORMAT_VERSION = 1
 PARTIAL_SUFFIX = ".partial"
+SHARDED_META = "meta.pt"
 
 
 def checkpoint_path(out_dir: str, run_id: str, step: int) -> Path:
@@ -78,6 +86,58 @@ def _write_record(record: dict[str, Any], path: Path) -> None:
     torch.save(record, path)
 
 
+def save_sharded_checkpoint(
+    directory: Path,
+    rank: int,
+    step: int,
+    train_time_ms: float,
+    model: nn.Module,
+    optimizers: list[torch.optim.Optimizer],
+    loader: Any,
+    run_id: str,
+    parallel: str,
+) -> None:
+    """Collective: ``dcp.save`` this rank's shards under ``partial_path(directory)``; rank 0
+    also writes ``meta.pt``. Published, like :func:`save_checkpoint`, after a barrier.
+
+    The loader position is rank 0's: it counts global steps, the same on every rank.
+    """
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+
+    staged = partial_path(directory)
+    if rank == 0:  # a crashed save's files (maybe of another world size) must not mix in
+        shutil.rmtree(staged, ignore_errors=True)
+    dist.barrier()
+    dcp.save(_sharded_state(model, optimizers), checkpoint_id=staged)
+    if rank == 0:
+        record: dict[str, Any] = {
+            "format_version": FORMAT_VERSION,
+            "format": "dcp",
+            "parallel": parallel,
+            "run_id": run_id,
+            "step": step,
+            "world_size": dist.get_world_size(),
+            "train_time_ms": train_time_ms,
+            "num_optimizers": len(optimizers),
+            "loader": loader.state_dict(),
+            "cpu_rng": torch.get_rng_state(),
+            "cuda_rng": torch.cuda.get_rng_state() if torch.cuda.is_available() else None,
+        }
+        with atomic_output(staged / SHARDED_META) as tmp:
+            _write_record(record, tmp)
+
+
+def _sharded_state(model: nn.Module,
+                   optimizers: list[torch.optim.Optimizer]) -> dict[str, Any]:
+    """The DCP state dict: the model's and each optimizer's own state dicts (DTensors inside).
+
+    Also the template a load fills in place, so optimizer state must exist before loading.
+    """
+    return {"model": model.state_dict(),
+            "optimizers": {str(i): opt.state_dict() for i, opt in enumerate(optimizers)}}
+
+
 def publish_checkpoint(directory: Path) -> None:
     """Rank 0, after every rank saved: move the complete ``.partial`` directory to ``directory``.
 
@@ -104,6 +164,11 @@ class CheckpointRecords:
     shared: dict[str, Any]
 
     @property
+    def sharded(self) -> bool:
+        """A DCP directory (written under ``parallel`` ``fsdp2`` / ``hsdp``)."""
+        return self.own.get("format") == "dcp"
+
+    @property
     def step(self) -> int:
         return int(self.own["step"])
 
@@ -117,6 +182,12 @@ def read_checkpoint(directory: Path, rank: int, world_size: int) -> CheckpointRe
     """Load and check this rank's checkpoint files; ``UserError`` naming the file if unusable."""
     if not directory.is_dir():
         raise UserError(f"--resume {directory}: no such checkpoint directory")
+    if (directory / SHARDED_META).is_file():
+        meta = _load(directory / SHARDED_META)
+        if meta.get("format_version") != FORMAT_VERSION:
+            raise UserError(f"--resume {directory}: unsupported checkpoint format "
+                            f"{meta.get('format_version')}")
+        return CheckpointRecords(directory, meta, meta)  # DCP reshards to any world size
     own = _load(directory / f"rank{rank}.pt")
     shared = own if rank == 0 else _load(directory / "rank0.pt")
     if own.get("format_version") != FORMAT_VERSION:
@@ -138,15 +209,23 @@ def restore_checkpoint(
 ) -> tuple[int, float]:
     """Restore everything ``save_checkpoint`` wrote; return ``(step, train_time_ms)``."""
     own, directory = records.own, records.directory
-    if len(own["optimizers"]) != len(optimizers):
+    if records.sharded and own["num_optimizers"] != len(optimizers):
+        raise UserError(
+            f"--resume {directory}: checkpoint holds {own['num_optimizers']} optimizers, the "
+            f"run builds {len(optimizers)} (different optimizer setup?)"
+        )
+    if not records.sharded and len(own["optimizers"]) != len(optimizers):
         raise UserError(
             f"--resume {directory}: checkpoint holds {len(own['optimizers'])} optimizers, the "
             f"run builds {len(optimizers)} (different optimizer setup?)"
         )
     try:
-        model.load_state_dict(records.shared["model"])
-        for opt, state in zip(optimizers, own["optimizers"]):
-            opt.load_state_dict(state)
+        if records.sharded:
+            _load_sharded(directory, model, optimizers)
+        else:
+            model.load_state_dict(records.shared["model"])
+            for opt, state in zip(optimizers, own["optimizers"]):
+                opt.load_state_dict(state)
     except (KeyError, ValueError, RuntimeError) as exc:
         first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise UserError(f"--resume {directory}: does not fit this run's model or optimizer "
@@ -156,6 +235,41 @@ def restore_checkpoint(
     if own["cuda_rng"] is not None and torch.cuda.is_available():
         torch.cuda.set_rng_state(own["cuda_rng"])
     return records.step, float(own["train_time_ms"])
+
+
+def _load_sharded(directory: Path, model: nn.Module,
+                  optimizers: list[torch.optim.Optimizer]) -> None:
+    """Collective: fill the model and optimizers from a DCP directory (resharded by DCP)."""
+    import torch.distributed.checkpoint as dcp
+
+    for opt in optimizers:
+        _create_lazy_state(opt)
+    state = _sharded_state(model, optimizers)
+    dcp.load(state, checkpoint_id=directory)
+    model.load_state_dict(state["model"])
+    for i, opt in enumerate(optimizers):
+        opt.load_state_dict(state["optimizers"][str(i)])
+
+
+@torch.no_grad()
+def _create_lazy_state(opt: torch.optim.Optimizer) -> None:
+    """Give an optimizer that builds its state on the first step (AdamW) that state, so that a
+    DCP load has tensors to fill: one step on zero gradients at learning rate 0 (parameters
+    unchanged; the state it makes is overwritten by the load). No-op when state exists.
+    """
+    if opt.state:
+        return
+    params = [p for group in opt.param_groups for p in group["params"]]
+    for p in params:
+        p.grad = torch.zeros_like(p)
+    lrs = [group["lr"] for group in opt.param_groups]
+    for group in opt.param_groups:
+        group["lr"] = 0.0
+    opt.step()
+    for group, lr in zip(opt.param_groups, lrs):
+        group["lr"] = lr
+    for p in params:
+        p.grad = None
 
 
 def _load(path: Path) -> dict[str, Any]:

@@ -39,6 +39,13 @@ SHAMPOO_FAMILY = ("shampoo", "soap", "muon")
 DATASETS = ("embedded", "shards")
 DEVICES = ("auto", "cpu", "cuda")
 DISTRIBUTORS = ("auto", "single", "ddp")
+# How the model is spread over ranks: "ddp" replicates it (the trainer averages gradients);
+# "fsdp2" shards every parameter over all ranks (``fully_shard``); "hsdp" shards within groups
+# of ``hsdp_shard_size`` ranks and replicates across the groups (a 2-D mesh).
+PARALLEL_MODES = ("ddp", "fsdp2", "hsdp")
+# FSDPParamAssignmentStrategy of the sharded Shampoo (see its docstring): "round_robin" and
+# "replicate" are lossless, "default" preconditions each rank's shard on its own.
+FSDP_ASSIGNMENTS = ("default", "round_robin", "replicate")
 STORAGE_DTYPES = ("float32", "bfloat16")
 AUTOCAST_CHOICES = ("auto", "bf16", "off")
 RANK_DEFICIENT_STABILITY = ("perturbation", "pseudo-inverse")
@@ -120,6 +127,13 @@ class TrainConfig:
     distributor: str = "auto"
     communication_dtype: str = "float32"
     communicate_params: bool = True
+    # --- model parallelism (PARALLEL_MODES). Under fsdp2/hsdp the Shampoo-family matrix
+    # optimizer shards with ``fsdp_assignment``, ``distributor`` must stay "auto", and the
+    # embed/head/scalars use AdamW (DistAdam does not apply to sharded parameters).
+    parallel: str = "ddp"
+    fsdp_assignment: str = "round_robin"
+    # Ranks per shard group under hsdp; 0: the local world size (shard within a node).
+    hsdp_shard_size: int = 0
     # --- evaluation, logging, checkpoints
     val_every: int = 50
     val_tokens: int = 32768
@@ -155,6 +169,8 @@ class TrainConfig:
         _check_choice("factor_dtype", self.factor_dtype, STORAGE_DTYPES)
         _check_choice("communication_dtype", self.communication_dtype, STORAGE_DTYPES)
         _check_choice("autocast", self.autocast, AUTOCAST_CHOICES)
+        _check_choice("parallel", self.parallel, PARALLEL_MODES)
+        _check_choice("fsdp_assignment", self.fsdp_assignment, FSDP_ASSIGNMENTS)
         _check_choice("rank_deficient_stability", self.rank_deficient_stability,
                       RANK_DEFICIENT_STABILITY)
         for name in ("seq_len", "batch_size", "grad_accum_steps", "num_iterations", "val_tokens",
@@ -163,7 +179,7 @@ class TrainConfig:
             if getattr(self, name) < 1:
                 raise ValueError(f"TrainConfig.{name} must be >= 1, got {getattr(self, name)}")
         for name in ("val_every", "log_every", "checkpoint_every", "seed", "vocab_size",
-                     "threads"):
+                     "threads", "hsdp_shard_size"):
             if getattr(self, name) < 0:
                 raise ValueError(f"TrainConfig.{name} must be >= 0, got {getattr(self, name)}")
         # "not >= 0" also refuses NaN; inf stays allowed (a run that diverges at once).
@@ -186,6 +202,7 @@ class TrainConfig:
                 "TrainConfig.start_preconditioning_step must be -1 or >= the precondition "
                 f"frequency ({frequency}), got {self.start_preconditioning_step}"
             )
+        self._check_parallel()
         if self.dataset == "shards":
             for name in ("train_files", "val_files"):
                 if not getattr(self, name):
@@ -202,6 +219,22 @@ class TrainConfig:
             raise ValueError(f"TrainConfig.profile_steps must be >= 0, got {self.profile_steps}")
         if self.profile_steps and not self.profile_dir:
             raise ValueError("TrainConfig.profile_dir is required when profile_steps is set")
+
+    def _check_parallel(self) -> None:
+        """The fields that only fit one parallel mode (``ValueError`` naming the field)."""
+        if self.parallel != "hsdp" and self.hsdp_shard_size:
+            raise ValueError("TrainConfig.hsdp_shard_size applies to parallel='hsdp' only, got "
+                             f"{self.hsdp_shard_size} with parallel={self.parallel!r}")
+        if self.parallel == "ddp":
+            return
+        if "distadam" in OPTIMIZER_SETUPS[self.optimizer]:
+            raise ValueError(
+                f"TrainConfig.optimizer {self.optimizer!r} uses DistAdam, which does not apply "
+                f"under parallel={self.parallel!r} (sharded parameters); use an AdamW setup "
+                f"such as {self.optimizer.removesuffix('-distadam').replace('distadam', 'adamw')!r}")
+        if self.distributor != "auto":
+            raise ValueError(f"TrainConfig.distributor must be 'auto' under parallel="
+                             f"{self.parallel!r} (the sharding decides), got {self.distributor!r}")
 
     @property
     def tokens_per_step(self) -> int:

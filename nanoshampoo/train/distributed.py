@@ -1,7 +1,8 @@
 """Process-group setup for training and the DDP-style gradient average.
 
 One entry point serves a plain process (world size 1) and ``torchrun`` (env:// rendezvous):
-NCCL when the device is CUDA, gloo on CPU. A process group that already exists (e.g. one made
+NCCL when the device is CUDA, gloo on CPU. A plain process that needs a group (``fully_shard``
+needs one even for one rank) gets a one-rank group on a private file store. A process group that already exists (e.g. one made
 by ``nanoshampoo.testing.distributed.run_on_gloo``) is used as is. A group made here has a
 timeout: a collective waiting on a dead or hung rank fails after it instead of hanging.
 
@@ -14,8 +15,10 @@ Example:
 from __future__ import annotations
 
 import os
+import tempfile
 from dataclasses import dataclass
 from datetime import timedelta
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -37,10 +40,13 @@ class DistributedContext:
         return self.rank == 0
 
 
-def setup_distributed(device: str, timeout_s: float = 600.0) -> DistributedContext:
+def setup_distributed(device: str, timeout_s: float = 600.0,
+                      need_process_group: bool = False) -> DistributedContext:
     """Pick the device and join (or create) the process group described by the environment.
 
     ``timeout_s`` bounds how long a collective of a group created here waits for the others.
+    ``need_process_group``: also create a group for a single process (``torchrun`` with one
+    rank uses its env:// rendezvous; a plain process a one-rank group on a private file store).
     """
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -51,10 +57,18 @@ def setup_distributed(device: str, timeout_s: float = 600.0) -> DistributedConte
     if torch_device.type == "cuda":
         torch.cuda.set_device(torch_device)
     owns = False
+    backend = "nccl" if torch_device.type == "cuda" else "gloo"
+    timeout = timedelta(seconds=timeout_s)
     if not dist.is_initialized() and int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        backend = "nccl" if torch_device.type == "cuda" else "gloo"
-        dist.init_process_group(backend, init_method="env://",
-                                timeout=timedelta(seconds=timeout_s))
+        dist.init_process_group(backend, init_method="env://", timeout=timeout)
+        owns = True
+    elif not dist.is_initialized() and need_process_group:
+        if "MASTER_ADDR" in os.environ:
+            dist.init_process_group(backend, init_method="env://", timeout=timeout)
+        else:
+            store = Path(tempfile.mkdtemp(prefix="nanoshampoo-pg-")) / "store"
+            dist.init_process_group(backend, init_method=f"file://{store}", rank=0,
+                                    world_size=1, timeout=timeout)
         owns = True
     if dist.is_initialized():
         return DistributedContext(dist.get_rank(), dist.get_world_size(), torch_device, owns)
@@ -147,3 +161,41 @@ def _all_reduce_bucket(bucket: list[torch.nn.Parameter], ctx: DistributedContext
     for g in grads:
         g.copy_(flat[offset:offset + g.numel()].view_as(g))  # type: ignore[union-attr]
         offset += g.numel()  # type: ignore[union-attr]
+
+
+def shard_model(model: torch.nn.Module, blocks: torch.nn.ModuleList, ctx: DistributedContext,
+                parallel: str, hsdp_shard_size: int, bf16_params: bool) -> None:
+    """``fully_shard`` each of ``blocks``, then the root ``model`` (parameters become DTensors).
+
+    ``parallel``: ``fsdp2`` shards over all ranks (1-D mesh); ``hsdp`` on a 2-D mesh
+    ``(world / hsdp_shard_size) x hsdp_shard_size`` (replicate x shard; ``0``: the local world
+    size). With ``bf16_params`` the forward/backward run on bfloat16 copies of the parameters
+    and gradients are reduced in float32; the sharded parameters stay float32. FSDP averages
+    the gradients over every rank of the mesh, so the trainer reduces none itself.
+    Collective; raises ``UserError`` when the shard size does not divide the world size.
+    """
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    from nanoshampoo.train.config import UserError
+
+    if parallel == "hsdp":
+        shard = hsdp_shard_size or local_world_size()
+        if ctx.world_size % shard:
+            raise UserError(f"--hsdp-shard-size {shard}: must divide the world size "
+                            f"({ctx.world_size})")
+        mesh = init_device_mesh(ctx.device.type, (ctx.world_size // shard, shard),
+                                mesh_dim_names=("replicate", "shard"))
+    else:
+        mesh = init_device_mesh(ctx.device.type, (ctx.world_size,), mesh_dim_names=("shard",))
+    policy = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+              if bf16_params else MixedPrecisionPolicy())
+    for block in blocks:
+        fully_shard(block, mesh=mesh, mp_policy=policy)
+    fully_shard(model, mesh=mesh, mp_policy=policy)
+
+
+def local_tensor(tensor: torch.Tensor) -> torch.Tensor:
+    """This rank's part of ``tensor``: the local shard of a DTensor, a plain tensor as is."""
+    to_local = getattr(tensor, "to_local", None)
+    return to_local() if to_local is not None else tensor

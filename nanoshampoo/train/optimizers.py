@@ -23,6 +23,10 @@ The shampoo-family setups share ``max_preconditioner_dim``, ``start_precondition
 ``factor_dtype``, ``rank_deficient_stability`` (shampoo and soap) and the distributor fields.
 Gradients of every parameter not owned by a DistAdam are averaged across ranks by the trainer
 before the step (``OptimizerSetup.all_reduce_params``); DistAdam reduce-scatters its own.
+Under ``parallel`` ``fsdp2`` / ``hsdp`` the parameters are DTensors whose gradients FSDP has
+already averaged: the trainer reduces none, AdamW steps the local shards, and the Shampoo family
+uses ``FullyShardDistributedConfig`` / ``HybridShardDistributedConfig`` with the
+``fsdp_assignment`` strategy (``round_robin``: lossless, each parameter's owner gathers it).
 
 Example:
     >>> model = GPT(gpt_preset("tiny", vocab_size=256))
@@ -139,7 +143,9 @@ def build_optimizer_setup(model: GPT, cfg: TrainConfig, world_size: int) -> Opti
         optimizers.append(build_shampoo(groups["matrix"], cfg, world_size))
 
     sharded = {id(p) for p in distadam_params}
-    all_reduce = [p for p in model.parameters() if id(p) not in sharded]
+    # FSDP reduces every gradient itself under fsdp2 / hsdp.
+    all_reduce = [p for p in model.parameters()
+                  if id(p) not in sharded and cfg.parallel == "ddp"]
     return OptimizerSetup(optimizers=optimizers, groups=groups, all_reduce_params=all_reduce)
 
 
@@ -160,14 +166,20 @@ def build_shampoo(params: list[nn.Parameter], cfg: TrainConfig,
     ``muon``: spectral descent (see the module docstring). The distributor is DDP (each rank
     computes its share of the blocks, results travel in ``communication_dtype``) when
     ``cfg.distributor`` is ``ddp``, or ``auto`` on more than one rank; otherwise every rank
-    computes every block.
+    computes every block. Under ``cfg.parallel`` ``fsdp2`` / ``hsdp`` (``params`` are
+    ``fully_shard`` DTensors) it is the fully-sharded / hybrid-sharded distributor with the
+    ``cfg.fsdp_assignment`` strategy.
     """
     from nanoshampoo.optim.shampoo import (
         AdamPreconditionerConfig,
         DDPDistributedConfig,
+        DistributedConfig,
         DistributedShampoo,
         EigenConfig,
         EigenvalueCorrectedShampooPreconditionerConfig,
+        FSDPParamAssignmentStrategy,
+        FullyShardDistributedConfig,
+        HybridShardDistributedConfig,
         NewtonSchulzOrthogonalizationConfig,
         PerturbationConfig,
         PseudoInverseConfig,
@@ -181,13 +193,22 @@ def build_shampoo(params: list[nn.Parameter], cfg: TrainConfig,
     factor_dtype = getattr(torch, cfg.factor_dtype)
     pseudo_inverse = cfg.rank_deficient_stability == "pseudo-inverse"
     stability = PseudoInverseConfig() if pseudo_inverse else PerturbationConfig()
-    distributed = cfg.distributor == "ddp" or (cfg.distributor == "auto" and world_size > 1)
-    distributed_config = (
-        DDPDistributedConfig(communication_dtype=getattr(torch, cfg.communication_dtype),
-                             communicate_params=cfg.communicate_params)
-        if distributed
-        else SingleDeviceDistributedConfig()
-    )
+    communication_dtype = getattr(torch, cfg.communication_dtype)
+    distributed_config: DistributedConfig
+    if cfg.parallel == "ddp":
+        distributed = cfg.distributor == "ddp" or (cfg.distributor == "auto" and world_size > 1)
+        distributed_config = (
+            DDPDistributedConfig(communication_dtype=communication_dtype,
+                                 communicate_params=cfg.communicate_params)
+            if distributed
+            else SingleDeviceDistributedConfig()
+        )
+    else:
+        sharded_config = (FullyShardDistributedConfig if cfg.parallel == "fsdp2"
+                          else HybridShardDistributedConfig)
+        distributed_config = sharded_config(
+            param_assignment_strategy=FSDPParamAssignmentStrategy[cfg.fsdp_assignment.upper()],
+            communication_dtype=communication_dtype, communicate_params=cfg.communicate_params)
     common: dict[str, Any] = dict(
         max_preconditioner_dim=cfg.max_preconditioner_dim,
         start_preconditioning_step=cfg.start_preconditioning_step,

@@ -8,7 +8,8 @@ validate (every ``val_every`` steps and at the end; not timed), checkpoint (ever
 ``checkpoint_every`` steps and at the end; not timed), then one optimizer step (timed):
 ``grad_accum_steps`` micro-batches of forward + backward (autocast as resolved), the loss scaled
 by ``1 / grad_accum_steps``, gradients synced only after the last micro-batch (DistAdam's hooks;
-the trainer's all-reduce of the others); a finiteness check of the loss and every gradient;
+the trainer's all-reduce of the others; FSDP's reduce-scatter under ``parallel`` ``fsdp2`` /
+``hsdp``, where the blocks and then the root are ``fully_shard``-ed); a finiteness check of the loss and every gradient;
 set the scheduled learning rates; step every optimizer.
 
 With ``threads=0`` on CPU the thread count is re-probed every ``RETUNE_STEPS`` steps (outside
@@ -50,6 +51,7 @@ from nanoshampoo.train.checkpoint import (
     read_checkpoint,
     restore_checkpoint,
     save_checkpoint,
+    save_sharded_checkpoint,
 )
 from nanoshampoo.train.config import TrainConfig, UserError
 from nanoshampoo.train.data_source import DataSource, resolve_data
@@ -61,8 +63,10 @@ from nanoshampoo.train.distributed import (
     barrier,
     broadcast_object,
     first_error_on_any_rank,
+    local_tensor,
     local_world_size,
     setup_distributed,
+    shard_model,
     teardown_distributed,
 )
 from nanoshampoo.train.hardware import (
@@ -109,7 +113,8 @@ class Trainer:
 
     def __init__(self, cfg: TrainConfig) -> None:
         self.cfg = cfg
-        self.ctx = setup_distributed(cfg.device, cfg.dist_timeout_s)
+        self.ctx = setup_distributed(cfg.device, cfg.dist_timeout_s,
+                                     need_process_group=cfg.parallel != "ddp")
         try:
             self._build()
         except BaseException:
@@ -130,6 +135,10 @@ class Trainer:
             resolve_autocast(cfg.autocast, ctx.device) if ctx.is_main else None, ctx)
         self.data: DataSource = resolve_data(cfg, ctx)
         checkpoint = self._read_resume_checkpoint()
+        if checkpoint is not None and checkpoint.sharded != (cfg.parallel != "ddp"):
+            written = checkpoint.own.get("parallel", "ddp")
+            raise UserError(f"--resume {checkpoint.directory}: written with --parallel {written}, "
+                            f"this run uses --parallel {cfg.parallel}")
         self.run_id = self._agree_on_run_id(checkpoint)
         append = checkpoint is not None and self.run_id == checkpoint.run_id
         self.log = RunLog(cfg.out_dir, self.run_id, enabled=ctx.is_main, append=append)
@@ -145,6 +154,10 @@ class Trainer:
                             f"max_seq_len ({model_config.max_seq_len})")
         self.model = GPT(model_config).to(ctx.device)
         _broadcast_parameters(self.model, ctx)
+        if cfg.parallel != "ddp":
+            # Each rank keeps its dim-0 shard of rank 0's weights.
+            shard_model(self.model, self.model.blocks, ctx, cfg.parallel, cfg.hsdp_shard_size,
+                        bf16_params=self.autocast.enabled)
         self.param_names = {id(p): name for name, p in self.model.named_parameters()}
         self.setup = build_optimizer_setup(self.model, cfg, ctx.world_size)
         remember_peak_lrs(self.setup.optimizers)
@@ -218,7 +231,8 @@ class Trainer:
         cfg, ctx, total = self.cfg, self.ctx, self.cfg.num_iterations
         self.log.start(self._config_record(), self._environment())
         if ctx.is_main:
-            print(f"run {self.run_id}: {cfg.optimizer} on {ctx.device.type} x{ctx.world_size}, "
+            print(f"run {self.run_id}: {cfg.optimizer} on {ctx.device.type} x{ctx.world_size} "
+                  f"({cfg.parallel}), "
                   f"{torch.get_num_threads()} threads ({self.threads_reason}), autocast "
                   f"{self.autocast.name} ({self.autocast.reason})", flush=True)
         bar = tqdm(total=total, initial=self.start_step, disable=not (ctx.is_main and cfg.progress),
@@ -291,7 +305,7 @@ class Trainer:
         targets = targets.to(self.ctx.device, non_blocking=True)
         total = torch.zeros((), dtype=torch.float32, device=self.ctx.device)
         for micro, (x, y) in enumerate(zip(inputs.chunk(accum), targets.chunk(accum))):
-            self.setup.set_gradient_sync(micro == accum - 1)
+            self._set_gradient_sync(micro == accum - 1)
             with torch.autocast(self.ctx.device.type, dtype=torch.bfloat16,
                                 enabled=self.autocast.enabled):
                 loss = self.forward(x, y) / accum
@@ -307,14 +321,21 @@ class Trainer:
             opt.zero_grad(set_to_none=True)
         return total
 
+    def _set_gradient_sync(self, enabled: bool) -> None:
+        """Whether this backward reduces gradients across ranks (the optimizers' hooks, FSDP)."""
+        self.setup.set_gradient_sync(enabled)
+        set_fsdp_sync = getattr(self.model, "set_requires_gradient_sync", None)
+        if set_fsdp_sync is not None:
+            set_fsdp_sync(enabled)
+
     def _check_finite_loss_and_gradients(self, step: int, loss: torch.Tensor) -> None:
         """Raise ``TrainingDiverged`` (on every rank) if the loss or a gradient is NaN/Inf.
 
         One fused pass: the norm of every gradient (NaN/Inf propagate into it), then one host
-        sync for the verdict. Gradients of DistAdam parameters are this rank's own, hence the
-        vote across ranks.
+        sync for the verdict. Gradients of DistAdam parameters, and sharded (DTensor) ones, are
+        this rank's own, hence the vote across ranks.
         """
-        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
+        grads = [local_tensor(p.grad) for p in self.model.parameters() if p.grad is not None]
         norms = torch._foreach_norm(grads) if grads else []
         finite = torch.stack([loss.float(), *norms]).isfinite().all()
         if not any_rank_true(not bool(finite.item()), self.ctx):
@@ -329,7 +350,7 @@ class Trainer:
         """``"; first non-finite parameter: NAME"`` (or gradient), ``""`` if all are finite."""
         for name, p in self.model.named_parameters():
             tensor = p.grad if gradients else p
-            if tensor is not None and not bool(torch.isfinite(tensor).all()):
+            if tensor is not None and not bool(torch.isfinite(local_tensor(tensor)).all()):
                 return f"; first non-finite {'gradient' if gradients else 'parameter'}: {name}"
         return ""
 
@@ -358,13 +379,19 @@ class Trainer:
 
     def _save_checkpoint(self, step: int) -> Path:
         """Save a checkpoint of the state after ``step`` steps, unless a parameter is NaN/Inf."""
-        finite = all(bool(torch.isfinite(p).all()) for p in self.model.parameters())
+        finite = all(bool(torch.isfinite(local_tensor(p)).all()) for p in self.model.parameters())
         if any_rank_true(not finite, self.ctx):
             raise TrainingDiverged(step, "non-finite parameter before the checkpoint"
                                    + self._culprit(gradients=False))
         directory = checkpoint_path(self.cfg.out_dir, self.run_id, step)
-        save_checkpoint(directory, self.ctx.rank, self.ctx.world_size, step, self.train_time_ms,
-                        self.model, self.setup.optimizers, self.loader, self.run_id)
+        if self.cfg.parallel == "ddp":
+            save_checkpoint(directory, self.ctx.rank, self.ctx.world_size, step,
+                            self.train_time_ms, self.model, self.setup.optimizers, self.loader,
+                            self.run_id)
+        else:
+            save_sharded_checkpoint(directory, self.ctx.rank, step, self.train_time_ms,
+                                    self.model, self.setup.optimizers, self.loader, self.run_id,
+                                    self.cfg.parallel)
         barrier(self.ctx)  # every rank has written its file
         if self.ctx.is_main:
             publish_checkpoint(directory)
