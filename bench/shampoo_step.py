@@ -4,7 +4,8 @@ Parameters: by default one GPT-small transformer block's matrices (four 768x768,
 one 3072x768; ``--shapes`` changes them). AdamW (``torch.optim.AdamW``, its default
 implementation for the device) is timed first, in the same process, on the same shapes. Then
 for each ``max_preconditioner_dim`` in ``--max-dims`` and ``precondition_frequency`` f in
-``--frequencies``: Shampoo with eigh roots, factor matrices in ``--dtype``, Adam grafting.
+``--frequencies``: Shampoo with eigh roots, factor matrices in ``--dtype``, Adam grafting;
+``--amortize-roots on|both`` times the schedule that spreads the roots over the period too.
 
 Every step gets fresh random gradients (untimed). Warm-up runs ``--warmup`` steps past the
 first root computation (step f), so every timed step is preconditioned. The timed window is
@@ -33,7 +34,7 @@ starts on an idle device (synchronized before), so the step's event span is its 
 Usage:
     python bench/shampoo_step.py [--device cpu|cuda] [--dtype float32|bfloat16] [--threads N]
         [--steps 10] [--warmup 2] [--max-dims 1024,8192] [--frequencies 1,10]
-        [--shapes 768x768,768x3072] [--json OUT]
+        [--amortize-roots off|on|both] [--shapes 768x768,768x3072] [--json OUT]
 
 Cost on a 2-core AMD EPYC (fp32, 2 threads): a max_dim 1024 step takes ~0.5 s without roots
 and ~2.7 s with them; the 8192 rows add eigh of 3072x3072 factors (several seconds each), so
@@ -275,6 +276,7 @@ def bench_shampoo(
     frequency: int,
     steps: int,
     warmup: int,
+    amortize_roots: bool = False,
 ) -> Result:
     clock = Clock(device)
     timer = PhaseTimer(clock)
@@ -286,6 +288,7 @@ def bench_shampoo(
         shampoo = DistributedShampoo(
             params, lr=1e-3, betas=(0.9, 0.999), epsilon=1e-12,
             max_preconditioner_dim=max_dim, precondition_frequency=frequency,
+            amortize_roots=amortize_roots,
             grafting_config=AdamPreconditionerConfig(beta2=0.999, epsilon=1e-8),
             preconditioner_config=RootInvShampooPreconditionerConfig(
                 amortized_computation_config=EigenConfig(), factor_matrix_dtype=factor_dtype
@@ -300,7 +303,8 @@ def bench_shampoo(
             f"{[f'{o.__name__}.{n}' for o, n, p in INSTRUMENTED_METHODS if p in never_called]}"
         )
     return Result(
-        f"Shampoo max_dim={max_dim} freq={frequency}", step_ms,
+        f"Shampoo max_dim={max_dim} freq={frequency}" + (" amortized" if amortize_roots else ""),
+        step_ms,
         shampoo.optimizer_state_bytes() / param_bytes, phase_ms, max_dim, frequency,
     )
 
@@ -369,6 +373,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps after the first root computation")
     parser.add_argument("--max-dims", default="1024", help="comma-separated max_preconditioner_dim values")
     parser.add_argument("--frequencies", default="1,10", help="comma-separated precondition_frequency values")
+    parser.add_argument("--amortize-roots", default="off", choices=("off", "on", "both"),
+                        help="amortize_roots of the Shampoo runs (both: one row each)")
     parser.add_argument("--shapes", default=GPT_SMALL_SHAPES, help="comma-separated ROWSxCOLS parameter shapes")
     parser.add_argument("--json", type=Path, help="also write the figures as JSON here")
     args = parser.parse_args(argv)
@@ -388,13 +394,16 @@ def main(argv: Sequence[str] | None = None) -> None:
     device = torch.device(args.device)
     env = environment(device)
     settings = {"device": args.device, "dtype": args.dtype, "steps": args.steps, "warmup": args.warmup,
-                "shapes": args.shapes}
+                "shapes": args.shapes, "amortize_roots": args.amortize_roots}
 
     adamw = bench_adamw(shapes, device, args.steps, args.warmup)
     results = [
-        bench_shampoo(shapes, device, DTYPES[args.dtype], max_dim, frequency, args.steps, args.warmup)
+        bench_shampoo(
+            shapes, device, DTYPES[args.dtype], max_dim, frequency, args.steps, args.warmup, amortize
+        )
         for max_dim in max_dims
         for frequency in frequencies
+        for amortize in {"off": (False,), "on": (True,), "both": (False, True)}[args.amortize_roots]
     ]
     print(format_report(env, settings, adamw, results))
     if args.json:

@@ -30,7 +30,7 @@ hyperparameters need are allocated when the group is added.
 A step is all or nothing. Before anything moves it checks, for every group: the
 hyperparameters (re-validated every step, so that a scheduler's ``lr = inf`` is refused), that
 the entries fixed at construction are unchanged (``params``, ``max_preconditioner_dim``,
-``preconditioner_config``, ``grafting_config``, ``distributed_config``: they decide the blocks,
+``preconditioner_config``, ``grafting_config``, ``distributed_config``, ``momentum_dtype``: they decide the blocks,
 which rank holds them and the layout of their state), and that every gradient is dense, real
 and of its parameter's shape; a failure raises ``ValueError`` naming the field or parameter.
 Then one fused finiteness check over all gradients: with ``nonfinite_grad_policy="raise"``
@@ -81,6 +81,7 @@ from nanoshampoo.optim.shampoo.preconditioner.spectral_descent_preconditioner im
 )
 from nanoshampoo.optim.shampoo.shampoo_types import (
     GRAFTING_CONFIG_TYPES,
+    check_ema_storage_dtype,
     AdaGradPreconditionerConfig,
     AdamPreconditionerConfig,
     DDPDistributedConfig,
@@ -107,7 +108,10 @@ NONFINITE_GRAD_POLICIES = ("raise", "skip")
 _GRAFTING_NORM_EPSILON = 1e-16
 # Group entries fixed when the group is added: they decide the blocks, which rank holds them and
 # the layout of their state. A change after construction (or from a checkpoint) is refused.
-_FIXED_KEYS = ("max_preconditioner_dim", "preconditioner_config", "grafting_config", "distributed_config")
+_FIXED_KEYS = (
+    "max_preconditioner_dim", "preconditioner_config", "grafting_config", "distributed_config",
+    "momentum_dtype",
+)
 # Group entries a step reads; changing them between steps is supported.
 _STEP_KEYS = (
     "lr", "betas", "beta3", "epsilon", "momentum", "dampening", "use_nesterov", "weight_decay",
@@ -141,11 +145,15 @@ def build_preconditioner(
     if isinstance(config, SpectralDescentPreconditionerConfig):
         return SpectralDescentPreconditioner(buckets, config)
     if isinstance(config, AdamPreconditionerConfig):
-        return AdaGradPreconditioner(buckets, config.beta2, config.epsilon, True)
+        return AdaGradPreconditioner(
+            buckets, config.beta2, config.epsilon, True, config.second_moment_dtype
+        )
     if isinstance(config, RMSpropPreconditionerConfig):
-        return AdaGradPreconditioner(buckets, config.beta2, config.epsilon, False)
+        return AdaGradPreconditioner(
+            buckets, config.beta2, config.epsilon, False, config.second_moment_dtype
+        )
     if isinstance(config, AdaGradPreconditionerConfig):
-        return AdaGradPreconditioner(buckets, 1.0, config.epsilon, False)
+        return AdaGradPreconditioner(buckets, 1.0, config.epsilon, False, config.second_moment_dtype)
     if isinstance(config, SGDPreconditionerConfig):
         return SGDPreconditioner(buckets)
     raise ValueError(f"preconditioner_config: unsupported config {config!r}")
@@ -246,6 +254,12 @@ def validate_group(group: Mapping[str, Any]) -> None:
     )
     check(isinstance(group["use_bias_correction"], bool), "use_bias_correction", "must be a bool")
     check(isinstance(group["amortize_roots"], bool), "amortize_roots", "must be a bool")
+    # The filtered gradient is an EMA with new-sample weight 1 - beta1; momentum adds whole
+    # updates, so only the former limits the storage dtype.
+    check_ema_storage_dtype(
+        "momentum_dtype", group["momentum_dtype"], 1.0 - betas[0] if betas[0] > 0.0 else 1.0,
+        "1 - betas[0]",
+    )
 
 
 def validate_params(params: Sequence[torch.Tensor]) -> None:
@@ -286,6 +300,7 @@ class _Hyperparameters:
     start_preconditioning_step: int
     use_bias_correction: bool
     amortize_roots: bool
+    momentum_dtype: torch.dtype | None
     group_values: tuple[Any, ...]
 
     @classmethod
@@ -308,6 +323,7 @@ class _Hyperparameters:
             start_preconditioning_step=frequency if start == -1 else start,
             use_bias_correction=group["use_bias_correction"],
             amortize_roots=group["amortize_roots"],
+            momentum_dtype=group["momentum_dtype"],
             group_values=_step_values(group),
         )
 
@@ -317,7 +333,8 @@ class _Hyperparameters:
         return {
             "params": self.weight_decay > 0.0,
             "filtered": filtering,
-            "filtered_out": filtering and (self.beta3 != self.beta1 or self.use_bias_correction),
+            "filtered_out": filtering
+            and (self.beta3 != self.beta1 or self.use_bias_correction or self.momentum_dtype is not None),
             "momentum": self.momentum > 0.0,
         }
 
@@ -457,10 +474,24 @@ class _GroupRuntime:
         if not self.buckets:  # a DDP rank that owns no block: nothing to hold
             return False
         changed = False
+        state_dtype = hyperparameters.momentum_dtype
         for name, needed in hyperparameters.buffers_needed().items():
             present = bool(getattr(self, name))
             if needed != present:
-                setattr(self, name, [b.zeros() for b in self.buckets] if needed else [])
+                dtypes = [
+                    (state_dtype if name in ("filtered", "momentum") and state_dtype else b.dtype)
+                    for b in self.buckets
+                ]
+                setattr(
+                    self,
+                    name,
+                    [
+                        torch.zeros(b.stacked_shape, dtype=dtype, device=b.device)
+                        for b, dtype in zip(self.buckets, dtypes)
+                    ]
+                    if needed
+                    else [],
+                )
                 changed = True
         self._param_slices = [list(buffer.unbind(0)) for buffer in self.params]
         return changed
@@ -481,7 +512,8 @@ class _GroupRuntime:
         needed = hyperparameters.buffers_needed()
         for entry, buffer in zip(_OPTIONAL_BLOCK_STATE, ("filtered", "momentum")):
             if needed[buffer]:
-                entries[f"{block_name}.{entry}"] = (torch.Size(bucket.shape), bucket.dtype)
+                dtype = hyperparameters.momentum_dtype or bucket.dtype
+                entries[f"{block_name}.{entry}"] = (torch.Size(bucket.shape), dtype)
         return entries
 
     def check_grads(self) -> None:
@@ -662,10 +694,19 @@ class _GroupRuntime:
             # The current-step average uses beta3 on the previous M, before M itself moves.
             torch._foreach_copy_(self.filtered_out, self.filtered)
             torch._foreach_lerp_(self.filtered_out, self.grads, 1.0 - beta3)
-        torch._foreach_lerp_(self.filtered, self.grads, 1.0 - beta1)
-        if beta3 == beta1 and not h.use_bias_correction:
+        if h.momentum_dtype is None:
+            torch._foreach_lerp_(self.filtered, self.grads, 1.0 - beta1)
+            updated = self.filtered
+        else:
+            # M is stored narrower: update it in the (still free) update buffers in the
+            # computation dtype and round it once into storage; this step uses the unrounded M.
+            torch._foreach_copy_(self.updates, self.filtered)
+            torch._foreach_lerp_(self.updates, self.grads, 1.0 - beta1)
+            torch._foreach_copy_(self.filtered, self.updates)
+            updated = self.updates
+        if beta3 == beta1 and not h.use_bias_correction and h.momentum_dtype is None:
             return self.filtered
-        source = self.filtered if beta3 == beta1 else self.filtered_out
+        source = updated if beta3 == beta1 else self.filtered_out
         correction = 1.0 - beta3 * beta1 ** (t - 1) if h.use_bias_correction else 1.0
         for out, value in zip(self.filtered_out, source):
             torch.div(value, correction, out=out)
@@ -726,6 +767,10 @@ class DistributedShampoo(torch.optim.Optimizer):
             ``precondition_frequency`` steps, a fixed share per step, instead of all at once
             every ``precondition_frequency`` steps (step 4 of the module docstring: a different,
             deterministic schedule).
+        momentum_dtype: storage dtype of the filtered gradient and the momentum (None: the
+            block's computation dtype). The filtered gradient is updated in the computation
+            dtype and rounded once per step, momentum in its storage dtype. A narrow dtype needs ``1 - betas[0] >= finfo(dtype).eps`` (bfloat16:
+            ``betas[0] <= 0.992``). Fixed at construction.
         grafting_config: None or an SGD/AdaGrad/RMSprop/Adam config: norm of the update per block.
         distributed_config: ``SingleDeviceDistributedConfig()`` (default) or DDP.
         preconditioner_config: ``DefaultShampooConfig`` or another ``PreconditionerConfig``.
@@ -736,8 +781,9 @@ class DistributedShampoo(torch.optim.Optimizer):
 
     Every group entry can be changed between steps (e.g. by a scheduler) and is validated again
     at the next step, except ``params``, ``max_preconditioner_dim``, ``preconditioner_config``,
-    ``grafting_config`` and ``distributed_config``: changing those raises ``ValueError``. An
-    invalid value raises before any parameter or state changes (see the module docstring).
+    ``grafting_config``, ``distributed_config`` and ``momentum_dtype``: changing those raises
+    ``ValueError``. An invalid value raises before any parameter or state changes (see the
+    module docstring).
 
     Example:
         >>> model = torch.nn.Linear(8, 4)
@@ -765,6 +811,7 @@ class DistributedShampoo(torch.optim.Optimizer):
         preconditioner_config: PreconditionerConfig = DefaultShampooConfig,
         *,
         amortize_roots: bool = False,
+        momentum_dtype: torch.dtype | None = None,
         momentum: float = 0.0,
         dampening: float = 0.0,
         use_nesterov: bool = False,
@@ -783,6 +830,7 @@ class DistributedShampoo(torch.optim.Optimizer):
             precondition_frequency=precondition_frequency,
             start_preconditioning_step=start_preconditioning_step,
             use_bias_correction=use_bias_correction, amortize_roots=amortize_roots,
+            momentum_dtype=momentum_dtype,
             grafting_config=grafting_config,
             distributed_config=distributed_config, preconditioner_config=preconditioner_config,
         )

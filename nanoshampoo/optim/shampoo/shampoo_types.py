@@ -63,6 +63,29 @@ def _check_positive(name: str, value: float) -> None:
         raise ValueError(f"{name} must be > 0.0, got {value!r}")
 
 
+def check_ema_storage_dtype(name: str, dtype: object, weight: float, weight_name: str) -> None:
+    """Raise ``ValueError`` naming ``name`` unless ``dtype`` (None or a float dtype) can hold an
+    EMA ``V <- (1 - w) V + w X`` whose new-sample weight is ``weight``.
+
+    Rounding to storage every step stalls the EMA when ``w < finfo(dtype).eps``: the change
+    ``w (X - V)`` is then below half an ulp of ``V`` unless ``X`` is far from ``V`` (bfloat16:
+    ``w >= 2^-7``, i.e. ``beta <= 0.992``). ``weight = 0`` means an accumulating sum
+    (AdaGrad), which stalls too once ``t > 1 / eps``. Only dtypes narrower than float32 are
+    checked.
+    """
+    if dtype is None:
+        return
+    if dtype not in FLOAT_DTYPES:
+        raise ValueError(f"{name} must be None or one of {FLOAT_DTYPES}, got {dtype!r}")
+    eps = torch.finfo(dtype).eps
+    # float32/float64 storage is what the computation uses anyway: never refused.
+    if eps > torch.finfo(torch.float32).eps and not weight >= eps:
+        raise ValueError(
+            f"{name} {dtype} cannot hold this EMA: {weight_name} {weight!r} must be >= "
+            f"finfo({dtype}).eps = {eps} (each step's change would round away)"
+        )
+
+
 # ---------------------------------------------------------------------------------------------
 # Preconditioners (the simple ones are also grafting configs)
 # ---------------------------------------------------------------------------------------------
@@ -84,12 +107,16 @@ class AdaGradPreconditionerConfig(PreconditionerConfig):
 
     Args:
         epsilon: added to ``sqrt(V)``; > 0.
+        second_moment_dtype: storage dtype of ``V``; None: the block's computation dtype. A
+            sum rounded to a narrow dtype stalls, so only float32/float64 are accepted here.
     """
 
     epsilon: float = 1e-10
+    second_moment_dtype: torch.dtype | None = None
 
     def __post_init__(self) -> None:
         _check_positive("epsilon", self.epsilon)
+        check_ema_storage_dtype("second_moment_dtype", self.second_moment_dtype, 0.0, "1 - beta2")
 
 
 @dataclass
@@ -101,14 +128,20 @@ class RMSpropPreconditionerConfig(PreconditionerConfig):
     Args:
         beta2: EMA factor of the second moment, in (0, 1].
         epsilon: added to ``sqrt(V)``; > 0.
+        second_moment_dtype: storage dtype of ``V``; None: the block's computation dtype.
+            A narrow dtype needs ``1 - beta2 >= finfo(dtype).eps`` (bfloat16: beta2 <= 0.992).
     """
 
     beta2: float = 0.99
     epsilon: float = 1e-10
+    second_moment_dtype: torch.dtype | None = None
 
     def __post_init__(self) -> None:
         _check_open_closed_unit("beta2", self.beta2, low_open=True, high_open=False)
         _check_positive("epsilon", self.epsilon)
+        check_ema_storage_dtype(
+            "second_moment_dtype", self.second_moment_dtype, 1.0 - self.beta2, "1 - beta2"
+        )
 
 
 @dataclass
@@ -118,14 +151,20 @@ class AdamPreconditionerConfig(PreconditionerConfig):
     Args:
         beta2: EMA factor of the second moment, in (0, 1].
         epsilon: added to the bias-corrected ``sqrt(V)``; > 0.
+        second_moment_dtype: storage dtype of ``V``; None: the block's computation dtype.
+            A narrow dtype needs ``1 - beta2 >= finfo(dtype).eps`` (bfloat16: beta2 <= 0.992).
     """
 
     beta2: float = 0.999
     epsilon: float = 1e-10
+    second_moment_dtype: torch.dtype | None = None
 
     def __post_init__(self) -> None:
         _check_open_closed_unit("beta2", self.beta2, low_open=True, high_open=False)
         _check_positive("epsilon", self.epsilon)
+        check_ema_storage_dtype(
+            "second_moment_dtype", self.second_moment_dtype, 1.0 - self.beta2, "1 - beta2"
+        )
 
 
 GRAFTING_CONFIG_TYPES = (
@@ -305,6 +344,10 @@ class ShampooPreconditionerConfig(PreconditionerConfig):
     Args:
         amortized_computation_config: root solver (``EigenConfig`` or ``CoupledNewtonConfig``).
         factor_matrix_dtype: storage dtype of the factor matrices (a float dtype).
+        inv_factor_matrix_dtype: storage dtype of the roots (the inverse factor matrices);
+            None: the block's computation dtype. A narrower dtype (e.g. ``torch.bfloat16``)
+            halves their memory; they are cast to the block dtype when applied, and the root's
+            eigenvalue floor is relative to the least precise of this and the factor dtype.
         inverse_exponent_override: ``{order: e}`` or ``{order: {dim: e}}``; the root of dim ``dim``
             of a block of order ``order`` becomes ``(A + eps I)^(-e)``. ``e = 0`` leaves that dim
             unpreconditioned (no factor is kept). Unlisted dims use ``1 / (2 * order)``.
@@ -316,6 +359,7 @@ class ShampooPreconditionerConfig(PreconditionerConfig):
     factor_matrix_dtype: torch.dtype = torch.float32
     inverse_exponent_override: dict[int, float | dict[int, float]] = field(default_factory=dict)
     num_tolerated_failed_amortized_computations: int = 3
+    inv_factor_matrix_dtype: torch.dtype | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.amortized_computation_config, RootInvConfig):
@@ -326,6 +370,11 @@ class ShampooPreconditionerConfig(PreconditionerConfig):
         if self.factor_matrix_dtype not in FLOAT_DTYPES:
             raise ValueError(
                 f"factor_matrix_dtype must be one of {FLOAT_DTYPES}, got {self.factor_matrix_dtype!r}"
+            )
+        if self.inv_factor_matrix_dtype is not None and self.inv_factor_matrix_dtype not in FLOAT_DTYPES:
+            raise ValueError(
+                f"inv_factor_matrix_dtype must be None or one of {FLOAT_DTYPES}, got "
+                f"{self.inv_factor_matrix_dtype!r}"
             )
         tolerated = self.num_tolerated_failed_amortized_computations
         if isinstance(tolerated, bool) or not isinstance(tolerated, int) or tolerated < 0:

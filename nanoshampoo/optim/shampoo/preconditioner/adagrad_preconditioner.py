@@ -17,7 +17,9 @@ class AdaGradPreconditioner(Preconditioner):
     """``V <- b2 V + w G^2`` (``w = 1`` if ``b2 == 1`` else ``1 - b2``); ``P = G / (sqrt(V / bc) + eps)``.
 
     AdaGrad is ``b2 = 1``; RMSprop is ``b2 < 1`` without bias correction; Adam is ``b2 < 1``
-    with ``bc = 1 - b2^t``. ``V`` lives in one stacked tensor per bucket (computation dtype).
+    with ``bc = 1 - b2^t``. ``V`` lives in one stacked tensor per bucket, in ``state_dtype``
+    (default: the computation dtype); a narrower ``V`` is updated in the computation dtype and
+    rounded once per step.
 
     Example:
         >>> bucket = BlockBucket((2,), torch.float32, torch.device("cpu"), ("b",))
@@ -35,29 +37,41 @@ class AdaGradPreconditioner(Preconditioner):
         beta2: float,
         epsilon: float,
         use_bias_correction: bool,
+        state_dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__(buckets)
         self._beta2 = beta2
         self._epsilon = epsilon
         self._use_bias_correction = use_bias_correction and beta2 < 1.0
-        self._second_moments = [bucket.zeros() for bucket in self._buckets]
+        self._second_moments = [
+            torch.zeros(b.stacked_shape, dtype=state_dtype or b.dtype, device=b.device)
+            for b in self._buckets
+        ]
         self._outputs = [bucket.zeros() for bucket in self._buckets]
+        self._narrow = any(v.dtype != b.dtype for v, b in zip(self._second_moments, self._buckets))
 
     def update_statistics(self, grads: Sequence[torch.Tensor], step: int) -> None:
         if not self._second_moments:
             return
+        # A narrower V is updated in the outputs (computation dtype) and rounded once.
+        moments = self._outputs if self._narrow else self._second_moments
+        if self._narrow:
+            torch._foreach_copy_(moments, self._second_moments)
         if self._beta2 == 1.0:
-            torch._foreach_addcmul_(self._second_moments, list(grads), list(grads))
+            torch._foreach_addcmul_(moments, list(grads), list(grads))
         else:
-            torch._foreach_mul_(self._second_moments, self._beta2)
-            torch._foreach_addcmul_(
-                self._second_moments, list(grads), list(grads), value=1.0 - self._beta2
-            )
+            torch._foreach_mul_(moments, self._beta2)
+            torch._foreach_addcmul_(moments, list(grads), list(grads), value=1.0 - self._beta2)
+        if self._narrow:
+            torch._foreach_copy_(self._second_moments, moments)
 
     def precondition(self, grads: Sequence[torch.Tensor], step: int) -> list[torch.Tensor]:
         bias_correction = 1.0 - self._beta2**step if self._use_bias_correction else 1.0
         for second_moment, grad, out in zip(self._second_moments, grads, self._outputs):
-            torch.div(second_moment, bias_correction, out=out)
+            if self._narrow:
+                out.copy_(second_moment).div_(bias_correction)
+            else:
+                torch.div(second_moment, bias_correction, out=out)
             out.sqrt_().add_(self._epsilon)
             torch.div(grad, out, out=out)
         return self._outputs
