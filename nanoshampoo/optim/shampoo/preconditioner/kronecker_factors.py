@@ -13,7 +13,13 @@ A bucket's factors for one dim are a contiguous slice of a pool, so statistics a
 
 A failed amortized computation (solver error or non-finite result) keeps the previous result
 and is counted per factor; more than ``num_tolerated_failed_amortized_computations``
-consecutive failures raise.
+consecutive failures raise. The counts are updated on the device; the success path reads one
+device scalar per amortized computation (all pools together), and only a failure reads more.
+
+The amortized computation runs for all factors at once, or for one of ``k`` fixed shares
+(:meth:`KroneckerFactors.share_rows`, balanced by ``n^3``) when the optimizer spreads it over
+``k`` steps (``amortize_roots``). Statistics of factors of size >= 512 are computed by tiles,
+one triangle (:func:`symmetric_rank_update_`): torch has no ``syrk``.
 
 :class:`KroneckerFactoredPreconditioner` is the shared base of root-inverse Shampoo and
 eigenvalue-corrected Shampoo: factors, one amortized result per factor (a root or an
