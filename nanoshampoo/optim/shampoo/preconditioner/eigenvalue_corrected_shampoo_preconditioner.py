@@ -119,6 +119,8 @@ class EigenvalueCorrectedShampooPreconditioner(KroneckerFactoredPreconditioner):
     ) -> None:
         super().__init__(buckets, config, beta2, epsilon, use_bias_correction)
         self._config: EigenvalueCorrectedShampooPreconditionerConfig = config
+        # num_shares -> per share, the buckets whose D is re-folded (see _share_buckets).
+        self._buckets_by_share: dict[int, list[set[int]]] = {}
         # Per pool: (N,) bool "computed at least once" (QR warm-starts only from those).
         self._computed = {
             size: torch.zeros(len(pool.labels), dtype=torch.bool, device=pool.factors.device)
@@ -196,7 +198,28 @@ class EigenvalueCorrectedShampooPreconditioner(KroneckerFactoredPreconditioner):
         re-fold ``D``."""
         super().amortized_computation(step, share, num_shares)
         for index in range(len(self._buckets)):
-            self._fold_step_into_corrected_eigenvalues(index)
+            # A bucket none of whose bases was in the share folds to the same D: skip it.
+            if num_shares == 1 or index in self._share_buckets(num_shares)[share]:
+                self._fold_step_into_corrected_eigenvalues(index)
+
+    def _share_buckets(self, num_shares: int) -> list[set[int]]:
+        """Per share, the buckets with a basis in it; computed on the host once per
+        ``num_shares`` (so the step itself reads nothing back from the device)."""
+        if num_shares not in self._buckets_by_share:
+            shares = self._share_cache[num_shares]
+            self._buckets_by_share = {num_shares: []}
+            for rows in shares:
+                solved = {(key, row) for key, tensor in rows.items() for row in tensor.tolist()}
+                self._buckets_by_share[num_shares].append({
+                    index
+                    for index, bucket in enumerate(self._buckets)
+                    for slot in self._factors.slots[index]
+                    if slot is not None
+                    and any(
+                        (slot.pool_key, slot.offset + p) in solved for p in range(bucket.num_blocks)
+                    )
+                })
+        return self._buckets_by_share[num_shares]
 
     def _solve(
         self, key: Hashable, matrices: torch.Tensor, rows: torch.Tensor | None

@@ -161,3 +161,18 @@ def test_amortized_and_all_at_once_schedules_agree_before_they_diverge() -> None
 def test_amortize_roots_must_be_a_bool(value: Any) -> None:
     with pytest.raises(ValueError, match=r"^amortize_roots must be a bool"):
         _optimizer(value)  # type: ignore[arg-type]
+
+
+def test_soap_refolds_only_the_buckets_whose_bases_moved_and_loses_nothing() -> None:
+    """Re-folding every bucket after an amortized SOAP step changes no corrected eigenvalue:
+    the skipped buckets kept their bases, so their D was already folded in them."""
+    opt, params = _optimizer(True, preconditioner_config=EigenvalueCorrectedShampooPreconditionerConfig())
+    pre = opt._runtimes[0].preconditioner
+    for seed in range(1, 3 * FREQUENCY + 1):
+        _step(opt, params, seed)
+        folded = [d.clone() for d in pre._corrected]
+        for index in range(len(pre._corrected)):
+            pre._fold_step_into_corrected_eigenvalues(index)
+        assert all(torch.equal(a, b) for a, b in zip(folded, pre._corrected))
+    skipped = [set(range(len(pre._corrected))) - buckets for buckets in pre._share_buckets(FREQUENCY)]
+    assert any(skipped)  # the test covers skipped buckets
