@@ -228,10 +228,11 @@ class TrainConfig:
         if self.parallel == "ddp":
             return
         if "distadam" in OPTIMIZER_SETUPS[self.optimizer]:
+            adamw_setup = self.optimizer.removesuffix("-distadam").replace("distadam", "adamw")
             raise ValueError(
                 f"TrainConfig.optimizer {self.optimizer!r} uses DistAdam, which does not apply "
                 f"under parallel={self.parallel!r} (sharded parameters); use an AdamW setup "
-                f"such as {self.optimizer.removesuffix('-distadam').replace('distadam', 'adamw')!r}")
+                f"such as {adamw_setup!r}")
         if self.distributor != "auto":
             raise ValueError(f"TrainConfig.distributor must be 'auto' under parallel="
                              f"{self.parallel!r} (the sharding decides), got {self.distributor!r}")

@@ -2,9 +2,10 @@
 
 One entry point serves a plain process (world size 1) and ``torchrun`` (env:// rendezvous):
 NCCL when the device is CUDA, gloo on CPU. A plain process that needs a group (``fully_shard``
-needs one even for one rank) gets a one-rank group on a private file store. A process group that already exists (e.g. one made
-by ``nanoshampoo.testing.distributed.run_on_gloo``) is used as is. A group made here has a
-timeout: a collective waiting on a dead or hung rank fails after it instead of hanging.
+needs one even for one rank) gets a one-rank group on a private file store. A process group
+that already exists (e.g. one made by ``nanoshampoo.testing.distributed.run_on_gloo``) is used
+as is. A group made here has a timeout: a collective waiting on a dead or hung rank fails after
+it instead of hanging.
 
 Example:
     >>> ctx = setup_distributed("cpu")

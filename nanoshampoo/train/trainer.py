@@ -9,8 +9,8 @@ validate (every ``val_every`` steps and at the end; not timed), checkpoint (ever
 ``grad_accum_steps`` micro-batches of forward + backward (autocast as resolved), the loss scaled
 by ``1 / grad_accum_steps``, gradients synced only after the last micro-batch (DistAdam's hooks;
 the trainer's all-reduce of the others; FSDP's reduce-scatter under ``parallel`` ``fsdp2`` /
-``hsdp``, where the blocks and then the root are ``fully_shard``-ed); a finiteness check of the loss and every gradient;
-set the scheduled learning rates; step every optimizer.
+``hsdp``, where the blocks and then the root are ``fully_shard``-ed); a finiteness check of the
+loss and every gradient; set the scheduled learning rates; step every optimizer.
 
 With ``threads=0`` on CPU the thread count is re-probed every ``RETUNE_STEPS`` steps (outside
 the timed step): other processes may take or free cores during a run. Fix ``threads`` for
