@@ -102,7 +102,8 @@ def test_presets_hold_only_what_differs_from_the_defaults() -> None:
         raw = tomllib.loads((PRESET_DIR / f"{name}.toml").read_text())
         same = sorted(k for k, v in raw.items() if k != "extends" and getattr(defaults, k) == v)
         assert same == [], f"{name} repeats defaults {same}"
-    assert load_preset("tiny-shampoo") == {"preset": "tiny-shampoo"}
+    # The tiny shampoo run is the defaults but for the matrix lr tuned on the embedded task.
+    assert load_preset("tiny-shampoo") == {"preset": "tiny-shampoo", "matrix_lr": 0.003}
     assert {name: load_preset(name)["optimizer"] for name in preset_names()
             if name.startswith("tiny-") and name != "tiny-shampoo"} == {
         f"tiny-{setup}": setup for setup in OPTIMIZER_SETUPS if setup != "shampoo"}
@@ -123,7 +124,8 @@ def test_help_shows_the_presets_values(capsys: pytest.CaptureFixture[str]) -> No
         config_from_args(["--preset", "tiny-muon", "--help"])
     text = " ".join(capsys.readouterr().out.split())
     assert "--optimizer OPTIMIZER (preset tiny-muon: 'muon'; default 'shampoo')" in text
-    assert "--muon-lr MUON_LR (default 0.05)" in text
+    assert "--muon-lr MUON_LR (preset tiny-muon: 0.02; default 0.05)" in text
+    assert "--soap-lr SOAP_LR (default 0.003)" in text
 
 
 def test_autocast_bf16_flag_is_an_alias() -> None:
