@@ -4,7 +4,7 @@ Specification:
 
 - fsdp2 and hsdp runs give the losses and parameters of the ddp run of the same seed, up to
   float32 rounding (FSDP reduce-scatters where DDP all-reduces; Shampoo ``round_robin`` and AdamW
-  on DTensor shards compute the unsharded updates);
+  on DTensor shards compute the unsharded updates); so do fsdp2 and ddp with grad accumulation;
 - a sharded (DCP) checkpoint written at world 2 resumes at world 2 and at world 1 and continues
   with the uninterrupted run's losses and parameters;
 - a DistAdam setup, a distributor other than auto, or a ddp checkpoint is refused in one line.
@@ -72,6 +72,10 @@ def train_every_mode_on_rank(rank: int, world_size: int, shards: dict[str, str],
         "ddp": train(config(shards, out, run_id="ddp")),
         "fsdp2": train(config(shards, out, run_id="fsdp2", parallel="fsdp2")),
         "hsdp": train(config(shards, out, run_id="hsdp", parallel="hsdp", hsdp_shard_size=1)),
+        "fsdp2-accum": train(config(shards, out, run_id="fsdp2-accum", parallel="fsdp2",
+                                    grad_accum_steps=2, checkpoint_every=0)),
+        "ddp-accum": train(config(shards, out, run_id="ddp-accum", grad_accum_steps=2,
+                                  checkpoint_every=0)),
         "fsdp2-adamw": train(config(shards, out, run_id="fsdp2-adamw", parallel="fsdp2",
                                     optimizer="adamw", checkpoint_every=0)),
         "ddp-adamw": train(config(shards, out, run_id="ddp-adamw", optimizer="adamw",
@@ -112,6 +116,21 @@ def test_sharded_runs_match_ddp(mode: str, two_rank_results: tuple[Path, list[An
                                rtol=0, atol=PARAM_TOLERANCE)
     # Both ranks hold the same gathered model.
     torch.testing.assert_close(rank0[mode]["params"], rank1[mode]["params"], rtol=0, atol=0)
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_fsdp2_grad_accumulation_matches_ddp(two_rank_results: tuple[Path, list[Any]]) -> None:
+    """FSDP reduces once, after the last micro-batch, the sum of the scaled micro-batch
+    gradients, as the trainer's all-reduce does under ddp."""
+    _, (rank0, _) = two_rank_results
+    assert_close_losses(rank0["fsdp2-accum"]["losses"], rank0["ddp-accum"]["losses"],
+                        LOSS_TOLERANCE)
+    torch.testing.assert_close(rank0["fsdp2-accum"]["params"], rank0["ddp-accum"]["params"],
+                               rtol=0, atol=PARAM_TOLERANCE)
+    # Accumulation changes only the rounding of the step-1 loss (the full batch's mean).
+    step1 = ("train", 1)
+    assert abs(rank0["fsdp2-accum"]["losses"][step1] - rank0["fsdp2"]["losses"][step1]) < 1e-6
 
 
 @pytest.mark.slow
