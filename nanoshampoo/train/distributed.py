@@ -2,7 +2,7 @@
 
 One entry point serves a plain process (world size 1) and ``torchrun`` (env:// rendezvous):
 NCCL when the device is CUDA, gloo on CPU. A plain process that needs a group (``fully_shard``
-needs one even for one rank) gets a one-rank group on a private file store. A process group
+needs one even for one rank) gets a one-rank group on an in-memory store. A process group
 that already exists (e.g. one made by ``nanoshampoo.testing.distributed.run_on_gloo``) is used
 as is. A group made here has a timeout: a collective waiting on a dead or hung rank fails after
 it instead of hanging.
@@ -16,10 +16,8 @@ Example:
 from __future__ import annotations
 
 import os
-import tempfile
 from dataclasses import dataclass
 from datetime import timedelta
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -47,7 +45,7 @@ def setup_distributed(device: str, timeout_s: float = 600.0,
 
     ``timeout_s`` bounds how long a collective of a group created here waits for the others.
     ``need_process_group``: also create a group for a single process (``torchrun`` with one
-    rank uses its env:// rendezvous; a plain process a one-rank group on a private file store).
+    rank uses its env:// rendezvous; a plain process a one-rank group on an in-memory store).
     """
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -67,9 +65,8 @@ def setup_distributed(device: str, timeout_s: float = 600.0,
         if "MASTER_ADDR" in os.environ:
             dist.init_process_group(backend, init_method="env://", timeout=timeout)
         else:
-            store = Path(tempfile.mkdtemp(prefix="nanoshampoo-pg-")) / "store"
-            dist.init_process_group(backend, init_method=f"file://{store}", rank=0,
-                                    world_size=1, timeout=timeout)
+            dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1,
+                                    timeout=timeout)
         owns = True
     if dist.is_initialized():
         return DistributedContext(dist.get_rank(), dist.get_world_size(), torch_device, owns)
