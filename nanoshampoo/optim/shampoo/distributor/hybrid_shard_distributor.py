@@ -94,10 +94,13 @@ class HybridShardDistributor(FullyShardDistributor):
             if config.communicate_params or self._strategy == FSDPParamAssignmentStrategy.DEFAULT
             else self._work_update_blocks
         )
+        # Always the replicate group, also when it is this rank alone: ``group=None`` would mean
+        # the default (world) group, whose other ranks hold other work blocks (another shard's
+        # owners under ROUND_ROBIN) and would receive this rank's results as theirs.
         self._buffers = prepare_update_param_buffers(
             exchanged,
             assignment,
-            group=self._replicate_group if replicas > 1 else None,
+            group=self._replicate_group,
             communication_dtype=config.communication_dtype,
         )
         owned = self._buffers.owned_block_indices  # exchange order: largest block first

@@ -1,10 +1,12 @@
-"""Shampoo on HSDP parameters (``fully_shard`` on a 2 x 2 replicate x shard mesh), on gloo.
+"""Shampoo on HSDP parameters (``fully_shard`` on a replicate x shard mesh), on gloo.
 
-Specification: with the shard-group strategy ``ROUND_ROBIN`` or ``REPLICATE`` the result equals
+Specification, on a 2 x 2 mesh and on a 1 x 2 mesh (one replica: the replicate group is each
+rank alone): with the shard-group strategy ``ROUND_ROBIN`` or ``REPLICATE`` the result equals
 single-device Shampoo on the unsharded parameters; with ``DEFAULT`` it equals single-device
 Shampoo on the shards of a 2-way split (the shard dim's size) as separate parameters; both
 ``communicate_params`` settings; float32, <= 1e-5 relative. The work of a shard is split over
-the two replicas (optimizer state per rank below the ``fully_shard`` figure at 2 shards).
+the two replicas (optimizer state per rank below the ``fully_shard`` figure at 2 shards); with
+one replica each rank holds exactly the ``fully_shard`` figure.
 """
 
 from __future__ import annotations
@@ -72,6 +74,19 @@ def body(rank: int, world: int) -> dict[str, Any]:
         shard_mesh,
         FullyShardDistributedConfig(param_assignment_strategy=FSDPParamAssignmentStrategy.ROUND_ROBIN),
     )
+    # One replica: the 4 ranks as a 2 x 1 x 2 mesh, whose last two dims are a 1 x 2 HSDP mesh
+    # (ranks 0, 1 form one, ranks 2, 3 another; both train the same model). The replicate group
+    # is then every rank alone, while the world has 4 ranks.
+    one_replica = init_device_mesh(
+        "cpu", (2, 1, SHARDS), mesh_dim_names=("outer", "replicate", "shard")
+    )["replicate", "shard"]
+    for strategy, communicate in CASES:
+        results[f"1x2-{strategy.name}-{communicate}"] = run_case(
+            one_replica,
+            HybridShardDistributedConfig(
+                device_mesh=one_replica, param_assignment_strategy=strategy, communicate_params=communicate
+            ),
+        )
     # An invalid replica count is refused before any collective, so no rank hangs.
     try:
         run_case(hsdp_mesh, HybridShardDistributedConfig(num_trainers_per_group=3))
@@ -95,6 +110,25 @@ def test_hsdp_2x2_equals_single_device(
     want = reference_default(SHARDS, STEPS) if lossy else reference_lossless(STEPS)
     for result in world4:
         assert_close(result[f"{strategy.name}-{communicate}"]["params"], want)
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+@pytest.mark.parametrize("strategy, communicate", CASES, ids=lambda v: getattr(v, "name", str(v)))
+def test_hsdp_one_replica_equals_single_device(
+    world4: list[dict[str, Any]], strategy: FSDPParamAssignmentStrategy, communicate: bool
+) -> None:
+    lossy = strategy == FSDPParamAssignmentStrategy.DEFAULT
+    want = reference_default(SHARDS, STEPS) if lossy else reference_lossless(STEPS)
+    for result in world4:
+        assert_close(result[f"1x2-{strategy.name}-{communicate}"]["params"], want)
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_hsdp_one_replica_holds_the_fully_shard_state(world4: list[dict[str, Any]]) -> None:
+    for result in world4:
+        assert result["1x2-ROUND_ROBIN-False"]["state_bytes"] == result["fsdp"]["state_bytes"]
 
 
 @pytest.mark.slow
