@@ -122,8 +122,6 @@ def test_sharded_runs_match_ddp(mode: str, two_rank_results: tuple[Path, list[An
 
 @pytest.mark.slow
 @pytest.mark.distributed
-@pytest.mark.xfail(strict=True, reason="HybridShardDistributor ROUND_ROBIN on a 1 x 2 mesh (one "
-                   "replica) ends 1.7 away from ddp; REPLICATE on it and AdamW match exactly")
 def test_hsdp_one_replica_matches_ddp(two_rank_results: tuple[Path, list[Any]]) -> None:
     _, (rank0, _) = two_rank_results
     torch.testing.assert_close(rank0["hsdp-1x2"]["params"], rank0["ddp"]["params"],
