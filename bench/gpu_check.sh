@@ -12,6 +12,8 @@
 #   train_gpt2_124m_shampoo  20 steps of the gpt2-124m-shampoo preset on one GPU (64 x 1024 tokens,
 #                            one GPU's share of the 8-GPU recipe), step 15 profiled
 #   trace                    python -m nanoshampoo trace on that profiled step
+#   train_gpt2_124m_fsdp2    10 steps of gpt2-124m-shampoo-fsdp2 in one process: fully_shard on
+#                            CUDA with bf16 MixedPrecisionPolicy, FSDP2 ROUND_ROBIN Shampoo, DCP-free
 #   data_prepare             the embedded corpus for the tiny presets (cached in data/embedded)
 #   train_tiny_shampoo       200 compiled steps of tiny-shampoo
 #   train_tiny_adamw         200 compiled steps of tiny-adamw
@@ -55,6 +57,7 @@ case "$DEVICE" in
     # 64 sequences x 1024 tokens per step; the train shard holds 25 steps, the val shard 3 batches.
     BATCH_TOKENS=65536
     GPT2=(--device cuda --batch-size 64 --val-tokens "$BATCH_TOKENS" --num-iterations 20 --profile-steps 15)
+    FSDP2=(--device cuda --batch-size 64 --val-tokens "$BATCH_TOKENS" --num-iterations 10)
     ;;
   cpu)
     TEST_PATHS=(nanoshampoo/optim/shampoo/utils/gpu_tests)
@@ -64,6 +67,8 @@ case "$DEVICE" in
     BATCH_TOKENS=64
     GPT2=(--device cpu --threads 1 --compile false --model tiny --seq-len 32 --batch-size 2
           --val-tokens "$BATCH_TOKENS" --max-preconditioner-dim 256 --num-iterations 2 --profile-steps 1)
+    FSDP2=(--device cpu --threads 1 --compile false --model tiny --seq-len 32 --batch-size 2
+           --val-tokens "$BATCH_TOKENS" --max-preconditioner-dim 256 --num-iterations 2)
     ;;
   *)
     echo "GPU_CHECK_DEVICE must be cuda or cpu, got '$DEVICE'" >&2
@@ -107,6 +112,9 @@ run_step train_gpt2_124m_shampoo 150 "$PYTHON" -m nanoshampoo.train --preset gpt
   --dataset shards --train-files "$WORK/shards/fineweb_train_*.bin" --val-files "$WORK/shards/fineweb_val_*.bin" \
   --profile-dir "$WORK/profile" --run-id gpt2-124m-shampoo "${RUN_FLAGS[@]}"
 run_step trace 30 "$PYTHON" -m nanoshampoo trace "$WORK/profile" --json "$WORK/trace.json"
+run_step train_gpt2_124m_fsdp2 90 "$PYTHON" -m nanoshampoo.train --preset gpt2-124m-shampoo-fsdp2 "${FSDP2[@]}" \
+  --dataset shards --train-files "$WORK/shards/fineweb_train_*.bin" --val-files "$WORK/shards/fineweb_val_*.bin" \
+  --run-id gpt2-124m-fsdp2 "${RUN_FLAGS[@]}"
 run_step data_prepare 45 "$PYTHON" -m nanoshampoo.data.prepare --out-dir "$DATA_DIR"
 run_step train_tiny_shampoo 100 "$PYTHON" -m nanoshampoo.train --preset tiny-shampoo "${TINY[@]}" \
   --data-dir "$DATA_DIR" --run-id tiny-shampoo "${RUN_FLAGS[@]}"

@@ -188,6 +188,7 @@ FIGURE_SOURCES = {
     "train_tiny_shampoo": ("runs/tiny-shampoo.jsonl", run_figures),
     "train_tiny_adamw": ("runs/tiny-adamw.jsonl", run_figures),
     "train_gpt2_124m_shampoo": ("runs/gpt2-124m-shampoo.jsonl", run_figures),
+    "train_gpt2_124m_fsdp2": ("runs/gpt2-124m-fsdp2.jsonl", run_figures),
     "trace": ("trace.json", trace_figures),
 }
 # Console output copied verbatim into summary.md: the benchmark tables.

@@ -229,7 +229,8 @@ def test_gpu_check_cpu_fallback_runs_every_step(tmp_path: Path) -> None:
     assert completed.returncode == 0, (statuses, (out / "summary.md").read_text())
     assert list(statuses) == [
         "environment", "cuda_tests", "bench_fp32", "synthetic_shards", "train_gpt2_124m_shampoo",
-        "trace", "data_prepare", "train_tiny_shampoo", "train_tiny_adamw", "bench_bf16",
+        "trace", "train_gpt2_124m_fsdp2", "data_prepare", "train_tiny_shampoo", "train_tiny_adamw",
+        "bench_bf16",
     ]
     # What a device run brings back: <= 8 files, plain names, no deeper than 2 folders.
     files = [p for p in out.rglob("*") if p.is_file()]
@@ -242,7 +243,7 @@ def test_gpu_check_cpu_fallback_runs_every_step(tmp_path: Path) -> None:
         assert set(configs) == {"Shampoo max_dim=32 freq=1", "Shampoo max_dim=32 freq=2"}
         assert all(set(c["breakdown_ms"]) == {"statistics", "roots", "preconditioning", "grafting", "rest"}
                    for c in configs.values())
-    for name in ("train_gpt2_124m_shampoo", "train_tiny_shampoo", "train_tiny_adamw"):
+    for name in ("train_gpt2_124m_shampoo", "train_gpt2_124m_fsdp2", "train_tiny_shampoo", "train_tiny_adamw"):
         assert figures[name]["steps_logged"] == 2 and figures[name]["peak_memory_mib"] > 0
         assert math.isfinite(figures[name]["final_val_loss"])
     assert figures["trace"]["ranks"][0]["device"] == "cpu" and figures["trace"]["ranks"][0]["steps"] == 1
