@@ -113,7 +113,7 @@ from nanoshampoo.optim.collectives import (
     wait_all,
     wait_work,
 )
-from nanoshampoo.optim.shampoo.shampoo_types import NonFiniteGradientError
+from nanoshampoo.optim.errors import NonFiniteGradientError
 
 logger = logging.getLogger(__name__)
 

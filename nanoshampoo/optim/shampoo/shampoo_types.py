@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from nanoshampoo.optim.errors import NonFiniteGradientError  # noqa: F401 - re-exported
 from nanoshampoo.optim.shampoo.utils.abstract_dataclass import AbstractDataclass
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -39,14 +40,6 @@ class WeightDecayType(enum.Enum):
 
     L2 = enum.auto()
     DECOUPLED = enum.auto()
-
-
-class NonFiniteGradientError(RuntimeError):
-    """A gradient given to ``DistributedShampoo.step`` holds NaN or Inf.
-
-    Raised before any parameter or optimizer state is modified, so the caller may skip the batch
-    and continue (e.g. after lowering a loss scale).
-    """
 
 
 def _check_open_closed_unit(name: str, value: float, low_open: bool, high_open: bool) -> None:
