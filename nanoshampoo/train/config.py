@@ -21,6 +21,8 @@ import dataclasses
 import os
 from dataclasses import dataclass
 
+import torch
+
 from nanoshampoo.model.gpt import gpt_preset_names
 
 # Setup name -> (optimizer of the block matrices, optimizer of embed/head/scalars).
@@ -120,6 +122,17 @@ class TrainConfig:
     # -1: the first root is computed at step precondition_frequency (the library's rule).
     start_preconditioning_step: int = -1
     factor_dtype: str = "float32"
+    # Step-speed and state-memory knobs of the shampoo-family setups (STORAGE_DTYPES; "float32"
+    # keeps each state in the blocks' float32 computation dtype, as the optimizer's None does).
+    # amortize_roots (shampoo, soap): a fixed share of the roots / eigenbases every step
+    # instead of all of them every precondition frequency steps (no spike steps).
+    amortize_roots: bool = False
+    # Storage of shampoo's roots (inv_factor_matrix_dtype).
+    root_dtype: str = "float32"
+    # Storage of shampoo's Adam-grafting second moment (its second_moment_dtype).
+    grafting_dtype: str = "float32"
+    # Storage of the filtered gradient and the momentum (shampoo, soap, muon).
+    momentum_dtype: str = "float32"
     # Singular factors (shampoo, soap): "perturbation" adds epsilon (shampoo_epsilon /
     # soap_epsilon); "pseudo-inverse" drops numerically-zero eigenvalues (epsilon is then 0).
     rank_deficient_stability: str = "perturbation"
@@ -168,6 +181,8 @@ class TrainConfig:
         _check_choice("distributor", self.distributor, DISTRIBUTORS)
         _check_choice("factor_dtype", self.factor_dtype, STORAGE_DTYPES)
         _check_choice("communication_dtype", self.communication_dtype, STORAGE_DTYPES)
+        for name in ("root_dtype", "grafting_dtype", "momentum_dtype"):
+            _check_choice(name, getattr(self, name), STORAGE_DTYPES)
         _check_choice("autocast", self.autocast, AUTOCAST_CHOICES)
         _check_choice("parallel", self.parallel, PARALLEL_MODES)
         _check_choice("fsdp_assignment", self.fsdp_assignment, FSDP_ASSIGNMENTS)
@@ -196,6 +211,7 @@ class TrainConfig:
             raise ValueError(f"TrainConfig.cooldown_frac must be in [0, 1], got {self.cooldown_frac}")
         if not self.dist_timeout_s > 0:
             raise ValueError(f"TrainConfig.dist_timeout_s must be > 0, got {self.dist_timeout_s}")
+        self._check_storage_dtypes()
         frequency = self.active_precondition_frequency
         if self.start_preconditioning_step != -1 and self.start_preconditioning_step < frequency:
             raise ValueError(
@@ -219,6 +235,20 @@ class TrainConfig:
             raise ValueError(f"TrainConfig.profile_steps must be >= 0, got {self.profile_steps}")
         if self.profile_steps and not self.profile_dir:
             raise ValueError("TrainConfig.profile_dir is required when profile_steps is set")
+
+    def _check_storage_dtypes(self) -> None:
+        """A narrow EMA stalls when its new-sample weight is below the dtype's epsilon (the
+        optimizer refuses it too, naming its own field): name the TrainConfig field here."""
+        momentum_beta = {"soap": self.soap_beta1, "muon": self.muon_momentum}.get(
+            self.matrix_optimizer, self.matrix_beta1)
+        for name, beta, beta_name in (("grafting_dtype", self.grafting_beta2, "grafting_beta2"),
+                                      ("momentum_dtype", momentum_beta, "the matrix beta1")):
+            dtype = getattr(self, name)
+            eps = torch.finfo(getattr(torch, dtype)).eps
+            if dtype != "float32" and beta > 0.0 and not 1.0 - beta >= eps:
+                raise ValueError(
+                    f"TrainConfig.{name} {dtype!r} cannot hold an EMA with {beta_name} {beta}: "
+                    f"1 - beta must be >= {eps} (each step's change would round away)")
 
     def _check_parallel(self) -> None:
         """The fields that only fit one parallel mode (``ValueError`` naming the field)."""

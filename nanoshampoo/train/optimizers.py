@@ -20,7 +20,10 @@ use AdamW, or DistAdam in the ``*-distadam`` setups and ``distadam``; ``matrix``
 - ``adamw`` / ``distadam``: AdamW / DistAdam with the ``matrix_*`` lr, betas and weight decay.
 
 The shampoo-family setups share ``max_preconditioner_dim``, ``start_preconditioning_step``,
-``factor_dtype``, ``rank_deficient_stability`` (shampoo and soap) and the distributor fields.
+``factor_dtype``, ``rank_deficient_stability`` (shampoo and soap), ``amortize_roots`` (shampoo and
+soap), ``momentum_dtype`` and the distributor fields; ``root_dtype`` and ``grafting_dtype`` are
+shampoo's (its roots and its Adam grafting). A ``"float32"`` storage dtype is passed as None (the
+blocks' float32 computation dtype), so the defaults build exactly the optimizer they always did.
 Gradients of every parameter not owned by a DistAdam are averaged across ranks by the trainer
 before the step (``OptimizerSetup.all_reduce_params``); DistAdam reduce-scatters its own.
 Under ``parallel`` ``fsdp2`` / ``hsdp`` the parameters are DTensors whose gradients FSDP has
@@ -158,6 +161,13 @@ def muon_shape_scale(d_in: int, d_out: int) -> float:
     return max(1.0, d_out / d_in) ** 0.5
 
 
+def storage_dtype(name: str) -> torch.dtype | None:
+    """A ``TrainConfig`` storage dtype (``STORAGE_DTYPES``) as an optimizer argument: None for
+    ``"float32"`` (the blocks' float32 computation dtype: no extra rounding, the default code
+    path), else the torch dtype."""
+    return None if name == "float32" else getattr(torch, name)
+
+
 def build_shampoo(params: list[nn.Parameter], cfg: TrainConfig,
                   world_size: int) -> torch.optim.Optimizer:
     """``DistributedShampoo`` for the block matrices, configured for ``cfg.matrix_optimizer``.
@@ -214,6 +224,7 @@ def build_shampoo(params: list[nn.Parameter], cfg: TrainConfig,
         start_preconditioning_step=cfg.start_preconditioning_step,
         weight_decay_type=WeightDecayType.DECOUPLED,
         distributed_config=distributed_config,
+        momentum_dtype=storage_dtype(cfg.momentum_dtype),
     )
     kind = cfg.matrix_optimizer
     if kind == "shampoo":
@@ -223,12 +234,15 @@ def build_shampoo(params: list[nn.Parameter], cfg: TrainConfig,
             epsilon=0.0 if pseudo_inverse else cfg.shampoo_epsilon,
             weight_decay=cfg.matrix_weight_decay,
             precondition_frequency=cfg.precondition_frequency, use_bias_correction=True,
-            grafting_config=AdamPreconditionerConfig(beta2=cfg.grafting_beta2,
-                                                     epsilon=cfg.grafting_epsilon),
+            grafting_config=AdamPreconditionerConfig(
+                beta2=cfg.grafting_beta2, epsilon=cfg.grafting_epsilon,
+                second_moment_dtype=storage_dtype(cfg.grafting_dtype)),
             preconditioner_config=RootInvShampooPreconditionerConfig(
                 amortized_computation_config=EigenConfig(
                     rank_deficient_stability_config=stability),
-                factor_matrix_dtype=factor_dtype),
+                factor_matrix_dtype=factor_dtype,
+                inv_factor_matrix_dtype=storage_dtype(cfg.root_dtype)),
+            amortize_roots=cfg.amortize_roots,
             **common,
         )
     if kind == "soap":
@@ -242,6 +256,7 @@ def build_shampoo(params: list[nn.Parameter], cfg: TrainConfig,
                 amortized_computation_config=QREigendecompositionConfig(
                     rank_deficient_stability_config=stability),
                 factor_matrix_dtype=factor_dtype),
+            amortize_roots=cfg.amortize_roots,
             **common,
         )
     if kind == "muon":

@@ -144,6 +144,37 @@ def test_factor_dtype_and_distributor_fields_reach_the_optimizer(dtype: str) -> 
     assert (group["max_preconditioner_dim"], group["start_preconditioning_step"]) == (16, 10)
 
 
+def test_speed_and_memory_knobs_default_to_the_plain_optimizer() -> None:
+    (group,) = build_shampoo(list(tiny_model().blocks.parameters())[:1], TrainConfig(),
+                             1).param_groups
+    assert group["amortize_roots"] is False and group["momentum_dtype"] is None
+    assert group["preconditioner_config"].inv_factor_matrix_dtype is None
+    assert group["grafting_config"].second_moment_dtype is None
+
+
+@pytest.mark.parametrize("setup_name", ["shampoo", "soap", "muon"])
+def test_speed_and_memory_knobs_reach_the_optimizer(setup_name: str) -> None:
+    cfg = TrainConfig(optimizer=setup_name, amortize_roots=True, root_dtype="bfloat16",
+                      grafting_dtype="bfloat16", momentum_dtype="bfloat16",
+                      max_preconditioner_dim=64)
+    params = [p for p in tiny_model().blocks.parameters() if p.ndim == 2]
+    opt = build_shampoo(params, cfg, 1)
+    (group,) = opt.param_groups
+    assert group["momentum_dtype"] == torch.bfloat16
+    assert group["amortize_roots"] is (setup_name != "muon")
+    if setup_name == "shampoo":
+        assert group["preconditioner_config"].inv_factor_matrix_dtype == torch.bfloat16
+        assert group["grafting_config"].second_moment_dtype == torch.bfloat16
+    for _ in range(2 * cfg.active_precondition_frequency):
+        for p in params:
+            p.grad = torch.randn_like(p)
+        opt.step()
+    assert all(torch.isfinite(p).all() for p in params)
+    filtered = [v for state in opt.state_dict()["state"].values() for k, v in state.items()
+                if k.endswith("filtered_grad")]
+    assert filtered and all(v.dtype == torch.bfloat16 for v in filtered)
+
+
 def newton_schulz_reference(g: torch.Tensor, steps: int) -> torch.Tensor:
     """The speedrun's quintic Newton-Schulz in float64, written out: X <- aX + (bA + cA^2)X."""
     a, b, c = 3.4445, -4.7750, 2.0315
