@@ -9,8 +9,9 @@ Subcommands:
 * ``repeat -n N [--out-dir DIR] [--seed0 S] [--nproc K] [--name NAME] -- TRAIN_ARGS`` -- train
   N seeds, then report them;
 * ``compare [--setups adamw,shampoo,soap,muon] [--seeds 3] [--baseline NAME] [--target auto|X]
-  [--nproc K] [--out-dir runs/compare] -- TRAIN_ARGS`` -- train every setup over the seeds
-  (reusing ended runs), then write the leaderboard (``nanoshampoo.evidence.compare``);
+  [--nproc K] [--out-dir runs/compare] [--step-fractions 0.7,...] -- TRAIN_ARGS`` -- train every
+  setup over the seeds (reusing ended runs), then write the leaderboard
+  (``nanoshampoo.evidence.compare``);
 * ``trace PATH... [--json OUT]`` -- communication/computation overlap in profiler traces.
 
 A user error (a bad flag, a file that cannot be read, a run that failed) prints one line
@@ -122,6 +123,10 @@ def _parser() -> argparse.ArgumentParser:
     compare.add_argument("--nproc", type=int, default=1, help="processes per run (torchrun when > 1)")
     compare.add_argument("--out-dir", type=Path, default=Path("runs/compare"),
                          help="where the runs and the leaderboard go")
+    compare.add_argument("--step-fractions", default="", metavar="F,...",
+                         help="also train every non-baseline setup with its schedule shortened to "
+                              "these fractions of the baseline's steps (e.g. 0.7): does it reach "
+                              "the target in that many steps?")
     compare.add_argument("train_args", nargs=argparse.REMAINDER,
                          help="arguments for every `python -m nanoshampoo.train` run, after `--`")
     compare.set_defaults(handler=_run_compare)
@@ -191,7 +196,8 @@ def _run_compare(args: argparse.Namespace) -> int:
     train_args = args.train_args[1:] if args.train_args[:1] == ["--"] else args.train_args
     config = CompareConfig(setups=parse_setups(args.setups), seeds=args.seeds, seed0=args.seed0,
                            baseline=args.baseline, target=_target(args.target), nproc=args.nproc,
-                           out_dir=args.out_dir, train_args=tuple(train_args))
+                           out_dir=args.out_dir, train_args=tuple(train_args),
+                           step_fractions=_fractions(args.step_fractions))
     groups = run_compare(config)
     board = build_leaderboard(groups, config)
     print()
@@ -199,6 +205,13 @@ def _run_compare(args: argparse.Namespace) -> int:
     for path in write_leaderboard(board, groups, config.out_dir):
         print(f"wrote {path}")
     return 0
+
+
+def _fractions(text: str) -> tuple[float, ...]:
+    try:
+        return tuple(float(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise ValueError(f"step-fractions: expected numbers separated by commas, got {text!r}") from None
 
 
 def _target(text: str) -> float | None:

@@ -15,10 +15,19 @@ Layout of the out dir::
     <out_dir>/<setup>/<run_id>.out             the trainer's console output
     <out_dir>/leaderboard.md, leaderboard.json, loss_vs_step.png, loss_vs_time.png
 
+Schedule lengths (``step_fractions``, e.g. ``0.7``): every non-baseline setup ``S`` is also
+trained as ``S@0.7``, its own preset with ``--num-iterations`` set to 0.7 x the baseline's steps
+(the whole schedule, cooldown included, shrinks). The leaderboard then says, per setup, the
+shortest schedule whose mean final loss is below the target with one-sided p < 0.05: the
+speedrun's measure of "reaches the baseline's loss in 0.7x the steps". Steps to target read off
+a full-length curve understate the gain of a shorter schedule, because a run's loss falls
+fastest during its own cooldown.
+
 Reuse: a run is recognised by its setup directory, its seed, ``nproc`` and the effective
 ``TrainConfig`` that the trainer's own parser makes of preset + flags (so ``--lr=1`` and
 ``--lr 1`` are the same run, and editing a preset file retrains its setup), less the fields that
-do not change the result (``RUN_IDENTITY_IGNORED``). A run whose manifest matches and whose
+do not change the result (``RUN_IDENTITY_IGNORED``). A field that the manifest lacks (added to
+``TrainConfig`` after the run) matches when its value is the field's default. A run whose manifest matches and whose
 JSONL log ended (finished or diverged) is reused; anything else is trained under a new run id,
 never one whose files exist, so an earlier run's logs are never overwritten. The code is not
 part of the identity: use a fresh ``--out-dir`` after changing the trainer.
@@ -81,10 +90,23 @@ MANIFEST_SUFFIX = ".compare.json"
 
 @dataclass(frozen=True)
 class Setup:
-    """A named trainer preset: ``name`` labels the leaderboard row and the runs' directory."""
+    """A named trainer preset: ``name`` labels the leaderboard row and the runs' directory.
+
+    ``num_iterations`` (``None``: the preset's and flags' own) shortens the run's schedule;
+    such a setup is made by ``--step-fractions`` from ``parent`` at ``fraction`` of the
+    baseline's steps, and named ``PARENT@FRACTION``.
+    """
 
     name: str
     preset: str
+    num_iterations: int | None = None
+    parent: str = ""
+    fraction: float = 1.0
+
+    @property
+    def family(self) -> str:
+        """The setup this one is a schedule variant of (itself when it is not one)."""
+        return self.parent or self.name
 
 
 def parse_setups(text: str) -> tuple[Setup, ...]:
@@ -111,10 +133,20 @@ class CompareConfig:
     nproc: int = 1
     out_dir: Path = Path("runs/compare")
     train_args: tuple[str, ...] = ()
+    step_fractions: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.setups:
             raise ValueError("setups: give at least one setup")
+        fractions = tuple(self.step_fractions)
+        for fraction in fractions:
+            if isinstance(fraction, bool) or not (
+                isinstance(fraction, (int, float)) and 0.0 < fraction < 1.0
+            ):
+                raise ValueError(f"step-fractions: each must be a number in (0, 1), got {fraction!r}")
+        if len(set(fractions)) != len(fractions):
+            raise ValueError(f"step-fractions: {list(fractions)} repeats a fraction")
+        object.__setattr__(self, "step_fractions", tuple(sorted(fractions, reverse=True)))
         names = [s.name for s in self.setups]
         for name in names:
             if not _SETUP_NAME.match(name):
@@ -201,15 +233,62 @@ class PlannedRun:
         return f"{self.setup.name}-s{self.seed}-{digest}"
 
 
-def plan_runs(config: CompareConfig, resolve: ConfigResolver = resolve_train_config) -> list[PlannedRun]:
+def expand_setups(config: CompareConfig, baseline_steps: int) -> tuple[Setup, ...]:
+    """``config.setups`` and, after each non-baseline setup, its ``--step-fractions`` variants.
+
+    The variant of setup ``S`` at fraction ``f`` trains ``S``'s preset for
+    ``max(1, round(f * baseline_steps))`` steps (its whole schedule, warm-up and cooldown
+    included, shrinks with it): the speedrun's way of asking whether ``S`` reaches the
+    baseline's loss in ``f`` times the baseline's steps.
+    """
+    setups: list[Setup] = []
+    for setup in config.setups:
+        setups.append(setup)
+        if setup.name == config.baseline:
+            continue
+        for fraction in config.step_fractions:
+            steps = max(1, round(fraction * baseline_steps))
+            setups.append(Setup(f"{setup.name}@{fraction:g}", setup.preset, num_iterations=steps,
+                                parent=setup.name, fraction=fraction))
+    return tuple(setups)
+
+
+def train_config_defaults() -> dict[str, Any]:
+    """``TrainConfig``'s field defaults, as ``to_dict`` writes them (JSON types)."""
+    import dataclasses
+
+    from nanoshampoo.train.config import TrainConfig  # imports torch: only when comparing
+
+    defaults: dict[str, Any] = {}
+    for f in dataclasses.fields(TrainConfig):
+        if f.default is not dataclasses.MISSING:
+            defaults[f.name] = list(f.default) if isinstance(f.default, tuple) else f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            defaults[f.name] = f.default_factory()
+    return defaults
+
+
+def plan_runs(config: CompareConfig, resolve: ConfigResolver = resolve_train_config,
+              defaults: Mapping[str, Any] | None = None) -> list[PlannedRun]:
     """Resolve every (setup, seed) and find its reusable run; launches nothing, writes nothing.
 
     Every setup's flags are checked here, so a bad flag fails before any training starts.
+    ``defaults`` (``TrainConfig``'s when ``None``) lets a run logged before a config field
+    existed be reused when the field is at its default now (see ``find_reusable``).
     """
+    if defaults is None:
+        defaults = train_config_defaults()
+    base = next(s for s in config.setups if s.name == config.baseline)
+    base_argv = (*config.train_args, "--preset", base.preset, "--seed", str(config.seed0))
+    try:
+        baseline_steps = int(resolve(base_argv)["num_iterations"])
+    except ValueError as exc:
+        raise ValueError(f"setup {base.name!r}: {exc}") from None
     plans = []
-    for setup in config.setups:
+    for setup in expand_setups(config, baseline_steps):
+        schedule = () if setup.num_iterations is None else ("--num-iterations", str(setup.num_iterations))
         for seed in config.seed_list:
-            argv = (*config.train_args, "--preset", setup.preset, "--seed", str(seed))
+            argv = (*config.train_args, "--preset", setup.preset, *schedule, "--seed", str(seed))
             try:
                 resolved = resolve(argv)
             except ValueError as exc:
@@ -217,18 +296,30 @@ def plan_runs(config: CompareConfig, resolve: ConfigResolver = resolve_train_con
             identity = run_identity(resolved, config.nproc)
             directory = config.out_dir / setup.name
             plans.append(PlannedRun(setup, seed, argv, resolved, identity, directory,
-                                    find_reusable(directory, identity)))
+                                    find_reusable(directory, resolved, config.nproc, defaults)))
     return plans
 
 
-def find_reusable(directory: Path, identity: str) -> RunRecord | None:
-    """The first run in ``directory`` (by run id) with this identity whose log says it ended."""
+def find_reusable(directory: Path, resolved: Mapping[str, Any], nproc: int,
+                  defaults: Mapping[str, Any] | None = None) -> RunRecord | None:
+    """The first run in ``directory`` (by run id) of this config whose log says it ended.
+
+    A manifest written before a config field existed lacks that field: the run counts as the
+    same when the field's value now equals its default in ``defaults`` (a new field's default
+    keeps the old behaviour), and as a different run otherwise.
+    """
     if not directory.is_dir():
         return None
+    identity = run_identity(resolved, nproc)
+    defaults = defaults or {}
     for manifest in sorted(directory.glob(f"*{MANIFEST_SUFFIX}")):
         try:
             data = json.loads(manifest.read_text(encoding="utf-8"))
-            same = run_identity(data["config"], data["nproc"]) == identity
+            logged = dict(data["config"])
+            for key, value in resolved.items():
+                if key not in logged and key in defaults and _same_json(value, defaults[key]):
+                    logged[key] = value
+            same = run_identity(logged, data["nproc"]) == identity
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
             continue  # not a manifest compare can read: not a run it can vouch for
         if not same:
@@ -239,6 +330,10 @@ def find_reusable(directory: Path, identity: str) -> RunRecord | None:
         except LogFormatError:
             continue  # crashed, killed or still running: train it again under a new id
     return None
+
+
+def _same_json(a: Any, b: Any) -> bool:
+    return json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
 
 
 def launch_subprocess(command: list[str], output: Path) -> int:
@@ -261,10 +356,12 @@ def run_compare(
     """
     plans = plan_runs(config, resolve)
     to_train = [p for p in plans if p.reused is None]
-    say(f"[compare] {len(plans)} runs ({len(config.setups)} setups x {config.seeds} seeds): "
+    setups = len({plan.setup.name for plan in plans})
+    say(f"[compare] {len(plans)} runs ({setups} setups x {config.seeds} seeds): "
         f"{len(plans) - len(to_train)} reused, {len(to_train)} to train, in {config.out_dir}")
-    groups: dict[str, list[RunRecord]] = {setup.name: [] for setup in config.setups}
+    groups: dict[str, list[RunRecord]] = {}
     for plan in plans:
+        groups.setdefault(plan.setup.name, [])
         if plan.reused is not None:
             say(f"[compare] reused   {plan.label}: {_outcome(plan.reused)} ({plan.reused.path})")
             groups[plan.setup.name].append(plan.reused)
@@ -357,8 +454,23 @@ class LeaderboardRun:
 
 
 @dataclass(frozen=True)
+class ScheduleRow:
+    """One setup at one schedule length: does it reach the target in ``fraction`` x the
+    baseline's steps? ``reaches``: its one-sided ``target_p`` is below ``SIGNIFICANCE``."""
+
+    setup: str
+    row: str
+    fraction: float
+    steps: int
+    final_val_loss: Summary
+    target_p: float | None
+    reaches: bool
+
+
+@dataclass(frozen=True)
 class Leaderboard:
-    """The comparison: target (and how it was set), baseline, one row per setup, every run."""
+    """The comparison: target (and how it was set), baseline, one row per setup, every run,
+    and (with ``--step-fractions``) each setup at every schedule length tried."""
 
     target: float
     target_rule: str
@@ -368,6 +480,7 @@ class Leaderboard:
     nproc: int
     rows: tuple[LeaderboardRow, ...]
     runs: tuple[LeaderboardRun, ...]
+    schedules: tuple[ScheduleRow, ...] = ()
 
 
 def build_leaderboard(groups: Mapping[str, Sequence[RunRecord]], config: CompareConfig) -> Leaderboard:
@@ -386,8 +499,10 @@ def build_leaderboard(groups: Mapping[str, Sequence[RunRecord]], config: Compare
     by_name = {group.name: group for group in report.groups}
     welch = {c.candidate: c.p_value for c in report.comparisons if c.metric == "final_val_loss"}
     base = by_name[baseline]
-    presets = {setup.name: setup.preset for setup in config.setups}
-    rows = tuple(_row(group, base, welch.get(group.name), presets[group.name]) for group in report.groups)
+    baseline_steps = max((run.total_steps for run in groups[baseline]), default=0)
+    setups = {setup.name: setup for setup in expand_setups(config, baseline_steps)}
+    rows = tuple(_row(group, base, welch.get(group.name), setups[group.name].preset)
+                 for group in report.groups)
     runs = tuple(
         LeaderboardRun(
             setup=group.name, seed=run.seed, run_id=run.run_id, path=run.path,
@@ -398,9 +513,40 @@ def build_leaderboard(groups: Mapping[str, Sequence[RunRecord]], config: Compare
         for group in report.groups
         for run in group.runs
     )
+    schedules = ()
+    if config.step_fractions:
+        schedules = tuple(
+            _schedule_row(setups[row.setup], row,
+                          max((run.total_steps for run in groups[row.setup]), default=0))
+            for row in rows if row.setup != baseline
+        )
+        order = {name: index for index, name in enumerate(setups)}
+        schedules = tuple(sorted(schedules, key=lambda r: (order[r.setup], -r.fraction)))
     return Leaderboard(target=target, target_rule=rule, baseline=baseline,
                        seeds=tuple(config.seed_list), train_args=config.train_args,
-                       nproc=config.nproc, rows=rows, runs=runs)
+                       nproc=config.nproc, rows=rows, runs=runs, schedules=schedules)
+
+
+# One-sided p below which a schedule is said to reach the target.
+SIGNIFICANCE = 0.05
+
+
+def _schedule_row(setup: Setup, row: LeaderboardRow, steps: int) -> ScheduleRow:
+    return ScheduleRow(setup=setup.family, row=row.setup, fraction=setup.fraction, steps=steps,
+                       final_val_loss=row.final_val_loss, target_p=row.target_p,
+                       reaches=row.target_p is not None and row.target_p < SIGNIFICANCE)
+
+
+def shortest_schedules(board: Leaderboard) -> dict[str, ScheduleRow | None]:
+    """Per setup, its shortest schedule that reaches the target (p < ``SIGNIFICANCE``), if any."""
+    shortest: dict[str, ScheduleRow | None] = {}
+    for row in board.schedules:
+        best = shortest.get(row.setup)
+        if row.reaches and (best is None or row.fraction < best.fraction):
+            shortest[row.setup] = row
+        else:
+            shortest.setdefault(row.setup, None)
+    return shortest
 
 
 def _row(group: GroupReport, base: GroupReport, welch_p: float | None, preset: str) -> LeaderboardRow:
@@ -472,11 +618,43 @@ def format_leaderboard(board: Leaderboard) -> str:
         "peak resident set on CPU. † Diverged runs count as not reaching the target and are left "
         "out of every other column.",
         "",
+        *_schedule_section(board),
         "## Runs",
         "",
         *format_markdown_table(_run_rows(board)),
     ]
     return "\n".join(lines) + "\n"
+
+
+def _schedule_section(board: Leaderboard) -> list[str]:
+    """``## Steps to the target by schedule length`` (only with ``--step-fractions``)."""
+    if not board.schedules:
+        return []
+    rows = [["setup", "row", f"steps (× {board.baseline})", "final val loss", "p(loss < target)",
+             "reaches target"]]
+    for row in board.schedules:
+        rows.append([row.setup, row.row, f"{row.steps} ({row.fraction:.2f}×)",
+                     _mean_std(row.final_val_loss, 4), _p(row.target_p),
+                     "yes" if row.reaches else "no"])
+    summary = []
+    for setup, best in shortest_schedules(board).items():
+        summary.append(f"- **{setup}**: " + (
+            f"reaches {board.target:.4f} in {best.fraction:.2f}× {board.baseline}'s steps "
+            f"({best.steps}; p = {format_p(best.target_p)})" if best is not None
+            else "no schedule tried reaches the target with p < 0.05"))
+    return [
+        "## Steps to the target by schedule length",
+        "",
+        f"Each setup trained again with its whole schedule (warm-up and cooldown) shortened to a "
+        f"fraction of {board.baseline}'s steps. A schedule reaches the target when the one-sided "
+        f"t-test that its mean final val loss is below the target gives p < {SIGNIFICANCE}: the "
+        "speedrun's criterion, where a record is the shortest schedule that reaches the loss.",
+        "",
+        *format_markdown_table(rows),
+        "",
+        *summary,
+        "",
+    ]
 
 
 def _run_rows(board: Leaderboard) -> list[list[str]]:

@@ -348,6 +348,8 @@ def test_cli_writes_the_leaderboard_files(tmp_path: Path, capsys: pytest.Capture
         (["--setups", "adamw", "--", "--preset", "tiny-adamw"], "'--preset' is set by compare"),
         (["--setups", "adamw", "--", "--no-such-flag", "1"], "unrecognized arguments: --no-such-flag 1"),
         (["--setups", "adamw", "--baseline", "sgd"], "baseline: 'sgd' is not one of the setups"),
+        (["--step-fractions", "0.7,half"], "step-fractions: expected numbers separated by commas"),
+        (["--step-fractions", "1.2"], "step-fractions: each must be a number in (0, 1), got 1.2"),
     ],
 )
 def test_cli_user_errors_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str],
@@ -382,3 +384,115 @@ def test_real_runs_then_reuse(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     assert all(math.isfinite(row["final_val_loss"]["mean"]) for row in data["rows"])
     assert main(argv) == 0
     assert "2 reused, 0 to train" in capsys.readouterr().out
+
+
+# Final-loss penalty of a schedule shortened to n of the fake runs' 100 steps.
+SHORT_PENALTY = {100: 0.0, 70: 0.03, 50: 0.10}
+
+
+class ScheduleTrainer:
+    """A launcher for ``--step-fractions``: setup ``S@f`` (directory name) ends at
+    ``FINALS[S][seed] + SHORT_PENALTY[n]`` after its ``--num-iterations`` n steps."""
+
+    def __init__(self) -> None:
+        self.launched: list[list[str]] = []
+
+    def __call__(self, command: list[str], output: Path) -> int:
+        self.launched.append(command)
+        out_dir = Path(_flag(command, "--out-dir"))
+        run_id, seed = _flag(command, "--run-id"), int(_flag(command, "--seed"))
+        steps = int(_flag(command, "--num-iterations"))
+        final = FINALS[out_dir.name.split("@")[0]][seed] + SHORT_PENALTY[steps]
+        output.write_text(f"training {run_id}\n")
+        records = [{"kind": "config", "run_id": run_id, "seed": seed, "world_size": 1, "config": {}},
+                   {"kind": "val", "step": 0, "total_steps": steps, "val_loss": 9.0,
+                    "train_time_ms": 0.0, "step_avg_ms": 0.0},
+                   {"kind": "final", "step": steps, "total_steps": steps, "val_loss": final,
+                    "train_time_ms": (10.0 + seed) * steps, "step_avg_ms": 10.0 + seed,
+                    "peak_memory_mib": 1.0 + seed}]
+        (out_dir / f"{run_id}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+        return 0
+
+
+def test_step_fractions_train_shorter_schedules_and_find_the_shortest_that_reaches(
+        tmp_path: Path) -> None:
+    config = _config(tmp_path, step_fractions=(0.5, 0.7))
+    assert config.step_fractions == (0.7, 0.5)  # longest first
+    trainer = ScheduleTrainer()
+    groups = run_compare(config, resolve=fake_resolve, launch=trainer, say=lambda line: None)
+    assert list(groups) == ["adamw", "shampoo", "shampoo@0.7", "shampoo@0.5",
+                            "soap", "soap@0.7", "soap@0.5"]  # the baseline gets no variants
+    launched = sorted((Path(_flag(c, "--out-dir")).name, _flag(c, "--num-iterations"))
+                      for c in trainer.launched)
+    assert launched == sorted(
+        [(s, "100") for s in ("adamw", "shampoo", "soap") for _ in range(3)]
+        + [(f"{s}@{f}", n) for s in ("shampoo", "soap") for f, n in (("0.7", "70"), ("0.5", "50"))
+           for _ in range(3)])
+    # A variant keeps its preset: only the schedule changes.
+    assert {_flag(c, "--preset") for c in trainer.launched
+            if Path(_flag(c, "--out-dir")).name.startswith("soap")} == {"tiny-soap"}
+
+    board = build_leaderboard(groups, config)
+    target = float(np.mean(FINALS["adamw"]))
+    expected = {}
+    for setup in ("shampoo", "soap"):
+        for steps, fraction in ((100, 1.0), (70, 0.7), (50, 0.5)):
+            finals = [f + SHORT_PENALTY[steps] for f in FINALS[setup]]
+            p = scipy.stats.ttest_1samp(finals, target, alternative="less").pvalue
+            expected[(setup, fraction)] = (steps, float(np.mean(finals)), p)
+    got = {(r.setup, r.fraction): r for r in board.schedules}
+    assert set(got) == set(expected)
+    for key, (steps, mean, p) in expected.items():
+        row = got[key]
+        assert row.steps == steps and row.final_val_loss.mean == pytest.approx(mean)
+        assert row.target_p == pytest.approx(p) and row.reaches == (p < 0.05)
+    # The fixture's numbers: soap reaches at 0.7 but not 0.5; shampoo only at full length.
+    assert [got[("soap", f)].reaches for f in (1.0, 0.7, 0.5)] == [True, True, False]
+    assert [got[("shampoo", f)].reaches for f in (1.0, 0.7, 0.5)] == [True, False, False]
+    shortest = compare.shortest_schedules(board)
+    assert shortest["soap"].fraction == 0.7 and shortest["shampoo"].fraction == 1.0
+
+    text = compare.format_leaderboard(board)
+    assert "## Steps to the target by schedule length" in text
+    cells = [[c.strip() for c in line.split("|")[1:-1]] for line in text.splitlines()
+             if line.startswith("|")]
+    assert ["soap", "soap@0.7", "70 (0.70×)"] in [row[:3] for row in cells]
+    assert f"- **soap**: reaches {target:.4f} in 0.70× adamw's steps (70; p = " in text
+    data = json.loads(json.dumps(compare.json_ready(board)))
+    assert [(s["row"], s["steps"]) for s in data["schedules"]][:3] == [
+        ("shampoo", 100), ("shampoo@0.7", 70), ("shampoo@0.5", 50)]
+
+    again = ScheduleTrainer()
+    run_compare(config, resolve=fake_resolve, launch=again, say=lambda line: None)
+    assert again.launched == []  # the shortened runs are reused like any other
+
+
+@pytest.mark.parametrize(("fractions", "message"), [
+    ((0.0,), "step-fractions: each must be a number in \\(0, 1\\), got 0.0"),
+    ((1.0,), "got 1.0"), ((0.7, 1.5), "got 1.5"), ((0.7, 0.7), "repeats a fraction"),
+])
+def test_invalid_step_fractions_are_refused(tmp_path: Path, fractions: tuple[float, ...],
+                                            message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        _config(tmp_path, step_fractions=fractions)
+
+
+def test_a_run_logged_before_a_config_field_existed_is_reused_at_that_fields_default(
+        tmp_path: Path) -> None:
+    config = _config(tmp_path, setups=parse_setups("adamw"), seeds=1)
+    run_compare(config, resolve=fake_resolve, launch=FakeTrainer(), say=lambda line: None)
+    # The trainer gains a field "new_knob" (default "off") after the run was made.
+    with_field = lambda argv: {**fake_resolve(argv), "new_knob": "off"}  # noqa: E731
+    [plan] = compare.plan_runs(config, with_field, defaults={"new_knob": "off"})
+    assert plan.reused is not None
+    # At another value it is another run; and without a known default nothing is assumed.
+    changed = lambda argv: {**fake_resolve(argv), "new_knob": "on"}  # noqa: E731
+    assert compare.plan_runs(config, changed, defaults={"new_knob": "off"})[0].reused is None
+    assert compare.plan_runs(config, with_field, defaults={})[0].reused is None
+
+
+def test_train_config_defaults_are_the_dataclass_defaults() -> None:
+    from nanoshampoo.train.config import TrainConfig
+
+    defaults = compare.train_config_defaults()
+    assert defaults == json.loads(json.dumps(TrainConfig().to_dict()))
