@@ -350,11 +350,13 @@ def run_compare(
 ) -> dict[str, list[RunRecord]]:
     """Train (or reuse) every (setup, seed) in turn; return the runs by setup name.
 
-    Prints one line per run reused, started and ended. A run that exits without a finished or
+    Prints one line per run reused, started and ended. A run that another compare (into the
+    same out dir) ended after this one planned it is reused, not trained again. A run that exits without a finished or
     diverged log raises ``RuntimeError`` naming it and its output file; the runs before it
     stay on disk and are reused by the next invocation.
     """
-    plans = plan_runs(config, resolve)
+    defaults = train_config_defaults()
+    plans = plan_runs(config, resolve, defaults)
     to_train = [p for p in plans if p.reused is None]
     setups = len({plan.setup.name for plan in plans})
     say(f"[compare] {len(plans)} runs ({setups} setups x {config.seeds} seeds): "
@@ -366,6 +368,12 @@ def run_compare(
             say(f"[compare] reused   {plan.label}: {_outcome(plan.reused)} ({plan.reused.path})")
             groups[plan.setup.name].append(plan.reused)
     for index, plan in enumerate(to_train, start=1):
+        # Another compare into the same setup directory may have ended this run meanwhile.
+        ended = find_reusable(plan.directory, plan.config, config.nproc, defaults)
+        if ended is not None:
+            say(f"[compare] reused   {plan.label}: {_outcome(ended)} ({ended.path}), ended meanwhile")
+            groups[plan.setup.name].append(ended)
+            continue
         groups[plan.setup.name].append(_train(plan, config.nproc, launch, say, f"{index}/{len(to_train)}"))
     for runs in groups.values():
         runs.sort(key=lambda run: -1 if run.seed is None else run.seed)
