@@ -43,8 +43,9 @@ clean:
 
 # The embedded leaderboard: every optimizer setup's tiny preset over 3 seeds, into runs/compare
 # (leaderboard.md, leaderboard.json, loss_vs_step.png, loss_vs_time.png), without final
-# checkpoints. Re-running reuses the runs that already ended; more train flags for every run:
+# checkpoints; every setup but AdamW also at 0.7x AdamW's steps (does it reach AdamW's loss?). Re-running reuses the runs that already ended; more train flags for every run:
 # COMPARE_ARGS="--num-iterations 100".
 .PHONY: compare
+STEP_FRACTIONS ?= 0.7
 compare: $(STAMP)
-	$(PY) -m nanoshampoo compare --setups adamw,shampoo,soap,muon --seeds 3 --baseline adamw --out-dir runs/compare -- --save-final-checkpoint false $(COMPARE_ARGS)
+	$(PY) -m nanoshampoo compare --setups adamw,shampoo,soap,muon --seeds 3 --baseline adamw --step-fractions $(STEP_FRACTIONS) --out-dir runs/compare -- --save-final-checkpoint false $(COMPARE_ARGS)
