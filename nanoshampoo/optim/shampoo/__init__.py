@@ -53,6 +53,7 @@ from nanoshampoo.optim.shampoo.shampoo_types import (
     ShampooPreconditionerConfig,
     SingleDeviceDistributedConfig,
     SpectralDescentPreconditionerConfig,
+    WarmStartedEigenConfig,
     WeightDecayType,
 )
 
@@ -96,5 +97,6 @@ __all__ = [
     "ShampooPreconditionerConfig",
     "SingleDeviceDistributedConfig",
     "SpectralDescentPreconditionerConfig",
+    "WarmStartedEigenConfig",
     "WeightDecayType",
 ]

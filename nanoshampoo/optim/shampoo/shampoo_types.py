@@ -322,6 +322,58 @@ class CoupledNewtonConfig(RootInvConfig):
             raise ValueError(f"tolerance must be >= 0.0, got {self.tolerance!r}")
 
 
+@dataclass
+class WarmStartedEigenConfig(RootInvConfig):
+    """Root from an eigendecomposition warm-started at the factor's previous eigenvectors.
+
+    The root is :class:`EigenConfig`'s (same shift, ridge, eigenvalue floor or pseudo-inverse);
+    only the eigendecomposition differs. The first one of a factor is a full ``eigh``; later
+    ones start from the previous eigenvectors ``Q`` (kept in the optimizer state): eigenvalues
+    ``diag(Q^T A Q)``, accepted when the estimated error of the root is at most ``tolerance``,
+    else ``Q <- qr(A Q).Q`` and check again, at most ``max_iterations`` times, then a full
+    ``eigh`` (the fallback). The estimate (``matrix_roots.root_error_estimate``) is the
+    first-order (Daleckii-Krein) relative error of the search directions ``X g`` for gradients
+    distributed like the factor, from the off-diagonal part of ``Q^T A Q``. An accepted basis
+    is kept as it is, so the error drifts up to the tolerance, then falls back.
+
+    Measured on float32 factors ``F <- 0.95 F + 0.05 G G^T`` (512 x 512, Gaussian gradients
+    plus a rank-32 drift, steps 20 and 30), direction error against the float64 ``eigh`` root:
+    from last step's basis 0.95-1.16 % (0.60-0.71 % after one QR iteration), from the basis of
+    10 steps ago 2.7-3.6 % (1.7-2.1 % after one). The stale root that the default schedule
+    applies between recomputations errs as much (lag 1: 0.97-1.19 %, lag 10: 3.0-4.3 %), so a
+    root within a few percent at every recomputation is no worse than that schedule. The
+    estimate was within 4 % of the actual error (``warm_started_roots_test.py``). On the 2-core
+    EPYC (one thread, n = 768) a QR iteration costs more than an ``eigh`` (~100 vs ~72 ms);
+    on a GPU it costs far less.
+
+    Args:
+        max_iterations: QR iterations before the ``eigh`` fallback, an int >= 0.
+        tolerance: accepted relative root error estimate (Frobenius), finite and >= 0;
+            0 falls back every time (an ``eigh`` root with extra work).
+        retry_double_precision: when ``eigh`` fails in the factor's precision, retry in float64.
+        rank_deficient_stability_config: as for :class:`EigenConfig`.
+    """
+
+    max_iterations: int = 1
+    tolerance: float = 0.05
+    retry_double_precision: bool = True
+    rank_deficient_stability_config: RankDeficientStabilityConfig = field(
+        default_factory=PerturbationConfig
+    )
+
+    def __post_init__(self) -> None:
+        if isinstance(self.max_iterations, bool) or not isinstance(self.max_iterations, int) or (
+            self.max_iterations < 0
+        ):
+            raise ValueError(f"max_iterations must be an int >= 0, got {self.max_iterations!r}")
+        _check_optional_tolerance("tolerance", self.tolerance, allow_none=False)
+        if not isinstance(self.retry_double_precision, bool):
+            raise ValueError(
+                f"retry_double_precision must be a bool, got {self.retry_double_precision!r}"
+            )
+        _check_rank_deficient_stability_config(self.rank_deficient_stability_config)
+
+
 DefaultEigenConfig = EigenConfig()
 
 
@@ -335,7 +387,8 @@ class ShampooPreconditionerConfig(PreconditionerConfig):
     """Fields shared by the Kronecker-factored (Shampoo) preconditioners.
 
     Args:
-        amortized_computation_config: root solver (``EigenConfig`` or ``CoupledNewtonConfig``).
+        amortized_computation_config: root solver (``EigenConfig``, ``WarmStartedEigenConfig``
+            or ``CoupledNewtonConfig``).
         factor_matrix_dtype: storage dtype of the factor matrices (a float dtype).
         inv_factor_matrix_dtype: storage dtype of the roots (the inverse factor matrices);
             None: the block's computation dtype. A narrower dtype (e.g. ``torch.bfloat16``)
@@ -357,7 +410,8 @@ class ShampooPreconditionerConfig(PreconditionerConfig):
     def __post_init__(self) -> None:
         if not isinstance(self.amortized_computation_config, RootInvConfig):
             raise ValueError(
-                "amortized_computation_config must be an EigenConfig or CoupledNewtonConfig, got "
+                "amortized_computation_config must be an EigenConfig, WarmStartedEigenConfig or "
+                "CoupledNewtonConfig, got "
                 f"{self.amortized_computation_config!r}"
             )
         if self.factor_matrix_dtype not in FLOAT_DTYPES:

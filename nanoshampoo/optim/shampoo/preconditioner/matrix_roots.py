@@ -244,3 +244,146 @@ def coupled_newton_inverse_root(
         roots = roots @ step
         m = torch.linalg.matrix_power(step, root_order) @ m
     return roots, torch.isfinite(roots).all(dim=-1).all(dim=-1)
+
+
+def _descending_weights(
+    evals: torch.Tensor,
+    exponents: torch.Tensor,
+    epsilon: float,
+    stability: RankDeficientStabilityConfig,
+    perturbed: bool,
+    noise_dtype: torch.dtype,
+) -> torch.Tensor:
+    """:func:`inverse_root_spectrum` of eigenvalues in descending order (``(N, n)``)."""
+    return inverse_root_spectrum(
+        evals.flip(-1), exponents, epsilon, stability, evals.shape[-1], perturbed, noise_dtype
+    ).flip(-1)
+
+
+def root_error_estimate(
+    projected: torch.Tensor, weights: torch.Tensor, exponents: torch.Tensor
+) -> torch.Tensor:
+    """First-order relative error of the directions ``Q diag(w) Q^T g`` for gradients ``g``
+    whose covariance is ``A``: ``(N,)``.
+
+    ``projected`` ``(N, n, n)`` is ``B = Q^T A Q`` for an orthonormal ``Q``; ``weights``
+    ``(N, n)`` are ``w_j = f(B_jj)``, ``f`` the spectral function of the root (shift, floor,
+    ridge, power ``-e``; ``exponents`` ``(N,)``). In the basis ``Q``, ``A`` is ``diag(B) + O``
+    with ``O`` the off-diagonal part, and to first order in ``O`` the root changes by
+    ``E_ij = O_ij (f(B_ii) - f(B_jj)) / (B_ii - B_jj)`` (the Daleckii-Krein formula). The
+    estimate is ``sqrt(sum_ij E_ij^2 d_j / sum_j w_j^2 d_j)`` with ``d = max(diag(B), 0)``:
+    ``E||E g||^2 / E||X g||^2`` for ``g ~ N(0, A)``, i.e. the error where Shampoo's gradients
+    are (a factor accumulates ``G G^T``). A plain Frobenius norm of ``E`` would be dominated by
+    the huge weights of the numerical null space, where gradients have no mass, and would
+    accept bases that misplace the directions that gradients do have.
+
+    The divided difference is capped by ``e max(w_i, w_j)^(1 + 1/e)``, the largest ``|f'|`` on
+    the interval (``f`` is convex and decreasing, and ``w^(-1/e)`` is the ridged, floored
+    eigenvalue): this replaces ``0/0`` for equal diagonal entries and float32 cancellation for
+    close ones. Directions that are all floored (the numerical null space) get a zero divided
+    difference, so rounding noise mixing them costs nothing, as it should: the root is the same
+    multiple of the identity there, whatever basis spans it. A pseudo-inverse's jump from
+    ``w > 0`` to ``w = 0`` is taken exactly (no cap).
+    """
+    diagonal = projected.diagonal(dim1=-2, dim2=-1)
+    gap = (diagonal.unsqueeze(-1) - diagonal.unsqueeze(-2)).abs()
+    w_i, w_j = weights.unsqueeze(-1), weights.unsqueeze(-2)
+    exact = (w_i - w_j).abs() / gap  # NaN for 0/0, inf for a jump across a zero gap
+    power = (1.0 + 1.0 / exponents).view(-1, 1, 1)
+    cap = exponents.view(-1, 1, 1) * torch.maximum(w_i, w_j).pow(power)
+    both_positive = (w_i > 0.0) & (w_j > 0.0)
+    divided = torch.where(both_positive, torch.fmin(exact, cap), exact)
+    divided = torch.where(divided.isnan(), 0.0, divided)  # 0/0 of two dropped directions
+    off_diagonal = projected - torch.diag_embed(diagonal)
+    change = torch.where(off_diagonal == 0.0, 0.0, off_diagonal * divided)
+    mass = diagonal.clamp(min=0.0)
+    error = (change.square() * mass.unsqueeze(-2)).sum(dim=(-2, -1))
+    total = (weights.square() * mass).sum(dim=-1)
+    return torch.where(total > 0.0, error / total.clamp(min=torch.finfo(total.dtype).tiny), 0.0).sqrt()
+
+
+def warm_started_eigh_inverse_root(
+    matrices: torch.Tensor,
+    exponents: torch.Tensor,
+    epsilon: float,
+    previous_bases: torch.Tensor,
+    warm: torch.Tensor,
+    max_iterations: int,
+    tolerance: float,
+    retry_double_precision: bool = True,
+    stability: RankDeficientStabilityConfig = DefaultPerturbationConfig,
+    root_dtype: torch.dtype | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(A + eps I)^(-e)`` per matrix from an eigenbasis warm-started at ``previous_bases``.
+
+    The spectral function is :func:`eigh_inverse_root`'s (same shift, ridge, floor or
+    pseudo-inverse); only the eigendecomposition differs. For a matrix with a previous basis
+    (``warm``): ``B = Q^T A Q``, eigenvalues ``diag(B)``, and the root is accepted when
+    :func:`root_error_estimate` is ``<= tolerance``; otherwise ``Q <- qr(A Q).Q`` and check
+    again, at most ``max_iterations`` times (0: accept or fall back at once). Matrices without
+    a previous basis, and those still above the tolerance, get a full batched ``eigh``.
+
+    Bases are kept in descending eigenvalue order, the only stable fixed point of the QR
+    (orthogonal) iteration, so a column stays on its eigenvector across recomputations.
+
+    Args:
+        matrices: ``(N, n, n)`` symmetric, float32 or float64.
+        exponents: ``(N,)`` exponents ``e > 0``, same dtype/device as ``matrices``.
+        epsilon: ridge ``eps >= 0``.
+        previous_bases: ``(N, n, n)`` orthonormal columns, descending (ignored where not warm).
+        warm: ``(N,)`` bool, whether ``previous_bases[i]`` is a basis to start from.
+        max_iterations: QR iterations allowed before falling back to ``eigh``, >= 0.
+        tolerance: accepted root error estimate, >= 0.
+        retry_double_precision, stability, root_dtype: as for :func:`eigh_inverse_root`.
+
+    Returns:
+        ``(roots (N, n, n), bases (N, n, n) descending, ok (N,) bool, fell_back (N,) bool)``;
+        ``fell_back`` marks the warm matrices that needed the full ``eigh``. The host reads one
+        flag per QR iteration and one before the fallback, not one per matrix.
+    """
+    perturbed = isinstance(stability, PerturbationConfig) and stability.perturb_before_computation
+    if perturbed and epsilon > 0.0:
+        matrices = matrices + epsilon * torch.eye(
+            matrices.shape[-1], dtype=matrices.dtype, device=matrices.device
+        )
+    noise_dtype = least_precise_dtype(matrices.dtype, root_dtype or matrices.dtype)
+    bases = previous_bases.to(matrices.dtype)
+    accepted = torch.zeros_like(warm)
+    weights = torch.zeros(matrices.shape[:-1], dtype=matrices.dtype, device=matrices.device)
+    ok = torch.ones_like(warm)
+    for iteration in range(max_iterations + 1):
+        product = matrices @ bases
+        projected = bases.mT @ product
+        # Keep the columns in descending order of their Rayleigh quotients (see the docstring).
+        order = projected.diagonal(dim1=-2, dim2=-1).argsort(dim=-1, descending=True)
+        columns = order.unsqueeze(-2).expand_as(bases)
+        bases, product = bases.gather(-1, columns), product.gather(-1, columns)
+        projected = projected.gather(-1, columns).gather(-2, columns.mT)
+        weights = _descending_weights(
+            projected.diagonal(dim1=-2, dim2=-1), exponents, epsilon, stability, perturbed,
+            noise_dtype,
+        )
+        accepted = warm & (root_error_estimate(projected, weights, exponents) <= tolerance)
+        if iteration == max_iterations or bool((accepted | ~warm).all()):
+            break
+        try:
+            refined = torch.linalg.qr(product).Q
+        except RuntimeError:  # LinAlgError on non-finite input: leave those to the eigh below
+            break
+        bases = torch.where(accepted.view(-1, 1, 1), bases, refined)
+    solve = (~accepted).nonzero().squeeze(1)
+    root_bases = bases
+    if solve.numel() > 0:
+        evals, evecs, solved_ok = robust_eigh(matrices[solve], retry_double_precision)
+        # The root from the ascending eigh output, as eigh_inverse_root forms it (the same
+        # rounding); the stored basis descending.
+        ascending = inverse_root_spectrum(
+            evals, exponents[solve], epsilon, stability, matrices.shape[-1], perturbed, noise_dtype
+        )
+        root_bases = bases.index_copy(0, solve, evecs)
+        weights = weights.index_copy(0, solve, ascending)
+        bases = bases.index_copy(0, solve, evecs.flip(-1))
+        ok = ok.index_copy(0, solve, solved_ok)
+    roots = (root_bases * weights.unsqueeze(-2)) @ root_bases.mT
+    finite = torch.isfinite(roots).all(dim=-1).all(dim=-1) & torch.isfinite(bases).all(dim=-1).all(dim=-1)
+    return roots, bases, ok & finite, warm & ~accepted

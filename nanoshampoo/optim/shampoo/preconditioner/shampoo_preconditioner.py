@@ -81,12 +81,14 @@ from nanoshampoo.optim.shampoo.preconditioner.matrix_roots import (
     coupled_newton_inverse_root,
     eigh_inverse_root,
     least_precise_dtype,
+    warm_started_eigh_inverse_root,
 )
 from nanoshampoo.optim.shampoo.preconditioner.preconditioner import BlockBucket
 from nanoshampoo.optim.shampoo.shampoo_types import (
     CoupledNewtonConfig,
     EigenConfig,
     ShampooPreconditionerConfig,
+    WarmStartedEigenConfig,
 )
 
 
@@ -134,6 +136,24 @@ class ShampooPreconditioner(KroneckerFactoredPreconditioner):
             )
             for key, pool in self._factors.pools.items()
         }
+        # WarmStartedEigenConfig: per pool, the (N, n, n) eigenvectors of the last root
+        # (descending, solve dtype) and (N,) "computed at least once"; both are block state.
+        # Counters (not state): warm-started solves and their eigh fallbacks, on the device.
+        self._warm_solver = isinstance(config.amortized_computation_config, WarmStartedEigenConfig)
+        self._eigenvectors: dict[Hashable, torch.Tensor] = {}
+        self._eigenvectors_computed: dict[Hashable, torch.Tensor] = {}
+        device = self._buckets[0].device if self._buckets else torch.device("cpu")
+        self._warm_start_counts = torch.zeros(2, dtype=torch.int64, device=device)
+        if self._warm_solver:
+            self.extra_dim_state_names = ("factor_matrices_eigenvectors", "eigenvectors_computed")
+            for key, pool in self._factors.pools.items():
+                count, size = len(pool.labels), pool.factors.shape[-1]
+                self._eigenvectors[key] = torch.eye(
+                    size, dtype=self._solve_dtype, device=pool.factors.device
+                ).repeat(count, 1, 1)
+                self._eigenvectors_computed[key] = torch.zeros(
+                    count, dtype=torch.bool, device=pool.factors.device
+                )
         # Output buffers of the matrix fast path, allocated once.
         self._outputs = [bucket.zeros() for bucket in self._buckets]
         self._scratch = [
@@ -168,9 +188,61 @@ class ShampooPreconditioner(KroneckerFactoredPreconditioner):
                 solver.rank_deficient_stability_config,
                 root_dtype=precision,
             )
+        if isinstance(solver, WarmStartedEigenConfig):
+            return self._warm_started_roots(key, matrices, rows, exponents, solver, precision)
         if isinstance(solver, CoupledNewtonConfig):
             return self._coupled_newton_roots(matrices, exponents, solver, precision)
         raise TypeError(f"unsupported amortized_computation_config {solver!r}")
+
+    def _warm_started_roots(
+        self,
+        key: Hashable,
+        matrices: torch.Tensor,
+        rows: torch.Tensor | None,
+        exponents: torch.Tensor,
+        solver: WarmStartedEigenConfig,
+        root_dtype: torch.dtype,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Roots from the previous eigenvectors of the solved rows; successful solves store
+        their eigenvectors (failed ones keep the old, like the root) and count on the device."""
+        eigenvectors, computed = self._eigenvectors[key], self._eigenvectors_computed[key]
+        previous = eigenvectors if rows is None else eigenvectors.index_select(0, rows)
+        warm = computed.clone() if rows is None else computed.index_select(0, rows)
+        roots, bases, ok, fell_back = warm_started_eigh_inverse_root(
+            matrices,
+            exponents,
+            self._epsilon,
+            previous,
+            warm,
+            solver.max_iterations,
+            solver.tolerance,
+            solver.retry_double_precision,
+            solver.rank_deficient_stability_config,
+            root_dtype=root_dtype,
+        )
+        kept = torch.where(ok.view(-1, 1, 1), bases.to(previous.dtype), previous)
+        if rows is None:
+            eigenvectors.copy_(kept)
+            computed.logical_or_(ok)
+        else:
+            eigenvectors.index_copy_(0, rows, kept)
+            computed.index_copy_(0, rows, warm | ok)
+        self._warm_start_counts.add_(torch.stack([warm.sum(), fell_back.sum()]))
+        return roots, ok
+
+    def warm_start_counts(self) -> tuple[int, int]:
+        """``(warm-started root solves, of which fell back to eigh)`` since construction (a
+        host read; zeros unless the solver is ``WarmStartedEigenConfig``)."""
+        warm, fell_back = self._warm_start_counts.tolist()
+        return warm, fell_back
+
+    def _extra_dim_state(self, key: Hashable, row: int) -> dict[str, torch.Tensor]:
+        if not self._warm_solver:
+            return {}
+        return {
+            "factor_matrices_eigenvectors": self._eigenvectors[key][row],
+            "eigenvectors_computed": self._eigenvectors_computed[key][row],
+        }
 
     def _coupled_newton_roots(
         self,
