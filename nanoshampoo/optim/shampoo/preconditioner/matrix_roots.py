@@ -261,7 +261,10 @@ def _descending_weights(
 
 
 def root_error_estimate(
-    projected: torch.Tensor, weights: torch.Tensor, exponents: torch.Tensor
+    projected: torch.Tensor,
+    weights: torch.Tensor,
+    exponents: torch.Tensor,
+    pseudo_inverse: bool = False,
 ) -> torch.Tensor:
     """First-order relative error of the directions ``Q diag(w) Q^T g`` for gradients ``g``
     whose covariance is ``A``: ``(N,)``.
@@ -282,22 +285,29 @@ def root_error_estimate(
     eigenvalue): this replaces ``0/0`` for equal diagonal entries and float32 cancellation for
     close ones. Directions that are all floored (the numerical null space) get a zero divided
     difference, so rounding noise mixing them costs nothing, as it should: the root is the same
-    multiple of the identity there, whatever basis spans it. A pseudo-inverse's jump from
-    ``w > 0`` to ``w = 0`` is taken exactly (no cap).
+    multiple of the identity there, whatever basis spans it. With ``pseudo_inverse`` (some
+    ``w`` are 0) the jump from ``w > 0`` to ``w = 0`` is taken exactly (no cap).
     """
     diagonal = projected.diagonal(dim1=-2, dim2=-1)
-    gap = (diagonal.unsqueeze(-1) - diagonal.unsqueeze(-2)).abs()
-    w_i, w_j = weights.unsqueeze(-1), weights.unsqueeze(-2)
-    exact = (w_i - w_j).abs() / gap  # NaN for 0/0, inf for a jump across a zero gap
-    power = (1.0 + 1.0 / exponents).view(-1, 1, 1)
-    cap = exponents.view(-1, 1, 1) * torch.maximum(w_i, w_j).pow(power)
-    both_positive = (w_i > 0.0) & (w_j > 0.0)
-    divided = torch.where(both_positive, torch.fmin(exact, cap), exact)
-    divided = torch.where(divided.isnan(), 0.0, divided)  # 0/0 of two dropped directions
-    off_diagonal = projected - torch.diag_embed(diagonal)
-    change = torch.where(off_diagonal == 0.0, 0.0, off_diagonal * divided)
+    gap = (diagonal.unsqueeze(-1) - diagonal.unsqueeze(-2)).abs_()
+    exponent = exponents.unsqueeze(-1)
+    # max(w_i, w_j)^p = max(w_i^p, w_j^p) for w >= 0: n powers per matrix, not n^2.
+    slope = exponent * weights.pow(1.0 + 1.0 / exponent)
+    cap = torch.maximum(slope.unsqueeze(-1), slope.unsqueeze(-2))
+    divided = (weights.unsqueeze(-1) - weights.unsqueeze(-2)).abs_().div_(gap)
+    if pseudo_inverse:
+        # A dropped direction (w = 0) next to a kept one is a jump: no cap, and 0/0 between
+        # two dropped directions is 0.
+        both_positive = (weights > 0.0).unsqueeze(-1) & (weights > 0.0).unsqueeze(-2)
+        divided = torch.where(both_positive, torch.fmin(divided, cap), divided.nan_to_num_(nan=0.0))
+    else:
+        divided = torch.fmin(divided, cap)  # fmin: the cap replaces 0/0
+    change = divided.mul_(projected)
+    change.diagonal(dim1=-2, dim2=-1).zero_()  # E has no diagonal term
+    if pseudo_inverse:
+        change.nan_to_num_(nan=0.0)  # inf * 0: a jump where A has no coupling
     mass = diagonal.clamp(min=0.0)
-    error = (change.square() * mass.unsqueeze(-2)).sum(dim=(-2, -1))
+    error = (change.square_() @ mass.unsqueeze(-1)).squeeze(-1).sum(dim=-1)
     total = (weights.square() * mass).sum(dim=-1)
     return torch.where(total > 0.0, error / total.clamp(min=torch.finfo(total.dtype).tiny), 0.0).sqrt()
 
@@ -348,29 +358,34 @@ def warm_started_eigh_inverse_root(
         )
     noise_dtype = least_precise_dtype(matrices.dtype, root_dtype or matrices.dtype)
     bases = previous_bases.to(matrices.dtype)
+    ok = torch.ones_like(warm)
+    pseudo_inverse = isinstance(stability, PseudoInverseConfig)
     accepted = torch.zeros_like(warm)
     weights = torch.zeros(matrices.shape[:-1], dtype=matrices.dtype, device=matrices.device)
-    ok = torch.ones_like(warm)
-    for iteration in range(max_iterations + 1):
-        product = matrices @ bases
-        projected = bases.mT @ product
-        # Keep the columns in descending order of their Rayleigh quotients (see the docstring).
-        order = projected.diagonal(dim1=-2, dim2=-1).argsort(dim=-1, descending=True)
-        columns = order.unsqueeze(-2).expand_as(bases)
-        bases, product = bases.gather(-1, columns), product.gather(-1, columns)
-        projected = projected.gather(-1, columns).gather(-2, columns.mT)
-        weights = _descending_weights(
-            projected.diagonal(dim1=-2, dim2=-1), exponents, epsilon, stability, perturbed,
-            noise_dtype,
-        )
-        accepted = warm & (root_error_estimate(projected, weights, exponents) <= tolerance)
-        if iteration == max_iterations or bool((accepted | ~warm).all()):
-            break
-        try:
-            refined = torch.linalg.qr(product).Q
-        except RuntimeError:  # LinAlgError on non-finite input: leave those to the eigh below
-            break
-        bases = torch.where(accepted.view(-1, 1, 1), bases, refined)
+    # First solves only (nothing to start from): straight to eigh.
+    if bool(warm.any()):
+        for iteration in range(max_iterations + 1):
+            product = matrices @ bases
+            projected = bases.mT @ product
+            diagonal = projected.diagonal(dim1=-2, dim2=-1)
+            # Weights need the spectrum sorted; the estimate does not (it is elementwise).
+            order = diagonal.argsort(dim=-1, descending=True)
+            weights = _descending_weights(
+                diagonal.gather(-1, order), exponents, epsilon, stability, perturbed, noise_dtype
+            )
+            unsorted = torch.empty_like(weights).scatter_(-1, order, weights)
+            estimate = root_error_estimate(projected, unsorted, exponents, pseudo_inverse)
+            accepted = warm & (estimate <= tolerance)
+            if iteration == max_iterations or bool((accepted | ~warm).all()):
+                break
+            try:
+                # From the basis sorted by descending Rayleigh quotient (see the docstring).
+                refined = torch.linalg.qr(product.gather(-1, order.unsqueeze(-2).expand_as(product))).Q
+            except RuntimeError:  # LinAlgError on non-finite input: leave those to the eigh below
+                break
+            bases = torch.where(accepted.view(-1, 1, 1), bases, refined)
+        # Stored in descending order of the Rayleigh quotients, matching the sorted weights.
+        bases = bases.gather(-1, order.unsqueeze(-2).expand_as(bases))
     solve = (~accepted).nonzero().squeeze(1)
     root_bases = bases
     if solve.numel() > 0:

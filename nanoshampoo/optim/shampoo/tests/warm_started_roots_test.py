@@ -222,6 +222,29 @@ def test_pseudo_inverse_warm_roots_stay_finite_on_rank_one_gradients() -> None:
     assert (warm, fell_back) == (8, 0)
 
 
+def test_pseudo_inverse_with_a_tight_tolerance_follows_the_eigh_run() -> None:
+    """Wide blocks (rank-deficient factors) with epsilon 0: the warm-started pseudo-inverse run
+    with a tight tolerance stays within the issue-9 bound of the eigh pseudo-inverse run."""
+    def run(solver: Any) -> torch.Tensor:
+        gen = torch.Generator().manual_seed(8)
+        param = torch.nn.Parameter(torch.zeros(8, 64))
+        opt = DistributedShampoo(
+            [param], lr=1.0, betas=(0.0, 0.999), epsilon=0.0, max_preconditioner_dim=64,
+            precondition_frequency=1, start_preconditioning_step=1,
+            preconditioner_config=RootInvShampooPreconditionerConfig(amortized_computation_config=solver),
+        )
+        for _ in range(6):
+            param.grad = torch.randn(8, 64, generator=gen)
+            opt.step()
+        return param.detach().clone()
+
+    stability = PseudoInverseConfig()
+    want = run(EigenConfig(rank_deficient_stability_config=stability))
+    got = run(WarmStartedEigenConfig(tolerance=1e-4, rank_deficient_stability_config=stability))
+    assert torch.isfinite(got).all()
+    assert float((got - want).norm() / want.norm()) < recipe.SHAMPOO_BOUND
+
+
 def _train(solver: Any, steps: int, frequency: int = 1) -> tuple[list[torch.nn.Parameter], DistributedShampoo]:
     gen = torch.Generator().manual_seed(6)
     params = [torch.nn.Parameter(torch.randn(s, generator=gen)) for s in [(40, 24), (24,), (3, 8, 5)]]
