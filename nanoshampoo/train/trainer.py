@@ -44,6 +44,7 @@ from tqdm import tqdm
 
 from nanoshampoo.data.loader import DistributedTokenLoader, validation_batches
 from nanoshampoo.model.gpt import GPT, gpt_preset
+from nanoshampoo.optim.errors import NonFiniteGradientError
 from nanoshampoo.train.checkpoint import (
     CheckpointRecords,
     checkpoint_path,
@@ -160,6 +161,11 @@ class Trainer:
                         bf16_params=self.autocast.enabled)
         self.param_names = {id(p): name for name, p in self.model.named_parameters()}
         self.setup = build_optimizer_setup(self.model, cfg, ctx.world_size)
+        # DistAdam's gradients may still be in flight (its hooks launched their reduce-scatters)
+        # when the trainer checks the others; DistAdam checks its own after waiting for them.
+        distadam = {id(p) for opt in self.setup.optimizers if hasattr(opt, "should_sync")
+                    for group in opt.param_groups for p in group["params"]}
+        self._checked_params = [p for p in self.model.parameters() if id(p) not in distadam]
         remember_peak_lrs(self.setup.optimizers)
         self.forward: nn.Module = torch.compile(self.model) if cfg.compile else self.model  # type: ignore[assignment]
         self.loader = DistributedTokenLoader(self.data.train_pattern, cfg.batch_size, cfg.seq_len,
@@ -316,7 +322,11 @@ class Trainer:
         multiplier = lr_multiplier(step, self.cfg.num_iterations, self.cfg.cooldown_frac)
         apply_lr_multiplier(self.setup.optimizers, multiplier)
         for opt in self.setup.optimizers:
-            opt.step()
+            try:
+                opt.step()
+            except NonFiniteGradientError as exc:  # DistAdam's own check, on every rank
+                raise TrainingDiverged(step, "non-finite gradient"
+                                       + (self._culprit(gradients=True) or f" ({exc})")) from None
         for opt in self.setup.optimizers:
             opt.zero_grad(set_to_none=True)
         return total
@@ -332,10 +342,12 @@ class Trainer:
         """Raise ``TrainingDiverged`` (on every rank) if the loss or a gradient is NaN/Inf.
 
         One fused pass: the norm of every gradient (NaN/Inf propagate into it), then one host
-        sync for the verdict. Gradients of DistAdam parameters, and sharded (DTensor) ones, are
-        this rank's own, hence the vote across ranks.
+        sync for the verdict. Sharded (DTensor) gradients are this rank's own, hence the vote
+        across ranks. DistAdam's parameters are left out: their reduce-scatter may still be
+        reading them, and DistAdam's ``step`` checks them itself (``NonFiniteGradientError``
+        on every rank, nothing changed), which ``_train_step`` reports the same way.
         """
-        grads = [local_tensor(p.grad) for p in self.model.parameters() if p.grad is not None]
+        grads = [local_tensor(p.grad) for p in self._checked_params if p.grad is not None]
         norms = torch._foreach_norm(grads) if grads else []
         finite = torch.stack([loss.float(), *norms]).isfinite().all()
         if not any_rank_true(not bool(finite.item()), self.ctx):

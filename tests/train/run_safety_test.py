@@ -296,3 +296,22 @@ def test_when_one_rank_dies_the_other_fails_within_the_timeout(
     assert sorted(p.name for p in (checkpoints / "step_000002").iterdir()) == [
         "rank0.pt", "rank1.pt"]
     assert time.monotonic() - start < 150
+
+
+@pytest.mark.parametrize("optimizer", ["adamw", "shampoo-distadam"])
+def test_a_nonfinite_gradient_with_a_finite_loss_stops_the_run_naming_it(
+        optimizer: str, shards: dict[str, str], tmp_path: Path) -> None:
+    """The head's gradient turns NaN at the first step; the loss stays finite. Under AdamW the
+    trainer's own check finds it; under DistAdam (which owns the head there, and whose
+    reduce-scatter may still read the gradient) DistAdam's check does, before Shampoo steps."""
+    trainer = Trainer(tiny_config(shards, tmp_path, optimizer=optimizer, val_every=0))
+    head = trainer.model.lm_head.weight
+    distadam_owned = optimizer.endswith("distadam")
+    assert any(p is head for p in trainer._checked_params) != distadam_owned
+    matrices = [p.detach().clone() for p in trainer.setup.groups["matrix"]]
+    head.register_hook(lambda grad: torch.full_like(grad, math.nan))
+    with pytest.raises(TrainingDiverged) as caught:
+        trainer.run()
+    assert (caught.value.step, caught.value.reason) == (
+        0, "non-finite gradient; first non-finite gradient: lm_head.weight")
+    assert all(torch.equal(p, q) for p, q in zip(trainer.setup.groups["matrix"], matrices))
