@@ -13,7 +13,11 @@ One step for a block (``t`` 1-based, ``s`` = start_preconditioning_step, ``f`` =
    of the step that solves it, but roots of different shares come from different steps, so the
    parameters differ from the all-at-once schedule (not bit-identical). Making it exact would
    mean snapshotting all factors at the scheduled step (one more copy of the factor state) and
-   applying the roots one period later, which is a third schedule anyway.
+   applying the roots one period later, which is a third schedule anyway. With a large-factor
+   rule (``large_factor_dim``, multiplier ``m`` of ``ShampooPreconditionerConfig``) the
+   factors of at least that size are solved only every ``m`` periods (at multiples of
+   ``f m``), or, amortized, in share ``t % (f m)`` of ``f m`` shares of their own. Under DDP
+   each rank assigns shares over the factors it owns.
 5. Filtered gradient ``M <- b1 M + (1 - b1) G``; ``Gbar = M / (1 - b1^t)`` with bias
    correction (``beta3 != beta1``: ``Gbar = (b3 M_old + (1 - b3) G) / (1 - b3 b1^(t-1))``).
 6. ``t >= s``: ``P = P_s * ||P_g|| / (||P_s|| + 1e-16)`` per block (``P_s`` the
@@ -652,10 +656,12 @@ class _GroupRuntime:
         self.preconditioner.update_statistics(grads, t)
         if self.grafting is not None:
             self.grafting.update_statistics(grads, t)
-        if t == start or (t > start and t % frequency == 0 and not h.amortize_roots):
+        if t == start:
             self.preconditioner.amortized_computation(t)
         elif t > start and h.amortize_roots:
-            self.preconditioner.amortized_computation(t, t % frequency, frequency)
+            self.preconditioner.amortized_computation(t, t % frequency, frequency, t // frequency)
+        elif t > start and t % frequency == 0:
+            self.preconditioner.amortized_computation(t, period=t // frequency)
 
         filtered = self._filtered_grads(t)
         if t >= start:

@@ -399,6 +399,13 @@ class ShampooPreconditionerConfig(PreconditionerConfig):
             unpreconditioned (no factor is kept). Unlisted dims use ``1 / (2 * order)``.
         num_tolerated_failed_amortized_computations: consecutive failed root computations of one
             factor that are tolerated (the previous root is kept); one more raises.
+        large_factor_dim: factors of at least this size get their root less often (0: off, the
+            default). An int >= 0.
+        large_factor_frequency_multiplier: those factors' roots are recomputed every
+            ``precondition_frequency * multiplier`` steps (at steps that are multiples of it,
+            and at the first preconditioned step with all the others); with ``amortize_roots``
+            they are spread over ``precondition_frequency * multiplier`` shares instead of
+            ``precondition_frequency``. An int >= 1; 1: the plain schedule.
     """
 
     amortized_computation_config: RootInvConfig = field(default_factory=EigenConfig)
@@ -406,6 +413,8 @@ class ShampooPreconditionerConfig(PreconditionerConfig):
     inverse_exponent_override: dict[int, float | dict[int, float]] = field(default_factory=dict)
     num_tolerated_failed_amortized_computations: int = 3
     inv_factor_matrix_dtype: torch.dtype | None = None
+    large_factor_dim: int = 0
+    large_factor_frequency_multiplier: int = 1
 
     def __post_init__(self) -> None:
         if not isinstance(self.amortized_computation_config, RootInvConfig):
@@ -429,6 +438,16 @@ class ShampooPreconditionerConfig(PreconditionerConfig):
                 f"num_tolerated_failed_amortized_computations must be an int >= 0, got {tolerated!r}"
             )
         self._validate_inverse_exponent_override()
+        for name, minimum in (("large_factor_dim", 0), ("large_factor_frequency_multiplier", 1)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+                raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
+
+    def large_factor_schedule(self) -> tuple[int, int]:
+        """``(large_factor_dim, multiplier)``, or ``(0, 1)`` when either leaves it off."""
+        if self.large_factor_dim == 0 or self.large_factor_frequency_multiplier == 1:
+            return 0, 1
+        return self.large_factor_dim, self.large_factor_frequency_multiplier
 
     def _validate_inverse_exponent_override(self) -> None:
         override = self.inverse_exponent_override

@@ -193,10 +193,12 @@ class EigenvalueCorrectedShampooPreconditioner(KroneckerFactoredPreconditioner):
             torch.mul(self._previous_corrected[index], self._beta2, out=corrected)
             corrected.addcmul_(rotated, rotated, value=1.0 - self._beta2)
 
-    def amortized_computation(self, step: int, share: int = 0, num_shares: int = 1) -> None:
+    def amortized_computation(
+        self, step: int, share: int = 0, num_shares: int = 1, period: int | None = None
+    ) -> None:
         """Recompute the eigenbases of the share (failed ones keep the previous basis), then
         re-fold ``D``."""
-        super().amortized_computation(step, share, num_shares)
+        super().amortized_computation(step, share, num_shares, period)
         for index in range(len(self._buckets)):
             # A bucket none of whose bases was in the share folds to the same D: skip it.
             if num_shares == 1 or index in self._share_buckets(num_shares)[share]:
@@ -206,7 +208,7 @@ class EigenvalueCorrectedShampooPreconditioner(KroneckerFactoredPreconditioner):
         """Per share, the buckets with a basis in it; computed on the host once per
         ``num_shares`` (so the step itself reads nothing back from the device)."""
         if num_shares not in self._buckets_by_share:
-            shares = self._share_cache[num_shares]
+            shares = self.shares(num_shares)
             self._buckets_by_share = {num_shares: []}
             for rows in shares:
                 solved = {(key, row) for key, tensor in rows.items() for row in tensor.tolist()}

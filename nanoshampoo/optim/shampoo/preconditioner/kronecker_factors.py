@@ -280,17 +280,21 @@ class KroneckerFactors:
                     kept,
                 )
 
-    def share_rows(self, num_shares: int) -> list[dict[Hashable, torch.Tensor]]:
+    def share_rows(
+        self, num_shares: int, keys: Sequence[Hashable] | None = None
+    ) -> list[dict[Hashable, torch.Tensor]]:
         """Per share ``0..num_shares-1``, the pool rows whose amortized computation it runs.
 
         A fixed, deterministic assignment balanced by cost (``n^3`` for an ``n x n`` factor):
         factors by decreasing size (then pool order, then row) each go to the share with the
-        least cost so far (ties: the lowest share). Pools without a row in a share are absent
-        from its dict; row tensors are int64 on the factors' device, ascending.
+        least cost so far (ties: the lowest share). Only the pools ``keys`` take part (None:
+        all). Pools without a row in a share are absent from its dict; row tensors are int64
+        on the factors' device, ascending.
         """
         items = sorted(
             (-(pool.factors.shape[-1] ** 3), order, row, key)
             for order, (key, pool) in enumerate(self.pools.items())
+            if keys is None or key in keys
             for row in range(len(pool.labels))
         )
         loads = [0] * num_shares
@@ -357,8 +361,17 @@ class KroneckerFactoredPreconditioner(Preconditioner):
             ).repeat(len(pool.labels), 1, 1)
             for key, pool in self._factors.pools.items()
         }
-        # num_shares -> share_rows(num_shares), for the frequency in use.
-        self._share_cache: dict[int, list[dict[Hashable, torch.Tensor]]] = {}
+        # (num_shares, pool keys or None) -> share_rows, for the frequency in use.
+        self._share_cache: dict[
+            tuple[int, tuple[Hashable, ...] | None], list[dict[Hashable, torch.Tensor]]
+        ] = {}
+        # The pools of large factors, solved every `multiplier` periods (see large_factor_schedule).
+        large_dim, self._large_multiplier = self._large_factor_schedule()
+        self._large_keys = tuple(
+            key for key, pool in self._factors.pools.items()
+            if large_dim and pool.factors.shape[-1] >= large_dim
+        )
+        self._small_keys = tuple(k for k in self._factors.pools if k not in self._large_keys)
 
     @abstractmethod
     def _pool_key(self, bucket: BlockBucket, dim: int) -> Hashable | None:
@@ -375,27 +388,67 @@ class KroneckerFactoredPreconditioner(Preconditioner):
         """``(results (M, n, n), ok (M,) bool)`` from the bias-corrected factors ``matrices``
         ``(M, n, n)`` of pool ``key``: all of them (``rows`` None) or rows ``rows``."""
 
+    def _large_factor_schedule(self) -> tuple[int, int]:
+        """``(size, multiplier)``: factors of at least ``size`` are solved every ``multiplier``
+        periods; ``(0, 1)``: no such rule (the default)."""
+        return 0, 1
+
+    def shares(
+        self, num_shares: int, keys: tuple[Hashable, ...] | None = None
+    ) -> list[dict[Hashable, torch.Tensor]]:
+        """:meth:`KroneckerFactors.share_rows`, cached for the frequency in use."""
+        if (num_shares, keys) not in self._share_cache:
+            if len(self._share_cache) > 2:  # the frequency changed: drop the old assignments
+                self._share_cache = {}
+            self._share_cache[(num_shares, keys)] = self._factors.share_rows(num_shares, keys)
+        return self._share_cache[(num_shares, keys)]
+
+    def solved_rows(
+        self, share: int, num_shares: int, period: int | None
+    ) -> dict[Hashable, torch.Tensor | None] | None:
+        """The pool rows a call of :meth:`amortized_computation` solves: None for every row of
+        every pool, else ``{pool key: rows}`` (rows None: all of that pool's rows; pools absent
+        are not solved).
+
+        Without large factors: everything (``num_shares == 1``) or share ``share``. With large
+        factors (multiplier ``m``): the others as before; the large ones only every ``m``
+        periods (``num_shares == 1``: when ``period % m == 0``), or, spread, in share
+        ``(period % m) * num_shares + share`` of ``num_shares * m`` (i.e. ``step % (f m)``).
+        """
+        if period is None:
+            return None
+        if not self._large_keys:
+            return None if num_shares == 1 else dict(self.shares(num_shares)[share])
+        multiplier = self._large_multiplier
+        if num_shares == 1:
+            due = self._small_keys + (self._large_keys if period % multiplier == 0 else ())
+            return {key: None for key in due}
+        chosen: dict[Hashable, torch.Tensor | None] = {}
+        if self._small_keys:
+            chosen.update(self.shares(num_shares, self._small_keys)[share])
+        large_share = (period % multiplier) * num_shares + share
+        chosen.update(self.shares(num_shares * multiplier, self._large_keys)[large_share])
+        return chosen
+
     def _bias_correction(self, step: int) -> float:
         return 1.0 - self._beta2**step if self._use_bias_correction else 1.0
 
     def update_statistics(self, grads: Sequence[torch.Tensor], step: int) -> None:
         self._factors.update(grads, self._beta2)
 
-    def amortized_computation(self, step: int, share: int = 0, num_shares: int = 1) -> None:
-        """Recompute the results of share ``share`` of ``num_shares`` (all factors when
-        ``num_shares == 1``; see :meth:`KroneckerFactors.share_rows`); failed ones keep their
-        previous value (see the module doc)."""
+    def amortized_computation(
+        self, step: int, share: int = 0, num_shares: int = 1, period: int | None = None
+    ) -> None:
+        """Recompute the results of the rows :meth:`solved_rows` names (all factors when
+        ``num_shares == 1`` and there is no large-factor rule); failed ones keep their previous
+        value (see the module doc)."""
         bias_correction = self._bias_correction(step)
-        selected: dict[Hashable, torch.Tensor] | None = None
-        if num_shares > 1:
-            if num_shares not in self._share_cache:
-                self._share_cache = {num_shares: self._factors.share_rows(num_shares)}
-            selected = self._share_cache[num_shares][share]
+        selected = self.solved_rows(share, num_shares, period)
         outcomes: list[tuple[FactorPool, torch.Tensor | None, torch.Tensor]] = []
         for key, pool in self._factors.pools.items():
-            rows = None if selected is None else selected.get(key)
-            if selected is not None and rows is None:
+            if selected is not None and key not in selected:
                 continue
+            rows = None if selected is None else selected[key]
             factors = pool.factors if rows is None else pool.factors.index_select(0, rows)
             results, ok = self._solve(key, factors.to(self._solve_dtype) / bias_correction, rows)
             previous = self._results[key]

@@ -7,8 +7,8 @@ is processed by a few batched kernels instead of a Python loop over blocks.
 A preconditioner (optax-like) has three operations, called by the optimizer in this order:
 
 - ``update_statistics(grads, step)``: fold this step's gradients into the statistics;
-- ``amortized_computation(step, share, num_shares)``: the expensive part (e.g. matrix roots),
-  on a schedule, all at once or one share of it per step;
+- ``amortized_computation(step, share, num_shares, period)``: the expensive part (e.g. matrix
+  roots), on a schedule, all at once or one share of it per step;
 - ``precondition(grads, step)``: map (filtered) gradients to search directions.
 
 The optimizer loop does not know which preconditioner it drives.
@@ -95,12 +95,17 @@ class Preconditioner(ABC):
     def update_statistics(self, grads: Sequence[torch.Tensor], step: int) -> None:
         """Fold the step-``step`` (1-based) gradients into the statistics."""
 
-    def amortized_computation(self, step: int, share: int = 0, num_shares: int = 1) -> None:
+    def amortized_computation(
+        self, step: int, share: int = 0, num_shares: int = 1, period: int | None = None
+    ) -> None:
         """Recompute the expensive part (e.g. roots) from the statistics; cheap ones have none.
 
         With ``num_shares > 1`` only share ``share`` (in ``[0, num_shares)``) of the work runs:
         a fixed, deterministic part chosen by the preconditioner, so that ``num_shares`` calls
-        with shares ``0..num_shares-1`` cover everything once.
+        with shares ``0..num_shares-1`` cover everything once. ``period`` is the index of the
+        precondition period the call belongs to (``step // precondition_frequency``), for work
+        the preconditioner does only every few periods; None: everything is due (the first
+        computation).
         """
 
     @abstractmethod

@@ -160,6 +160,9 @@ class ShampooPreconditioner(KroneckerFactoredPreconditioner):
             bucket.zeros() if len(bucket.shape) == 2 else None for bucket in self._buckets
         ]
 
+    def _large_factor_schedule(self) -> tuple[int, int]:
+        return self._config.large_factor_schedule()
+
     def _pool_key(self, bucket: BlockBucket, dim: int) -> tuple[int, torch.dtype] | None:
         """Factors pool by size and block dtype (the dtype of their roots); exponent 0: none."""
         if self._config.inverse_exponent(len(bucket.shape), dim) == 0.0:

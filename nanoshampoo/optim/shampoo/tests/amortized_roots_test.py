@@ -58,7 +58,7 @@ def _record_solved_rows(monkeypatch: pytest.MonkeyPatch) -> list[list[tuple[Any,
     original = KroneckerFactoredPreconditioner.amortized_computation
     solve_of: dict[type, Any] = {}
 
-    def amortized(self: Any, step: int, share: int = 0, num_shares: int = 1) -> None:
+    def amortized(self: Any, step: int, share: int = 0, num_shares: int = 1, period: Any = None) -> None:
         solved.append([])
         cls = type(self)
         solve_of.setdefault(cls, cls._solve)
@@ -70,7 +70,7 @@ def _record_solved_rows(monkeypatch: pytest.MonkeyPatch) -> list[list[tuple[Any,
 
         monkeypatch.setattr(cls, "_solve", recording)
         try:
-            original(self, step, share, num_shares)
+            original(self, step, share, num_shares, period)
         finally:
             monkeypatch.setattr(cls, "_solve", solve_of[cls])
         solved[-1].append(("step", step))
