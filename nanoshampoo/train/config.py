@@ -18,6 +18,7 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from dataclasses import dataclass
 
@@ -51,6 +52,7 @@ FSDP_ASSIGNMENTS = ("default", "round_robin", "replicate")
 STORAGE_DTYPES = ("float32", "bfloat16")
 AUTOCAST_CHOICES = ("auto", "bf16", "off")
 RANK_DEFICIENT_STABILITY = ("perturbation", "pseudo-inverse")
+ROOT_METHODS = ("eigh", "warm-qr")
 
 
 class UserError(ValueError):
@@ -133,6 +135,16 @@ class TrainConfig:
     grafting_dtype: str = "float32"
     # Storage of the filtered gradient and the momentum (shampoo, soap, muon).
     momentum_dtype: str = "float32"
+    # Shampoo's roots (ROOT_METHODS): "eigh" every time, or "warm-qr": from the previous
+    # eigenvectors, accepted within warm_qr_tolerance (estimated relative direction error)
+    # after at most warm_qr_max_iterations QR iterations, else eigh (WarmStartedEigenConfig).
+    root_method: str = "eigh"
+    warm_qr_tolerance: float = 0.05
+    warm_qr_max_iterations: int = 1
+    # Shampoo's factors of at least large_factor_dim (0: off) get their root every
+    # precondition_frequency * large_factor_frequency_multiplier steps.
+    large_factor_dim: int = 0
+    large_factor_frequency_multiplier: int = 1
     # Singular factors (shampoo, soap): "perturbation" adds epsilon (shampoo_epsilon /
     # soap_epsilon); "pseudo-inverse" drops numerically-zero eigenvalues (epsilon is then 0).
     rank_deficient_stability: str = "perturbation"
@@ -183,6 +195,7 @@ class TrainConfig:
         _check_choice("communication_dtype", self.communication_dtype, STORAGE_DTYPES)
         for name in ("root_dtype", "grafting_dtype", "momentum_dtype"):
             _check_choice(name, getattr(self, name), STORAGE_DTYPES)
+        _check_choice("root_method", self.root_method, ROOT_METHODS)
         _check_choice("autocast", self.autocast, AUTOCAST_CHOICES)
         _check_choice("parallel", self.parallel, PARALLEL_MODES)
         _check_choice("fsdp_assignment", self.fsdp_assignment, FSDP_ASSIGNMENTS)
@@ -190,11 +203,12 @@ class TrainConfig:
                       RANK_DEFICIENT_STABILITY)
         for name in ("seq_len", "batch_size", "grad_accum_steps", "num_iterations", "val_tokens",
                      "max_preconditioner_dim", "precondition_frequency",
-                     "soap_precondition_frequency", "muon_ns_steps"):
+                     "soap_precondition_frequency", "muon_ns_steps",
+                     "large_factor_frequency_multiplier"):
             if getattr(self, name) < 1:
                 raise ValueError(f"TrainConfig.{name} must be >= 1, got {getattr(self, name)}")
         for name in ("val_every", "log_every", "checkpoint_every", "seed", "vocab_size",
-                     "threads", "hsdp_shard_size"):
+                     "threads", "hsdp_shard_size", "warm_qr_max_iterations", "large_factor_dim"):
             if getattr(self, name) < 0:
                 raise ValueError(f"TrainConfig.{name} must be >= 0, got {getattr(self, name)}")
         # "not >= 0" also refuses NaN; inf stays allowed (a run that diverges at once).
@@ -207,6 +221,9 @@ class TrainConfig:
                      "soap_beta1", "soap_beta2", "muon_momentum"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise ValueError(f"TrainConfig.{name} must be in [0, 1), got {getattr(self, name)}")
+        if not (0.0 <= self.warm_qr_tolerance and math.isfinite(self.warm_qr_tolerance)):
+            raise ValueError("TrainConfig.warm_qr_tolerance must be finite and >= 0, got "
+                             f"{self.warm_qr_tolerance}")
         if not 0.0 <= self.cooldown_frac <= 1.0:
             raise ValueError(f"TrainConfig.cooldown_frac must be in [0, 1], got {self.cooldown_frac}")
         if not self.dist_timeout_s > 0:

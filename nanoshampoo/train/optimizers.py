@@ -22,7 +22,8 @@ use AdamW, or DistAdam in the ``*-distadam`` setups and ``distadam``; ``matrix``
 The shampoo-family setups share ``max_preconditioner_dim``, ``start_preconditioning_step``,
 ``factor_dtype``, ``rank_deficient_stability`` (shampoo and soap), ``amortize_roots`` (shampoo and
 soap), ``momentum_dtype`` and the distributor fields; ``root_dtype`` and ``grafting_dtype`` are
-shampoo's (its roots and its Adam grafting). A ``"float32"`` storage dtype is passed as None (the
+shampoo's (its roots and its Adam grafting), as are ``root_method`` (``warm-qr``:
+``WarmStartedEigenConfig`` with ``warm_qr_*``) and the ``large_factor_*`` root schedule. A ``"float32"`` storage dtype is passed as None (the
 blocks' float32 computation dtype), so the defaults build exactly the optimizer they always did.
 Gradients of every parameter not owned by a DistAdam are averaged across ranks by the trainer
 before the step (``OptimizerSetup.all_reduce_params``); DistAdam reduce-scatters its own.
@@ -194,9 +195,11 @@ def build_shampoo(params: list[nn.Parameter], cfg: TrainConfig,
         PerturbationConfig,
         PseudoInverseConfig,
         QREigendecompositionConfig,
+        RootInvConfig,
         RootInvShampooPreconditionerConfig,
         SingleDeviceDistributedConfig,
         SpectralDescentPreconditionerConfig,
+        WarmStartedEigenConfig,
         WeightDecayType,
     )
 
@@ -228,6 +231,12 @@ def build_shampoo(params: list[nn.Parameter], cfg: TrainConfig,
     )
     kind = cfg.matrix_optimizer
     if kind == "shampoo":
+        root_solver: RootInvConfig = (
+            WarmStartedEigenConfig(max_iterations=cfg.warm_qr_max_iterations,
+                                   tolerance=cfg.warm_qr_tolerance,
+                                   rank_deficient_stability_config=stability)
+            if cfg.root_method == "warm-qr"
+            else EigenConfig(rank_deficient_stability_config=stability))
         return DistributedShampoo(
             params, lr=cfg.matrix_lr, betas=(cfg.matrix_beta1, cfg.matrix_beta2),
             # The pseudo-inverse adds no ridge: the library requires epsilon 0 with it.
@@ -238,10 +247,11 @@ def build_shampoo(params: list[nn.Parameter], cfg: TrainConfig,
                 beta2=cfg.grafting_beta2, epsilon=cfg.grafting_epsilon,
                 second_moment_dtype=storage_dtype(cfg.grafting_dtype)),
             preconditioner_config=RootInvShampooPreconditionerConfig(
-                amortized_computation_config=EigenConfig(
-                    rank_deficient_stability_config=stability),
+                amortized_computation_config=root_solver,
                 factor_matrix_dtype=factor_dtype,
-                inv_factor_matrix_dtype=storage_dtype(cfg.root_dtype)),
+                inv_factor_matrix_dtype=storage_dtype(cfg.root_dtype),
+                large_factor_dim=cfg.large_factor_dim,
+                large_factor_frequency_multiplier=cfg.large_factor_frequency_multiplier),
             amortize_roots=cfg.amortize_roots,
             **common,
         )

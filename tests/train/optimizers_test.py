@@ -150,6 +150,21 @@ def test_speed_and_memory_knobs_default_to_the_plain_optimizer() -> None:
     assert group["amortize_roots"] is False and group["momentum_dtype"] is None
     assert group["preconditioner_config"].inv_factor_matrix_dtype is None
     assert group["grafting_config"].second_moment_dtype is None
+    config = group["preconditioner_config"]
+    assert type(config.amortized_computation_config) is shampoo.EigenConfig
+    assert config.large_factor_schedule() == (0, 1)
+
+
+def test_root_method_and_large_factor_fields_reach_the_optimizer() -> None:
+    cfg = TrainConfig(root_method="warm-qr", warm_qr_tolerance=0.02, warm_qr_max_iterations=0,
+                      large_factor_dim=32, large_factor_frequency_multiplier=3,
+                      rank_deficient_stability="pseudo-inverse")
+    (group,) = build_shampoo(list(tiny_model().blocks.parameters())[:1], cfg, 1).param_groups
+    config = group["preconditioner_config"]
+    assert config.amortized_computation_config == shampoo.WarmStartedEigenConfig(
+        max_iterations=0, tolerance=0.02,
+        rank_deficient_stability_config=shampoo.PseudoInverseConfig())
+    assert (config.large_factor_dim, config.large_factor_frequency_multiplier) == (32, 3)
 
 
 @pytest.mark.parametrize("setup_name", ["shampoo", "soap", "muon"])
