@@ -6,6 +6,11 @@ implementation for the device) is timed first, in the same process, on the same 
 for each ``max_preconditioner_dim`` in ``--max-dims`` and ``precondition_frequency`` f in
 ``--frequencies``: Shampoo with eigh roots, factor matrices in ``--dtype``, Adam grafting;
 ``--amortize-roots on|both`` times the schedule that spreads the roots over the period too.
+``--root-method eigh,warm-qr`` adds rows with roots warm-started from the previous eigenvectors
+(``WarmStartedEigenConfig``; the fallback column is the share of warm solves that needed a full
+eigh); ``--large-factor-multiplier 1,4`` adds rows where factors of at least
+``--large-factor-dim`` (default 1024: GPT-small's 3072-dims split into 1024 blocks) get their
+root every ``f * 4`` steps (the window is then a multiple of ``f * 4``).
 
 Every step gets fresh random gradients (untimed). Warm-up runs ``--warmup`` steps past the
 first root computation (step f), so every timed step is preconditioned. The timed window is
@@ -34,7 +39,9 @@ starts on an idle device (synchronized before), so the step's event span is its 
 Usage:
     python bench/shampoo_step.py [--device cpu|cuda] [--dtype float32|bfloat16] [--threads N]
         [--steps 10] [--warmup 2] [--max-dims 1024,8192] [--frequencies 1,10]
-        [--amortize-roots off|on|both] [--shapes 768x768,768x3072] [--json OUT]
+        [--amortize-roots off|on|both] [--root-method eigh,warm-qr] [--warm-tolerance 0.05]
+        [--warm-max-iterations 1] [--large-factor-dim 1024] [--large-factor-multiplier 1,4]
+        [--shapes 768x768,768x3072] [--json OUT]
 
 Cost on a 2-core AMD EPYC (fp32, 2 threads): a max_dim 1024 step takes ~0.5 s without roots
 and ~2.7 s with them; the 8192 rows add eigh of 3072x3072 factors (several seconds each), so
@@ -83,6 +90,7 @@ from nanoshampoo.optim.shampoo import (
     DistributedShampoo,
     EigenConfig,
     RootInvShampooPreconditionerConfig,
+    WarmStartedEigenConfig,
 )
 from nanoshampoo.optim.shampoo.distributed_shampoo import _GroupRuntime
 from nanoshampoo.optim.shampoo.preconditioner.adagrad_preconditioner import AdaGradPreconditioner
@@ -90,6 +98,8 @@ from nanoshampoo.optim.shampoo.preconditioner.shampoo_preconditioner import Sham
 
 GPT_SMALL_SHAPES = "768x768,768x768,768x768,768x768,768x3072,3072x768"
 PHASES = ("statistics", "roots", "preconditioning", "grafting", "rest")
+ROOT_METHODS = ("eigh", "warm-qr")
+NAME_WIDTH = 52
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 # (class, method, phase): the calls the breakdown times. The grafting norm scaling lives in the
@@ -218,6 +228,16 @@ class Result:
     phase_ms: dict[str, float] = field(default_factory=dict)
     max_preconditioner_dim: int | None = None
     precondition_frequency: int | None = None
+    root_method: str = "eigh"
+    large_factor_multiplier: int = 1
+    # warm-qr: warm-started root solves over the whole run (warm-up included), and how many of
+    # them fell back to eigh.
+    warm_solves: int = 0
+    fallbacks: int = 0
+
+    @property
+    def fallback_rate(self) -> float | None:
+        return self.fallbacks / self.warm_solves if self.warm_solves else None
 
     @property
     def median_ms(self) -> float:
@@ -235,7 +255,7 @@ class Result:
         record = asdict(self)
         record.update(median_ms=self.median_ms, mean_ms=self.mean_ms, max_ms=self.max_ms,
                       max_over_median=self.max_ms / self.median_ms,
-                      x_adamw=self.mean_ms / adamw_mean_ms)
+                      x_adamw=self.mean_ms / adamw_mean_ms, fallback_rate=self.fallback_rate)
         return record
 
 
@@ -294,11 +314,22 @@ def bench_shampoo(
     steps: int,
     warmup: int,
     amortize_roots: bool = False,
+    root_method: str = "eigh",
+    warm_config: WarmStartedEigenConfig | None = None,
+    large_factor_dim: int = 0,
+    large_factor_multiplier: int = 1,
 ) -> Result:
+    """One Shampoo config: ``root_method`` ``eigh`` (``EigenConfig``) or ``warm-qr``
+    (``warm_config``, default ``WarmStartedEigenConfig()``); factors of at least
+    ``large_factor_dim`` (0: none) get their root every ``frequency * large_factor_multiplier``
+    steps."""
     clock = Clock(device)
     timer = PhaseTimer(clock)
-    # A whole number of root periods, so the mean carries the roots at their natural share.
-    window = math.ceil(steps / frequency) * frequency
+    solver = EigenConfig() if root_method == "eigh" else (warm_config or WarmStartedEigenConfig())
+    # A whole number of root periods (of the large factors too), so the mean carries the
+    # roots at their natural share.
+    period = frequency * (large_factor_multiplier if large_factor_dim else 1)
+    window = math.ceil(steps / period) * period
     with instrumented(timer):
         params = make_params(shapes, device)
         param_bytes = sum(p.numel() * p.element_size() for p in params)
@@ -308,7 +339,9 @@ def bench_shampoo(
             amortize_roots=amortize_roots,
             grafting_config=AdamPreconditionerConfig(beta2=0.999, epsilon=1e-8),
             preconditioner_config=RootInvShampooPreconditionerConfig(
-                amortized_computation_config=EigenConfig(), factor_matrix_dtype=factor_dtype
+                amortized_computation_config=solver, factor_matrix_dtype=factor_dtype,
+                large_factor_dim=large_factor_dim,
+                large_factor_frequency_multiplier=large_factor_multiplier,
             ),
         )
         # start_preconditioning_step = frequency: warm up past the first root computation.
@@ -319,10 +352,17 @@ def bench_shampoo(
             f"breakdown: no timed call for {never_called}; the optimizer no longer calls "
             f"{[f'{o.__name__}.{n}' for o, n, p in INSTRUMENTED_METHODS if p in never_called]}"
         )
+    warm_solves, fallbacks = shampoo._runtimes[0].preconditioner.warm_start_counts()
+    name = f"Shampoo max_dim={max_dim} freq={frequency}"
+    if large_factor_dim and large_factor_multiplier > 1:
+        name += f" large x{large_factor_multiplier}"
+    if root_method != "eigh":
+        name += f" {root_method}"
     return Result(
-        f"Shampoo max_dim={max_dim} freq={frequency}" + (" amortized" if amortize_roots else ""),
+        name + (" amortized" if amortize_roots else ""),
         step_ms,
         shampoo.optimizer_state_bytes() / param_bytes, phase_ms, max_dim, frequency,
+        root_method, large_factor_multiplier, warm_solves, fallbacks,
     )
 
 
@@ -360,24 +400,28 @@ def format_report(env: dict[str, Any], settings: dict[str, Any], adamw: Result, 
     where = f"cpu: {env['cpu']}" + (f" | gpu: {env['gpu']}" if env["gpu"] else "")
     lines = [
         f"{where} | torch {env['torch']} | python {env['python']} | threads {env['threads']}",
-        f"device {settings['device']} | factor dtype {settings['dtype']} | eigh roots | "
+        f"device {settings['device']} | factor dtype {settings['dtype']} | "
+        f"roots {settings.get('roots', 'eigh')} | "
         f"steps {settings['steps']} (rounded up to whole root periods) | warmup {settings['warmup']} "
         f"past the first root | shapes {settings['shapes']}",
         "",
-        f"{'optimizer':<32} {'median ms':>10} {'mean ms':>10} {'max ms':>10} {'max/med':>8} "
-        f"{'x AdamW':>8} {'state B/param B':>16}",
+        f"{'optimizer':<{NAME_WIDTH}} {'median ms':>10} {'mean ms':>10} {'max ms':>10} {'max/med':>8} "
+        f"{'x AdamW':>8} {'state B/param B':>16} {'fallback':>9}",
     ]
     for result in (adamw, *results):
+        rate = result.fallback_rate
         lines.append(
-            f"{result.name:<32} {result.median_ms:>10.2f} {result.mean_ms:>10.2f} {result.max_ms:>10.2f} "
-            f"{result.max_ms / result.median_ms:>8.2f} {result.mean_ms / adamw.mean_ms:>8.2f} "
-            f"{result.state_bytes_per_param_byte:>16.2f}"
+            f"{result.name:<{NAME_WIDTH}} {result.median_ms:>10.2f} {result.mean_ms:>10.2f} "
+            f"{result.max_ms:>10.2f} {result.max_ms / result.median_ms:>8.2f} "
+            f"{result.mean_ms / adamw.mean_ms:>8.2f} {result.state_bytes_per_param_byte:>16.2f} "
+            + (f"{100 * rate:>8.1f}%" if rate is not None else f"{'-':>9}")
         )
-    lines += ["", "breakdown: ms per step (window mean) and % of the mean step",
-              f"{'optimizer':<32} " + " ".join(f"{p:>17}" for p in PHASES)]
+    lines += ["", "breakdown: ms per step (window mean) and % of the mean step; fallback: share of "
+              "warm-started root solves (whole run) that fell back to eigh",
+              f"{'optimizer':<{NAME_WIDTH}} " + " ".join(f"{p:>17}" for p in PHASES)]
     for result in results:
         cells = [f"{result.phase_ms[p]:>9.2f} ({100 * result.phase_ms[p] / result.mean_ms:>4.1f}%)" for p in PHASES]
-        lines.append(f"{result.name:<32} " + " ".join(cells))
+        lines.append(f"{result.name:<{NAME_WIDTH}} " + " ".join(cells))
     return "\n".join(lines)
 
 
@@ -392,6 +436,17 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--frequencies", default="1,10", help="comma-separated precondition_frequency values")
     parser.add_argument("--amortize-roots", default="off", choices=("off", "on", "both"),
                         help="amortize_roots of the Shampoo runs (both: one row each)")
+    parser.add_argument("--root-method", default="eigh",
+                        help="comma-separated root methods: eigh, warm-qr (WarmStartedEigenConfig)")
+    parser.add_argument("--warm-tolerance", type=float, default=WarmStartedEigenConfig().tolerance,
+                        help="warm-qr: accepted estimated direction error")
+    parser.add_argument("--warm-max-iterations", type=int,
+                        default=WarmStartedEigenConfig().max_iterations,
+                        help="warm-qr: QR iterations before the eigh fallback")
+    parser.add_argument("--large-factor-dim", type=int, default=1024,
+                        help="factors of at least this size get the multiplied root period")
+    parser.add_argument("--large-factor-multiplier", default="1",
+                        help="comma-separated multipliers of their root period (1: off)")
     parser.add_argument("--shapes", default=GPT_SMALL_SHAPES, help="comma-separated ROWSxCOLS parameter shapes")
     parser.add_argument("--json", type=Path, help="also write the figures as JSON here")
     args = parser.parse_args(argv)
@@ -399,8 +454,16 @@ def main(argv: Sequence[str] | None = None) -> None:
         shapes = parse_shapes(args.shapes)
         max_dims = parse_positive_ints(args.max_dims, "--max-dims")
         frequencies = parse_positive_ints(args.frequencies, "--frequencies")
+        multipliers = parse_positive_ints(args.large_factor_multiplier, "--large-factor-multiplier")
+        methods = [m.strip() for m in args.root_method.split(",")]
+        if not set(methods) <= set(ROOT_METHODS):
+            raise ValueError(f"--root-method: expected items of {list(ROOT_METHODS)}, got {args.root_method!r}")
+        warm_config = WarmStartedEigenConfig(max_iterations=args.warm_max_iterations,
+                                             tolerance=args.warm_tolerance)
     except ValueError as exc:
         parser.error(str(exc))
+    if args.large_factor_dim < 0:
+        parser.error("--large-factor-dim must be >= 0")
     if args.steps < 1 or args.warmup < 0 or args.threads < 0:
         parser.error("--steps must be >= 1, --warmup and --threads >= 0")
     if args.device == "cuda" and not torch.cuda.is_available():
@@ -411,15 +474,22 @@ def main(argv: Sequence[str] | None = None) -> None:
     device = torch.device(args.device)
     env = environment(device)
     settings = {"device": args.device, "dtype": args.dtype, "steps": args.steps, "warmup": args.warmup,
-                "shapes": args.shapes, "amortize_roots": args.amortize_roots}
+                "shapes": args.shapes, "amortize_roots": args.amortize_roots,
+                "roots": args.root_method + (
+                    f" (warm-qr tolerance {args.warm_tolerance}, max {args.warm_max_iterations} "
+                    "QR iterations)" if "warm-qr" in methods else ""),
+                "large_factor_dim": args.large_factor_dim}
 
     adamw = bench_adamw(shapes, device, args.steps, args.warmup)
     results = [
         bench_shampoo(
-            shapes, device, DTYPES[args.dtype], max_dim, frequency, args.steps, args.warmup, amortize
+            shapes, device, DTYPES[args.dtype], max_dim, frequency, args.steps, args.warmup, amortize,
+            method, warm_config, args.large_factor_dim if multiplier > 1 else 0, multiplier,
         )
         for max_dim in max_dims
         for frequency in frequencies
+        for multiplier in multipliers
+        for method in methods
         for amortize in {"off": (False,), "on": (True,), "both": (False, True)}[args.amortize_roots]
     ]
     print(format_report(env, settings, adamw, results))
