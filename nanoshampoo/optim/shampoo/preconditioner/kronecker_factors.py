@@ -18,7 +18,9 @@ device scalar per amortized computation (all pools together), and only a failure
 
 The amortized computation runs for all factors at once, or for one of ``k`` fixed shares
 (:meth:`KroneckerFactors.share_rows`, balanced by ``n^3``) when the optimizer spreads it over
-``k`` steps (``amortize_roots``). Statistics of factors of size >= 512 are computed by tiles,
+``k`` steps (``amortize_roots``). A preconditioner may solve its largest factors only every
+``m`` periods (:meth:`KroneckerFactoredPreconditioner.solved_rows`; root-inverse Shampoo's
+``large_factor_dim``). Statistics of factors of size >= 512 are computed by tiles,
 one triangle (:func:`symmetric_rank_update_`): torch has no ``syrk``.
 
 :class:`KroneckerFactoredPreconditioner` is the shared base of root-inverse Shampoo and

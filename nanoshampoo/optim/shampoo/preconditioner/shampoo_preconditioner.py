@@ -9,6 +9,10 @@ Layout: factors are pooled by ``(size, block dtype)``; each pool has a matching 
 stack of roots (in ``inv_factor_matrix_dtype``, by default the block dtype), so all roots of one size are one batched ``eigh`` call.
 A failed root computation keeps the previous root and is counted; more than
 ``num_tolerated_failed_amortized_computations`` consecutive failures raise.
+With ``WarmStartedEigenConfig`` each pool also keeps its factors' last eigenvectors (block
+state ``factor_matrices_eigenvectors``, ``eigenvectors_computed``), and the roots start from
+them (:func:`matrix_roots.warm_started_eigh_inverse_root`); :meth:`warm_start_counts` reads how
+many warm solves fell back to ``eigh``.
 
 Rank-deficient factors (vectors, wide blocks, the first steps) are the normal case. In float32
 their null-space eigenvalues are rounding noise, and ``eps = 1e-12`` would weight the noise the
