@@ -328,3 +328,22 @@ def test_invalid_fields_name_the_field(kwargs: dict[str, Any], field: str) -> No
 
 def test_default_perturbation_is_the_eigh_default() -> None:
     assert WarmStartedEigenConfig().rank_deficient_stability_config == DefaultPerturbationConfig
+
+
+def test_a_nonfinite_factor_keeps_its_root_and_eigenvectors() -> None:
+    """A NaN factor fails its warm solve and its eigh fallback: the previous root and
+    eigenvectors stay, the failure is counted, the other factors are solved."""
+    params, opt = _train(WarmStartedEigenConfig(), 3)
+    shampoo = opt.state[params[0]]["block_0"].shampoo
+    root = shampoo.inv_factor_matrices[0].clone()
+    vectors = shampoo.factor_matrices_eigenvectors[0].clone()
+    other_root = shampoo.inv_factor_matrices[1].clone()
+    shampoo.factor_matrices[0][0, 0] = float("nan")
+    for p in params:
+        p.grad = torch.randn_like(p)
+    opt.step()
+    assert torch.equal(shampoo.inv_factor_matrices[0], root)
+    assert torch.equal(shampoo.factor_matrices_eigenvectors[0], vectors)
+    assert int(shampoo.failure_counts[0]) == 1 and int(shampoo.failure_counts[1]) == 0
+    assert not torch.equal(shampoo.inv_factor_matrices[1], other_root)
+    assert all(torch.isfinite(p).all() for p in params)
