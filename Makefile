@@ -2,6 +2,7 @@
 # The virtualenv is created on first use; torch is pinned to the CPU wheel first so that
 # installing the package never pulls a multi-GB CUDA build of torch.
 PYTHON ?= python3
+comma := ,
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
@@ -49,3 +50,11 @@ clean:
 STEP_FRACTIONS ?= 0.7
 compare: $(STAMP)
 	$(PY) -m nanoshampoo compare --setups adamw,shampoo,soap,muon --seeds 3 --baseline adamw --step-fractions $(STEP_FRACTIONS) --out-dir runs/compare -- --save-final-checkpoint false $(COMPARE_ARGS)
+
+# Issue 11's configs of Shampoo at equal quality: each tiny-shampoo variant in
+# bench/shampoo_configs/ over 3 seeds against tiny-shampoo itself (final loss, Welch p), into
+# runs/shampoo-configs. Step costs at GPT-small shapes: bench/shampoo_step.py.
+SHAMPOO_CONFIGS ?= freq10 freq10-amortized bf16-state warm-qr large-factor fast freq1
+.PHONY: shampoo-configs
+shampoo-configs: $(STAMP)
+	$(PY) -m nanoshampoo compare --setups $(subst $() ,$(comma),$(foreach c,$(SHAMPOO_CONFIGS),$(c)=bench/shampoo_configs/$(c).toml)),shampoo --baseline shampoo --seeds 3 --out-dir runs/shampoo-configs -- --save-final-checkpoint false $(COMPARE_ARGS)

@@ -133,6 +133,24 @@ def test_report_and_json_ratios(shampoo_step: ModuleType) -> None:
     assert "4.00 (50.0%)" in row and "2.00 (25.0%)" in row
 
 
+def test_warm_started_and_large_factor_rows(shampoo_step: ModuleType) -> None:
+    """warm-qr counts its solves and fallbacks; the large-factor schedule times whole periods
+    of the large factors (frequency 2 x multiplier 2: a 3-step window becomes 4 steps)."""
+    torch.manual_seed(0)
+    warm = shampoo_step.bench_shampoo(
+        SMALL_SHAPES, torch.device("cpu"), torch.float32, max_dim=16, frequency=2, steps=3,
+        warmup=1, root_method="warm-qr", large_factor_dim=16, large_factor_multiplier=2,
+    )
+    assert len(warm.step_ms) == 4
+    assert (warm.root_method, warm.large_factor_multiplier) == ("warm-qr", 2)
+    assert warm.warm_solves > 0 and 0 <= warm.fallbacks <= warm.warm_solves
+    assert warm.fallback_rate == warm.fallbacks / warm.warm_solves
+    eigh = shampoo_step.bench_shampoo(
+        SMALL_SHAPES, torch.device("cpu"), torch.float32, max_dim=16, frequency=2, steps=3, warmup=1,
+    )
+    assert len(eigh.step_ms) == 4 and eigh.warm_solves == 0 and eigh.fallback_rate is None
+
+
 @pytest.mark.parametrize("argv", [["--shapes", "3x"], ["--frequencies", "1,0"], ["--max-dims", "a"]])
 def test_bench_rejects_bad_lists(shampoo_step: ModuleType, argv: list[str]) -> None:
     with pytest.raises(SystemExit) as exit_info:
