@@ -547,7 +547,8 @@ class QREigendecompositionConfig(EigendecompositionConfig):
     run ``Q <- qr(F Q)`` while ``||B - diag(B)||_F > tolerance * ||B||_F`` with ``B = Q^T F Q``,
     at most ``max_iterations`` times (zero iterations when the previous basis is still good).
     Only for :class:`EigenvalueCorrectedShampooPreconditionerConfig`: root-inverse Shampoo
-    needs eigenvalues as well, so its ``amortized_computation_config`` is a ``RootInvConfig``.
+    needs eigenvalues as well, so its ``amortized_computation_config`` is a ``RootInvConfig``
+    (its warm-started counterpart: :class:`WarmStartedEigenConfig`).
 
     Args:
         max_iterations: iteration cap per recomputation, >= 1.

@@ -51,7 +51,9 @@ def _numpy_root(a: np.ndarray, exponent: float, rule: str, eps: float, tol: floa
     """Float64 reference of the documented spectrum rules."""
     mu, q = np.linalg.eigh(a)
     if rule == "pinv":
-        w = np.where(mu > tol, np.abs(mu + eps) ** (-exponent), 0.0)
+        kept = mu > tol  # the dropped eigenvalues may be exactly 0: never raise them to -e
+        w = np.zeros_like(mu)
+        w[kept] = np.abs(mu[kept] + eps) ** (-exponent)
     else:  # floor: max(mu - min(mu_min, 0), tol) + eps
         w = (np.maximum(mu - min(mu.min(), 0.0), tol) + eps) ** (-exponent)
     return (q * w) @ q.T
