@@ -255,17 +255,9 @@ def expand_setups(config: CompareConfig, baseline_steps: int) -> tuple[Setup, ..
 
 def train_config_defaults() -> dict[str, Any]:
     """``TrainConfig``'s field defaults, as ``to_dict`` writes them (JSON types)."""
-    import dataclasses
-
     from nanoshampoo.train.config import TrainConfig  # imports torch: only when comparing
 
-    defaults: dict[str, Any] = {}
-    for f in dataclasses.fields(TrainConfig):
-        if f.default is not dataclasses.MISSING:
-            defaults[f.name] = list(f.default) if isinstance(f.default, tuple) else f.default
-        elif f.default_factory is not dataclasses.MISSING:
-            defaults[f.name] = f.default_factory()
-    return defaults
+    return TrainConfig().to_dict()
 
 
 def plan_runs(config: CompareConfig, resolve: ConfigResolver = resolve_train_config,
