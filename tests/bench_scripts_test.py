@@ -158,6 +158,24 @@ def test_bench_rejects_bad_lists(shampoo_step: ModuleType, argv: list[str]) -> N
     assert exit_info.value.code == 2
 
 
+# --- bench/parallel_eigh.py -----------------------------------------------------------------
+
+
+def test_parallel_eigh_bench_prints_each_stack(capsys: pytest.CaptureFixture[str]) -> None:
+    bench = load_script("parallel_eigh.py")
+    assert bench.main(["--sizes", "3x8,2x12", "--repeats", "1", "--threads", "2"]) == 0
+    rows = capsys.readouterr().out.splitlines()
+    assert [row.split()[0] for row in rows[-3:]] == ["3x8", "2x12", "total"]
+    assert rows[-3].split()[1] == "2"  # width: min(threads, count)
+
+
+@pytest.mark.parametrize("argv", [["--sizes", "3y8"], ["--sizes", "0x8"], ["--threads", "0"]])
+def test_parallel_eigh_bench_rejects_bad_arguments(argv: list[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        load_script("parallel_eigh.py").main(argv)
+    assert exit_info.value.code == 2
+
+
 # --- bench/gpu_check_tools.py -------------------------------------------------------------
 
 

@@ -148,6 +148,11 @@ class TrainConfig:
     # Singular factors (shampoo, soap): "perturbation" adds epsilon (shampoo_epsilon /
     # soap_epsilon); "pseudo-inverse" drops numerically-zero eigenvalues (epsilon is then 0).
     rank_deficient_stability: str = "perturbation"
+    # Eigenvalues below eigenvalue_floor_rtol * lambda_max count as rounding noise (shampoo, soap):
+    # raised to it under "perturbation" (PerturbationConfig.eigenvalue_floor_rtol), dropped under
+    # "pseudo-inverse" (its rank_rtol). -1: the optimizer's default, sqrt(n) * eps of the least
+    # precise of the block and factor dtypes; 0: no floor.
+    eigenvalue_floor_rtol: float = -1.0
     # "auto": DDP when world size > 1; "single": every rank computes every block.
     distributor: str = "auto"
     communication_dtype: str = "float32"
@@ -224,6 +229,10 @@ class TrainConfig:
         if not (0.0 <= self.warm_qr_tolerance and math.isfinite(self.warm_qr_tolerance)):
             raise ValueError("TrainConfig.warm_qr_tolerance must be finite and >= 0, got "
                              f"{self.warm_qr_tolerance}")
+        floor = self.eigenvalue_floor_rtol
+        if not (floor == -1.0 or 0.0 <= floor < 1.0):
+            raise ValueError("TrainConfig.eigenvalue_floor_rtol must be in [0, 1), or -1 for the "
+                             f"optimizer's default, got {floor}")
         if not 0.0 <= self.cooldown_frac <= 1.0:
             raise ValueError(f"TrainConfig.cooldown_frac must be in [0, 1], got {self.cooldown_frac}")
         if not self.dist_timeout_s > 0:

@@ -20,7 +20,7 @@ use AdamW, or DistAdam in the ``*-distadam`` setups and ``distadam``; ``matrix``
 - ``adamw`` / ``distadam``: AdamW / DistAdam with the ``matrix_*`` lr, betas and weight decay.
 
 The shampoo-family setups share ``max_preconditioner_dim``, ``start_preconditioning_step``,
-``factor_dtype``, ``rank_deficient_stability`` (shampoo and soap), ``amortize_roots`` (shampoo and
+``factor_dtype``, ``rank_deficient_stability`` and ``eigenvalue_floor_rtol`` (shampoo and soap), ``amortize_roots`` (shampoo and
 soap), ``momentum_dtype`` and the distributor fields; ``root_dtype`` and ``grafting_dtype`` are
 shampoo's (its roots and its Adam grafting), as are ``root_method`` (``warm-qr``:
 ``WarmStartedEigenConfig`` with ``warm_qr_*``) and the ``large_factor_*`` root schedule. A ``"float32"`` storage dtype is passed as None (the
@@ -205,7 +205,9 @@ def build_shampoo(params: list[nn.Parameter], cfg: TrainConfig,
 
     factor_dtype = getattr(torch, cfg.factor_dtype)
     pseudo_inverse = cfg.rank_deficient_stability == "pseudo-inverse"
-    stability = PseudoInverseConfig() if pseudo_inverse else PerturbationConfig()
+    floor = None if cfg.eigenvalue_floor_rtol == -1.0 else cfg.eigenvalue_floor_rtol
+    stability = (PseudoInverseConfig(rank_rtol=floor) if pseudo_inverse
+                 else PerturbationConfig(eigenvalue_floor_rtol=floor))
     communication_dtype = getattr(torch, cfg.communication_dtype)
     distributed_config: DistributedConfig
     if cfg.parallel == "ddp":

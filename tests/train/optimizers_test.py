@@ -252,3 +252,26 @@ def test_rank_deficient_stability_choice_reaches_the_solver(
     assert isinstance(solver.rank_deficient_stability_config, config_type)
     recipe_epsilon = cfg.shampoo_epsilon if setup_name == "shampoo" else cfg.soap_epsilon
     assert group["epsilon"] == (recipe_epsilon if epsilon is None else epsilon)
+
+
+@pytest.mark.parametrize("setup_name", ["shampoo", "soap"])
+@pytest.mark.parametrize("choice", ["perturbation", "pseudo-inverse"])
+def test_eigenvalue_floor_rtol_reaches_the_solver(setup_name: str, choice: str) -> None:
+    def tolerance(cfg: TrainConfig) -> float | None:
+        (group,) = build_shampoo(list(tiny_model().blocks.parameters())[:1], cfg, 1).param_groups
+        stability = (group["preconditioner_config"].amortized_computation_config
+                     .rank_deficient_stability_config)
+        return (stability.rank_rtol if choice == "pseudo-inverse"
+                else stability.eigenvalue_floor_rtol)
+
+    assert tolerance(TrainConfig(optimizer=setup_name, rank_deficient_stability=choice)) is None
+    assert tolerance(TrainConfig(optimizer=setup_name, rank_deficient_stability=choice,
+                                 eigenvalue_floor_rtol=0.0078)) == 0.0078
+    assert tolerance(TrainConfig(optimizer=setup_name, rank_deficient_stability=choice,
+                                 eigenvalue_floor_rtol=0.0)) == 0.0
+
+
+@pytest.mark.parametrize("value", [-0.5, 1.0, float("nan"), float("inf")])
+def test_eigenvalue_floor_rtol_out_of_range_is_refused(value: float) -> None:
+    with pytest.raises(ValueError, match="eigenvalue_floor_rtol"):
+        TrainConfig(eigenvalue_floor_rtol=value)

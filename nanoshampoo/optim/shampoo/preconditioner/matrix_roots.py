@@ -18,6 +18,7 @@ import math
 
 import torch
 
+from nanoshampoo.optim.shampoo.preconditioner.parallel_eigh import stacked_eigh
 from nanoshampoo.optim.shampoo.shampoo_types import (
     DefaultPerturbationConfig,
     PerturbationConfig,
@@ -28,7 +29,7 @@ from nanoshampoo.optim.shampoo.shampoo_types import (
 
 def _eigh_or_none(matrices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
     try:
-        return torch.linalg.eigh(matrices)
+        return stacked_eigh(matrices)
     except RuntimeError:  # torch.linalg.LinAlgError (no convergence, NaN input) is a RuntimeError
         return None
 

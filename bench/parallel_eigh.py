@@ -1,0 +1,106 @@
+"""Benchmark: a stack's ``eigh`` split over the CPU threads against one batched call.
+
+Times, for each stack ``NxS`` (N float32 ``S x S`` random PSD matrices of rank ``S/2``, like
+early Shampoo factors):
+
+* ``batched``: ``torch.linalg.eigh(stack)`` with ``--threads`` intra-op threads (what Shampoo
+  called before ``stacked_eigh``);
+* ``split``: ``stacked_eigh(stack)`` split over ``min(threads, N)`` chunks, one single-threaded
+  ``eigh`` per worker thread and chunk (also below ``MIN_PARALLEL_SIZE``, where Shampoo does not
+  split, so that the crossover shows);
+* ``1 thread``: ``torch.linalg.eigh(stack)`` on one thread, for scale.
+
+Each figure is the median of ``--repeats`` timed calls after one untimed call; ``split / batched``
+is the ratio of those medians, measured side by side in one process. The default stacks are
+GPT-small's factors at ``max_preconditioner_dim=1024`` (fourteen 768s, six 1024s); ``--sizes``
+takes others (e.g. the crossover around ``MIN_PARALLEL_SIZE``: ``8x64,8x128,8x256``).
+
+Usage:
+    python bench/parallel_eigh.py [--threads 2] [--repeats 5] [--sizes 14x768,6x1024]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from collections.abc import Callable
+
+import torch
+
+from nanoshampoo.optim.shampoo.preconditioner.parallel_eigh import MIN_PARALLEL_SIZE, stacked_eigh
+
+
+def parse_stacks(text: str) -> list[tuple[int, int]]:
+    """``"14x768,6x1024"`` -> ``[(14, 768), (6, 1024)]``; raises ValueError naming --sizes."""
+    stacks = []
+    for item in text.split(","):
+        parts = item.strip().lower().split("x")
+        if len(parts) != 2 or not all(p.isdigit() and int(p) > 0 for p in parts):
+            raise ValueError(f"--sizes: expected COUNTxSIZE items like 14x768, got {item!r}")
+        stacks.append((int(parts[0]), int(parts[1])))
+    return stacks
+
+
+def psd_stack(count: int, size: int) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(size)
+    g = torch.randn(count, size, max(1, size // 2), generator=gen)
+    return g @ g.mT / g.shape[-1]
+
+
+def median_ms(call: Callable[[], object], repeats: int) -> float:
+    call()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - start)
+    return 1e3 * statistics.median(times)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--sizes", default="14x768,6x1024")
+    args = parser.parse_args(argv)
+    try:
+        stacks = parse_stacks(args.sizes)
+        if args.threads < 1 or args.repeats < 1:
+            raise ValueError("--threads and --repeats must be >= 1")
+    except ValueError as error:
+        parser.error(str(error))  # one line and exit status 2
+    before = torch.get_num_threads()
+    try:
+        report(stacks, args.threads, args.repeats)
+    finally:
+        torch.set_num_threads(before)
+    return 0
+
+
+def report(stacks: list[tuple[int, int]], threads: int, repeats: int) -> None:
+    """Print the table (see the module doc)."""
+    print(f"torch {torch.__version__} | threads {threads} | repeats {repeats} (median)")
+    print(f"MIN_PARALLEL_SIZE {MIN_PARALLEL_SIZE}: Shampoo splits stacks of at least that size")
+    print(f"{'stack':>10} {'width':>5} {'batched ms':>11} {'split ms':>9} {'1 thread ms':>12} "
+          f"{'split/batched':>14}")
+    totals = [0.0, 0.0]
+    for count, size in stacks:
+        stack = psd_stack(count, size)
+        torch.set_num_threads(1)
+        single = median_ms(lambda: torch.linalg.eigh(stack), repeats)
+        torch.set_num_threads(threads)
+        width = min(threads, count)  # split even below MIN_PARALLEL_SIZE, to find it
+        batched = median_ms(lambda: torch.linalg.eigh(stack), repeats)
+        split = median_ms(lambda: stacked_eigh(stack, width), repeats)
+        totals[0] += batched
+        totals[1] += split
+        print(f"{count:>4}x{size:<5} {width:>5} {batched:>11.1f} {split:>9.1f} {single:>12.1f} "
+              f"{split / batched:>13.2f}x")
+    print(f"{'total':>10} {'':>5} {totals[0]:>11.1f} {totals[1]:>9.1f} {'':>12} "
+          f"{totals[1] / totals[0]:>13.2f}x")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
