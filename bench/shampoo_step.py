@@ -10,7 +10,9 @@ for each ``max_preconditioner_dim`` in ``--max-dims`` and ``precondition_frequen
 (``WarmStartedEigenConfig``; the fallback column is the share of warm solves that needed a full
 eigh); ``--large-factor-multiplier 1,4`` adds rows where factors of at least
 ``--large-factor-dim`` (default 1024: GPT-small's 3072-dims split into 1024 blocks) get their
-root every ``f * 4`` steps (the window is then a multiple of ``f * 4``).
+root every ``f * 4`` steps (the window is then a multiple of ``f * 4``). ``--eigh-split off|both`` adds rows
+where each stack of factors is decomposed by one batched ``eigh`` with every thread instead of
+being split over the threads (``preconditioner/parallel_eigh.py``), to measure that side by side.
 
 Every step gets fresh random gradients (untimed). Warm-up runs ``--warmup`` steps past the
 first root computation (step f), so every timed step is preconditioned. The timed window is
@@ -41,7 +43,7 @@ Usage:
         [--steps 10] [--warmup 2] [--max-dims 1024,8192] [--frequencies 1,10]
         [--amortize-roots off|on|both] [--root-method eigh,warm-qr] [--warm-tolerance 0.05]
         [--warm-max-iterations 1] [--large-factor-dim 1024] [--large-factor-multiplier 1,4]
-        [--shapes 768x768,768x3072] [--json OUT]
+        [--eigh-split on|off|both] [--shapes 768x768,768x3072] [--json OUT]
 
 Cost on a 2-core AMD EPYC (fp32, 2 threads): a max_dim 1024 step takes ~0.5 s without roots
 and ~2.7 s with them; the 8192 rows add eigh of 3072x3072 factors (several seconds each), so
@@ -116,6 +118,7 @@ from nanoshampoo.optim.shampoo import (
     WarmStartedEigenConfig,
 )
 from nanoshampoo.optim.shampoo.distributed_shampoo import _GroupRuntime
+from nanoshampoo.optim.shampoo.preconditioner import parallel_eigh
 from nanoshampoo.optim.shampoo.preconditioner.adagrad_preconditioner import AdaGradPreconditioner
 from nanoshampoo.optim.shampoo.preconditioner.shampoo_preconditioner import ShampooPreconditioner
 
@@ -257,6 +260,8 @@ class Result:
     # them fell back to eigh.
     warm_solves: int = 0
     fallbacks: int = 0
+    # Whether eigh stacks were split over the CPU threads (parallel_eigh; False: one batched call).
+    eigh_split: bool = True
 
     @property
     def fallback_rate(self) -> float | None:
@@ -341,11 +346,13 @@ def bench_shampoo(
     warm_config: WarmStartedEigenConfig | None = None,
     large_factor_dim: int = 0,
     large_factor_multiplier: int = 1,
+    eigh_split: bool = True,
 ) -> Result:
     """One Shampoo config: ``root_method`` ``eigh`` (``EigenConfig``) or ``warm-qr``
     (``warm_config``, default ``WarmStartedEigenConfig()``); factors of at least
     ``large_factor_dim`` (0: none) get their root every ``frequency * large_factor_multiplier``
-    steps."""
+    steps; ``eigh_split`` False decomposes each stack by one batched ``eigh`` (as before
+    :mod:`parallel_eigh`), by raising its size threshold for the run."""
     clock = Clock(device)
     timer = PhaseTimer(clock)
     solver = EigenConfig() if root_method == "eigh" else (warm_config or WarmStartedEigenConfig())
@@ -353,7 +360,7 @@ def bench_shampoo(
     # roots at their natural share.
     period = frequency * (large_factor_multiplier if large_factor_dim else 1)
     window = math.ceil(steps / period) * period
-    with instrumented(timer):
+    with instrumented(timer), eigh_split_threshold(eigh_split):
         params = make_params(shapes, device)
         param_bytes = sum(p.numel() * p.element_size() for p in params)
         shampoo = DistributedShampoo(
@@ -382,11 +389,23 @@ def bench_shampoo(
     if root_method != "eigh":
         name += f" {root_method}"
     return Result(
-        name + (" amortized" if amortize_roots else ""),
+        name + (" amortized" if amortize_roots else "") + ("" if eigh_split else " unsplit"),
         step_ms,
         shampoo.optimizer_state_bytes() / param_bytes, phase_ms, max_dim, frequency,
-        root_method, large_factor_multiplier, warm_solves, fallbacks,
+        root_method, large_factor_multiplier, warm_solves, fallbacks, eigh_split,
     )
+
+
+@contextmanager
+def eigh_split_threshold(split: bool) -> Iterator[None]:
+    """``split`` False: no stack is split over threads (the threshold above any size) until exit."""
+    before = parallel_eigh.MIN_PARALLEL_SIZE
+    if not split:
+        parallel_eigh.MIN_PARALLEL_SIZE = sys.maxsize
+    try:
+        yield
+    finally:
+        parallel_eigh.MIN_PARALLEL_SIZE = before
 
 
 def cpu_model_name() -> str:
@@ -470,6 +489,9 @@ def main(argv: Sequence[str] | None = None) -> None:
                         help="factors of at least this size get the multiplied root period")
     parser.add_argument("--large-factor-multiplier", default="1",
                         help="comma-separated multipliers of their root period (1: off)")
+    parser.add_argument("--eigh-split", default="on", choices=("on", "off", "both"),
+                        help="split each eigh stack over the CPU threads (parallel_eigh; off: one "
+                             "batched call; both: one row each)")
     parser.add_argument("--shapes", default=GPT_SMALL_SHAPES, help="comma-separated ROWSxCOLS parameter shapes")
     parser.add_argument("--json", type=Path, help="also write the figures as JSON here")
     args = parser.parse_args(argv)
@@ -501,19 +523,20 @@ def main(argv: Sequence[str] | None = None) -> None:
                 "roots": args.root_method + (
                     f" (warm-qr tolerance {args.warm_tolerance}, max {args.warm_max_iterations} "
                     "QR iterations)" if "warm-qr" in methods else ""),
-                "large_factor_dim": args.large_factor_dim}
+                "large_factor_dim": args.large_factor_dim, "eigh_split": args.eigh_split}
 
     adamw = bench_adamw(shapes, device, args.steps, args.warmup)
     results = [
         bench_shampoo(
             shapes, device, DTYPES[args.dtype], max_dim, frequency, args.steps, args.warmup, amortize,
-            method, warm_config, args.large_factor_dim if multiplier > 1 else 0, multiplier,
+            method, warm_config, args.large_factor_dim if multiplier > 1 else 0, multiplier, split,
         )
         for max_dim in max_dims
         for frequency in frequencies
         for multiplier in multipliers
         for method in methods
         for amortize in {"off": (False,), "on": (True,), "both": (False, True)}[args.amortize_roots]
+        for split in {"on": (True,), "off": (False,), "both": (False, True)}[args.eigh_split]
     ]
     print(format_report(env, settings, adamw, results))
     if args.json:

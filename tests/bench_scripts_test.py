@@ -151,6 +151,26 @@ def test_warm_started_and_large_factor_rows(shampoo_step: ModuleType) -> None:
     assert len(eigh.step_ms) == 4 and eigh.warm_solves == 0 and eigh.fallback_rate is None
 
 
+def test_unsplit_rows_decompose_stacks_in_one_call(shampoo_step: ModuleType) -> None:
+    from nanoshampoo.optim.shampoo.preconditioner import parallel_eigh
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        big = torch.zeros(4, parallel_eigh.MIN_PARALLEL_SIZE, parallel_eigh.MIN_PARALLEL_SIZE)
+        with shampoo_step.eigh_split_threshold(False):
+            assert parallel_eigh.parallel_width(big) == 1
+        assert parallel_eigh.parallel_width(big) == 2  # restored
+        unsplit = shampoo_step.bench_shampoo(
+            SMALL_SHAPES, torch.device("cpu"), torch.float32, max_dim=16, frequency=2, steps=2,
+            warmup=1, eigh_split=False,
+        )
+    finally:
+        torch.set_num_threads(before)
+    assert unsplit.name.endswith(" unsplit") and unsplit.eigh_split is False
+    assert unsplit.to_dict(1.0)["eigh_split"] is False
+
+
 @pytest.mark.parametrize("argv", [["--shapes", "3x"], ["--frequencies", "1,0"], ["--max-dims", "a"]])
 def test_bench_rejects_bad_lists(shampoo_step: ModuleType, argv: list[str]) -> None:
     with pytest.raises(SystemExit) as exit_info:
