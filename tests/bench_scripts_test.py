@@ -196,6 +196,33 @@ def test_parallel_eigh_bench_rejects_bad_arguments(argv: list[str]) -> None:
     assert exit_info.value.code == 2
 
 
+# --- bench/bf16_factor_floor.py -------------------------------------------------------------
+
+
+def test_bf16_floor_bench_rows_and_errors(capsys: pytest.CaptureFixture[str]) -> None:
+    bench = load_script("bf16_factor_floor.py")
+    assert bench.parse_floor("2^-9") == 2.0**-9 and bench.parse_floor("0.01") == 0.01
+    assert bench.main(["--floors", "2^-9", "--steps", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "bfloat16 factors, floor 2^-9" in out and "3 steps" in out
+    # float64 against itself is exact, float32 factors are close, bfloat16 storage is not exact
+    # (8 steps: past the first root, at step 5).
+    reference, start = bench.parameters_after(8, torch.float64, 0.0, torch.float64)
+    assert bench.relative_error(reference, reference, start) == 0.0
+    fp32, _ = bench.parameters_after(8, torch.float32, None, torch.float32)
+    bf16, _ = bench.parameters_after(8, torch.bfloat16, 2.0**-9, torch.float32)
+    assert bench.relative_error(fp32, reference, start) < 0.01
+    assert bench.relative_error(bf16, reference, start) > 10 * bench.relative_error(
+        fp32, reference, start)
+
+
+@pytest.mark.parametrize("argv", [["--floors", "2"], ["--floors", "x"], ["--steps", "0"]])
+def test_bf16_floor_bench_rejects_bad_arguments(argv: list[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        load_script("bf16_factor_floor.py").main(argv)
+    assert exit_info.value.code == 2
+
+
 # --- bench/gpu_check_tools.py -------------------------------------------------------------
 
 
