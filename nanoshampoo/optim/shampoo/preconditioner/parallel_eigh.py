@@ -1,14 +1,22 @@
 """``torch.linalg.eigh`` of a stack, split over the CPU's intra-op threads.
 
-LAPACK's symmetric eigensolver (``syevd``) parallelises badly at the sizes Shampoo uses
-(n <= a few thousand): most of its time is the Householder tridiagonalisation, a chain of
-matrix-vector products bound by memory bandwidth. A batched ``eigh`` on CPU decomposes its
-matrices one after the other, each with every intra-op thread. Giving each thread whole
-matrices instead (one single-threaded LAPACK call per matrix, ``T`` matrices at a time) does
-the same arithmetic with far less synchronisation. Measured on a 2-core AMD EPYC (fp32, GPT-small
-factors: fourteen 768x768 and six 1024x1024, ``bench/parallel_eigh.py``): see that benchmark's
-docstring; on the same machine one 1024x1024 ``eigh`` takes 153 ms on one thread and 88 ms on
-two, so a single matrix keeps every thread.
+LAPACK's symmetric eigensolver (``syevd``) spends most of its time in the Householder
+tridiagonalisation, a chain of memory-bound matrix-vector products with a synchronisation per
+column, so it parallelises unevenly at the sizes Shampoo uses. A batched ``eigh`` on CPU
+decomposes its matrices one after the other, each with every intra-op thread. Here each thread
+takes whole matrices instead (one single-threaded LAPACK call per chunk of the stack): the same
+arithmetic with no synchronisation between threads, so one slow or busy core delays only its own
+chunk. Measured on a 2-core AMD EPYC (fp32, GPT-small factors at ``max_preconditioner_dim=1024``:
+fourteen 768s and six 1024s; ``bench/parallel_eigh.py``, ``bench/shampoo_step.py --eigh-split``):
+
+* idle cores: as fast as the batched call (0.99x at 768, 1.01x at 1024): MKL's two-thread
+  ``syevd`` scaled well then (1.8x over one thread);
+* one core partly busy (load ~1): 950 ms against 1318 ms for the twenty (0.72x), the batched
+  call's two-thread scaling having dropped to 1.3x;
+* in a Shampoo step at frequency 1 (idle), three side-by-side commands: step 0.95x, 0.93x, 1.04x
+  (neutral within the machine's noise of about 5 %).
+
+A single matrix keeps every thread (one 1024x1024 ``eigh``: 153 ms on one thread, 88 ms on two).
 
 Each chunk's decomposition is the single-threaded ``torch.linalg.eigh`` of that chunk whichever
 worker runs it, so the output is repeatable and does not depend on the scheduling. It can differ
@@ -33,8 +41,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
-# Matrices smaller than this are decomposed by one batched call (hand-off overhead dominates).
-MIN_PARALLEL_SIZE = 128
+# Matrices smaller than this are decomposed by one batched call: measured on the idle 2-core AMD
+# EPYC (bench/parallel_eigh.py, 8 matrices), split/batched was 1.19x at 128 and 1.21x at 192
+# (slower), 0.97x at 256 and 0.94x at 512.
+MIN_PARALLEL_SIZE = 256
 
 _pools: dict[int, ThreadPoolExecutor] = {}
 _pools_lock = threading.Lock()
