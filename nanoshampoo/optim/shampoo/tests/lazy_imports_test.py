@@ -29,8 +29,8 @@ print(" ".join(sorted(m.rsplit(".", 1)[1] for m in sys.modules
 
 @pytest.mark.parametrize("config, expected", [
     ("RootInvShampooPreconditionerConfig",
-     "adagrad_preconditioner distributor kronecker_factors matrix_roots preconditioner "
-     "shampoo_preconditioner single_device_distributor"),
+     "adagrad_preconditioner distributor kronecker_factors matrix_roots parallel_eigh "
+     "preconditioner shampoo_preconditioner single_device_distributor"),
     ("SpectralDescentPreconditionerConfig",
      "adagrad_preconditioner distributor preconditioner single_device_distributor "
      "spectral_descent_preconditioner"),
