@@ -60,9 +60,9 @@ compare-long: $(STAMP)
 
 # Issue 11's configs of Shampoo at equal quality: each tiny-shampoo variant in
 # bench/shampoo_configs/ over 3 seeds against tiny-shampoo itself (final loss, Welch p), into
-# runs/shampoo-configs (also there: freq1, freq10-amortized; add them to SHAMPOO_CONFIGS). Step
+# runs/shampoo-configs (also there: freq10-amortized; add it to SHAMPOO_CONFIGS). Step
 # costs at GPT-small shapes: bench/shampoo_step.py.
-SHAMPOO_CONFIGS ?= freq10 bf16-state bf16-state-floor warm-qr large-factor fast
+SHAMPOO_CONFIGS ?= freq1 freq10 bf16-state bf16-state-floor warm-qr large-factor fast
 .PHONY: shampoo-configs
 shampoo-configs: $(STAMP)
 	$(PY) -m nanoshampoo compare --setups $(subst $() ,$(comma),$(foreach c,$(SHAMPOO_CONFIGS),$(c)=bench/shampoo_configs/$(c).toml)),shampoo --baseline shampoo --seeds 3 --out-dir runs/shampoo-configs -- --save-final-checkpoint false $(COMPARE_ARGS)
