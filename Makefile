@@ -62,7 +62,10 @@ compare-long: $(STAMP)
 # bench/shampoo_configs/ over 3 seeds against tiny-shampoo itself (final loss, Welch p), into
 # runs/shampoo-configs (also there: freq10-amortized; add it to SHAMPOO_CONFIGS). Step
 # costs at GPT-small shapes: bench/shampoo_step.py.
-SHAMPOO_CONFIGS ?= freq1 freq10 bf16-state bf16-state-floor warm-qr large-factor fast
+# The storage ablations (bf16-roots, bf16-momentum, bf16-except-factors, bf16-factors-floor,
+# fp32-floor, bf16-state-floor13, bf16-state-floor17) are there too: README "Which bf16 state
+# costs loss?".
+SHAMPOO_CONFIGS ?= freq1 freq10 bf16-state bf16-state-floor packed-bf16 warm-qr large-factor fast
 .PHONY: shampoo-configs
 shampoo-configs: $(STAMP)
 	$(PY) -m nanoshampoo compare --setups $(subst $() ,$(comma),$(foreach c,$(SHAMPOO_CONFIGS),$(c)=bench/shampoo_configs/$(c).toml)),shampoo --baseline shampoo --seeds 3 --out-dir runs/shampoo-configs -- --save-final-checkpoint false $(COMPARE_ARGS)

@@ -125,7 +125,8 @@ from nanoshampoo.optim.shampoo.preconditioner.shampoo_preconditioner import Sham
 GPT_SMALL_SHAPES = "768x768,768x768,768x768,768x768,768x3072,3072x768"
 PHASES = ("statistics", "roots", "preconditioning", "grafting", "rest")
 ROOT_METHODS = ("eigh", "warm-qr")
-NAME_WIDTH = 52
+BF16_STATES = ("roots", "grafting", "momentum")
+NAME_WIDTH = 66
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 # (class, method, phase): the calls the breakdown times. The grafting norm scaling lives in the
@@ -347,15 +348,23 @@ def bench_shampoo(
     large_factor_dim: int = 0,
     large_factor_multiplier: int = 1,
     eigh_split: bool = True,
+    packed: bool = False,
+    bf16_state: Sequence[str] = (),
 ) -> Result:
     """One Shampoo config: ``root_method`` ``eigh`` (``EigenConfig``) or ``warm-qr``
     (``warm_config``, default ``WarmStartedEigenConfig()``); factors of at least
     ``large_factor_dim`` (0: none) get their root every ``frequency * large_factor_multiplier``
     steps; ``eigh_split`` False decomposes each stack by one batched ``eigh`` (as before
-    :mod:`parallel_eigh`), by raising its size threshold for the run."""
+    :mod:`parallel_eigh`), by raising its size threshold for the run. ``packed``: factors as
+    lower triangles (``pack_factor_matrices``); ``bf16_state``: which of ``roots``,
+    ``grafting``, ``momentum`` are stored in bfloat16."""
     clock = Clock(device)
     timer = PhaseTimer(clock)
     solver = EigenConfig() if root_method == "eigh" else (warm_config or WarmStartedEigenConfig())
+
+    def narrow(state: str) -> torch.dtype | None:
+        return torch.bfloat16 if state in bf16_state else None
+
     # A whole number of root periods (of the large factors too), so the mean carries the
     # roots at their natural share.
     period = frequency * (large_factor_multiplier if large_factor_dim else 1)
@@ -367,11 +376,18 @@ def bench_shampoo(
             params, lr=1e-3, betas=(0.9, 0.999), epsilon=1e-12,
             max_preconditioner_dim=max_dim, precondition_frequency=frequency,
             amortize_roots=amortize_roots,
-            grafting_config=AdamPreconditionerConfig(beta2=0.999, epsilon=1e-8),
+            momentum_dtype=narrow("momentum"),
+            # A bfloat16 EMA needs 1 - beta2 >= 2^-7 (the library refuses 0.999): the recipe's
+            # 0.95 then; the cost and the bytes do not depend on beta2.
+            grafting_config=AdamPreconditionerConfig(
+                beta2=0.95 if narrow("grafting") else 0.999, epsilon=1e-8,
+                second_moment_dtype=narrow("grafting"),
+            ),
             preconditioner_config=RootInvShampooPreconditionerConfig(
                 amortized_computation_config=solver, factor_matrix_dtype=factor_dtype,
                 large_factor_dim=large_factor_dim,
                 large_factor_frequency_multiplier=large_factor_multiplier,
+                pack_factor_matrices=packed, inv_factor_matrix_dtype=narrow("roots"),
             ),
         )
         # start_preconditioning_step = frequency: warm up past the first root computation.
@@ -388,6 +404,10 @@ def bench_shampoo(
         name += f" large x{large_factor_multiplier}"
     if root_method != "eigh":
         name += f" {root_method}"
+    if packed:
+        name += " packed"
+    if bf16_state:
+        name += " bf16 " + "+".join(bf16_state)
     return Result(
         name + (" amortized" if amortize_roots else "") + ("" if eigh_split else " unsplit"),
         step_ms,
@@ -492,6 +512,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--eigh-split", default="on", choices=("on", "off", "both"),
                         help="split each eigh stack over the CPU threads (parallel_eigh; off: one "
                              "batched call; both: one row each)")
+    parser.add_argument("--pack-factors", default="off", choices=("on", "off", "both"),
+                        help="factors as lower triangles (pack_factor_matrices); both: side by side")
+    parser.add_argument("--bf16-state", default="",
+                        help="comma-separated states stored in bfloat16: roots, grafting, momentum")
     parser.add_argument("--shapes", default=GPT_SMALL_SHAPES, help="comma-separated ROWSxCOLS parameter shapes")
     parser.add_argument("--json", type=Path, help="also write the figures as JSON here")
     args = parser.parse_args(argv)
@@ -503,6 +527,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         methods = [m.strip() for m in args.root_method.split(",")]
         if not set(methods) <= set(ROOT_METHODS):
             raise ValueError(f"--root-method: expected items of {list(ROOT_METHODS)}, got {args.root_method!r}")
+        bf16_state = tuple(x.strip() for x in args.bf16_state.split(",") if x.strip())
+        if not set(bf16_state) <= set(BF16_STATES):
+            raise ValueError(f"--bf16-state: expected items of {list(BF16_STATES)}, got {args.bf16_state!r}")
         warm_config = WarmStartedEigenConfig(max_iterations=args.warm_max_iterations,
                                              tolerance=args.warm_tolerance)
     except ValueError as exc:
@@ -523,13 +550,15 @@ def main(argv: Sequence[str] | None = None) -> None:
                 "roots": args.root_method + (
                     f" (warm-qr tolerance {args.warm_tolerance}, max {args.warm_max_iterations} "
                     "QR iterations)" if "warm-qr" in methods else ""),
-                "large_factor_dim": args.large_factor_dim, "eigh_split": args.eigh_split}
+                "large_factor_dim": args.large_factor_dim, "eigh_split": args.eigh_split,
+                "pack_factors": args.pack_factors, "bf16_state": list(bf16_state)}
 
     adamw = bench_adamw(shapes, device, args.steps, args.warmup)
     results = [
         bench_shampoo(
             shapes, device, DTYPES[args.dtype], max_dim, frequency, args.steps, args.warmup, amortize,
             method, warm_config, args.large_factor_dim if multiplier > 1 else 0, multiplier, split,
+            packed, bf16_state,
         )
         for max_dim in max_dims
         for frequency in frequencies
@@ -537,6 +566,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         for method in methods
         for amortize in {"off": (False,), "on": (True,), "both": (False, True)}[args.amortize_roots]
         for split in {"on": (True,), "off": (False,), "both": (False, True)}[args.eigh_split]
+        for packed in {"on": (True,), "off": (False,), "both": (False, True)}[args.pack_factors]
     ]
     print(format_report(env, settings, adamw, results))
     if args.json:

@@ -86,6 +86,28 @@ def test_breakdown_phases_add_up_to_the_step(shampoo_step: ModuleType, frequency
     assert result.max_preconditioner_dim == 16 and result.precondition_frequency == frequency
 
 
+def test_packed_factors_and_bf16_state_bytes(shampoo_step: ModuleType) -> None:
+    """The state column: packing removes the factors' upper triangles exactly, and each bf16
+    state halves its own bytes. Blocks of max_dim 16: 16x16, then 16x16, 16x16, 16x8 and
+    16x16, 16x16, 8x16: twelve factors of 16 and two of 8; params 16*16 + 2*16*40 = 1536
+    floats."""
+    def state(packed: bool, bf16: tuple[str, ...] = ()) -> float:
+        result = shampoo_step.bench_shampoo(
+            SMALL_SHAPES, torch.device("cpu"), torch.float32, max_dim=16, frequency=1,
+            steps=1, warmup=0, packed=packed, bf16_state=bf16,
+        )
+        return result.state_bytes_per_param_byte * 1536 * 4
+
+    full, packed = state(False), state(True)
+    upper = 12 * (16 * 16 - 16 * 17 // 2) + 2 * (8 * 8 - 8 * 9 // 2)
+    assert full - packed == pytest.approx(4 * upper)
+    roots = 12 * 16 * 16 + 2 * 8 * 8
+    everything = state(True, ("roots", "grafting", "momentum"))
+    # bf16 halves the roots (floats), the grafting second moment and the filtered gradient (one
+    # float per parameter each).
+    assert packed - everything == pytest.approx(2 * roots + 2 * 1536 + 2 * 1536)
+
+
 def test_instrumentation_is_removed_afterwards(shampoo_step: ModuleType) -> None:
     before = {(owner, name): owner.__dict__.get(name) for owner, name, _ in shampoo_step.INSTRUMENTED_METHODS}
     timer = shampoo_step.PhaseTimer(shampoo_step.Clock(torch.device("cpu")))
@@ -334,3 +356,19 @@ def test_gpu_check_cpu_fallback_runs_every_step(tmp_path: Path) -> None:
         names = archive.getnames()
     assert "gpu_check/logs/train_gpt2_124m_shampoo.log" in names
     assert not any(n.startswith("gpu_check/shards") or n.endswith(".txt") and "/runs/" in n for n in names)
+
+
+# --- bench/shampoo_configs/ -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "path", sorted((BENCH / "shampoo_configs").glob("*.toml")), ids=lambda p: p.stem
+)
+def test_every_shampoo_config_is_a_valid_tiny_shampoo_variant(path: Path) -> None:
+    """``make shampoo-configs`` and the README's commands pass these files as presets."""
+    from nanoshampoo.train.config import TrainConfig
+    from nanoshampoo.train.presets import load_preset
+
+    values = load_preset(str(path))
+    config = TrainConfig(**values)
+    assert config.optimizer == "shampoo" and config.model == "tiny"

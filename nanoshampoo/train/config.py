@@ -131,6 +131,9 @@ class TrainConfig:
     amortize_roots: bool = False
     # Storage of shampoo's roots (inv_factor_matrix_dtype).
     root_dtype: str = "float32"
+    # Shampoo's factors kept as lower triangles (pack_factor_matrices): half their bytes, the
+    # same numbers.
+    pack_factors: bool = False
     # Storage of shampoo's Adam-grafting second moment (its second_moment_dtype).
     grafting_dtype: str = "float32"
     # Storage of the filtered gradient and the momentum (shampoo, soap, muon).

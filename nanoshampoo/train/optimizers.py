@@ -21,7 +21,7 @@ use AdamW, or DistAdam in the ``*-distadam`` setups and ``distadam``; ``matrix``
 
 The shampoo-family setups share ``max_preconditioner_dim``, ``start_preconditioning_step``,
 ``factor_dtype``, ``rank_deficient_stability`` and ``eigenvalue_floor_rtol`` (shampoo and soap), ``amortize_roots`` (shampoo and
-soap), ``momentum_dtype`` and the distributor fields; ``root_dtype`` and ``grafting_dtype`` are
+soap), ``momentum_dtype`` and the distributor fields; ``root_dtype``, ``pack_factors`` and ``grafting_dtype`` are
 shampoo's (its roots and its Adam grafting), as are ``root_method`` (``warm-qr``:
 ``WarmStartedEigenConfig`` with ``warm_qr_*``) and the ``large_factor_*`` root schedule. A ``"float32"`` storage dtype is passed as None (the
 blocks' float32 computation dtype), so the defaults build exactly the optimizer they always did.
@@ -252,6 +252,7 @@ def build_shampoo(params: list[nn.Parameter], cfg: TrainConfig,
                 amortized_computation_config=root_solver,
                 factor_matrix_dtype=factor_dtype,
                 inv_factor_matrix_dtype=storage_dtype(cfg.root_dtype),
+                pack_factor_matrices=cfg.pack_factors,
                 large_factor_dim=cfg.large_factor_dim,
                 large_factor_frequency_multiplier=cfg.large_factor_frequency_multiplier),
             amortize_roots=cfg.amortize_roots,

@@ -149,6 +149,7 @@ def test_speed_and_memory_knobs_default_to_the_plain_optimizer() -> None:
                              1).param_groups
     assert group["amortize_roots"] is False and group["momentum_dtype"] is None
     assert group["preconditioner_config"].inv_factor_matrix_dtype is None
+    assert group["preconditioner_config"].pack_factor_matrices is False
     assert group["grafting_config"].second_moment_dtype is None
     config = group["preconditioner_config"]
     assert type(config.amortized_computation_config) is shampoo.EigenConfig
@@ -170,7 +171,7 @@ def test_root_method_and_large_factor_fields_reach_the_optimizer() -> None:
 @pytest.mark.parametrize("setup_name", ["shampoo", "soap", "muon"])
 def test_speed_and_memory_knobs_reach_the_optimizer(setup_name: str) -> None:
     cfg = TrainConfig(optimizer=setup_name, amortize_roots=True, root_dtype="bfloat16",
-                      grafting_dtype="bfloat16", momentum_dtype="bfloat16",
+                      grafting_dtype="bfloat16", momentum_dtype="bfloat16", pack_factors=True,
                       max_preconditioner_dim=64)
     params = [p for p in tiny_model().blocks.parameters() if p.ndim == 2]
     opt = build_shampoo(params, cfg, 1)
@@ -178,6 +179,7 @@ def test_speed_and_memory_knobs_reach_the_optimizer(setup_name: str) -> None:
     assert group["momentum_dtype"] == torch.bfloat16
     assert group["amortize_roots"] is (setup_name != "muon")
     if setup_name == "shampoo":
+        assert group["preconditioner_config"].pack_factor_matrices is True
         assert group["preconditioner_config"].inv_factor_matrix_dtype == torch.bfloat16
         assert group["grafting_config"].second_moment_dtype == torch.bfloat16
     for _ in range(2 * cfg.active_precondition_frequency):

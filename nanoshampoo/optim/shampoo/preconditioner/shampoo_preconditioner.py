@@ -7,6 +7,8 @@ block: ``X_L G X_R``.
 
 Layout: factors are pooled by ``(size, block dtype)``; each pool has a matching ``(N, n, n)``
 stack of roots (in ``inv_factor_matrix_dtype``, by default the block dtype), so all roots of one size are one batched ``eigh`` call.
+With ``pack_factor_matrices`` the factors keep only their lower triangles (half their bytes,
+the same numbers: :mod:`kronecker_factors`).
 A failed root computation keeps the previous root and is counted; more than
 ``num_tolerated_failed_amortized_computations`` consecutive failures raise.
 With ``WarmStartedEigenConfig`` each pool also keeps its factors' last eigenvectors (block
@@ -151,7 +153,7 @@ class ShampooPreconditioner(KroneckerFactoredPreconditioner):
         if self._warm_solver:
             self.extra_dim_state_names = ("factor_matrices_eigenvectors", "eigenvectors_computed")
             for key, pool in self._factors.pools.items():
-                count, size = len(pool.labels), pool.factors.shape[-1]
+                count, size = len(pool.labels), pool.size
                 self._eigenvectors[key] = torch.eye(
                     size, dtype=self._solve_dtype, device=pool.factors.device
                 ).repeat(count, 1, 1)

@@ -205,6 +205,16 @@ def _run(opt: DistributedShampoo, params: list[torch.nn.Parameter], grads: list[
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_matches_dense_reference(case: str) -> None:
+    _check_against_dense_reference(case)
+
+
+@pytest.mark.parametrize("case", ["adam_grafting", "beta2_ema", "exponent_override", "frequency3_start5"])
+def test_packed_factors_match_dense_reference(case: str) -> None:
+    """``pack_factor_matrices`` keeps lower triangles only: the same float64 trajectory."""
+    _check_against_dense_reference(case, shampoo={"pack_factor_matrices": True})
+
+
+def _check_against_dense_reference(case: str, **extra: Any) -> None:
     h = {**DEFAULTS, **CASES[case]}
     params = _make_params(0)
     grads = _grad_sequence(0, STEPS)
@@ -219,7 +229,7 @@ def test_matches_dense_reference(case: str) -> None:
             for block, wb, gb in zip(ref_blocks[index], w_blocks, g_blocks):
                 wb.copy_(torch.from_numpy(block.step(t, gb.numpy(), wb.numpy().copy())))
 
-    opt = _optimizer(params, h)
+    opt = _optimizer(params, h, **extra)
     _run(opt, params, grads)
     for p, e in zip(params, expected):
         relative = (torch.linalg.vector_norm(p.detach() - e) / torch.linalg.vector_norm(e)).item()

@@ -1,0 +1,223 @@
+"""``pack_factor_matrices``: factors kept as lower triangles give the same numbers in half the
+bytes (update, roots, steps, checkpoints, DDP), at the recipe's float32 settings."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from nanoshampoo.optim.shampoo import (
+    AdamPreconditionerConfig,
+    DDPDistributedConfig,
+    DistributedShampoo,
+    RootInvShampooPreconditionerConfig,
+    SingleDeviceDistributedConfig,
+)
+from nanoshampoo.optim.shampoo.preconditioner.kronecker_factors import (
+    KroneckerFactors,
+    SymmetricPacking,
+)
+from nanoshampoo.optim.shampoo.preconditioner.preconditioner import BlockBucket
+from nanoshampoo.optim.shampoo.shampoo_types import WarmStartedEigenConfig
+from nanoshampoo.testing.distributed import run_on_gloo
+
+torch.set_num_threads(1)
+
+# A 3-D block, a vector, a wide block and a 600 x 520 matrix: its 600- and 520-factors take the
+# tiled (one-triangle) update path of factors >= 512.
+SHAPES = [(40, 24), (3, 8, 6), (48,), (2, 64), (600, 520)]
+STEPS = 6
+
+
+def test_pack_then_unpack_restores_a_symmetric_matrix() -> None:
+    packing = SymmetricPacking(5, torch.device("cpu"))
+    a = torch.randn(3, 5, 5, dtype=torch.float64)
+    symmetric = a + a.mT
+    packed = packing.pack(symmetric)
+    assert packed.shape == (3, 15)
+    rows, cols = torch.tril_indices(5, 5)
+    assert torch.equal(packed, symmetric[:, rows, cols])
+    assert torch.equal(packing.unpack(packed), symmetric)
+    # Only the lower triangle is read: the upper one may be anything.
+    assert torch.equal(packing.unpack(packing.pack(torch.tril(symmetric))), symmetric)
+
+
+@pytest.mark.parametrize("size", [5, 600])
+def test_packed_statistics_keep_the_lower_triangle_bit_for_bit(size: int) -> None:
+    bucket = BlockBucket((size, 7), torch.float32, torch.device("cpu"), ("a block_0", "b block_0"))
+    full = KroneckerFactors([bucket], torch.float32, lambda b, dim: b.shape[dim])
+    packed = KroneckerFactors([bucket], torch.float32, lambda b, dim: b.shape[dim], packed=True)
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(4):
+        grad = torch.randn(2, size, 7, generator=gen)
+        full.update([grad], beta2=0.95)
+        packed.update([grad], beta2=0.95)
+    for key in (size, 7):
+        n = key
+        assert packed.pools[key].factors.shape == (2, n * (n + 1) // 2)
+        reference = full.pools[key].factors
+        rows, cols = torch.tril_indices(n, n)
+        assert torch.equal(packed.pools[key].factors, reference[:, rows, cols])
+        lower = torch.tril(reference)
+        mirrored = lower + torch.tril(reference, -1).mT
+        assert torch.equal(packed.matrices(packed.pools[key]), mirrored)
+        assert torch.equal(
+            packed.matrices(packed.pools[key], torch.tensor([1])), mirrored[1:]
+        )
+
+
+def _params(seed: int = 0) -> list[torch.nn.Parameter]:
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.nn.Parameter(torch.randn(s, generator=gen)) for s in SHAPES]
+
+
+def _grads(step: int) -> list[torch.Tensor]:
+    gen = torch.Generator().manual_seed(100 + step)
+    # Rank-deficient gradients (rank <= 3 per matrix block), as early steps and wide blocks give.
+    grads = []
+    for shape in SHAPES:
+        if len(shape) == 2:
+            left = torch.randn(shape[0], 3, generator=gen)
+            grads.append(left @ torch.randn(3, shape[1], generator=gen))
+        else:
+            grads.append(torch.randn(shape, generator=gen))
+    return grads
+
+
+def _optimizer(
+    params: list[torch.nn.Parameter],
+    packed: bool,
+    distributed: DDPDistributedConfig | SingleDeviceDistributedConfig | None = None,
+    warm_qr: bool = False,
+    roots: torch.dtype | None = None,
+) -> DistributedShampoo:
+    """The float32 recipe: epsilon 1e-12, Adam grafting, betas (0.9, 0.95), frequency 2."""
+    solver = {"amortized_computation_config": WarmStartedEigenConfig()} if warm_qr else {}
+    return DistributedShampoo(
+        params,
+        lr=0.01,
+        betas=(0.9, 0.95),
+        epsilon=1e-12,
+        weight_decay=0.01,
+        precondition_frequency=2,
+        max_preconditioner_dim=600,
+        use_bias_correction=True,
+        grafting_config=AdamPreconditionerConfig(beta2=0.95, epsilon=1e-10),
+        preconditioner_config=RootInvShampooPreconditionerConfig(
+            pack_factor_matrices=packed, inv_factor_matrix_dtype=roots, **solver
+        ),
+        distributed_config=distributed or SingleDeviceDistributedConfig(),
+    )
+
+
+def _train(opt: DistributedShampoo, params: list[torch.nn.Parameter], steps: range) -> None:
+    for step in steps:
+        for param, grad in zip(params, _grads(step)):
+            param.grad = grad.clone()
+        opt.step()
+
+
+@pytest.mark.parametrize("roots", [None, torch.bfloat16], ids=["fp32_roots", "bf16_roots"])
+def test_packed_steps_equal_full_steps_bit_for_bit(roots: torch.dtype | None) -> None:
+    full_params, packed_params = _params(), _params()
+    _train(_optimizer(full_params, False, roots=roots), full_params, range(STEPS))
+    _train(_optimizer(packed_params, True, roots=roots), packed_params, range(STEPS))
+    for full, packed in zip(full_params, packed_params, strict=True):
+        assert torch.equal(full, packed), tuple(full.shape)
+
+
+def test_packed_warm_started_roots_match_full_ones() -> None:
+    """Warm-started roots multiply by the whole factor (``Q^T A Q``) and the packed factor is
+    the mirrored lower triangle, so they differ by rounding, which float32 roots of these
+    rank-deficient factors amplify: the parameter changes agree within 1 %, far inside the
+    5 % root error the warm start accepts by design."""
+    initial = _params()
+    full_params, packed_params = _params(), _params()
+    _train(_optimizer(full_params, False, warm_qr=True), full_params, range(STEPS))
+    _train(_optimizer(packed_params, True, warm_qr=True), packed_params, range(STEPS))
+    for start, full, packed in zip(initial, full_params, packed_params, strict=True):
+        change = torch.linalg.vector_norm(full - start)
+        error = torch.linalg.vector_norm(packed - full) / change
+        assert error < 1e-2, (tuple(full.shape), error.item())
+
+
+def _factor_sizes(opt: DistributedShampoo) -> list[int]:
+    sizes = []
+    for runtime in opt._runtimes:
+        for pool in runtime.preconditioner._factors.pools.values():
+            sizes.extend([pool.size] * len(pool.labels))
+    return sizes
+
+
+def test_packing_saves_the_upper_triangles_bytes() -> None:
+    full_params, packed_params = _params(), _params()
+    full, packed = _optimizer(full_params, False), _optimizer(packed_params, True)
+    _train(full, full_params, range(1))
+    _train(packed, packed_params, range(1))
+    sizes = _factor_sizes(full)
+    assert sizes == _factor_sizes(packed) and 600 in sizes and 520 in sizes
+    saved = sum(4 * (n * n - n * (n + 1) // 2) for n in sizes)
+    assert full.optimizer_state_bytes() - packed.optimizer_state_bytes() == saved
+
+
+def test_packed_checkpoint_round_trip_continues_identically() -> None:
+    straight = _params()
+    _train(_optimizer(straight, True), straight, range(STEPS))
+
+    first = _params()
+    opt = _optimizer(first, True)
+    _train(opt, first, range(3))
+    state = opt.state_dict()
+    resumed = [torch.nn.Parameter(p.detach().clone()) for p in first]
+    opt2 = _optimizer(resumed, True)
+    opt2.load_state_dict(state)
+    _train(opt2, resumed, range(3, STEPS))
+    for a, b in zip(straight, resumed, strict=True):
+        assert torch.equal(a, b)
+
+
+def test_full_checkpoint_into_packed_optimizer_raises_and_changes_nothing() -> None:
+    params = _params()
+    full = _optimizer(params, False)
+    _train(full, params, range(2))
+    state = full.state_dict()
+    packed_params = _params()
+    packed = _optimizer(packed_params, True)
+    _train(packed, packed_params, range(2))
+    before = packed.state_dict()
+    with pytest.raises(ValueError, match="factor_matrices"):
+        packed.load_state_dict(state)
+    after = packed.state_dict()
+    for key, value in _leaves(before):
+        assert torch.equal(value, dict(_leaves(after))[key]), key
+
+
+def _leaves(tree: object, prefix: str = "") -> list[tuple[str, torch.Tensor]]:
+    if isinstance(tree, torch.Tensor):
+        return [(prefix, tree)]
+    if isinstance(tree, dict):
+        return [item for k, v in tree.items() for item in _leaves(v, f"{prefix}.{k}")]
+    return []
+
+
+@pytest.mark.parametrize("value", [1, "yes", None])
+def test_pack_factor_matrices_must_be_a_bool(value: object) -> None:
+    with pytest.raises(ValueError, match="pack_factor_matrices"):
+        RootInvShampooPreconditionerConfig(pack_factor_matrices=value)  # type: ignore[arg-type]
+
+
+def _ddp_body(rank: int, world_size: int) -> list[torch.Tensor]:
+    params = _params()
+    _train(_optimizer(params, True, DDPDistributedConfig()), params, range(STEPS))
+    return [p.detach() for p in params]
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_packed_ddp_on_two_ranks_equals_single_device() -> None:
+    results = run_on_gloo(_ddp_body, 2)
+    single = _params()
+    _train(_optimizer(single, True), single, range(STEPS))
+    for rank_params in results:
+        for got, want in zip(rank_params, single, strict=True):
+            assert torch.allclose(got, want, rtol=1e-5, atol=1e-7), tuple(want.shape)
