@@ -18,7 +18,7 @@ symmetric, so a pool may keep only its lower triangles, ``(N, n (n + 1) / 2)`` i
 during the amortized computation, which copies the factors anyway), so the statistics and the
 solves see exactly what the full layout gives them: ``eigh`` reads the lower triangle, and the
 lower triangle of a packed factor evolves bit for bit like that of a full one
-(``kronecker_factors_test.py``).
+(``packed_factors_test.py``).
 
 A failed amortized computation (solver error or non-finite result) keeps the previous result
 and is counted per factor; more than ``num_tolerated_failed_amortized_computations``
@@ -223,7 +223,6 @@ class KroneckerFactors:
     ) -> None:
         self._buckets = tuple(buckets)
         self._factor_dtype = factor_dtype
-        self.packed = packed
         plan: dict[Hashable, tuple[int, list[str], list[tuple[int, int]]]] = {}
         self.slots: list[list[FactorSlot | None]] = []
         for bucket in self._buckets:
