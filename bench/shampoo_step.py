@@ -128,6 +128,8 @@ ROOT_METHODS = ("eigh", "warm-qr")
 BF16_STATES = ("roots", "grafting", "momentum")
 NAME_WIDTH = 66
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+# The values an on/off/both flag runs (both: one row each, side by side).
+SWITCH = {"off": (False,), "on": (True,), "both": (False, True)}
 
 # (class, method, phase): the calls the breakdown times. The grafting norm scaling lives in the
 # optimizer's per-group runtime, not in a preconditioner, hence the private class.
@@ -564,9 +566,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         for frequency in frequencies
         for multiplier in multipliers
         for method in methods
-        for amortize in {"off": (False,), "on": (True,), "both": (False, True)}[args.amortize_roots]
-        for split in {"on": (True,), "off": (False,), "both": (False, True)}[args.eigh_split]
-        for packed in {"on": (True,), "off": (False,), "both": (False, True)}[args.pack_factors]
+        for amortize in SWITCH[args.amortize_roots]
+        for split in SWITCH[args.eigh_split]
+        for packed in SWITCH[args.pack_factors]
     ]
     print(format_report(env, settings, adamw, results))
     if args.json:

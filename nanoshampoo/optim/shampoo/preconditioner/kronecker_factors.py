@@ -170,7 +170,6 @@ class SymmetricPacking:
     """
 
     def __init__(self, size: int, device: torch.device) -> None:
-        self.size = size
         rows, cols = torch.tril_indices(size, size, device=device)
         # Flat positions of the lower triangle in an n x n matrix: index_select on the
         # flattened matrices packs about 2x faster than advanced indexing on a CPU.
@@ -257,13 +256,21 @@ class KroneckerFactors:
                 if pool.size not in self._packings:
                     self._packings[pool.size] = SymmetricPacking(pool.size, device)
 
-    def matrices(self, pool: FactorPool, rows: torch.Tensor | None = None) -> torch.Tensor:
-        """The full ``(M, n, n)`` factors of ``pool``: all rows, or rows ``rows``.
+    def matrices(
+        self,
+        pool: FactorPool,
+        rows: torch.Tensor | None = None,
+        dtype: torch.dtype | None = None,
+        divisor: float = 1.0,
+    ) -> torch.Tensor:
+        """New full ``(M, n, n)`` factors of ``pool`` (all rows, or rows ``rows``), cast to
+        ``dtype`` (None: the factor dtype) and divided by ``divisor``.
 
-        Unpacked pools: ``pool.factors`` itself (rows None) or an ``index_select`` copy; packed
-        pools: always new symmetric matrices.
+        A packed pool is cast and divided before it is unpacked (half the elements, and one
+        full-size temporary instead of two); elementwise, so the values are the same.
         """
         factors = pool.factors if rows is None else pool.factors.index_select(0, rows)
+        factors = factors.to(dtype or factors.dtype) / divisor
         return self._packings[pool.size].unpack(factors) if pool.packed else factors
 
     @staticmethod
@@ -526,8 +533,8 @@ class KroneckerFactoredPreconditioner(Preconditioner):
             if selected is not None and key not in selected:
                 continue
             rows = None if selected is None else selected[key]
-            factors = self._factors.matrices(pool, rows)
-            results, ok = self._solve(key, factors.to(self._solve_dtype) / bias_correction, rows)
+            factors = self._factors.matrices(pool, rows, self._solve_dtype, bias_correction)
+            results, ok = self._solve(key, factors, rows)
             previous = self._results[key]
             if rows is None:
                 keep_previous_where_failed(previous, results, ok)
