@@ -51,12 +51,13 @@ STEP_FRACTIONS ?= 0.7
 compare: $(STAMP)
 	$(PY) -m nanoshampoo compare --setups adamw,shampoo,soap,muon --seeds 3 --baseline adamw --step-fractions $(STEP_FRACTIONS) --out-dir runs/compare -- --save-final-checkpoint false $(COMPARE_ARGS)
 
-# The longer task: 1300 steps (one epoch of the embedded corpus, 2.7 M tokens; about an hour on
-# 2 cores), AdamW at the matrix lr tuned at that length (README "Which optimizer trains fastest"),
-# Muon at its full schedule and at 0.7x of it, 3 seeds each, into runs/long-1300.
+# The longer task: 1300 steps (one epoch of the embedded corpus, 2.7 M tokens; about 50 min on
+# 2 cores), AdamW and Muon at the learning rates, head lr and cooldown tuned at that length
+# (presets long-adamw and long-muon; README "A longer task"), Muon at its full schedule and at
+# 0.7x of it, 3 seeds each, into runs/long-tuned.
 .PHONY: compare-long
 compare-long: $(STAMP)
-	$(PY) -m nanoshampoo compare --setups adamw,muon --seeds 3 --baseline adamw --step-fractions $(STEP_FRACTIONS) --out-dir runs/long-1300 -- --num-iterations 1300 --matrix-lr 0.006 --save-final-checkpoint false $(COMPARE_ARGS)
+	$(PY) -m nanoshampoo compare --setups adamw=long-adamw,muon=long-muon --seeds 3 --baseline adamw --step-fractions $(STEP_FRACTIONS) --out-dir runs/long-tuned -- --save-final-checkpoint false $(COMPARE_ARGS)
 
 # Issue 11's configs of Shampoo at equal quality: each tiny-shampoo variant in
 # bench/shampoo_configs/ over 3 seeds against tiny-shampoo itself (final loss, Welch p), into
