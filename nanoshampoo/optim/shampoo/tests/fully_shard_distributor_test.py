@@ -32,7 +32,7 @@ from nanoshampoo.optim.shampoo import (
     FullyShardDistributedConfig,
     SingleDeviceDistributedConfig,
 )
-from nanoshampoo.optim.shampoo.distributor.fully_shard_distributor import shard_row_ranges
+from nanoshampoo.optim.shampoo.distributor.fully_shard_plan import shard_row_ranges
 from nanoshampoo.testing.distributed import run_on_gloo
 
 SHAPES = ((7, 5), (3,), (6, 2, 3), (9, 4), (2, 6), (5,), (12, 8))
