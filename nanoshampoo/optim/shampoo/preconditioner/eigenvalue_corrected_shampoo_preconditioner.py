@@ -63,10 +63,9 @@ from collections.abc import Hashable, Sequence
 import torch
 
 from nanoshampoo.optim.shampoo.preconditioner.eigenbasis import eigh_eigenbasis, qr_eigenbasis
-from nanoshampoo.optim.shampoo.preconditioner.kronecker_factors import (
+from nanoshampoo.optim.shampoo.preconditioner.factor_matrix_ops import multiply_along_dim
+from nanoshampoo.optim.shampoo.preconditioner.kronecker_factored_preconditioner import (
     KroneckerFactoredPreconditioner,
-    KroneckerFactors,
-    multiply_along_dim,
 )
 from nanoshampoo.optim.shampoo.preconditioner.matrix_roots import least_precise_dtype
 from nanoshampoo.optim.shampoo.preconditioner.preconditioner import BlockBucket

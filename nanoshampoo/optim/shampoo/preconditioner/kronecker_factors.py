@@ -28,15 +28,14 @@ device scalar per amortized computation (all pools together), and only a failure
 The amortized computation runs for all factors at once, or for one of ``k`` fixed shares
 (:meth:`KroneckerFactors.share_rows`, balanced by ``n^3``) when the optimizer spreads it over
 ``k`` steps (``amortize_roots``). A preconditioner may solve its largest factors only every
-``m`` periods (:meth:`KroneckerFactoredPreconditioner.solved_rows`; root-inverse Shampoo's
+``m`` periods (``KroneckerFactoredPreconditioner.solved_rows``; root-inverse Shampoo's
 ``large_factor_dim``). Statistics of factors of size >= 512 are computed by tiles,
 one triangle (:func:`symmetric_rank_update_`): torch has no ``syrk``.
 
-:class:`KroneckerFactoredPreconditioner` is the shared base of root-inverse Shampoo and
-eigenvalue-corrected Shampoo: factors, one amortized result per factor (a root or an
-eigenbasis) pooled like the factors, the solve loop with its failure bookkeeping, bias
-correction and the per-block state. The subclasses differ only in the maths: what is solved
-and how a gradient is preconditioned.
+:class:`KroneckerFactors` holds the statistics and the failure bookkeeping; the tensor operations
+on stacked factors (unfolding, the tiled rank update, packing) are in ``factor_matrix_ops.py``,
+and the base class of the preconditioners built on these factors in
+``kronecker_factored_preconditioner.py``.
 
 Example:
     >>> from nanoshampoo.optim.shampoo.preconditioner.preconditioner import BlockBucket
@@ -52,21 +51,17 @@ Example:
 from __future__ import annotations
 
 import logging
-from abc import abstractmethod
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 
 import torch
 
-from nanoshampoo.optim.shampoo.preconditioner.preconditioner import (
-    BlockBucket,
-    BlockStateView,
-    Preconditioner,
+from nanoshampoo.optim.shampoo.preconditioner.factor_matrix_ops import (
+    SymmetricPacking,
+    symmetric_rank_update_,
+    unfold,
 )
-from nanoshampoo.optim.shampoo.shampoo_types import (
-    EigenvalueCorrectedShampooPreconditionerConfig,
-    ShampooPreconditionerConfig,
-)
+from nanoshampoo.optim.shampoo.preconditioner.preconditioner import BlockBucket
 
 logger = logging.getLogger(__name__)
 
@@ -96,105 +91,6 @@ class FactorSlot:
 
     pool_key: Hashable
     offset: int
-
-
-def solve_dtype(factor_dtype: torch.dtype) -> torch.dtype:
-    """Amortized computations run in at least float32 (``eigh``/``qr`` have no half kernels)."""
-    return torch.promote_types(factor_dtype, torch.float32)
-
-
-def unfold(grad: torch.Tensor, dim: int) -> torch.Tensor:
-    """``(B, n_dim, prod(other dims))`` from stacked blocks ``(B, *shape)``.
-
-    A view (no copy) for the first and the last dim of the block.
-    """
-    count, size = grad.shape[0], grad.shape[dim + 1]
-    if dim + 2 == grad.dim():
-        return grad.reshape(count, -1, size).mT
-    return grad.movedim(dim + 1, 1).reshape(count, size, -1)
-
-
-def multiply_along_dim(matrices: torch.Tensor, x: torch.Tensor, dim: int) -> torch.Tensor:
-    """``x x_dim M``: ``matrices`` ``(B, n, n)`` applied along dim ``dim`` of blocks ``x``.
-
-    ``x`` is ``(B, *shape)`` with ``shape[dim] == n``; the result has the same shape (a new
-    tensor). For matrix blocks, dim 0 is ``M @ X`` and dim 1 is ``X @ M^T``.
-    """
-    moved = x.movedim(dim + 1, 1)
-    product = matrices @ moved.reshape(x.shape[0], moved.shape[1], -1)
-    return product.view(moved.shape).movedim(1, dim + 1)
-
-
-# Factors at least this large are updated by tiles (one triangle); smaller ones by one baddbmm,
-# where the per-tile launches cost more than the halved flops save.
-TILED_UPDATE_MIN_SIZE = 512
-TILE_SIZE = 256
-
-
-def symmetric_rank_update_(
-    factors: torch.Tensor, unfolded: torch.Tensor, beta: float, alpha: float
-) -> torch.Tensor:
-    """``F <- beta F + alpha U U^T`` in place, computing only the upper triangle of tiles.
-
-    ``factors`` ``(B, n, n)`` symmetric, ``unfolded`` ``(B, n, m)``. torch has no ``syrk``,
-    so for ``n >= TILED_UPDATE_MIN_SIZE`` the rows are cut into ``k = n // TILE_SIZE`` tiles;
-    tile ``(i, j)`` with ``i <= j`` is one ``baddbmm_`` and tile ``(j, i)`` its transpose:
-    ``(k + 1) / 2k`` of the flops. Tiles below the diagonal are exact copies of their mirrors. Measured on the 2-core
-    EPYC (1 thread, float32, GPT-small blocks): 768-factors of 768x768 blocks 161 -> 133 ms,
-    1024-factors of 1024x768 blocks 241-310 -> 183-203 ms, per bucket update.
-    """
-    size = factors.shape[-1]
-    tiles = size // TILE_SIZE if size >= TILED_UPDATE_MIN_SIZE else 1
-    if tiles <= 1:
-        return factors.baddbmm_(unfolded, unfolded.mT, beta=beta, alpha=alpha)
-    edges = [size * i // tiles for i in range(tiles + 1)]
-    spans = list(zip(edges[:-1], edges[1:]))
-    for i, (r0, r1) in enumerate(spans):
-        for c0, c1 in spans[i:]:
-            factors[:, r0:r1, c0:c1].baddbmm_(
-                unfolded[:, r0:r1], unfolded[:, c0:c1].mT, beta=beta, alpha=alpha
-            )
-    for i, (r0, r1) in enumerate(spans):
-        for c0, c1 in spans[i + 1 :]:
-            factors[:, c0:c1, r0:r1].copy_(factors[:, r0:r1, c0:c1].mT)
-    return factors
-
-
-class SymmetricPacking:
-    """Lower-triangle storage of stacked symmetric ``n x n`` matrices (one per ``(n, device)``).
-
-    ``pack(full)`` reads ``full[:, i, j]`` for ``i >= j`` into ``(M, n (n + 1) / 2)`` in the order
-    of ``torch.tril_indices(n, n)``; ``unpack(packed)`` returns new full ``(M, n, n)`` matrices,
-    symmetric by construction (``A[i, j] = A[j, i]`` = the stored ``(max, min)`` entry).
-    ``unpack(pack(A))`` equals ``A`` wherever ``A``'s lower triangle is mirrored.
-    """
-
-    def __init__(self, size: int, device: torch.device) -> None:
-        rows, cols = torch.tril_indices(size, size, device=device)
-        # Flat positions of the lower triangle in an n x n matrix: index_select on the
-        # flattened matrices packs about 2x faster than advanced indexing on a CPU.
-        self.flat_lower = rows * size + cols
-        index = torch.empty(size, size, dtype=torch.int64, device=device)
-        index[rows, cols] = torch.arange(rows.numel(), device=device)
-        index[cols, rows] = torch.arange(rows.numel(), device=device)
-        self.index = index
-
-    @staticmethod
-    def packed_size(size: int) -> int:
-        return size * (size + 1) // 2
-
-    def pack(self, full: torch.Tensor) -> torch.Tensor:
-        return full.flatten(1).index_select(1, self.flat_lower)
-
-    def unpack(self, packed: torch.Tensor) -> torch.Tensor:
-        return packed[:, self.index]
-
-
-def keep_previous_where_failed(
-    previous: torch.Tensor, computed: torch.Tensor, ok: torch.Tensor
-) -> None:
-    """``previous[i] = computed[i]`` where ``ok[i]``, in place; ``(N, n, n)`` and ``(N,)``."""
-    previous.copy_(torch.where(ok.view(-1, 1, 1), computed.to(previous.dtype), previous))
 
 
 class KroneckerFactors:
@@ -391,196 +287,3 @@ class KroneckerFactors:
             }
             for share in chosen
         ]
-
-
-class KroneckerFactoredPreconditioner(Preconditioner):
-    """Base of the preconditioners built on Kronecker factors and one amortized result each.
-
-    Holds the factors (:class:`KroneckerFactors`), the results ``self._results[key]``
-    ``(N, n, n)`` matching each factor pool (identity until first computed), and runs the
-    amortized computation: per pool, solve on the bias-corrected factors in the solve dtype,
-    keep the previous result where the solve failed, count failures.
-
-    Subclasses define ``_pool_key``, ``_result_dtype``, ``_solve`` and ``precondition``, and
-    the class attributes ``computation`` / ``kept`` (for failure messages) and
-    ``result_state_name`` (the result's key in a block's state).
-
-    Args:
-        buckets: the group's block buckets.
-        config: the preconditioner config (factor dtype, failure tolerance, solver).
-        beta2: EMA factor of the factors, in (0, 1]; ``1`` accumulates (AdaGrad-like).
-        epsilon: the group's epsilon.
-        use_bias_correction: divide by ``1 - b2^t`` (when ``b2 < 1``).
-    """
-
-    name = "shampoo"
-    computation: str
-    kept: str
-    result_state_name: str
-    extra_dim_state_names: tuple[str, ...] = ()
-
-    def __init__(
-        self,
-        buckets: Sequence[BlockBucket],
-        config: ShampooPreconditionerConfig | EigenvalueCorrectedShampooPreconditionerConfig,
-        beta2: float,
-        epsilon: float,
-        use_bias_correction: bool,
-    ) -> None:
-        super().__init__(buckets)
-        self._config = config
-        self._beta2 = beta2
-        self._epsilon = epsilon
-        self._use_bias_correction = use_bias_correction and beta2 < 1.0
-        self._solve_dtype = solve_dtype(config.factor_matrix_dtype)
-        self._factors = KroneckerFactors(
-            self._buckets,
-            config.factor_matrix_dtype,
-            self._pool_key,
-            packed=getattr(config, "pack_factor_matrices", False),
-        )
-        self._results = {
-            key: torch.eye(
-                pool.size, dtype=self._result_dtype(key), device=pool.factors.device
-            ).repeat(len(pool.labels), 1, 1)
-            for key, pool in self._factors.pools.items()
-        }
-        # (num_shares, pool keys or None) -> share_rows, for the frequency in use.
-        self._share_cache: dict[
-            tuple[int, tuple[Hashable, ...] | None], list[dict[Hashable, torch.Tensor]]
-        ] = {}
-        # The pools of large factors, solved every `multiplier` periods (see large_factor_schedule).
-        large_dim, self._large_multiplier = self._large_factor_schedule()
-        self._large_keys = tuple(
-            key for key, pool in self._factors.pools.items()
-            if large_dim and pool.size >= large_dim
-        )
-        self._small_keys = tuple(k for k in self._factors.pools if k not in self._large_keys)
-
-    @abstractmethod
-    def _pool_key(self, bucket: BlockBucket, dim: int) -> Hashable | None:
-        """The pool of the factor of ``dim`` of ``bucket``'s blocks (None: no factor)."""
-
-    @abstractmethod
-    def _result_dtype(self, key: Hashable) -> torch.dtype:
-        """Storage dtype of the results of pool ``key``."""
-
-    @abstractmethod
-    def _solve(
-        self, key: Hashable, matrices: torch.Tensor, rows: torch.Tensor | None
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(results (M, n, n), ok (M,) bool)`` from the bias-corrected factors ``matrices``
-        ``(M, n, n)`` of pool ``key``: all of them (``rows`` None) or rows ``rows``."""
-
-    def _large_factor_schedule(self) -> tuple[int, int]:
-        """``(size, multiplier)``: factors of at least ``size`` are solved every ``multiplier``
-        periods; ``(0, 1)``: no such rule (the default)."""
-        return 0, 1
-
-    def shares(
-        self, num_shares: int, keys: tuple[Hashable, ...] | None = None
-    ) -> list[dict[Hashable, torch.Tensor]]:
-        """:meth:`KroneckerFactors.share_rows`, cached for the frequency in use."""
-        if (num_shares, keys) not in self._share_cache:
-            if len(self._share_cache) > 2:  # the frequency changed: drop the old assignments
-                self._share_cache = {}
-            self._share_cache[(num_shares, keys)] = self._factors.share_rows(num_shares, keys)
-        return self._share_cache[(num_shares, keys)]
-
-    def solved_rows(
-        self, share: int, num_shares: int, period: int | None
-    ) -> dict[Hashable, torch.Tensor | None] | None:
-        """The pool rows a call of :meth:`amortized_computation` solves: None for every row of
-        every pool, else ``{pool key: rows}`` (rows None: all of that pool's rows; pools absent
-        are not solved).
-
-        Without large factors: everything (``num_shares == 1``) or share ``share``. With large
-        factors (multiplier ``m``): the others as before; the large ones only every ``m``
-        periods (``num_shares == 1``: when ``period % m == 0``), or, spread, in share
-        ``(period % m) * num_shares + share`` of ``num_shares * m`` (i.e. ``step % (f m)``).
-        """
-        if period is None:
-            return None
-        if not self._large_keys:
-            return None if num_shares == 1 else dict(self.shares(num_shares)[share])
-        multiplier = self._large_multiplier
-        if num_shares == 1:
-            due = self._small_keys + (self._large_keys if period % multiplier == 0 else ())
-            return {key: None for key in due}
-        chosen: dict[Hashable, torch.Tensor | None] = {}
-        if self._small_keys:
-            chosen.update(self.shares(num_shares, self._small_keys)[share])
-        large_share = (period % multiplier) * num_shares + share
-        chosen.update(self.shares(num_shares * multiplier, self._large_keys)[large_share])
-        return chosen
-
-    def _bias_correction(self, step: int) -> float:
-        return 1.0 - self._beta2**step if self._use_bias_correction else 1.0
-
-    def update_statistics(self, grads: Sequence[torch.Tensor], step: int) -> None:
-        self._factors.update(grads, self._beta2)
-
-    def amortized_computation(
-        self, step: int, share: int = 0, num_shares: int = 1, period: int | None = None
-    ) -> None:
-        """Recompute the results of the rows :meth:`solved_rows` names (all factors when
-        ``num_shares == 1`` and there is no large-factor rule); failed ones keep their previous
-        value (see the module doc)."""
-        bias_correction = self._bias_correction(step)
-        selected = self.solved_rows(share, num_shares, period)
-        outcomes: list[tuple[FactorPool, torch.Tensor | None, torch.Tensor]] = []
-        for key, pool in self._factors.pools.items():
-            if selected is not None and key not in selected:
-                continue
-            rows = None if selected is None else selected[key]
-            factors = self._factors.matrices(pool, rows, self._solve_dtype, bias_correction)
-            results, ok = self._solve(key, factors, rows)
-            previous = self._results[key]
-            if rows is None:
-                keep_previous_where_failed(previous, results, ok)
-            else:
-                kept = previous.index_select(0, rows)
-                keep_previous_where_failed(kept, results, ok)
-                previous.index_copy_(0, rows, kept)
-            self._factors.record_outcome(pool, rows, ok)
-            outcomes.append((pool, rows, ok))
-        self._factors.check_failures(
-            outcomes,
-            self._config.num_tolerated_failed_amortized_computations,
-            computation=self.computation,
-            kept=self.kept,
-        )
-
-    def _bucket_results(self, bucket_index: int) -> list[torch.Tensor | None]:
-        """Per dim, the ``(B, n, n)`` results of bucket ``bucket_index`` (None: no factor)."""
-        count = self._buckets[bucket_index].num_blocks
-        return [
-            None if slot is None else KroneckerFactors.rows(slot, count, self._results)
-            for slot in self._factors.slots[bucket_index]
-        ]
-
-    def _extra_dim_state(self, key: Hashable, row: int) -> dict[str, torch.Tensor]:
-        """Per-factor state named in ``extra_dim_state_names`` (none by default)."""
-        return {}
-
-    def _extra_block_state(self, bucket_index: int, position: int) -> dict[str, torch.Tensor]:
-        """Per-block state beyond the per-factor dicts (none by default)."""
-        return {}
-
-    def block_state(self, bucket_index: int, position: int) -> BlockStateView:
-        names = ("factor_matrices", self.result_state_name, *self.extra_dim_state_names)
-        state: dict[str, dict[int, torch.Tensor]] = {name: {} for name in names}
-        failures: dict[int, torch.Tensor] = {}
-        for dim, slot in enumerate(self._factors.slots[bucket_index]):
-            if slot is None:
-                continue
-            pool = self._factors.pools[slot.pool_key]
-            row = slot.offset + position
-            state["factor_matrices"][dim] = pool.factors[row]
-            state[self.result_state_name][dim] = self._results[slot.pool_key][row]
-            for name, value in self._extra_dim_state(slot.pool_key, row).items():
-                state[name][dim] = value
-            failures[dim] = pool.failure_counts[row]
-        return BlockStateView(
-            **state, failure_counts=failures, **self._extra_block_state(bucket_index, position)
-        )

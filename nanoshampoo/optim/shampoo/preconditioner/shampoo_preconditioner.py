@@ -79,9 +79,9 @@ from collections.abc import Hashable, Sequence
 
 import torch
 
-from nanoshampoo.optim.shampoo.preconditioner.kronecker_factors import (
+from nanoshampoo.optim.shampoo.preconditioner.factor_matrix_ops import multiply_along_dim
+from nanoshampoo.optim.shampoo.preconditioner.kronecker_factored_preconditioner import (
     KroneckerFactoredPreconditioner,
-    multiply_along_dim,
 )
 from nanoshampoo.optim.shampoo.preconditioner.matrix_roots import (
     coupled_newton_inverse_root,

@@ -17,7 +17,7 @@ from nanoshampoo.optim.shampoo import (
     DistributedShampoo,
     EigenvalueCorrectedShampooPreconditionerConfig,
 )
-from nanoshampoo.optim.shampoo.preconditioner.kronecker_factors import (
+from nanoshampoo.optim.shampoo.preconditioner.kronecker_factored_preconditioner import (
     KroneckerFactoredPreconditioner,
 )
 from nanoshampoo.optim.shampoo.preconditioner.matrix_roots import eigh_inverse_root

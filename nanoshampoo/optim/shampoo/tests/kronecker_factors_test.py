@@ -8,11 +8,11 @@ from typing import Any
 import pytest
 import torch
 
-from nanoshampoo.optim.shampoo.preconditioner.kronecker_factors import (
-    KroneckerFactors,
+from nanoshampoo.optim.shampoo.preconditioner.factor_matrix_ops import (
     multiply_along_dim,
     symmetric_rank_update_,
 )
+from nanoshampoo.optim.shampoo.preconditioner.kronecker_factors import KroneckerFactors
 from nanoshampoo.optim.shampoo.preconditioner.preconditioner import BlockBucket
 
 torch.set_num_threads(1)

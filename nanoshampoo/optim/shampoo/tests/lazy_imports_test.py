@@ -29,7 +29,8 @@ print(" ".join(sorted(m.rsplit(".", 1)[1] for m in sys.modules
 
 @pytest.mark.parametrize("config, expected", [
     ("RootInvShampooPreconditionerConfig",
-     "adagrad_preconditioner distributor kronecker_factors matrix_roots parallel_eigh "
+     "adagrad_preconditioner distributor factor_matrix_ops kronecker_factored_preconditioner "
+     "kronecker_factors matrix_roots parallel_eigh "
      "preconditioner shampoo_preconditioner single_device_distributor"),
     ("SpectralDescentPreconditionerConfig",
      "adagrad_preconditioner distributor preconditioner single_device_distributor "

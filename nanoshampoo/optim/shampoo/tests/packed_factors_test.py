@@ -13,10 +13,8 @@ from nanoshampoo.optim.shampoo import (
     RootInvShampooPreconditionerConfig,
     SingleDeviceDistributedConfig,
 )
-from nanoshampoo.optim.shampoo.preconditioner.kronecker_factors import (
-    KroneckerFactors,
-    SymmetricPacking,
-)
+from nanoshampoo.optim.shampoo.preconditioner.factor_matrix_ops import SymmetricPacking
+from nanoshampoo.optim.shampoo.preconditioner.kronecker_factors import KroneckerFactors
 from nanoshampoo.optim.shampoo.preconditioner.preconditioner import BlockBucket
 from nanoshampoo.optim.shampoo.shampoo_types import WarmStartedEigenConfig
 from nanoshampoo.testing.distributed import run_on_gloo

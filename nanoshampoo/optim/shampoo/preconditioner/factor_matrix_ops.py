@@ -1,0 +1,115 @@
+"""Tensor operations on stacks of Kronecker factor matrices: pure maths, no state.
+
+A stack is ``(B, n, n)`` (one factor per block of a bucket, or per row of a factor pool);
+blocks are ``(B, *shape)``. Used by :mod:`kronecker_factors` (the statistics) and the
+preconditioners built on them (the solves and the preconditioning).
+
+Example:
+    >>> grads = torch.ones(1, 3, 2)
+    >>> factors = torch.zeros(1, 3, 3)
+    >>> symmetric_rank_update_(factors, unfold(grads, 0), beta=1.0, alpha=1.0)[0, 0].tolist()
+    [2.0, 2.0, 2.0]
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def solve_dtype(factor_dtype: torch.dtype) -> torch.dtype:
+    """Amortized computations run in at least float32 (``eigh``/``qr`` have no half kernels)."""
+    return torch.promote_types(factor_dtype, torch.float32)
+
+
+def unfold(grad: torch.Tensor, dim: int) -> torch.Tensor:
+    """``(B, n_dim, prod(other dims))`` from stacked blocks ``(B, *shape)``.
+
+    A view (no copy) for the first and the last dim of the block.
+    """
+    count, size = grad.shape[0], grad.shape[dim + 1]
+    if dim + 2 == grad.dim():
+        return grad.reshape(count, -1, size).mT
+    return grad.movedim(dim + 1, 1).reshape(count, size, -1)
+
+
+def multiply_along_dim(matrices: torch.Tensor, x: torch.Tensor, dim: int) -> torch.Tensor:
+    """``x x_dim M``: ``matrices`` ``(B, n, n)`` applied along dim ``dim`` of blocks ``x``.
+
+    ``x`` is ``(B, *shape)`` with ``shape[dim] == n``; the result has the same shape (a new
+    tensor). For matrix blocks, dim 0 is ``M @ X`` and dim 1 is ``X @ M^T``.
+    """
+    moved = x.movedim(dim + 1, 1)
+    product = matrices @ moved.reshape(x.shape[0], moved.shape[1], -1)
+    return product.view(moved.shape).movedim(1, dim + 1)
+
+
+# Factors at least this large are updated by tiles (one triangle); smaller ones by one baddbmm,
+# where the per-tile launches cost more than the halved flops save.
+TILED_UPDATE_MIN_SIZE = 512
+TILE_SIZE = 256
+
+
+def symmetric_rank_update_(
+    factors: torch.Tensor, unfolded: torch.Tensor, beta: float, alpha: float
+) -> torch.Tensor:
+    """``F <- beta F + alpha U U^T`` in place, computing only the upper triangle of tiles.
+
+    ``factors`` ``(B, n, n)`` symmetric, ``unfolded`` ``(B, n, m)``. torch has no ``syrk``,
+    so for ``n >= TILED_UPDATE_MIN_SIZE`` the rows are cut into ``k = n // TILE_SIZE`` tiles;
+    tile ``(i, j)`` with ``i <= j`` is one ``baddbmm_`` and tile ``(j, i)`` its transpose:
+    ``(k + 1) / 2k`` of the flops. Tiles below the diagonal are exact copies of their mirrors. Measured on the 2-core
+    EPYC (1 thread, float32, GPT-small blocks): 768-factors of 768x768 blocks 161 -> 133 ms,
+    1024-factors of 1024x768 blocks 241-310 -> 183-203 ms, per bucket update.
+    """
+    size = factors.shape[-1]
+    tiles = size // TILE_SIZE if size >= TILED_UPDATE_MIN_SIZE else 1
+    if tiles <= 1:
+        return factors.baddbmm_(unfolded, unfolded.mT, beta=beta, alpha=alpha)
+    edges = [size * i // tiles for i in range(tiles + 1)]
+    spans = list(zip(edges[:-1], edges[1:]))
+    for i, (r0, r1) in enumerate(spans):
+        for c0, c1 in spans[i:]:
+            factors[:, r0:r1, c0:c1].baddbmm_(
+                unfolded[:, r0:r1], unfolded[:, c0:c1].mT, beta=beta, alpha=alpha
+            )
+    for i, (r0, r1) in enumerate(spans):
+        for c0, c1 in spans[i + 1 :]:
+            factors[:, c0:c1, r0:r1].copy_(factors[:, r0:r1, c0:c1].mT)
+    return factors
+
+
+class SymmetricPacking:
+    """Lower-triangle storage of stacked symmetric ``n x n`` matrices (one per ``(n, device)``).
+
+    ``pack(full)`` reads ``full[:, i, j]`` for ``i >= j`` into ``(M, n (n + 1) / 2)`` in the order
+    of ``torch.tril_indices(n, n)``; ``unpack(packed)`` returns new full ``(M, n, n)`` matrices,
+    symmetric by construction (``A[i, j] = A[j, i]`` = the stored ``(max, min)`` entry).
+    ``unpack(pack(A))`` equals ``A`` wherever ``A``'s lower triangle is mirrored.
+    """
+
+    def __init__(self, size: int, device: torch.device) -> None:
+        rows, cols = torch.tril_indices(size, size, device=device)
+        # Flat positions of the lower triangle in an n x n matrix: index_select on the
+        # flattened matrices packs about 2x faster than advanced indexing on a CPU.
+        self.flat_lower = rows * size + cols
+        index = torch.empty(size, size, dtype=torch.int64, device=device)
+        index[rows, cols] = torch.arange(rows.numel(), device=device)
+        index[cols, rows] = torch.arange(rows.numel(), device=device)
+        self.index = index
+
+    @staticmethod
+    def packed_size(size: int) -> int:
+        return size * (size + 1) // 2
+
+    def pack(self, full: torch.Tensor) -> torch.Tensor:
+        return full.flatten(1).index_select(1, self.flat_lower)
+
+    def unpack(self, packed: torch.Tensor) -> torch.Tensor:
+        return packed[:, self.index]
+
+
+def keep_previous_where_failed(
+    previous: torch.Tensor, computed: torch.Tensor, ok: torch.Tensor
+) -> None:
+    """``previous[i] = computed[i]`` where ``ok[i]``, in place; ``(N, n, n)`` and ``(N,)``."""
+    previous.copy_(torch.where(ok.view(-1, 1, 1), computed.to(previous.dtype), previous))
