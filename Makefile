@@ -53,8 +53,8 @@ compare: $(STAMP)
 
 # The longer task: 1300 steps (one epoch of the embedded corpus, 2.7 M tokens; about 50 min on
 # 2 cores), AdamW and Muon at the learning rates, head lr and cooldown tuned at that length
-# (presets long-adamw and long-muon; README "A longer task"), Muon at its full schedule and at
-# 0.7x of it, 3 seeds each, into runs/long-tuned.
+# (presets long-adamw and long-muon; docs/results/leaderboard.md "A longer task: 1300 steps"),
+# Muon at its full schedule and at 0.7x of it, 3 seeds each, into runs/long-tuned.
 .PHONY: compare-long
 compare-long: $(STAMP)
 	$(PY) -m nanoshampoo compare --setups adamw=long-adamw,muon=long-muon --seeds 3 --baseline adamw --step-fractions $(STEP_FRACTIONS) --out-dir runs/long-tuned -- --save-final-checkpoint false $(COMPARE_ARGS)
@@ -64,8 +64,8 @@ compare-long: $(STAMP)
 # runs/shampoo-configs (also there: freq10-amortized; add it to SHAMPOO_CONFIGS). Step
 # costs at GPT-small shapes: bench/shampoo_step.py.
 # The storage ablations (bf16-roots, bf16-momentum, bf16-except-factors, bf16-factors-floor,
-# fp32-floor, bf16-state-floor13, bf16-state-floor17) are there too: README "Which bf16 state
-# costs loss?".
+# fp32-floor, bf16-state-floor13, bf16-state-floor17) are there too: docs/results/shampoo-state.md
+# "Which bf16 state costs loss?".
 SHAMPOO_CONFIGS ?= freq1 freq10 bf16-state bf16-state-floor packed-bf16 warm-qr large-factor fast
 .PHONY: shampoo-configs
 shampoo-configs: $(STAMP)

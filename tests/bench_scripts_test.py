@@ -365,7 +365,7 @@ def test_gpu_check_cpu_fallback_runs_every_step(tmp_path: Path) -> None:
     "path", sorted((BENCH / "shampoo_configs").glob("*.toml")), ids=lambda p: p.stem
 )
 def test_every_shampoo_config_is_a_valid_tiny_shampoo_variant(path: Path) -> None:
-    """``make shampoo-configs`` and the README's commands pass these files as presets."""
+    """``make shampoo-configs`` and the commands in docs/results/ pass these files as presets."""
     from nanoshampoo.train.config import TrainConfig
     from nanoshampoo.train.presets import load_preset
 

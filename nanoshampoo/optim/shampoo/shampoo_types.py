@@ -410,7 +410,8 @@ class ShampooPreconditionerConfig(PreconditionerConfig):
             half the factors' bytes, unpacked to full matrices for each use; the update and the
             roots are the same numbers (``eigh`` reads one triangle). The state dict then holds
             ``factor_matrices`` as ``n (n + 1) / 2`` vectors in ``torch.tril_indices`` order.
-            Measured cost on the GPT-small bench: README "Performance of a Shampoo step".
+            Measured cost on the GPT-small bench: docs/results/shampoo-state.md
+            "Which bf16 state costs loss?".
     """
 
     amortized_computation_config: RootInvConfig = field(default_factory=EigenConfig)
