@@ -117,7 +117,7 @@ from nanoshampoo.optim.shampoo import (
     RootInvShampooPreconditionerConfig,
     WarmStartedEigenConfig,
 )
-from nanoshampoo.optim.shampoo.distributed_shampoo import _GroupRuntime
+from nanoshampoo.optim.shampoo.group_runtime import GroupRuntime
 from nanoshampoo.optim.shampoo.preconditioner import parallel_eigh
 from nanoshampoo.optim.shampoo.preconditioner.adagrad_preconditioner import AdaGradPreconditioner
 from nanoshampoo.optim.shampoo.preconditioner.shampoo_preconditioner import ShampooPreconditioner
@@ -139,7 +139,7 @@ INSTRUMENTED_METHODS: tuple[tuple[type, str, str], ...] = (
     (ShampooPreconditioner, "precondition", "preconditioning"),
     (AdaGradPreconditioner, "update_statistics", "grafting"),
     (AdaGradPreconditioner, "precondition", "grafting"),
-    (_GroupRuntime, "_graft", "grafting"),
+    (GroupRuntime, "_graft", "grafting"),
 )
 
 

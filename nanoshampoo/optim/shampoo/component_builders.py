@@ -1,0 +1,124 @@
+"""Builders of a parameter group's components: its preconditioner and its distributor.
+
+Each maps a config (:mod:`~nanoshampoo.optim.shampoo.shampoo_types`) to the object that
+implements it, importing that object's module only when a config needs it, so that a run imports
+(and its log records the source of) only the modules it uses.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from nanoshampoo.optim.shampoo.distributor.distributor import Distributor
+from nanoshampoo.optim.shampoo.preconditioner.preconditioner import BlockBucket, Preconditioner
+from nanoshampoo.optim.shampoo.shampoo_types import (
+    AdaGradPreconditionerConfig,
+    AdamPreconditionerConfig,
+    DDPDistributedConfig,
+    DistributedConfig,
+    EigenvalueCorrectedShampooPreconditionerConfig,
+    FullyShardDistributedConfig,
+    HybridShardDistributedConfig,
+    PreconditionerConfig,
+    RMSpropPreconditionerConfig,
+    SGDPreconditionerConfig,
+    ShampooPreconditionerConfig,
+    SingleDeviceDistributedConfig,
+    SpectralDescentPreconditionerConfig,
+)
+
+def build_preconditioner(
+    config: PreconditionerConfig,
+    buckets: Sequence[BlockBucket],
+    beta2: float,
+    epsilon: float,
+    use_bias_correction: bool,
+) -> Preconditioner:
+    """The preconditioner a config describes, over ``buckets``.
+
+    ``beta2``/``epsilon``/``use_bias_correction`` are the group's and apply to both Shampoo
+    kinds (root-inverse and eigenvalue-corrected); spectral descent uses none of them; the
+    diagonal preconditioners carry their own ``beta2``/``epsilon`` and bias-correction rule
+    (Adam corrects, RMSprop and AdaGrad do not). The module of each kind is imported when a
+    config needs it, like the distributors' (:func:`build_distributor`).
+    """
+    if isinstance(config, ShampooPreconditionerConfig):
+        from nanoshampoo.optim.shampoo.preconditioner.shampoo_preconditioner import (
+            ShampooPreconditioner,
+        )
+
+        return ShampooPreconditioner(buckets, config, beta2, epsilon, use_bias_correction)
+    if isinstance(config, EigenvalueCorrectedShampooPreconditionerConfig):
+        from nanoshampoo.optim.shampoo.preconditioner.eigenvalue_corrected_shampoo_preconditioner import (
+            EigenvalueCorrectedShampooPreconditioner,
+        )
+
+        return EigenvalueCorrectedShampooPreconditioner(
+            buckets, config, beta2, epsilon, use_bias_correction
+        )
+    if isinstance(config, SpectralDescentPreconditionerConfig):
+        from nanoshampoo.optim.shampoo.preconditioner.spectral_descent_preconditioner import (
+            SpectralDescentPreconditioner,
+        )
+
+        return SpectralDescentPreconditioner(buckets, config)
+    if isinstance(config, SGDPreconditionerConfig):
+        from nanoshampoo.optim.shampoo.preconditioner.sgd_preconditioner import SGDPreconditioner
+
+        return SGDPreconditioner(buckets)
+    from nanoshampoo.optim.shampoo.preconditioner.adagrad_preconditioner import (
+        AdaGradPreconditioner,
+    )
+
+    if isinstance(config, AdamPreconditionerConfig):
+        return AdaGradPreconditioner(
+            buckets, config.beta2, config.epsilon, True, config.second_moment_dtype
+        )
+    if isinstance(config, RMSpropPreconditionerConfig):
+        return AdaGradPreconditioner(
+            buckets, config.beta2, config.epsilon, False, config.second_moment_dtype
+        )
+    if isinstance(config, AdaGradPreconditionerConfig):
+        return AdaGradPreconditioner(buckets, 1.0, config.epsilon, False, config.second_moment_dtype)
+    raise ValueError(f"preconditioner_config: unsupported config {config!r}")
+
+
+def build_distributor(
+    config: DistributedConfig,
+    params: Sequence[torch.Tensor],
+    max_preconditioner_dim: int | float,
+    first_param_index: int,
+) -> Distributor:
+    """The distributor a config describes, for one parameter group.
+
+    One branch per kind of ``DistributedConfig``; a config class that subclasses another must
+    be tested before its parent. Whatever is built here must implement :class:`Distributor`:
+    the optimizer talks to it through that interface only. Each distributor module is imported
+    here, when a config needs it: a run imports (and its log records the source of) only the
+    one it uses.
+    """
+    if isinstance(config, SingleDeviceDistributedConfig):
+        from nanoshampoo.optim.shampoo.distributor.single_device_distributor import (
+            SingleDeviceDistributor,
+        )
+
+        return SingleDeviceDistributor(params, max_preconditioner_dim, first_param_index)
+    if isinstance(config, DDPDistributedConfig):
+        from nanoshampoo.optim.shampoo.distributor.ddp_distributor import DDPDistributor
+
+        return DDPDistributor(params, max_preconditioner_dim, first_param_index, config)
+    if isinstance(config, FullyShardDistributedConfig):
+        from nanoshampoo.optim.shampoo.distributor.fully_shard_distributor import (
+            FullyShardDistributor,
+        )
+
+        return FullyShardDistributor(params, max_preconditioner_dim, first_param_index, config)
+    if isinstance(config, HybridShardDistributedConfig):
+        from nanoshampoo.optim.shampoo.distributor.hybrid_shard_distributor import (
+            HybridShardDistributor,
+        )
+
+        return HybridShardDistributor(params, max_preconditioner_dim, first_param_index, config)
+    raise ValueError(f"distributed_config: unsupported config {config!r}")

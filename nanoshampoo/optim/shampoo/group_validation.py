@@ -1,0 +1,220 @@
+"""Validation of a parameter group's entries, and their resolution into :class:`Hyperparameters`.
+
+:func:`validate_group` and :func:`validate_params` raise ``ValueError`` naming the field (or
+``params[i]``); :meth:`Hyperparameters.resolve` turns a valid group into the values a step uses,
+with the ``-1`` sentinels resolved once.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from nanoshampoo.optim.shampoo.shampoo_types import (
+    GRAFTING_CONFIG_TYPES,
+    DistributedConfig,
+    PreconditionerConfig,
+    PseudoInverseConfig,
+    WeightDecayType,
+    check_ema_storage_dtype,
+)
+
+# Group entries fixed when the group is added: they decide the blocks, which rank holds them and
+# the layout of their state. A change after construction (or from a checkpoint) is refused.
+FIXED_GROUP_KEYS = (
+    "max_preconditioner_dim", "preconditioner_config", "grafting_config", "distributed_config",
+    "momentum_dtype",
+)
+# Group entries a step reads; changing them between steps is supported.
+STEP_GROUP_KEYS = (
+    "lr", "betas", "beta3", "epsilon", "momentum", "dampening", "use_nesterov", "weight_decay",
+    "weight_decay_type", "precondition_frequency", "start_preconditioning_step",
+    "use_bias_correction", "amortize_roots",
+)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_finite_number(value: Any) -> bool:
+    return _is_number(value) and math.isfinite(value)
+
+
+def uses_pseudo_inverse(config: PreconditionerConfig) -> bool:
+    """Whether ``config`` drops numerically-zero eigenvalues (then ``epsilon`` must be 0)."""
+    solver = getattr(config, "amortized_computation_config", None)
+    return isinstance(getattr(solver, "rank_deficient_stability_config", None), PseudoInverseConfig)
+
+
+def _require(group: Mapping[str, Any], ok: bool, name: str, requirement: str) -> None:
+    """Raise ``ValueError("<name> <requirement>, got <value>")`` unless ``ok``."""
+    if not ok:
+        raise ValueError(f"{name} {requirement}, got {group.get(name.split('[')[0])!r}")
+
+
+def validate_group(group: Mapping[str, Any]) -> None:
+    """Raise ``ValueError`` (message starting with the field name) for an invalid group entry.
+
+    Checks every entry but ``params`` (see :func:`validate_params`); cheap Python only, so
+    :meth:`DistributedShampoo.step` runs it on every group at every step.
+    """
+    config = group["preconditioner_config"]
+    _require(group, isinstance(config, PreconditionerConfig), "preconditioner_config", "must be a PreconditionerConfig")
+    grafting = group["grafting_config"]
+    _require(
+        group,
+        grafting is None or isinstance(grafting, GRAFTING_CONFIG_TYPES),
+        "grafting_config",
+        "must be None or an SGD/AdaGrad/RMSprop/Adam PreconditionerConfig",
+    )
+    _require(
+        group, isinstance(group["distributed_config"], DistributedConfig), "distributed_config",
+        "must be a DistributedConfig",
+    )
+    _validate_step_sizes(group)
+    _validate_schedule(group)
+
+
+def _validate_step_sizes(group: Mapping[str, Any]) -> None:
+    """The entries that scale a step: lr, betas, beta3, epsilon, momentum, weight decay."""
+    lr, betas, beta3, eps = group["lr"], group["betas"], group["beta3"], group["epsilon"]
+    _require(group, _is_finite_number(lr) and lr >= 0.0, "lr", "must be finite and >= 0.0")
+    _require(group, isinstance(betas, (tuple, list)) and len(betas) == 2, "betas", "must be a pair (beta1, beta2)")
+    _require(group, _is_number(betas[0]) and 0.0 <= betas[0] < 1.0, "betas[0]", "must be in [0.0, 1.0)")
+    _require(group, _is_number(betas[1]) and 0.0 < betas[1] <= 1.0, "betas[1]", "must be in (0.0, 1.0]")
+    _require(
+        group, _is_number(beta3) and (beta3 == -1.0 or 0.0 <= beta3 < 1.0), "beta3",
+        "must be -1.0 or in [0.0, 1.0)",
+    )
+    _require(group, _is_finite_number(eps) and eps >= 0.0, "epsilon", "must be finite and >= 0.0")
+    if uses_pseudo_inverse(group["preconditioner_config"]):
+        _require(group, eps == 0.0, "epsilon", "must be 0.0 with a PseudoInverseConfig (the pseudo-inverse adds no ridge)")
+    else:
+        _require(
+            group, eps > 0.0, "epsilon",
+            "must be > 0.0 (0.0 only with a PseudoInverseConfig rank_deficient_stability_config)",
+        )
+    momentum, dampening = group["momentum"], group["dampening"]
+    _require(group, _is_number(momentum) and 0.0 <= momentum < 1.0, "momentum", "must be in [0.0, 1.0)")
+    _require(group, _is_number(dampening) and 0.0 <= dampening < 1.0, "dampening", "must be in [0.0, 1.0)")
+    _require(group, isinstance(group["use_nesterov"], bool), "use_nesterov", "must be a bool")
+    _require(group, not group["use_nesterov"] or momentum > 0.0, "use_nesterov", "needs momentum > 0.0")
+    wd = group["weight_decay"]
+    _require(group, _is_finite_number(wd) and wd >= 0.0, "weight_decay", "must be finite and >= 0.0")
+    _require(
+        group, isinstance(group["weight_decay_type"], WeightDecayType), "weight_decay_type",
+        "must be a WeightDecayType",
+    )
+    # The filtered gradient is an EMA with new-sample weight 1 - beta1; momentum adds whole
+    # updates, so only the former limits the storage dtype.
+    check_ema_storage_dtype(
+        "momentum_dtype", group["momentum_dtype"], 1.0 - betas[0] if betas[0] > 0.0 else 1.0,
+        "1 - betas[0]",
+    )
+
+
+def _validate_schedule(group: Mapping[str, Any]) -> None:
+    """The entries that decide blocks and when roots are computed."""
+    max_dim = group["max_preconditioner_dim"]
+    _require(
+        group,
+        (is_int(max_dim) and max_dim >= 1) or max_dim == math.inf,
+        "max_preconditioner_dim",
+        "must be an int >= 1 or math.inf",
+    )
+    frequency, start = group["precondition_frequency"], group["start_preconditioning_step"]
+    _require(group, is_int(frequency) and frequency >= 1, "precondition_frequency", "must be an int >= 1")
+    _require(
+        group,
+        is_int(start) and (start == -1 or start >= frequency),
+        "start_preconditioning_step",
+        f"must be -1 or an int >= precondition_frequency ({frequency})",
+    )
+    _require(group, isinstance(group["use_bias_correction"], bool), "use_bias_correction", "must be a bool")
+    _require(group, isinstance(group["amortize_roots"], bool), "amortize_roots", "must be a bool")
+
+
+def validate_params(params: Sequence[torch.Tensor]) -> None:
+    """Raise ``ValueError`` naming ``params[i]`` for a parameter Shampoo cannot step."""
+    for index, param in enumerate(params):
+        if param.is_complex():
+            raise ValueError(f"params[{index}] is complex ({param.dtype}): DistributedShampoo needs real parameters")
+        if not param.is_floating_point():
+            raise ValueError(f"params[{index}] must be a floating-point tensor, got {param.dtype}")
+        if param.layout != torch.strided:
+            raise ValueError(f"params[{index}] must be a dense (strided) tensor, got {param.layout}")
+
+
+def step_values(group: Mapping[str, Any]) -> tuple[Any, ...]:
+    """The group entries a step reads, as a comparable snapshot (``betas`` as a tuple)."""
+    return tuple(tuple(group[k]) if k == "betas" else group[k] for k in STEP_GROUP_KEYS)
+
+
+@dataclass(frozen=True)
+class Hyperparameters:
+    """One group's hyperparameters as a step uses them: validated, ``-1`` sentinels resolved.
+
+    ``group_values`` is the snapshot of the group entries they were resolved from; a step
+    resolves again only when the group's entries differ from it.
+    """
+
+    lr: float
+    beta1: float
+    beta2: float
+    beta3: float
+    epsilon: float
+    momentum: float
+    dampening: float
+    use_nesterov: bool
+    weight_decay: float
+    weight_decay_type: WeightDecayType
+    precondition_frequency: int
+    start_preconditioning_step: int
+    use_bias_correction: bool
+    amortize_roots: bool
+    momentum_dtype: torch.dtype | None
+    group_values: tuple[Any, ...]
+
+    @classmethod
+    def resolve(cls, group: Mapping[str, Any]) -> Hyperparameters:
+        """From a group that passed :func:`validate_group`."""
+        beta1, beta2 = group["betas"]
+        frequency, start = group["precondition_frequency"], group["start_preconditioning_step"]
+        return cls(
+            lr=float(group["lr"]),
+            beta1=float(beta1),
+            beta2=float(beta2),
+            beta3=float(beta1 if group["beta3"] == -1.0 else group["beta3"]),
+            epsilon=float(group["epsilon"]),
+            momentum=float(group["momentum"]),
+            dampening=float(group["dampening"]),
+            use_nesterov=group["use_nesterov"],
+            weight_decay=float(group["weight_decay"]),
+            weight_decay_type=group["weight_decay_type"],
+            precondition_frequency=frequency,
+            start_preconditioning_step=frequency if start == -1 else start,
+            use_bias_correction=group["use_bias_correction"],
+            amortize_roots=group["amortize_roots"],
+            momentum_dtype=group["momentum_dtype"],
+            group_values=step_values(group),
+        )
+
+    def buffers_needed(self) -> dict[str, bool]:
+        """Which per-bucket buffers of :class:`GroupRuntime` a step with these values uses."""
+        filtering = self.beta1 > 0.0
+        return {
+            "params": self.weight_decay > 0.0,
+            "filtered": filtering,
+            "filtered_out": filtering
+            and (self.beta3 != self.beta1 or self.use_bias_correction or self.momentum_dtype is not None),
+            "momentum": self.momentum > 0.0,
+        }

@@ -1,0 +1,373 @@
+"""Configs of the matrix functions behind the preconditioners: roots, eigenbases, orthogonalization.
+
+``RootInvConfig`` solvers compute ``(A + eps I)^(-e)`` (root-inverse Shampoo),
+``EigendecompositionConfig`` solvers an eigenbasis (eigenvalue-corrected Shampoo),
+``OrthogonalizationConfig`` maps ``G = U S V^T`` to ``U V^T`` (spectral descent); the
+``RankDeficientStabilityConfig`` of a decomposition says how numerically-zero eigenvalues are
+treated. Every config validates its fields in ``__post_init__`` (``ValueError`` naming the field).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from nanoshampoo.optim.shampoo.config_checks import (
+    check_bool,
+    check_int,
+    check_optional_tolerance,
+)
+from nanoshampoo.optim.shampoo.utils.abstract_dataclass import AbstractDataclass
+
+def _check_rank_deficient_stability_config(value: object) -> None:
+    if not isinstance(value, RankDeficientStabilityConfig):
+        raise ValueError(
+            "rank_deficient_stability_config must be a PerturbationConfig or PseudoInverseConfig, "
+            f"got {value!r}"
+        )
+
+
+# ---------------------------------------------------------------------------------------------
+# Rank-deficient factors
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(init=False)
+class RankDeficientStabilityConfig(AbstractDataclass):
+    """Base of the ways a root or eigenbasis computation treats a rank-deficient factor.
+
+    Kronecker factors are often singular (a vector block, a wide block ``n > m``, the first
+    steps), and in float32 their numerically-zero eigenvalues are rounding noise of size
+    ``~ n * u * lambda_max`` (``u`` the unit roundoff), of either sign.
+    """
+
+
+@dataclass
+class PerturbationConfig(RankDeficientStabilityConfig):
+    """Regularize: ``(A + eps I)^(-e)`` with the spectrum made at least ``eps``.
+
+    ``lambda <- lambda - min(lambda_min, 0) + eps``: the shift by the smallest eigenvalue comes
+    first and ``eps`` is added after it, so a float32 ``lambda_min`` far below ``-eps`` cannot
+    round the shifted minimum to 0 (whose root is inf).
+
+    Args:
+        perturb_before_computation: form ``A + eps I`` before the decomposition (True, the
+            well-known library's default) or add ``eps`` to the eigenvalues after it (False).
+            Equal in exact arithmetic.
+        eigenvalue_floor_rtol: eigenvalues below ``rtol * lambda_max`` are raised to it before
+            ``eps`` is added: they are indistinguishable from rounding noise, and their huge
+            ``eps^(-e)`` weight would amplify the noise that the gradient has in those directions.
+            None (default): ``sqrt(n) * finfo(dtype).eps`` for an ``n x n`` factor, ``dtype``
+            the less precise of the decomposition's and the root's (chosen by measurement, see
+            ``bench/shampoo_fp32_accuracy.py``). ``0.0``: no floor (the plain shift, the float32
+            baseline).
+    """
+
+    perturb_before_computation: bool = True
+    eigenvalue_floor_rtol: float | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.perturb_before_computation, bool):
+            raise ValueError(
+                "perturb_before_computation must be a bool, got "
+                f"{self.perturb_before_computation!r}"
+            )
+        check_optional_tolerance("eigenvalue_floor_rtol", self.eigenvalue_floor_rtol)
+
+
+DefaultPerturbationConfig = PerturbationConfig()
+
+
+@dataclass
+class PseudoInverseConfig(RankDeficientStabilityConfig):
+    """Pseudo-inverse: eigen-directions whose eigenvalue is numerically zero get weight 0.
+
+    An eigenvalue counts as zero when ``lambda <= max(rank_atol, rtol * lambda_max)`` (the rule
+    of ``torch.linalg.matrix_rank``); the others get ``lambda^(-e)``. The optimizer's
+    ``epsilon`` must then be 0. Only for eigendecompositions (``EigenConfig`` and the
+    eigenbasis configs); the coupled Newton iteration needs a nonsingular matrix.
+
+    Args:
+        rank_atol: absolute tolerance, finite and >= 0.
+        rank_rtol: relative tolerance, finite and >= 0; None: ``n * finfo(dtype).eps``, ``dtype``
+            the less precise of the decomposition's and the result's.
+    """
+
+    rank_atol: float = 0.0
+    rank_rtol: float | None = None
+
+    def __post_init__(self) -> None:
+        check_optional_tolerance("rank_atol", self.rank_atol, allow_none=False)
+        check_optional_tolerance("rank_rtol", self.rank_rtol)
+
+
+# ---------------------------------------------------------------------------------------------
+# Roots (root-inverse Shampoo)
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(init=False)
+class AmortizedComputationConfig(AbstractDataclass):
+    """Base of the configs of the expensive, amortized computation of a preconditioner."""
+
+
+@dataclass(init=False)
+class RootInvConfig(AmortizedComputationConfig):
+    """Base of the solvers of ``X = (A + eps I)^(-e)`` for a symmetric PSD ``A``."""
+
+
+@dataclass
+class EigenConfig(RootInvConfig):
+    """Root by symmetric eigendecomposition (``torch.linalg.eigh``, batched by size).
+
+    ``A`` is PSD in exact arithmetic, but rounding makes its tiny eigenvalues noise of either
+    sign; ``rank_deficient_stability_config`` says how they are treated.
+
+    Args:
+        retry_double_precision: when ``eigh`` fails in the factor's precision, retry in float64.
+        rank_deficient_stability_config: ``PerturbationConfig`` (default) or
+            ``PseudoInverseConfig`` (then the optimizer's ``epsilon`` must be 0).
+    """
+
+    retry_double_precision: bool = True
+    rank_deficient_stability_config: RankDeficientStabilityConfig = field(
+        default_factory=PerturbationConfig
+    )
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.retry_double_precision, bool):
+            raise ValueError(
+                f"retry_double_precision must be a bool, got {self.retry_double_precision!r}"
+            )
+        _check_rank_deficient_stability_config(self.rank_deficient_stability_config)
+
+
+@dataclass
+class CoupledNewtonConfig(RootInvConfig):
+    """Root by the coupled Newton iteration (matrix multiplications only; GPU friendly).
+
+    Needs an integer root order ``p = 1 / e`` (true for the default exponents ``1 / (2k)``).
+    Rank-deficient factors are handled by perturbation only (``A + eps I``, with ``eps`` at
+    least the float32 noise level of ``A``): the iteration needs a nonsingular matrix, so
+    there is no pseudo-inverse variant and no ``rank_deficient_stability_config`` field.
+
+    Args:
+        max_iterations: iteration cap, >= 1.
+        tolerance: stop once ``max |M - I| <= tolerance``; >= 0.
+    """
+
+    max_iterations: int = 100
+    tolerance: float = 1e-6
+
+    def __post_init__(self) -> None:
+        if isinstance(self.max_iterations, bool) or not isinstance(self.max_iterations, int):
+            raise ValueError(f"max_iterations must be an int >= 1, got {self.max_iterations!r}")
+        if self.max_iterations < 1:
+            raise ValueError(f"max_iterations must be an int >= 1, got {self.max_iterations!r}")
+        if not (isinstance(self.tolerance, (int, float)) and self.tolerance >= 0.0):
+            raise ValueError(f"tolerance must be >= 0.0, got {self.tolerance!r}")
+
+
+@dataclass
+class WarmStartedEigenConfig(RootInvConfig):
+    """Root from an eigendecomposition warm-started at the factor's previous eigenvectors.
+
+    The root is :class:`EigenConfig`'s (same shift, ridge, eigenvalue floor or pseudo-inverse);
+    only the eigendecomposition differs. The first one of a factor is a full ``eigh``; later
+    ones start from the previous eigenvectors ``Q`` (kept in the optimizer state): eigenvalues
+    ``diag(Q^T A Q)``, accepted when the estimated error of the root is at most ``tolerance``,
+    else ``Q <- qr(A Q).Q`` and check again, at most ``max_iterations`` times, then a full
+    ``eigh`` (the fallback). The estimate (``matrix_roots.root_error_estimate``) is the
+    first-order (Daleckii-Krein) relative error of the search directions ``X g`` for gradients
+    distributed like the factor, from the off-diagonal part of ``Q^T A Q``. An accepted basis
+    is kept as it is, so the error drifts up to the tolerance, then falls back.
+
+    Measured on float32 factors ``F <- 0.95 F + 0.05 G G^T`` (512 x 512, Gaussian gradients
+    plus a rank-32 drift, steps 20 and 30), direction error against the float64 ``eigh`` root:
+    from last step's basis 0.95-1.16 % (0.60-0.71 % after one QR iteration), from the basis of
+    10 steps ago 2.7-3.6 % (1.7-2.1 % after one). The stale root that the default schedule
+    applies between recomputations errs as much (lag 1: 0.97-1.19 %, lag 10: 3.0-4.3 %), so a
+    root within a few percent at every recomputation is no worse than that schedule. The
+    estimate was within 4 % of the actual error (``warm_started_roots_test.py``). On the 2-core
+    EPYC (one thread, n = 768) a QR iteration costs more than an ``eigh`` (~100 vs ~72 ms);
+    on a GPU it costs far less.
+
+    Args:
+        max_iterations: QR iterations before the ``eigh`` fallback, an int >= 0.
+        tolerance: accepted relative root error estimate (Frobenius), finite and >= 0;
+            0 falls back every time (an ``eigh`` root with extra work).
+        retry_double_precision: when ``eigh`` fails in the factor's precision, retry in float64.
+        rank_deficient_stability_config: as for :class:`EigenConfig`.
+    """
+
+    max_iterations: int = 1
+    tolerance: float = 0.05
+    retry_double_precision: bool = True
+    rank_deficient_stability_config: RankDeficientStabilityConfig = field(
+        default_factory=PerturbationConfig
+    )
+
+    def __post_init__(self) -> None:
+        if isinstance(self.max_iterations, bool) or not isinstance(self.max_iterations, int) or (
+            self.max_iterations < 0
+        ):
+            raise ValueError(f"max_iterations must be an int >= 0, got {self.max_iterations!r}")
+        check_optional_tolerance("tolerance", self.tolerance, allow_none=False)
+        if not isinstance(self.retry_double_precision, bool):
+            raise ValueError(
+                f"retry_double_precision must be a bool, got {self.retry_double_precision!r}"
+            )
+        _check_rank_deficient_stability_config(self.rank_deficient_stability_config)
+
+
+DefaultEigenConfig = EigenConfig()
+
+
+# ---------------------------------------------------------------------------------------------
+# Eigenbases (eigenvalue-corrected Shampoo)
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(init=False)
+class EigendecompositionConfig(AmortizedComputationConfig):
+    """Base of the solvers of the eigenbasis (eigenvectors) of a symmetric PSD factor matrix."""
+
+
+@dataclass
+class EighEigendecompositionConfig(EigendecompositionConfig):
+    """Eigenbasis by ``torch.linalg.eigh`` (batched by size) at every recomputation.
+
+    Args:
+        retry_double_precision: when ``eigh`` fails in the factor's precision, retry in float64.
+        rank_deficient_stability_config: ``PerturbationConfig`` (default) or
+            ``PseudoInverseConfig`` (then the optimizer's ``epsilon`` must be 0); see
+            :class:`EigenvalueCorrectedShampooPreconditionerConfig` for what each does there.
+    """
+
+    retry_double_precision: bool = True
+    rank_deficient_stability_config: RankDeficientStabilityConfig = field(
+        default_factory=PerturbationConfig
+    )
+
+    def __post_init__(self) -> None:
+        check_bool("retry_double_precision", self.retry_double_precision)
+        _check_rank_deficient_stability_config(self.rank_deficient_stability_config)
+
+
+@dataclass
+class QREigendecompositionConfig(EigendecompositionConfig):
+    """Eigenbasis by QR (orthogonal) iterations warm-started from the previous eigenbasis.
+
+    The first computation of a factor (no previous basis yet) is a full ``eigh``; later ones
+    run ``Q <- qr(F Q)`` while ``||B - diag(B)||_F > tolerance * ||B||_F`` with ``B = Q^T F Q``,
+    at most ``max_iterations`` times (zero iterations when the previous basis is still good).
+    Only for :class:`EigenvalueCorrectedShampooPreconditionerConfig`: root-inverse Shampoo
+    needs eigenvalues as well, so its ``amortized_computation_config`` is a ``RootInvConfig``
+    (its warm-started counterpart: :class:`WarmStartedEigenConfig`).
+
+    Args:
+        max_iterations: iteration cap per recomputation, >= 1.
+        tolerance: relative off-diagonal mass accepted as converged, in [0, 1].
+        retry_double_precision: the first (``eigh``) computation retries in float64 on failure.
+        rank_deficient_stability_config: as for :class:`EighEigendecompositionConfig`.
+    """
+
+    max_iterations: int = 1
+    tolerance: float = 0.01
+    retry_double_precision: bool = True
+    rank_deficient_stability_config: RankDeficientStabilityConfig = field(
+        default_factory=PerturbationConfig
+    )
+
+    def __post_init__(self) -> None:
+        check_int("max_iterations", self.max_iterations, minimum=1)
+        if isinstance(self.tolerance, bool) or not (
+            isinstance(self.tolerance, (int, float)) and 0.0 <= self.tolerance <= 1.0
+        ):
+            raise ValueError(f"tolerance must be in [0.0, 1.0], got {self.tolerance!r}")
+        check_bool("retry_double_precision", self.retry_double_precision)
+        _check_rank_deficient_stability_config(self.rank_deficient_stability_config)
+
+
+DefaultEigendecompositionConfig = EighEigendecompositionConfig()
+
+
+# ---------------------------------------------------------------------------------------------
+# Orthogonalization (spectral descent)
+# ---------------------------------------------------------------------------------------------
+
+
+def _unit_scale_by_dims(d_in: int, d_out: int) -> float:
+    """The default ``scale_by_dims_fn``: no scaling."""
+    return 1.0
+
+
+@dataclass(init=False)
+class OrthogonalizationConfig(AbstractDataclass):
+    """Base of the ways to map a matrix ``G = U S V^T`` to (approximately) ``U V^T``.
+
+    Args:
+        scale_by_dims_fn: ``f(d_in, d_out) -> float``; the result is multiplied by it, where a
+            ``(rows, cols)`` block has ``d_out = rows`` and ``d_in = cols`` (``nn.Linear``
+            weights). Muon's ``sqrt(max(1, d_out / d_in))`` is one choice. Use a named function
+            (lambdas do not pickle).
+    """
+
+    scale_by_dims_fn: Callable[[int, int], float] = _unit_scale_by_dims
+
+    def _check_scale_by_dims_fn(self) -> None:
+        if not callable(self.scale_by_dims_fn):
+            raise ValueError(f"scale_by_dims_fn must be callable, got {self.scale_by_dims_fn!r}")
+
+
+@dataclass
+class SVDOrthogonalizationConfig(OrthogonalizationConfig):
+    """Exact ``U V^T`` from a reduced SVD (slow on GPU; the reference for Newton-Schulz).
+
+    Args:
+        scale_by_nuclear_norm: multiply by ``sum(S)`` (the steepest-descent step under the
+            spectral norm) instead of returning the unit-spectral-norm ``U V^T``.
+    """
+
+    scale_by_nuclear_norm: bool = False
+
+    def __post_init__(self) -> None:
+        self._check_scale_by_dims_fn()
+        check_bool("scale_by_nuclear_norm", self.scale_by_nuclear_norm)
+
+
+@dataclass
+class NewtonSchulzOrthogonalizationConfig(OrthogonalizationConfig):
+    """Approximate ``U V^T`` by the quintic Newton-Schulz iteration (matmuls only).
+
+    ``X_0 = G / ||G||_F``, then ``num_iterations`` times ``X <- a X + b (X X^T) X + c (X X^T)^2 X``
+    (on the wide orientation, so ``X X^T`` is the smaller Gram matrix). The default Muon
+    coefficients do not converge to 1: they push every singular value into roughly
+    ``[0.7, 1.2]`` fast, which is what training needs.
+
+    Args:
+        num_iterations: iterations, >= 1.
+        coefficients: ``(a, b, c)`` of the quintic polynomial.
+    """
+
+    num_iterations: int = 5
+    coefficients: tuple[float, float, float] = (3.4445, -4.7750, 2.0315)
+
+    def __post_init__(self) -> None:
+        self._check_scale_by_dims_fn()
+        check_int("num_iterations", self.num_iterations, minimum=1)
+        coefficients = self.coefficients
+        if not (
+            isinstance(coefficients, (tuple, list))
+            and len(coefficients) == 3
+            and all(
+                isinstance(c, (int, float)) and not isinstance(c, bool) and math.isfinite(c)
+                for c in coefficients
+            )
+        ):
+            raise ValueError(f"coefficients must be three finite floats (a, b, c), got {coefficients!r}")
+        self.coefficients = tuple(float(c) for c in coefficients)
+
+
+DefaultNewtonSchulzOrthogonalizationConfig = NewtonSchulzOrthogonalizationConfig()

@@ -1,0 +1,391 @@
+"""Configs of the preconditioners: diagonal (also the grafting configs), Shampoo, SOAP, Muon.
+
+Each names the preconditioner a group uses (``preconditioner_config``) or grafts onto
+(``grafting_config``); the matrix functions they need are configured by
+:mod:`~nanoshampoo.optim.shampoo.preconditioner.matrix_functions_types`. Every config validates
+its fields in ``__post_init__`` (``ValueError`` naming the field).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+from nanoshampoo.optim.shampoo.config_checks import (
+    FLOAT_DTYPES,
+    check_ema_storage_dtype,
+    check_int,
+    check_open_closed_unit,
+    check_positive,
+)
+from nanoshampoo.optim.shampoo.preconditioner.matrix_functions_types import (
+    CoupledNewtonConfig,
+    EigenConfig,
+    EigendecompositionConfig,
+    EighEigendecompositionConfig,
+    NewtonSchulzOrthogonalizationConfig,
+    OrthogonalizationConfig,
+    QREigendecompositionConfig,
+    RootInvConfig,
+)
+from nanoshampoo.optim.shampoo.utils.abstract_dataclass import AbstractDataclass
+
+# ---------------------------------------------------------------------------------------------
+# Diagonal preconditioners (also the grafting configs)
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(init=False)
+class PreconditionerConfig(AbstractDataclass):
+    """Base of every ``preconditioner_config`` / ``grafting_config``."""
+
+
+@dataclass
+class SGDPreconditionerConfig(PreconditionerConfig):
+    """Identity preconditioner: the search direction is the (filtered) gradient."""
+
+
+@dataclass
+class AdaGradPreconditionerConfig(PreconditionerConfig):
+    """Diagonal AdaGrad: ``V <- V + G^2``, ``P = G / (sqrt(V) + epsilon)``.
+
+    Args:
+        epsilon: added to ``sqrt(V)``; > 0.
+        second_moment_dtype: storage dtype of ``V``; None: the block's computation dtype. A
+            sum rounded to a narrow dtype stalls, so only float32/float64 are accepted here.
+    """
+
+    epsilon: float = 1e-10
+    second_moment_dtype: torch.dtype | None = None
+
+    def __post_init__(self) -> None:
+        check_positive("epsilon", self.epsilon)
+        check_ema_storage_dtype("second_moment_dtype", self.second_moment_dtype, 0.0, "1 - beta2")
+
+
+@dataclass
+class RMSpropPreconditionerConfig(PreconditionerConfig):
+    """Diagonal RMSprop: ``V <- b2 V + (1 - b2) G^2``, ``P = G / (sqrt(V) + epsilon)``.
+
+    No bias correction of ``V`` (that is what distinguishes it from Adam).
+
+    Args:
+        beta2: EMA factor of the second moment, in (0, 1].
+        epsilon: added to ``sqrt(V)``; > 0.
+        second_moment_dtype: storage dtype of ``V``; None: the block's computation dtype.
+            A narrow dtype needs ``1 - beta2 >= finfo(dtype).eps`` (bfloat16: beta2 <= 0.992).
+    """
+
+    beta2: float = 0.99
+    epsilon: float = 1e-10
+    second_moment_dtype: torch.dtype | None = None
+
+    def __post_init__(self) -> None:
+        check_open_closed_unit("beta2", self.beta2, low_open=True, high_open=False)
+        check_positive("epsilon", self.epsilon)
+        check_ema_storage_dtype(
+            "second_moment_dtype", self.second_moment_dtype, 1.0 - self.beta2, "1 - beta2"
+        )
+
+
+@dataclass
+class AdamPreconditionerConfig(PreconditionerConfig):
+    """Diagonal Adam: ``V <- b2 V + (1 - b2) G^2``, ``P = G / (sqrt(V / (1 - b2^t)) + epsilon)``.
+
+    Args:
+        beta2: EMA factor of the second moment, in (0, 1].
+        epsilon: added to the bias-corrected ``sqrt(V)``; > 0.
+        second_moment_dtype: storage dtype of ``V``; None: the block's computation dtype.
+            A narrow dtype needs ``1 - beta2 >= finfo(dtype).eps`` (bfloat16: beta2 <= 0.992).
+    """
+
+    beta2: float = 0.999
+    epsilon: float = 1e-10
+    second_moment_dtype: torch.dtype | None = None
+
+    def __post_init__(self) -> None:
+        check_open_closed_unit("beta2", self.beta2, low_open=True, high_open=False)
+        check_positive("epsilon", self.epsilon)
+        check_ema_storage_dtype(
+            "second_moment_dtype", self.second_moment_dtype, 1.0 - self.beta2, "1 - beta2"
+        )
+
+
+GRAFTING_CONFIG_TYPES = (
+    SGDPreconditionerConfig,
+    AdaGradPreconditionerConfig,
+    RMSpropPreconditionerConfig,
+    AdamPreconditionerConfig,
+)
+
+
+# ---------------------------------------------------------------------------------------------
+# Shampoo
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(init=False)
+class ShampooPreconditionerConfig(PreconditionerConfig):
+    """Fields shared by the Kronecker-factored (Shampoo) preconditioners.
+
+    Args:
+        amortized_computation_config: root solver (``EigenConfig``, ``WarmStartedEigenConfig``
+            or ``CoupledNewtonConfig``).
+        factor_matrix_dtype: storage dtype of the factor matrices (a float dtype).
+        inv_factor_matrix_dtype: storage dtype of the roots (the inverse factor matrices);
+            None: the block's computation dtype. A narrower dtype (e.g. ``torch.bfloat16``)
+            halves their memory; they are cast to the block dtype when applied, and the root's
+            eigenvalue floor is relative to the least precise of this and the factor dtype.
+        inverse_exponent_override: ``{order: e}`` or ``{order: {dim: e}}``; the root of dim ``dim``
+            of a block of order ``order`` becomes ``(A + eps I)^(-e)``. ``e = 0`` leaves that dim
+            unpreconditioned (no factor is kept). Unlisted dims use ``1 / (2 * order)``.
+        num_tolerated_failed_amortized_computations: consecutive failed root computations of one
+            factor that are tolerated (the previous root is kept); one more raises.
+        large_factor_dim: factors of at least this size get their root less often (0: off, the
+            default). An int >= 0.
+        large_factor_frequency_multiplier: those factors' roots are recomputed every
+            ``precondition_frequency * multiplier`` steps (at steps that are multiples of it,
+            and at the first preconditioned step with all the others); with ``amortize_roots``
+            they are spread over ``precondition_frequency * multiplier`` shares instead of
+            ``precondition_frequency``. An int >= 1; 1: the plain schedule.
+        pack_factor_matrices: keep only the lower triangle of each (symmetric) factor matrix,
+            half the factors' bytes, unpacked to full matrices for each use; the update and the
+            roots are the same numbers (``eigh`` reads one triangle). The state dict then holds
+            ``factor_matrices`` as ``n (n + 1) / 2`` vectors in ``torch.tril_indices`` order.
+            Measured cost on the GPT-small bench: docs/results/shampoo-state.md
+            "Which bf16 state costs loss?".
+    """
+
+    amortized_computation_config: RootInvConfig = field(default_factory=EigenConfig)
+    factor_matrix_dtype: torch.dtype = torch.float32
+    inverse_exponent_override: dict[int, float | dict[int, float]] = field(default_factory=dict)
+    num_tolerated_failed_amortized_computations: int = 3
+    inv_factor_matrix_dtype: torch.dtype | None = None
+    large_factor_dim: int = 0
+    large_factor_frequency_multiplier: int = 1
+    pack_factor_matrices: bool = False
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.amortized_computation_config, RootInvConfig):
+            raise ValueError(
+                "amortized_computation_config must be an EigenConfig, WarmStartedEigenConfig or "
+                "CoupledNewtonConfig, got "
+                f"{self.amortized_computation_config!r}"
+            )
+        if self.factor_matrix_dtype not in FLOAT_DTYPES:
+            raise ValueError(
+                f"factor_matrix_dtype must be one of {FLOAT_DTYPES}, got {self.factor_matrix_dtype!r}"
+            )
+        if self.inv_factor_matrix_dtype is not None and self.inv_factor_matrix_dtype not in FLOAT_DTYPES:
+            raise ValueError(
+                f"inv_factor_matrix_dtype must be None or one of {FLOAT_DTYPES}, got "
+                f"{self.inv_factor_matrix_dtype!r}"
+            )
+        tolerated = self.num_tolerated_failed_amortized_computations
+        if isinstance(tolerated, bool) or not isinstance(tolerated, int) or tolerated < 0:
+            raise ValueError(
+                f"num_tolerated_failed_amortized_computations must be an int >= 0, got {tolerated!r}"
+            )
+        self._validate_inverse_exponent_override()
+        for name, minimum in (("large_factor_dim", 0), ("large_factor_frequency_multiplier", 1)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+                raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
+        if not isinstance(self.pack_factor_matrices, bool):
+            raise ValueError(
+                f"pack_factor_matrices must be a bool, got {self.pack_factor_matrices!r}"
+            )
+
+    def large_factor_schedule(self) -> tuple[int, int]:
+        """``(large_factor_dim, multiplier)``, or ``(0, 1)`` when either leaves it off."""
+        if self.large_factor_dim == 0 or self.large_factor_frequency_multiplier == 1:
+            return 0, 1
+        return self.large_factor_dim, self.large_factor_frequency_multiplier
+
+    def _validate_inverse_exponent_override(self) -> None:
+        override = self.inverse_exponent_override
+        name = "inverse_exponent_override"
+        if not isinstance(override, dict):
+            raise ValueError(f"{name} must be a dict, got {override!r}")
+        coupled = isinstance(self.amortized_computation_config, CoupledNewtonConfig)
+        for order, value in override.items():
+            if isinstance(order, bool) or not isinstance(order, int) or order < 1:
+                raise ValueError(f"{name} keys must be block orders (ints >= 1), got {order!r}")
+            per_dim = value if isinstance(value, dict) else {None: value}
+            for dim, exponent in per_dim.items():
+                if dim is not None and (
+                    isinstance(dim, bool) or not isinstance(dim, int) or not 0 <= dim < order
+                ):
+                    raise ValueError(
+                        f"{name}[{order}] keys must be dims in [0, {order}), got {dim!r}"
+                    )
+                if isinstance(exponent, bool) or not isinstance(exponent, (int, float)):
+                    raise ValueError(f"{name}[{order}] exponents must be floats, got {exponent!r}")
+                if not (exponent >= 0.0 and math.isfinite(exponent)):
+                    raise ValueError(
+                        f"{name}[{order}] exponents must be finite and >= 0, got {exponent!r}"
+                    )
+                if coupled and exponent > 0.0 and abs(1.0 / exponent - round(1.0 / exponent)) > 1e-9:
+                    raise ValueError(
+                        f"{name}[{order}] exponent {exponent!r}: CoupledNewtonConfig needs "
+                        "1 / exponent to be an integer root order"
+                    )
+
+    def inverse_exponent(self, order: int, dim: int) -> float:
+        """The root exponent ``e`` of dim ``dim`` of an order-``order`` block (``1/(2k)`` default)."""
+        value = self.inverse_exponent_override.get(order, {})
+        if isinstance(value, dict):
+            return float(value.get(dim, 1.0 / (2 * order)))
+        return float(value)
+
+
+@dataclass
+class RootInvShampooPreconditionerConfig(ShampooPreconditionerConfig):
+    """Classic Shampoo: the search direction of a block is ``X_1 x_1 ... X_k x_k G``.
+
+    ``X_i = (F_i / bc2 + eps I)^(-e_i)``, recomputed every ``precondition_frequency`` steps.
+    Fields: see :class:`ShampooPreconditionerConfig`.
+    """
+
+
+DefaultShampooConfig = RootInvShampooPreconditionerConfig()
+
+
+# ---------------------------------------------------------------------------------------------
+# Eigenvalue-corrected Shampoo (SOAP)
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class EigenvalueCorrectedShampooPreconditionerConfig(PreconditionerConfig):
+    """Eigenvalue-corrected Shampoo (SOAP): Adam's second moment in the factors' eigenbasis.
+
+    Per block of order ``k`` with factors ``F_i`` (updated like Shampoo's) and their eigenbases
+    ``Q_i`` (recomputed on the amortized schedule; identity before the first computation):
+    rotate ``R(X) = X x_1 Q_1^T ... x_k Q_k^T``; every step
+    ``D <- b2 D + w R(G)^2`` (the corrected eigenvalues, in the basis in force for this step's
+    search direction); ``P = R^-1(R(Gbar) / ((D / bc2)^e + eps))`` with ``e = 1/2`` by default.
+
+    Args:
+        amortized_computation_config: eigenbasis solver (``EighEigendecompositionConfig`` or
+            ``QREigendecompositionConfig``). Its ``rank_deficient_stability_config`` acts twice:
+            eigenvectors of numerically-zero factor eigenvalues (tolerance as for root-inverse
+            Shampoo) get a canonical basis of their span, so the rotation does not depend on
+            rounding; and corrected eigenvalues below ``rtol * max(D / bc2)`` of their block
+            (``rtol`` = ``eigenvalue_floor_rtol``, default ``finfo(dtype).eps``: below float32's
+            resolution of ``D``) are raised to it (``PerturbationConfig``) or their coordinates
+            get a zero update (``PseudoInverseConfig``, ``rank_rtol`` with the same default).
+            A zero ``eigenvalue_floor_rtol`` turns both off (the plain algorithm).
+        num_tolerated_failed_amortized_computations: consecutive failed eigenbasis computations of
+            one factor that are tolerated (the previous basis is kept); one more raises.
+        factor_matrix_dtype: storage dtype of the factor matrices.
+        ignored_basis_change_dims: ``{order: [dims]}``: those dims of blocks of that order are not
+            rotated (no factor is kept), like a zero exponent in root-inverse Shampoo.
+        inverse_exponent_override: ``{order: e}`` with ``e > 0``: the exponent applied to the
+            corrected eigenvalues of blocks of that order (default ``1/2``, Adam's square root).
+        factor_matrix_eigenvectors_dtype: storage dtype of the eigenbases.
+        corrected_eigenvalues_dtype: storage dtype of the corrected eigenvalues.
+    """
+
+    amortized_computation_config: EigendecompositionConfig = field(
+        default_factory=EighEigendecompositionConfig
+    )
+    num_tolerated_failed_amortized_computations: int = 3
+    factor_matrix_dtype: torch.dtype = torch.float32
+    ignored_basis_change_dims: dict[int, list[int]] = field(default_factory=dict)
+    inverse_exponent_override: dict[int, float] = field(default_factory=dict)
+    factor_matrix_eigenvectors_dtype: torch.dtype = torch.float32
+    corrected_eigenvalues_dtype: torch.dtype = torch.float32
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.amortized_computation_config, EigendecompositionConfig):
+            raise ValueError(
+                "amortized_computation_config must be an EighEigendecompositionConfig or "
+                f"QREigendecompositionConfig, got {self.amortized_computation_config!r}"
+            )
+        check_int(
+            "num_tolerated_failed_amortized_computations",
+            self.num_tolerated_failed_amortized_computations,
+            minimum=0,
+        )
+        for name in ("factor_matrix_dtype", "factor_matrix_eigenvectors_dtype", "corrected_eigenvalues_dtype"):
+            if getattr(self, name) not in FLOAT_DTYPES:
+                raise ValueError(f"{name} must be one of {FLOAT_DTYPES}, got {getattr(self, name)!r}")
+        self._validate_ignored_basis_change_dims()
+        override = self.inverse_exponent_override
+        if not isinstance(override, dict):
+            raise ValueError(f"inverse_exponent_override must be a dict, got {override!r}")
+        for order, exponent in override.items():
+            check_int("inverse_exponent_override keys", order, minimum=0)
+            if isinstance(exponent, bool) or not (
+                isinstance(exponent, (int, float)) and exponent > 0.0 and math.isfinite(exponent)
+            ):
+                raise ValueError(
+                    f"inverse_exponent_override[{order}] must be a finite float > 0, got {exponent!r}"
+                )
+
+    def _validate_ignored_basis_change_dims(self) -> None:
+        name = "ignored_basis_change_dims"
+        ignored = self.ignored_basis_change_dims
+        if not isinstance(ignored, dict):
+            raise ValueError(f"{name} must be a dict, got {ignored!r}")
+        for order, dims in ignored.items():
+            check_int(f"{name} keys", order, minimum=0)
+            if not isinstance(dims, (list, tuple)):
+                raise ValueError(f"{name}[{order}] must be a list of dims, got {dims!r}")
+            for dim in dims:
+                if isinstance(dim, bool) or not isinstance(dim, int) or not 0 <= dim <= max(order - 1, 0):
+                    raise ValueError(
+                        f"{name}[{order}] dims must be ints in [0, {max(order - 1, 0)}], got {dim!r}"
+                    )
+            if len(set(dims)) != len(dims):
+                raise ValueError(f"{name}[{order}] has duplicate dims: {dims!r}")
+
+    def corrected_eigenvalue_exponent(self, order: int) -> float:
+        """The exponent ``e`` of ``(D / bc2)^e`` for an order-``order`` block (default ``1/2``)."""
+        return float(self.inverse_exponent_override.get(order, 0.5))
+
+    def rotates(self, order: int, dim: int) -> bool:
+        """Whether dim ``dim`` of an order-``order`` block is rotated into its factor's eigenbasis."""
+        return dim not in self.ignored_basis_change_dims.get(order, ())
+
+
+DefaultEigenvalueCorrectedShampooConfig = EigenvalueCorrectedShampooPreconditionerConfig()
+DefaultSOAPConfig = EigenvalueCorrectedShampooPreconditionerConfig(
+    amortized_computation_config=QREigendecompositionConfig()
+)
+
+
+# ---------------------------------------------------------------------------------------------
+# Spectral descent (Muon)
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class SpectralDescentPreconditionerConfig(PreconditionerConfig):
+    """Spectral descent (Muon): the search direction of a 2-D block is ``orth(Gbar) ~ U V^T``.
+
+    Only for 2-D blocks: every block of a group using it must be a matrix after merging and
+    splitting (choose ``max_preconditioner_dim``, or put vectors in another param group);
+    otherwise the optimizer raises ``ValueError`` naming ``preconditioner_config``. Stateless.
+
+    Args:
+        orthogonalization_config: ``NewtonSchulzOrthogonalizationConfig`` (default) or
+            ``SVDOrthogonalizationConfig``.
+    """
+
+    orthogonalization_config: OrthogonalizationConfig = field(
+        default_factory=NewtonSchulzOrthogonalizationConfig
+    )
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.orthogonalization_config, OrthogonalizationConfig):
+            raise ValueError(
+                "orthogonalization_config must be a NewtonSchulzOrthogonalizationConfig or "
+                f"SVDOrthogonalizationConfig, got {self.orthogonalization_config!r}"
+            )
+
+
+DefaultSpectralDescentPreconditionerConfig = SpectralDescentPreconditionerConfig()
