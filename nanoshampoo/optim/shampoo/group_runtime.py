@@ -49,7 +49,8 @@ class GroupRuntime:
         self._fixed = {key: group[key] for key in FIXED_GROUP_KEYS}
         self._params = tuple(group["params"])
         self.distributor = build_distributor(
-            group["distributed_config"], group["params"], group["max_preconditioner_dim"], first_param_index
+            group["distributed_config"], group["params"], group["max_preconditioner_dim"], first_param_index,
+            group["preconditioner_config"],
         )
         names = group.get("param_names")
         offsets = self.distributor.local_block_param_offsets

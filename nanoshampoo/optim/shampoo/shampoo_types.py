@@ -77,6 +77,7 @@ from nanoshampoo.optim.shampoo.preconditioner.preconditioner_types import (
     ShampooPreconditionerConfig,
     SpectralDescentPreconditionerConfig,
 )
+from nanoshampoo.optim.shampoo.utils.load_balancing_utils import LoadBalancingConfig
 
 __all__ = [
     "AdaGradPreconditionerConfig",
@@ -103,6 +104,7 @@ __all__ = [
     "FullyShardDistributedConfig",
     "GRAFTING_CONFIG_TYPES",
     "HybridShardDistributedConfig",
+    "LoadBalancingConfig",
     "NewtonSchulzOrthogonalizationConfig",
     "NonFiniteGradientError",
     "OrthogonalizationConfig",
