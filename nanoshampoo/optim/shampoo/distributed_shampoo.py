@@ -70,6 +70,7 @@ from nanoshampoo.optim.shampoo.group_validation import (
     Hyperparameters,
     is_int,
     validate_group,
+    validate_group_keys,
     validate_params,
 )
 from nanoshampoo.optim.shampoo.shampoo_types import (
@@ -121,6 +122,11 @@ class DistributedShampoo(torch.optim.Optimizer):
         use_nesterov: Nesterov momentum (needs momentum > 0).
         nonfinite_grad_policy: ``"raise"`` (default) or ``"skip"`` on NaN/Inf gradients.
 
+    Refused at construction (``add_param_group``), naming the parameter or key: a ``set`` of
+    parameters (``TypeError``: its order changes between runs), a parameter given twice, a
+    group key that is not one of the keywords above (a typo such as ``learning_rate``),
+    parameters of one group on different devices, and meta parameters mixed with real ones.
+
     Every group entry can be changed between steps (e.g. by a scheduler) and is validated again
     at the next step, except ``params``, ``max_preconditioner_dim``, ``preconditioner_config``,
     ``grafting_config``, ``distributed_config`` and ``momentum_dtype``: changing those raises
@@ -164,6 +170,7 @@ class DistributedShampoo(torch.optim.Optimizer):
             raise ValueError(
                 f"nonfinite_grad_policy must be one of {NONFINITE_GRAD_POLICIES}, got {nonfinite_grad_policy!r}"
             )
+        _check_ordered("params", params)
         self._nonfinite_grad_policy = nonfinite_grad_policy
         self._runtimes: list[GroupRuntime] = []
         defaults = dict(
@@ -182,17 +189,32 @@ class DistributedShampoo(torch.optim.Optimizer):
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         """Add a group (validated; its blocks, buffers and preconditioners are built now)."""
         first_param_index = sum(len(g["params"]) for g in self.param_groups)
+        _check_ordered("param_group['params']", param_group.get("params"))
+        validate_group_keys(param_group, self.defaults)
         super().add_param_group(param_group)
         group = self.param_groups[-1]
         try:
             validate_group(group)
-            validate_params(group["params"])
+            validate_params(group["params"], group.get("param_names"))
+            self._check_same_device_kind(group["params"])
             runtime = GroupRuntime(group, len(self.param_groups) - 1, first_param_index)
         except Exception:
             self.param_groups.pop()
             raise
         self._runtimes.append(runtime)
         self._register_block_states(runtime)
+
+    def _check_same_device_kind(self, params: Sequence[torch.Tensor]) -> None:
+        """Meta parameters (shapes without data) cannot share an optimizer with real ones: its
+        step adds up every group's gradient check on one device."""
+        if not params or len(self.param_groups) < 2:
+            return
+        first = self.param_groups[0]["params"][0]
+        if params[0].is_meta != first.is_meta:
+            raise ValueError(
+                f"params[0] of param_groups[{len(self.param_groups) - 1}] is on {params[0].device}, "
+                f"param_groups[0]'s on {first.device}: meta and real parameters cannot be mixed"
+            )
 
     def _register_block_states(self, runtime: GroupRuntime) -> None:
         """``self.state[param]["block_j"]``: the live state of each local block."""
@@ -292,13 +314,15 @@ class DistributedShampoo(torch.optim.Optimizer):
         gradient only where they are in use), each a tensor of the block state's shape and dtype.
 
         Raises:
-            ValueError: a group, a hyperparameter, a step, or a tensor's kind, shape or dtype
-                is wrong.
+            ValueError: the state dict is another optimizer's (a group without ``step``, state
+                not keyed ``block_<j>``); a group, a hyperparameter, a step, or a tensor's kind,
+                shape or dtype is wrong; a float tensor holds NaN or Inf.
             KeyError: a block state entry is missing or unexpected.
             Either way the optimizer is left as it was.
         """
         if not isinstance(state_dict, Mapping) or not {"state", "param_groups"} <= state_dict.keys():
             raise ValueError("state_dict must be a mapping with 'state' and 'param_groups'")
+        _check_from_distributed_shampoo(state_dict)
         plans = self._plan_loaded_groups(state_dict["param_groups"])
         try:
             saved_state = {int(k): flatten_tree(v) for k, v in state_dict["state"].items()}
@@ -364,6 +388,13 @@ class DistributedShampoo(torch.optim.Optimizer):
                     if key not in entries:
                         raise KeyError(f"missing block state {param_index}.{key} in state_dict")
                     value = entries[key]
+                    if isinstance(value, torch.Tensor) and value.is_floating_point() and not bool(
+                        torch.isfinite(value).all()
+                    ):
+                        raise ValueError(
+                            f"state_dict block state {param_index}.{key} holds NaN or Inf: a step "
+                            "from it would turn the parameters non-finite"
+                        )
                     if not isinstance(value, torch.Tensor) or value.shape != shape or value.dtype != dtype:
                         got = (
                             f"{value.dtype} {tuple(value.shape)}" if isinstance(value, torch.Tensor)
@@ -377,3 +408,35 @@ class DistributedShampoo(torch.optim.Optimizer):
         leftover = sorted(f"{index}.{key}" for index, keys in unexpected.items() for key in keys)
         if leftover:
             raise KeyError(f"unexpected block state in state_dict: {leftover}")
+
+
+def _check_ordered(name: str, params: object) -> None:
+    """Raise ``TypeError`` for a set of parameters (torch itself lets a frozenset through)."""
+    if isinstance(params, (set, frozenset)):
+        raise TypeError(
+            f"{name} must be an ordered collection (a list, or model.parameters()), got a "
+            f"{type(params).__name__}: a set's order changes between runs, and with it the "
+            "blocks and the state dict"
+        )
+
+
+def _check_from_distributed_shampoo(state_dict: Mapping[str, Any]) -> None:
+    """Raise ``ValueError`` for the state dict of another optimizer (``torch.optim.Adam``,
+    ``DistAdam``...): every group of ours carries its ``step``, and every state entry is keyed
+    ``block_<j>.<path>``; theirs keep a per-parameter ``step`` and entries such as ``exp_avg``."""
+    groups, state = state_dict["param_groups"], state_dict["state"]
+    if not isinstance(groups, Sequence) or not isinstance(state, Mapping):
+        raise ValueError("state_dict['param_groups'] must be a list and state_dict['state'] a mapping")
+    foreign = [
+        f"param_groups[{i}] has no 'step'" for i, group in enumerate(groups)
+        if not isinstance(group, Mapping) or "step" not in group
+    ] + [
+        f"state[{index!r}] has keys {sorted(map(str, entries))[:3]}" for index, entries in state.items()
+        if not isinstance(entries, Mapping) or not all(str(key).startswith("block_") for key in entries)
+    ]
+    if foreign:
+        raise ValueError(
+            "state_dict is from another optimizer, not DistributedShampoo: "
+            f"{'; '.join(foreign[:2])} (DistributedShampoo groups carry 'step', its state is keyed "
+            "'block_<j>')"
+        )

@@ -222,6 +222,11 @@ class GroupRuntime:
                 raise ValueError(
                     f"the gradient of {label} is {grad.layout}: DistributedShampoo needs dense gradients"
                 )
+            if grad.shape != param.shape:
+                raise ValueError(
+                    f"the gradient of {label} has shape {tuple(grad.shape)}: DistributedShampoo "
+                    "needs a gradient of its parameter's shape"
+                )
             if not grad.is_floating_point():  # complex dtypes are not floating point
                 raise ValueError(
                     f"the gradient of {label} has dtype {grad.dtype}: DistributedShampoo needs "

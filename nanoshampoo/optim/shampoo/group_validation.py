@@ -8,7 +8,7 @@ with the ``-1`` sentinels resolved once.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -143,15 +143,45 @@ def _validate_schedule(group: Mapping[str, Any]) -> None:
     _require(group, isinstance(group["amortize_roots"], bool), "amortize_roots", "must be a bool")
 
 
-def validate_params(params: Sequence[torch.Tensor]) -> None:
-    """Raise ``ValueError`` naming ``params[i]`` for a parameter Shampoo cannot step."""
+def validate_group_keys(group: Mapping[str, Any], known: Iterable[str]) -> None:
+    """Raise ``ValueError`` naming the keys of ``group`` that DistributedShampoo does not read
+    (a typo such as ``"learning_rate"`` would otherwise be ignored in silence)."""
+    unknown = sorted(set(group) - set(known) - {"params", "param_names"})
+    if unknown:
+        raise ValueError(
+            f"param group keys {unknown} are not DistributedShampoo hyperparameters (known: "
+            f"{sorted(known)})"
+        )
+
+
+def validate_params(params: Sequence[torch.Tensor], names: Sequence[str] | None = None) -> None:
+    """Raise ``ValueError`` naming ``params[i]`` (and its name, given ``names``) for a parameter
+    Shampoo cannot step: not a real dense float tensor, given twice (it would be stepped twice),
+    or on another device than ``params[0]`` (a group's blocks are stacked into buckets of one
+    device)."""
+    first_seen: dict[int, int] = {}
+
+    def label(i: int) -> str:
+        return f"params[{i}] ({names[i]!r})" if names and i < len(names) else f"params[{i}]"
+
     for index, param in enumerate(params):
+        if id(param) in first_seen:
+            raise ValueError(
+                f"{label(index)} is {label(first_seen[id(param)])} again: each parameter may "
+                "appear once (it would be stepped twice)"
+            )
+        first_seen[id(param)] = index
+        if param.device != params[0].device:
+            raise ValueError(
+                f"{label(index)} is on {param.device}, {label(0)} on {params[0].device}: a param "
+                "group's parameters must share one device"
+            )
         if param.is_complex():
-            raise ValueError(f"params[{index}] is complex ({param.dtype}): DistributedShampoo needs real parameters")
+            raise ValueError(f"{label(index)} is complex ({param.dtype}): DistributedShampoo needs real parameters")
         if not param.is_floating_point():
-            raise ValueError(f"params[{index}] must be a floating-point tensor, got {param.dtype}")
+            raise ValueError(f"{label(index)} must be a floating-point tensor, got {param.dtype}")
         if param.layout != torch.strided:
-            raise ValueError(f"params[{index}] must be a dense (strided) tensor, got {param.layout}")
+            raise ValueError(f"{label(index)} must be a dense (strided) tensor, got {param.layout}")
 
 
 def step_values(group: Mapping[str, Any]) -> tuple[Any, ...]:
