@@ -81,6 +81,14 @@ from nanoshampoo.optim.shampoo.shampoo_types import (
     PreconditionerConfig,
     WeightDecayType,
 )
+from nanoshampoo.optim.shampoo.runtime_types import (
+    ConcurrencyConfig,
+    DefaultConcurrencyConfig,
+    DefaultShampooRuntimeConfig,
+    ShampooPT2CompileConfig,
+    ShampooRuntimeConfig,
+)
+from nanoshampoo.optim.shampoo.step_compilation import compile_step
 from nanoshampoo.optim.shampoo.state_dict_trees import flatten_tree, is_plain_value
 
 logger = logging.getLogger(__name__)
@@ -115,8 +123,17 @@ class DistributedShampoo(torch.optim.Optimizer):
             dtype and rounded once per step, momentum in its storage dtype. A narrow dtype needs ``1 - betas[0] >= finfo(dtype).eps`` (bfloat16:
             ``betas[0] <= 0.992``). Fixed at construction.
         grafting_config: None or an SGD/AdaGrad/RMSprop/Adam config: norm of the update per block.
-        distributed_config: ``SingleDeviceDistributedConfig()`` (default) or DDP.
+        use_pin_memory: a bool group entry, accepted for the reference library's scripts and
+            without effect: there it pins the CPU copy of ``lr`` sent to the GPU each step;
+            here ``lr`` reaches the kernels as a Python float, with no copy to pin.
+        shampoo_pt2_compile_config: None (eager) or a :class:`ShampooPT2CompileConfig`:
+            ``torch.compile`` of each group's step, probed first (eager, with a logged reason,
+            when the backend cannot compile here; :attr:`step_compiled`).
+        distributed_config: ``SingleDeviceDistributedConfig()`` (default), DDP, FullyShard or
+            HybridShard.
         preconditioner_config: ``DefaultShampooConfig`` or another ``PreconditionerConfig``.
+        shampoo_runtime_config: :class:`ShampooRuntimeConfig` (``eager_nan_check``).
+        concurrency_config: :class:`ConcurrencyConfig`, accepted, no effect here (its docstring).
         momentum: heavy-ball momentum on the update, in [0, 1).
         dampening: momentum dampening, in [0, 1).
         use_nesterov: Nesterov momentum (needs momentum > 0).
@@ -156,8 +173,12 @@ class DistributedShampoo(torch.optim.Optimizer):
         start_preconditioning_step: int = -1,
         use_bias_correction: bool = True,
         grafting_config: PreconditionerConfig | None = None,
+        use_pin_memory: bool = False,
+        shampoo_pt2_compile_config: ShampooPT2CompileConfig | None = None,
         distributed_config: DistributedConfig = DefaultSingleDeviceDistributedConfig,
         preconditioner_config: PreconditionerConfig = DefaultShampooConfig,
+        shampoo_runtime_config: ShampooRuntimeConfig = DefaultShampooRuntimeConfig,
+        concurrency_config: ConcurrencyConfig = DefaultConcurrencyConfig,
         *,
         amortize_roots: bool = False,
         momentum_dtype: torch.dtype | None = None,
@@ -171,7 +192,18 @@ class DistributedShampoo(torch.optim.Optimizer):
                 f"nonfinite_grad_policy must be one of {NONFINITE_GRAD_POLICIES}, got {nonfinite_grad_policy!r}"
             )
         _check_ordered("params", params)
+        for name, value, kind in (
+            ("shampoo_pt2_compile_config", shampoo_pt2_compile_config, ShampooPT2CompileConfig),
+            ("shampoo_runtime_config", shampoo_runtime_config, ShampooRuntimeConfig),
+            ("concurrency_config", concurrency_config, ConcurrencyConfig),
+        ):
+            if not isinstance(value, kind) and not (value is None and name == "shampoo_pt2_compile_config"):
+                raise ValueError(f"{name} must be a {kind.__name__}, got {value!r}")
         self._nonfinite_grad_policy = nonfinite_grad_policy
+        self._compile_config = shampoo_pt2_compile_config
+        self._runtime_config = shampoo_runtime_config
+        self._concurrency_config = concurrency_config
+        self._step_compiled: list[bool] = []
         self._runtimes: list[GroupRuntime] = []
         defaults = dict(
             lr=lr, betas=betas, beta3=beta3, epsilon=epsilon, momentum=momentum,
@@ -181,7 +213,7 @@ class DistributedShampoo(torch.optim.Optimizer):
             start_preconditioning_step=start_preconditioning_step,
             use_bias_correction=use_bias_correction, amortize_roots=amortize_roots,
             momentum_dtype=momentum_dtype,
-            grafting_config=grafting_config,
+            grafting_config=grafting_config, use_pin_memory=use_pin_memory,
             distributed_config=distributed_config, preconditioner_config=preconditioner_config,
         )
         super().__init__(params, defaults)
@@ -201,6 +233,9 @@ class DistributedShampoo(torch.optim.Optimizer):
         except Exception:
             self.param_groups.pop()
             raise
+        device = group["params"][0].device if group["params"] else torch.device("cpu")
+        runtime.apply_step, compiled = compile_step(runtime.apply_step, self._compile_config, device)
+        self._step_compiled.append(compiled)
         self._runtimes.append(runtime)
         self._register_block_states(runtime)
 
@@ -234,6 +269,8 @@ class DistributedShampoo(torch.optim.Optimizer):
             try:
                 plans.append(runtime.plan(group))
                 runtime.check_grads()
+                if self._runtime_config.eager_nan_check:
+                    runtime.check_finite_grads_eagerly()
             except ValueError as error:
                 raise ValueError(f"{error} (param_groups[{index}]; no parameter or state was changed)") from None
         masks = [runtime.gather_grads() for runtime in self._runtimes]
@@ -255,6 +292,12 @@ class DistributedShampoo(torch.optim.Optimizer):
         for runtime, mask in active:
             runtime.apply_step(mask)
         return loss
+
+    @property
+    def step_compiled(self) -> bool:
+        """Whether every group's step runs compiled (``shampoo_pt2_compile_config`` given and its
+        probe passed; see :class:`ShampooPT2CompileConfig`)."""
+        return bool(self._step_compiled) and all(self._step_compiled)
 
     def optimizer_state_bytes(self) -> int:
         """Bytes of this rank's optimizer state: the tensors :meth:`state_dict` returns.

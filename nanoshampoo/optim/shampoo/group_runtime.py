@@ -23,7 +23,7 @@ from nanoshampoo.optim.shampoo.preconditioner.preconditioner import (
     BlockStateView,
     Preconditioner,
 )
-from nanoshampoo.optim.shampoo.shampoo_types import WeightDecayType
+from nanoshampoo.optim.shampoo.shampoo_types import NonFiniteGradientError, WeightDecayType
 from nanoshampoo.optim.shampoo.state_dict_trees import clone_tree, flatten_tree
 
 _GRAFTING_NORM_EPSILON = 1e-16
@@ -231,6 +231,21 @@ class GroupRuntime:
                 raise ValueError(
                     f"the gradient of {label} has dtype {grad.dtype}: DistributedShampoo needs "
                     "real floating-point gradients"
+                )
+
+    def check_finite_grads_eagerly(self) -> None:
+        """Raise :class:`NonFiniteGradientError` naming the first parameter whose gradient (its
+        local shard under FSDP) holds NaN or Inf; one host sync per parameter
+        (``ShampooRuntimeConfig.eager_nan_check``)."""
+        for label, param in zip(self.param_labels, self._params):
+            grad = param.grad
+            if grad is None:
+                continue
+            local = grad.to_local() if hasattr(grad, "to_local") else grad
+            if not bool(torch.isfinite(local).all()):
+                raise NonFiniteGradientError(
+                    f"non-finite gradient (NaN or Inf) in {label} (eager_nan_check); no parameter "
+                    "or state was changed"
                 )
 
     def _make_buckets(

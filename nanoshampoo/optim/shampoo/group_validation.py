@@ -80,6 +80,7 @@ def validate_group(group: Mapping[str, Any]) -> None:
         group, isinstance(group["distributed_config"], DistributedConfig), "distributed_config",
         "must be a DistributedConfig",
     )
+    _require(group, isinstance(group.get("use_pin_memory", False), bool), "use_pin_memory", "must be a bool")
     _validate_step_sizes(group)
     _validate_schedule(group)
 

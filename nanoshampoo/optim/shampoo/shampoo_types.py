@@ -77,14 +77,23 @@ from nanoshampoo.optim.shampoo.preconditioner.preconditioner_types import (
     ShampooPreconditionerConfig,
     SpectralDescentPreconditionerConfig,
 )
+from nanoshampoo.optim.shampoo.runtime_types import (
+    ConcurrencyConfig,
+    DefaultConcurrencyConfig,
+    DefaultShampooRuntimeConfig,
+    ShampooPT2CompileConfig,
+    ShampooRuntimeConfig,
+)
 from nanoshampoo.optim.shampoo.utils.load_balancing_utils import LoadBalancingConfig
 
 __all__ = [
     "AdaGradPreconditionerConfig",
     "AdamPreconditionerConfig",
     "AmortizedComputationConfig",
+    "ConcurrencyConfig",
     "CoupledNewtonConfig",
     "DDPDistributedConfig",
+    "DefaultConcurrencyConfig",
     "DefaultEigenConfig",
     "DefaultEigendecompositionConfig",
     "DefaultEigenvalueCorrectedShampooConfig",
@@ -92,6 +101,7 @@ __all__ = [
     "DefaultPerturbationConfig",
     "DefaultSOAPConfig",
     "DefaultShampooConfig",
+    "DefaultShampooRuntimeConfig",
     "DefaultSingleDeviceDistributedConfig",
     "DefaultSpectralDescentPreconditionerConfig",
     "DistributedConfig",
@@ -118,7 +128,9 @@ __all__ = [
     "RootInvShampooPreconditionerConfig",
     "SGDPreconditionerConfig",
     "SVDOrthogonalizationConfig",
+    "ShampooPT2CompileConfig",
     "ShampooPreconditionerConfig",
+    "ShampooRuntimeConfig",
     "SingleDeviceDistributedConfig",
     "SpectralDescentPreconditionerConfig",
     "WarmStartedEigenConfig",
