@@ -263,8 +263,9 @@ class FullyShardDistributor(Distributor):
         elif self._strategy == FSDPParamAssignmentStrategy.REPLICATE:
             owners = [tuple(range(n))] * len(sharded)
         else:
+            # Whole parameters are assigned, so the cost models see their full shapes.
             assignment = distribute_buffer_sizes(
-                [math.prod(p.shape) * p.local.element_size() for p in sharded], n
+                [torch.empty(p.shape, dtype=p.local.dtype, device="meta") for p in sharded], n
             )
             owners = [(rank,) for _, rank in assignment]
         # An empty parameter has no blocks: nobody computes it, nothing travels for it.

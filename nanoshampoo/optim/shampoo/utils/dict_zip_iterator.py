@@ -52,6 +52,6 @@ class DictZipIterator(Generic[V]):
         if len(exhausted) == len(self._iterators):
             raise StopIteration
         raise ValueError(
-            "DictZipIterator: iterators have different lengths; "
+            "DictZipIterator: Iterators have different lengths; "
             f"exhausted keys {exhausted}, still-active keys {list(step)}"
         )
