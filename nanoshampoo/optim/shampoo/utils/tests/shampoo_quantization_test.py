@@ -193,7 +193,7 @@ def test_compress_selects_and_shares_storage() -> None:
     assert [m.item() for m in selected.min_values] == [0.0, 3.0]
     assert [m.item() for m in selected.max_values] == [1.0, 4.0]
     assert selected.computation_dtype == torch.float64
-    with pytest.raises(ValueError, match=r"len\(seq\)=4 and len\(selector\)=3"):
+    with pytest.raises(ValueError, match=r"len\(complete_list\)=4 and len\(selector\)=3"):
         qlist.compress([True, False, True])
 
 

@@ -151,7 +151,9 @@ def test_multi_dim_split_inf_and_0d_give_the_tensor_itself() -> None:
 
 @pytest.mark.parametrize("split_size", [0, -2, 1.5, True])
 def test_multi_dim_split_rejects_bad_split_size(split_size: object) -> None:
-    with pytest.raises(InvalidArgumentError, match=r"split_size must be an int >= 1 or math.inf, got"):
+    with pytest.raises(
+        InvalidArgumentError, match=r"split_size must be an int >= 1 or math.inf, got"
+    ):
         multi_dim_split(torch.zeros(2, 2), split_size)  # type: ignore[arg-type]
 
 
