@@ -287,9 +287,10 @@ def _triu_indices(dim: int, device: torch.device) -> tuple[torch.Tensor, torch.T
     """Row and column indices of the upper triangle of a ``dim x dim`` matrix, row-major.
 
     Cached per ``(dim, device)`` because the factor dims of a model are few and fixed; callers
-    must not modify the returned tensors.
+    must not modify the returned tensors. int32 halves the cache (``dim`` is at most a few
+    thousand, far below 2**31).
     """
-    rows, cols = torch.triu_indices(dim, dim, device=device)
+    rows, cols = torch.triu_indices(dim, dim, device=device).to(torch.int32)
     return rows, cols
 
 
