@@ -107,14 +107,18 @@ class QuantizedTensor(OptimizerModule):
         return quantized
 
     def dequantize(self, dequantized_dtype: torch.dtype) -> torch.Tensor:
-        """A new tensor of ``dequantized_dtype`` holding the stored values (never the storage).
+        """The stored values in ``dequantized_dtype``.
+
+        A new tensor, except when ``dequantized_dtype`` is the storage format: then the storage
+        itself, as in the reference library (and :meth:`QuantizedTensorList.dequantize`), so
+        that no memory is spent on a copy; writing to it writes the state.
 
         Raises:
             NotImplementedError: ``dequantized_dtype`` is not a float format.
         """
         _check_format(dequantized_dtype, "dequantize dtype")
         storage = self.block_info.get_tensor(self.quantized_values)
-        return storage.to(dtype=dequantized_dtype, copy=True)
+        return storage if storage.dtype == dequantized_dtype else storage.to(dequantized_dtype)
 
     def quantize(self, dequantized_tensor: torch.Tensor) -> None:
         """Round ``dequantized_tensor`` (same shape, any float format) into the storage, in place.

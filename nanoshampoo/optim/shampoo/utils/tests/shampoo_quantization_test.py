@@ -47,11 +47,17 @@ def test_quantized_tensor_round_trip_error_bound(dtype: torch.dtype) -> None:
         assert relative_error > 0  # the bound is not vacuous: rounding really happened
 
 
-def test_quantized_tensor_dequantize_is_a_copy_and_quantize_rounds_in_place() -> None:
+def test_quantized_tensor_dequantize_copies_unless_formats_match() -> None:
     quantized = QuantizedTensor.init_from_dequantized_tensor(torch.ones(3), torch.bfloat16, _info())
-    copy = quantized.dequantize(torch.bfloat16)
+    copy = quantized.dequantize(torch.float32)
     copy.add_(1.0)
     assert torch.equal(quantized.quantized_values, torch.ones(3, dtype=torch.bfloat16))
+    # In the storage format it is the storage itself (the reference library's behaviour).
+    assert quantized.dequantize(torch.bfloat16) is quantized.quantized_values
+
+
+def test_quantized_tensor_quantize_rounds_in_place() -> None:
+    quantized = QuantizedTensor.init_from_dequantized_tensor(torch.ones(3), torch.bfloat16, _info())
     storage = quantized.quantized_values
     update = torch.tensor([1.0 + 2.0**-10, 2.0, 3.0], dtype=torch.float64)
     quantized.quantize(dequantized_tensor=update)
