@@ -92,15 +92,15 @@ def update_param_state_dict_object(
         elif hasattr(current, "load_state_dict"):
             current.load_state_dict(loaded)
         elif isinstance(current, torch.Tensor):
-            if not isinstance(loaded, torch.Tensor) or loaded.shape != current.shape:
-                got = (
-                    tuple(loaded.shape)
-                    if isinstance(loaded, torch.Tensor)
-                    else type(loaded).__name__
-                )
-                raise ValueError(
-                    f"state {key!r}: expected a tensor of shape {tuple(current.shape)}, got {got}"
-                )
-            current.detach().copy_(loaded)
+            _copy_into(current, loaded, key)
         else:
             current_param_state_dict[key] = deepcopy(loaded)
+
+
+def _copy_into(current: torch.Tensor, loaded: Any, key: Any) -> None:
+    if not isinstance(loaded, torch.Tensor) or loaded.shape != current.shape:
+        got = tuple(loaded.shape) if isinstance(loaded, torch.Tensor) else type(loaded).__name__
+        raise ValueError(
+            f"state {key!r}: expected a tensor of shape {tuple(current.shape)}, got {got}"
+        )
+    current.detach().copy_(loaded)

@@ -77,8 +77,7 @@ def merge_small_dims(
             dims; or ``math.inf``: the shape unchanged. Any other float is rejected.
 
     Returns:
-        The new shape as a tuple of ints; never empty unless ``tensor_shape`` is ``()`` and the
-        target is ``math.inf``.
+        The new shape, a tuple of ints; empty only for ``()`` with the target ``math.inf``.
 
     Raises:
         InvalidArgumentError (a ``ValueError`` and ``AssertionError``): negative dims, or a bad
