@@ -1,0 +1,201 @@
+"""Bad input to ``nanoshampoo stats``, ``trace`` and ``repeat``: exit status 2, one line naming
+the flag or file, and nothing on disk changed."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import tempfile
+import threading
+from pathlib import Path
+
+import pytest
+from bad_input_fixtures import (
+    EXIT_USER_ERROR,
+    one_error_line,
+    snapshot,
+    write_run_group,
+    write_run_log,
+    write_trace,
+    x_event,
+)
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from nanoshampoo.cli import main
+
+DEEP = "[" * 100_000 + "]" * 100_000
+
+
+def test_stats_json_over_one_of_its_inputs_is_refused(tmp_path: Path,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    runs = write_run_group(tmp_path / "A")
+    before = snapshot(tmp_path)
+    assert main(["stats", str(runs), "--json", str(runs / "r_seed0.jsonl")]) == EXIT_USER_ERROR
+    one_error_line(capsys, "nanoshampoo stats", "--json", "r_seed0.jsonl", "input")
+    assert snapshot(tmp_path) == before
+
+
+def test_stats_json_over_another_runs_log_is_refused(tmp_path: Path,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    runs = write_run_group(tmp_path / "A")
+    other = write_run_log(tmp_path / "B" / "b.jsonl")
+    before = snapshot(tmp_path)
+    assert main(["stats", str(runs), "--json", str(other)]) == EXIT_USER_ERROR
+    one_error_line(capsys, "nanoshampoo stats", "--json", "b.jsonl", "run log")
+    assert snapshot(tmp_path) == before
+
+
+def test_trace_json_over_its_trace_is_refused(tmp_path: Path,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    trace = write_trace(tmp_path / "t.json", [x_event("aten::mm", 0.0, 5.0)])
+    before = snapshot(tmp_path)
+    assert main(["trace", str(trace), "--json", str(trace)]) == EXIT_USER_ERROR
+    one_error_line(capsys, "nanoshampoo trace", "--json", "t.json")
+    assert snapshot(tmp_path) == before
+
+
+def test_stats_refuses_to_average_runs_of_different_lengths(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    write_run_log(tmp_path / "A" / "short.jsonl", total_steps=100)
+    write_run_log(tmp_path / "A" / "long.jsonl", total_steps=1000)
+    before = snapshot(tmp_path)
+    assert main(["stats", str(tmp_path / "A")]) == EXIT_USER_ERROR
+    one_error_line(capsys, "nanoshampoo stats", "different lengths", "100 steps", "1000 steps",
+                   "short.jsonl", "long.jsonl")
+    assert snapshot(tmp_path) == before
+
+
+@pytest.mark.parametrize("target", ["nan", "inf", "-inf"])
+def test_stats_refuses_a_non_finite_target(target: str, tmp_path: Path,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    runs = write_run_group(tmp_path / "A")
+    assert main(["stats", str(runs), f"--target={target}"]) == EXIT_USER_ERROR
+    one_error_line(capsys, "nanoshampoo stats", "--target")
+
+
+@pytest.mark.timeout(30)
+def test_stats_on_a_fifo_refuses_instead_of_hanging(tmp_path: Path,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    fifo = tmp_path / "run.jsonl"
+    os.mkfifo(fifo)
+    status: list[int] = []
+    worker = threading.Thread(target=lambda: status.append(main(["stats", str(fifo)])),
+                              daemon=True)
+    worker.start()
+    worker.join(10)
+    if worker.is_alive():  # unblock the reader so the thread ends, then fail
+        with open(fifo, "w"):
+            pass
+        pytest.fail("stats blocked on a FIFO")
+    assert status == [EXIT_USER_ERROR]
+    one_error_line(capsys, "nanoshampoo stats", "run.jsonl", "regular file")
+
+
+def test_stats_on_deeply_nested_json_names_the_file(tmp_path: Path,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "deep.jsonl").write_text(DEEP + "\n")
+    assert main(["stats", str(tmp_path / "deep.jsonl")]) == EXIT_USER_ERROR
+    one_error_line(capsys, "nanoshampoo stats", "deep.jsonl", "nested")
+
+
+def test_trace_on_deeply_nested_json_names_the_file(tmp_path: Path,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "deep.json").write_text(DEEP)
+    assert main(["trace", str(tmp_path / "deep.json")]) == EXIT_USER_ERROR
+    one_error_line(capsys, "nanoshampoo trace", "deep.json", "nested")
+
+
+@pytest.mark.parametrize("ts, dur", [(float("nan"), 1.0), (0.0, float("nan")),
+                                     (float("inf"), 1.0), (True, 1.0)])
+def test_trace_refuses_non_finite_timestamps(ts: float, dur: float, tmp_path: Path,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    trace = write_trace(tmp_path / "t.json", [x_event("aten::mm", 0.0, 5.0),
+                                              x_event("aten::add", ts, dur)])
+    assert main(["trace", str(trace)]) == EXIT_USER_ERROR
+    one_error_line(capsys, "nanoshampoo trace", "t.json", "traceEvents[1]", "'ts'")
+
+
+def test_stats_json_under_proc_is_one_line(tmp_path: Path,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    runs = write_run_group(tmp_path / "A")
+    before = snapshot(tmp_path)
+    assert main(["stats", str(runs), "--json", "/proc/x/r.json"]) == EXIT_USER_ERROR
+    one_error_line(capsys, "nanoshampoo stats", "--json", "/proc/x/r.json")
+    assert snapshot(tmp_path) == before
+
+
+def test_stats_plot_into_a_file_is_one_line(tmp_path: Path,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    runs = write_run_group(tmp_path / "A")
+    (tmp_path / "plots").write_text("not a directory")
+    before = snapshot(tmp_path)
+    assert main(["stats", str(runs), "--plot", str(tmp_path / "plots")]) == EXIT_USER_ERROR
+    one_error_line(capsys, "nanoshampoo stats", "--plot", "plots", "not a directory")
+    assert snapshot(tmp_path) == before
+
+
+def test_stats_json_under_a_file_is_one_line(tmp_path: Path,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    runs = write_run_group(tmp_path / "A")
+    (tmp_path / "f").write_text("x")
+    assert main(["stats", str(runs), "--json", str(tmp_path / "f" / "r.json")]) == EXIT_USER_ERROR
+    one_error_line(capsys, "nanoshampoo stats", "--json", "is a file")
+
+
+def test_stats_json_name_too_long_is_one_line(tmp_path: Path,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    runs = write_run_group(tmp_path / "A")
+    assert main(["stats", str(runs), "--json", str(tmp_path / ("r" * 300 + ".json"))]) == 2
+    one_error_line(capsys, "nanoshampoo stats", "--json", "limit")
+
+
+def test_repeat_out_dir_that_is_a_file_is_one_line(tmp_path: Path,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "out").write_text("a file")
+    before = snapshot(tmp_path)
+    assert main(["repeat", "-n", "1", "--out-dir", str(tmp_path / "out"), "--",
+                 "--num-iterations", "1"]) == EXIT_USER_ERROR
+    one_error_line(capsys, "nanoshampoo repeat", "out", "not a directory")
+    assert snapshot(tmp_path) == before
+
+
+def test_repeat_refuses_a_nan_target_before_training(tmp_path: Path,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["repeat", "-n", "1", "--out-dir", str(tmp_path / "o"), "--target", "nan"]) == 2
+    one_error_line(capsys, "nanoshampoo repeat", "--target")
+    assert not (tmp_path / "o").exists()
+
+
+def _corrupt(lines: list[str], index: int, replacement: str) -> str:
+    lines = list(lines)
+    lines[index % len(lines)] = replacement
+    return "\n".join(lines) + "\n"
+
+
+@settings(max_examples=40, deadline=None, database=None,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(index=st.integers(0, 20),
+       replacement=st.one_of(
+           st.text(max_size=40),
+           st.builds(json.dumps, st.dictionaries(
+               st.sampled_from(["kind", "step", "total_steps", "val_loss", "train_time_ms",
+                                "seed", "world_size", "step_avg_ms", "config"]),
+               st.one_of(st.integers(-3, 10**12), st.floats(allow_nan=True), st.text(max_size=5),
+                         st.none(), st.sampled_from(["val", "final", "config", "diverged"])),
+               max_size=6))))
+def test_stats_on_a_corrupted_log_succeeds_or_names_the_file(index: int, replacement: str) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        log = write_run_log(Path(tmp) / "A" / "run.jsonl")
+        log.write_text(_corrupt(log.read_text().splitlines(), index, replacement))
+        before = snapshot(Path(tmp))
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+            status = main(["stats", str(log)])
+        assert snapshot(Path(tmp)) == before
+    if status != 0:
+        lines = err.getvalue().splitlines()
+        assert status == EXIT_USER_ERROR and len(lines) == 1, err.getvalue()
+        assert lines[0].startswith("nanoshampoo stats: error: ") and "run.jsonl" in lines[0]
