@@ -47,7 +47,9 @@ from nanoshampoo.model.gpt import GPT, gpt_preset
 from nanoshampoo.optim.errors import NonFiniteGradientError
 from nanoshampoo.train.checkpoint import (
     CheckpointRecords,
+    check_no_checkpoint_replaced,
     checkpoint_path,
+    latest_checkpoint,
     publish_checkpoint,
     read_checkpoint,
     restore_checkpoint,
@@ -77,7 +79,9 @@ from nanoshampoo.train.hardware import (
     cpu_threads,
     resolve_autocast,
 )
+from nanoshampoo.train.interrupt import TrainingInterrupted
 from nanoshampoo.train.optimizers import build_optimizer_setup
+from nanoshampoo.train.preflight import check_device, check_dist_timeout, check_memory
 from nanoshampoo.train.profiling import make_step_profiler
 from nanoshampoo.train.run_log import RunLog
 from nanoshampoo.train.schedule import apply_lr_multiplier, lr_multiplier, remember_peak_lrs
@@ -114,6 +118,8 @@ class Trainer:
 
     def __init__(self, cfg: TrainConfig) -> None:
         self.cfg = cfg
+        check_device(cfg.device)
+        check_dist_timeout(cfg.dist_timeout_s)
         self.ctx = setup_distributed(cfg.device, cfg.dist_timeout_s,
                                      need_process_group=cfg.parallel != "ddp")
         try:
@@ -144,6 +150,8 @@ class Trainer:
         append = checkpoint is not None and self.run_id == checkpoint.run_id
         self.log = RunLog(cfg.out_dir, self.run_id, enabled=ctx.is_main, append=append)
         self._on_every_rank(self.log.check_can_start)
+        kept = checkpoint.step if append else 0  # type: ignore[union-attr]
+        self._on_every_rank(lambda: check_no_checkpoint_replaced(cfg.out_dir, self.run_id, kept))
         self.resumed_from = None if checkpoint is None else {
             "checkpoint": str(checkpoint.directory), "run_id": checkpoint.run_id,
             "step": checkpoint.step}
@@ -153,6 +161,9 @@ class Trainer:
         if cfg.seq_len > model_config.max_seq_len:
             raise UserError(f"--seq-len {cfg.seq_len}: exceeds the {cfg.model} model's "
                             f"max_seq_len ({model_config.max_seq_len})")
+        micro_batch = cfg.batch_size // (ctx.world_size * cfg.grad_accum_steps)
+        self._on_every_rank(lambda: check_memory(model_config, micro_batch, cfg.seq_len,
+                                                 ctx.device))
         self.model = GPT(model_config).to(ctx.device)
         _broadcast_parameters(self.model, ctx)
         if cfg.parallel != "ddp":
@@ -170,7 +181,7 @@ class Trainer:
         self.forward: nn.Module = torch.compile(self.model) if cfg.compile else self.model  # type: ignore[assignment]
         self.loader = DistributedTokenLoader(self.data.train_pattern, cfg.batch_size, cfg.seq_len,
                                              ctx.rank, ctx.world_size)
-        self.start_step = 0
+        self.start_step = self.steps_done = 0
         self.train_time_ms = 0.0
         if checkpoint is not None:
             # The config's learning rates win over the checkpoint's: a resume may change them.
@@ -181,6 +192,7 @@ class Trainer:
             for opt, opt_peaks in zip(self.setup.optimizers, peaks):
                 for group, peak in zip(opt.param_groups, opt_peaks):
                     group["peak_lr"] = peak
+            self.steps_done = self.start_step
             if self.start_step > cfg.num_iterations:
                 raise UserError(f"--resume {checkpoint.directory}: the checkpoint is at step "
                                 f"{self.start_step}, beyond --num-iterations {cfg.num_iterations}")
@@ -251,6 +263,10 @@ class Trainer:
             line = self.log.diverged(exc.step, total, exc.reason, self.train_time_ms)
             _say(line, ctx, bar)
             raise
+        except KeyboardInterrupt:  # Ctrl-C: the logs are kept; say how to continue
+            last = latest_checkpoint(cfg.out_dir, self.run_id) or (
+                Path(cfg.resume) if cfg.resume else None)
+            raise TrainingInterrupted(self.steps_done, total, last) from None
         finally:
             bar.close()
         self._finish(val_loss)
@@ -291,7 +307,7 @@ class Trainer:
         _synchronize(self.ctx)
         elapsed_ms = 1000 * (time.perf_counter() - start)
         self.train_time_ms += elapsed_ms
-        done = step + 1
+        done = self.steps_done = step + 1
         if done == total or (cfg.log_every > 0 and done % cfg.log_every == 0):
             train_loss = float(all_reduce_mean_(loss.float(), self.ctx).item())
             tokens_per_s = cfg.tokens_per_step / (elapsed_ms / 1000)

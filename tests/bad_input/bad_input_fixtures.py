@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 EXIT_USER_ERROR = 2
@@ -72,3 +73,31 @@ def write_trace(path: Path, events: list[dict[str, Any]]) -> Path:
 
 def x_event(name: str, ts: Any, dur: Any, tid: int = 1) -> dict[str, Any]:
     return {"ph": "X", "cat": "cpu_op", "name": name, "pid": 1, "tid": tid, "ts": ts, "dur": dur}
+
+
+VOCAB = 64
+
+
+def write_token_shards(root: Path) -> dict[str, str]:
+    """A small train and val shard of a learnable stream; the trainer's shard flags for them."""
+    from nanoshampoo.data.shards import write_shard  # noqa: PLC0415 - torch-free import above
+
+    root.mkdir(parents=True, exist_ok=True)
+    stream = (5 * np.arange(20_000) + 3) % VOCAB
+    write_shard(root / "syn_train_000001.bin", stream)
+    write_shard(root / "syn_val_000000.bin", stream[:4_000])
+    return {"train": str(root / "syn_train_*.bin"), "val": str(root / "syn_val_*.bin")}
+
+
+def train_argv(shards: dict[str, str], out_dir: Path, **flags: Any) -> list[str]:
+    """``T``: a 2-step AdamW run of the tiny model on ``shards`` with a final checkpoint."""
+    fields: dict[str, Any] = dict(
+        model="tiny", dataset="shards", vocab_size=VOCAB, seq_len=32, batch_size=4,
+        num_iterations=2, val_every=0, val_tokens=512, progress="false", out_dir=out_dir,
+        run_id="R", autocast="off", threads=1, optimizer="adamw", train_files=shards["train"],
+        val_files=shards["val"], save_final_checkpoint="true")
+    fields.update(flags)
+    argv: list[str] = []
+    for name, value in fields.items():
+        argv += ["--" + name.replace("_", "-"), str(value)]
+    return argv
