@@ -13,11 +13,12 @@ from bad_input_fixtures import EXIT_USER_ERROR, one_error_line, snapshot
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from nanoshampoo.data import prepare_output
-from nanoshampoo.data.prepare import PROG, main
+from nanoshampoo.data.prepare import main
 from nanoshampoo.data.shards import HEADER_BYTES, ShardFormatError, read_shard_token_count, write_shard
 
-TEXT = "".join(f"Line {i}: the quick brown fox jumps over the lazy dog.\n\n" for i in range(120))
+PROG = "python -m nanoshampoo.data.prepare"
+# About 12,000 tokens: with --val-fraction 0.4 each split holds more than the default batch.
+TEXT = "".join(f"Line {i}: the quick brown fox jumps over the lazy dog.\n\n" for i in range(800))
 
 
 @pytest.fixture
@@ -26,7 +27,7 @@ def prepared(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> tuple[Path, 
     corpus = tmp_path / "corpus.txt"
     corpus.write_text(TEXT)
     argv = ["--out-dir", str(tmp_path / "data"), "--vocab-size", "300", "--passage-chars", "200",
-            "--min-batch-tokens", "16", "--text-files", str(corpus)]
+            "--val-fraction", "0.4", "--text-files", str(corpus)]
     assert main(argv) == 0
     capsys.readouterr()
     return tmp_path / "data", argv
@@ -66,6 +67,8 @@ def test_a_failure_while_writing_leaves_the_old_data(
         if len(written) == 2:
             raise OSError("disk full")
         write_shard(path, tokens)
+
+    from nanoshampoo.data import prepare_output  # noqa: PLC0415 - where prepare writes shards
 
     monkeypatch.setattr(prepare_output, "write_shard", fail_on_the_second)
     with pytest.raises(OSError, match="disk full"):
