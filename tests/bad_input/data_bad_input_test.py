@@ -126,6 +126,8 @@ def test_argument_errors_are_one_line(argv: list[str], names: list[str], tmp_pat
     ("{tmp}/file/data", ["--out-dir", "is a file"]),
     ("{tmp}/file", ["--out-dir", "not a directory"]),
     ("/proc/x", ["--out-dir", "/proc/x"]),
+    ("/sys/x", ["--out-dir", "/sys/x", "Permission denied"]),
+    ("{tmp}/" + "d" * 300, ["--out-dir", "exceeds"]),
 ])
 def test_an_out_dir_that_cannot_be_written_is_one_line(
         out_dir: str, names: list[str], tmp_path: Path,

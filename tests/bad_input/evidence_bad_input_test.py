@@ -77,21 +77,22 @@ def test_stats_refuses_a_non_finite_target(target: str, tmp_path: Path,
 
 
 @pytest.mark.timeout(30)
-def test_stats_on_a_fifo_refuses_instead_of_hanging(tmp_path: Path,
+@pytest.mark.parametrize("command, name", [("stats", "run.jsonl"), ("trace", "trace.json")])
+def test_a_fifo_input_is_refused_instead_of_hanging(command: str, name: str, tmp_path: Path,
                                                     capsys: pytest.CaptureFixture[str]) -> None:
-    fifo = tmp_path / "run.jsonl"
+    fifo = tmp_path / name
     os.mkfifo(fifo)
     status: list[int] = []
-    worker = threading.Thread(target=lambda: status.append(main(["stats", str(fifo)])),
+    worker = threading.Thread(target=lambda: status.append(main([command, str(fifo)])),
                               daemon=True)
     worker.start()
     worker.join(10)
     if worker.is_alive():  # unblock the reader so the thread ends, then fail
         with open(fifo, "w"):
             pass
-        pytest.fail("stats blocked on a FIFO")
+        pytest.fail(f"{command} blocked on a FIFO")
     assert status == [EXIT_USER_ERROR]
-    one_error_line(capsys, "nanoshampoo stats", "run.jsonl", "regular file")
+    one_error_line(capsys, f"nanoshampoo {command}", name, "regular file")
 
 
 def test_stats_on_deeply_nested_json_names_the_file(tmp_path: Path,

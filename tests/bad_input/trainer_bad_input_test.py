@@ -66,6 +66,7 @@ def test_a_resume_into_its_own_run_id_never_replaces_a_later_checkpoint(
     ("{tmp}/file/out", ["--out-dir", "is a file"]),
     ("{tmp}/file", ["--out-dir", "not a directory"]),
     ("/proc/x", ["--out-dir", "/proc/x"]),
+    ("/sys/x", ["--out-dir", "/sys/x", "Permission denied"]),  # unwritable even for root
     ("{tmp}/" + "d" * 300, ["--out-dir", "exceeds"]),
 ])
 def test_an_out_dir_that_cannot_be_written_is_one_line(
