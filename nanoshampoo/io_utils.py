@@ -106,7 +106,7 @@ def check_output_file(path: str | os.PathLike[str], flag: str,
     run's log or checkpoint, and creatable (see :func:`check_output_dir`).
     """
     path = Path(path)
-    _check_name_lengths(path, flag, path)
+    check_name_lengths(path, flag)
     if path.is_dir():
         raise OutputPathError(f"{flag} {path}: is a directory; give a file name")
     if path.exists():
@@ -130,18 +130,22 @@ def check_output_dir(path: str | os.PathLike[str], flag: str) -> None:
     ancestor.
     """
     path = Path(path)
-    _check_name_lengths(path, flag, path)
+    check_name_lengths(path, flag)
     if path.exists() and not path.is_dir():
         raise OutputPathError(f"{flag} {path}: is a file, not a directory")
     _check_creatable(path / "probe", flag, shown=path)
 
 
-def _check_name_lengths(path: Path, flag: str, shown: Path) -> None:
-    """Before any ``stat``: a too-long component makes ``Path.exists`` itself raise."""
+def check_name_lengths(path: str | os.PathLike[str], flag: str) -> None:
+    """``OutputPathError`` if a component of ``path`` is longer than file names may be.
+
+    Check before any ``stat``: a too-long component makes ``Path.exists`` itself raise.
+    """
+    path = Path(path)
     limit = os.pathconf(path.anchor or ".", "PC_NAME_MAX")
     too_long = next((part for part in path.parts if len(os.fsencode(part)) > limit), None)
     if too_long is not None:
-        raise OutputPathError(f"{flag} {shown}: a file name of {len(os.fsencode(too_long))} "
+        raise OutputPathError(f"{flag} {path}: a file name of {len(os.fsencode(too_long))} "
                               f"bytes exceeds the file system's limit of {limit}")
 
 

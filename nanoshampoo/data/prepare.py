@@ -83,7 +83,7 @@ from nanoshampoo.data.tokenizer import (
     train_bpe_tokenizer,
 )
 from nanoshampoo.errors import EXIT_USER_ERROR, run_command, user_input
-from nanoshampoo.io_utils import atomic_output
+from nanoshampoo.io_utils import atomic_output, check_name_lengths
 
 # The default run's batch (TrainConfig: 16 sequences of 128 tokens); a split must hold one batch
 # and its shifted targets, so at least this many tokens plus one.
@@ -282,6 +282,7 @@ def _prepare(
         "passage_chars": config.passage_chars,
     }
     settings_hash = _settings_hash(settings)
+    check_name_lengths(out_dir, "--out-dir")
     previous = read_manifest(out_dir) if out_dir.is_dir() else None
     if (
         previous is not None

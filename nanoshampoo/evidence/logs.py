@@ -144,9 +144,9 @@ def find_run_files(directory: str | Path) -> list[Path]:
 
 def _read_text(path: Path) -> str:
     """The file's text; only a regular file is read (a FIFO or device would block or never end)."""
-    if path.exists() and not path.is_file():
-        raise LogFormatError(f"{path}: not a regular file (a run log is a plain file)")
     try:
+        if path.exists() and not path.is_file():
+            raise LogFormatError(f"{path}: not a regular file (a run log is a plain file)")
         return path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise LogFormatError(f"{path}: no such file") from None

@@ -108,10 +108,10 @@ class _Event:
 def load_trace(path: str | Path) -> dict[str, Any]:
     """Read a Chrome trace (``.json`` or ``.json.gz``) written by ``torch.profiler``."""
     path = Path(path)
-    if path.exists() and not path.is_file():
-        raise TraceFormatError(f"{path}: not a regular file (a trace is a plain file)")
     opener = gzip.open if path.name.endswith(".gz") else open
     try:
+        if path.exists() and not path.is_file():
+            raise TraceFormatError(f"{path}: not a regular file (a trace is a plain file)")
         with opener(path, "rt", encoding="utf-8") as f:
             trace = json.load(f)
     except FileNotFoundError:
@@ -177,7 +177,11 @@ def analyze_paths(paths: Sequence[str | Path]) -> list[OverlapStats]:
     """Analyze trace files and every trace file inside the given directories."""
     files: list[Path] = []
     for path in map(Path, paths):
-        if path.is_dir():
+        try:
+            is_dir = path.is_dir()
+        except OSError as exc:  # e.g. a name too long for the file system
+            raise TraceFormatError(f"{path}: cannot read ({exc.strerror or exc})") from None
+        if is_dir:
             found = find_trace_files(path)
             if not found:
                 raise TraceFormatError(f"{path}: no trace files (*.json, *.json.gz) in this directory")

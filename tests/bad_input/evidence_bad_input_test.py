@@ -200,3 +200,11 @@ def test_stats_on_a_corrupted_log_succeeds_or_names_the_file(index: int, replace
         lines = err.getvalue().splitlines()
         assert status == EXIT_USER_ERROR and len(lines) == 1, err.getvalue()
         assert lines[0].startswith("nanoshampoo stats: error: ") and "run.jsonl" in lines[0]
+
+
+@pytest.mark.parametrize("command", ["stats", "trace"])
+def test_an_input_name_too_long_is_one_line(command: str, tmp_path: Path,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    name = "x" * 300 + (".jsonl" if command == "stats" else ".json")
+    assert main([command, str(tmp_path / name)]) == EXIT_USER_ERROR
+    one_error_line(capsys, f"nanoshampoo {command}", "x" * 50)
