@@ -208,3 +208,57 @@ def test_an_input_name_too_long_is_one_line(command: str, tmp_path: Path,
     name = "x" * 300 + (".jsonl" if command == "stats" else ".json")
     assert main([command, str(tmp_path / name)]) == EXIT_USER_ERROR
     one_error_line(capsys, f"nanoshampoo {command}", "x" * 50)
+
+
+EVENT_VALUES = st.one_of(st.none(), st.booleans(), st.integers(-5, 10**6), st.floats(),
+                         st.text(max_size=6), st.lists(st.integers(), max_size=2))
+
+
+@settings(max_examples=40, deadline=None, database=None)
+@given(events=st.lists(st.dictionaries(
+    st.sampled_from(["ph", "name", "cat", "ts", "dur", "pid", "tid", "args"]),
+    st.one_of(EVENT_VALUES, st.sampled_from(["X", "M", "gloo:all_reduce", "aten::mm",
+                                             "cpu_op", "kernel"])), max_size=8), max_size=6))
+def test_trace_on_generated_events_reports_or_names_the_file(events: list[dict]) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        trace = Path(tmp) / "t.json"
+        trace.write_text(json.dumps({"traceEvents": events}))
+        err, out = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(out):
+            status = main(["trace", str(trace)])
+    if status == 0:
+        assert "nan" not in out.getvalue().split("\n", 2)[1]  # the figures of the rank's row
+    else:
+        lines = err.getvalue().splitlines()
+        assert status == EXIT_USER_ERROR and len(lines) == 1, err.getvalue()
+        assert lines[0].startswith("nanoshampoo trace: error: ") and "t.json" in lines[0]
+
+
+@settings(max_examples=30, deadline=None, database=None)
+@given(target=st.lists(st.sampled_from(["A", "B", "r_seed0.jsonl", "b.jsonl", "f", "new",
+                                        "x.json", "."]), min_size=1, max_size=4))
+def test_stats_json_anywhere_writes_a_new_file_or_refuses_changing_nothing(
+        target: list[str]) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp) / "root"
+        runs = write_run_group(root / "A")
+        write_run_log(root / "B" / "b.jsonl")
+        (root / "f").write_text("a file")
+        out = root.joinpath(*target)
+        before = snapshot(root)
+        existed = out.exists()
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+            status = main(["stats", str(runs), "--json", str(out)])
+        after = snapshot(root)
+        if status == 0:
+            assert json.loads(out.read_text())["groups"]
+            written = out.resolve().relative_to(root.resolve())
+            made_dirs = {str(p) for p in written.parents if str(p) not in before} - {"."}
+            changed = {k for k in after if after.get(k) != before.get(k)}
+            assert changed <= {str(written)} | made_dirs  # the report and its new directories
+            assert not existed or before[str(written)][0] != "dir"
+        else:
+            assert status == EXIT_USER_ERROR and len(err.getvalue().splitlines()) == 1
+            assert err.getvalue().startswith("nanoshampoo stats: error: --json")
+            assert after == before
