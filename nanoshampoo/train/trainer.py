@@ -150,7 +150,7 @@ class Trainer:
         append = checkpoint is not None and self.run_id == checkpoint.run_id
         self.log = RunLog(cfg.out_dir, self.run_id, enabled=ctx.is_main, append=append)
         self._on_every_rank(self.log.check_can_start)
-        kept = checkpoint.step if append else 0  # type: ignore[union-attr]
+        kept = checkpoint.step if checkpoint is not None and append else 0
         self._on_every_rank(lambda: check_no_checkpoint_replaced(cfg.out_dir, self.run_id, kept))
         self.resumed_from = None if checkpoint is None else {
             "checkpoint": str(checkpoint.directory), "run_id": checkpoint.run_id,
