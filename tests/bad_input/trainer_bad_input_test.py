@@ -7,8 +7,13 @@ from __future__ import annotations
 
 import contextlib
 import io
+import os
 import shlex
 import shutil
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -232,3 +237,31 @@ def test_any_corrupted_checkpoint_field_is_one_line_or_loads(
         assert str(damaged) in lines[0]
     after = snapshot(tmp)
     assert {k: v for k, v in after.items() if not k.startswith("out")} == before
+
+
+@pytest.mark.timeout(120)
+def test_a_real_sigint_exits_130_with_the_resume_command(shards: dict[str, str],
+                                                         tmp_path: Path) -> None:
+    """The signal itself, in a real ``python -m nanoshampoo.train`` process."""
+    argv = train_argv(shards, tmp_path, num_iterations=100_000, checkpoint_every=1,
+                      log_every=1)
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2]),
+           "NANOSHAMPOO_KEEP_MALLOC": "1", "OMP_NUM_THREADS": "1"}
+    process = subprocess.Popen([sys.executable, "-m", "nanoshampoo.train", *argv], env=env,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    log = tmp_path / "R.jsonl"
+    deadline = time.monotonic() + 90
+    while '"step": 3,' not in (log.read_text() if log.exists() else ""):
+        assert process.poll() is None, process.communicate()[1]
+        assert time.monotonic() < deadline, "the run never reached step 3"
+        time.sleep(0.1)
+    process.send_signal(signal.SIGINT)
+    _, err = process.communicate(timeout=60)
+    assert process.returncode == 130, err
+    assert "Traceback" not in err
+    assert f"{PROG}: interrupted after step " in err
+    resume = err.strip().splitlines()[-1]
+    checkpoint = Path(resume.rsplit("--resume ", 1)[1])
+    assert resume.startswith(f"continue with: {PROG} ")
+    assert checkpoint.parent == tmp_path / "R.ckpt"
+    assert checkpoint.is_dir() and checkpoint == max((tmp_path / "R.ckpt").glob("step_??????"))
