@@ -239,7 +239,7 @@ def _check_version(directory: Path, record: dict[str, Any]) -> None:
 
 
 def _check_record(path: Path, record: dict[str, Any], sharded: bool, holds_model: bool) -> None:
-    """``UserError`` naming ``path`` and the field for a record ``save_checkpoint`` did not write."""
+    """``UserError`` naming ``path`` and the field, for a record unlike ``save_checkpoint``'s."""
     def bad(name: str, expected: str) -> UserError:
         shown = repr(record[name]) if name in record else "missing"
         return UserError(f"--resume: {path}: field {name!r} must be {expected}, got {shown[:60]}")
@@ -259,7 +259,8 @@ def _check_record(path: Path, record: dict[str, Any], sharded: bool, holds_model
             not isinstance(loader.get(k), t) or isinstance(loader.get(k), bool)
             for k, t in _LOADER_FIELDS.items()):
         raise bad("loader", f"the loader's state (a dict of {', '.join(_LOADER_FIELDS)})")
-    if not isinstance(record.get("cpu_rng"), torch.Tensor) or record["cpu_rng"].dtype != torch.uint8:
+    rng = record.get("cpu_rng")
+    if not isinstance(rng, torch.Tensor) or rng.dtype != torch.uint8:
         raise bad("cpu_rng", "a uint8 tensor (torch.get_rng_state())")
     if record.get("cuda_rng") is not None and not isinstance(record["cuda_rng"], torch.Tensor):
         raise bad("cuda_rng", "None or a tensor")

@@ -14,7 +14,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from nanoshampoo.data.prepare import main
-from nanoshampoo.data.shards import HEADER_BYTES, ShardFormatError, read_shard_token_count, write_shard
+from nanoshampoo.data.shards import (
+    HEADER_BYTES,
+    ShardFormatError,
+    read_shard_token_count,
+    write_shard,
+)
 
 PROG = "python -m nanoshampoo.data.prepare"
 # About 12,000 tokens: with --val-fraction 0.4 each split holds more than the default batch.

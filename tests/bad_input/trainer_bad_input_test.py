@@ -19,7 +19,13 @@ from typing import Any
 
 import pytest
 import torch
-from bad_input_fixtures import EXIT_USER_ERROR, one_error_line, snapshot, train_argv, write_token_shards
+from bad_input_fixtures import (
+    EXIT_USER_ERROR,
+    one_error_line,
+    snapshot,
+    train_argv,
+    write_token_shards,
+)
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
