@@ -72,8 +72,10 @@ def test_stats_refuses_to_average_runs_of_different_lengths(
 def test_stats_refuses_a_non_finite_target(target: str, tmp_path: Path,
                                            capsys: pytest.CaptureFixture[str]) -> None:
     runs = write_run_group(tmp_path / "A")
+    before = snapshot(tmp_path)
     assert main(["stats", str(runs), f"--target={target}"]) == EXIT_USER_ERROR
     one_error_line(capsys, "nanoshampoo stats", "--target")
+    assert snapshot(tmp_path) == before
 
 
 @pytest.mark.timeout(30)
@@ -98,15 +100,19 @@ def test_a_fifo_input_is_refused_instead_of_hanging(command: str, name: str, tmp
 def test_stats_on_deeply_nested_json_names_the_file(tmp_path: Path,
                                                     capsys: pytest.CaptureFixture[str]) -> None:
     (tmp_path / "deep.jsonl").write_text(DEEP + "\n")
+    before = snapshot(tmp_path)
     assert main(["stats", str(tmp_path / "deep.jsonl")]) == EXIT_USER_ERROR
     one_error_line(capsys, "nanoshampoo stats", "deep.jsonl", "nested")
+    assert snapshot(tmp_path) == before
 
 
 def test_trace_on_deeply_nested_json_names_the_file(tmp_path: Path,
                                                     capsys: pytest.CaptureFixture[str]) -> None:
     (tmp_path / "deep.json").write_text(DEEP)
+    before = snapshot(tmp_path)
     assert main(["trace", str(tmp_path / "deep.json")]) == EXIT_USER_ERROR
     one_error_line(capsys, "nanoshampoo trace", "deep.json", "nested")
+    assert snapshot(tmp_path) == before
 
 
 @pytest.mark.parametrize("ts, dur", [(float("nan"), 1.0), (0.0, float("nan")),
@@ -115,8 +121,10 @@ def test_trace_refuses_non_finite_timestamps(ts: float, dur: float, tmp_path: Pa
                                              capsys: pytest.CaptureFixture[str]) -> None:
     trace = write_trace(tmp_path / "t.json", [x_event("aten::mm", 0.0, 5.0),
                                               x_event("aten::add", ts, dur)])
+    before = snapshot(tmp_path)
     assert main(["trace", str(trace)]) == EXIT_USER_ERROR
     one_error_line(capsys, "nanoshampoo trace", "t.json", "traceEvents[1]", "'ts'")
+    assert snapshot(tmp_path) == before
 
 
 def test_stats_json_under_proc_is_one_line(tmp_path: Path,
@@ -142,15 +150,19 @@ def test_stats_json_under_a_file_is_one_line(tmp_path: Path,
                                              capsys: pytest.CaptureFixture[str]) -> None:
     runs = write_run_group(tmp_path / "A")
     (tmp_path / "f").write_text("x")
+    before = snapshot(tmp_path)
     assert main(["stats", str(runs), "--json", str(tmp_path / "f" / "r.json")]) == EXIT_USER_ERROR
     one_error_line(capsys, "nanoshampoo stats", "--json", "is a file")
+    assert snapshot(tmp_path) == before
 
 
 def test_stats_json_name_too_long_is_one_line(tmp_path: Path,
                                               capsys: pytest.CaptureFixture[str]) -> None:
     runs = write_run_group(tmp_path / "A")
+    before = snapshot(tmp_path)
     assert main(["stats", str(runs), "--json", str(tmp_path / ("r" * 300 + ".json"))]) == 2
     one_error_line(capsys, "nanoshampoo stats", "--json", "limit")
+    assert snapshot(tmp_path) == before
 
 
 def test_repeat_out_dir_that_is_a_file_is_one_line(tmp_path: Path,
@@ -165,8 +177,10 @@ def test_repeat_out_dir_that_is_a_file_is_one_line(tmp_path: Path,
 
 def test_repeat_refuses_a_nan_target_before_training(tmp_path: Path,
                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    before = snapshot(tmp_path)
     assert main(["repeat", "-n", "1", "--out-dir", str(tmp_path / "o"), "--target", "nan"]) == 2
     one_error_line(capsys, "nanoshampoo repeat", "--target")
+    assert snapshot(tmp_path) == before
     assert not (tmp_path / "o").exists()
 
 
@@ -206,8 +220,10 @@ def test_stats_on_a_corrupted_log_succeeds_or_names_the_file(index: int, replace
 def test_an_input_name_too_long_is_one_line(command: str, tmp_path: Path,
                                             capsys: pytest.CaptureFixture[str]) -> None:
     name = "x" * 300 + (".jsonl" if command == "stats" else ".json")
+    before = snapshot(tmp_path)
     assert main([command, str(tmp_path / name)]) == EXIT_USER_ERROR
     one_error_line(capsys, f"nanoshampoo {command}", "x" * 50)
+    assert snapshot(tmp_path) == before
 
 
 EVENT_VALUES = st.one_of(st.none(), st.booleans(), st.integers(-5, 10**6), st.floats(),

@@ -160,8 +160,10 @@ def test_resuming_on_other_shards_is_one_line(checkpoint: Path, shards: dict[str
     renamed = Path(other["train"]).parent / "syn_train_000007.bin"
     Path(other["train"].replace("*", "000001")).rename(renamed)
     argv = train_argv(other, tmp_path / "out", run_id="S", resume=checkpoint)
+    before = snapshot(tmp_path)
     assert main(argv) == EXIT_USER_ERROR
     one_error_line(capsys, PROG, "--resume", "shard_names", "syn_train_000007.bin")
+    assert snapshot(tmp_path) == before
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without a GPU")
