@@ -7,8 +7,9 @@ stays complete until the new data is complete, and a failure at any point before
 leaves ``out_dir`` exactly as it was. Files in ``out_dir`` that ``prepare`` did not write
 (anything but the manifest, the tokenizer and the shards it lists) move into the new directory.
 
-Before any of that, :func:`check_out_dir` refuses an ``out_dir`` that cannot be written and one
-holding shard files that no manifest of this tool lists (they would mix into the data).
+Before any of that, :func:`check_out_dir` refuses an ``out_dir`` that cannot be written, the
+working directory or one above it (the swap would move it away), and one holding shard files
+that no manifest of this tool lists (they would mix into the data).
 
 Example:
     >>> import tempfile, pathlib
@@ -79,6 +80,10 @@ def manifest_files_intact(out_dir: Path, manifest: dict[str, Any]) -> bool:
 def check_out_dir(out_dir: Path, manifest: dict[str, Any] | None) -> None:
     """``ValueError`` (one line) if ``out_dir`` cannot take a new preparation; changes nothing."""
     check_output_dir(out_dir, "--out-dir")
+    cwd = Path.cwd().resolve()
+    if out_dir.resolve() in (cwd, *cwd.parents):
+        raise ValueError(f"--out-dir {out_dir}: is the working directory or above it, which the "
+                         "swap to the new data would move away; give a directory below it")
     if not out_dir.is_dir():
         return
     listed = listed_files(manifest)
@@ -111,6 +116,7 @@ def staged_output(out_dir: Path, previous: dict[str, Any] | None = None) -> Iter
     every other file of ``out_dir`` moves into the new one. On an exception the staging
     directory is removed and ``out_dir`` is untouched.
     """
+    out_dir = out_dir.resolve()  # "data/" and "data" alike: the staging goes beside it
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}.staging-"))
     try:

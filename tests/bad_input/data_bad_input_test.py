@@ -148,6 +148,19 @@ def test_an_out_dir_that_cannot_be_written_is_one_line(
     assert snapshot(tmp_path) == before
 
 
+def test_the_working_directory_as_out_dir_is_refused(tmp_path: Path,
+                                                    capsys: pytest.CaptureFixture[str],
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(TEXT)
+    monkeypatch.chdir(tmp_path)
+    before = snapshot(tmp_path)
+    assert main(["--out-dir", ".", "--val-fraction", "0.4", "--vocab-size", "300",
+                 "--text-files", str(corpus)]) == EXIT_USER_ERROR
+    one_error_line(capsys, PROG, "--out-dir .", "working directory")
+    assert snapshot(tmp_path) == before
+
+
 @pytest.fixture(scope="module")
 def good_shard(tmp_path_factory: pytest.TempPathFactory) -> bytes:
     path = tmp_path_factory.mktemp("shard") / "s.bin"
