@@ -34,6 +34,7 @@ import typing
 from collections.abc import Sequence
 from pathlib import Path
 
+from nanoshampoo.errors import UserError, run_command, user_input
 from nanoshampoo.evidence.compare import (
     DEFAULT_SETUPS,
     CompareConfig,
@@ -43,7 +44,6 @@ from nanoshampoo.evidence.compare import (
     run_compare,
     write_leaderboard,
 )
-from nanoshampoo.errors import UserError, run_command, user_input
 from nanoshampoo.evidence.grouping import groups_by_directory, groups_from_specs, regroup
 from nanoshampoo.evidence.logs import read_run
 from nanoshampoo.evidence.repeat import RepeatConfig, run_repeats
