@@ -225,15 +225,7 @@ def _read_jsonl(path: Path) -> RunRecord:
     for lineno, line in enumerate(_read_text(path).splitlines(), start=1):
         if not line.strip():
             continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise LogFormatError(f"{path}:{lineno}: invalid JSON ({exc.msg})") from None
-        except RecursionError:
-            raise LogFormatError(f"{path}:{lineno}: JSON nested too deeply to be a run "
-                                 "log record") from None
-        if not isinstance(record, dict) or "kind" not in record:
-            raise LogFormatError(f"{path}:{lineno}: expected an object with a 'kind' field")
+        record = _json_record(path, lineno, line)
         kind = record["kind"]
         if kind == "config":
             # A resume appends a new config record: the run's state is its last segment's.
@@ -289,6 +281,20 @@ def _read_jsonl(path: Path) -> RunRecord:
         train_time_ms=_number(path, None, final, "train_time_ms"),
         step_avg_ms=_number(path, None, final, "step_avg_ms"),
     ))
+
+
+def _json_record(path: Path, lineno: int, line: str) -> dict[str, Any]:
+    """One JSONL line as an object with a ``kind``; ``LogFormatError`` naming the line if not."""
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise LogFormatError(f"{path}:{lineno}: invalid JSON ({exc.msg})") from None
+    except RecursionError:
+        raise LogFormatError(f"{path}:{lineno}: JSON nested too deeply to be a run log "
+                             "record") from None
+    if not isinstance(record, dict) or "kind" not in record:
+        raise LogFormatError(f"{path}:{lineno}: expected an object with a 'kind' field")
+    return record
 
 
 def _field(path: Path, lineno: int | None, record: dict[str, Any], name: str) -> Any:

@@ -43,7 +43,7 @@ from torch import nn
 from tqdm import tqdm
 
 from nanoshampoo.data.loader import DistributedTokenLoader, validation_batches
-from nanoshampoo.model.gpt import GPT, gpt_preset
+from nanoshampoo.model.gpt import GPT, GPTConfig, gpt_preset
 from nanoshampoo.optim.errors import NonFiniteGradientError
 from nanoshampoo.train.checkpoint import (
     CheckpointRecords,
@@ -158,12 +158,7 @@ class Trainer:
 
         torch.manual_seed(cfg.seed)
         model_config = gpt_preset(cfg.model, self.data.vocab_size, cfg.combined_linear)
-        if cfg.seq_len > model_config.max_seq_len:
-            raise UserError(f"--seq-len {cfg.seq_len}: exceeds the {cfg.model} model's "
-                            f"max_seq_len ({model_config.max_seq_len})")
-        micro_batch = cfg.batch_size // (ctx.world_size * cfg.grad_accum_steps)
-        self._on_every_rank(lambda: check_memory(model_config, micro_batch, cfg.seq_len,
-                                                 ctx.device))
+        self._check_model_fits(model_config)
         self.model = GPT(model_config).to(ctx.device)
         _broadcast_parameters(self.model, ctx)
         if cfg.parallel != "ddp":
@@ -181,7 +176,7 @@ class Trainer:
         self.forward: nn.Module = torch.compile(self.model) if cfg.compile else self.model  # type: ignore[assignment]
         self.loader = DistributedTokenLoader(self.data.train_pattern, cfg.batch_size, cfg.seq_len,
                                              ctx.rank, ctx.world_size)
-        self.start_step = self.steps_done = 0
+        self.start_step = 0
         self.train_time_ms = 0.0
         if checkpoint is not None:
             # The config's learning rates win over the checkpoint's: a resume may change them.
@@ -192,10 +187,19 @@ class Trainer:
             for opt, opt_peaks in zip(self.setup.optimizers, peaks):
                 for group, peak in zip(opt.param_groups, opt_peaks):
                     group["peak_lr"] = peak
-            self.steps_done = self.start_step
             if self.start_step > cfg.num_iterations:
                 raise UserError(f"--resume {checkpoint.directory}: the checkpoint is at step "
                                 f"{self.start_step}, beyond --num-iterations {cfg.num_iterations}")
+
+    def _check_model_fits(self, model_config: GPTConfig) -> None:
+        """``--seq-len`` within the model's reach, its memory within what the device has."""
+        cfg, ctx = self.cfg, self.ctx
+        if cfg.seq_len > model_config.max_seq_len:
+            raise UserError(f"--seq-len {cfg.seq_len}: exceeds the {cfg.model} model's "
+                            f"max_seq_len ({model_config.max_seq_len})")
+        micro_batch = cfg.batch_size // (ctx.world_size * cfg.grad_accum_steps)
+        self._on_every_rank(lambda: check_memory(model_config, micro_batch, cfg.seq_len,
+                                                 ctx.device))
 
     def _tune_threads(self) -> None:
         """Set the CPU threads (``TrainConfig.threads``, or probed when 0); rank 0 decides for
@@ -247,6 +251,7 @@ class Trainer:
 
     def _run(self) -> TrainResult:
         cfg, ctx, total = self.cfg, self.ctx, self.cfg.num_iterations
+        self.steps_done = self.start_step  # for Ctrl-C's report; each step advances it
         self.log.start(self._config_record(), self._environment())
         if ctx.is_main:
             print(f"run {self.run_id}: {cfg.optimizer} on {ctx.device.type} x{ctx.world_size} "
