@@ -278,3 +278,27 @@ def test_stats_json_anywhere_writes_a_new_file_or_refuses_changing_nothing(
             assert status == EXIT_USER_ERROR and len(err.getvalue().splitlines()) == 1
             assert err.getvalue().startswith("nanoshampoo stats: error: --json")
             assert after == before
+
+
+TXT_LINES = ["step:0/100 val_loss:6.0000 train_time:0ms step_avg:0.00ms",
+             "step:50/100 train_loss:4.1000 train_time:500ms step_avg:10.00ms",
+             "step:100/100 val_loss:3.5000 train_time:1000ms step_avg:10.00ms",
+             "peak memory allocated: 12 MiB reserved: 16 MiB"]
+
+
+@settings(max_examples=40, deadline=None, database=None)
+@given(lines=st.lists(st.one_of(st.sampled_from(TXT_LINES + [
+    "diverged at step:7/100: loss is nan", "resumed from x at step 50",
+    "step:100/90 val_loss:nan train_time:1ms step_avg:1ms"]), st.text(max_size=30)),
+    max_size=8))
+def test_stats_on_a_generated_text_log_reports_or_names_the_file(lines: list[str]) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        log = Path(tmp) / "run.txt"
+        log.write_text("\n".join(lines) + "\n")
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+            status = main(["stats", str(log)])
+    if status != 0:
+        out = err.getvalue().splitlines()
+        assert status == EXIT_USER_ERROR and len(out) == 1, err.getvalue()
+        assert out[0].startswith("nanoshampoo stats: error: ") and "run.txt" in out[0]
