@@ -7,7 +7,8 @@ preset, which overrides the defaults; ``--preset NAME --help`` shows the preset'
 process or under ``torchrun``.
 
 Exit status: 0 done; 2 a user error (a bad flag value, a missing or damaged file), printed as
-one line without a traceback; 3 the run diverged (NaN/Inf; the logs say where). Other failures
+one line without a traceback; 3 the run diverged (NaN/Inf; the logs say where); 130 Ctrl-C (it
+prints the last checkpoint and the ``--resume`` command that continues the run). Other failures
 are bugs and keep their traceback.
 
 Example:
@@ -25,13 +26,14 @@ import typing
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
+from nanoshampoo.errors import EXIT_USER_ERROR, run_command, user_input
 from nanoshampoo.train.allocator import exec_with_tuned_malloc
-from nanoshampoo.train.config import TrainConfig, UserError
+from nanoshampoo.train.config import TrainConfig
+from nanoshampoo.train.interrupt import EXIT_INTERRUPTED, TrainingInterrupted, interrupted_message
 from nanoshampoo.train.presets import load_preset, preset_names
 
 DEFAULT_PRESET = "tiny-shampoo"
 PROG = "python -m nanoshampoo.train"
-EXIT_USER_ERROR = 2
 EXIT_DIVERGED = 3
 
 
@@ -121,26 +123,24 @@ def config_from_args(argv: Sequence[str] | None = None) -> TrainConfig:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse, train, and return the exit status (see the module docstring)."""
+    return run_command(PROG, lambda: _train(argv))
+
+
+def _train(argv: Sequence[str] | None) -> int:
     from nanoshampoo.train.trainer import Trainer, TrainingDiverged
 
-    try:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    with user_input():  # a bad value or preset: a usage error, not a crash
         cfg = config_from_args(argv)
-    except ValueError as exc:  # a bad value or preset: a usage error, not a crash
-        return _user_error(str(exc))
     try:
         Trainer(cfg).run()
-    except UserError as exc:
-        return _user_error(str(exc))
     except TrainingDiverged as exc:
         print(f"{PROG}: diverged at step {exc.step}: {exc.reason}", file=sys.stderr)
         return EXIT_DIVERGED
+    except TrainingInterrupted as exc:
+        print(f"{PROG}: {interrupted_message(exc, PROG, argv)}", file=sys.stderr)
+        return EXIT_INTERRUPTED
     return 0
-
-
-def _user_error(message: str) -> int:
-    one_line = " ".join(message.split())
-    print(f"{PROG}: error: {one_line}", file=sys.stderr)
-    return EXIT_USER_ERROR
 
 
 def run_entry_point(argv: Sequence[str]) -> int:

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
+from nanoshampoo.errors import UserError  # noqa: F401 - re-exported: the trainer's modules raise it
 from nanoshampoo.model.gpt import gpt_preset_names
 
 # Setup name -> (optimizer of the block matrices, optimizer of embed/head/scalars).
@@ -53,13 +54,6 @@ STORAGE_DTYPES = ("float32", "bfloat16")
 AUTOCAST_CHOICES = ("auto", "bf16", "off")
 RANK_DEFICIENT_STABILITY = ("perturbation", "pseudo-inverse")
 ROOT_METHODS = ("eigh", "warm-qr")
-
-
-class UserError(ValueError):
-    """A problem with the run's inputs (a flag's value, a file it names), not with the code.
-
-    The command line prints its message as one line, without a traceback, and exits with 2.
-    """
 
 
 @dataclass

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -67,6 +68,8 @@ def test_resume_appends_to_the_original_logs(shards: dict[str, str], tmp_path: P
     full = Trainer(tiny_config(shards, tmp_path, **cfg)).run()
     text, jsonl = full.text_log.read_text(), full.jsonl_log.read_text()
     checkpoint = tmp_path / f"{full.run_id}.ckpt" / "step_000002"
+    # As if the run had stopped after step 2: a resume never replaces a later checkpoint.
+    shutil.rmtree(tmp_path / f"{full.run_id}.ckpt" / "step_000004")
     resumed = Trainer(tiny_config(shards, tmp_path, resume=str(checkpoint), **cfg)).run()
 
     assert resumed.run_id == full.run_id
