@@ -145,3 +145,52 @@ def build_optimizer_setup(model: GPT, cfg: TrainConfig, world_size: int) -> Opti
     all_reduce = [p for p in model.parameters() if id(p) not in own and cfg.parallel == "ddp"]
     return OptimizerSetup(optimizers=optimizers, groups=groups, all_reduce_params=all_reduce,
                           self_reducing_params=self_reducing)
+
+
+# Param-group keys a resume takes from the new config rather than the checkpoint: the peak
+# lr (``--shampoo.lr`` etc. may change on resume; the schedule sets ``lr`` from it each step).
+RESUME_MAY_CHANGE = ("params", "lr", "peak_lr")
+
+
+def param_group_settings(optimizers: Sequence[torch.optim.Optimizer]) -> list[list[dict[str, object]]]:
+    """Every param group's settings (all keys but ``params``), per optimizer: what the config
+    built, to compare with what a checkpoint restores."""
+    return [[{k: v for k, v in group.items() if k != "params"} for group in opt.param_groups]
+            for opt in optimizers]
+
+
+def apply_resumed_settings(built: list[list[dict[str, object]]],
+                           optimizers: Sequence[torch.optim.Optimizer], source: str) -> None:
+    """After a checkpoint restored ``optimizers``: keep the config's peak lrs, and refuse
+    (``UserError``, one line) any other setting that differs from what the config built.
+
+    A restore brings back the checkpoint's param groups, and some optimizers bake settings into
+    their state at construction, so a changed hyper-parameter could not be applied faithfully;
+    refusing keeps the run log's config equal to what ran (the run does not start).
+    """
+    changed = []
+    for index, (opt, groups) in enumerate(zip(optimizers, built)):
+        for number, (group, wanted) in enumerate(zip(opt.param_groups, groups)):
+            keys = sorted((set(group) | set(wanted)) - set(RESUME_MAY_CHANGE), key=str)
+            for key in keys:
+                old, new = group.get(key, "(absent)"), wanted.get(key, "(absent)")
+                if not _same(old, new):
+                    changed.append(f"{type(opt).__name__} group {number}: {key} "
+                                   f"{old!r} -> {new!r}")
+        if len(opt.param_groups) != len(groups):
+            changed.append(f"optimizer {index}: {len(opt.param_groups)} param groups -> "
+                           f"{len(groups)}")
+    if changed:
+        raise UserError(f"{source}: a resume continues the checkpoint's optimizer settings; "
+                        f"this run changes {'; '.join(changed)} (keep the checkpoint's values, "
+                        "or start a new run)")
+    for opt, groups in zip(optimizers, built):
+        for group, wanted in zip(opt.param_groups, groups):
+            group["peak_lr"] = wanted["peak_lr"]
+
+
+def _same(a: object, b: object) -> bool:
+    try:
+        return bool(a == b)
+    except (RuntimeError, TypeError, ValueError):  # tensors: compare values
+        return isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and torch.equal(a, b)

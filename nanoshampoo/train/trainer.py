@@ -77,7 +77,11 @@ from nanoshampoo.train.hardware import (
     cpu_threads,
     resolve_autocast,
 )
-from nanoshampoo.train.optimizers import build_optimizer_setup
+from nanoshampoo.train.optimizers import (
+    apply_resumed_settings,
+    build_optimizer_setup,
+    param_group_settings,
+)
 from nanoshampoo.train.profiling import make_step_profiler
 from nanoshampoo.train.run_log import RunLog
 from nanoshampoo.train.schedule import apply_lr_multiplier, lr_multiplier, remember_peak_lrs
@@ -172,14 +176,14 @@ class Trainer:
         self.start_step = 0
         self.train_time_ms = 0.0
         if checkpoint is not None:
-            # The config's learning rates win over the checkpoint's: a resume may change them.
-            peaks = [[g["peak_lr"] for g in opt.param_groups] for opt in self.setup.optimizers]
+            # The config's peak lrs win over the checkpoint's; any other changed setting is
+            # refused (the log must record what runs).
+            built = param_group_settings(self.setup.optimizers)
             self.start_step, self.train_time_ms = self._on_every_rank(
                 lambda: restore_checkpoint(checkpoint, self.model, self.setup.optimizers,
                                            self.loader))
-            for opt, opt_peaks in zip(self.setup.optimizers, peaks):
-                for group, peak in zip(opt.param_groups, opt_peaks):
-                    group["peak_lr"] = peak
+            self._on_every_rank(lambda: apply_resumed_settings(
+                built, self.setup.optimizers, f"--resume {checkpoint.directory}"))
             if self.start_step > cfg.num_iterations:
                 raise UserError(f"--resume {checkpoint.directory}: the checkpoint is at step "
                                 f"{self.start_step}, beyond --num-iterations {cfg.num_iterations}")
