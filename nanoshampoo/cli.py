@@ -34,15 +34,8 @@ import typing
 from collections.abc import Sequence
 from pathlib import Path
 
-from nanoshampoo.evidence.compare import (
-    DEFAULT_SETUPS,
-    CompareConfig,
-    build_leaderboard,
-    format_leaderboard,
-    parse_setups,
-    run_compare,
-    write_leaderboard,
-)
+from nanoshampoo.evidence.compare import DEFAULT_SETUPS, RULES, CompareConfig, parse_setups, run_compare
+from nanoshampoo.evidence.leaderboard import build_leaderboard, format_leaderboard, write_leaderboard
 from nanoshampoo.evidence.grouping import groups_by_directory, groups_from_specs, regroup
 from nanoshampoo.evidence.logs import LogFormatError, read_run
 from nanoshampoo.evidence.repeat import RepeatConfig, run_repeats
@@ -127,6 +120,9 @@ def _parser() -> argparse.ArgumentParser:
                          help="also train every non-baseline setup with its schedule shortened to "
                               "these fractions of the baseline's steps (e.g. 0.7): does it reach "
                               "the target in that many steps?")
+    compare.add_argument("--rule", choices=RULES, default="welch",
+                         help="the leaderboard's statistics: welch, or track3 (the speedrun "
+                              "optimization track's fixed-sigma record and pairwise rules, too)")
     compare.add_argument("train_args", nargs=argparse.REMAINDER,
                          help="arguments for every `python -m nanoshampoo.train` run, after `--`")
     compare.set_defaults(handler=_run_compare)
@@ -197,7 +193,7 @@ def _run_compare(args: argparse.Namespace) -> int:
     config = CompareConfig(setups=parse_setups(args.setups), seeds=args.seeds, seed0=args.seed0,
                            baseline=args.baseline, target=_target(args.target), nproc=args.nproc,
                            out_dir=args.out_dir, train_args=tuple(train_args),
-                           step_fractions=_fractions(args.step_fractions))
+                           step_fractions=_fractions(args.step_fractions), rule=args.rule)
     groups = run_compare(config)
     board = build_leaderboard(groups, config)
     print()

@@ -6,6 +6,7 @@ training; the statistics are recomputed here with numpy/scipy from the same numb
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from collections.abc import Sequence
@@ -19,15 +20,16 @@ import scipy.stats
 import nanoshampoo.cli as cli
 from nanoshampoo.cli import main
 from nanoshampoo.evidence import compare
+from nanoshampoo.evidence import leaderboard
 from nanoshampoo.evidence.compare import (
     CompareConfig,
     Setup,
-    build_leaderboard,
     parse_setups,
     resolve_train_config,
     run_compare,
     run_identity,
 )
+from nanoshampoo.evidence.leaderboard import build_leaderboard
 from nanoshampoo.evidence.repeat import fresh_run_id
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -237,7 +239,7 @@ def test_diverged_runs_are_counted_marked_and_left_out_of_the_means(tmp_path: Pa
         scipy.stats.ttest_1samp(finished, board.target, alternative="less").pvalue)
     [diverged] = [run for run in board.runs if run.diverged_step is not None]
     assert (diverged.setup, diverged.seed, diverged.steps_to_target) == ("soap", 1, None)
-    markdown = compare.format_leaderboard(board)
+    markdown = leaderboard.format_leaderboard(board)
     assert "| 3 (1 diverged †) |" in markdown
     assert "diverged † at step 50: loss is nan" in markdown
 
@@ -449,16 +451,16 @@ def test_step_fractions_train_shorter_schedules_and_find_the_shortest_that_reach
     # The fixture's numbers: soap reaches at 0.7 but not 0.5; shampoo only at full length.
     assert [got[("soap", f)].reaches for f in (1.0, 0.7, 0.5)] == [True, True, False]
     assert [got[("shampoo", f)].reaches for f in (1.0, 0.7, 0.5)] == [True, False, False]
-    shortest = compare.shortest_schedules(board)
+    shortest = leaderboard.shortest_schedules(board)
     assert shortest["soap"].fraction == 0.7 and shortest["shampoo"].fraction == 1.0
 
-    text = compare.format_leaderboard(board)
+    text = leaderboard.format_leaderboard(board)
     assert "## Steps to the target by schedule length" in text
     cells = [[c.strip() for c in line.split("|")[1:-1]] for line in text.splitlines()
              if line.startswith("|")]
     assert ["soap", "soap@0.7", "70 (0.70×)"] in [row[:3] for row in cells]
     assert f"- **soap**: reaches {target:.4f} in 0.70× adamw's steps (70; p = " in text
-    data = json.loads(json.dumps(compare.json_ready(board)))
+    data = json.loads(json.dumps(leaderboard.json_ready(board)))
     assert [(s["row"], s["steps"]) for s in data["schedules"]][:3] == [
         ("shampoo", 100), ("shampoo@0.7", 70), ("shampoo@0.5", 50)]
 
@@ -517,3 +519,74 @@ def test_a_run_that_another_compare_ended_meanwhile_is_reused(tmp_path: Path) ->
     assert [run.seed for run in groups["adamw"]] == [0, 1]
     assert any(line.startswith("[compare] reused   adamw seed 1") and line.endswith("ended meanwhile")
                for line in lines)
+
+
+def test_track3_rule_names_itself_and_gives_both_verdicts(tmp_path: Path) -> None:
+    config = _config(tmp_path, rule="track3")
+    groups, _ = _run(config, FakeTrainer())
+    board = build_leaderboard(groups, config)
+    target = float(np.mean(FINALS["adamw"]))
+    rows = {row.setup: row for row in board.rows}
+    for setup, finals in FINALS.items():
+        row = rows[setup]
+        assert row.steps == 100 and row.record is not None
+        assert row.record.statistic == pytest.approx((target - np.mean(finals)) * math.sqrt(3))
+        assert row.record.passed == (row.record.statistic >= 0.004)
+    # shampoo: (4.026667 - 3.973333) * sqrt(3) = 0.092376; pairwise / sqrt(2/3) = 0.065320.
+    assert rows["shampoo"].record.statistic == pytest.approx(0.0923760, rel=1e-5)
+    assert rows["shampoo"].pairwise.statistic == pytest.approx(0.0653197, rel=1e-5)
+    assert rows["shampoo"].pairwise.credit == 0.0 and rows["shampoo"].pairwise.passed
+    assert rows["adamw"].pairwise is None and not rows["adamw"].record.passed
+    text = leaderboard.format_leaderboard(board)
+    assert "Rule: **track3:" in text and "## Track-3 verdicts" in text
+    cells = [[c.strip() for c in line.split("|")[1:-1]] for line in text.splitlines()
+             if line.startswith("|")]
+    assert ["shampoo", "100", "3", "0.09238"] in [row[:4] for row in cells]
+    welch_board = build_leaderboard(groups, _config(tmp_path))
+    assert "Rule: **welch:" in leaderboard.format_leaderboard(welch_board)
+    assert all(row.record is None for row in welch_board.rows)
+
+
+def test_every_row_says_how_many_seeds_p_below_005_would_need(tmp_path: Path) -> None:
+    config = _config(tmp_path)
+    groups, _ = _run(config, FakeTrainer())
+    rows = {row.setup: row for row in build_leaderboard(groups, config).rows}
+    assert rows["adamw"].seeds_needed is None  # the baseline itself
+    for setup in ("shampoo", "soap"):
+        gap = np.mean(FINALS[setup]) - np.mean(FINALS["adamw"])
+        stds = np.std(FINALS[setup], ddof=1), np.std(FINALS["adamw"], ddof=1)
+        n = rows[setup].seeds_needed
+
+        def p(k: int) -> float:
+            return scipy.stats.ttest_ind_from_stats(gap, stds[0], k, 0.0, stds[1], k,
+                                                    equal_var=False).pvalue
+
+        assert n is not None and p(n) < 0.05 and (n == 2 or p(n - 1) >= 0.05)
+
+
+def test_track3_credits_a_shorter_schedule_in_the_pairwise_rule(tmp_path: Path) -> None:
+    config = _config(tmp_path, step_fractions=(0.7,), rule="track3")
+    groups = run_compare(config, resolve=fake_resolve, launch=ScheduleTrainer(),
+                         say=lambda line: None)
+    rows = {row.setup: row for row in build_leaderboard(groups, config).rows}
+    short = rows["soap@0.7"]
+    assert short.steps == 70 and short.pairwise.credit == pytest.approx(0.0045 * 30 / 100)
+    expected = (np.mean(FINALS["adamw"]) - (np.mean(FINALS["soap"]) + 0.03 - 0.00135)) \
+        / math.sqrt(2 / 3)
+    assert short.pairwise.statistic == pytest.approx(expected)
+
+
+def test_track3_refuses_seeds_that_stopped_at_different_steps(tmp_path: Path) -> None:
+    config = _config(tmp_path, rule="track3")
+    groups, _ = _run(config, FakeTrainer())
+    runs = list(groups["soap"])
+    runs[1] = dataclasses.replace(runs[1], total_steps=90)
+    groups = {**groups, "soap": runs}
+    with pytest.raises(ValueError, match=r"setup 'soap': every seed .* \[90, 100\]"):
+        build_leaderboard(groups, config)
+    build_leaderboard(groups, _config(tmp_path))  # welch reports it as it is
+
+
+def test_an_unknown_rule_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="rule: must be one of"):
+        _config(tmp_path, rule="ttest")
