@@ -87,6 +87,8 @@ class Setup:
     num_iterations: int | None = None
     parent: str = ""
     fraction: float = 1.0
+    # Train flags of this setup alone, after its preset (a tuning trial's point).
+    args: tuple[str, ...] = ()
 
     @property
     def family(self) -> str:
@@ -237,7 +239,7 @@ def expand_setups(config: CompareConfig, baseline_steps: int) -> tuple[Setup, ..
         for fraction in config.step_fractions:
             steps = max(1, round(fraction * baseline_steps))
             setups.append(Setup(f"{setup.name}@{fraction:g}", setup.preset, num_iterations=steps,
-                                parent=setup.name, fraction=fraction))
+                                parent=setup.name, fraction=fraction, args=setup.args))
     return tuple(setups)
 
 
@@ -259,7 +261,8 @@ def plan_runs(config: CompareConfig, resolve: ConfigResolver = resolve_train_con
     if defaults is None:
         defaults = train_config_defaults()
     base = next(s for s in config.setups if s.name == config.baseline)
-    base_argv = (*config.train_args, "--preset", base.preset, "--seed", str(config.seed0))
+    base_argv = (*config.train_args, "--preset", base.preset, *base.args, "--seed",
+                 str(config.seed0))
     try:
         baseline_steps = int(resolve(base_argv)["num_iterations"])
     except ValueError as exc:
@@ -268,7 +271,8 @@ def plan_runs(config: CompareConfig, resolve: ConfigResolver = resolve_train_con
     for setup in expand_setups(config, baseline_steps):
         schedule = () if setup.num_iterations is None else ("--num-iterations", str(setup.num_iterations))
         for seed in config.seed_list:
-            argv = (*config.train_args, "--preset", setup.preset, *schedule, "--seed", str(seed))
+            argv = (*config.train_args, "--preset", setup.preset, *setup.args, *schedule,
+                    "--seed", str(seed))
             try:
                 resolved = resolve(argv)
             except ValueError as exc:
