@@ -318,11 +318,20 @@ def split_values(values: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, A
     return run, merged
 
 
+# Longest run id (or preset name, which a new run id starts with): file names get suffixes
+# (``.ckpt/step_000000``, ``.compare.json``) and a file system allows 255 bytes.
+MAX_ID_LENGTH = 100
+
+
 def check_run_id(label: str, run_id: str) -> None:
-    """A run id names files inside the out dir: no path separator, not ``.`` or ``..``."""
+    """A run id names files inside the out dir: no path separator, not ``.`` or ``..``, at most
+    ``MAX_ID_LENGTH`` characters."""
     separators = {os.sep, os.altsep, "/", "\\"} - {None}
     if any(sep in run_id for sep in separators) or run_id in (".", ".."):
         raise ValueError(f"{label} must not contain a path separator, got {run_id!r}")
+    if len(run_id) > MAX_ID_LENGTH:
+        raise ValueError(f"{label} must be at most {MAX_ID_LENGTH} characters, got "
+                         f"{len(run_id)}")
 
 
 def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:

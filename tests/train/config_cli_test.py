@@ -217,3 +217,73 @@ def test_autocast_bf16_flag_is_an_alias() -> None:
     assert config_from_args(["--autocast-bf16", "true"]).autocast == "bf16"
     assert config_from_args(["--autocast-bf16", "no"]).autocast == "off"
     assert config_from_args([]).autocast == "auto"
+
+
+@pytest.mark.parametrize("text, message", [
+    ('save_final_checkpoint = "false"\n', "save_final_checkpoint must be a bool, got 'false'"),
+    ("num_iterations = 2.5\n", "num_iterations must be an int, got 2.5"),
+    ('num_iterations = "abc"\n', "num_iterations must be an int"),
+    ('matrix_lr = "0.1"\n', r"matrix_lr \(now \[shampoo\] lr\) must be a float, got '0.1'"),
+    ('profile_steps = "5"\n', "profile_steps must be a list of integers"),
+    ("resume = 5\n", "resume must be a str"),
+    ('[muon]\nlr = "0.02"\n', r"\[muon\] lr must be a float"),
+    ("[muon]\nlrr = 0.02\n", r"unknown field \[muon\] lrr"),
+    ("extends = 3\n", "'extends' must be a preset name or path"),
+])
+def test_preset_values_are_type_checked_naming_the_file_and_key(
+        text: str, message: str, tmp_path, capsys: pytest.CaptureFixture[str]) -> None:  # type: ignore[no-untyped-def]
+    preset = tmp_path / "bad.toml"
+    preset.write_text(text)
+    with pytest.raises(ValueError, match=f"bad\\.toml: {message}"):
+        load_preset(str(preset))
+    out = tmp_path / "out"
+    assert main(["--preset", str(preset), "--out-dir", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "bad.toml" in err
+    assert not out.exists()  # refused before anything was written
+
+
+def test_a_non_utf8_preset_names_its_file(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    preset = tmp_path / "latin1.toml"
+    preset.write_bytes(b'# caf\xe9\noptimizer = "adamw"\n')
+    with pytest.raises(ValueError, match=r"latin1\.toml: cannot read preset"):
+        load_preset(str(preset))
+
+
+def test_preset_names_resolve_only_among_the_shipped_presets(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    evil = tmp_path / "x" / "evil.toml"
+    evil.parent.mkdir()
+    evil.write_text('optimizer = "adamw"\n')
+    monkeypatch.chdir(tmp_path / "x")
+    with pytest.raises(ValueError, match="unknown preset 'evil'"):
+        load_preset("evil")  # a name is never a file in the working directory
+    with pytest.raises(ValueError, match=r"preset path '\.\./x/evil' must end in \.toml"):
+        load_preset("../x/evil")
+    assert load_preset("evil.toml")["optimizer"] == "adamw"  # a path, given as a path
+    assert load_preset(str(evil))["preset"] == "evil"
+    child = tmp_path / "x" / "child.toml"
+    child.write_text('extends = "../x/evil"\n')
+    with pytest.raises(ValueError, match=r"child\.toml: extends: preset path .* must end in"):
+        load_preset(str(child))
+    child.write_text('extends = "evil.toml"\nseed = 3\n')  # relative to the extending file
+    monkeypatch.chdir(tmp_path)
+    assert load_preset(str(child)) == {"optimizer": "adamw", "seed": 3, "preset": "child"}
+    child.write_text('extends = "evil"\n')
+    with pytest.raises(ValueError, match="extends: unknown preset 'evil'"):
+        load_preset(str(child))
+
+
+def test_a_preset_name_that_would_escape_the_out_dir_is_refused(
+        tmp_path, capsys: pytest.CaptureFixture[str]) -> None:  # type: ignore[no-untyped-def]
+    preset = tmp_path / "p.toml"
+    preset.write_text('preset = "../../pwned"\n')
+    out = tmp_path / "a" / "b" / "runs"
+    assert main(["--preset", str(preset), "--out-dir", str(out)]) == 2
+    assert "TrainConfig.preset must not contain a path separator" in capsys.readouterr().err
+    assert list(tmp_path.rglob("*.jsonl")) == []
+
+
+@pytest.mark.parametrize("field", ["run_id", "preset"])
+def test_an_overlong_run_id_or_preset_name_is_refused(field: str) -> None:
+    with pytest.raises(ValueError, match=f"TrainConfig.{field} must be at most 100 characters"):
+        TrainConfig(**{field: "r" * 101})
