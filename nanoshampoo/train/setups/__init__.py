@@ -1,10 +1,16 @@
 """Optimizer setups, registered by name (see ``registry``): ``adamw``, ``distadam``,
-``shampoo``, ``soap``, ``muon`` (each also ``*-distadam``) and ``custom`` (a user's class).
+``shampoo``, ``soap``, ``muon`` (each also ``*-distadam``), ``normuon``, ``muon-cwd`` and
+``custom`` (a user's class).
 
 Importing the package registers the built-in setups and their hyper-parameter tables.
 """
 
-from nanoshampoo.train.setups import adam, custom, shampoo_family  # noqa: F401 - registers
+from nanoshampoo.train.setups import (  # noqa: F401 - registers
+    adam,
+    custom,
+    muon_variants,
+    shampoo_family,
+)
 from nanoshampoo.train.setups.registry import (
     BuildContext,
     OptimizerPart,
