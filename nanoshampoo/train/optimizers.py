@@ -45,6 +45,12 @@ class OptimizerSetup:
     all_reduce_params: list[nn.Parameter]
     self_reducing_params: list[nn.Parameter]
 
+    def trainer_checked_params(self, model: nn.Module) -> list[nn.Parameter]:
+        """The parameters whose gradients the trainer checks for NaN/Inf: all but the
+        self-reducing ones (their reduction may still be in flight; their optimizer checks)."""
+        own = {id(p) for p in self.self_reducing_params}
+        return [p for p in model.parameters() if id(p) not in own]
+
     def set_gradient_sync(self, enabled: bool) -> None:
         """Whether this backward's gradients start syncing across ranks (DistAdam's hooks).
 

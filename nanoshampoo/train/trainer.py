@@ -167,8 +167,7 @@ class Trainer:
         self.setup = build_optimizer_setup(self.model, cfg, ctx.world_size)
         # DistAdam's gradients may still be in flight (its hooks launched their reduce-scatters)
         # when the trainer checks the others; DistAdam checks its own after waiting for them.
-        self_reducing = {id(p) for p in self.setup.self_reducing_params}
-        self._checked_params = [p for p in self.model.parameters() if id(p) not in self_reducing]
+        self._checked_params = self.setup.trainer_checked_params(self.model)
         remember_peak_lrs(self.setup.optimizers)
         self.forward: nn.Module = torch.compile(self.model) if cfg.compile else self.model  # type: ignore[assignment]
         self.loader = DistributedTokenLoader(self.data.train_pattern, cfg.batch_size, cfg.seq_len,
