@@ -99,6 +99,12 @@ def _parser_for(annotation: Any) -> Callable[[str], Any]:
     return {"int": int, "float": float, "str": str}.get(kind, annotation)
 
 
+def _metavar(annotation: Any) -> str:
+    """``FLOAT``, ``INT``, ``BOOL``, ``STR``; ``JSON`` for a table of keyword arguments."""
+    kind = annotation if isinstance(annotation, str) else getattr(annotation, "__name__", "")
+    return "JSON" if kind.startswith("dict") else kind.upper()
+
+
 class _SetEvery(argparse.Action):
     """A legacy flat flag (``--matrix-lr``): sets every table field it stands for, in order
     with the other flags (the last flag for a field wins)."""
@@ -130,6 +136,10 @@ def build_parser(preset: str = DEFAULT_PRESET,
     flat = flatten(preset_values or {})
     parser = _OneLineErrorParser(
         prog=PROG,
+        usage="%(prog)s [--preset NAME] [--FIELD VALUE ...] [--TABLE.FIELD VALUE ...]",
+        # One line per flag where it fits: the flag list is long.
+        formatter_class=lambda prog: argparse.HelpFormatter(prog, max_help_position=52,
+                                                            width=110),
         description="Train a speedrun GPT. Presets: " + ", ".join(preset_names())
         + ". Setups (--optimizer): " + ", ".join(setup_names()),
     )
@@ -155,6 +165,7 @@ def build_parser(preset: str = DEFAULT_PRESET,
                        else field.default)
             group.add_argument(f"--{table}.{field.name.replace('_', '-')}", dest=key,
                                type=_parser_for(field.type), default=argparse.SUPPRESS,
+                               metavar=_metavar(field.type),
                                help=_shown(key, default, preset, flat))
     for name, targets in LEGACY_FIELDS.items():
         table, field_name = targets[0].split(".", 1)

@@ -208,8 +208,9 @@ def test_help_shows_the_presets_values(capsys: pytest.CaptureFixture[str]) -> No
     out = capsys.readouterr().out
     text = " ".join(out.split())
     assert "--optimizer OPTIMIZER (preset tiny-muon: 'muon'; default 'shampoo')" in text
-    assert "--muon.lr MUON.LR (preset tiny-muon: 0.02; default 0.05)" in text
-    assert "--soap.lr SOAP.LR (default 0.003)" in text
+    assert "--muon.lr FLOAT (preset tiny-muon: 0.02; default 0.05)" in text
+    assert "--soap.lr FLOAT (default 0.003)" in text
+    assert "--custom.matrix-kwargs JSON (default {})" in text
     assert "--muon-lr" not in text  # the legacy flags work but are not listed
 
 
