@@ -43,6 +43,7 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import io
 import json
@@ -244,10 +245,15 @@ def expand_setups(config: CompareConfig, baseline_steps: int) -> tuple[Setup, ..
 
 
 def train_config_defaults() -> dict[str, Any]:
-    """``TrainConfig``'s field defaults, as ``to_dict`` writes them (JSON types)."""
+    """``TrainConfig``'s field defaults, as ``to_dict`` writes them (JSON types): the run fields
+    and the ``TABLE.FIELD`` of every registered table (``to_dict`` keeps only the setup's)."""
     from nanoshampoo.train.config import TrainConfig  # imports torch: only when comparing
 
-    return TrainConfig().to_dict()
+    config = TrainConfig()
+    defaults = config.to_dict()
+    for name, table in config.tables.items():
+        defaults.update({f"{name}.{k}": v for k, v in dataclasses.asdict(table).items()})
+    return json.loads(json.dumps(defaults))
 
 
 def plan_runs(config: CompareConfig, resolve: ConfigResolver = resolve_train_config,
@@ -290,7 +296,9 @@ def find_reusable(directory: Path, resolved: Mapping[str, Any], nproc: int,
 
     A manifest written before a config field existed lacks that field: the run counts as the
     same when the field's value now equals its default in ``defaults`` (a new field's default
-    keeps the old behaviour), and as a different run otherwise.
+    keeps the old behaviour), and as a different run otherwise. A manifest written before the
+    setup registry spells the hyper-parameters flat (``muon_lr``): see
+    :func:`upgrade_legacy_config`.
     """
     if not directory.is_dir():
         return None
@@ -299,7 +307,7 @@ def find_reusable(directory: Path, resolved: Mapping[str, Any], nproc: int,
     for manifest in sorted(directory.glob(f"*{MANIFEST_SUFFIX}")):
         try:
             data = json.loads(manifest.read_text(encoding="utf-8"))
-            logged = dict(data["config"])
+            logged = upgrade_legacy_config(dict(data["config"]), resolved)
             for key, value in resolved.items():
                 if key not in logged and key in defaults and _same_json(value, defaults[key]):
                     logged[key] = value
@@ -314,6 +322,21 @@ def find_reusable(directory: Path, resolved: Mapping[str, Any], nproc: int,
         except LogFormatError:
             continue  # crashed, killed or still running: train it again under a new id
     return None
+
+
+def upgrade_legacy_config(logged: dict[str, Any], resolved: Mapping[str, Any]) -> dict[str, Any]:
+    """A manifest's config with the flat names from before the setup registry (``muon_lr``,
+    ``matrix_lr``: ``TrainConfig.LEGACY_FIELDS``) as the table fields they are now, kept only
+    for the tables that ``resolved`` (the run asked for now) reads; others pass unchanged."""
+    from nanoshampoo.train.config import LEGACY_FIELDS  # imports torch: only when comparing
+
+    tables = {key.split(".", 1)[0] for key in resolved if "." in key}
+    upgraded = {k: v for k, v in logged.items() if k not in LEGACY_FIELDS}
+    for key, value in logged.items():
+        for target in LEGACY_FIELDS.get(key, ()):
+            if target.split(".", 1)[0] in tables:
+                upgraded.setdefault(target, value)
+    return upgraded
 
 
 def _same_json(a: Any, b: Any) -> bool:

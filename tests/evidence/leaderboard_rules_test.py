@@ -4,6 +4,7 @@ p < 0.05 result would need, on the fake runs of ``compare_test``."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 from pathlib import Path
 
@@ -86,3 +87,31 @@ def test_track3_refuses_seeds_that_stopped_at_different_steps(tmp_path: Path) ->
 def test_an_unknown_rule_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="rule: must be one of"):
         _config(tmp_path, rule="ttest")
+
+
+def test_a_run_logged_before_the_setup_registry_is_reused(tmp_path: Path) -> None:
+    """A manifest with the flat names (``muon_lr``) matches today's ``muon.lr`` config."""
+    from nanoshampoo.evidence.compare import find_reusable, resolve_train_config
+    from nanoshampoo.train.config import LEGACY_FIELDS
+
+    resolved = resolve_train_config(["--preset", "tiny-muon", "--seed", "0"])
+    every_table = {**compare_defaults(), **resolved}
+    old = {k: v for k, v in resolved.items() if "." not in k}
+    old.update({name: every_table[targets[0]] for name, targets in LEGACY_FIELDS.items()})
+    directory = tmp_path / "muon"
+    directory.mkdir()
+    (directory / "old.compare.json").write_text(json.dumps({"config": old, "nproc": 1}))
+    records = [{"kind": "config", "run_id": "old", "seed": 0, "world_size": 1, "config": old},
+               {"kind": "final", "step": 300, "total_steps": 300, "val_loss": 4.3,
+                "train_time_ms": 1.0, "step_avg_ms": 1.0, "peak_memory_mib": 1.0}]
+    (directory / "old.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    reused = find_reusable(directory, resolved, 1, compare_defaults())
+    assert reused is not None and reused.run_id == "old"
+    changed = resolve_train_config(["--preset", "tiny-muon", "--seed", "0", "--muon.lr", "0.03"])
+    assert find_reusable(directory, changed, 1, compare_defaults()) is None
+
+
+def compare_defaults() -> dict[str, object]:
+    from nanoshampoo.evidence.compare import train_config_defaults
+
+    return train_config_defaults()
