@@ -137,3 +137,14 @@ def test_a_resume_of_another_setup_is_refused(shards: dict[str, str], tmp_path: 
     with pytest.raises(UserError, match="optimizer"):
         Trainer(tiny_config(shards, tmp_path, run_id="other", **SGD,
                             resume=str(tmp_path / "run.ckpt" / "step_000001")))
+
+
+def test_a_diverging_custom_optimizer_stops_the_run(shards: dict[str, str],
+                                                    tmp_path: Path) -> None:
+    from nanoshampoo.train.trainer import TrainingDiverged
+
+    cfg = tiny_config(shards, tmp_path, num_iterations=6, val_every=0, **{
+        **SGD, "custom.matrix_kwargs": {"lr": float("inf")}})  # a user's class may take it
+    with pytest.raises(TrainingDiverged, match="non-finite|train loss is"):
+        Trainer(cfg).run()
+    assert read_jsonl(tmp_path / "run.jsonl")[-1]["kind"] == "diverged"
