@@ -9,9 +9,12 @@ Subcommands:
 * ``repeat -n N [--out-dir DIR] [--seed0 S] [--nproc K] [--name NAME] -- TRAIN_ARGS`` -- train
   N seeds, then report them;
 * ``compare [--setups adamw,shampoo,soap,muon] [--seeds 3] [--baseline NAME] [--target auto|X]
-  [--nproc K] [--out-dir runs/compare] [--step-fractions 0.7,...] -- TRAIN_ARGS`` -- train every
-  setup over the seeds (reusing ended runs), then write the leaderboard
-  (``nanoshampoo.evidence.compare``);
+  [--nproc K] [--out-dir runs/compare] [--step-fractions 0.7,...] [--rule welch|track3]
+  [--tune SETUP:KEY=SPEC ...] -- TRAIN_ARGS`` -- train every setup over the seeds (reusing
+  ended runs; tuned first with ``--tune``), then write the leaderboard
+  (``nanoshampoo.evidence.compare``, ``.leaderboard``);
+* ``tune --setup NAME --search KEY=V1,V2 [--trials N] [--seeds 1] [--confirm-seeds 3] --
+  TRAIN_ARGS`` -- tune one setup at an equal budget per trial (``nanoshampoo.evidence.tune``);
 * ``trace PATH... [--json OUT]`` -- communication/computation overlap in profiler traces.
 
 A user error (a bad flag, a file that cannot be read, a run that failed) prints one line
@@ -35,14 +38,12 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from nanoshampoo.errors import UserError, run_command, user_input
-from nanoshampoo.evidence.compare import (
-    DEFAULT_SETUPS,
-    CompareConfig,
-    build_leaderboard,
-    format_leaderboard,
-    parse_setups,
-    run_compare,
-    write_leaderboard,
+from nanoshampoo.evidence.compare import DEFAULT_SETUPS, RULES, CompareConfig, parse_setups, run_compare
+from nanoshampoo.evidence.leaderboard import build_leaderboard, format_leaderboard, write_leaderboard
+from nanoshampoo.evidence.tune_cli import (
+    add_compare_tune_options,
+    add_tune_command,
+    tuned_compare_config,
 )
 from nanoshampoo.evidence.grouping import groups_by_directory, groups_from_specs, regroup
 from nanoshampoo.evidence.logs import read_run
@@ -125,9 +126,14 @@ def _parser() -> argparse.ArgumentParser:
                          help="also train every non-baseline setup with its schedule shortened to "
                               "these fractions of the baseline's steps (e.g. 0.7): does it reach "
                               "the target in that many steps?")
+    compare.add_argument("--rule", choices=RULES, default="welch",
+                         help="the leaderboard's statistics: welch, or track3 (the speedrun "
+                              "optimization track's fixed-sigma record and pairwise rules, too)")
+    add_compare_tune_options(compare)
     compare.add_argument("train_args", nargs=argparse.REMAINDER,
                          help="arguments for every `python -m nanoshampoo.train` run, after `--`")
     compare.set_defaults(handler=_run_compare)
+    add_tune_command(commands)
 
     trace = commands.add_parser("trace", help="communication/computation overlap in profiler traces")
     trace.add_argument("paths", nargs="+", metavar="PATH",
@@ -214,7 +220,9 @@ def _compare(args: argparse.Namespace) -> int:
     config = CompareConfig(setups=parse_setups(args.setups), seeds=args.seeds, seed0=args.seed0,
                            baseline=args.baseline, target=_target(args.target), nproc=args.nproc,
                            out_dir=args.out_dir, train_args=tuple(train_args),
-                           step_fractions=_fractions(args.step_fractions))
+                           step_fractions=_fractions(args.step_fractions), rule=args.rule)
+    if args.tune:
+        config = tuned_compare_config(config, args)
     groups = run_compare(config)
     board = build_leaderboard(groups, config)
     print()

@@ -80,7 +80,11 @@ from nanoshampoo.train.hardware import (
     resolve_autocast,
 )
 from nanoshampoo.train.interrupt import TrainingInterrupted
-from nanoshampoo.train.optimizers import build_optimizer_setup
+from nanoshampoo.train.optimizers import (
+    apply_resumed_settings,
+    build_optimizer_setup,
+    param_group_settings,
+)
 from nanoshampoo.train.preflight import check_device, check_dist_timeout, check_memory
 from nanoshampoo.train.profiling import make_step_profiler
 from nanoshampoo.train.run_log import RunLog
@@ -169,9 +173,7 @@ class Trainer:
         self.setup = build_optimizer_setup(self.model, cfg, ctx.world_size)
         # DistAdam's gradients may still be in flight (its hooks launched their reduce-scatters)
         # when the trainer checks the others; DistAdam checks its own after waiting for them.
-        distadam = {id(p) for opt in self.setup.optimizers if hasattr(opt, "should_sync")
-                    for group in opt.param_groups for p in group["params"]}
-        self._checked_params = [p for p in self.model.parameters() if id(p) not in distadam]
+        self._checked_params = self.setup.trainer_checked_params(self.model)
         remember_peak_lrs(self.setup.optimizers)
         self.forward: nn.Module = torch.compile(self.model) if cfg.compile else self.model  # type: ignore[assignment]
         self.loader = DistributedTokenLoader(self.data.train_pattern, cfg.batch_size, cfg.seq_len,
@@ -179,14 +181,14 @@ class Trainer:
         self.start_step = 0
         self.train_time_ms = 0.0
         if checkpoint is not None:
-            # The config's learning rates win over the checkpoint's: a resume may change them.
-            peaks = [[g["peak_lr"] for g in opt.param_groups] for opt in self.setup.optimizers]
+            # The config's peak lrs win over the checkpoint's; any other changed setting is
+            # refused (the log must record what runs).
+            built = param_group_settings(self.setup.optimizers)
             self.start_step, self.train_time_ms = self._on_every_rank(
                 lambda: restore_checkpoint(checkpoint, self.model, self.setup.optimizers,
                                            self.loader))
-            for opt, opt_peaks in zip(self.setup.optimizers, peaks):
-                for group, peak in zip(opt.param_groups, opt_peaks):
-                    group["peak_lr"] = peak
+            self._on_every_rank(lambda: apply_resumed_settings(
+                built, self.setup.optimizers, f"--resume {checkpoint.directory}"))
             if self.start_step > cfg.num_iterations:
                 raise UserError(f"--resume {checkpoint.directory}: the checkpoint is at step "
                                 f"{self.start_step}, beyond --num-iterations {cfg.num_iterations}")
