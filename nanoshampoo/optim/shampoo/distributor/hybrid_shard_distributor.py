@@ -89,12 +89,7 @@ class HybridShardDistributor(FullyShardDistributor):
         self._replicate_group = None if mesh is None else mesh.get_group(0)
         self._replicas = replicas
         work_blocks = self._work_param_blocks
-        assignment = distribute_buffer_sizes(
-            [block.numel() * block.element_size() for block in work_blocks],
-            replicas,
-            config.load_balancing_config,
-            work_blocks,
-        )
+        assignment = distribute_buffer_sizes(work_blocks, replicas, config.load_balancing_config)
         exchanged = (
             work_blocks
             if config.communicate_params or self._strategy == FSDPParamAssignmentStrategy.DEFAULT
