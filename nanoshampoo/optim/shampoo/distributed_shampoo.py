@@ -71,6 +71,8 @@ from nanoshampoo.optim.shampoo.group_validation import (
     Hyperparameters,
     is_int,
     validate_group,
+    check_ordered_params,
+    validate_device_kind,
     validate_group_keys,
     validate_params,
 )
@@ -81,6 +83,12 @@ from nanoshampoo.optim.shampoo.shampoo_types import (
     NonFiniteGradientError,
     PreconditionerConfig,
     WeightDecayType,
+)
+from nanoshampoo.optim.shampoo.reference_state_dict import (
+    check_distributed_shampoo_layout,
+    from_reference_layout,
+    is_reference_layout,
+    to_reference_layout,
 )
 from nanoshampoo.optim.shampoo.runtime_types import (
     ConcurrencyConfig,
@@ -196,7 +204,7 @@ class DistributedShampoo(torch.optim.Optimizer):
             raise ValueError(
                 f"nonfinite_grad_policy must be one of {NONFINITE_GRAD_POLICIES}, got {nonfinite_grad_policy!r}"
             )
-        _check_ordered("params", params)
+        check_ordered_params("params", params)
         for name, value, kind in (
             ("shampoo_pt2_compile_config", shampoo_pt2_compile_config, ShampooPT2CompileConfig),
             ("shampoo_runtime_config", shampoo_runtime_config, ShampooRuntimeConfig),
@@ -230,7 +238,7 @@ class DistributedShampoo(torch.optim.Optimizer):
         constructor's ``lr``; the two agree unless a group sets its own ``lr``).
         """
         first_param_index = sum(len(g["params"]) for g in self.param_groups)
-        _check_ordered("param_group['params']", param_group.get("params"))
+        check_ordered_params("param_group['params']", param_group.get("params"))
         validate_group_keys(param_group, [*self.defaults, "peak_lr"])
         param_group.setdefault("peak_lr", param_group.get("lr", self.defaults["lr"]))
         super().add_param_group(param_group)
@@ -238,7 +246,7 @@ class DistributedShampoo(torch.optim.Optimizer):
         try:
             validate_group(group)
             validate_params(group["params"], group.get("param_names"))
-            self._check_same_device_kind(group["params"])
+            validate_device_kind(group["params"], self.param_groups)
             runtime = GroupRuntime(group, len(self.param_groups) - 1, first_param_index)
         except Exception:
             self.param_groups.pop()
@@ -248,18 +256,6 @@ class DistributedShampoo(torch.optim.Optimizer):
         self._step_compiled.append(compiled)
         self._runtimes.append(runtime)
         self._register_block_states(runtime)
-
-    def _check_same_device_kind(self, params: Sequence[torch.Tensor]) -> None:
-        """Meta parameters (shapes without data) cannot share an optimizer with real ones: its
-        step adds up every group's gradient check on one device."""
-        if not params or len(self.param_groups) < 2:
-            return
-        first = self.param_groups[0]["params"][0]
-        if params[0].is_meta != first.is_meta:
-            raise ValueError(
-                f"params[0] of param_groups[{len(self.param_groups) - 1}] is on {params[0].device}, "
-                f"param_groups[0]'s on {first.device}: meta and real parameters cannot be mixed"
-            )
 
     def _register_block_states(self, runtime: GroupRuntime) -> None:
         """``self.state[param]["block_j"]``: the live state of each local block."""
@@ -359,6 +355,13 @@ class DistributedShampoo(torch.optim.Optimizer):
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:  # type: ignore[override]
         """Restore a :meth:`state_dict` in place, all or nothing.
 
+        Also takes the reference library's layout (its ``state_dict()``, or
+        :meth:`reference_state_dict`), mapped first as ``reference_state_dict.py`` documents:
+        its roots are unpacked, our failure counts start at zero, its per-parameter steps become
+        the group's; its config objects in the groups are ignored (ours stay). Parts without a
+        counterpart here (SOAP eigenbases, warm-started eigenvectors, iterate averaging) are
+        refused by the key check below, naming them (``docs/compat.md``).
+
         The whole state dict is checked before anything is written: the number of groups and
         of their parameters, each group's ``step`` and hyperparameters (validated like the
         constructor's; the saved values replace the optimizer's, and entries fixed at
@@ -375,7 +378,9 @@ class DistributedShampoo(torch.optim.Optimizer):
         """
         if not isinstance(state_dict, Mapping) or not {"state", "param_groups"} <= state_dict.keys():
             raise ValueError("state_dict must be a mapping with 'state' and 'param_groups'")
-        _check_from_distributed_shampoo(state_dict)
+        if is_reference_layout(state_dict):
+            state_dict = from_reference_layout(state_dict, self._group_param_indices(), self._expected_state())
+        check_distributed_shampoo_layout(state_dict)
         plans = self._plan_loaded_groups(state_dict["param_groups"])
         try:
             saved_state = {int(k): flatten_tree(v) for k, v in state_dict["state"].items()}
@@ -396,6 +401,32 @@ class DistributedShampoo(torch.optim.Optimizer):
                 entries = saved_state[param_index]
                 for key, target in flatten_tree(block_state.state_dict(), block_name).items():
                     target.copy_(entries[key])
+
+    def reference_state_dict(self) -> dict[str, Any]:
+        """:meth:`state_dict` in the reference library's layout (see ``reference_state_dict.py``
+        for the mapping and the parts that differ). Its ``param_groups`` hold the plain
+        hyperparameters only; the reference's own param groups hold its config objects, so to
+        load this into a reference optimizer of the same parameters and config, keep those:
+        ``ref.load_state_dict({"state": sd["state"], "param_groups": ref.state_dict()["param_groups"]})``.
+        :meth:`load_state_dict` takes either layout."""
+        packed = [bool(getattr(g["preconditioner_config"], "use_symmetric_packing", False)) for g in self.param_groups]
+        return to_reference_layout(self.state_dict(), packed)
+
+    def _group_param_indices(self) -> list[list[int]]:
+        first, indices = 0, []
+        for group in self.param_groups:
+            indices.append(list(range(first, first + len(group["params"]))))
+            first += len(group["params"])
+        return indices
+
+    def _expected_state(self) -> dict[int, dict[str, tuple[torch.Size, torch.dtype]]]:
+        """Per parameter index, every flat block-state key this rank holds, with its shape and dtype."""
+        expected: dict[int, dict[str, tuple[torch.Size, torch.dtype]]] = {}
+        for runtime in self._runtimes:
+            for local_index, info in enumerate(runtime.block_infos):
+                entries = runtime.expected_block_state(local_index, runtime.hyperparameters)
+                expected.setdefault(info.composable_block_ids[0], {}).update(entries)
+        return expected
 
     def _plan_loaded_groups(
         self, saved_groups: Sequence[Mapping[str, Any]]
@@ -462,34 +493,3 @@ class DistributedShampoo(torch.optim.Optimizer):
         if leftover:
             raise KeyError(f"unexpected block state in state_dict: {leftover}")
 
-
-def _check_ordered(name: str, params: object) -> None:
-    """Raise ``TypeError`` for a set of parameters (torch itself lets a frozenset through)."""
-    if isinstance(params, (set, frozenset)):
-        raise TypeError(
-            f"{name} must be an ordered collection (a list, or model.parameters()), got a "
-            f"{type(params).__name__}: a set's order changes between runs, and with it the "
-            "blocks and the state dict"
-        )
-
-
-def _check_from_distributed_shampoo(state_dict: Mapping[str, Any]) -> None:
-    """Raise ``ValueError`` for the state dict of another optimizer (``torch.optim.Adam``,
-    ``DistAdam``...): every group of ours carries its ``step``, and every state entry is keyed
-    ``block_<j>.<path>``; theirs keep a per-parameter ``step`` and entries such as ``exp_avg``."""
-    groups, state = state_dict["param_groups"], state_dict["state"]
-    if not isinstance(groups, Sequence) or not isinstance(state, Mapping):
-        raise ValueError("state_dict['param_groups'] must be a list and state_dict['state'] a mapping")
-    foreign = [
-        f"param_groups[{i}] has no 'step'" for i, group in enumerate(groups)
-        if not isinstance(group, Mapping) or "step" not in group
-    ] + [
-        f"state[{index!r}] has keys {sorted(map(str, entries))[:3]}" for index, entries in state.items()
-        if not isinstance(entries, Mapping) or not all(str(key).startswith("block_") for key in entries)
-    ]
-    if foreign:
-        raise ValueError(
-            "state_dict is from another optimizer, not DistributedShampoo: "
-            f"{'; '.join(foreign[:2])} (DistributedShampoo groups carry 'step', its state is keyed "
-            "'block_<j>')"
-        )

@@ -275,3 +275,27 @@ class Hyperparameters:
             and (self.beta3 != self.beta1 or self.use_bias_correction or self.momentum_dtype is not None),
             "momentum": self.momentum > 0.0,
         }
+
+
+def check_ordered_params(name: str, params: object) -> None:
+    """Raise ``TypeError`` for a set of parameters (torch itself lets a frozenset through)."""
+    if isinstance(params, (set, frozenset)):
+        raise TypeError(
+            f"{name} must be an ordered collection (a list, or model.parameters()), got a "
+            f"{type(params).__name__}: a set's order changes between runs, and with it the "
+            "blocks and the state dict"
+        )
+
+
+def validate_device_kind(params: Sequence[torch.Tensor], param_groups: Sequence[Mapping[str, Any]]) -> None:
+    """Raise ``ValueError`` when the newest group (``param_groups[-1]``, holding ``params``) mixes
+    meta parameters (shapes without data) with real ones of ``param_groups[0]``: a step adds up
+    every group's gradient check on one device."""
+    if not params or len(param_groups) < 2:
+        return
+    first = param_groups[0]["params"][0]
+    if params[0].is_meta != first.is_meta:
+        raise ValueError(
+            f"params[0] of param_groups[{len(param_groups) - 1}] is on {params[0].device}, "
+            f"param_groups[0]'s on {first.device}: meta and real parameters cannot be mixed"
+        )
