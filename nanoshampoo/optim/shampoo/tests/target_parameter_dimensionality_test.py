@@ -56,6 +56,7 @@ BLOCK_CASES = [
     ((2, 3, 4, 5), math.inf, 3, [(2, 3, 20)]),
     ((2, 3, 4, 5), 4, 2, [(2, 3, 4, 4), (2, 3, 4, 1)]),  # 20 > 4: nothing merges; 5 splits
     ((8, 1, 6), 64, 2, [(8, 6)]),  # the size-1 dim is dropped first
+    ((8, 1, 6), 64, math.inf, [(8, 1, 6)]),  # inf keeps the shape, size-1 dims included
     ((1, 6), 64, 1, [(6,)]),
 ]
 
