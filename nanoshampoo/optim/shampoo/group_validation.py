@@ -8,12 +8,19 @@ with the ``-1`` sentinels resolved once.
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from nanoshampoo.optim.shampoo.iterate_averaging_types import (
+    PRIMAL_AVERAGING_CONFIG_TYPES,
+    ClassicMomentumConfig,
+    GeneralizedPrimalAveragingConfig,
+    ScheduleFreeConfig,
+)
 from nanoshampoo.optim.shampoo.shampoo_types import (
     GRAFTING_CONFIG_TYPES,
     DistributedConfig,
@@ -33,8 +40,9 @@ FIXED_GROUP_KEYS = (
 STEP_GROUP_KEYS = (
     "lr", "betas", "beta3", "epsilon", "momentum", "dampening", "use_nesterov", "weight_decay",
     "weight_decay_type", "precondition_frequency", "start_preconditioning_step",
-    "use_bias_correction", "amortize_roots",
+    "use_bias_correction", "amortize_roots", "iterate_averaging_config",
 )
+ITERATE_AVERAGING_CONFIG_TYPES = (ClassicMomentumConfig, *PRIMAL_AVERAGING_CONFIG_TYPES)
 
 
 def _is_number(value: Any) -> bool:
@@ -81,6 +89,7 @@ def validate_group(group: Mapping[str, Any]) -> None:
         "must be a DistributedConfig",
     )
     _validate_step_sizes(group)
+    _validate_iterate_averaging(group)
     _validate_schedule(group)
 
 
@@ -119,6 +128,21 @@ def _validate_step_sizes(group: Mapping[str, Any]) -> None:
     check_ema_storage_dtype(
         "momentum_dtype", group["momentum_dtype"], 1.0 - betas[0] if betas[0] > 0.0 else 1.0,
         "1 - betas[0]",
+    )
+
+
+def _validate_iterate_averaging(group: Mapping[str, Any]) -> None:
+    """``iterate_averaging_config``, and that the deprecated momentum entries are not set with it."""
+    config = group["iterate_averaging_config"]
+    _require(
+        group, config is None or isinstance(config, ITERATE_AVERAGING_CONFIG_TYPES), "iterate_averaging_config",
+        "must be None or a ClassicMomentumConfig, GeneralizedPrimalAveragingConfig or ScheduleFreeConfig",
+    )
+    legacy = (group["momentum"], group["dampening"], group["use_nesterov"]) != (0.0, 0.0, False)
+    _require(
+        group, config is None or not legacy, "momentum",
+        "(with dampening and use_nesterov; deprecated) must keep its defaults when "
+        "iterate_averaging_config is set: put them into a ClassicMomentumConfig",
     )
 
 
@@ -172,9 +196,8 @@ class Hyperparameters:
     beta2: float
     beta3: float
     epsilon: float
-    momentum: float
-    dampening: float
-    use_nesterov: bool
+    classic_momentum: ClassicMomentumConfig | None
+    primal_averaging: GeneralizedPrimalAveragingConfig | ScheduleFreeConfig | None
     weight_decay: float
     weight_decay_type: WeightDecayType
     precondition_frequency: int
@@ -189,15 +212,15 @@ class Hyperparameters:
         """From a group that passed :func:`validate_group`."""
         beta1, beta2 = group["betas"]
         frequency, start = group["precondition_frequency"], group["start_preconditioning_step"]
+        config = group["iterate_averaging_config"]
         return cls(
             lr=float(group["lr"]),
             beta1=float(beta1),
             beta2=float(beta2),
             beta3=float(beta1 if group["beta3"] == -1.0 else group["beta3"]),
             epsilon=float(group["epsilon"]),
-            momentum=float(group["momentum"]),
-            dampening=float(group["dampening"]),
-            use_nesterov=group["use_nesterov"],
+            classic_momentum=_classic_momentum(group),
+            primal_averaging=config if isinstance(config, PRIMAL_AVERAGING_CONFIG_TYPES) else None,
             weight_decay=float(group["weight_decay"]),
             weight_decay_type=group["weight_decay_type"],
             precondition_frequency=frequency,
@@ -212,9 +235,33 @@ class Hyperparameters:
         """Which per-bucket buffers of :class:`GroupRuntime` a step with these values uses."""
         filtering = self.beta1 > 0.0
         return {
-            "params": self.weight_decay > 0.0,
+            # Parameter copies: for weight decay, and for primal averaging's y.
+            "params": self.weight_decay > 0.0 or self.primal_averaging is not None,
             "filtered": filtering,
             "filtered_out": filtering
             and (self.beta3 != self.beta1 or self.use_bias_correction or self.momentum_dtype is not None),
-            "momentum": self.momentum > 0.0,
+            "momentum": self.classic_momentum is not None,
+            "weights": self.primal_averaging is not None,
         }
+
+
+def _classic_momentum(group: Mapping[str, Any]) -> ClassicMomentumConfig | None:
+    """The group's ``ClassicMomentumConfig``: its ``iterate_averaging_config``, or the one the
+    deprecated ``momentum``/``dampening``/``use_nesterov`` entries map onto (with a warning)."""
+    config = group["iterate_averaging_config"]
+    if isinstance(config, ClassicMomentumConfig):
+        return config
+    if group["momentum"] == 0.0:
+        return None
+    warnings.warn(
+        "DistributedShampoo's momentum, dampening and use_nesterov are deprecated: pass "
+        "iterate_averaging_config=ClassicMomentumConfig(momentum=..., dampening=..., "
+        "use_nesterov=...) instead (the same step, except that Nesterov with dampening > 0 now "
+        "scales P by 1 - dampening too)",
+        DeprecationWarning,
+        stacklevel=4,
+    )
+    return ClassicMomentumConfig(
+        momentum=float(group["momentum"]), dampening=float(group["dampening"]),
+        use_nesterov=group["use_nesterov"],
+    )

@@ -3,7 +3,8 @@
 The configs live beside the code they configure and are re-exported here:
 ``preconditioner/preconditioner_types.py`` (preconditioners and grafting),
 ``preconditioner/matrix_functions_types.py`` (roots, eigenbases, orthogonalization, rank-deficient
-factors), ``distributor/distributor_types.py`` (distributors); this module holds the
+factors), ``distributor/distributor_types.py`` (distributors), ``iterate_averaging_types.py``
+(momentum, GPA, Schedule-Free); this module holds the
 optimizer-wide types (``WeightDecayType``).
 
 Every config is a small dataclass validated in ``__post_init__``: a bad value raises
@@ -40,6 +41,12 @@ from nanoshampoo.optim.shampoo.distributor.distributor_types import (
     FullyShardDistributedConfig,
     HybridShardDistributedConfig,
     SingleDeviceDistributedConfig,
+)
+from nanoshampoo.optim.shampoo.iterate_averaging_types import (
+    ClassicMomentumConfig,
+    GeneralizedPrimalAveragingConfig,
+    IterateAveragingConfig,
+    ScheduleFreeConfig,
 )
 from nanoshampoo.optim.shampoo.preconditioner.matrix_functions_types import (
     AmortizedComputationConfig,
@@ -82,6 +89,7 @@ __all__ = [
     "AdaGradPreconditionerConfig",
     "AdamPreconditionerConfig",
     "AmortizedComputationConfig",
+    "ClassicMomentumConfig",
     "CoupledNewtonConfig",
     "DDPDistributedConfig",
     "DefaultEigenConfig",
@@ -102,7 +110,9 @@ __all__ = [
     "FSDPParamAssignmentStrategy",
     "FullyShardDistributedConfig",
     "GRAFTING_CONFIG_TYPES",
+    "GeneralizedPrimalAveragingConfig",
     "HybridShardDistributedConfig",
+    "IterateAveragingConfig",
     "NewtonSchulzOrthogonalizationConfig",
     "NonFiniteGradientError",
     "OrthogonalizationConfig",
@@ -116,6 +126,7 @@ __all__ = [
     "RootInvShampooPreconditionerConfig",
     "SGDPreconditionerConfig",
     "SVDOrthogonalizationConfig",
+    "ScheduleFreeConfig",
     "ShampooPreconditionerConfig",
     "SingleDeviceDistributedConfig",
     "SpectralDescentPreconditionerConfig",
