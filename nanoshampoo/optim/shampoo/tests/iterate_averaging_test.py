@@ -1,0 +1,430 @@
+"""Iterate averaging (``iterate_averaging_config``): classic momentum, GPA and Schedule-Free.
+
+References, written the slow obvious way:
+
+- classic momentum: ``torch.optim.SGD`` (``dampening = 0``) and a float64 loop of
+  ``M <- mu M + (1 - d) P`` (``dampening > 0``, where torch starts ``M`` at ``G``, not at 0);
+- GPA and Schedule-Free: a float64 loop over the three sequences of the papers (arXiv 2512.17131;
+  Defazio et al. 2024, arXiv 2405.15682) with the gradient taken at ``y`` by autograd::
+
+      z_{t+1} = z_t - lr_t P(y_t)
+      x_{t+1} = mu_x x_t + (1 - mu_x) z_{t+1},  Schedule-Free: mu_x = 1 - lr_t^r / sum_{i<=t} lr_i^r
+      y_{t+1} = mu_y x_{t+1} + (1 - mu_y) z_{t+1}
+
+  Decoupled decay under primal averaging (as the reference library defines it): ``z`` shrinks by
+  ``1 - lr wd`` before the step while ``y`` (the parameters) stays, so ``x`` is re-read from
+  ``y`` and the shrunk ``z``.
+
+The optimizer runs in float32 on a small MLP at epsilon 1e-12 (the settings users run).
+"""
+
+from __future__ import annotations
+
+import io
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import pytest
+import torch
+
+from nanoshampoo.optim.shampoo import (
+    AdamPreconditionerConfig,
+    ClassicMomentumConfig,
+    DistributedShampoo,
+    GeneralizedPrimalAveragingConfig,
+    IterateAveragingConfig,
+    ScheduleFreeConfig,
+    SGDPreconditionerConfig,
+)
+
+STEPS = 6
+RTOL, ATOL = 2e-5, 1e-6
+
+
+def _data(dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    generator = torch.Generator().manual_seed(1)
+    return torch.randn(16, 6, generator=generator).to(dtype), torch.randn(16, 3, generator=generator).to(dtype)
+
+
+def initial_params(dtype: torch.dtype = torch.float32) -> list[torch.Tensor]:
+    """An MLP 6 -> 5 -> 3: ``[W1 (5, 6), b1 (5,), W2 (3, 5), b2 (3,)]``."""
+    generator = torch.Generator().manual_seed(0)
+    shapes = [(5, 6), (5,), (3, 5), (3,)]
+    return [(0.5 * torch.randn(shape, generator=generator)).to(dtype) for shape in shapes]
+
+
+def loss_of(params: Sequence[torch.Tensor]) -> torch.Tensor:
+    x, target = _data(params[0].dtype)
+    w1, b1, w2, b2 = params
+    return torch.nn.functional.mse_loss(torch.tanh(x @ w1.T + b1) @ w2.T + b2, target)
+
+
+def grads_at(params: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    leaves = [p.detach().clone().requires_grad_(True) for p in params]
+    return list(torch.autograd.grad(loss_of(leaves), leaves))
+
+
+def run_shampoo(
+    steps: int, lrs: Sequence[float] | None = None, params: list[torch.Tensor] | None = None, **settings: Any
+) -> tuple[list[torch.Tensor], DistributedShampoo]:
+    params = params or [torch.nn.Parameter(p) for p in initial_params()]
+    optimizer = DistributedShampoo(params, **{"epsilon": 1e-12, **settings})
+    for t in range(steps):
+        if lrs is not None:
+            optimizer.param_groups[0]["lr"] = lrs[t]
+        optimizer.zero_grad()
+        loss_of(params).backward()
+        optimizer.step()
+    return params, optimizer
+
+
+# ------------------------------------------------------------------------------------------
+# Configs
+# ------------------------------------------------------------------------------------------
+
+
+def test_defaults_follow_the_reference_library() -> None:
+    assert ClassicMomentumConfig() == ClassicMomentumConfig(momentum=0.5, dampening=0.0, use_nesterov=False)
+    gpa = GeneralizedPrimalAveragingConfig()
+    assert (gpa.eval_interp_coeff, gpa.train_interp_coeff) == (0.9, 0.8)
+    schedule_free = ScheduleFreeConfig()
+    assert (schedule_free.train_interp_coeff, schedule_free.eval_coeff_lr_power) == (0.8, 2)
+    with pytest.raises(TypeError):
+        IterateAveragingConfig()
+    for config in (ClassicMomentumConfig(), gpa, schedule_free):
+        assert isinstance(config, IterateAveragingConfig)
+
+
+@pytest.mark.parametrize(
+    "make, field",
+    [
+        (lambda: ClassicMomentumConfig(momentum=0.0), "momentum"),
+        (lambda: ClassicMomentumConfig(momentum=1.0), "momentum"),
+        (lambda: ClassicMomentumConfig(dampening=1.0), "dampening"),
+        (lambda: ClassicMomentumConfig(dampening=-0.1), "dampening"),
+        (lambda: ClassicMomentumConfig(use_nesterov=1), "use_nesterov"),
+        (lambda: GeneralizedPrimalAveragingConfig(eval_interp_coeff=1.0), "eval_interp_coeff"),
+        (lambda: GeneralizedPrimalAveragingConfig(eval_interp_coeff=-0.1), "eval_interp_coeff"),
+        (lambda: GeneralizedPrimalAveragingConfig(train_interp_coeff=0.0), "train_interp_coeff"),
+        (lambda: GeneralizedPrimalAveragingConfig(train_interp_coeff=1.5), "train_interp_coeff"),
+        (lambda: ScheduleFreeConfig(train_interp_coeff=0.0), "train_interp_coeff"),
+        (lambda: ScheduleFreeConfig(eval_coeff_lr_power=-1), "eval_coeff_lr_power"),
+        (lambda: ScheduleFreeConfig(eval_coeff_lr_power=math.inf), "eval_coeff_lr_power"),
+        (lambda: ScheduleFreeConfig(eval_coeff_lr_power=True), "eval_coeff_lr_power"),
+    ],
+)
+def test_invalid_config_raises_naming_the_field(make: Callable[[], Any], field: str) -> None:
+    with pytest.raises(ValueError, match=f"^{field} "):
+        make()
+
+
+def test_the_optimizer_refuses_a_bad_iterate_averaging_config_or_both_momentum_forms() -> None:
+    params = [torch.nn.Parameter(p) for p in initial_params()]
+    with pytest.raises(ValueError, match="^iterate_averaging_config must be None or"):
+        DistributedShampoo(params, iterate_averaging_config=SGDPreconditionerConfig())
+    with pytest.raises(ValueError, match="^momentum .*ClassicMomentumConfig"):
+        DistributedShampoo(params, momentum=0.9, iterate_averaging_config=ClassicMomentumConfig())
+
+
+# ------------------------------------------------------------------------------------------
+# Classic momentum
+# ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("nesterov", [False, True])
+@pytest.mark.parametrize(
+    "where", ["preconditioner", "grafting"], ids=["sgd_preconditioner", "shampoo_before_start_sgd_grafting"]
+)
+def test_classic_momentum_matches_torch_sgd(nesterov: bool, where: str) -> None:
+    """SGD as the preconditioner, or as grafting before Shampoo's start step, with
+    ``betas[0] = 0``: the search direction is ``G + wd W``, as in ``torch.optim.SGD``."""
+    kind = (
+        dict(preconditioner_config=SGDPreconditionerConfig()) if where == "preconditioner"
+        else dict(grafting_config=SGDPreconditionerConfig(), precondition_frequency=100)
+    )
+    ours, _ = run_shampoo(
+        STEPS, lr=0.05, betas=(0.0, 0.999), weight_decay=1e-3,
+        iterate_averaging_config=ClassicMomentumConfig(momentum=0.9, use_nesterov=nesterov), **kind,
+    )
+    theirs = [torch.nn.Parameter(p) for p in initial_params()]
+    sgd = torch.optim.SGD(theirs, lr=0.05, momentum=0.9, nesterov=nesterov, weight_decay=1e-3)
+    for _ in range(STEPS):
+        sgd.zero_grad()
+        loss_of(theirs).backward()
+        sgd.step()
+    for a, b in zip(ours, theirs):
+        torch.testing.assert_close(a.detach(), b.detach(), rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("nesterov", [False, True])
+def test_classic_momentum_with_dampening_matches_a_float64_loop(nesterov: bool) -> None:
+    mu, d, lr = 0.8, 0.3, 0.05
+    ours, _ = run_shampoo(
+        STEPS, lr=lr, betas=(0.0, 1.0), preconditioner_config=SGDPreconditionerConfig(),
+        iterate_averaging_config=ClassicMomentumConfig(momentum=mu, dampening=d, use_nesterov=nesterov),
+    )
+    w = initial_params(torch.float64)
+    m = [torch.zeros_like(p) for p in w]
+    for _ in range(STEPS):
+        for i, g in enumerate(grads_at(w)):
+            m[i] = mu * m[i] + (1 - d) * g
+            step = (1 - d) * g + mu * m[i] if nesterov else m[i]
+            w[i] = w[i] - lr * step
+    for a, b in zip(ours, w):
+        torch.testing.assert_close(a.detach().double(), b, rtol=RTOL, atol=ATOL)
+
+
+def test_deprecated_momentum_arguments_warn_and_take_the_classic_momentum_step() -> None:
+    settings = dict(lr=0.02, betas=(0.9, 0.99), grafting_config=AdamPreconditionerConfig(), weight_decay=0.01)
+    with pytest.warns(DeprecationWarning, match="ClassicMomentumConfig"):
+        legacy, _ = run_shampoo(STEPS, momentum=0.9, dampening=0.1, **settings)
+    config = ClassicMomentumConfig(momentum=0.9, dampening=0.1)
+    current, optimizer = run_shampoo(STEPS, iterate_averaging_config=config, **settings)
+    for a, b in zip(legacy, current):
+        assert torch.equal(a, b)
+    assert "block_0.momentum" in optimizer.state_dict()["state"][0]
+
+
+# ------------------------------------------------------------------------------------------
+# GPA and Schedule-Free against the papers' sequences
+# ------------------------------------------------------------------------------------------
+
+
+def primal_averaging_reference(
+    config: GeneralizedPrimalAveragingConfig | ScheduleFreeConfig,
+    lrs: Sequence[float],
+    direction: Callable[[int, list[torch.Tensor]], list[torch.Tensor]],
+    weight_decay: float = 0.0,
+) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Float64 ``(y, x)`` after ``len(lrs)`` steps; ``direction(t, grads)`` is ``P``."""
+    mu_y = config.train_interp_coeff
+    z = initial_params(torch.float64)
+    x = [p.clone() for p in z]
+    y = [p.clone() for p in z]
+    weights: list[float] = []
+    for t, lr in enumerate(lrs, start=1):
+        if isinstance(config, ScheduleFreeConfig):
+            weights.append(lr**config.eval_coeff_lr_power)
+            mu_x = 1.0 - weights[-1] / sum(weights) if sum(weights) > 0 else 1.0
+        else:
+            mu_x = config.eval_interp_coeff
+        p = direction(t, grads_at(y))
+        for i in range(len(z)):
+            z[i] = (1.0 - lr * weight_decay) * z[i]
+            x[i] = (y[i] - (1.0 - mu_y) * z[i]) / mu_y
+            z[i] = z[i] - lr * p[i]
+            x[i] = mu_x * x[i] + (1.0 - mu_x) * z[i]
+            y[i] = mu_y * x[i] + (1.0 - mu_y) * z[i]
+    return y, x
+
+
+def sgd_direction(t: int, grads: list[torch.Tensor]) -> list[torch.Tensor]:
+    return grads
+
+
+class AdamDirection:
+    """Float64 ``Mhat / (sqrt(Vhat) + eps)``: the filtered gradient through diagonal Adam."""
+
+    def __init__(self, beta1: float, beta2: float, epsilon: float) -> None:
+        self.beta1, self.beta2, self.epsilon = beta1, beta2, epsilon
+        self.m: list[torch.Tensor] = []
+        self.v: list[torch.Tensor] = []
+
+    def __call__(self, t: int, grads: list[torch.Tensor]) -> list[torch.Tensor]:
+        if not self.m:
+            self.m = [torch.zeros_like(g) for g in grads]
+            self.v = [torch.zeros_like(g) for g in grads]
+        out = []
+        for i, g in enumerate(grads):
+            self.m[i] = self.beta1 * self.m[i] + (1 - self.beta1) * g
+            self.v[i] = self.beta2 * self.v[i] + (1 - self.beta2) * g * g
+            m_hat, v_hat = self.m[i] / (1 - self.beta1**t), self.v[i] / (1 - self.beta2**t)
+            out.append(m_hat / (v_hat.sqrt() + self.epsilon))
+        return out
+
+
+ADAM = dict(betas=(0.9, 0.99), preconditioner_config=AdamPreconditionerConfig(beta2=0.99, epsilon=1e-8))
+SGD = dict(betas=(0.0, 1.0), preconditioner_config=SGDPreconditionerConfig())
+WARMUP_LRS = [0.01, 0.02, 0.04, 0.04, 0.03, 0.01]
+
+CASES = {
+    "gpa_sgd": (GeneralizedPrimalAveragingConfig(eval_interp_coeff=0.9, train_interp_coeff=0.8), SGD, 0.0),
+    "gpa_heavy_ball_adam_decay": (
+        GeneralizedPrimalAveragingConfig(eval_interp_coeff=0.7, train_interp_coeff=1.0), ADAM, 0.1,
+    ),
+    "schedule_free_sgd": (ScheduleFreeConfig(train_interp_coeff=0.9), SGD, 0.0),
+    "schedule_free_adam_decay_power_1": (
+        ScheduleFreeConfig(train_interp_coeff=0.8, eval_coeff_lr_power=1), ADAM, 0.1,
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_primal_averaging_follows_the_papers_sequences(name: str) -> None:
+    """After each step the parameters are ``y``; after ``eval()`` they are ``x``."""
+    config, kind, wd = CASES[name]
+    ours, optimizer = run_shampoo(
+        STEPS, lrs=WARMUP_LRS, iterate_averaging_config=config, weight_decay=wd, **kind
+    )
+    direction = sgd_direction if kind is SGD else AdamDirection(0.9, 0.99, 1e-8)
+    y, x = primal_averaging_reference(config, WARMUP_LRS, direction, wd)
+    for a, b in zip(ours, y):
+        torch.testing.assert_close(a.detach().double(), b, rtol=RTOL, atol=ATOL)
+    optimizer.eval()
+    for a, b in zip(ours, x):
+        torch.testing.assert_close(a.detach().double(), b, rtol=RTOL, atol=ATOL)
+
+
+def test_gpa_heavy_ball_at_lr_over_one_minus_mu_is_sgd_momentum() -> None:
+    """``mu_y = 1``, ``lr = lr_sgd / (1 - mu)``: the steps of ``torch.optim.SGD(lr_sgd, mu)``."""
+    config = GeneralizedPrimalAveragingConfig(eval_interp_coeff=0.9, train_interp_coeff=1.0)
+    ours, _ = run_shampoo(STEPS, lr=0.05 / (1 - 0.9), iterate_averaging_config=config, **SGD)
+    theirs = [torch.nn.Parameter(p) for p in initial_params()]
+    sgd = torch.optim.SGD(theirs, lr=0.05, momentum=0.9)
+    for _ in range(STEPS):
+        sgd.zero_grad()
+        loss_of(theirs).backward()
+        sgd.step()
+    for a, b in zip(ours, theirs):
+        torch.testing.assert_close(a.detach(), b.detach(), rtol=1e-5, atol=1e-6)
+
+
+def test_schedule_free_with_a_zero_lr_warmup_start_stays_finite() -> None:
+    """lr 0 at the first steps: nothing enters the average (no 0/0), then the average starts."""
+    lrs = [0.0, 0.0, 0.02, 0.02, 0.01, 0.01]
+    config = ScheduleFreeConfig(train_interp_coeff=0.9)
+    ours, optimizer = run_shampoo(STEPS, lrs=lrs, iterate_averaging_config=config, **ADAM)
+    y, x = primal_averaging_reference(config, lrs, AdamDirection(0.9, 0.99, 1e-8))
+    for a, b in zip(ours, y):
+        assert torch.isfinite(a).all()
+        torch.testing.assert_close(a.detach().double(), b, rtol=RTOL, atol=ATOL)
+    assert optimizer.state_dict()["param_groups"][0]["lr_sum"] == pytest.approx(2 * 0.02**2 + 2 * 0.01**2)
+
+
+# ------------------------------------------------------------------------------------------
+# train() / eval()
+# ------------------------------------------------------------------------------------------
+
+SCHEDULE_FREE = dict(lr=0.02, iterate_averaging_config=ScheduleFreeConfig(train_interp_coeff=0.7), **ADAM)
+
+
+def test_eval_then_train_returns_to_the_training_point() -> None:
+    """The switch is ``W <- W + c (z - W)`` and back: float64 parameters come back to the last
+    bits of a float64 computation; float32 ones to within two float32 roundings."""
+    for dtype, tolerance in ((torch.float64, 1e-15), (torch.float32, 4 * torch.finfo(torch.float32).eps)):
+        params = [torch.nn.Parameter(p) for p in initial_params(dtype)]
+        params, optimizer = run_shampoo(3, params=params, **SCHEDULE_FREE)
+        training_point = [p.detach().clone() for p in params]
+        optimizer.eval()
+        assert any(not torch.equal(p, q) for p, q in zip(params, training_point))
+        optimizer.eval()  # already in eval mode: nothing moves
+        evaluation_point = [p.detach().clone() for p in params]
+        optimizer.train()
+        optimizer.train()
+        for p, q, e in zip(params, training_point, evaluation_point):
+            scale = q.abs() + (e - q).abs()
+            assert ((p.detach() - q).abs() <= tolerance * scale + 1e-30).all()
+
+
+def test_train_and_eval_do_nothing_without_primal_averaging() -> None:
+    params, optimizer = run_shampoo(2, lr=0.02, iterate_averaging_config=ClassicMomentumConfig(), **ADAM)
+    before = [p.detach().clone() for p in params]
+    optimizer.eval()
+    optimizer.train()
+    assert all(torch.equal(p, q) for p, q in zip(params, before))
+
+
+def test_a_step_in_eval_mode_raises_and_changes_nothing() -> None:
+    params, optimizer = run_shampoo(2, **SCHEDULE_FREE)
+    optimizer.eval()
+    before = [p.detach().clone() for p in params]
+    state = {k: v.clone() for k, v in optimizer.state_dict()["state"][0].items()}
+    loss_of(params).backward()
+    with pytest.raises(RuntimeError, match=r"call optimizer.train\(\) before optimizer.step\(\)"):
+        optimizer.step()
+    assert all(torch.equal(p, q) for p, q in zip(params, before))
+    assert all(torch.equal(optimizer.state_dict()["state"][0][k], v) for k, v in state.items())
+
+
+def test_a_parameter_without_gradient_keeps_its_point_and_its_z() -> None:
+    params, optimizer = run_shampoo(2, **SCHEDULE_FREE)
+    before = params[2].detach().clone()
+    z_before = optimizer.state_dict()["state"][2]["block_0.weight_buffer"].clone()
+    optimizer.zero_grad()
+    loss_of(params).backward()
+    params[2].grad = None
+    optimizer.step()
+    assert torch.equal(params[2].detach(), before)
+    assert torch.equal(optimizer.state_dict()["state"][2]["block_0.weight_buffer"], z_before)
+    assert not torch.equal(params[0].detach(), initial_params()[0])
+
+
+def test_primal_averaging_cannot_be_turned_on_or_off_but_its_coefficients_can_change() -> None:
+    params, optimizer = run_shampoo(1, **SCHEDULE_FREE)
+    group = optimizer.param_groups[0]
+    group["iterate_averaging_config"] = GeneralizedPrimalAveragingConfig(train_interp_coeff=0.7)
+    loss_of(params).backward()
+    optimizer.step()
+    group["iterate_averaging_config"] = ClassicMomentumConfig()
+    with pytest.raises(ValueError, match="^iterate_averaging_config cannot turn primal averaging"):
+        optimizer.step()
+
+
+# ------------------------------------------------------------------------------------------
+# Checkpoints
+# ------------------------------------------------------------------------------------------
+
+
+def _round_trip(state_dict: dict[str, Any]) -> dict[str, Any]:
+    buffer = io.BytesIO()
+    torch.save(state_dict, buffer)
+    buffer.seek(0)
+    return torch.load(buffer, weights_only=True)
+
+
+@pytest.mark.parametrize("save_in_eval_mode", [False, True])
+def test_a_checkpoint_mid_run_resumes_bit_identically(save_in_eval_mode: bool) -> None:
+    """Steps 1-3, (eval), save model and optimizer, load both into fresh objects, (train),
+    steps 4-6: the same parameters, bit for bit, as the uninterrupted run."""
+    lrs = WARMUP_LRS
+
+    def first_half() -> tuple[list[torch.Tensor], DistributedShampoo]:
+        params, optimizer = run_shampoo(3, lrs=lrs, **{**SCHEDULE_FREE, "weight_decay": 0.01})
+        if save_in_eval_mode:
+            optimizer.eval()
+        return params, optimizer
+
+    def second_half(params: list[torch.Tensor], optimizer: DistributedShampoo) -> list[torch.Tensor]:
+        optimizer.train()
+        for t in range(3, STEPS):
+            optimizer.param_groups[0]["lr"] = lrs[t]
+            optimizer.zero_grad()
+            loss_of(params).backward()
+            optimizer.step()
+        return [p.detach() for p in params]
+
+    want = second_half(*first_half())
+    params, optimizer = first_half()
+    checkpoint = _round_trip({"model": [p.detach() for p in params], "optim": optimizer.state_dict()})
+    assert checkpoint["optim"]["param_groups"][0]["train_mode"] is not save_in_eval_mode
+    fresh_params = [torch.nn.Parameter(p.clone()) for p in checkpoint["model"]]
+    fresh = DistributedShampoo(fresh_params, **{"epsilon": 1e-12, **SCHEDULE_FREE, "weight_decay": 0.01})
+    fresh.load_state_dict(checkpoint["optim"])
+    got = second_half(fresh_params, fresh)
+    for a, b in zip(got, want):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize(
+    "entry, value", [("lr_sum", -1.0), ("lr_sum", None), ("train_mode", 1)], ids=["negative", "missing", "int"]
+)
+def test_a_malformed_averaging_entry_in_a_checkpoint_raises(entry: str, value: Any) -> None:
+    _, optimizer = run_shampoo(2, **SCHEDULE_FREE)
+    state_dict = _round_trip(optimizer.state_dict())
+    if value is None:
+        del state_dict["param_groups"][0][entry]
+    else:
+        state_dict["param_groups"][0][entry] = value
+    with pytest.raises(ValueError, match=rf"\['{entry}'\] must be"):
+        optimizer.load_state_dict(state_dict)
