@@ -349,7 +349,8 @@ class DistributedShampoo(torch.optim.Optimizer):
         self._check_loaded_block_states(saved_state, [plan[1] for plan in plans])
 
         # Everything checked: write.
-        for (merged, hyperparameters, step, averaging), group, runtime in zip(plans, self.param_groups, self._runtimes):
+        for plan, group, runtime in zip(plans, self.param_groups, self._runtimes):
+            merged, hyperparameters, step, averaging = plan
             for key in group:
                 if key != "params":
                     group[key] = merged[key]

@@ -443,8 +443,9 @@ class GroupRuntime:
         """Move the parameters between ``y`` (train) and ``x`` (eval) under primal averaging.
 
         ``W <- W + c (z - W)`` with ``c`` from
-        :func:`~nanoshampoo.optim.shampoo.iterate_averaging.mode_switch_coeff`, through the distributor (collective under DDP: every rank calls it). Does nothing without
-        primal averaging or when already in that mode.
+        :func:`~nanoshampoo.optim.shampoo.iterate_averaging.mode_switch_coeff`, through the
+        distributor (collective under DDP: every rank calls it). Does nothing without primal
+        averaging or when already in that mode.
         """
         averaging = self.hyperparameters.primal_averaging
         if averaging is None or self.train_mode == to_train:

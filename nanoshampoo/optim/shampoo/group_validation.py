@@ -26,6 +26,8 @@ from nanoshampoo.optim.shampoo.shampoo_types import (
     DistributedConfig,
     PreconditionerConfig,
     PseudoInverseConfig,
+    SignDescentPreconditionerConfig,
+    SpectralDescentPreconditionerConfig,
     WeightDecayType,
     check_ema_storage_dtype,
 )
@@ -43,6 +45,10 @@ STEP_GROUP_KEYS = (
     "use_bias_correction", "amortize_roots", "iterate_averaging_config",
 )
 ITERATE_AVERAGING_CONFIG_TYPES = (ClassicMomentumConfig, *PRIMAL_AVERAGING_CONFIG_TYPES)
+# Preconditioners without an amortized computation: their groups step with
+# precondition_frequency 1 whatever the entry says (so start_preconditioning_step -1 means 1),
+# as in the reference library.
+STATELESS_PRECONDITIONER_TYPES = (SignDescentPreconditionerConfig, SpectralDescentPreconditionerConfig)
 
 
 def _is_number(value: Any) -> bool:
@@ -135,7 +141,8 @@ def _validate_iterate_averaging(group: Mapping[str, Any]) -> None:
     """``iterate_averaging_config``, and that the deprecated momentum entries are not set with it."""
     config = group["iterate_averaging_config"]
     _require(
-        group, config is None or isinstance(config, ITERATE_AVERAGING_CONFIG_TYPES), "iterate_averaging_config",
+        group, config is None or isinstance(config, ITERATE_AVERAGING_CONFIG_TYPES),
+        "iterate_averaging_config",
         "must be None or a ClassicMomentumConfig, GeneralizedPrimalAveragingConfig or ScheduleFreeConfig",
     )
     legacy = (group["momentum"], group["dampening"], group["use_nesterov"]) != (0.0, 0.0, False)
@@ -212,6 +219,8 @@ class Hyperparameters:
         """From a group that passed :func:`validate_group`."""
         beta1, beta2 = group["betas"]
         frequency, start = group["precondition_frequency"], group["start_preconditioning_step"]
+        if isinstance(group["preconditioner_config"], STATELESS_PRECONDITIONER_TYPES):
+            frequency = 1
         config = group["iterate_averaging_config"]
         return cls(
             lr=float(group["lr"]),

@@ -73,6 +73,7 @@ from nanoshampoo.optim.shampoo.preconditioner.preconditioner_types import (
     AdamPreconditionerConfig,
     DefaultEigenvalueCorrectedShampooConfig,
     DefaultShampooConfig,
+    DefaultSignDescentPreconditionerConfig,
     DefaultSOAPConfig,
     DefaultSpectralDescentPreconditionerConfig,
     EigenvalueCorrectedShampooPreconditionerConfig,
@@ -82,6 +83,7 @@ from nanoshampoo.optim.shampoo.preconditioner.preconditioner_types import (
     RootInvShampooPreconditionerConfig,
     SGDPreconditionerConfig,
     ShampooPreconditionerConfig,
+    SignDescentPreconditionerConfig,
     SpectralDescentPreconditionerConfig,
 )
 
@@ -99,6 +101,7 @@ __all__ = [
     "DefaultPerturbationConfig",
     "DefaultSOAPConfig",
     "DefaultShampooConfig",
+    "DefaultSignDescentPreconditionerConfig",
     "DefaultSingleDeviceDistributedConfig",
     "DefaultSpectralDescentPreconditionerConfig",
     "DistributedConfig",
@@ -128,6 +131,7 @@ __all__ = [
     "SVDOrthogonalizationConfig",
     "ScheduleFreeConfig",
     "ShampooPreconditionerConfig",
+    "SignDescentPreconditionerConfig",
     "SingleDeviceDistributedConfig",
     "SpectralDescentPreconditionerConfig",
     "WarmStartedEigenConfig",
