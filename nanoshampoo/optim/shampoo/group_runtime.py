@@ -417,15 +417,15 @@ class GroupRuntime:
         """Steps 7-8 of the module docstring on :attr:`updates` (``P`` on entry, the change of
         the parameters on return): decoupled decay, iterate averaging and the learning rate."""
         h = self.hyperparameters
-        decoupled = h.weight_decay > 0.0 and h.weight_decay_type == WeightDecayType.DECOUPLED
-        if decoupled and averaging_coeffs is None:
-            torch._foreach_add_(self.updates, self.params, alpha=h.weight_decay)
+        alpha = h.decoupled_weight_decay() if h.weight_decay > 0.0 else 0.0
+        if alpha != 0.0 and averaging_coeffs is None:
+            torch._foreach_add_(self.updates, self.params, alpha=alpha)
         if h.classic_momentum is not None:
             classic_momentum_(self.updates, self.momentum, h.classic_momentum)
         torch._foreach_mul_(self.updates, -h.lr)
         if averaging_coeffs is not None:
-            if decoupled:
-                shrink_(self.weights, 1.0 - h.lr * h.weight_decay)
+            if alpha != 0.0:
+                shrink_(self.weights, 1.0 - h.lr * alpha)
             primal_averaging_step_(self.updates, self.weights, self.params, *averaging_coeffs)
 
     def _advance_averaging(self) -> tuple[float, float] | None:

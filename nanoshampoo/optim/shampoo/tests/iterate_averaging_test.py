@@ -23,6 +23,7 @@ from __future__ import annotations
 import io
 import math
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -36,6 +37,8 @@ from nanoshampoo.optim.shampoo import (
     IterateAveragingConfig,
     ScheduleFreeConfig,
     SGDPreconditionerConfig,
+    UnsupportedConfigError,
+    WeightDecayType,
 )
 
 STEPS = 6
@@ -123,6 +126,14 @@ def test_the_optimizer_refuses_a_bad_iterate_averaging_config_or_both_momentum_f
     params = [torch.nn.Parameter(p) for p in initial_params()]
     with pytest.raises(ValueError, match="^iterate_averaging_config must be None or"):
         DistributedShampoo(params, iterate_averaging_config=SGDPreconditionerConfig())
+
+    @dataclass(kw_only=True)
+    class TailAveragingConfig(IterateAveragingConfig):
+        window: int = 10
+
+    with pytest.raises(UnsupportedConfigError, match="^iterate_averaging_config must be None or"):
+        DistributedShampoo(params, iterate_averaging_config=TailAveragingConfig())
+    assert issubclass(UnsupportedConfigError, NotImplementedError)
     with pytest.raises(ValueError, match="^momentum .*ClassicMomentumConfig"):
         DistributedShampoo(params, momentum=0.9, iterate_averaging_config=ClassicMomentumConfig())
 
@@ -196,8 +207,10 @@ def primal_averaging_reference(
     lrs: Sequence[float],
     direction: Callable[[int, list[torch.Tensor]], list[torch.Tensor]],
     weight_decay: float = 0.0,
+    decay_per_lr: Callable[[float], float] = lambda lr: 1.0,
 ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-    """Float64 ``(y, x)`` after ``len(lrs)`` steps; ``direction(t, grads)`` is ``P``."""
+    """Float64 ``(y, x)`` after ``len(lrs)`` steps; ``direction(t, grads)`` is ``P``; ``z``
+    shrinks by ``1 - lr wd decay_per_lr(lr)`` (``CORRECTED``: ``lr / peak_lr``)."""
     mu_y = config.train_interp_coeff
     z = initial_params(torch.float64)
     x = [p.clone() for p in z]
@@ -211,7 +224,7 @@ def primal_averaging_reference(
             mu_x = config.eval_interp_coeff
         p = direction(t, grads_at(y))
         for i in range(len(z)):
-            z[i] = (1.0 - lr * weight_decay) * z[i]
+            z[i] = (1.0 - lr * weight_decay * decay_per_lr(lr)) * z[i]
             x[i] = (y[i] - (1.0 - mu_y) * z[i]) / mu_y
             z[i] = z[i] - lr * p[i]
             x[i] = mu_x * x[i] + (1.0 - mu_x) * z[i]
@@ -258,6 +271,18 @@ CASES = {
         ScheduleFreeConfig(train_interp_coeff=0.8, eval_coeff_lr_power=1), ADAM, 0.1,
     ),
 }
+
+
+def test_corrected_decay_under_schedule_free_shrinks_z_by_lr_squared_over_peak_lr() -> None:
+    config = ScheduleFreeConfig(train_interp_coeff=0.8)
+    ours, _ = run_shampoo(
+        STEPS, lrs=WARMUP_LRS, lr=0.04, iterate_averaging_config=config, weight_decay=0.5,
+        weight_decay_type=WeightDecayType.CORRECTED, **ADAM,
+    )
+    direction = AdamDirection(0.9, 0.99, 1e-8)
+    y, _ = primal_averaging_reference(config, WARMUP_LRS, direction, 0.5, lambda lr: lr / 0.04)
+    for a, b in zip(ours, y):
+        torch.testing.assert_close(a.detach().double(), b, rtol=RTOL, atol=ATOL)
 
 
 @pytest.mark.parametrize("name", list(CASES))
