@@ -32,7 +32,9 @@ One step for a block (``t`` 1-based, ``s`` = start_preconditioning_step, ``f`` =
    ``W`` holds ``y``): ``W <- W + (1 - mu_x)(z - W) - (1 - mu_x mu_y) lr P``, then
    ``z <- z - lr P``; Schedule-Free's ``mu_x = 1 - lr^r / sum_{i<=t} lr_i^r``.
 
-Primal averaging keeps ``z`` per block (state ``weight_buffer``, started at the parameters);
+Primal averaging keeps ``z`` per block (state ``weight_buffer``, set to the parameters at the
+first step: the reference library takes them at construction, which differs only if the
+parameters change in between, e.g. a model checkpoint loaded without the optimizer's);
 the evaluation iterate is ``x = (y - (1 - mu_y) z) / mu_y``. :meth:`DistributedShampoo.eval`
 moves the parameters to ``x`` (``W <- W + (1 - 1/mu_y)(z - W)``) and
 :meth:`DistributedShampoo.train` back to ``y`` (``W <- W + (1 - mu_y)(z - W)``); a step in eval

@@ -217,10 +217,6 @@ class GroupRuntime:
                     else [],
                 )
                 changed = True
-                if name == "weights" and needed:
-                    # z starts at the parameters (x = y = z when averaging begins).
-                    for buffer, views in zip(self.weights, self._bucket_param_views):
-                        torch._foreach_copy_(list(buffer.unbind(0)), views)
         self._param_slices = [list(buffer.unbind(0)) for buffer in self.params]
         return changed
 
@@ -366,6 +362,11 @@ class GroupRuntime:
         # batched kernels over all of its blocks (one baddbmm per bucket, one eigh per factor
         # size), and under DDP every rank must enter the same exchanges with the same buffers.
         # So their state is saved here, restored after the step, and their update is zero.
+        if self.step == 0 and self.weights:
+            # z starts at the parameters of the first step (x = y = z), read here, after the
+            # gather: the lossless FSDP2/HSDP2 distributors fill their blocks only there.
+            for buffer, views in zip(self.weights, self._bucket_param_views):
+                torch._foreach_copy_(list(buffer.unbind(0)), views)
         missing = [i for i, has in enumerate(present) if not has]
         saved = {i: clone_tree(self.block_states[i].state_dict()) for i in missing}
         self.step += 1
@@ -450,12 +451,17 @@ class GroupRuntime:
         averaging = self.hyperparameters.primal_averaging
         if averaging is None or self.train_mode == to_train:
             return
-        if self.block_infos:
-            for slices, views in zip(self._param_slices, self._bucket_param_views):
-                torch._foreach_copy_(slices, views)
-            coeff = mode_switch_coeff(averaging.train_interp_coeff, to_train)
-            mode_switch_updates_(self.updates, self.weights, self.params, coeff)
-        self.distributor.update_params(self._local_updates)
+        if self.step > 0:  # before the first step x = y = z: nothing to move
+            # The lossless FSDP2/HSDP2 distributors refresh their blocks' values only in this
+            # gather (collective, like the update below); the other distributors' blocks are
+            # views of the parameters and it reads nothing but the gradients.
+            self.distributor.local_blocked_grads()
+            if self.block_infos:
+                for slices, views in zip(self._param_slices, self._bucket_param_views):
+                    torch._foreach_copy_(slices, views)
+                coeff = mode_switch_coeff(averaging.train_interp_coeff, to_train)
+                mode_switch_updates_(self.updates, self.weights, self.params, coeff)
+            self.distributor.update_params(self._local_updates)
         self.train_mode = to_train
 
     def _filtered_grads(self, t: int) -> list[torch.Tensor]:

@@ -79,7 +79,7 @@ class GeneralizedPrimalAveragingConfig(IterateAveragingConfig):
         y_{t+1} = mu_y x_{t+1} + (1 - mu_y) z_{t+1}
 
     ``mu_y = 1`` is heavy-ball momentum ``mu_x`` at ``lr (1 - mu_x)``; ``mu_y = mu_x`` is
-    Nesterov's. Starts from ``x_1 = y_1 = z_1`` = the parameters when the group is added.
+    Nesterov's. Starts from ``x_1 = y_1 = z_1`` = the parameters at the first step.
 
     Args:
         eval_interp_coeff: ``mu_x``, in [0.0, 1.0) (the momentum, for momentum equivalence).

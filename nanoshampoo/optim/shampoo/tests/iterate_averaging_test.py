@@ -69,10 +69,14 @@ def grads_at(params: Sequence[torch.Tensor]) -> list[torch.Tensor]:
 
 
 def run_shampoo(
-    steps: int, lrs: Sequence[float] | None = None, params: list[torch.Tensor] | None = None, **settings: Any
+    steps: int,
+    lrs: Sequence[float] | None = None,
+    params: list[torch.Tensor] | None = None,
+    optimizer: DistributedShampoo | None = None,
+    **settings: Any,
 ) -> tuple[list[torch.Tensor], DistributedShampoo]:
     params = params or [torch.nn.Parameter(p) for p in initial_params()]
-    optimizer = DistributedShampoo(params, **{"epsilon": 1e-12, **settings})
+    optimizer = optimizer or DistributedShampoo(params, **{"epsilon": 1e-12, **settings})
     for t in range(steps):
         if lrs is not None:
             optimizer.param_groups[0]["lr"] = lrs[t]
@@ -350,6 +354,22 @@ def test_eval_then_train_returns_to_the_training_point() -> None:
         for p, q, e in zip(params, training_point, evaluation_point):
             scale = q.abs() + (e - q).abs()
             assert ((p.detach() - q).abs() <= tolerance * scale + 1e-30).all()
+
+
+def test_z_starts_at_the_parameters_of_the_first_step() -> None:
+    """Weights loaded after the optimizer is built (without its state) are where averaging
+    starts; eval()/train() before the first step move nothing (x = y = z)."""
+    want, _ = run_shampoo(3, **SCHEDULE_FREE)
+    params = [torch.nn.Parameter(torch.zeros_like(p)) for p in initial_params()]
+    optimizer = DistributedShampoo(params, **{"epsilon": 1e-12, **SCHEDULE_FREE})
+    with torch.no_grad():
+        for param, value in zip(params, initial_params()):
+            param.copy_(value)
+    optimizer.eval()
+    assert all(torch.equal(p, q) for p, q in zip(params, initial_params()))
+    optimizer.train()
+    got, _ = run_shampoo(3, params=params, optimizer=optimizer)
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
 
 
 def test_train_and_eval_do_nothing_without_primal_averaging() -> None:
