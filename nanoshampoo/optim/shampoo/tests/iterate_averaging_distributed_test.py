@@ -1,11 +1,11 @@
-"""Schedule-Free and GPA under DDP and FSDP2 (gloo, world size 2) against one process.
+"""Primal averaging under DDP, FSDP2 (world 2) and HSDP2 (2 x 2 mesh) on gloo, against one process.
 
 Each rank owns some blocks, keeps ``z`` only for those, and moves every parameter through the
 distributor's exchange, on steps and on ``train()``/``eval()`` switches alike. The reference is
 the single-device optimizer (itself checked against float64 loops of the papers' sequences in
 ``iterate_averaging_test.py``) on the same model. Every rank computes the same loss, so its
-gradients are those DDP or FSDP2 would leave after averaging. FSDP2 runs ``ROUND_ROBIN`` (whole
-parameters per rank, so its blocks are the single-device ones).
+gradients are those DDP or FSDP2 would leave after averaging. FSDP2 and HSDP2 run
+``ROUND_ROBIN`` (whole parameters per rank, so their blocks are the single-device ones).
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from nanoshampoo.optim.shampoo import (
     FSDPParamAssignmentStrategy,
     FullyShardDistributedConfig,
     GeneralizedPrimalAveragingConfig,
+    HybridShardDistributedConfig,
     ScheduleFreeConfig,
     SingleDeviceDistributedConfig,
 )
@@ -87,12 +88,12 @@ def run(model: torch.nn.Module, distributed_config: Any, averaging: Any) -> dict
     return snapshots
 
 
-def sharded_model() -> torch.nn.Module:
+def sharded_model(mesh: Any = None) -> torch.nn.Module:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
     model = SeededLossModel()
-    fully_shard(model, mesh=init_device_mesh("cpu", (torch.distributed.get_world_size(),)))
+    fully_shard(model, mesh=mesh or init_device_mesh("cpu", (torch.distributed.get_world_size(),)))
     return model
 
 
@@ -105,18 +106,39 @@ def body(rank: int, world_size: int) -> dict[str, dict[str, list[torch.Tensor]]]
     return results
 
 
+def assert_equal_to_one_process(got: dict[str, list[torch.Tensor]], config: Any, label: str) -> None:
+    want = run(SeededLossModel(), SingleDeviceDistributedConfig(), config)
+    assert got.keys() == want.keys()
+    for key in want:
+        for a, b in zip(got[key], want[key]):
+            torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6, msg=f"{label}, {key}")
+
+
+def hsdp_body(rank: int, world_size: int) -> dict[str, list[torch.Tensor]]:
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("replicate", "shard"))
+    config = HybridShardDistributedConfig(
+        device_mesh=mesh, param_assignment_strategy=FSDPParamAssignmentStrategy.ROUND_ROBIN
+    )
+    return run(sharded_model(mesh), config, CONFIGS["schedule_free"])
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_hsdp2_2x2_world_size_4_equals_one_process() -> None:
+    for rank, got in enumerate(run_on_gloo(hsdp_body, 4)):
+        assert_equal_to_one_process(got, CONFIGS["schedule_free"], f"hsdp2 rank {rank}")
+
+
 @pytest.mark.slow
 @pytest.mark.distributed
 def test_ddp_and_fsdp2_world_size_2_equal_one_process() -> None:
     results = run_on_gloo(body, 2)
     for name, config in CONFIGS.items():
-        want = run(SeededLossModel(), SingleDeviceDistributedConfig(), config)
         for kind in ("ddp", "fsdp2"):
-            for rank_result in results:
-                got = rank_result[f"{kind} {name}"]
-                assert got.keys() == want.keys()
-                for key in want:
-                    for a, b in zip(got[key], want[key]):
-                        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6, msg=f"{kind} {name}, {key}")
+            for rank, rank_result in enumerate(results):
+                assert_equal_to_one_process(rank_result[f"{kind} {name}"], config, f"{kind} {name} rank {rank}")
+        want = run(SeededLossModel(), SingleDeviceDistributedConfig(), config)
         # The averaged iterate differs from the training point (the switch did something).
         assert any(not torch.equal(a, b) for a, b in zip(want["eval mid-run"], want[f"step {EVAL_AFTER}"]))
