@@ -21,7 +21,6 @@ from nanoshampoo.optim.shampoo.group_validation import (
 from nanoshampoo.optim.shampoo.iterate_averaging import (
     classic_momentum_,
     interp_coeffs,
-    mode_switch_coeff,
     mode_switch_updates_,
     primal_averaging_step_,
     shrink_,
@@ -435,32 +434,28 @@ class GroupRuntime:
         averaging = self.hyperparameters.primal_averaging
         if averaging is None:
             return None
-        mu_x, mu_y, self.lr_power_sum = interp_coeffs(
-            averaging, self.hyperparameters.lr, self.lr_power_sum
-        )
+        mu_x, mu_y, self.lr_power_sum = interp_coeffs(averaging, self.hyperparameters.lr, self.lr_power_sum)
         return mu_x, mu_y
 
     def switch_mode(self, to_train: bool) -> None:
         """Move the parameters between ``y`` (train) and ``x`` (eval) under primal averaging.
 
-        ``W <- W + c (z - W)`` with ``c`` from
-        :func:`~nanoshampoo.optim.shampoo.iterate_averaging.mode_switch_coeff`, through the
-        distributor (collective under DDP: every rank calls it). Does nothing without primal
+        ``W <- W + c (z - W)`` (:func:`~nanoshampoo.optim.shampoo.iterate_averaging.mode_switch_updates_`)
+        through the distributor (collective: every rank calls it). Does nothing without primal
         averaging or when already in that mode.
         """
         averaging = self.hyperparameters.primal_averaging
         if averaging is None or self.train_mode == to_train:
             return
         if self.step > 0:  # before the first step x = y = z: nothing to move
-            # The lossless FSDP2/HSDP2 distributors refresh their blocks' values only in this
-            # gather (collective, like the update below); the other distributors' blocks are
-            # views of the parameters and it reads nothing but the gradients.
+            # Lossless FSDP2/HSDP2 distributors refresh their blocks' values only in this gather
+            # (collective, like the update); other distributors' blocks are parameter views.
             self.distributor.local_blocked_grads()
             if self.block_infos:
                 for slices, views in zip(self._param_slices, self._bucket_param_views):
                     torch._foreach_copy_(slices, views)
-                coeff = mode_switch_coeff(averaging.train_interp_coeff, to_train)
-                mode_switch_updates_(self.updates, self.weights, self.params, coeff)
+                mu_y = averaging.train_interp_coeff
+                mode_switch_updates_(self.updates, self.weights, self.params, mu_y, to_train)
             self.distributor.update_params(self._local_updates)
         self.train_mode = to_train
 

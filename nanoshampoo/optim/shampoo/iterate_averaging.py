@@ -95,16 +95,19 @@ def primal_averaging_step_(
     torch._foreach_add_(steps, y, alpha=-(1.0 - eval_interp_coeff))
 
 
-def mode_switch_coeff(train_interp_coeff: float, to_train: bool) -> float:
-    """``c`` of the switch ``W <- W + c (z - W)``: ``x -> y`` is ``1 - mu_y``, ``y -> x`` is
-    ``1 - 1 / mu_y`` (the inverse map, from ``y = mu_y x + (1 - mu_y) z``)."""
-    return 1.0 - train_interp_coeff if to_train else 1.0 - 1.0 / train_interp_coeff
-
-
 def mode_switch_updates_(
-    out: Sequence[torch.Tensor], z: Sequence[torch.Tensor], params: Sequence[torch.Tensor], coeff: float
+    out: Sequence[torch.Tensor],
+    z: Sequence[torch.Tensor],
+    params: Sequence[torch.Tensor],
+    train_interp_coeff: float,
+    to_train: bool,
 ) -> None:
-    """``out <- coeff (z - params)``: the change of the parameters on a train/eval switch."""
+    """``out <- c (z - params)``: the change of the parameters on a train/eval switch.
+
+    ``x -> y`` (``to_train``) is ``c = 1 - mu_y``; ``y -> x`` is ``c = 1 - 1 / mu_y``, the inverse
+    map, from ``y = mu_y x + (1 - mu_y) z``.
+    """
+    coeff = 1.0 - train_interp_coeff if to_train else 1.0 - 1.0 / train_interp_coeff
     torch._foreach_copy_(out, z)
     torch._foreach_sub_(out, params)
     torch._foreach_mul_(out, coeff)
