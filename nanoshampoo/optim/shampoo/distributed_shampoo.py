@@ -75,6 +75,7 @@ from __future__ import annotations
 
 import logging
 import math
+import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -101,6 +102,8 @@ from nanoshampoo.optim.shampoo.state_dict_trees import flatten_tree, is_plain_va
 logger = logging.getLogger(__name__)
 
 NONFINITE_GRAD_POLICIES = ("raise", "skip")
+# Deprecated group entries, mapped onto ClassicMomentumConfig (group_validation._classic_momentum).
+LEGACY_MOMENTUM_KEYS = {"momentum", "dampening", "use_nesterov"}
 
 
 class DistributedShampoo(torch.optim.Optimizer):
@@ -203,6 +206,20 @@ class DistributedShampoo(torch.optim.Optimizer):
             grafting_config=grafting_config,
             distributed_config=distributed_config, preconditioner_config=preconditioner_config,
         )
+        if not isinstance(params, torch.Tensor):  # torch refuses a bare tensor: keep it whole
+            params = list(params)
+        groups = params if isinstance(params, list) else []
+        if (momentum, dampening, use_nesterov) != (0.0, 0.0, False) or any(
+            isinstance(group, dict) and LEGACY_MOMENTUM_KEYS & group.keys() for group in groups
+        ):
+            warnings.warn(
+                "DistributedShampoo's momentum, dampening and use_nesterov are deprecated: pass "
+                "iterate_averaging_config=ClassicMomentumConfig(momentum=..., dampening=..., "
+                "use_nesterov=...) instead (the same step, except that Nesterov with dampening > 0 "
+                "now scales P by 1 - dampening too)",
+                DeprecationWarning,
+                stacklevel=2,
+            )
         super().__init__(params, defaults)
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:

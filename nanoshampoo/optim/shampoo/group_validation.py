@@ -8,7 +8,6 @@ with the ``-1`` sentinels resolved once.
 from __future__ import annotations
 
 import math
-import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -285,20 +284,13 @@ class Hyperparameters:
 
 def _classic_momentum(group: Mapping[str, Any]) -> ClassicMomentumConfig | None:
     """The group's ``ClassicMomentumConfig``: its ``iterate_averaging_config``, or the one the
-    deprecated ``momentum``/``dampening``/``use_nesterov`` entries map onto (with a warning)."""
+    deprecated ``momentum``/``dampening``/``use_nesterov`` entries map onto (the constructor
+    warns about them)."""
     config = group["iterate_averaging_config"]
     if isinstance(config, ClassicMomentumConfig):
         return config
     if group["momentum"] == 0.0:
         return None
-    warnings.warn(
-        "DistributedShampoo's momentum, dampening and use_nesterov are deprecated: pass "
-        "iterate_averaging_config=ClassicMomentumConfig(momentum=..., dampening=..., "
-        "use_nesterov=...) instead (the same step, except that Nesterov with dampening > 0 now "
-        "scales P by 1 - dampening too)",
-        DeprecationWarning,
-        stacklevel=4,
-    )
     return ClassicMomentumConfig(
         momentum=float(group["momentum"]), dampening=float(group["dampening"]),
         use_nesterov=group["use_nesterov"],

@@ -199,6 +199,8 @@ def test_deprecated_momentum_arguments_warn_and_take_the_classic_momentum_step()
     for a, b in zip(legacy, current):
         assert torch.equal(a, b)
     assert "block_0.momentum" in optimizer.state_dict()["state"][0]
+    with pytest.warns(DeprecationWarning, match="ClassicMomentumConfig"):
+        DistributedShampoo([{"params": [torch.nn.Parameter(torch.zeros(3))], "momentum": 0.5}])
 
 
 # ------------------------------------------------------------------------------------------
