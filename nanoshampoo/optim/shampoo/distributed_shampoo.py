@@ -82,13 +82,13 @@ from typing import Any
 import torch
 
 from nanoshampoo.optim.shampoo.group_runtime import GroupRuntime
-from nanoshampoo.optim.shampoo.iterate_averaging_types import IterateAveragingConfig
 from nanoshampoo.optim.shampoo.group_validation import (
     Hyperparameters,
     is_int,
     validate_group,
     validate_params,
 )
+from nanoshampoo.optim.shampoo.iterate_averaging_types import IterateAveragingConfig
 from nanoshampoo.optim.shampoo.shampoo_types import (
     DefaultShampooConfig,
     DefaultSingleDeviceDistributedConfig,
