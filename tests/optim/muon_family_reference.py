@@ -7,6 +7,7 @@ parameter ``w``, gradient ``g`` and a state dict (mutated) and returns the new p
 
 from __future__ import annotations
 
+import io
 from typing import Any
 
 import torch
@@ -149,6 +150,30 @@ def run_optimizer(optimizer_class, weights: list[Tensor], grads: list[list[Tenso
             p.grad = g.to(dtype)
         optimizer.step()
     return [p.detach().to(torch.float64) for p in params]
+
+
+def run_with_resume(optimizer_class, weights: list[Tensor], grads: list[list[Tensor]],
+                    h: dict[str, Any], resume_at: int) -> list[Tensor]:
+    """``run_optimizer`` in float32, but saved after ``resume_at`` steps (``torch.save``, loaded
+    with ``weights_only=True``) and finished by a new optimizer built with other defaults."""
+    params = [torch.nn.Parameter(w.float()) for w in weights]
+    first = optimizer_class(params, **h)
+    for step_grads in grads[:resume_at]:
+        for p, g in zip(params, step_grads):
+            p.grad = g.float()
+        first.step()
+    buffer = io.BytesIO()
+    torch.save({"params": [p.detach() for p in params], "optim": first.state_dict()}, buffer)
+    buffer.seek(0)
+    saved = torch.load(buffer, weights_only=True)
+    resumed_params = [torch.nn.Parameter(p.clone()) for p in saved["params"]]
+    resumed = optimizer_class(resumed_params, lr=1.0)  # the loaded groups bring back h
+    resumed.load_state_dict(saved["optim"])
+    for step_grads in grads[resume_at:]:
+        for p, g in zip(resumed_params, step_grads):
+            p.grad = g.float()
+        resumed.step()
+    return [p.detach().to(torch.float64) for p in resumed_params]
 
 
 def least_squares_loss(w: Tensor, a: Tensor, b: Tensor) -> Tensor:

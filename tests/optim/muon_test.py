@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import io
-
 import pytest
 import torch
 from muon_family_reference import (
@@ -13,6 +11,7 @@ from muon_family_reference import (
     random_problem,
     run_optimizer,
     run_reference,
+    run_with_resume,
     train_least_squares,
 )
 
@@ -90,25 +89,9 @@ def test_parameter_without_gradient_is_left_alone() -> None:
 def test_state_dict_round_trip_resumes_exactly() -> None:
     weights, grads = random_problem(SHAPES, 6)
     straight = run_optimizer(Muon, weights, grads, HYPER, torch.float32)
-    params = [torch.nn.Parameter(w.float()) for w in weights]
-    first = Muon(params, **HYPER)
-    for step_grads in grads[:3]:
-        for p, g in zip(params, step_grads):
-            p.grad = g.float()
-        first.step()
-    buffer = io.BytesIO()
-    torch.save({"params": [p.detach() for p in params], "optim": first.state_dict()}, buffer)
-    buffer.seek(0)
-    saved = torch.load(buffer, weights_only=True)
-    resumed_params = [torch.nn.Parameter(p.clone()) for p in saved["params"]]
-    resumed = Muon(resumed_params, lr=1.0)  # the loaded groups bring back HYPER
-    resumed.load_state_dict(saved["optim"])
-    for step_grads in grads[3:]:
-        for p, g in zip(resumed_params, step_grads):
-            p.grad = g.float()
-        resumed.step()
-    for a, b in zip(resumed_params, straight):
-        assert torch.equal(a.detach().double(), b)
+    resumed = run_with_resume(Muon, weights, grads, HYPER, resume_at=3)
+    for a, b in zip(resumed, straight):
+        assert torch.equal(a, b)
 
 
 @pytest.mark.parametrize("cautious", [False, True])
