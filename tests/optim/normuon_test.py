@@ -31,7 +31,7 @@ HYPER = {
     ("muon", True, True),
     ("adam_rms", True, True),
 ])
-@pytest.mark.parametrize("dtype, tolerance", [(torch.float32, 2e-5), (torch.float64, 1e-12)])
+@pytest.mark.parametrize("dtype, tolerance", [(torch.float32, 5e-6), (torch.float64, 1e-12)])
 def test_steps_match_the_float64_reference(update_scale: str, nesterov: bool, cautious: bool,
                                            dtype: torch.dtype, tolerance: float) -> None:
     h = {**HYPER, "update_scale": update_scale, "nesterov": nesterov,
