@@ -31,7 +31,7 @@ Example:
     >>> opt.step()
     >>> # rank 1: NS maps the singular value 1 to p(p(p(p(p(1))))) = 0.6964, so every entry of O
     >>> # is 0.6964 / sqrt(12) * sqrt(4 / 3) = 0.2321 > 0, same sign as W: all of W decays.
-    >>> round(float(w[0, 0]), 4)  # 1 - 0.1 * (0.2321 + 0.5 * 1)
+    >>> round(float(w.detach()[0, 0]), 4)  # 1 - 0.1 * (0.2321 + 0.5 * 1)
     0.9268
 """
 
@@ -85,9 +85,6 @@ class OrthogonalizedMomentum(torch.optim.Optimizer):
     floats). Every parameter must be a 2-D floating tensor. Parameters without a gradient are
     skipped: their state does not change.
     """
-
-    def __init__(self, params: Iterable[Any], defaults: dict[str, Any]) -> None:
-        super().__init__(params, defaults)
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         """Validate the group (with the defaults filled in), then add it; nothing half-added."""
