@@ -18,7 +18,7 @@ Example:
     >>> TrainConfig(run_id="a/b")
     Traceback (most recent call last):
     ...
-    ValueError: TrainConfig.run_id must not contain a path separator, got 'a/b'
+    ValueError: TrainConfig.run_id (--run-id) must not contain a path separator, got 'a/b'
 """
 
 from __future__ import annotations
@@ -182,7 +182,8 @@ class TrainConfig:
             raise ValueError(f"TrainConfig.cooldown_frac must be in [0, 1], got {self.cooldown_frac}")
         # A timeout beyond a day overflows the collectives' timer (and waits on a dead peer).
         if not 0 < self.dist_timeout_s <= 86400:
-            raise ValueError("TrainConfig.dist_timeout_s must be in (0, 86400] seconds, got "
+            raise ValueError("TrainConfig.dist_timeout_s (--dist-timeout-s) must be in (0, 86400] "
+                             "seconds, got "
                              f"{self.dist_timeout_s}")
         if spec.check is not None:
             spec.check(self)
@@ -193,9 +194,9 @@ class TrainConfig:
                     raise ValueError(f"TrainConfig.{name} is required when dataset='shards'")
             if self.vocab_size < 1:
                 raise ValueError("TrainConfig.vocab_size is required when dataset='shards'")
-        check_run_id("TrainConfig.run_id", self.run_id)
+        check_run_id("TrainConfig.run_id (--run-id)", self.run_id)
         # A new run's id starts with the preset's name.
-        check_run_id("TrainConfig.preset", self.preset)
+        check_run_id("TrainConfig.preset (--preset)", self.preset)
         if not self.out_dir:
             raise ValueError("TrainConfig.out_dir must not be empty")
         if any(s < 0 for s in self.profile_steps):
@@ -324,7 +325,7 @@ def check_run_id(label: str, run_id: str) -> None:
     if any(sep in run_id for sep in separators) or run_id in (".", ".."):
         raise ValueError(f"{label} must not contain a path separator, got {run_id!r}")
     if len(run_id) > MAX_ID_LENGTH:
-        raise ValueError(f"{label} must be at most {MAX_ID_LENGTH} characters, got "
+        raise ValueError(f"{label} is too long: at most {MAX_ID_LENGTH} characters, got "
                          f"{len(run_id)}")
 
 

@@ -280,11 +280,13 @@ def test_a_preset_name_that_would_escape_the_out_dir_is_refused(
     preset.write_text('preset = "../../pwned"\n')
     out = tmp_path / "a" / "b" / "runs"
     assert main(["--preset", str(preset), "--out-dir", str(out)]) == 2
-    assert "TrainConfig.preset must not contain a path separator" in capsys.readouterr().err
+    assert "TrainConfig.preset (--preset) must not contain a path separator" in capsys.readouterr().err
     assert list(tmp_path.rglob("*.jsonl")) == []
 
 
 @pytest.mark.parametrize("field", ["run_id", "preset"])
 def test_an_overlong_run_id_or_preset_name_is_refused(field: str) -> None:
-    with pytest.raises(ValueError, match=f"TrainConfig.{field} must be at most 100 characters"):
+    flag = "--" + field.replace("_", "-")
+    with pytest.raises(ValueError,
+                       match=rf"TrainConfig.{field} \({flag}\) is too long: at most 100 characters"):
         TrainConfig(**{field: "r" * 101})

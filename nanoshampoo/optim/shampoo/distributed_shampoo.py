@@ -24,9 +24,22 @@ One step for a block (``t`` 1-based, ``s`` = start_preconditioning_step, ``f`` =
    preconditioner's direction, ``P_g`` grafting's); no grafting: ``P = P_s``. ``t < s``:
    ``P = P_g`` (no grafting: ``Gbar``); ``s = math.inf`` never preconditions.
 7. Decoupled decay ``P <- P + alpha W`` (``alpha``: ``wd``, ``CORRECTED`` ``wd lr / peak_lr``,
-   ``INDEPENDENT`` ``wd / peak_lr``; see ``WeightDecayType``); momentum
-   ``B <- mu B + (1 - dampening) P`` and ``P <- B`` (Nesterov: ``P <- P + mu B``).
-8. ``W <- W - lr P`` (through the distributor).
+   ``INDEPENDENT`` ``wd / peak_lr``; see ``WeightDecayType``; under primal averaging
+   ``z <- (1 - lr alpha) z`` instead, before step 8); classic momentum
+   (``ClassicMomentumConfig``, or the deprecated ``momentum`` arguments)
+   ``M <- mu M + (1 - d) P`` and ``P <- M`` (Nesterov: ``P <- (1 - d) P + mu M``).
+8. ``W <- W - lr P`` (through the distributor). Under primal averaging (GPA, Schedule-Free;
+   ``W`` holds ``y``): ``W <- W + (1 - mu_x)(z - W) - (1 - mu_x mu_y) lr P``, then
+   ``z <- z - lr P``; Schedule-Free's ``mu_x = 1 - lr^r / sum_{i<=t} lr_i^r``.
+
+Primal averaging keeps ``z`` per block (state ``weight_buffer``, set to the parameters at the
+first step: the reference library takes them at construction, which differs only if the
+parameters change in between, e.g. a model checkpoint loaded without the optimizer's);
+the evaluation iterate is ``x = (y - (1 - mu_y) z) / mu_y``. :meth:`DistributedShampoo.eval`
+moves the parameters to ``x`` (``W <- W + (1 - 1/mu_y)(z - W)``) and
+:meth:`DistributedShampoo.train` back to ``y`` (``W <- W + (1 - mu_y)(z - W)``); a step in eval
+mode raises ``RuntimeError``. The mode and Schedule-Free's ``sum lr_i^r`` are checkpointed
+with the group (``lr_sum``, ``train_mode``).
 
 Blocks with the same shape are stacked into buckets and processed by batched kernels
 (``baddbmm``/``bmm``/``_foreach_*``; one ``eigh`` per factor size); the buffers a group's
@@ -55,27 +68,29 @@ step over them, state dicts); ``group_runtime.py`` one group's buckets, buffers 
 order above (``GroupRuntime.apply_step``); ``group_validation.py`` the checks of a group's
 entries and their resolution into ``Hyperparameters``; ``component_builders.py`` the
 preconditioner and distributor a config names; ``state_dict_trees.py`` the flattening of nested
-block state into checkpoint keys.
+block state into checkpoint keys; ``state_dict_checks.py`` the checks before a load writes;
+``reference_state_dict.py`` the reference library's state-dict layout; ``step_compilation.py``
+the probed ``torch.compile`` of a group's step.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Mapping, Sequence
+import warnings
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import torch
 
 from nanoshampoo.optim.shampoo.group_runtime import GroupRuntime
 from nanoshampoo.optim.shampoo.group_validation import (
-    Hyperparameters,
-    is_int,
-    validate_group,
     check_ordered_params,
     validate_device_kind,
+    validate_group,
     validate_group_keys,
     validate_params,
 )
+from nanoshampoo.optim.shampoo.iterate_averaging_types import IterateAveragingConfig
 from nanoshampoo.optim.shampoo.shampoo_types import (
     DefaultShampooConfig,
     DefaultSingleDeviceDistributedConfig,
@@ -97,12 +112,20 @@ from nanoshampoo.optim.shampoo.runtime_types import (
     ShampooPT2CompileConfig,
     ShampooRuntimeConfig,
 )
+from nanoshampoo.optim.shampoo.state_dict_checks import (
+    check_loaded_block_states,
+    expected_state,
+    group_param_indices,
+    plan_loaded_groups,
+)
 from nanoshampoo.optim.shampoo.step_compilation import compile_step
 from nanoshampoo.optim.shampoo.state_dict_trees import flatten_tree, is_plain_value
 
 logger = logging.getLogger(__name__)
 
 NONFINITE_GRAD_POLICIES = ("raise", "skip")
+# Deprecated group entries, mapped onto ClassicMomentumConfig (group_validation._classic_momentum).
+LEGACY_MOMENTUM_KEYS = {"momentum", "dampening", "use_nesterov"}
 
 
 class DistributedShampoo(torch.optim.Optimizer):
@@ -127,6 +150,9 @@ class DistributedShampoo(torch.optim.Optimizer):
             grafting method's, or the filtered gradient without grafting); otherwise an int
             >= ``precondition_frequency``.
         use_bias_correction: bias-correct the filtered gradient and the factors.
+        iterate_averaging_config: None, ``ClassicMomentumConfig`` (SGD momentum on the update),
+            ``GeneralizedPrimalAveragingConfig`` or ``ScheduleFreeConfig`` (primal averaging:
+            call :meth:`train` before training and :meth:`eval` before evaluating).
         amortize_roots: spread the root (or eigenbasis) computations over the
             ``precondition_frequency`` steps, a fixed share per step, instead of all at once
             every ``precondition_frequency`` steps (step 4 of the module docstring: a different,
@@ -147,9 +173,11 @@ class DistributedShampoo(torch.optim.Optimizer):
         preconditioner_config: ``DefaultShampooConfig`` or another ``PreconditionerConfig``.
         shampoo_runtime_config: :class:`ShampooRuntimeConfig` (``eager_nan_check``).
         concurrency_config: :class:`ConcurrencyConfig`, accepted, no effect here (its docstring).
-        momentum: heavy-ball momentum on the update, in [0, 1).
-        dampening: momentum dampening, in [0, 1).
-        use_nesterov: Nesterov momentum (needs momentum > 0).
+        momentum: deprecated (``DeprecationWarning``): with ``momentum > 0`` the group steps as
+            with ``iterate_averaging_config=ClassicMomentumConfig(momentum, dampening,
+            use_nesterov)``; in [0, 1), and only with ``iterate_averaging_config=None``.
+        dampening: deprecated, see ``momentum``; in [0, 1).
+        use_nesterov: deprecated, see ``momentum`` (needs momentum > 0).
         nonfinite_grad_policy: ``"raise"`` (default) or ``"skip"`` on NaN/Inf gradients.
 
     Refused at construction (``add_param_group``), naming the parameter or key: a ``set`` of
@@ -185,6 +213,7 @@ class DistributedShampoo(torch.optim.Optimizer):
         precondition_frequency: int = 1,
         start_preconditioning_step: int | float = -1,
         use_bias_correction: bool = True,
+        iterate_averaging_config: IterateAveragingConfig | None = None,
         grafting_config: PreconditionerConfig | None = None,
         use_pin_memory: bool = False,
         shampoo_pt2_compile_config: ShampooPT2CompileConfig | None = None,
@@ -225,10 +254,24 @@ class DistributedShampoo(torch.optim.Optimizer):
             precondition_frequency=precondition_frequency,
             start_preconditioning_step=start_preconditioning_step,
             use_bias_correction=use_bias_correction, amortize_roots=amortize_roots,
-            momentum_dtype=momentum_dtype,
+            momentum_dtype=momentum_dtype, iterate_averaging_config=iterate_averaging_config,
             grafting_config=grafting_config, use_pin_memory=use_pin_memory,
             distributed_config=distributed_config, preconditioner_config=preconditioner_config,
         )
+        if not isinstance(params, torch.Tensor):  # torch refuses a bare tensor: keep it whole
+            params = list(params)
+        groups = params if isinstance(params, list) else []
+        if (momentum, dampening, use_nesterov) != (0.0, 0.0, False) or any(
+            isinstance(group, dict) and LEGACY_MOMENTUM_KEYS & group.keys() for group in groups
+        ):
+            warnings.warn(
+                "DistributedShampoo's momentum, dampening and use_nesterov are deprecated: pass "
+                "iterate_averaging_config=ClassicMomentumConfig(momentum=..., dampening=..., "
+                "use_nesterov=...) instead (the same step, except that Nesterov with dampening > 0 "
+                "now scales P by 1 - dampening too)",
+                DeprecationWarning,
+                stacklevel=2,
+            )
         super().__init__(params, defaults)
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
@@ -274,11 +317,10 @@ class DistributedShampoo(torch.optim.Optimizer):
         for index, (runtime, group) in enumerate(zip(self._runtimes, self.param_groups)):
             try:
                 plans.append(runtime.plan(group))
-                runtime.check_grads()
-                if self._runtime_config.eager_nan_check:
-                    runtime.check_finite_grads_eagerly()
+                runtime.check_grads(self._runtime_config.eager_nan_check)
             except ValueError as error:
                 raise ValueError(f"{error} (param_groups[{index}]; no parameter or state was changed)") from None
+            runtime.check_train_mode()
         masks = [runtime.gather_grads() for runtime in self._runtimes]
         active = [(r, m) for r, m in zip(self._runtimes, masks) if m is not None]
         sums = [runtime.grad_sum() for runtime, _ in active]
@@ -304,6 +346,26 @@ class DistributedShampoo(torch.optim.Optimizer):
         """Whether every group's step runs compiled (``shampoo_pt2_compile_config`` given and its
         probe passed; see :class:`ShampooPT2CompileConfig`)."""
         return bool(self._step_compiled) and all(self._step_compiled)
+    @torch.no_grad()
+    def train(self) -> None:
+        """Parameters of primal-averaging groups (GPA, Schedule-Free) to ``y``, the training point.
+
+        ``W <- W + (1 - mu_y)(z - W)`` from the evaluation iterate; no-op for other groups and
+        for groups already in train mode. Collective under DDP (every rank calls it).
+        """
+        for runtime in self._runtimes:
+            runtime.switch_mode(to_train=True)
+
+    @torch.no_grad()
+    def eval(self) -> None:
+        """Parameters of primal-averaging groups (GPA, Schedule-Free) to ``x``, the averaged iterate.
+
+        ``W <- W + (1 - 1/mu_y)(z - W)``, i.e. ``x = (y - (1 - mu_y) z) / mu_y``; no-op for other
+        groups and for groups already in eval mode. :meth:`step` refuses to run until
+        :meth:`train`. Collective under DDP (every rank calls it).
+        """
+        for runtime in self._runtimes:
+            runtime.switch_mode(to_train=False)
 
     def optimizer_state_bytes(self) -> int:
         """Bytes of this rank's optimizer state: the tensors :meth:`state_dict` returns.
@@ -348,6 +410,8 @@ class DistributedShampoo(torch.optim.Optimizer):
             entry = {k: v for k, v in group.items() if k != "params" and is_plain_value(v)}
             entry["params"] = list(range(first, first + len(group["params"])))
             entry["step"] = runtime.step
+            if runtime.hyperparameters.primal_averaging is not None:
+                entry["lr_sum"], entry["train_mode"] = runtime.lr_power_sum, runtime.train_mode
             first += len(group["params"])
             groups.append(entry)
         return {"state": state, "param_groups": groups}
@@ -379,23 +443,28 @@ class DistributedShampoo(torch.optim.Optimizer):
         if not isinstance(state_dict, Mapping) or not {"state", "param_groups"} <= state_dict.keys():
             raise ValueError("state_dict must be a mapping with 'state' and 'param_groups'")
         if is_reference_layout(state_dict):
-            state_dict = from_reference_layout(state_dict, self._group_param_indices(), self._expected_state())
+            state_dict = from_reference_layout(
+                state_dict, group_param_indices(self.param_groups), expected_state(self._runtimes)
+            )
         check_distributed_shampoo_layout(state_dict)
-        plans = self._plan_loaded_groups(state_dict["param_groups"])
+        plans = plan_loaded_groups(state_dict["param_groups"], self.param_groups, self._runtimes)
         try:
             saved_state = {int(k): flatten_tree(v) for k, v in state_dict["state"].items()}
         except (TypeError, ValueError, AttributeError) as error:
             raise ValueError(f"state_dict['state'] must map param indices to dicts of tensors: {error}") from None
-        self._check_loaded_block_states(saved_state, [hyperparameters for _, hyperparameters, _ in plans])
+        check_loaded_block_states(self._runtimes, saved_state, [plan[1] for plan in plans])
 
         # Everything checked: write.
-        for (merged, hyperparameters, step), group, runtime in zip(plans, self.param_groups, self._runtimes):
+        for plan, group, runtime in zip(plans, self.param_groups, self._runtimes):
+            merged, hyperparameters, step, averaging = plan
             for key in group:
                 if key != "params":
                     group[key] = merged[key]
             if runtime.configure(hyperparameters):
                 self._register_block_states(runtime)
             runtime.step = step
+            if averaging is not None:
+                runtime.lr_power_sum, runtime.train_mode = averaging
             for info, block_state in zip(runtime.block_infos, runtime.block_states):
                 param_index, block_name = info.composable_block_ids
                 entries = saved_state[param_index]
@@ -411,85 +480,3 @@ class DistributedShampoo(torch.optim.Optimizer):
         :meth:`load_state_dict` takes either layout."""
         packed = [bool(getattr(g["preconditioner_config"], "use_symmetric_packing", False)) for g in self.param_groups]
         return to_reference_layout(self.state_dict(), packed)
-
-    def _group_param_indices(self) -> list[list[int]]:
-        first, indices = 0, []
-        for group in self.param_groups:
-            indices.append(list(range(first, first + len(group["params"]))))
-            first += len(group["params"])
-        return indices
-
-    def _expected_state(self) -> dict[int, dict[str, tuple[torch.Size, torch.dtype]]]:
-        """Per parameter index, every flat block-state key this rank holds, with its shape and dtype."""
-        expected: dict[int, dict[str, tuple[torch.Size, torch.dtype]]] = {}
-        for runtime in self._runtimes:
-            for local_index, info in enumerate(runtime.block_infos):
-                entries = runtime.expected_block_state(local_index, runtime.hyperparameters)
-                expected.setdefault(info.composable_block_ids[0], {}).update(entries)
-        return expected
-
-    def _plan_loaded_groups(
-        self, saved_groups: Sequence[Mapping[str, Any]]
-    ) -> list[tuple[dict[str, Any], Hyperparameters, int]]:
-        """Per group: the merged entries, their hyperparameters and the step (changes nothing)."""
-        if len(saved_groups) != len(self.param_groups):
-            raise ValueError(
-                f"state_dict has {len(saved_groups)} param groups, the optimizer has {len(self.param_groups)}"
-            )
-        plans: list[tuple[dict[str, Any], Hyperparameters, int]] = []
-        for index, (saved, group, runtime) in enumerate(zip(saved_groups, self.param_groups, self._runtimes)):
-            where = f"state_dict param_groups[{index}]"
-            if len(saved.get("params", ())) != len(group["params"]):
-                raise ValueError(
-                    f"{where} has {len(saved.get('params', ()))} params, the optimizer's group has "
-                    f"{len(group['params'])}"
-                )
-            step = saved.get("step")
-            if not is_int(step) or step < 0:
-                raise ValueError(f"{where}['step'] must be an int >= 0, got {step!r}")
-            merged = dict(group)
-            for key, value in saved.items():
-                if key not in ("params", "step") and key in group:
-                    merged[key] = tuple(value) if isinstance(value, list) and isinstance(group[key], tuple) else value
-            try:
-                hyperparameters = runtime.plan(merged)
-            except ValueError as error:
-                raise ValueError(f"{where}: {error}") from None
-            plans.append((merged, hyperparameters, step))
-        return plans
-
-    def _check_loaded_block_states(
-        self, saved_state: Mapping[int, Mapping[str, Any]], plans: Sequence[Hyperparameters]
-    ) -> None:
-        """Raise unless ``saved_state`` holds exactly the block states of ``plans``, each a
-        tensor of the expected shape and dtype (``KeyError`` for a missing or extra key)."""
-        unexpected = {index: set(entries) for index, entries in saved_state.items()}
-        for runtime, hyperparameters in zip(self._runtimes, plans):
-            for local_index, info in enumerate(runtime.block_infos):
-                param_index = info.composable_block_ids[0]
-                entries = saved_state.get(param_index, {})
-                for key, (shape, dtype) in runtime.expected_block_state(local_index, hyperparameters).items():
-                    if key not in entries:
-                        raise KeyError(f"missing block state {param_index}.{key} in state_dict")
-                    value = entries[key]
-                    if isinstance(value, torch.Tensor) and value.is_floating_point() and not bool(
-                        torch.isfinite(value).all()
-                    ):
-                        raise ValueError(
-                            f"state_dict block state {param_index}.{key} holds NaN or Inf: a step "
-                            "from it would turn the parameters non-finite"
-                        )
-                    if not isinstance(value, torch.Tensor) or value.shape != shape or value.dtype != dtype:
-                        got = (
-                            f"{value.dtype} {tuple(value.shape)}" if isinstance(value, torch.Tensor)
-                            else type(value).__name__
-                        )
-                        raise ValueError(
-                            f"state_dict block state {param_index}.{key} must be a {dtype} tensor of "
-                            f"shape {tuple(shape)}, got {got}"
-                        )
-                    unexpected[param_index].discard(key)
-        leftover = sorted(f"{index}.{key}" for index, keys in unexpected.items() for key in keys)
-        if leftover:
-            raise KeyError(f"unexpected block state in state_dict: {leftover}")
-

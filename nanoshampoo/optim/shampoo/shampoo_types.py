@@ -3,9 +3,9 @@
 The configs live beside the code they configure and are re-exported here:
 ``preconditioner/preconditioner_types.py`` (preconditioners and grafting),
 ``preconditioner/matrix_functions_types.py`` (roots, eigenbases, orthogonalization, rank-deficient
-factors), ``distributor/distributor_types.py`` (distributors), ``config_checks.py`` (the field
-checks and ``UnsupportedConfigError``); this module holds the optimizer-wide types
-(``WeightDecayType``).
+factors), ``distributor/distributor_types.py`` (distributors), ``iterate_averaging_types.py``
+(momentum, GPA, Schedule-Free), ``config_checks.py`` (the field checks and
+``UnsupportedConfigError``); this module holds the optimizer-wide types (``WeightDecayType``).
 
 Every config is a small dataclass validated in ``__post_init__``: a bad value raises
 ``ValueError`` whose message starts with the field name. Names and defaults follow the
@@ -45,6 +45,12 @@ from nanoshampoo.optim.shampoo.distributor.distributor_types import (
     HybridShardDistributedConfig,
     SingleDeviceDistributedConfig,
 )
+from nanoshampoo.optim.shampoo.iterate_averaging_types import (
+    ClassicMomentumConfig,
+    GeneralizedPrimalAveragingConfig,
+    IterateAveragingConfig,
+    ScheduleFreeConfig,
+)
 from nanoshampoo.optim.shampoo.preconditioner.matrix_functions_types import (
     AmortizedComputationConfig,
     CoupledNewtonConfig,
@@ -73,6 +79,7 @@ from nanoshampoo.optim.shampoo.preconditioner.preconditioner_types import (
     ClassicShampooPreconditionerConfig,
     DefaultEigenvalueCorrectedShampooConfig,
     DefaultShampooConfig,
+    DefaultSignDescentPreconditionerConfig,
     DefaultSOAPConfig,
     DefaultSpectralDescentPreconditionerConfig,
     EigenvalueCorrectedShampooPreconditionerConfig,
@@ -82,6 +89,7 @@ from nanoshampoo.optim.shampoo.preconditioner.preconditioner_types import (
     RootInvShampooPreconditionerConfig,
     SGDPreconditionerConfig,
     ShampooPreconditionerConfig,
+    SignDescentPreconditionerConfig,
     SpectralDescentPreconditionerConfig,
 )
 from nanoshampoo.optim.shampoo.runtime_types import (
@@ -98,6 +106,7 @@ __all__ = [
     "AdamPreconditionerConfig",
     "AmortizedComputationConfig",
     "BaseShampooPreconditionerConfig",
+    "ClassicMomentumConfig",
     "ClassicShampooPreconditionerConfig",
     "ConcurrencyConfig",
     "CoupledNewtonConfig",
@@ -111,6 +120,7 @@ __all__ = [
     "DefaultSOAPConfig",
     "DefaultShampooConfig",
     "DefaultShampooRuntimeConfig",
+    "DefaultSignDescentPreconditionerConfig",
     "DefaultSingleDeviceDistributedConfig",
     "DefaultSpectralDescentPreconditionerConfig",
     "DistributedConfig",
@@ -123,8 +133,10 @@ __all__ = [
     "FSDPParamAssignmentStrategy",
     "FullyShardDistributedConfig",
     "GRAFTING_CONFIG_TYPES",
+    "GeneralizedPrimalAveragingConfig",
     "HSDPDistributedConfig",
     "HybridShardDistributedConfig",
+    "IterateAveragingConfig",
     "LoadBalancingConfig",
     "MatrixFunctionConfig",
     "NewtonSchulzOrthogonalizationConfig",
@@ -140,9 +152,11 @@ __all__ = [
     "RootInvShampooPreconditionerConfig",
     "SGDPreconditionerConfig",
     "SVDOrthogonalizationConfig",
+    "ScheduleFreeConfig",
     "ShampooPT2CompileConfig",
     "ShampooPreconditionerConfig",
     "ShampooRuntimeConfig",
+    "SignDescentPreconditionerConfig",
     "SingleDeviceDistributedConfig",
     "SpectralDescentPreconditionerConfig",
     "UnsupportedConfigError",
