@@ -157,7 +157,7 @@ def test_speed_and_memory_knobs_default_to_the_plain_optimizer() -> None:
                              1).param_groups
     assert group["amortize_roots"] is False and group["momentum_dtype"] is None
     assert group["preconditioner_config"].inv_factor_matrix_dtype is None
-    assert group["preconditioner_config"].pack_factor_matrices is False
+    assert group["preconditioner_config"].use_symmetric_packing is False
     assert group["grafting_config"].second_moment_dtype is None
     config = group["preconditioner_config"]
     assert type(config.amortized_computation_config) is shampoo.EigenConfig
@@ -187,7 +187,7 @@ def test_speed_and_memory_knobs_reach_the_optimizer(setup_name: str) -> None:
     assert group["momentum_dtype"] == torch.bfloat16
     assert group["amortize_roots"] is (setup_name != "muon")
     if setup_name == "shampoo":
-        assert group["preconditioner_config"].pack_factor_matrices is True
+        assert group["preconditioner_config"].use_symmetric_packing is True
         assert group["preconditioner_config"].inv_factor_matrix_dtype == torch.bfloat16
         assert group["grafting_config"].second_moment_dtype == torch.bfloat16
     for _ in range(2 * {"shampoo": 5, "soap": 10, "muon": 1}[setup_name]):

@@ -293,7 +293,7 @@ def build_shampoo_matrix(ctx: BuildContext) -> torch.optim.Optimizer:
             amortized_computation_config=root_solver,
             factor_matrix_dtype=getattr(torch, pre.factor_dtype),
             inv_factor_matrix_dtype=storage_dtype(hp.root_dtype),
-            pack_factor_matrices=hp.pack_factors, large_factor_dim=hp.large_factor_dim,
+            use_symmetric_packing=hp.pack_factors, large_factor_dim=hp.large_factor_dim,
             large_factor_frequency_multiplier=hp.large_factor_frequency_multiplier),
         amortize_roots=pre.amortize_roots, **common_kwargs(ctx))
 
