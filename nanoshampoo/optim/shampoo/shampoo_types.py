@@ -743,14 +743,22 @@ class NewtonSchulzOrthogonalizationConfig(OrthogonalizationConfig):
     Args:
         num_iterations: iterations, >= 1.
         coefficients: ``(a, b, c)`` of the quintic polynomial.
+        compute_dtype: dtype of the iteration's matmuls; None (automatic): bfloat16 for
+            float32 blocks where bf16 matmuls are fast (CUDA with bf16, or a CPU whose probe
+            finds them faster), else the block dtype. See ``resolve_newton_schulz_dtype``.
     """
 
     num_iterations: int = 5
     coefficients: tuple[float, float, float] = (3.4445, -4.7750, 2.0315)
+    compute_dtype: torch.dtype | None = None
 
     def __post_init__(self) -> None:
         self._check_scale_by_dims_fn()
         _check_int("num_iterations", self.num_iterations, minimum=1)
+        if self.compute_dtype is not None and self.compute_dtype not in FLOAT_DTYPES:
+            raise ValueError(
+                f"compute_dtype must be None or one of {FLOAT_DTYPES}, got {self.compute_dtype!r}"
+            )
         coefficients = self.coefficients
         if not (
             isinstance(coefficients, (tuple, list))
@@ -771,9 +779,10 @@ DefaultNewtonSchulzOrthogonalizationConfig = NewtonSchulzOrthogonalizationConfig
 class SpectralDescentPreconditionerConfig(PreconditionerConfig):
     """Spectral descent (Muon): the search direction of a 2-D block is ``orth(Gbar) ~ U V^T``.
 
-    Only for 2-D blocks: every block of a group using it must be a matrix after merging and
-    splitting (choose ``max_preconditioner_dim``, or put vectors in another param group);
-    otherwise the optimizer raises ``ValueError`` naming ``preconditioner_config``. Stateless.
+    For blocks of >= 2 dims: a ``(d0, d1, ..., dk)`` block is orthogonalized as the
+    ``(d0, d1 * ... * dk)`` matrix (as the reference library's merge to 2 dims does). A vector
+    block (choose ``max_preconditioner_dim``, or put vectors in another param group) makes the
+    optimizer raise ``ValueError`` naming ``preconditioner_config``. Stateless.
 
     Args:
         orthogonalization_config: ``NewtonSchulzOrthogonalizationConfig`` (default) or
