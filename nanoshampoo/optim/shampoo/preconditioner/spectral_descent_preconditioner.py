@@ -11,7 +11,10 @@ ways to get it:
   ``s`` to ``p(s) = a s + b s^3 + c s^5`` and leaves ``U``, ``V`` unchanged. Iterated on the wide
   orientation so the Gram matrix ``X X^T`` is the smaller one; every block of one wide shape
   (a ``(768, 3072)`` and a transposed ``(3072, 768)`` alike) joins one stack, so each iteration
-  is three batched products per shape, where the reference Muon loops over parameters.
+  is three batched products per shape, where the reference Muon loops over parameters. In
+  float32 a block at least twice as wide as tall iterates in Gram space instead (the same
+  iterates from ``r x r`` products, :func:`_iterate_in_gram_space`): 25 instead of 45 ``r^3``
+  for a 768x3072 block.
 
 Newton-Schulz dtype (:func:`resolve_newton_schulz_dtype`): float32 blocks iterate in bfloat16
 where bf16 matmuls are fast, as the reference Muon always does. Measured on a 2-core Intel Xeon
@@ -89,13 +92,53 @@ def _normalize_into(matrices: torch.Tensor, out: torch.Tensor) -> None:
 
 def _iterate_wide(x: torch.Tensor, coefficients: tuple[float, float, float],
                   num_iterations: int) -> torch.Tensor:
-    """``num_iterations`` quintic steps on a ``(B, r, c)`` stack with ``r <= c``, in its dtype."""
+    """``num_iterations`` quintic steps on a ``(B, r, c)`` stack with ``r <= c``, in its dtype.
+
+    In float32/float64, when it needs fewer products, the iteration runs in Gram space
+    (:func:`_iterate_in_gram_space`); otherwise on ``X`` itself: per step ``A = X X^T``,
+    ``X <- a X + (b A + c A^2) X``, ``2 r^2 c + r^3 + 2 r^2 c`` multiply-adds.
+    """
+    rows, cols = x.shape[-2:]
+    ratio = cols / rows
+    # Products of r^3 multiply-adds: n (2 ratio + 1) on X against 2 ratio + 4 n - 3 in Gram space.
+    if x.dtype in (torch.float32, torch.float64) and (
+            num_iterations * (2 * ratio + 1) > 2 * ratio + 4 * num_iterations - 3):
+        return _iterate_in_gram_space(x, coefficients, num_iterations)
     a, b, c = coefficients
     for _ in range(num_iterations):
         gram = torch.bmm(x, x.mT)
         polynomial = torch.baddbmm(gram, gram, gram, beta=b, alpha=c)  # b A + c A^2
         x = torch.baddbmm(x, polynomial, x, beta=a)  # a X + (b A + c A^2) X
     return x
+
+
+def _iterate_in_gram_space(x: torch.Tensor, coefficients: tuple[float, float, float],
+                           num_iterations: int) -> torch.Tensor:
+    """The same iterates as on ``X``, computed with ``r x r`` products: ``X_n = Q X_0``.
+
+    Every iterate is ``X_k = Q_k X_0`` with ``Q_k`` a polynomial in ``A_0 = X_0 X_0^T``, so with
+    ``P_k = a I + b A_k + c A_k^2``: ``Q_{k+1} = P_k Q_k`` and ``A_{k+1} = P_k A_k P_k^T = P_k^2
+    A_k`` (all commute). Cost: ``4 r^2 c`` for ``A_0`` and ``Q X_0``, then ``4 n - 3`` products
+    of ``r^3``: for GPT-small's 768x3072 blocks 25 r^3 instead of 45 r^3; measured 2.0x faster
+    in float32 (interleaved, 2 threads). Not in bf16: rounding ``A_k`` to 8 bits drives its
+    near-null eigenvalues off, and the orthogonality bound of the tests fails (0.82).
+    """
+    gram = torch.bmm(x, x.mT)
+    polynomial = _gram_polynomial(gram, coefficients)
+    transform = polynomial
+    for _ in range(num_iterations - 1):
+        gram = torch.bmm(polynomial, torch.bmm(polynomial, gram))
+        polynomial = _gram_polynomial(gram, coefficients)
+        transform = torch.bmm(polynomial, transform)
+    return torch.bmm(transform, x)
+
+
+def _gram_polynomial(gram: torch.Tensor, coefficients: tuple[float, float, float]) -> torch.Tensor:
+    """``a I + b A + c A^2`` for a ``(B, r, r)`` stack ``A``."""
+    a, b, c = coefficients
+    polynomial = torch.baddbmm(gram, gram, gram, beta=b, alpha=c)
+    polynomial.diagonal(dim1=-2, dim2=-1).add_(a)
+    return polynomial
 
 
 def newton_schulz_orthogonalize(
