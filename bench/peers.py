@@ -72,17 +72,25 @@ Factory = Callable[[list[torch.nn.Parameter]], torch.optim.Optimizer]
 
 
 @dataclass(frozen=True)
-class Row:
-    """One comparison: our optimizer and the peer, timed over windows of ``window`` steps."""
+class Figure:
+    """One line of the table: a statistic of the timed windows, and its goal."""
 
     name: str
+    statistic: str  # "mean": a window's mean step; "max": its slowest step
+    goal: float | None
+
+
+@dataclass(frozen=True)
+class Row:
+    """One comparison: our optimizer and the peer, timed over windows of ``window`` steps;
+    each figure is read off the same windows."""
+
     peer_name: str
     ours: Factory
     peer: Factory
     window: int
     warmup: int
-    statistic: str  # "mean": a window's mean step; "max": its slowest step
-    goal: float | None
+    figures: tuple[Figure, ...]
 
 
 @dataclass
@@ -179,10 +187,10 @@ def muon_rows(directory: Path | None, log: list[str]) -> list[Row]:
             continue
         peer = module.SingleDeviceMuon
         rows.append(Row(
-            f"Muon, {label.split(',')[0]}", f"KellerJordan/Muon ({label})", ours_muon(dtype),
+            f"KellerJordan/Muon ({label})", ours_muon(dtype),
             lambda ps, peer=peer: peer(ps, lr=cfg.muon_lr, weight_decay=cfg.muon_weight_decay,
                                        momentum=cfg.muon_momentum),
-            window=1, warmup=2, statistic="mean", goal=0.8))
+            window=1, warmup=2, figures=(Figure(f"Muon, {label.split(',')[0]}", "mean", 0.8),)))
     return rows
 
 
@@ -204,10 +212,10 @@ def soap_rows(directory: Path | None, log: list[str]) -> list[Row]:
 
     # Warm-up past both first bases (ours at step `frequency`, the peer's eigh at step 1) and
     # the peer's first QR refresh (its step frequency + 1).
-    common = dict(ours=ours, peer=peer, window=frequency, warmup=frequency + 2)
-    return [Row(f"SOAP, mean of {frequency} steps", "nikhilvyas/SOAP", statistic="mean",
-                goal=0.7, **common),
-            Row("SOAP, refresh step", "nikhilvyas/SOAP", statistic="max", goal=0.8, **common)]
+    figures = (Figure(f"SOAP, mean of {frequency} steps", "mean", 0.7),
+               Figure("SOAP, refresh step", "max", 0.8))
+    return [Row("nikhilvyas/SOAP", ours, peer, window=frequency, warmup=frequency + 2,
+                figures=figures)]
 
 
 def shampoo_rows(directory: Path | None, log: list[str]) -> list[Row]:
@@ -229,8 +237,8 @@ def shampoo_rows(directory: Path | None, log: list[str]) -> list[Row]:
                     amortized_computation_config=library.EigenConfig()))
         return build
 
-    return [Row(f"Shampoo, freq {f}", "reference Distributed Shampoo", factory(ours, f),
-                factory(reference, f), window=f, warmup=f + 1, statistic="mean", goal=0.6)
+    return [Row("reference Distributed Shampoo", factory(ours, f), factory(reference, f),
+                window=f, warmup=f + 1, figures=(Figure(f"Shampoo, freq {f}", "mean", 0.6),))
             for f in (1, 10)]
 
 
@@ -243,9 +251,9 @@ def adamw_rows(device: torch.device, log: list[str]) -> list[Row]:
         return DistAdam(params, launch="step", **options)
 
     log.append("AdamW: torch.optim.AdamW")
-    return [Row(f"AdamW (DistAdam) vs {impl}", f"torch.optim.AdamW({impl}=True)", ours,
+    return [Row(f"torch.optim.AdamW({impl}=True)", ours,
                 lambda ps, impl=impl: torch.optim.AdamW(ps, **options, **{impl: True}),
-                window=1, warmup=2, statistic="mean", goal=None)
+                window=1, warmup=2, figures=(Figure(f"AdamW (DistAdam) vs {impl}", "mean", None),))
             for impl in ("fused", "foreach")]
 
 
@@ -270,8 +278,9 @@ def time_window(opt: torch.optim.Optimizer, params: Sequence[torch.nn.Parameter]
 
 
 def run_row(row: Row, shapes: Sequence[tuple[int, ...]], device: torch.device,
-            rounds: int) -> Result:
-    """Warm both up, then ``rounds`` interleaved windows each; medians of the window statistic."""
+            rounds: int) -> list[Result]:
+    """Warm both up, then ``rounds`` interleaved windows each; per figure, the medians over
+    rounds of its window statistic."""
     gen = torch.Generator().manual_seed(0)
     initial = [torch.randn(s, generator=gen) * 0.02 for s in shapes]
     sides = {}
@@ -285,17 +294,21 @@ def run_row(row: Row, shapes: Sequence[tuple[int, ...]], device: torch.device,
     warmup = gradients(row.warmup)
     for params, opt in sides.values():
         time_window(opt, params, warmup, device)
-    samples: dict[str, list[float]] = {"ours": [], "peer": []}
-    reduce = statistics.fmean if row.statistic == "mean" else max
+    windows: dict[str, list[list[float]]] = {"ours": [], "peer": []}
     for index in range(rounds):
         grads = gradients(row.window)
         order = ("ours", "peer") if index % 2 == 0 else ("peer", "ours")
         for side in order:
             params, opt = sides[side]
-            samples[side].append(reduce(time_window(opt, params, grads, device)))
-    ours_s, peer_s = (statistics.median(samples[side]) for side in ("ours", "peer"))
-    return Result(row.name, row.peer_name, 1e3 * peer_s, 1e3 * ours_s, ours_s / peer_s,
-                  row.goal, rounds)
+            windows[side].append(time_window(opt, params, grads, device))
+    results = []
+    for figure in row.figures:
+        reduce = statistics.fmean if figure.statistic == "mean" else max
+        ours_s, peer_s = (statistics.median(reduce(w) for w in windows[side])
+                          for side in ("ours", "peer"))
+        results.append(Result(figure.name, row.peer_name, 1e3 * peer_s, 1e3 * ours_s,
+                              ours_s / peer_s, figure.goal, rounds))
+    return results
 
 
 def format_table(results: Sequence[Result]) -> str:
@@ -354,9 +367,10 @@ def main(argv: Sequence[str] | None = None) -> list[Result]:
     print("\n".join(log), flush=True)
     results = []
     for row in rows:
-        results.append(run_row(row, args.shapes, device, args.rounds))
-        print(f"{row.name}: ours {results[-1].ours_ms:.1f} ms, peer {results[-1].peer_ms:.1f} ms",
-              flush=True)
+        for result in run_row(row, args.shapes, device, args.rounds):
+            results.append(result)
+            print(f"{result.name}: ours {result.ours_ms:.1f} ms, peer {result.peer_ms:.1f} ms",
+                  flush=True)
     print(format_table(results))
     if args.json is not None:
         with atomic_output(args.json) as tmp:

@@ -81,7 +81,7 @@ def test_an_fp32_variant_without_the_cast_is_skipped_not_half_patched(peers, tmp
     (tmp_path / "muon.py").write_text(FAKE_MUON.replace("G.bfloat16()", "G.half()"))
     log: list[str] = []
     rows = peers.muon_rows(tmp_path, log)
-    assert [r.name for r in rows] == ["Muon, bf16 NS"]
+    assert [f.name for r in rows for f in r.figures] == ["Muon, bf16 NS"]
     assert "not found once: fp32 variant skipped" in log[1]
 
 
