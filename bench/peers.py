@@ -360,8 +360,8 @@ def main(argv: Sequence[str] | None = None) -> list[Result]:
     device = torch.device(args.device)
     log: list[str] = []
     rows = build_rows(args, device, log)
-    header = (f"device {device}: {cpu_name() if device.type == 'cpu' else torch.cuda.get_device_name(device)}"
-              f", {torch.get_num_threads()} threads, torch {torch.__version__}, "
+    name = cpu_name() if device.type == "cpu" else torch.cuda.get_device_name(device)
+    header = (f"device {device}: {name}, {torch.get_num_threads()} threads, torch {torch.__version__}, "
               f"shapes {args.shapes}, {args.rounds} rounds")
     print(header)
     print("\n".join(log), flush=True)

@@ -1,8 +1,8 @@
 """Measured matmul speed of this machine: is bf16 faster than float32, and the peak FLOP/s.
 
 Three users: the trainer's bf16 autocast choice (``train/hardware.py``), the Newton-Schulz
-compute dtype of spectral descent (``optim/shampoo/preconditioner/spectral_descent_preconditioner.py``)
-and model FLOPs utilisation (``train/throughput.py``). It sits below all of them (it imports
+compute dtype of spectral descent (``spectral_descent_preconditioner.py``) and model FLOPs
+utilisation (``train/throughput.py``). It sits below all of them (it imports
 only torch), so the optimizer does not import the trainer.
 
 Measured on a 2-core Intel Xeon with ``amx_bf16`` (2 threads, medians of 7): a 768x768x768

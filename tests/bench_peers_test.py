@@ -77,7 +77,8 @@ def test_fake_peers_run_every_row(peers, tmp_path: Path) -> None:
     assert "(float32 variant)" in " ".join(saved["log"])
 
 
-def test_an_fp32_variant_without_the_cast_is_skipped_not_half_patched(peers, tmp_path: Path) -> None:
+def test_an_fp32_variant_without_the_cast_is_skipped_not_half_patched(peers,
+                                                                      tmp_path: Path) -> None:
     (tmp_path / "muon.py").write_text(FAKE_MUON.replace("G.bfloat16()", "G.half()"))
     log: list[str] = []
     rows = peers.muon_rows(tmp_path, log)

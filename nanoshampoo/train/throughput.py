@@ -21,7 +21,8 @@ Example:
     >>> from nanoshampoo.model.gpt import gpt_preset
     >>> gpt_matmul_flops_per_token(gpt_preset("tiny", vocab_size=4096), seq_len=256)
     9437184
-    >>> MfuMeter(flops_per_step=10**9, peak_flops_per_second=1e11, dtype_name="float32").of_step(0.05)
+    >>> meter = MfuMeter(flops_per_step=10**9, peak_flops_per_second=1e11, dtype_name="float32")
+    >>> meter.of_step(0.05)
     0.2
 """
 

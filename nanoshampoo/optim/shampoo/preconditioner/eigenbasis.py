@@ -137,7 +137,8 @@ def off_diagonal_ratio(matrices: torch.Tensor, bases: torch.Tensor) -> torch.Ten
 def _off_diagonal_share(projected: torch.Tensor) -> torch.Tensor:
     """:func:`off_diagonal_ratio` from ``B = Q^T A Q`` itself."""
     total = torch.linalg.matrix_norm(projected)
-    off = torch.linalg.matrix_norm(projected - torch.diag_embed(projected.diagonal(dim1=-2, dim2=-1)))
+    diagonal = torch.diag_embed(projected.diagonal(dim1=-2, dim2=-1))
+    off = torch.linalg.matrix_norm(projected - diagonal)
     return torch.where(total > 0.0, off / total.clamp(min=torch.finfo(total.dtype).tiny), 0.0)
 
 

@@ -286,7 +286,8 @@ class SpectralDescentPreconditioner(Preconditioner):
         elif isinstance(method, SVDOrthogonalizationConfig):
             for index, grad in enumerate(grads):
                 rows, cols = self._matrix_shapes[index]
-                result = svd_orthogonalize(grad.reshape(-1, rows, cols), method.scale_by_nuclear_norm)
+                matrices = grad.reshape(-1, rows, cols)
+                result = svd_orthogonalize(matrices, method.scale_by_nuclear_norm)
                 self._write_output(index, result, method)
         else:
             raise TypeError(f"unsupported orthogonalization_config {method!r}")
@@ -308,8 +309,10 @@ class SpectralDescentPreconditioner(Preconditioner):
         for (index, transposed), part in zip(stack.members, result.split(parts)):
             self._write_output(index, part.mT if transposed else part, method)
 
-    def _write_output(self, index: int, result: torch.Tensor,
-                      method: NewtonSchulzOrthogonalizationConfig | SVDOrthogonalizationConfig) -> None:
+    def _write_output(
+        self, index: int, result: torch.Tensor,
+        method: NewtonSchulzOrthogonalizationConfig | SVDOrthogonalizationConfig,
+    ) -> None:
         """``outputs[index] <- result * scale_by_dims_fn(cols, rows)``, cast to the bucket dtype."""
         rows, cols = self._matrix_shapes[index]
         out = self._outputs[index].view(-1, rows, cols)

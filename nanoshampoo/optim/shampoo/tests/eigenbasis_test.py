@@ -42,10 +42,11 @@ def test_canonical_basis_of_a_stack_with_null_spaces_of_different_widths() -> No
     for basis, got, mask in zip(bases, canonical, null):
         # The null columns, in their original positions, are the canonical ones (up to sign).
         if bool(mask.any()):
-            torch.testing.assert_close(got[:, mask].abs(), reference_canonical_columns(basis, mask).abs(),
-                                       rtol=0, atol=1e-12)
+            expected = reference_canonical_columns(basis, mask)
+            torch.testing.assert_close(got[:, mask].abs(), expected.abs(), rtol=0, atol=1e-12)
         torch.testing.assert_close(got[:, ~mask].abs(), basis[:, ~mask].abs(), rtol=0, atol=1e-12)
-        torch.testing.assert_close(got.T @ got, torch.eye(7, dtype=torch.float64), rtol=0, atol=1e-12)
+        eye = torch.eye(7, dtype=torch.float64)
+        torch.testing.assert_close(got.T @ got, eye, rtol=0, atol=1e-12)
 
 
 def spd_stack(count: int, n: int, seed: int) -> torch.Tensor:
