@@ -153,9 +153,10 @@ def qr_eigenbasis(
 
     Per matrix: while ``off_diagonal_ratio(A, Q) > tolerance``, ``Q <- qr(A Q).Q``. Matrices
     already within the tolerance keep their basis unchanged (no iteration is spent on them).
-    Cost with one iteration: three batched ``n^3`` products (``A Q`` serves both the ratio
-    ``Q^T (A Q)`` and the QR; after it, ``diag(Q'^T A Q')`` is ``sum(Q' * A Q')``, one more
-    product) and one batched QR, no ``eigh``; the reference SOAP's refresh does the same three.
+    Cost per iteration: two batched ``n^3`` products (``A Q`` serves both the ratio
+    ``Q^T (A Q)`` and the QR) and one batched QR, no ``eigh``; the eigenvalue estimates of the
+    new basis for ``stability`` are ``|diag(R)|`` of that QR (``A Q = Q' R``), not a third
+    product. The reference SOAP's refresh does three products and the QR.
 
     Args:
         matrices: ``(N, n, n)`` symmetric PSD, float32 or float64.
@@ -163,29 +164,30 @@ def qr_eigenbasis(
             last eigenbasis in descending eigenvalue order.
         max_iterations: iteration cap, >= 1.
         tolerance: convergence threshold on the off-diagonal ratio, in [0, 1].
-        stability: as for :func:`eigh_eigenbasis`, with ``diag(Q^T A Q)`` as the eigenvalues
-            (a QR step maps null columns to rounding noise, so they need it most).
+        stability: as for :func:`eigh_eigenbasis`, with ``diag(Q^T A Q)`` (or ``|diag(R)|``
+            after a QR step) as the eigenvalues (a QR step maps null columns to rounding noise,
+            so they need it most).
 
     Returns:
         ``(bases (N, n, n), ok (N,) bool)``; ``ok`` is False where the result is not finite.
     """
     bases = previous
-    product = matrices @ bases
-    estimates = None
     for _ in range(max_iterations):
+        product = matrices @ bases
         projected = bases.mT @ product
+        diagonal = projected.diagonal(dim1=-2, dim2=-1)
         converged = _off_diagonal_share(projected) <= tolerance
         if bool(converged.all()):
-            estimates = projected.diagonal(dim1=-2, dim2=-1)
+            estimates = diagonal
             break
         try:
-            refined = torch.linalg.qr(product).Q
+            refined, triangular = torch.linalg.qr(product)
         except RuntimeError:  # LinAlgError on non-finite input: every matrix of the batch fails
             return previous, torch.zeros_like(converged)
         bases = torch.where(converged.view(-1, 1, 1), bases, refined)
-        product = matrices @ bases
-    if estimates is None:
-        estimates = (bases * product).sum(dim=-2)  # diag(Q^T A Q) without the product
+        # A Q = Q' R: near an eigenbasis |r_jj| ~ lambda_j, the eigenvalue of column j of Q'.
+        estimates = torch.where(converged.unsqueeze(-1), diagonal,
+                                triangular.diagonal(dim1=-2, dim2=-1).abs())
     bases, canonical_ok = _canonicalize_null_columns(bases, estimates, stability)
     return bases, canonical_ok & _finite(bases)
 
