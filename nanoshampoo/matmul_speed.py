@@ -40,31 +40,33 @@ def probe_cpu_bf16_speedup(shape: tuple[int, int, int] = PROBE_SHAPE,
     """float32 ``F.linear`` time over its bf16-autocast time on this CPU (> 1: bf16 is faster).
 
     ``shape = (rows, in_features, out_features)``. Best of ``repeats`` timed products each,
-    after one warm-up, on one thread; the bf16 side stops early once a product is 10x slower
-    than float32's best (no point timing a hopeless case long).
+    after one warm-up, on one thread, the two dtypes alternating so that both meet the same
+    load; bf16 stops early once 3 of its products were all 10x slower than float32's best (no
+    point timing a hopeless case long). On a shared machine (load average 9 on 2 cores) a
+    single bf16 sample that waited for the core once made the probe return 0.0096 where the
+    kernels run at 3.6: hence the 3 samples before giving up, and the alternation.
     """
     rows, d_in, d_out = shape
     generator = torch.Generator().manual_seed(0)
     x = torch.randn(rows, d_in, generator=generator)
     w = torch.randn(d_out, d_in, generator=generator)
 
-    def best_time(bf16: bool, give_up_after: float) -> float:
-        best = float("inf")
+    def seconds(bf16: bool) -> float:
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-            F.linear(x, w)  # warm-up: kernel selection, first touch of the output
-            for _ in range(repeats):
-                start = time.perf_counter()
-                F.linear(x, w)
-                best = min(best, time.perf_counter() - start)
-                if best > give_up_after:
-                    break
-        return best
+            start = time.perf_counter()
+            F.linear(x, w)
+            return time.perf_counter() - start
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        fp32 = best_time(False, give_up_after=float("inf"))
-        bf16 = best_time(True, give_up_after=10 * fp32)
+        seconds(False), seconds(True)  # warm-up: kernel selection, first touch of the output
+        fp32 = bf16 = float("inf")
+        for sample in range(repeats):
+            fp32 = min(fp32, seconds(False))
+            bf16 = min(bf16, seconds(True))
+            if sample >= 2 and bf16 > 10 * fp32:
+                break
     finally:
         torch.set_num_threads(threads)
     return fp32 / bf16
