@@ -184,7 +184,9 @@ def qr_eigenbasis(
             refined, triangular = torch.linalg.qr(product)
         except RuntimeError:  # LinAlgError on non-finite input: every matrix of the batch fails
             return previous, torch.zeros_like(converged)
-        bases = torch.where(converged.view(-1, 1, 1), bases, refined)
+        # The common case at a refresh: nothing converged, no (N, n, n) select needed.
+        bases = torch.where(converged.view(-1, 1, 1), bases, refined) if bool(converged.any()) \
+            else refined
         # A Q = Q' R: near an eigenbasis |r_jj| ~ lambda_j, the eigenvalue of column j of Q'.
         estimates = torch.where(converged.unsqueeze(-1), diagonal,
                                 triangular.diagonal(dim1=-2, dim2=-1).abs())
