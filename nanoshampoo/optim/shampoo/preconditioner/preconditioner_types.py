@@ -388,9 +388,10 @@ DefaultSOAPConfig = EigenvalueCorrectedShampooPreconditionerConfig(
 class SpectralDescentPreconditionerConfig(PreconditionerConfig):
     """Spectral descent (Muon): the search direction of a 2-D block is ``orth(Gbar) ~ U V^T``.
 
-    Only for 2-D blocks: every block of a group using it must be a matrix after merging and
-    splitting (choose ``max_preconditioner_dim``, or put vectors in another param group);
-    otherwise the optimizer raises ``ValueError`` naming ``preconditioner_config``. Stateless.
+    For blocks of >= 2 dims: a ``(d0, d1, ..., dk)`` block is orthogonalized as the
+    ``(d0, d1 * ... * dk)`` matrix (as the reference library's merge to 2 dims does). A vector
+    block (choose ``max_preconditioner_dim``, or put vectors in another param group) makes the
+    optimizer raise ``ValueError`` naming ``preconditioner_config``. Stateless.
 
     Args:
         orthogonalization_config: ``NewtonSchulzOrthogonalizationConfig`` (default) or
