@@ -21,8 +21,10 @@ One step for a block (``t`` 1-based, ``s`` = start_preconditioning_step, ``f`` =
 5. Filtered gradient ``M <- b1 M + (1 - b1) G``; ``Gbar = M / (1 - b1^t)`` with bias
    correction (``beta3 != beta1``: ``Gbar = (b3 M_old + (1 - b3) G) / (1 - b3 b1^(t-1))``).
 6. ``t >= s``: ``P = P_s * ||P_g|| / (||P_s|| + 1e-16)`` per block (``P_s`` the
-   preconditioner's direction, ``P_g`` grafting's); no grafting: ``P = P_s``. ``t < s``:
-   ``P = P_g`` (no grafting: ``Gbar``).
+   preconditioner's direction, ``P_g`` grafting's). ``t < s``: ``P = P_g``. No grafting:
+   ``P = P_s`` at every step, before ``s`` from the preconditioner's initial state (root-inverse
+   Shampoo's identity roots give ``Gbar``; SOAP's identity basis gives diagonal Adam/AdaGrad
+   on its corrected eigenvalues, as the reference library does).
 7. Decoupled decay ``P <- P + wd W``; momentum ``B <- mu B + (1 - dampening) P`` and
    ``P <- B`` (Nesterov: ``P <- P + mu B``).
 8. ``W <- W - lr P`` (through the distributor).

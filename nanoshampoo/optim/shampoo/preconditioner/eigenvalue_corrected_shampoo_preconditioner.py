@@ -67,6 +67,7 @@ from nanoshampoo.optim.shampoo.preconditioner.factor_matrix_ops import multiply_
 from nanoshampoo.optim.shampoo.preconditioner.kronecker_factored_preconditioner import (
     KroneckerFactoredPreconditioner,
 )
+from nanoshampoo.optim.shampoo.preconditioner.kronecker_factors import KroneckerFactors
 from nanoshampoo.optim.shampoo.preconditioner.matrix_roots import least_precise_dtype
 from nanoshampoo.optim.shampoo.preconditioner.preconditioner import BlockBucket
 from nanoshampoo.optim.shampoo.shampoo_types import (
@@ -274,14 +275,17 @@ class EigenvalueCorrectedShampooPreconditioner(KroneckerFactoredPreconditioner):
             torch.div(self._corrected[index], bias_correction, out=out)
             noise = torch.finfo(least_precise_dtype(out.dtype, self._corrected[index].dtype)).eps
             top = out.amax(dim=tuple(range(1, out.dim())), keepdim=True)
+            rotated_blocks = self._rotated_blocks(index).to(out.dtype).view(-1, *([1] * (out.dim() - 1)))
             kept = None
             if isinstance(stability, PseudoInverseConfig):
                 rtol = noise if stability.rank_rtol is None else stability.rank_rtol
-                kept = out > torch.clamp(top * rtol, min=stability.rank_atol)
+                threshold = torch.clamp(top * rtol, min=stability.rank_atol)
+                kept = out > threshold * rotated_blocks
             elif isinstance(stability, PerturbationConfig):
                 rtol = stability.eigenvalue_floor_rtol
                 if rtol is None or rtol > 0.0:
-                    torch.maximum(out, top * (noise if rtol is None else rtol), out=out)
+                    floor = top * (noise if rtol is None else rtol)
+                    torch.maximum(out, floor * rotated_blocks, out=out)
             exponent = self._config.corrected_eigenvalue_exponent(len(bucket.shape))
             if exponent == 0.5:
                 out.sqrt_()  # correctly rounded, and faster than pow(0.5)
@@ -293,6 +297,20 @@ class EigenvalueCorrectedShampooPreconditioner(KroneckerFactoredPreconditioner):
                 rotated.masked_fill_(~kept, 0.0)
             self._rotate(index, rotated, bases, False, out)
         return self._outputs
+
+    def _rotated_blocks(self, bucket_index: int) -> torch.Tensor:
+        """``(B,)`` bool, True for the blocks of the bucket with at least one computed eigenbasis.
+
+        The others are still in the identity basis, where ``D`` is exactly the EMA of the
+        squared gradient (no rotation puts rounding noise in it), so no floor is applied and
+        the step is diagonal Adam/AdaGrad to rounding, as in the reference library.
+        """
+        bucket = self._buckets[bucket_index]
+        rotated = torch.zeros(bucket.num_blocks, dtype=torch.bool, device=bucket.device)
+        for slot in self._factors.slots[bucket_index]:
+            if slot is not None:
+                rotated |= KroneckerFactors.rows(slot, bucket.num_blocks, self._computed)
+        return rotated
 
     def _extra_dim_state(self, key: Hashable, row: int) -> dict[str, torch.Tensor]:
         return {"eigenvectors_computed": self._computed[key][row]}

@@ -97,12 +97,13 @@ class ReferenceSOAP:
         if graft is not None:
             self.v = graft.beta2 * self.v + (1 - graft.beta2) * g * g
             p_g = gbar / (np.sqrt(self.v / (1.0 - graft.beta2**t)) + graft.epsilon)
-        if t >= s:
+        if t >= s or graft is None:
+            # Without grafting SOAP steps from step 1, in the identity basis until t == s.
             p = self.rotate(self.rotate(gbar) / (np.sqrt(self.d / bc2) + h["epsilon"]), inverse=True)
             if graft is not None:
                 p = p * np.linalg.norm(p_g) / (np.linalg.norm(p) + 1e-16)
         else:
-            p = p_g if graft is not None else gbar
+            p = p_g
         return w - h["lr"] * p
 
 
