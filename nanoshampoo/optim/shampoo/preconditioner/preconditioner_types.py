@@ -268,6 +268,17 @@ class EigenvalueCorrectedShampooPreconditionerConfig(PreconditionerConfig):
     ``D <- b2 D + w R(G)^2`` (the corrected eigenvalues, in the basis in force for this step's
     search direction); ``P = R^-1(R(Gbar) / ((D / bc2)^e + eps))`` with ``e = 1/2`` by default.
 
+    Until the first eigenbasis (the start step) ``Q_i = I``: without grafting the step is then
+    diagonal Adam (AdaGrad with ``betas[1] = 1``) on ``D``, and ``D`` is carried into the first
+    eigenbasis by position (column ``j`` of the descending-order basis), as in the reference
+    library; with grafting the grafting method steps alone before the start step.
+
+    Epsilon is added after the bias correction, as in Adam and the reference library.
+    nikhilvyas/SOAP adds it before (``sqrt(D) + eps``, with ``sqrt(bc2)`` folded into the step
+    size), i.e. ``eps / sqrt(bc2)`` here: to reproduce its steps pass that epsilon. Measured in
+    ``docs/results/soap-parity.md`` (one step from the same state: 1.3e-4 relative with
+    gradient entries ~1e-4, 5.1e-6 with its placement).
+
     Args:
         amortized_computation_config: eigenbasis solver (``EighEigendecompositionConfig`` or
             ``QREigendecompositionConfig``). Its ``rank_deficient_stability_config`` acts twice:
