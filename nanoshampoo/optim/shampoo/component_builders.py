@@ -19,7 +19,9 @@ from nanoshampoo.optim.shampoo.shampoo_types import (
     DDPDistributedConfig,
     DistributedConfig,
     EigenvalueCorrectedShampooPreconditionerConfig,
+    FSDPDistributedConfig,
     FullyShardDistributedConfig,
+    HSDPDistributedConfig,
     HybridShardDistributedConfig,
     PreconditionerConfig,
     RMSpropPreconditionerConfig,
@@ -27,6 +29,13 @@ from nanoshampoo.optim.shampoo.shampoo_types import (
     ShampooPreconditionerConfig,
     SingleDeviceDistributedConfig,
     SpectralDescentPreconditionerConfig,
+    UnsupportedConfigError,
+)
+
+# The well-known library's FSDP1 configs and the configs that replace them here.
+_FSDP1_REPLACEMENTS = (
+    (HSDPDistributedConfig, "HybridShardDistributedConfig"),
+    (FSDPDistributedConfig, "FullyShardDistributedConfig"),
 )
 
 def build_preconditioner(
@@ -82,7 +91,7 @@ def build_preconditioner(
         )
     if isinstance(config, AdaGradPreconditionerConfig):
         return AdaGradPreconditioner(buckets, 1.0, config.epsilon, False, config.second_moment_dtype)
-    raise ValueError(f"preconditioner_config: unsupported config {config!r}")
+    raise UnsupportedConfigError(f"preconditioner_config: unsupported config {config!r}")
 
 
 def build_distributor(
@@ -121,4 +130,11 @@ def build_distributor(
         )
 
         return HybridShardDistributor(params, max_preconditioner_dim, first_param_index, config)
-    raise ValueError(f"distributed_config: unsupported config {config!r}")
+    for fsdp1_config, replacement in _FSDP1_REPLACEMENTS:
+        if isinstance(config, fsdp1_config):
+            raise UnsupportedConfigError(
+                f"distributed_config: {type(config).__name__} (torch's deprecated FSDP1 wrapper) is "
+                f"not supported; wrap the model with torch.distributed.fsdp.fully_shard (FSDP2) and "
+                f"use {replacement}"
+            )
+    raise UnsupportedConfigError(f"distributed_config: unsupported config {config!r}")

@@ -1,6 +1,6 @@
-"""Field checks shared by the Shampoo config dataclasses.
+"""Field checks shared by the Shampoo config dataclasses, and the error for unsupported configs.
 
-Each raises ``ValueError`` whose message starts with the field name, so a config's
+Each check raises ``ValueError`` whose message starts with the field name, so a config's
 ``__post_init__`` reads as one line per field.
 """
 
@@ -11,6 +11,15 @@ import math
 import torch
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+class UnsupportedConfigError(ValueError, NotImplementedError):
+    """A config this optimizer does not implement (the message names the field and what to use).
+
+    Both a ``ValueError`` (this project's error for bad input) and a ``NotImplementedError``
+    (what the well-known Distributed Shampoo library raises there), so a script written for
+    either catches it.
+    """
 
 
 def check_open_closed_unit(name: str, value: float, low_open: bool, high_open: bool) -> None:

@@ -24,9 +24,11 @@ One step for a block (``t`` 1-based, ``s`` = start_preconditioning_step, ``f`` =
    preconditioner's direction, ``P_g`` grafting's). ``t < s``: ``P = P_g``. No grafting:
    ``P = P_s`` at every step, before ``s`` from the preconditioner's initial state (root-inverse
    Shampoo's identity roots give ``Gbar``; SOAP's identity basis gives diagonal Adam/AdaGrad
-   on its corrected eigenvalues, as the reference library does).
-7. Decoupled decay ``P <- P + wd W``; momentum ``B <- mu B + (1 - dampening) P`` and
-   ``P <- B`` (Nesterov: ``P <- P + mu B``).
+   on its corrected eigenvalues, as the reference library does). ``s = math.inf`` never
+   computes a root: with grafting every step is ``P_g``.
+7. Decoupled decay ``P <- P + alpha W`` (``alpha``: ``wd``, ``CORRECTED`` ``wd lr / peak_lr``,
+   ``INDEPENDENT`` ``wd / peak_lr``; see ``WeightDecayType``); momentum
+   ``B <- mu B + (1 - dampening) P`` and ``P <- B`` (Nesterov: ``P <- P + mu B``).
 8. ``W <- W - lr P`` (through the distributor).
 
 Blocks with the same shape are stacked into buckets and processed by batched kernels
@@ -96,16 +98,20 @@ class DistributedShampoo(torch.optim.Optimizer):
         params: parameters or param groups; every keyword below can be overridden per group.
         lr: learning rate, finite and >= 0.
         betas: ``(beta1, beta2)``: filtered-gradient EMA in [0, 1) (0 disables) and factor EMA
-            in (0, 1] (1 accumulates).
+            in [0, 1] (1 accumulates; 0 keeps only the current gradient's statistics).
         beta3: EMA factor of the current step's filtered gradient; -1 means ``beta1``.
         epsilon: ridge of the factor matrices before the root, finite and > 0; exactly 0 with
             (and only with) a ``PseudoInverseConfig`` rank-deficient stability config.
         weight_decay: finite and >= 0.
-        weight_decay_type: ``WeightDecayType.DECOUPLED`` (AdamW-style) or ``L2``.
+        weight_decay_type: ``WeightDecayType.DECOUPLED`` (AdamW-style), ``L2``, ``CORRECTED``
+            or ``INDEPENDENT`` (these two divide by the group entry ``peak_lr``, which defaults
+            to the group's ``lr`` and must then be > 0; see :class:`WeightDecayType`).
         max_preconditioner_dim: largest block dim (int >= 1 or ``math.inf``).
         precondition_frequency: steps between root computations, >= 1.
         start_preconditioning_step: first step using the preconditioner; -1 means
-            ``precondition_frequency``; otherwise >= ``precondition_frequency``.
+            ``precondition_frequency``; ``math.inf`` never preconditions (every step is the
+            grafting method's, or the filtered gradient without grafting); otherwise an int
+            >= ``precondition_frequency``.
         use_bias_correction: bias-correct the filtered gradient and the factors.
         amortize_roots: spread the root (or eigenbasis) computations over the
             ``precondition_frequency`` steps, a fixed share per step, instead of all at once
@@ -149,7 +155,7 @@ class DistributedShampoo(torch.optim.Optimizer):
         weight_decay_type: WeightDecayType = WeightDecayType.DECOUPLED,
         max_preconditioner_dim: int | float = 1024,
         precondition_frequency: int = 1,
-        start_preconditioning_step: int = -1,
+        start_preconditioning_step: int | float = -1,
         use_bias_correction: bool = True,
         grafting_config: PreconditionerConfig | None = None,
         distributed_config: DistributedConfig = DefaultSingleDeviceDistributedConfig,
@@ -182,8 +188,13 @@ class DistributedShampoo(torch.optim.Optimizer):
         super().__init__(params, defaults)
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
-        """Add a group (validated; its blocks, buffers and preconditioners are built now)."""
+        """Add a group (validated; its blocks, buffers and preconditioners are built now).
+
+        A group without ``peak_lr`` gets its own ``lr`` (the well-known library gives it the
+        constructor's ``lr``; the two agree unless a group sets its own ``lr``).
+        """
         first_param_index = sum(len(g["params"]) for g in self.param_groups)
+        param_group.setdefault("peak_lr", param_group.get("lr", self.defaults["lr"]))
         super().add_param_group(param_group)
         group = self.param_groups[-1]
         try:

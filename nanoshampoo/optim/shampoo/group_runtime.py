@@ -358,8 +358,8 @@ class GroupRuntime:
             else:
                 torch._foreach_copy_(self.updates, directions)
 
-        if wd > 0.0 and decay_type == WeightDecayType.DECOUPLED:
-            torch._foreach_add_(self.updates, self.params, alpha=wd)
+        if wd > 0.0 and decay_type != WeightDecayType.L2:
+            torch._foreach_add_(self.updates, self.params, alpha=h.decoupled_weight_decay())
         if h.momentum > 0.0:
             self._apply_momentum()
         torch._foreach_mul_(self.updates, -h.lr)

@@ -19,6 +19,7 @@ from nanoshampoo.optim.shampoo.shampoo_types import (
     DistributedConfig,
     PreconditionerConfig,
     PseudoInverseConfig,
+    UnsupportedConfigError,
     WeightDecayType,
     check_ema_storage_dtype,
 )
@@ -32,9 +33,11 @@ FIXED_GROUP_KEYS = (
 # Group entries a step reads; changing them between steps is supported.
 STEP_GROUP_KEYS = (
     "lr", "betas", "beta3", "epsilon", "momentum", "dampening", "use_nesterov", "weight_decay",
-    "weight_decay_type", "precondition_frequency", "start_preconditioning_step",
+    "weight_decay_type", "peak_lr", "precondition_frequency", "start_preconditioning_step",
     "use_bias_correction", "amortize_roots",
 )
+# Weight decay types whose coefficient is divided by the group's peak learning rate.
+_PEAK_LR_DECAY_TYPES = (WeightDecayType.CORRECTED, WeightDecayType.INDEPENDENT)
 
 
 def _is_number(value: Any) -> bool:
@@ -70,12 +73,11 @@ def validate_group(group: Mapping[str, Any]) -> None:
     config = group["preconditioner_config"]
     _require(group, isinstance(config, PreconditionerConfig), "preconditioner_config", "must be a PreconditionerConfig")
     grafting = group["grafting_config"]
-    _require(
-        group,
-        grafting is None or isinstance(grafting, GRAFTING_CONFIG_TYPES),
-        "grafting_config",
-        "must be None or an SGD/AdaGrad/RMSprop/Adam PreconditionerConfig",
-    )
+    if not (grafting is None or isinstance(grafting, GRAFTING_CONFIG_TYPES)):
+        error = UnsupportedConfigError if isinstance(grafting, PreconditionerConfig) else ValueError
+        raise error(
+            f"grafting_config must be None or an SGD/AdaGrad/RMSprop/Adam PreconditionerConfig, got {grafting!r}"
+        )
     _require(
         group, isinstance(group["distributed_config"], DistributedConfig), "distributed_config",
         "must be a DistributedConfig",
@@ -90,7 +92,7 @@ def _validate_step_sizes(group: Mapping[str, Any]) -> None:
     _require(group, _is_finite_number(lr) and lr >= 0.0, "lr", "must be finite and >= 0.0")
     _require(group, isinstance(betas, (tuple, list)) and len(betas) == 2, "betas", "must be a pair (beta1, beta2)")
     _require(group, _is_number(betas[0]) and 0.0 <= betas[0] < 1.0, "betas[0]", "must be in [0.0, 1.0)")
-    _require(group, _is_number(betas[1]) and 0.0 < betas[1] <= 1.0, "betas[1]", "must be in (0.0, 1.0]")
+    _require(group, _is_number(betas[1]) and 0.0 <= betas[1] <= 1.0, "betas[1]", "must be in [0.0, 1.0]")
     _require(
         group, _is_number(beta3) and (beta3 == -1.0 or 0.0 <= beta3 < 1.0), "beta3",
         "must be -1.0 or in [0.0, 1.0)",
@@ -114,6 +116,10 @@ def _validate_step_sizes(group: Mapping[str, Any]) -> None:
         group, isinstance(group["weight_decay_type"], WeightDecayType), "weight_decay_type",
         "must be a WeightDecayType",
     )
+    peak_lr = group["peak_lr"]
+    _require(group, _is_finite_number(peak_lr) and peak_lr >= 0.0, "peak_lr", "must be finite and >= 0.0")
+    if group["weight_decay_type"] in _PEAK_LR_DECAY_TYPES:
+        _require(group, peak_lr > 0.0, "peak_lr", f"must be > 0.0 with {group['weight_decay_type']}")
     # The filtered gradient is an EMA with new-sample weight 1 - beta1; momentum adds whole
     # updates, so only the former limits the storage dtype.
     check_ema_storage_dtype(
@@ -135,9 +141,9 @@ def _validate_schedule(group: Mapping[str, Any]) -> None:
     _require(group, is_int(frequency) and frequency >= 1, "precondition_frequency", "must be an int >= 1")
     _require(
         group,
-        is_int(start) and (start == -1 or start >= frequency),
+        (is_int(start) and (start == -1 or start >= frequency)) or start == math.inf,
         "start_preconditioning_step",
-        f"must be -1 or an int >= precondition_frequency ({frequency})",
+        f"must be -1, math.inf (never: grafting only) or an int >= precondition_frequency ({frequency})",
     )
     _require(group, isinstance(group["use_bias_correction"], bool), "use_bias_correction", "must be a bool")
     _require(group, isinstance(group["amortize_roots"], bool), "amortize_roots", "must be a bool")
@@ -177,8 +183,9 @@ class Hyperparameters:
     use_nesterov: bool
     weight_decay: float
     weight_decay_type: WeightDecayType
+    peak_lr: float
     precondition_frequency: int
-    start_preconditioning_step: int
+    start_preconditioning_step: int | float
     use_bias_correction: bool
     amortize_roots: bool
     momentum_dtype: torch.dtype | None
@@ -200,6 +207,7 @@ class Hyperparameters:
             use_nesterov=group["use_nesterov"],
             weight_decay=float(group["weight_decay"]),
             weight_decay_type=group["weight_decay_type"],
+            peak_lr=float(group["peak_lr"]),
             precondition_frequency=frequency,
             start_preconditioning_step=frequency if start == -1 else start,
             use_bias_correction=group["use_bias_correction"],
@@ -207,6 +215,24 @@ class Hyperparameters:
             momentum_dtype=group["momentum_dtype"],
             group_values=step_values(group),
         )
+
+    def decoupled_weight_decay(self) -> float:
+        """``alpha`` of step 7's ``P <- P + alpha W`` (0 for L2 decay, applied to ``G`` instead).
+
+        ``DECOUPLED``: ``wd``; ``CORRECTED``: ``wd * lr / peak_lr`` (the decay follows the lr
+        schedule twice over); ``INDEPENDENT``: ``wd / peak_lr`` (after step 8's ``lr`` factor,
+        the shrinkage is ``lr / peak_lr * wd``: ``wd`` at the peak, whatever the peak is).
+        """
+        match self.weight_decay_type:
+            case WeightDecayType.L2:
+                return 0.0
+            case WeightDecayType.DECOUPLED:
+                return self.weight_decay
+            case WeightDecayType.CORRECTED:
+                return self.weight_decay * self.lr / self.peak_lr
+            case WeightDecayType.INDEPENDENT:
+                return self.weight_decay / self.peak_lr
+        raise ValueError(f"weight_decay_type: unsupported {self.weight_decay_type!r}")
 
     def buffers_needed(self) -> dict[str, bool]:
         """Which per-bucket buffers of :class:`GroupRuntime` a step with these values uses."""

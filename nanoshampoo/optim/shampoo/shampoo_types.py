@@ -3,8 +3,9 @@
 The configs live beside the code they configure and are re-exported here:
 ``preconditioner/preconditioner_types.py`` (preconditioners and grafting),
 ``preconditioner/matrix_functions_types.py`` (roots, eigenbases, orthogonalization, rank-deficient
-factors), ``distributor/distributor_types.py`` (distributors); this module holds the
-optimizer-wide types (``WeightDecayType``).
+factors), ``distributor/distributor_types.py`` (distributors), ``config_checks.py`` (the field
+checks and ``UnsupportedConfigError``); this module holds the optimizer-wide types
+(``WeightDecayType``).
 
 Every config is a small dataclass validated in ``__post_init__``: a bad value raises
 ``ValueError`` whose message starts with the field name. Names and defaults follow the
@@ -29,15 +30,18 @@ import enum
 
 from nanoshampoo.optim.errors import NonFiniteGradientError
 from nanoshampoo.optim.shampoo.config_checks import (
-    check_ema_storage_dtype,
     FLOAT_DTYPES,
+    UnsupportedConfigError,
+    check_ema_storage_dtype,
 )
 from nanoshampoo.optim.shampoo.distributor.distributor_types import (
     DDPDistributedConfig,
     DefaultSingleDeviceDistributedConfig,
     DistributedConfig,
+    FSDPDistributedConfig,
     FSDPParamAssignmentStrategy,
     FullyShardDistributedConfig,
+    HSDPDistributedConfig,
     HybridShardDistributedConfig,
     SingleDeviceDistributedConfig,
 )
@@ -51,6 +55,7 @@ from nanoshampoo.optim.shampoo.preconditioner.matrix_functions_types import (
     EigenConfig,
     EigendecompositionConfig,
     EighEigendecompositionConfig,
+    MatrixFunctionConfig,
     NewtonSchulzOrthogonalizationConfig,
     OrthogonalizationConfig,
     PerturbationConfig,
@@ -64,6 +69,8 @@ from nanoshampoo.optim.shampoo.preconditioner.matrix_functions_types import (
 from nanoshampoo.optim.shampoo.preconditioner.preconditioner_types import (
     AdaGradPreconditionerConfig,
     AdamPreconditionerConfig,
+    BaseShampooPreconditionerConfig,
+    ClassicShampooPreconditionerConfig,
     DefaultEigenvalueCorrectedShampooConfig,
     DefaultShampooConfig,
     DefaultSOAPConfig,
@@ -82,6 +89,8 @@ __all__ = [
     "AdaGradPreconditionerConfig",
     "AdamPreconditionerConfig",
     "AmortizedComputationConfig",
+    "BaseShampooPreconditionerConfig",
+    "ClassicShampooPreconditionerConfig",
     "CoupledNewtonConfig",
     "DDPDistributedConfig",
     "DefaultEigenConfig",
@@ -99,10 +108,13 @@ __all__ = [
     "EigenvalueCorrectedShampooPreconditionerConfig",
     "EighEigendecompositionConfig",
     "FLOAT_DTYPES",
+    "FSDPDistributedConfig",
     "FSDPParamAssignmentStrategy",
     "FullyShardDistributedConfig",
     "GRAFTING_CONFIG_TYPES",
+    "HSDPDistributedConfig",
     "HybridShardDistributedConfig",
+    "MatrixFunctionConfig",
     "NewtonSchulzOrthogonalizationConfig",
     "NonFiniteGradientError",
     "OrthogonalizationConfig",
@@ -119,18 +131,28 @@ __all__ = [
     "ShampooPreconditionerConfig",
     "SingleDeviceDistributedConfig",
     "SpectralDescentPreconditionerConfig",
+    "UnsupportedConfigError",
     "WarmStartedEigenConfig",
     "WeightDecayType",
     "check_ema_storage_dtype",
 ]
 
 
+@enum.unique
 class WeightDecayType(enum.Enum):
-    """Where weight decay enters the step.
+    """Where weight decay enters the step (values are the names, as in the well-known library).
 
     ``L2``: ``G <- G + wd * W`` before statistics and preconditioning (classic L2 penalty).
     ``DECOUPLED``: ``P <- P + wd * W`` after preconditioning, scaled by lr with the update (AdamW).
+    ``CORRECTED``: ``P <- P + wd * lr / peak_lr * W``: so ``W`` shrinks by ``lr^2 / peak_lr * wd``
+    per step (Defazio 2025: a steady ``||g|| / ||w||`` for normalized layers under Adam).
+    ``INDEPENDENT``: ``P <- P + wd / peak_lr * W``: ``W`` shrinks by ``lr / peak_lr * wd``, so
+    ``wd`` is the shrinkage at the peak lr, independent of the lr's size.
+
+    ``peak_lr`` is a param group entry, by default the group's ``lr`` when it is added.
     """
 
-    L2 = enum.auto()
-    DECOUPLED = enum.auto()
+    L2 = "L2"
+    DECOUPLED = "DECOUPLED"
+    CORRECTED = "CORRECTED"
+    INDEPENDENT = "INDEPENDENT"

@@ -6,7 +6,7 @@ Every config validates its fields in ``__post_init__`` (``ValueError`` naming th
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -154,3 +154,42 @@ class HybridShardDistributedConfig(DistributedConfig):
                 "param_assignment_strategy must be an FSDPParamAssignmentStrategy, got "
                 f"{self.param_assignment_strategy!r}"
             )
+
+
+
+# ---------------------------------------------------------------------------------------------
+# Names of the well-known library for torch's deprecated FSDP1 wrapper: accepted, not built
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(kw_only=True)
+class FSDPDistributedConfig(DistributedConfig):
+    """The well-known library's config for parameters wrapped by torch's deprecated FSDP1
+    (``FullyShardedDataParallel``). Accepted so that a script written for that library imports
+    and builds its configs; building an optimizer with it raises ``UnsupportedConfigError`` (a
+    ``NotImplementedError``) that names the replacement: wrap the model with FSDP2's
+    ``fully_shard`` and use :class:`FullyShardDistributedConfig`.
+
+    Args:
+        param_to_metadata: the FSDP1 parameter metadata (unused).
+    """
+
+    param_to_metadata: dict[object, object] = field(default_factory=dict)
+
+
+@dataclass(kw_only=True)
+class HSDPDistributedConfig(FSDPDistributedConfig):
+    """The well-known library's config for HSDP over FSDP1; refused like
+    :class:`FSDPDistributedConfig`, the replacement being :class:`HybridShardDistributedConfig`.
+
+    Args:
+        param_to_metadata: the FSDP1 parameter metadata (unused).
+        device_mesh: the 2-D device mesh (unused).
+        communication_dtype, num_trainers_per_group, communicate_params: as for
+            :class:`DDPDistributedConfig` (unused).
+    """
+
+    device_mesh: object | None = None
+    communication_dtype: torch.dtype = torch.float32
+    num_trainers_per_group: int = -1
+    communicate_params: bool = False

@@ -62,7 +62,11 @@ from collections.abc import Hashable, Sequence
 
 import torch
 
-from nanoshampoo.optim.shampoo.preconditioner.eigenbasis import eigh_eigenbasis, qr_eigenbasis
+from nanoshampoo.optim.shampoo.preconditioner.eigenbasis import (
+    eigh_eigenbasis,
+    off_diagonal_ratio,
+    qr_eigenbasis,
+)
 from nanoshampoo.optim.shampoo.preconditioner.factor_matrix_ops import multiply_along_dim
 from nanoshampoo.optim.shampoo.preconditioner.kronecker_factored_preconditioner import (
     KroneckerFactoredPreconditioner,
@@ -227,9 +231,8 @@ class EigenvalueCorrectedShampooPreconditioner(KroneckerFactoredPreconditioner):
         self, key: Hashable, matrices: torch.Tensor, rows: torch.Tensor | None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         solver = self._config.amortized_computation_config
-        stability = solver.rank_deficient_stability_config
         if isinstance(solver, EighEigendecompositionConfig):
-            bases, ok = eigh_eigenbasis(matrices, solver.retry_double_precision, stability)
+            bases, ok = self._eigh_bases(key, matrices, rows, solver)
         elif isinstance(solver, QREigendecompositionConfig):
             bases, ok = self._warm_started_bases(key, matrices, rows, solver)
         else:
@@ -239,6 +242,35 @@ class EigenvalueCorrectedShampooPreconditioner(KroneckerFactoredPreconditioner):
             computed.logical_or_(ok)
         else:
             computed.index_copy_(0, rows, computed.index_select(0, rows).logical_or_(ok))
+        return bases, ok
+
+    def _eigh_bases(
+        self,
+        key: Hashable,
+        matrices: torch.Tensor,
+        rows: torch.Tensor | None,
+        solver: EighEigendecompositionConfig,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``eigh`` bases (on ``eigendecomposition_offload_device`` when set); with a nonzero
+        ``tolerance`` an already-computed factor whose previous basis is within it keeps it."""
+        stability = solver.rank_deficient_stability_config
+        device = solver.eigendecomposition_offload_device or matrices.device
+        if solver.tolerance == 0.0:
+            bases, ok = eigh_eigenbasis(matrices.to(device), solver.retry_double_precision, stability)
+            return bases.to(matrices.device), ok.to(matrices.device)
+        previous, computed = self._results[key], self._computed[key]
+        if rows is not None:
+            previous, computed = previous[rows], computed[rows]
+        bases = previous.to(matrices.dtype)
+        ok = torch.ones_like(computed)
+        kept = computed & (off_diagonal_ratio(matrices, bases) <= solver.tolerance)
+        redo = (~kept).nonzero().squeeze(1)
+        if redo.numel() > 0:
+            fresh, fresh_ok = eigh_eigenbasis(
+                matrices[redo].to(device), solver.retry_double_precision, stability
+            )
+            bases = bases.index_copy(0, redo, fresh.to(matrices.device))
+            ok = ok.index_copy(0, redo, fresh_ok.to(matrices.device))
         return bases, ok
 
     def _warm_started_bases(

@@ -13,6 +13,8 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import torch
+
 from nanoshampoo.optim.shampoo.config_checks import (
     check_bool,
     check_int,
@@ -20,12 +22,29 @@ from nanoshampoo.optim.shampoo.config_checks import (
 )
 from nanoshampoo.optim.shampoo.utils.abstract_dataclass import AbstractDataclass
 
+
 def _check_rank_deficient_stability_config(value: object) -> None:
     if not isinstance(value, RankDeficientStabilityConfig):
         raise ValueError(
             "rank_deficient_stability_config must be a PerturbationConfig or PseudoInverseConfig, "
             f"got {value!r}"
         )
+
+
+def _check_unit_tolerance(value: object) -> None:
+    if isinstance(value, bool) or not (isinstance(value, (int, float)) and 0.0 <= value <= 1.0):
+        raise ValueError(f"tolerance must be in [0.0, 1.0], got {value!r}")
+
+
+def _check_device_name(name: str, value: object) -> None:
+    """``""`` (no device) or a name ``torch.device`` parses (``"cpu"``, ``"cuda:1"``)."""
+    if not isinstance(value, str):
+        raise ValueError(f"{name} must be a device name string, got {value!r}")
+    if value:
+        try:
+            torch.device(value)
+        except RuntimeError:
+            raise ValueError(f"{name} must be '' or a device name like 'cpu', got {value!r}") from None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -43,7 +62,7 @@ class RankDeficientStabilityConfig(AbstractDataclass):
     """
 
 
-@dataclass
+@dataclass(kw_only=True)
 class PerturbationConfig(RankDeficientStabilityConfig):
     """Regularize: ``(A + eps I)^(-e)`` with the spectrum made at least ``eps``.
 
@@ -79,7 +98,7 @@ class PerturbationConfig(RankDeficientStabilityConfig):
 DefaultPerturbationConfig = PerturbationConfig()
 
 
-@dataclass
+@dataclass(kw_only=True)
 class PseudoInverseConfig(RankDeficientStabilityConfig):
     """Pseudo-inverse: eigen-directions whose eigenvalue is numerically zero get weight 0.
 
@@ -103,47 +122,134 @@ class PseudoInverseConfig(RankDeficientStabilityConfig):
 
 
 # ---------------------------------------------------------------------------------------------
-# Roots (root-inverse Shampoo)
+# Eigenbases (eigenvalue-corrected Shampoo)
 # ---------------------------------------------------------------------------------------------
 
 
 @dataclass(init=False)
-class AmortizedComputationConfig(AbstractDataclass):
-    """Base of the configs of the expensive, amortized computation of a preconditioner."""
+class MatrixFunctionConfig(AbstractDataclass):
+    """Base of the configs of a matrix function: a root, an eigenbasis or an orthogonalization.
+
+    These are the expensive, amortized computations of a preconditioner.
+    """
+
+
+# The name this project used before it followed the well-known library's; kept for old scripts.
+AmortizedComputationConfig = MatrixFunctionConfig
 
 
 @dataclass(init=False)
-class RootInvConfig(AmortizedComputationConfig):
-    """Base of the solvers of ``X = (A + eps I)^(-e)`` for a symmetric PSD ``A``."""
+class EigendecompositionConfig(MatrixFunctionConfig):
+    """Base of the solvers of the eigenbasis (eigenvectors) of a symmetric PSD factor matrix."""
 
 
-@dataclass
-class EigenConfig(RootInvConfig):
-    """Root by symmetric eigendecomposition (``torch.linalg.eigh``, batched by size).
-
-    ``A`` is PSD in exact arithmetic, but rounding makes its tiny eigenvalues noise of either
-    sign; ``rank_deficient_stability_config`` says how they are treated.
+@dataclass(kw_only=True)
+class EighEigendecompositionConfig(EigendecompositionConfig):
+    """Eigenbasis by ``torch.linalg.eigh`` (batched by size) at every recomputation.
 
     Args:
         retry_double_precision: when ``eigh`` fails in the factor's precision, retry in float64.
         rank_deficient_stability_config: ``PerturbationConfig`` (default) or
-            ``PseudoInverseConfig`` (then the optimizer's ``epsilon`` must be 0).
+            ``PseudoInverseConfig`` (then the optimizer's ``epsilon`` must be 0); see
+            :class:`EigenvalueCorrectedShampooPreconditionerConfig` for what each does there.
+        tolerance: in [0, 1]. A factor whose previous eigenbasis ``Q`` still satisfies
+            ``||B - diag(B)||_F <= tolerance * ||B||_F`` with ``B = Q^T A Q`` (the relative error
+            ``||A - Q diag(B) Q^T||_F / ||A||_F`` of ``Q`` as an eigenbasis of ``A``) keeps ``Q``
+            and skips its ``eigh``: an adaptive recomputation frequency. 0 (default): every
+            scheduled recomputation is an ``eigh``. The first decomposition of a factor is always
+            a full ``eigh`` (the well-known library tests the identity basis first).
+        eigendecomposition_offload_device: device the ``eigh`` runs on, e.g. ``"cpu"``; the
+            results come back to the factor's device and dtype. ``""`` (default): the factor's
+            own device.
     """
 
     retry_double_precision: bool = True
     rank_deficient_stability_config: RankDeficientStabilityConfig = field(
         default_factory=PerturbationConfig
     )
+    tolerance: float = 0.0
+    eigendecomposition_offload_device: str = ""
 
     def __post_init__(self) -> None:
-        if not isinstance(self.retry_double_precision, bool):
-            raise ValueError(
-                f"retry_double_precision must be a bool, got {self.retry_double_precision!r}"
-            )
+        check_bool("retry_double_precision", self.retry_double_precision)
+        _check_rank_deficient_stability_config(self.rank_deficient_stability_config)
+        _check_unit_tolerance(self.tolerance)
+        _check_device_name("eigendecomposition_offload_device", self.eigendecomposition_offload_device)
+
+
+@dataclass(kw_only=True)
+class QREigendecompositionConfig(EigendecompositionConfig):
+    """Eigenbasis by QR (orthogonal) iterations warm-started from the previous eigenbasis.
+
+    The first computation of a factor (no previous basis yet) is a full ``eigh``; later ones
+    run ``Q <- qr(F Q)`` while ``||B - diag(B)||_F > tolerance * ||B||_F`` with ``B = Q^T F Q``,
+    at most ``max_iterations`` times (zero iterations when the previous basis is still good).
+    Only for :class:`EigenvalueCorrectedShampooPreconditionerConfig`: root-inverse Shampoo
+    needs eigenvalues as well, so its ``amortized_computation_config`` is a ``RootInvConfig``
+    (its warm-started counterpart: :class:`WarmStartedEigenConfig`).
+
+    Args:
+        max_iterations: iteration cap per recomputation, >= 1.
+        tolerance: relative off-diagonal mass accepted as converged, in [0, 1].
+        retry_double_precision: the first (``eigh``) computation retries in float64 on failure.
+        rank_deficient_stability_config: as for :class:`EighEigendecompositionConfig`.
+    """
+
+    max_iterations: int = 1
+    tolerance: float = 0.01
+    retry_double_precision: bool = True
+    rank_deficient_stability_config: RankDeficientStabilityConfig = field(
+        default_factory=PerturbationConfig
+    )
+
+    def __post_init__(self) -> None:
+        check_int("max_iterations", self.max_iterations, minimum=1)
+        _check_unit_tolerance(self.tolerance)
+        check_bool("retry_double_precision", self.retry_double_precision)
         _check_rank_deficient_stability_config(self.rank_deficient_stability_config)
 
 
-@dataclass
+DefaultEigendecompositionConfig = EighEigendecompositionConfig()
+
+
+# ---------------------------------------------------------------------------------------------
+# Roots (root-inverse Shampoo)
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(init=False)
+class RootInvConfig(MatrixFunctionConfig):
+    """Base of the solvers of ``X = (A + eps I)^(-e)`` for a symmetric PSD ``A``."""
+
+
+@dataclass(kw_only=True)
+class EigenConfig(RootInvConfig, EighEigendecompositionConfig):
+    """Root by symmetric eigendecomposition (``torch.linalg.eigh``, batched by size).
+
+    ``A`` is PSD in exact arithmetic, but rounding makes its tiny eigenvalues noise of either
+    sign; ``rank_deficient_stability_config`` says how they are treated. It is also an
+    :class:`EighEigendecompositionConfig` (as in the well-known library), so it configures the
+    eigenbasis of eigenvalue-corrected Shampoo as well.
+
+    Args:
+        retry_double_precision: when ``eigh`` fails in the factor's precision, retry in float64.
+        rank_deficient_stability_config: ``PerturbationConfig`` (default) or
+            ``PseudoInverseConfig`` (then the optimizer's ``epsilon`` must be 0).
+        eigendecomposition_offload_device: as for :class:`EighEigendecompositionConfig`.
+        tolerance: must be 0.0: a root needs the current eigenvalues, so the decomposition is
+            never skipped (:class:`WarmStartedEigenConfig` reuses eigenvectors instead).
+    """
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.tolerance != 0.0:
+            raise ValueError(
+                f"tolerance must be 0.0 for {type(self).__name__} (a root needs the current "
+                f"eigenvalues; see WarmStartedEigenConfig), got {self.tolerance!r}"
+            )
+
+
+@dataclass(kw_only=True)
 class CoupledNewtonConfig(RootInvConfig):
     """Root by the coupled Newton iteration (matrix multiplications only; GPU friendly).
 
@@ -169,7 +275,7 @@ class CoupledNewtonConfig(RootInvConfig):
             raise ValueError(f"tolerance must be >= 0.0, got {self.tolerance!r}")
 
 
-@dataclass
+@dataclass(kw_only=True)
 class WarmStartedEigenConfig(RootInvConfig):
     """Root from an eigendecomposition warm-started at the factor's previous eigenvectors.
 
@@ -225,75 +331,6 @@ DefaultEigenConfig = EigenConfig()
 
 
 # ---------------------------------------------------------------------------------------------
-# Eigenbases (eigenvalue-corrected Shampoo)
-# ---------------------------------------------------------------------------------------------
-
-
-@dataclass(init=False)
-class EigendecompositionConfig(AmortizedComputationConfig):
-    """Base of the solvers of the eigenbasis (eigenvectors) of a symmetric PSD factor matrix."""
-
-
-@dataclass
-class EighEigendecompositionConfig(EigendecompositionConfig):
-    """Eigenbasis by ``torch.linalg.eigh`` (batched by size) at every recomputation.
-
-    Args:
-        retry_double_precision: when ``eigh`` fails in the factor's precision, retry in float64.
-        rank_deficient_stability_config: ``PerturbationConfig`` (default) or
-            ``PseudoInverseConfig`` (then the optimizer's ``epsilon`` must be 0); see
-            :class:`EigenvalueCorrectedShampooPreconditionerConfig` for what each does there.
-    """
-
-    retry_double_precision: bool = True
-    rank_deficient_stability_config: RankDeficientStabilityConfig = field(
-        default_factory=PerturbationConfig
-    )
-
-    def __post_init__(self) -> None:
-        check_bool("retry_double_precision", self.retry_double_precision)
-        _check_rank_deficient_stability_config(self.rank_deficient_stability_config)
-
-
-@dataclass
-class QREigendecompositionConfig(EigendecompositionConfig):
-    """Eigenbasis by QR (orthogonal) iterations warm-started from the previous eigenbasis.
-
-    The first computation of a factor (no previous basis yet) is a full ``eigh``; later ones
-    run ``Q <- qr(F Q)`` while ``||B - diag(B)||_F > tolerance * ||B||_F`` with ``B = Q^T F Q``,
-    at most ``max_iterations`` times (zero iterations when the previous basis is still good).
-    Only for :class:`EigenvalueCorrectedShampooPreconditionerConfig`: root-inverse Shampoo
-    needs eigenvalues as well, so its ``amortized_computation_config`` is a ``RootInvConfig``
-    (its warm-started counterpart: :class:`WarmStartedEigenConfig`).
-
-    Args:
-        max_iterations: iteration cap per recomputation, >= 1.
-        tolerance: relative off-diagonal mass accepted as converged, in [0, 1].
-        retry_double_precision: the first (``eigh``) computation retries in float64 on failure.
-        rank_deficient_stability_config: as for :class:`EighEigendecompositionConfig`.
-    """
-
-    max_iterations: int = 1
-    tolerance: float = 0.01
-    retry_double_precision: bool = True
-    rank_deficient_stability_config: RankDeficientStabilityConfig = field(
-        default_factory=PerturbationConfig
-    )
-
-    def __post_init__(self) -> None:
-        check_int("max_iterations", self.max_iterations, minimum=1)
-        if isinstance(self.tolerance, bool) or not (
-            isinstance(self.tolerance, (int, float)) and 0.0 <= self.tolerance <= 1.0
-        ):
-            raise ValueError(f"tolerance must be in [0.0, 1.0], got {self.tolerance!r}")
-        check_bool("retry_double_precision", self.retry_double_precision)
-        _check_rank_deficient_stability_config(self.rank_deficient_stability_config)
-
-
-DefaultEigendecompositionConfig = EighEigendecompositionConfig()
-
-
-# ---------------------------------------------------------------------------------------------
 # Orthogonalization (spectral descent)
 # ---------------------------------------------------------------------------------------------
 
@@ -304,7 +341,7 @@ def _unit_scale_by_dims(d_in: int, d_out: int) -> float:
 
 
 @dataclass(init=False)
-class OrthogonalizationConfig(AbstractDataclass):
+class OrthogonalizationConfig(MatrixFunctionConfig):
     """Base of the ways to map a matrix ``G = U S V^T`` to (approximately) ``U V^T``.
 
     Args:
@@ -321,7 +358,7 @@ class OrthogonalizationConfig(AbstractDataclass):
             raise ValueError(f"scale_by_dims_fn must be callable, got {self.scale_by_dims_fn!r}")
 
 
-@dataclass
+@dataclass(kw_only=True)
 class SVDOrthogonalizationConfig(OrthogonalizationConfig):
     """Exact ``U V^T`` from a reduced SVD (slow on GPU; the reference for Newton-Schulz).
 
@@ -337,7 +374,7 @@ class SVDOrthogonalizationConfig(OrthogonalizationConfig):
         check_bool("scale_by_nuclear_norm", self.scale_by_nuclear_norm)
 
 
-@dataclass
+@dataclass(kw_only=True)
 class NewtonSchulzOrthogonalizationConfig(OrthogonalizationConfig):
     """Approximate ``U V^T`` by the quintic Newton-Schulz iteration (matmuls only).
 

@@ -47,9 +47,13 @@ class SGDPreconditionerConfig(PreconditionerConfig):
     """Identity preconditioner: the search direction is the (filtered) gradient."""
 
 
-@dataclass
+@dataclass(kw_only=True)
 class AdaGradPreconditionerConfig(PreconditionerConfig):
     """Diagonal AdaGrad: ``V <- V + G^2``, ``P = G / (sqrt(V) + epsilon)``.
+
+    The base of the diagonal family, as in the well-known library: RMSprop is AdaGrad with an
+    EMA, Adam is RMSprop with bias correction, so ``isinstance(AdamPreconditionerConfig(),
+    AdaGradPreconditionerConfig)`` holds. Code that dispatches on them tests the subclasses first.
 
     Args:
         epsilon: added to ``sqrt(V)``; > 0.
@@ -65,8 +69,8 @@ class AdaGradPreconditionerConfig(PreconditionerConfig):
         check_ema_storage_dtype("second_moment_dtype", self.second_moment_dtype, 0.0, "1 - beta2")
 
 
-@dataclass
-class RMSpropPreconditionerConfig(PreconditionerConfig):
+@dataclass(kw_only=True)
+class RMSpropPreconditionerConfig(AdaGradPreconditionerConfig):
     """Diagonal RMSprop: ``V <- b2 V + (1 - b2) G^2``, ``P = G / (sqrt(V) + epsilon)``.
 
     No bias correction of ``V`` (that is what distinguishes it from Adam).
@@ -79,8 +83,6 @@ class RMSpropPreconditionerConfig(PreconditionerConfig):
     """
 
     beta2: float = 0.99
-    epsilon: float = 1e-10
-    second_moment_dtype: torch.dtype | None = None
 
     def __post_init__(self) -> None:
         check_open_closed_unit("beta2", self.beta2, low_open=True, high_open=False)
@@ -90,8 +92,8 @@ class RMSpropPreconditionerConfig(PreconditionerConfig):
         )
 
 
-@dataclass
-class AdamPreconditionerConfig(PreconditionerConfig):
+@dataclass(kw_only=True)
+class AdamPreconditionerConfig(RMSpropPreconditionerConfig):
     """Diagonal Adam: ``V <- b2 V + (1 - b2) G^2``, ``P = G / (sqrt(V / (1 - b2^t)) + epsilon)``.
 
     Args:
@@ -102,15 +104,6 @@ class AdamPreconditionerConfig(PreconditionerConfig):
     """
 
     beta2: float = 0.999
-    epsilon: float = 1e-10
-    second_moment_dtype: torch.dtype | None = None
-
-    def __post_init__(self) -> None:
-        check_open_closed_unit("beta2", self.beta2, low_open=True, high_open=False)
-        check_positive("epsilon", self.epsilon)
-        check_ema_storage_dtype(
-            "second_moment_dtype", self.second_moment_dtype, 1.0 - self.beta2, "1 - beta2"
-        )
 
 
 GRAFTING_CONFIG_TYPES = (
@@ -127,8 +120,16 @@ GRAFTING_CONFIG_TYPES = (
 
 
 @dataclass(init=False)
-class ShampooPreconditionerConfig(PreconditionerConfig):
-    """Fields shared by the Kronecker-factored (Shampoo) preconditioners.
+class BaseShampooPreconditionerConfig(PreconditionerConfig):
+    """Base of the Kronecker-factored preconditioners: classic Shampoo (a root of each factor,
+    :class:`ClassicShampooPreconditionerConfig`) and eigenvalue-corrected Shampoo (an EMA of the
+    squared gradient in the factors' eigenbasis,
+    :class:`EigenvalueCorrectedShampooPreconditionerConfig`)."""
+
+
+@dataclass(init=False, kw_only=True)
+class ClassicShampooPreconditionerConfig(BaseShampooPreconditionerConfig):
+    """Fields shared by the classic Shampoo preconditioners (a root of each factor matrix).
 
     Args:
         amortized_computation_config: root solver (``EigenConfig``, ``WarmStartedEigenConfig``
@@ -241,12 +242,16 @@ class ShampooPreconditionerConfig(PreconditionerConfig):
         return float(value)
 
 
-@dataclass
-class RootInvShampooPreconditionerConfig(ShampooPreconditionerConfig):
+# The name this project used before it followed the well-known library's; kept for old scripts.
+ShampooPreconditionerConfig = ClassicShampooPreconditionerConfig
+
+
+@dataclass(kw_only=True)
+class RootInvShampooPreconditionerConfig(ClassicShampooPreconditionerConfig):
     """Classic Shampoo: the search direction of a block is ``X_1 x_1 ... X_k x_k G``.
 
     ``X_i = (F_i / bc2 + eps I)^(-e_i)``, recomputed every ``precondition_frequency`` steps.
-    Fields: see :class:`ShampooPreconditionerConfig`.
+    Fields: see :class:`ClassicShampooPreconditionerConfig`.
     """
 
 
@@ -258,8 +263,8 @@ DefaultShampooConfig = RootInvShampooPreconditionerConfig()
 # ---------------------------------------------------------------------------------------------
 
 
-@dataclass
-class EigenvalueCorrectedShampooPreconditionerConfig(PreconditionerConfig):
+@dataclass(kw_only=True)
+class EigenvalueCorrectedShampooPreconditionerConfig(BaseShampooPreconditionerConfig):
     """Eigenvalue-corrected Shampoo (SOAP): Adam's second moment in the factors' eigenbasis.
 
     Per block of order ``k`` with factors ``F_i`` (updated like Shampoo's) and their eigenbases

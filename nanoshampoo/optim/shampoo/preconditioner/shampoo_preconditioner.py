@@ -189,14 +189,16 @@ class ShampooPreconditioner(KroneckerFactoredPreconditioner):
         # further from the float32 run than one floored at float32's.
         precision = least_precise_dtype(key[1], self._config.factor_matrix_dtype)
         if isinstance(solver, EigenConfig):
-            return eigh_inverse_root(
-                matrices,
-                exponents,
+            device = solver.eigendecomposition_offload_device or matrices.device
+            roots, ok = eigh_inverse_root(
+                matrices.to(device),
+                exponents.to(device),
                 self._epsilon,
                 solver.retry_double_precision,
                 solver.rank_deficient_stability_config,
                 root_dtype=precision,
             )
+            return roots.to(matrices.device), ok.to(matrices.device)
         if isinstance(solver, WarmStartedEigenConfig):
             return self._warm_started_roots(key, matrices, rows, exponents, solver, precision)
         if isinstance(solver, CoupledNewtonConfig):

@@ -102,16 +102,17 @@ class ReferenceBlock:
                 self.factors[i] = b2 * self.factors[i] + weight * gi @ gi.T
         bc2 = 1.0 - b2**t if h["use_bias_correction"] and b2 < 1.0 else 1.0
         graft = h["grafting_config"]  # (3)
-        if isinstance(graft, AdaGradPreconditionerConfig):
-            self.v = self.v + g * g
-            p_g_of = lambda x: x / (np.sqrt(self.v) + graft.epsilon)
-        elif isinstance(graft, RMSpropPreconditionerConfig):
-            self.v = graft.beta2 * self.v + (1 - graft.beta2) * g * g
-            p_g_of = lambda x: x / (np.sqrt(self.v) + graft.epsilon)
-        elif isinstance(graft, AdamPreconditionerConfig):
+        # Subclasses first: Adam is an RMSprop, which is an AdaGrad (as in the reference library).
+        if isinstance(graft, AdamPreconditionerConfig):
             self.v = graft.beta2 * self.v + (1 - graft.beta2) * g * g
             gbc = 1.0 - graft.beta2**t
             p_g_of = lambda x: x / (np.sqrt(self.v / gbc) + graft.epsilon)
+        elif isinstance(graft, RMSpropPreconditionerConfig):
+            self.v = graft.beta2 * self.v + (1 - graft.beta2) * g * g
+            p_g_of = lambda x: x / (np.sqrt(self.v) + graft.epsilon)
+        elif isinstance(graft, AdaGradPreconditionerConfig):
+            self.v = self.v + g * g
+            p_g_of = lambda x: x / (np.sqrt(self.v) + graft.epsilon)
         else:
             p_g_of = lambda x: x
         if (t % f == 0 and t > s) or t == s:  # (4)

@@ -12,8 +12,8 @@ import torch
 
 from nanoshampoo.optim.shampoo import (
     AdamPreconditionerConfig,
+    CoupledNewtonConfig,
     DistributedShampoo,
-    EigenConfig,
     EigenvalueCorrectedShampooPreconditionerConfig,
     EighEigendecompositionConfig,
     QREigendecompositionConfig,
@@ -262,7 +262,8 @@ def test_failed_eigendecomposition_keeps_the_basis_and_counts(caplog: pytest.Log
 @pytest.mark.parametrize(
     ("factory", "field"),
     [
-        (lambda: EigenvalueCorrectedShampooPreconditionerConfig(amortized_computation_config=EigenConfig()),
+        # A root solver that is not an eigendecomposition (EigenConfig is one, as in the reference).
+        (lambda: EigenvalueCorrectedShampooPreconditionerConfig(amortized_computation_config=CoupledNewtonConfig()),
          "amortized_computation_config"),
         (lambda: EigenvalueCorrectedShampooPreconditionerConfig(factor_matrix_dtype=torch.int32),
          "factor_matrix_dtype"),
