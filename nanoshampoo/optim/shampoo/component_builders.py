@@ -18,6 +18,7 @@ from nanoshampoo.optim.shampoo.shampoo_types import (
     AdamPreconditionerConfig,
     DDPDistributedConfig,
     DistributedConfig,
+    EigendecomposedShampooPreconditionerConfig,
     EigenvalueCorrectedShampooPreconditionerConfig,
     FSDPDistributedConfig,
     FullyShardDistributedConfig,
@@ -53,7 +54,13 @@ def build_preconditioner(
     (Adam corrects, RMSprop and AdaGrad do not). The module of each kind is imported when a
     config needs it, like the distributors' (:func:`build_distributor`).
     """
-    if isinstance(config, ShampooPreconditionerConfig):
+    if isinstance(config, EigendecomposedShampooPreconditionerConfig):  # (also eigendecomposed KL)
+        from nanoshampoo.optim.shampoo.preconditioner.eigendecomposed_shampoo_preconditioner import (
+            EigendecomposedShampooPreconditioner,
+        )
+
+        return EigendecomposedShampooPreconditioner(buckets, config, beta2, epsilon, use_bias_correction)
+    if isinstance(config, ShampooPreconditionerConfig):  # root-inverse (also KL) Shampoo
         from nanoshampoo.optim.shampoo.preconditioner.shampoo_preconditioner import (
             ShampooPreconditioner,
         )
@@ -81,13 +88,14 @@ def build_preconditioner(
         AdaGradPreconditioner,
     )
 
-    if isinstance(config, AdamPreconditionerConfig):
+    if isinstance(config, RMSpropPreconditionerConfig):  # Adam is an RMSprop with bias correction
         return AdaGradPreconditioner(
-            buckets, config.beta2, config.epsilon, True, config.second_moment_dtype
-        )
-    if isinstance(config, RMSpropPreconditionerConfig):
-        return AdaGradPreconditioner(
-            buckets, config.beta2, config.epsilon, False, config.second_moment_dtype
+            buckets,
+            config.beta2,
+            config.epsilon,
+            isinstance(config, AdamPreconditionerConfig),
+            config.second_moment_dtype,
+            drop_weighting_factor=config.drop_weighting_factor_on_gsquare,
         )
     if isinstance(config, AdaGradPreconditionerConfig):
         return AdaGradPreconditioner(buckets, 1.0, config.epsilon, False, config.second_moment_dtype)

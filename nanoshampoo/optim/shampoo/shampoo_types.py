@@ -2,6 +2,7 @@
 
 The configs live beside the code they configure and are re-exported here:
 ``preconditioner/preconditioner_types.py`` (preconditioners and grafting),
+``preconditioner/shampoo_variant_types.py`` (eigendecomposed Shampoo, KL-Shampoo),
 ``preconditioner/matrix_functions_types.py`` (roots, eigenbases, orthogonalization, rank-deficient
 factors), ``distributor/distributor_types.py`` (distributors), ``config_checks.py`` (the field
 checks and ``UnsupportedConfigError``); this module holds the optimizer-wide types
@@ -47,6 +48,7 @@ from nanoshampoo.optim.shampoo.distributor.distributor_types import (
 )
 from nanoshampoo.optim.shampoo.preconditioner.matrix_functions_types import (
     AmortizedComputationConfig,
+    CoupledHigherOrderConfig,
     CoupledNewtonConfig,
     DefaultEigenConfig,
     DefaultEigendecompositionConfig,
@@ -65,6 +67,11 @@ from nanoshampoo.optim.shampoo.preconditioner.matrix_functions_types import (
     RootInvConfig,
     SVDOrthogonalizationConfig,
     WarmStartedEigenConfig,
+)
+from nanoshampoo.optim.shampoo.preconditioner.shampoo_variant_types import (
+    EigendecomposedKLShampooPreconditionerConfig,
+    EigendecomposedShampooPreconditionerConfig,
+    RootInvKLShampooPreconditionerConfig,
 )
 from nanoshampoo.optim.shampoo.preconditioner.preconditioner_types import (
     AdaGradPreconditionerConfig,
@@ -91,6 +98,7 @@ __all__ = [
     "AmortizedComputationConfig",
     "BaseShampooPreconditionerConfig",
     "ClassicShampooPreconditionerConfig",
+    "CoupledHigherOrderConfig",
     "CoupledNewtonConfig",
     "DDPDistributedConfig",
     "DefaultEigenConfig",
@@ -104,6 +112,8 @@ __all__ = [
     "DefaultSpectralDescentPreconditionerConfig",
     "DistributedConfig",
     "EigenConfig",
+    "EigendecomposedKLShampooPreconditionerConfig",
+    "EigendecomposedShampooPreconditionerConfig",
     "EigendecompositionConfig",
     "EigenvalueCorrectedShampooPreconditionerConfig",
     "EighEigendecompositionConfig",
@@ -125,6 +135,7 @@ __all__ = [
     "RMSpropPreconditionerConfig",
     "RankDeficientStabilityConfig",
     "RootInvConfig",
+    "RootInvKLShampooPreconditionerConfig",
     "RootInvShampooPreconditionerConfig",
     "SGDPreconditionerConfig",
     "SVDOrthogonalizationConfig",

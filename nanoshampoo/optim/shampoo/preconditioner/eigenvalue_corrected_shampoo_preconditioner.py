@@ -186,7 +186,8 @@ class EigenvalueCorrectedShampooPreconditioner(KroneckerFactoredPreconditioner):
             self._fold_step_into_corrected_eigenvalues(index)
 
     def _fold_step_into_corrected_eigenvalues(self, index: int) -> None:
-        """``D = b2 D_prev + w R(G)^2`` from the stashed pre-step ``D_prev`` and gradient."""
+        """``D = b2 D_prev + w R(G)^2`` from the stashed pre-step ``D_prev`` and gradient
+        (``w``: 1 for ``b2 == 1`` or a dropped weighting factor, else ``1 - b2``)."""
         rotated = self._rotate(
             index, self._step_grads[index], self._bucket_bases(index), True, self._rotated[index]
         )
@@ -195,7 +196,7 @@ class EigenvalueCorrectedShampooPreconditioner(KroneckerFactoredPreconditioner):
             torch.addcmul(self._previous_corrected[index], rotated, rotated, out=corrected)
         else:
             torch.mul(self._previous_corrected[index], self._beta2, out=corrected)
-            corrected.addcmul_(rotated, rotated, value=1.0 - self._beta2)
+            corrected.addcmul_(rotated, rotated, value=self._weight)
 
     def amortized_computation(
         self, step: int, share: int = 0, num_shares: int = 1, period: int | None = None

@@ -15,6 +15,7 @@ Example:
 from __future__ import annotations
 
 import math
+from fractions import Fraction
 
 import torch
 
@@ -245,6 +246,85 @@ def coupled_newton_inverse_root(
         roots = roots @ step
         m = torch.linalg.matrix_power(step, root_order) @ m
     return roots, torch.isfinite(roots).all(dim=-1).all(dim=-1)
+
+
+def higher_order_coefficients(root_order: int, order: int) -> list[float]:
+    """``b_0..b_(order-1)`` of the order-``order`` coupled iteration for the ``p``-th root:
+    the Taylor coefficients of ``(1 - x)^(-1/p)``, ``b_i = prod_(j<i) (1 + j p) / (i! p^i)``."""
+    coefficients, numerator, denominator = [1.0], 1.0, 1.0
+    for i in range(1, order):
+        numerator *= 1 + (i - 1) * root_order
+        denominator *= i * root_order
+        coefficients.append(numerator / denominator)
+    return coefficients
+
+
+def coupled_higher_order_inverse_root(
+    matrices: torch.Tensor,
+    root: Fraction,
+    rel_epsilon: float,
+    abs_epsilon: float,
+    max_iterations: int,
+    tolerance: float,
+    order: int,
+    root_dtype: torch.dtype | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(A + delta I)^(-q/p)`` for each matrix of a stack (``root = p / q``) by the coupled
+    iteration of order ``order`` (``CoupledHigherOrderConfig``).
+
+    ``delta = max(rel_epsilon l, abs_epsilon) + sqrt(n) finfo(dtype).eps l``, ``l = ||A||_inf``.
+    With ``B = A + delta I`` and ``z = 1 / tr B``: ``X = z^(1/p) I``, ``M = z B`` (so
+    ``M = X^p B`` throughout and the spectrum of ``M`` lies in (0, 1]); one Newton step
+    ``T = (1 + 1/p) I - M / p`` first (it guarantees the higher order's convergence region),
+    then ``T = sum_i b_i (I - M)^i`` (:func:`higher_order_coefficients`, Horner's rule), each
+    followed by ``X <- X T``, ``M <- T^p M``, until ``max |M - I| <= tolerance``. A matrix
+    whose error grows by more than 1.2x, or stalls below 1e-3, stops at the iterate before.
+
+    Returns:
+        ``(roots (N, n, n), ok (N,) bool)``; ``ok`` is False where the root is not finite or
+        its residual ``max |B X^p - I|`` (before the ``q``-th power) exceeds 0.1.
+    """
+    p, q = root.numerator, root.denominator
+    n = matrices.shape[-1]
+    identity = torch.eye(n, dtype=matrices.dtype, device=matrices.device)
+    noise_dtype = least_precise_dtype(matrices.dtype, root_dtype or matrices.dtype)
+    bound = torch.linalg.matrix_norm(matrices, ord=torch.inf).view(-1, 1, 1)
+    ridge = torch.clamp(bound * rel_epsilon, min=abs_epsilon) + default_floor_rtol(n, noise_dtype) * bound
+    ridged = matrices + ridge * identity
+    trace = ridged.diagonal(dim1=-2, dim2=-1).sum(-1).clamp(min=torch.finfo(ridged.dtype).tiny)
+    z = (1.0 / trace).view(-1, 1, 1)
+    roots, m = z.pow(1.0 / p) * identity, z * ridged
+
+    def advance(step: torch.Tensor, active: torch.Tensor) -> torch.Tensor:
+        nonlocal roots, m
+        keep = active.view(-1, 1, 1)
+        roots = torch.where(keep, roots @ step, roots)
+        m = torch.where(keep, torch.linalg.matrix_power(step, p) @ m, m)
+        return (m - identity).abs().amax(dim=(-2, -1))
+
+    active = torch.ones(matrices.shape[0], dtype=torch.bool, device=matrices.device)
+    error = advance(m * (-1.0 / p) + identity * (1.0 + 1.0 / p), active)
+    b = higher_order_coefficients(p, order)
+    for _ in range(max_iterations - 1):
+        active = active & (error > tolerance)
+        if not bool(active.any()):
+            break
+        base = identity - m
+        step = base * b[order - 1] + identity * b[order - 2]
+        for i in reversed(range(order - 2)):
+            step = identity * b[i] + step @ base
+        previous = (roots, m)
+        new_error = advance(step, active)
+        diverged = active & ((new_error > 1.2 * error) | ((new_error == error) & (error < 1e-3)))
+        back = diverged.view(-1, 1, 1)
+        roots, m = torch.where(back, previous[0], roots), torch.where(back, previous[1], m)
+        active = active & ~diverged
+        error = torch.where(active, new_error, error)
+    residual = (ridged @ torch.linalg.matrix_power(roots, p) - identity).abs().amax(dim=(-2, -1))
+    if q > 1:
+        roots = torch.linalg.matrix_power(roots, q)
+    ok = torch.isfinite(roots).all(dim=-1).all(dim=-1) & (residual <= 0.1)
+    return roots, ok
 
 
 def _descending_weights(
