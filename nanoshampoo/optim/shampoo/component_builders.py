@@ -39,6 +39,27 @@ _FSDP1_REPLACEMENTS = (
     (FSDPDistributedConfig, "FullyShardDistributedConfig"),
 )
 
+def _classic_shampoo(
+    config: ShampooPreconditionerConfig,
+    buckets: Sequence[BlockBucket],
+    beta2: float,
+    epsilon: float,
+    use_bias_correction: bool,
+) -> Preconditioner:
+    """Root-inverse or eigendecomposed Shampoo, each also in its KL-Shampoo form."""
+    if isinstance(config, EigendecomposedShampooPreconditionerConfig):
+        from nanoshampoo.optim.shampoo.preconditioner.eigendecomposed_shampoo_preconditioner import (
+            EigendecomposedShampooPreconditioner,
+        )
+
+        return EigendecomposedShampooPreconditioner(buckets, config, beta2, epsilon, use_bias_correction)
+    from nanoshampoo.optim.shampoo.preconditioner.shampoo_preconditioner import (
+        ShampooPreconditioner,
+    )
+
+    return ShampooPreconditioner(buckets, config, beta2, epsilon, use_bias_correction)
+
+
 def build_preconditioner(
     config: PreconditionerConfig,
     buckets: Sequence[BlockBucket],
@@ -54,18 +75,8 @@ def build_preconditioner(
     (Adam corrects, RMSprop and AdaGrad do not). The module of each kind is imported when a
     config needs it, like the distributors' (:func:`build_distributor`).
     """
-    if isinstance(config, EigendecomposedShampooPreconditionerConfig):  # (also eigendecomposed KL)
-        from nanoshampoo.optim.shampoo.preconditioner.eigendecomposed_shampoo_preconditioner import (
-            EigendecomposedShampooPreconditioner,
-        )
-
-        return EigendecomposedShampooPreconditioner(buckets, config, beta2, epsilon, use_bias_correction)
-    if isinstance(config, ShampooPreconditionerConfig):  # root-inverse (also KL) Shampoo
-        from nanoshampoo.optim.shampoo.preconditioner.shampoo_preconditioner import (
-            ShampooPreconditioner,
-        )
-
-        return ShampooPreconditioner(buckets, config, beta2, epsilon, use_bias_correction)
+    if isinstance(config, ShampooPreconditionerConfig):
+        return _classic_shampoo(config, buckets, beta2, epsilon, use_bias_correction)
     if isinstance(config, EigenvalueCorrectedShampooPreconditionerConfig):
         from nanoshampoo.optim.shampoo.preconditioner.eigenvalue_corrected_shampoo_preconditioner import (
             EigenvalueCorrectedShampooPreconditioner,

@@ -286,8 +286,9 @@ class CoupledHigherOrderConfig(RootInvConfig):
     + sqrt(n) * finfo(dtype).eps * l`` with ``l = ||A||_inf`` (an upper bound of the largest
     eigenvalue); the optimizer's ``epsilon`` is not used, as in the well-known library, and the
     second term (the float32 noise floor also used by :class:`CoupledNewtonConfig`) keeps a
-    rank-deficient float32 factor from stalling the iteration. A result whose residual
-    ``max |(A + delta I) X^p - I|`` (before the ``q``-th power) exceeds 0.1 counts as failed.
+    rank-deficient float32 factor from stalling the iteration. A result whose iteration ends
+    with ``max |M - I| > 0.1`` (``M = X^p (A + delta I)``, kept by the coupled recursion)
+    counts as failed, and the previous root is kept.
 
     Args:
         rel_epsilon: ridge relative to ``||A||_inf``, >= 0.
