@@ -1,12 +1,18 @@
-"""SOAP parity checks against implementations outside the project (results: docs/results/soap-parity.md).
+"""Parity checks against implementations outside the project (results: docs/results/soap-parity.md).
 
 ``example5``: the reference library's README Example 5 (eigenvalue-corrected Shampoo, import
 line swapped) on a small model for ``--steps`` float32 steps, with the reference library
 (facebookresearch/optimizers ``distributed_shampoo``; pass the directory holding it), ours and
 ``torch.optim.AdamW`` fed the same batches; prints the relative parameter differences.
 
-``one-step``: one SOAP step from the same state against nikhilvyas/SOAP. Runs the SOAP reference implementation (https://github.com/nikhilvyas/SOAP, ``soap.py``; not
-part of this project: pass the directory holding it) for ``--warm`` steps on a 32x16 matrix,
+``variants``: the classic Shampoo variants and statistics options (eigendecomposed, KL-Shampoo,
+trace scaling, a dropped weighting factor, ``CoupledHigherOrderConfig``, SOAP with a dropped
+weighting factor) side by side with the reference library, float64, ``--steps`` steps on a small
+model (``--no-bias``: only matrices, whose factors are full rank from the first root).
+
+``one-step``: one SOAP step from the same state against nikhilvyas/SOAP. Runs the SOAP
+reference implementation (https://github.com/nikhilvyas/SOAP, ``soap.py``; not part of this
+project: pass the directory holding it) for ``--warm`` steps on a 32x16 matrix,
 copies its state into :class:`DistributedShampoo` (factors, eigenbases, second moment; its
 first moment, kept in the eigenbasis, rotated back to ours in the parameter basis), takes one
 more step with both from that state, and prints the relative difference of the two updates.
@@ -17,8 +23,9 @@ eps / sqrt(bc2)``. The second row of each pair runs ours with ``epsilon = eps / 
 (for this one step), which is that placement.
 
 Example:
-    python bench/soap_parity.py example5 --reference-dir /path/to/optimizers --steps 5
-    python bench/soap_parity.py one-step --soap-dir /path/to/nikhilvyas-SOAP --grad-scale 1e-4
+    python bench/reference_parity.py example5 --reference-dir /path/to/optimizers --steps 5
+    python bench/reference_parity.py variants --reference-dir /path/to/optimizers --steps 10
+    python bench/reference_parity.py one-step --soap-dir /path/to/nikhilvyas-SOAP --grad-scale 1e-4
 """
 
 from __future__ import annotations
@@ -58,11 +65,11 @@ def example_5_optimizer(library: ModuleType, model: torch.nn.Module, qr: bool) -
     )
 
 
-def train(model: torch.nn.Module, optimizer: torch.optim.Optimizer, steps: int) -> list[torch.Tensor]:
-    """``steps`` MSE steps on seeded batches of 32; the final parameters."""
+def train(model: torch.nn.Module, optimizer: torch.optim.Optimizer, steps: int, features: int = 12) -> list[torch.Tensor]:
+    """``steps`` MSE steps on seeded batches of 32 (default dtype); the final parameters."""
     gen = torch.Generator().manual_seed(1)
     for _ in range(steps):
-        inputs, targets = torch.randn(32, 12, generator=gen), torch.randn(32, 3, generator=gen)
+        inputs, targets = torch.randn(32, features, generator=gen), torch.randn(32, 3, generator=gen)
         optimizer.zero_grad()
         torch.nn.functional.mse_loss(model(inputs), targets).backward()
         optimizer.step()
@@ -88,6 +95,53 @@ def example5(args: argparse.Namespace) -> None:
         print(f"{config}, {args.steps} steps: ours vs reference {max_relative(runs['ours'], runs['reference']):.2e}, "
               f"reference vs AdamW {max_relative(runs['reference'], runs['adamw']):.2e}, "
               f"ours vs AdamW {max_relative(runs['ours'], runs['adamw']):.2e}")
+
+
+def variant_configs(library: ModuleType) -> dict[str, Any]:
+    """The same configs in either library, every state in float64."""
+    f64 = dict(factor_matrix_dtype=torch.float64)
+    # The reference stores roots in float32 unless told; ours in the block's dtype.
+    roots = dict(inv_factor_matrix_dtype=torch.float64) if library is not ours else {}
+    eig = dict(factor_matrix_eigenvectors_dtype=torch.float64, factor_matrix_eigenvalues_dtype=torch.float64)
+    soap = dict(factor_matrix_eigenvectors_dtype=torch.float64, corrected_eigenvalues_dtype=torch.float64)
+    higher = library.CoupledHigherOrderConfig(rel_epsilon=0.0, abs_epsilon=1e-6, tolerance=1e-14)
+    return {
+        "RootInvShampoo": library.RootInvShampooPreconditionerConfig(**f64, **roots),
+        "EigendecomposedShampoo": library.EigendecomposedShampooPreconditionerConfig(**f64, **eig),
+        "RootInvKLShampoo": library.RootInvKLShampooPreconditionerConfig(**f64, **roots),
+        "EigendecomposedKLShampoo": library.EigendecomposedKLShampooPreconditionerConfig(**f64, **eig),
+        "use_trace_scaling": library.RootInvShampooPreconditionerConfig(use_trace_scaling=True, **f64, **roots),
+        "trace_scaling_exponent=1": library.RootInvShampooPreconditionerConfig(
+            use_trace_scaling=True, trace_scaling_exponent=1.0, **f64, **roots),
+        "drop_weighting_factor_on_gsquare": library.RootInvShampooPreconditionerConfig(
+            drop_weighting_factor_on_gsquare=True, **f64, **roots),
+        "CoupledHigherOrderConfig": library.RootInvShampooPreconditionerConfig(
+            amortized_computation_config=higher, **f64, **roots),
+        "SOAP drop_weighting_factor_on_gsquare": library.EigenvalueCorrectedShampooPreconditionerConfig(
+            drop_weighting_factor_on_gsquare=True, **f64, **soap),
+    }
+
+
+def variants(args: argparse.Namespace) -> None:
+    sys.path.insert(0, args.reference_dir)
+    reference = importlib.import_module("distributed_shampoo")
+    torch.set_default_dtype(torch.float64)
+    for name in variant_configs(ours):
+        for grafting in (None, "Adam drop_weighting_factor_on_gsquare") if name == "RootInvShampoo" else (None,):
+            runs = []
+            for library in (reference, ours):
+                torch.manual_seed(0)
+                model = torch.nn.Sequential(torch.nn.Linear(12, 5, bias=not args.no_bias), torch.nn.Tanh(),
+                                            torch.nn.Linear(5, 3, bias=not args.no_bias))
+                graft = None if grafting is None else library.AdamPreconditionerConfig(
+                    beta2=0.99, epsilon=1e-8, drop_weighting_factor_on_gsquare=True)
+                optimizer = library.DistributedShampoo(
+                    model.parameters(), lr=0.01, betas=(0.9, 0.95), epsilon=1e-6, max_preconditioner_dim=8,
+                    precondition_frequency=2, start_preconditioning_step=2, grafting_config=graft,
+                    preconditioner_config=variant_configs(library)[name])
+                runs.append(train(model, optimizer, args.steps, features=12))
+            label = name if grafting is None else f"{name}, grafting {grafting}"
+            print(f"{label}: {args.steps} float64 steps, ours vs reference {max_relative(runs[1], runs[0]):.2e}")
 
 
 def reference_state(soap_dir: str, args: argparse.Namespace) -> tuple[torch.Tensor, dict[str, Any], torch.Tensor, torch.Tensor]:
@@ -164,6 +218,10 @@ def main() -> None:
     side_by_side = commands.add_parser("example5", help="README Example 5 vs the reference library")
     side_by_side.add_argument("--reference-dir", required=True, help="directory holding distributed_shampoo/")
     side_by_side.add_argument("--steps", type=int, default=5)
+    variant = commands.add_parser("variants", help="Shampoo variants vs the reference library (float64)")
+    variant.add_argument("--reference-dir", required=True, help="directory holding distributed_shampoo/")
+    variant.add_argument("--steps", type=int, default=10)
+    variant.add_argument("--no-bias", action="store_true", help="matrices only (full-rank factors)")
     single = commands.add_parser("one-step", help="one step from the same state vs nikhilvyas/SOAP")
     single.add_argument("--soap-dir", required=True, help="directory holding nikhilvyas/SOAP's soap.py")
     single.add_argument("--grad-scale", type=float, default=1.0, help="gradient entries ~ N(0, scale^2)")
@@ -176,7 +234,7 @@ def main() -> None:
     single.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     torch.set_num_threads(1)
-    (example5 if args.command == "example5" else one_step)(args)
+    {"example5": example5, "variants": variants, "one-step": one_step}[args.command](args)
 
 
 if __name__ == "__main__":
