@@ -17,7 +17,9 @@ recomputed; before the first computation ``Q_i = I``. With the rotation
 
 When a basis is recomputed the corrected eigenvalues are kept as they are: the descending
 order, and the warm-started QR iteration that preserves it, keep column ``j`` on the same
-eigen-direction. A failed eigenbasis computation keeps the previous basis and is counted; more
+eigen-direction. The first basis of a factor receives ``D`` from the identity basis reversed
+along that dim (coordinate ``j`` to the ``j``-th smallest eigenvalue's column), the pairing of
+the reference library, whose ``eigh`` bases are ascending (``docs/results/soap-parity.md``). A failed eigenbasis computation keeps the previous basis and is counted; more
 than ``num_tolerated_failed_amortized_computations`` consecutive failures raise.
 
 Layout, as in root-inverse Shampoo: all factors of one size share one ``(N, n, n)`` pool, with
@@ -202,12 +204,33 @@ class EigenvalueCorrectedShampooPreconditioner(KroneckerFactoredPreconditioner):
         self, step: int, share: int = 0, num_shares: int = 1, period: int | None = None
     ) -> None:
         """Recompute the eigenbases of the share (failed ones keep the previous basis), then
-        re-fold ``D``."""
+        re-fold ``D`` (reversed along the dims whose first basis this is)."""
+        before = {key: computed.clone() for key, computed in self._computed.items()}
         super().amortized_computation(step, share, num_shares, period)
+        first = {key: computed & ~before[key] for key, computed in self._computed.items()}
         for index in range(len(self._buckets)):
             # A bucket none of whose bases was in the share folds to the same D: skip it.
             if num_shares == 1 or index in self._share_buckets(num_shares)[share]:
+                self._reverse_identity_basis_coordinates(index, first)
                 self._fold_step_into_corrected_eigenvalues(index)
+
+    def _reverse_identity_basis_coordinates(self, index: int, first: dict[Hashable, torch.Tensor]) -> None:
+        """Reverse the pre-step ``D`` of bucket ``index`` along each dim whose basis was just
+        computed for the first time (``first``: per pool, the rows).
+
+        ``D`` accumulated in the identity basis is carried into the first eigenbasis by
+        position. The reference library pairs coordinate ``j`` with the eigenvector of the
+        ``j``-th smallest eigenvalue (``eigh``'s ascending order); our bases are descending, so
+        coordinate ``j`` goes to column ``n - 1 - j``: the same pairing, the same steps.
+        """
+        bucket = self._buckets[index]
+        previous = self._previous_corrected[index]
+        for dim, slot in enumerate(self._factors.slots[index]):
+            if slot is None:
+                continue
+            rows = KroneckerFactors.rows(slot, bucket.num_blocks, first)
+            mask = rows.view(-1, *([1] * len(bucket.shape)))
+            previous.copy_(torch.where(mask, previous.flip(dim + 1), previous))
 
     def _share_buckets(self, num_shares: int) -> list[set[int]]:
         """Per share, the buckets with a basis in it; computed on the host once per

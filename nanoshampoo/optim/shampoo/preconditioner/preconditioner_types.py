@@ -314,8 +314,9 @@ class EigenvalueCorrectedShampooPreconditionerConfig(BaseShampooPreconditionerCo
 
     Until the first eigenbasis (the start step) ``Q_i = I``: without grafting the step is then
     diagonal Adam (AdaGrad with ``betas[1] = 1``) on ``D``, and ``D`` is carried into the first
-    eigenbasis by position (column ``j`` of the descending-order basis), as in the reference
-    library; with grafting the grafting method steps alone before the start step.
+    eigenbasis as the reference library carries it: coordinate ``j`` to the eigenvector of the
+    ``j``-th smallest eigenvalue. With grafting the grafting method steps alone before the
+    start step.
 
     Epsilon is added after the bias correction, as in Adam and the reference library.
     nikhilvyas/SOAP adds it before (``sqrt(D) + eps``, with ``sqrt(bc2)`` folded into the step

@@ -117,7 +117,8 @@ def _contract(x: np.ndarray, matrix: np.ndarray, dim: int) -> np.ndarray:
 
 def _reference_run(weights: list[np.ndarray], grads: list[list[np.ndarray]], lr: float, betas: tuple[float, float], eps: float, start: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
     """Float64 loop: Adam on D in the identity basis for t < s; at t == s the eigenbases of the
-    factors, and D (accumulated so far in the identity basis) carried into them unchanged."""
+    factors (ascending, as the reference library's ``eigh``), and D (accumulated so far in the
+    identity basis) carried into them by position, unchanged."""
     b1, b2 = betas
     weights = [w.copy() for w in weights]
     factors = [[np.zeros((n, n)) for n in w.shape] for w in weights]
@@ -129,8 +130,8 @@ def _reference_run(weights: list[np.ndarray], grads: list[list[np.ndarray]], lr:
             for dim in range(g.ndim):
                 unfolded = np.moveaxis(g, dim, 0).reshape(g.shape[dim], -1)
                 factors[i][dim] = b2 * factors[i][dim] + (1 - b2) * unfolded @ unfolded.T
-                if t == start:
-                    bases[i][dim] = np.linalg.eigh(factors[i][dim] / (1 - b2**t))[1][:, ::-1]
+                if t == start:  # ascending: coordinate j of D goes to the j-th smallest's column
+                    bases[i][dim] = np.linalg.eigh(factors[i][dim] / (1 - b2**t))[1]
             rotated = g
             for dim, q in enumerate(bases[i]):
                 rotated = _contract(rotated, q.T, dim)
@@ -175,4 +176,5 @@ def test_corrected_eigenvalues_carry_into_the_first_eigenbasis_float64() -> None
     state = opt.state_dict()["state"]
     for index, d in enumerate(corrected):
         ours = state[index]["block_0.shampoo.corrected_eigenvalues"].numpy()
-        assert np.abs(ours - d).max() / np.abs(d).max() < 1e-9
+        # Ours is indexed by descending columns, the loop's by ascending ones: reversed dims.
+        assert np.abs(ours - np.flip(d)).max() / np.abs(d).max() < 1e-9
