@@ -11,6 +11,10 @@ With ``pack_factor_matrices`` the factors keep only their lower triangles (half 
 the same numbers: :mod:`kronecker_factors`).
 A failed root computation keeps the previous root and is counted; more than
 ``num_tolerated_failed_amortized_computations`` consecutive failures raise.
+KL-Shampoo (``RootInvKLShampooPreconditionerConfig``) differs only in the factor update: factor
+``i`` accumulates ``G`` preconditioned along every other dim by the roots in force
+(:meth:`ShampooPreconditioner.update_statistics`). ``CoupledHigherOrderConfig`` roots come from
+:func:`matrix_roots.coupled_higher_order_inverse_root`, one batched call per exponent.
 With ``WarmStartedEigenConfig`` each pool also keeps its factors' last eigenvectors (block
 state ``factor_matrices_eigenvectors``, ``eigenvectors_computed``), and the roots start from
 them (:func:`matrix_roots.warm_started_eigh_inverse_root`); :meth:`warm_start_counts` reads how

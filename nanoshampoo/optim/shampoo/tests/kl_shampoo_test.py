@@ -115,3 +115,11 @@ def test_the_two_cached_forms_agree_in_float32() -> None:
 def test_configs_are_classic_shampoo_configs() -> None:
     assert isinstance(RootInvKLShampooPreconditionerConfig(), RootInvShampooPreconditionerConfig)
     assert isinstance(EigendecomposedKLShampooPreconditionerConfig(), EigendecomposedShampooPreconditionerConfig)
+
+
+@pytest.mark.parametrize("config_type", [RootInvKLShampooPreconditionerConfig, EigendecomposedKLShampooPreconditionerConfig])
+def test_packed_factors_give_the_same_steps(config_type: type) -> None:
+    """The per-dim KL update goes through the packed pools' unpack/pack like the plain one."""
+    _, _, plain = _steps(config_type(), (3, 4, 5), torch.float32, steps=6)
+    _, _, packed = _steps(config_type(pack_factor_matrices=True), (3, 4, 5), torch.float32, steps=6)
+    assert torch.equal(plain, packed)
