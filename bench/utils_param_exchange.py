@@ -57,7 +57,7 @@ def static_report(blocks: list[torch.Tensor], world_sizes: list[int]) -> None:
     print("world  model    rounds  moved/ideal  load max/mean")
     for world in world_sizes:
         for label, config in (("memory", None), ("cubic", cubic)):
-            assignment = distribute_buffer_sizes(sizes, world, config, blocks=blocks)
+            assignment = distribute_buffer_sizes(blocks, world, config)
             by_size = sorted(range(len(blocks)), key=lambda i: (-blocks[i].numel(), i))
             owned = [[i for i in by_size if assignment[i][1] == rank] for rank in range(world)]
             rounds = max(len(o) for o in owned)
@@ -74,7 +74,7 @@ def static_report(blocks: list[torch.Tensor], world_sizes: list[int]) -> None:
 
 def _timed_body(rank: int, world_size: int, preset: str, max_dim: int, steps: int) -> dict:
     blocks = shampoo_blocks(preset, max_dim, "cpu")
-    assignment = distribute_buffer_sizes([b.numel() * 4 for b in blocks], world_size)
+    assignment = distribute_buffer_sizes(blocks, world_size)
     timings = {}
     for dtype in (torch.float32, torch.bfloat16):
         buffers = prepare_update_param_buffers(blocks, assignment, communication_dtype=dtype)

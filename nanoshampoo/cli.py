@@ -9,9 +9,12 @@ Subcommands:
 * ``repeat -n N [--out-dir DIR] [--seed0 S] [--nproc K] [--name NAME] -- TRAIN_ARGS`` -- train
   N seeds, then report them;
 * ``compare [--setups adamw,shampoo,soap,muon] [--seeds 3] [--baseline NAME] [--target auto|X]
-  [--nproc K] [--out-dir runs/compare] [--step-fractions 0.7,...] -- TRAIN_ARGS`` -- train every
-  setup over the seeds (reusing ended runs), then write the leaderboard
-  (``nanoshampoo.evidence.compare``);
+  [--nproc K] [--out-dir runs/compare] [--step-fractions 0.7,...] [--rule welch|track3]
+  [--tune SETUP:KEY=SPEC ...] -- TRAIN_ARGS`` -- train every setup over the seeds (reusing
+  ended runs; tuned first with ``--tune``), then write the leaderboard
+  (``nanoshampoo.evidence.compare``, ``.leaderboard``);
+* ``tune --setup NAME --search KEY=V1,V2 [--trials N] [--seeds 1] [--confirm-seeds 3] --
+  TRAIN_ARGS`` -- tune one setup at an equal budget per trial (``nanoshampoo.evidence.tune``);
 * ``trace PATH... [--json OUT]`` -- communication/computation overlap in profiler traces.
 
 A user error (a bad flag, a file that cannot be read, a run that failed) prints one line
@@ -34,21 +37,21 @@ import typing
 from collections.abc import Sequence
 from pathlib import Path
 
-from nanoshampoo.evidence.compare import (
-    DEFAULT_SETUPS,
-    CompareConfig,
-    build_leaderboard,
-    format_leaderboard,
-    parse_setups,
-    run_compare,
-    write_leaderboard,
+from nanoshampoo.errors import UserError, run_command, user_input
+from nanoshampoo.evidence.compare import DEFAULT_SETUPS, RULES, CompareConfig, parse_setups, run_compare
+from nanoshampoo.evidence.leaderboard import build_leaderboard, format_leaderboard, write_leaderboard
+from nanoshampoo.evidence.tune_cli import (
+    add_compare_tune_options,
+    add_tune_command,
+    tuned_compare_config,
 )
 from nanoshampoo.evidence.grouping import groups_by_directory, groups_from_specs, regroup
-from nanoshampoo.evidence.logs import LogFormatError, read_run
+from nanoshampoo.evidence.logs import read_run
 from nanoshampoo.evidence.repeat import RepeatConfig, run_repeats
 from nanoshampoo.evidence.report import format_report, report_to_dict, write_json
-from nanoshampoo.evidence.stats import DEFAULT_TARGET, build_report
-from nanoshampoo.evidence.traces import TraceFormatError, analyze_paths, format_overlap
+from nanoshampoo.evidence.stats import DEFAULT_TARGET, build_report, check_target
+from nanoshampoo.evidence.traces import analyze_paths, format_overlap
+from nanoshampoo.io_utils import check_output_dir, check_output_file
 
 # Subcommands whose arguments belong to another module's own parser: name -> "module:function".
 PASSTHROUGH = {
@@ -68,11 +71,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(result or 0)
     parser = _parser()
     args = parser.parse_args(argv)
-    try:
-        return int(args.handler(args))
-    except (LogFormatError, TraceFormatError, ValueError, RuntimeError) as exc:
-        print(f"nanoshampoo {args.command}: error: {exc}", file=sys.stderr)
-        return 2
+    return run_command(f"nanoshampoo {args.command}", lambda: args.handler(args))
 
 
 class _OneLineErrorParser(argparse.ArgumentParser):
@@ -127,9 +126,14 @@ def _parser() -> argparse.ArgumentParser:
                          help="also train every non-baseline setup with its schedule shortened to "
                               "these fractions of the baseline's steps (e.g. 0.7): does it reach "
                               "the target in that many steps?")
+    compare.add_argument("--rule", choices=RULES, default="welch",
+                         help="the leaderboard's statistics: welch, or track3 (the speedrun "
+                              "optimization track's fixed-sigma record and pairwise rules, too)")
+    add_compare_tune_options(compare)
     compare.add_argument("train_args", nargs=argparse.REMAINDER,
                          help="arguments for every `python -m nanoshampoo.train` run, after `--`")
     compare.set_defaults(handler=_run_compare)
+    add_tune_command(commands)
 
     trace = commands.add_parser("trace", help="communication/computation overlap in profiler traces")
     trace.add_argument("paths", nargs="+", metavar="PATH",
@@ -153,17 +157,24 @@ def _add_report_options(parser: argparse.ArgumentParser) -> None:
 
 def _run_stats(args: argparse.Namespace) -> int:
     if not args.paths and not args.group:
-        raise ValueError("give run log paths or directories, or --group NAME=GLOB")
-    groups = {}
-    if args.paths:
-        groups.update(groups_by_directory(args.paths))
-    for name, runs in groups_from_specs(args.group).items():
-        if name in groups:
-            raise ValueError(f"group: name {name!r} is also a directory group")
-        groups[name] = runs
-    if args.group_by:
-        groups = regroup(groups, args.group_by)
-    report = build_report(groups, args.target, args.baseline, args.confidence)
+        raise UserError("give run log paths or directories, or --group NAME=GLOB")
+    check_target("--target", args.target)
+    if args.plot:
+        check_output_dir(args.plot, "--plot")
+    with user_input():
+        groups = {}
+        if args.paths:
+            groups.update(groups_by_directory(args.paths))
+        for name, runs in groups_from_specs(args.group).items():
+            if name in groups:
+                raise ValueError(f"group: name {name!r} is also a directory group")
+            groups[name] = runs
+        if args.group_by:
+            groups = regroup(groups, args.group_by)
+        inputs = [run.path for runs in groups.values() for run in runs]
+        if args.json:
+            check_output_file(args.json, "--json", inputs)
+        report = build_report(groups, args.target, args.baseline, args.confidence)
     print(format_report(report))
     if args.json:
         write_json(args.json, report_to_dict(report))
@@ -178,12 +189,17 @@ def _run_stats(args: argparse.Namespace) -> int:
 
 def _run_repeat(args: argparse.Namespace) -> int:
     train_args = args.train_args[1:] if args.train_args[:1] == ["--"] else args.train_args
-    config = RepeatConfig(runs=args.runs, out_dir=args.out_dir, seed0=args.seed0,
-                          nproc=args.nproc, name=args.name)
+    check_target("--target", args.target)
+    with user_input():
+        config = RepeatConfig(runs=args.runs, out_dir=args.out_dir, seed0=args.seed0,
+                              nproc=args.nproc, name=args.name)
+    check_output_dir(config.out_dir, "--out-dir")
+    if args.json:
+        check_output_file(args.json, "--json")
     files = run_repeats(config, train_args)
     missing = [str(f) for f in files if not f.exists()]
     if missing:
-        raise RuntimeError(f"the runs did not write their logs: {', '.join(missing)}")
+        raise UserError(f"the runs did not write their logs: {', '.join(missing)}")
     groups = {str(config.out_dir): [read_run(f) for f in files]}
     report = build_report(groups, args.target)
     print(format_report(report))
@@ -193,11 +209,20 @@ def _run_repeat(args: argparse.Namespace) -> int:
 
 
 def _run_compare(args: argparse.Namespace) -> int:
+    # Compare reports a bad setup or flag as ValueError and a run that failed as RuntimeError,
+    # both the user's to fix (the failed run printed its own output).
+    with user_input(RuntimeError):
+        return _compare(args)
+
+
+def _compare(args: argparse.Namespace) -> int:
     train_args = args.train_args[1:] if args.train_args[:1] == ["--"] else args.train_args
     config = CompareConfig(setups=parse_setups(args.setups), seeds=args.seeds, seed0=args.seed0,
                            baseline=args.baseline, target=_target(args.target), nproc=args.nproc,
                            out_dir=args.out_dir, train_args=tuple(train_args),
-                           step_fractions=_fractions(args.step_fractions))
+                           step_fractions=_fractions(args.step_fractions), rule=args.rule)
+    if args.tune:
+        config = tuned_compare_config(config, args)
     groups = run_compare(config)
     board = build_leaderboard(groups, config)
     print()
@@ -225,6 +250,8 @@ def _target(text: str) -> float | None:
 
 def _run_trace(args: argparse.Namespace) -> int:
     stats = analyze_paths(args.paths)
+    if args.json:
+        check_output_file(args.json, "--json", [s.path for s in stats])
     print(format_overlap(stats))
     if args.json:
         write_json(args.json, [dataclasses.asdict(s) for s in stats])

@@ -1,7 +1,7 @@
 """The package's layers point one way, and its files stay small.
 
 Layers, lowest first (``docs/architecture.md``, "Layers"): the foundation (the root package,
-``io_utils``, ``testing``), ``optim``, ``model``, ``data``, ``train``, ``evidence``, ``cli``
+``io_utils``, ``errors``, ``testing``), ``optim``, ``model``, ``data``, ``train``, ``evidence``, ``cli``
 (``nanoshampoo/cli.py`` and ``__main__.py``). A module may import from its own layer or a lower
 one. Every ``import`` statement counts, also those inside functions (a lazy import is still a
 dependency). The imports are read with ``ast``, so nothing is executed.
@@ -21,6 +21,7 @@ LAYERS = ("foundation", "optim", "model", "data", "train", "evidence", "cli")
 LAYER_OF = {
     "": "foundation",
     "io_utils": "foundation",
+    "errors": "foundation",
     "testing": "foundation",
     "optim": "optim",
     "model": "model",

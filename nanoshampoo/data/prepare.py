@@ -50,7 +50,7 @@ import os
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 
@@ -62,12 +62,18 @@ from nanoshampoo.data.embedded_corpus import (
     load_embedded_corpus,
 )
 from nanoshampoo.data.passages import split_all_into_passages
-from nanoshampoo.data.shards import (
-    MAX_SHARD_TOKENS,
-    TOKEN_DTYPE,
-    read_shard_token_count,
-    write_shard,
+from nanoshampoo.data.prepare_output import (
+    MANIFEST_NAME,
+    TOKENIZER_NAME,
+    TRAIN_PREFIX,
+    VAL_PREFIX,
+    check_out_dir,
+    manifest_files_intact,
+    read_manifest,
+    staged_output,
+    write_shards,
 )
+from nanoshampoo.data.shards import MAX_SHARD_TOKENS, TOKEN_DTYPE, read_shard_token_count
 from nanoshampoo.data.tokenizer import (
     MAX_VOCAB_SIZE,
     MIN_VOCAB_SIZE,
@@ -76,15 +82,16 @@ from nanoshampoo.data.tokenizer import (
     load_tokenizer,
     train_bpe_tokenizer,
 )
-from nanoshampoo.io_utils import atomic_output
+from nanoshampoo.errors import EXIT_USER_ERROR, run_command, user_input
+from nanoshampoo.io_utils import atomic_output, check_name_lengths
 
-MANIFEST_NAME = "manifest.json"
-TOKENIZER_NAME = "tokenizer.json"
-TRAIN_PREFIX = "fineweb_train_"
-VAL_PREFIX = "fineweb_val_"
+# The default run's batch (TrainConfig: 16 sequences of 128 tokens); a split must hold one batch
+# and its shifted targets, so at least this many tokens plus one.
+DEFAULT_MIN_BATCH_TOKENS = 16 * 128
 # Bumped when the output for the same settings would change.
 FORMAT_VERSION = 2
 DEFAULT_PASSAGE_CHARS = 2000
+PROG = "python -m nanoshampoo.data.prepare"
 
 
 @dataclass(frozen=True)
@@ -97,7 +104,9 @@ class PrepareConfig:
     (``document_split``). ``shard_tokens`` is the most tokens per shard file (the speedrun's
     FineWeb shards hold 100 M). ``passage_chars`` is the least characters of a passage
     (``passages``: every document is cut at paragraph boundaries into passages of about that
-    size, each then a document of its own); 0 keeps whole documents.
+    size, each then a document of its own); 0 keeps whole documents. ``min_batch_tokens`` is
+    the smallest training batch (``batch_size * seq_len``) the data must serve: each split needs
+    one token more than that.
     """
 
     tokenizer: str = "bpe"
@@ -105,6 +114,7 @@ class PrepareConfig:
     val_fraction: float = 0.05
     shard_tokens: int = 100_000_000
     passage_chars: int = DEFAULT_PASSAGE_CHARS
+    min_batch_tokens: int = DEFAULT_MIN_BATCH_TOKENS
 
     def __post_init__(self) -> None:
         if not isinstance(self.tokenizer, str) or not self.tokenizer:
@@ -140,6 +150,14 @@ class PrepareConfig:
             raise ValueError(
                 f"passage_chars must be a non-negative integer (0: whole documents), "
                 f"got {self.passage_chars!r}"
+            )
+        if (
+            isinstance(self.min_batch_tokens, bool)
+            or not isinstance(self.min_batch_tokens, int)
+            or self.min_batch_tokens < 1
+        ):
+            raise ValueError(
+                f"min_batch_tokens must be a positive integer, got {self.min_batch_tokens!r}"
             )
 
 
@@ -187,12 +205,37 @@ def _tokenizer_identity(config: PrepareConfig) -> dict[str, Any]:
     return {"kind": "file", "sha256": _file_sha256(Path(config.tokenizer))}
 
 
-def _build_tokenizer(config: PrepareConfig, train_documents: Sequence[Document]) -> TextTokenizer:
+def _given_tokenizer(config: PrepareConfig) -> TextTokenizer | None:
+    """The tokenizer named by ``config`` (loaded, so a bad file fails first), or None for bpe."""
     if config.tokenizer == "bpe":
-        return train_bpe_tokenizer([d.text for d in train_documents], config.vocab_size)
-    if config.tokenizer == "gpt2":
-        return gpt2_tokenizer()
-    return load_tokenizer(config.tokenizer)
+        return None
+    tokenizer = gpt2_tokenizer() if config.tokenizer == "gpt2" else _load_tokenizer_file(config)
+    if tokenizer.vocab_size > MAX_VOCAB_SIZE:
+        raise ValueError(
+            f"--tokenizer {config.tokenizer}: has {tokenizer.vocab_size} tokens; shards store "
+            f"uint16, so at most {MAX_VOCAB_SIZE}"
+        )
+    return tokenizer
+
+
+def _load_tokenizer_file(config: PrepareConfig) -> TextTokenizer:
+    try:
+        return load_tokenizer(config.tokenizer)
+    except Exception as error:  # noqa: BLE001 - the tokenizers library raises its own types
+        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise ValueError(f"--tokenizer {config.tokenizer}: not a usable tokenizer file "
+                         f"({first})") from error
+
+
+def _check_split_sizes(train_tokens: int, val_tokens: int, config: PrepareConfig) -> None:
+    need = config.min_batch_tokens + 1
+    if train_tokens < need or val_tokens < need:
+        raise ValueError(
+            f"corpus too small: {train_tokens} training and {val_tokens} validation tokens, but "
+            f"each split needs at least {need} (one batch of --min-batch-tokens "
+            f"{config.min_batch_tokens} plus its shifted target); give more text, a larger "
+            "--val-fraction or a smaller --min-batch-tokens"
+        )
 
 
 def _token_stream(tokenizer: TextTokenizer, documents: Sequence[Document]) -> np.ndarray:
@@ -206,42 +249,6 @@ def _token_stream(tokenizer: TextTokenizer, documents: Sequence[Document]) -> np
         stream[offset + 1 : offset + 1 + len(ids)] = ids
         offset += len(ids) + 1
     return stream
-
-
-def _write_shards(
-    stream: np.ndarray, out_dir: Path, prefix: str, first_index: int, shard_tokens: int
-) -> list[str]:
-    names = []
-    for k, start in enumerate(range(0, len(stream), shard_tokens)):
-        name = f"{prefix}{first_index + k:06d}.bin"
-        write_shard(out_dir / name, stream[start : start + shard_tokens])
-        names.append(name)
-    return names
-
-
-def _read_manifest(out_dir: Path) -> dict[str, Any] | None:
-    path = out_dir / MANIFEST_NAME
-    if not path.is_file():
-        return None
-    try:
-        manifest = json.loads(path.read_text(encoding="utf-8"))
-    except ValueError:
-        return None
-    return manifest if isinstance(manifest, dict) else None
-
-
-def _manifest_files_intact(out_dir: Path, manifest: dict[str, Any]) -> bool:
-    counts = manifest.get("shard_token_counts", {})
-    if not (out_dir / TOKENIZER_NAME).is_file() or not counts:
-        return False
-    for name, count in counts.items():
-        path = out_dir / name
-        try:
-            if not path.is_file() or read_shard_token_count(path) != count:
-                return False
-        except ValueError:
-            return False
-    return True
 
 
 def _result(out_dir: Path, manifest: dict[str, Any], reused: bool) -> PreparedData:
@@ -260,23 +267,6 @@ def _result(out_dir: Path, manifest: dict[str, Any], reused: bool) -> PreparedDa
     )
 
 
-def _clear_previous_output(out_dir: Path, manifest: dict[str, Any] | None) -> None:
-    """Remove shards this module wrote before; refuse to touch shards it did not write."""
-    (out_dir / MANIFEST_NAME).unlink(missing_ok=True)
-    if manifest is not None:
-        for name in manifest.get("shard_token_counts", {}):
-            (out_dir / Path(name).name).unlink(missing_ok=True)
-    foreign = sorted(
-        p.name for prefix in (TRAIN_PREFIX, VAL_PREFIX) for p in out_dir.glob(f"{prefix}*.bin")
-    )
-    if foreign:
-        raise ValueError(
-            f"out_dir {out_dir} holds shard files not listed in a manifest of this tool "
-            f"({', '.join(foreign[:3])}{', ...' if len(foreign) > 3 else ''}); they would be "
-            f"mixed into the new data: choose an empty out_dir or remove them"
-        )
-
-
 def _prepare(
     load_documents: Callable[[], Sequence[Document]],
     source_identity: dict[str, Any],
@@ -292,47 +282,44 @@ def _prepare(
         "passage_chars": config.passage_chars,
     }
     settings_hash = _settings_hash(settings)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    previous = _read_manifest(out_dir)
+    check_name_lengths(out_dir, "--out-dir")
+    previous = read_manifest(out_dir) if out_dir.is_dir() else None
     if (
         previous is not None
         and previous.get("settings_hash") == settings_hash
-        and _manifest_files_intact(out_dir, previous)
+        and manifest_files_intact(out_dir, previous)
     ):
         return _result(out_dir, previous, reused=True)
-    _clear_previous_output(out_dir, previous)
-
+    # Everything is checked before anything is written; the old data stays until the new is whole.
+    check_out_dir(out_dir, previous)
+    given_tokenizer = _given_tokenizer(config)
     documents = split_all_into_passages(load_documents(), config.passage_chars)
     train_docs, val_docs = split_documents(documents, float(config.val_fraction))
-    tokenizer = _build_tokenizer(config, train_docs)
-    if tokenizer.vocab_size > MAX_VOCAB_SIZE:
-        raise ValueError(
-            f"tokenizer has {tokenizer.vocab_size} tokens; shards store uint16, "
-            f"so at most {MAX_VOCAB_SIZE}"
-        )
+    tokenizer = given_tokenizer or train_bpe_tokenizer([d.text for d in train_docs],
+                                                       config.vocab_size)
     val_stream = _token_stream(tokenizer, val_docs)
     train_stream = _token_stream(tokenizer, train_docs)
-    # The speedrun numbers the validation shard 000000 and training shards from 000001.
-    val_files = _write_shards(val_stream, out_dir, VAL_PREFIX, 0, config.shard_tokens)
-    train_files = _write_shards(train_stream, out_dir, TRAIN_PREFIX, 1, config.shard_tokens)
-    tokenizer.save(out_dir / TOKENIZER_NAME)
-    shard_token_counts = {
-        name: read_shard_token_count(out_dir / name) for name in val_files + train_files
-    }
-    manifest = {
-        "settings": settings,
-        "settings_hash": settings_hash,
-        "vocab_size": tokenizer.vocab_size,
-        "eot_id": tokenizer.eot_id,
-        "train_tokens": len(train_stream),
-        "val_tokens": len(val_stream),
-        "train_documents": len(train_docs),
-        "val_documents": len(val_docs),
-        "val_titles": [d.title for d in val_docs],
-        "shard_token_counts": shard_token_counts,
-    }
-    with atomic_output(out_dir / MANIFEST_NAME) as tmp:
-        tmp.write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
+    _check_split_sizes(len(train_stream), len(val_stream), config)
+    with staged_output(out_dir, previous) as staging:
+        # The speedrun numbers the validation shard 000000 and training shards from 000001.
+        val_files = write_shards(val_stream, staging, VAL_PREFIX, 0, config.shard_tokens)
+        train_files = write_shards(train_stream, staging, TRAIN_PREFIX, 1, config.shard_tokens)
+        tokenizer.save(staging / TOKENIZER_NAME)
+        manifest = {
+            "settings": settings,
+            "settings_hash": settings_hash,
+            "vocab_size": tokenizer.vocab_size,
+            "eot_id": tokenizer.eot_id,
+            "train_tokens": len(train_stream),
+            "val_tokens": len(val_stream),
+            "train_documents": len(train_docs),
+            "val_documents": len(val_docs),
+            "val_titles": [d.title for d in val_docs],
+            "shard_token_counts": {name: read_shard_token_count(staging / name)
+                                   for name in val_files + train_files},
+        }
+        with atomic_output(staging / MANIFEST_NAME) as tmp:
+            tmp.write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
     return _result(out_dir, manifest, reused=False)
 
 
@@ -344,11 +331,13 @@ def prepare_embedded(
     shard_tokens: int = 100_000_000,
     sources: Sequence[str] = EMBEDDED_SOURCES,
     passage_chars: int = DEFAULT_PASSAGE_CHARS,
+    min_batch_tokens: int = DEFAULT_MIN_BATCH_TOKENS,
 ) -> PreparedData:
     """Prepare the embedded corpus (``embedded_corpus``) into ``out_dir``; see the module
     docstring for the layout and caching. With the defaults: about 3,300 passages, 2.7 M
     training and 0.15 M validation tokens, vocabulary 4096."""
-    config = PrepareConfig(tokenizer, vocab_size, val_fraction, shard_tokens, passage_chars)
+    config = PrepareConfig(tokenizer, vocab_size, val_fraction, shard_tokens, passage_chars,
+                           min_batch_tokens)
     sources = tuple(sources)
     identity = {
         "embedded": {source: _file_sha256(embedded_corpus_path(source)) for source in sources}
@@ -364,15 +353,18 @@ def prepare_text_files(
     val_fraction: float = 0.05,
     shard_tokens: int = 100_000_000,
     passage_chars: int = DEFAULT_PASSAGE_CHARS,
+    min_batch_tokens: int = DEFAULT_MIN_BATCH_TOKENS,
 ) -> PreparedData:
     """Prepare your own UTF-8 text files into ``out_dir``.
 
     Each file is cut into passages of at least ``passage_chars`` characters (``passages``),
     then passages are split as in ``document_split``; with ``passage_chars=0`` each file is
     one document, so whole files go to validation (a single file is cut at a line break).
-    A missing, empty or non-UTF-8 file raises ``ValueError`` naming it.
+    A missing, empty or non-UTF-8 file raises ``ValueError`` naming it, and so does a corpus
+    whose splits are smaller than one batch of ``min_batch_tokens`` (naming the sizes).
     """
-    config = PrepareConfig(tokenizer, vocab_size, val_fraction, shard_tokens, passage_chars)
+    config = PrepareConfig(tokenizer, vocab_size, val_fraction, shard_tokens, passage_chars,
+                           min_batch_tokens)
     if not paths:
         raise ValueError("paths must name at least one text file")
     documents = []
@@ -394,12 +386,20 @@ def prepare_text_files(
     return _prepare(lambda: documents, {"text_files": hashes}, Path(out_dir), config)
 
 
+class _OneLineErrorParser(argparse.ArgumentParser):
+    """Argument errors as one line (no usage dump burying the message), exit status 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USER_ERROR, f"{self.prog}: error: {message} (see --help)\n")
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="python -m nanoshampoo.data.prepare",
+    parser = _OneLineErrorParser(
+        prog=PROG,
         description="Tokenize the embedded public-domain corpus (default) or your own text "
         "files into FineWeb-format shards and tokenizer.json. Skips the work when out-dir "
-        "already holds the same preparation.",
+        "already holds the same preparation; otherwise the new data is written beside the old "
+        "and swapped in whole.",
     )
     parser.add_argument("--out-dir", type=Path, default=Path("data/embedded"))
     parser.add_argument(
@@ -416,30 +416,39 @@ def _parser() -> argparse.ArgumentParser:
         "boundaries, each its own document; 0 keeps whole documents",
     )
     parser.add_argument(
+        "--min-batch-tokens", type=int, default=DEFAULT_MIN_BATCH_TOKENS,
+        help="refuse a corpus whose train or validation split cannot fill one batch of this "
+        "many tokens (batch_size * seq_len) plus its target",
+    )
+    parser.add_argument(
         "--text-files", nargs="+", type=Path, help="prepare these UTF-8 files instead"
     )
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """CLI entry point; prints the prepared data's patterns and sizes. Returns 0."""
-    parser = _parser()
-    args = parser.parse_args(argv)
+    """CLI entry point; prints the prepared data's patterns and sizes. Returns the exit status
+    (2 with one line for a bad flag, file or corpus)."""
+    return run_command(PROG, lambda: _main(argv))
+
+
+def _main(argv: Sequence[str] | None) -> int:
+    args = _parser().parse_args(argv)
     settings = dict(
         tokenizer=args.tokenizer,
         vocab_size=args.vocab_size,
         val_fraction=args.val_fraction,
         shard_tokens=args.shard_tokens,
         passage_chars=args.passage_chars,
+        min_batch_tokens=args.min_batch_tokens,
     )
-    try:
+    # A bad setting or file is the user's: PrepareConfig and the readers raise ValueError
+    # naming it; the embedded corpus's absence is FileNotFoundError.
+    with user_input(FileNotFoundError):
         if args.text_files:
             data = prepare_text_files(args.text_files, args.out_dir, **settings)
         else:
             data = prepare_embedded(args.out_dir, **settings)
-    except (ValueError, FileNotFoundError, FileExistsError) as error:
-        # One line naming the file and what is wrong; argparse's usage text would bury it.
-        parser.exit(2, f"{parser.prog}: error: {error}\n")
     print("reused existing preparation" if data.reused else f"prepared {data.out_dir}")
     for key, value in asdict(data).items():
         print(f"{key}: {value}")

@@ -30,6 +30,7 @@ from pathlib import Path
 import numpy as np
 from numpy.typing import ArrayLike
 
+from nanoshampoo.errors import UserError
 from nanoshampoo.io_utils import atomic_output
 
 SHARD_MAGIC = 20240520
@@ -42,24 +43,31 @@ MAX_SHARD_TOKENS = 2**31 - 1
 MAX_TOKEN_ID = 2**16 - 1
 
 
-class ShardFormatError(ValueError):
+class ShardFormatError(UserError):
     """A shard file is malformed; the message names the file and what is wrong."""
 
 
 def read_shard_token_count(path: str | os.PathLike[str]) -> int:
     """Validate a shard's header and size and return its token count, without reading tokens.
 
-    Raises ``ShardFormatError`` for a file shorter than the header, a wrong magic or version,
-    a negative count, or a file size that does not equal ``1024 + 2 * count`` (truncated or
-    trailing bytes).
+    Raises ``ShardFormatError`` for a missing or non-regular file (a directory, a FIFO), one
+    that cannot be read, one shorter than the header, a wrong magic or version, a negative
+    count, or a file size that does not equal ``1024 + 2 * count`` (truncated or trailing
+    bytes).
     """
     path = Path(path)
-    size = path.stat().st_size
+    if not path.is_file():
+        what = "no such file" if not path.exists() else "not a regular file"
+        raise ShardFormatError(f"{path}: {what} (a shard is a plain file)")
+    try:
+        size = path.stat().st_size
+        header = np.fromfile(path, dtype="<i4", count=HEADER_INTS)
+    except OSError as exc:
+        raise ShardFormatError(f"{path}: cannot read ({exc.strerror or exc})") from exc
     if size < HEADER_BYTES:
         raise ShardFormatError(
             f"{path}: file is {size} bytes, shorter than the {HEADER_BYTES}-byte shard header"
         )
-    header = np.fromfile(path, dtype="<i4", count=HEADER_INTS)
     magic, version, count = (int(v) for v in header[:3])
     if magic != SHARD_MAGIC:
         raise ShardFormatError(f"{path}: wrong magic number {magic}, expected {SHARD_MAGIC}")

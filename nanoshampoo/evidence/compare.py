@@ -32,31 +32,18 @@ JSONL log ended (finished or diverged) is reused; anything else is trained under
 never one whose files exist, so an earlier run's logs are never overwritten. The code is not
 part of the identity: use a fresh ``--out-dir`` after changing the trainer.
 
-The leaderboard, per setup (mean ± unbiased std over seeds):
-
-* the target is the baseline's mean final validation loss (``--target auto``, the speedrun
-  tracks' definition) or a given number;
-* steps to target: the first validation at or below the target, linearly interpolated (in the
-  loss, hence in step and time) between it and the validation before it, so the resolution is
-  finer than ``val_every``; averaged over the runs that reached the target, shown with how
-  many did; the ratio to the baseline is the ratio of the means; same for time to target
-  (training time, validation excluded);
-* final val loss, Welch's two-sided p against the baseline, and the one-sided one-sample
-  t-test p that the mean final loss is below the target;
-* ms/step and peak memory (MiB; the process's peak RSS on CPU);
-* n runs, of which diverged: left out of every mean and test, counted as not reaching the
-  target, and marked.
+The leaderboard built from the runs is ``nanoshampoo.evidence.leaderboard``'s; ``rule``
+(``--rule welch|track3``) picks its statistics.
 
 Example:
     >>> config = CompareConfig(setups=parse_setups("adamw,shampoo"), seeds=3)  # doctest: +SKIP
     >>> groups = run_compare(config)  # doctest: +SKIP
-    >>> leaderboard = build_leaderboard(groups, config)  # doctest: +SKIP
-    >>> write_leaderboard(leaderboard, groups, config.out_dir)  # doctest: +SKIP
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import io
 import json
@@ -71,9 +58,6 @@ from typing import Any
 
 from nanoshampoo.evidence.logs import LogFormatError, RunRecord, read_run
 from nanoshampoo.evidence.repeat import check_unmanaged, fresh_run_id, train_command
-from nanoshampoo.evidence.report import format_p, json_ready, write_json
-from nanoshampoo.evidence.stats import GroupReport, Summary, build_report
-from nanoshampoo.evidence.tables import format_markdown_table
 from nanoshampoo.io_utils import atomic_output
 
 DEFAULT_SETUPS = "adamw,shampoo,soap,muon"
@@ -86,6 +70,8 @@ MANAGED_OPTIONS = ("--preset", "--optimizer", "--seed", "--run-id", "--out-dir",
 RUN_IDENTITY_IGNORED = ("run_id", "out_dir", "progress", "save_final_checkpoint", "checkpoint_every")
 _SETUP_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")
 MANIFEST_SUFFIX = ".compare.json"
+# The leaderboard's statistics (``--rule``): see ``nanoshampoo.evidence.leaderboard``.
+RULES = ("welch", "track3")
 
 
 @dataclass(frozen=True)
@@ -102,6 +88,8 @@ class Setup:
     num_iterations: int | None = None
     parent: str = ""
     fraction: float = 1.0
+    # Train flags of this setup alone, after its preset (a tuning trial's point).
+    args: tuple[str, ...] = ()
 
     @property
     def family(self) -> str:
@@ -134,8 +122,11 @@ class CompareConfig:
     out_dir: Path = Path("runs/compare")
     train_args: tuple[str, ...] = ()
     step_fractions: tuple[float, ...] = ()
+    rule: str = "welch"
 
     def __post_init__(self) -> None:
+        if self.rule not in RULES:
+            raise ValueError(f"rule: must be one of {list(RULES)}, got {self.rule!r}")
         if not self.setups:
             raise ValueError("setups: give at least one setup")
         fractions = tuple(self.step_fractions)
@@ -249,15 +240,20 @@ def expand_setups(config: CompareConfig, baseline_steps: int) -> tuple[Setup, ..
         for fraction in config.step_fractions:
             steps = max(1, round(fraction * baseline_steps))
             setups.append(Setup(f"{setup.name}@{fraction:g}", setup.preset, num_iterations=steps,
-                                parent=setup.name, fraction=fraction))
+                                parent=setup.name, fraction=fraction, args=setup.args))
     return tuple(setups)
 
 
 def train_config_defaults() -> dict[str, Any]:
-    """``TrainConfig``'s field defaults, as ``to_dict`` writes them (JSON types)."""
+    """``TrainConfig``'s field defaults, as ``to_dict`` writes them (JSON types): the run fields
+    and the ``TABLE.FIELD`` of every registered table (``to_dict`` keeps only the setup's)."""
     from nanoshampoo.train.config import TrainConfig  # imports torch: only when comparing
 
-    return TrainConfig().to_dict()
+    config = TrainConfig()
+    defaults = config.to_dict()
+    for name, table in config.tables.items():
+        defaults.update({f"{name}.{k}": v for k, v in dataclasses.asdict(table).items()})
+    return json.loads(json.dumps(defaults))
 
 
 def plan_runs(config: CompareConfig, resolve: ConfigResolver = resolve_train_config,
@@ -271,7 +267,8 @@ def plan_runs(config: CompareConfig, resolve: ConfigResolver = resolve_train_con
     if defaults is None:
         defaults = train_config_defaults()
     base = next(s for s in config.setups if s.name == config.baseline)
-    base_argv = (*config.train_args, "--preset", base.preset, "--seed", str(config.seed0))
+    base_argv = (*config.train_args, "--preset", base.preset, *base.args, "--seed",
+                 str(config.seed0))
     try:
         baseline_steps = int(resolve(base_argv)["num_iterations"])
     except ValueError as exc:
@@ -280,7 +277,8 @@ def plan_runs(config: CompareConfig, resolve: ConfigResolver = resolve_train_con
     for setup in expand_setups(config, baseline_steps):
         schedule = () if setup.num_iterations is None else ("--num-iterations", str(setup.num_iterations))
         for seed in config.seed_list:
-            argv = (*config.train_args, "--preset", setup.preset, *schedule, "--seed", str(seed))
+            argv = (*config.train_args, "--preset", setup.preset, *setup.args, *schedule,
+                    "--seed", str(seed))
             try:
                 resolved = resolve(argv)
             except ValueError as exc:
@@ -298,7 +296,9 @@ def find_reusable(directory: Path, resolved: Mapping[str, Any], nproc: int,
 
     A manifest written before a config field existed lacks that field: the run counts as the
     same when the field's value now equals its default in ``defaults`` (a new field's default
-    keeps the old behaviour), and as a different run otherwise.
+    keeps the old behaviour), and as a different run otherwise. A manifest written before the
+    setup registry spells the hyper-parameters flat (``muon_lr``): see
+    :func:`upgrade_legacy_config`.
     """
     if not directory.is_dir():
         return None
@@ -307,7 +307,7 @@ def find_reusable(directory: Path, resolved: Mapping[str, Any], nproc: int,
     for manifest in sorted(directory.glob(f"*{MANIFEST_SUFFIX}")):
         try:
             data = json.loads(manifest.read_text(encoding="utf-8"))
-            logged = dict(data["config"])
+            logged = upgrade_legacy_config(dict(data["config"]), resolved)
             for key, value in resolved.items():
                 if key not in logged and key in defaults and _same_json(value, defaults[key]):
                     logged[key] = value
@@ -322,6 +322,21 @@ def find_reusable(directory: Path, resolved: Mapping[str, Any], nproc: int,
         except LogFormatError:
             continue  # crashed, killed or still running: train it again under a new id
     return None
+
+
+def upgrade_legacy_config(logged: dict[str, Any], resolved: Mapping[str, Any]) -> dict[str, Any]:
+    """A manifest's config with the flat names from before the setup registry (``muon_lr``,
+    ``matrix_lr``: ``TrainConfig.LEGACY_FIELDS``) as the table fields they are now, kept only
+    for the tables that ``resolved`` (the run asked for now) reads; others pass unchanged."""
+    from nanoshampoo.train.config import LEGACY_FIELDS  # imports torch: only when comparing
+
+    tables = {key.split(".", 1)[0] for key in resolved if "." in key}
+    upgraded = {k: v for k, v in logged.items() if k not in LEGACY_FIELDS}
+    for key, value in logged.items():
+        for target in LEGACY_FIELDS.get(key, ()):
+            if target.split(".", 1)[0] in tables:
+                upgraded.setdefault(target, value)
+    return upgraded
 
 
 def _same_json(a: Any, b: Any) -> bool:
@@ -414,292 +429,3 @@ def _last_line(path: Path) -> str:
     lines = [line.rsplit("\r", 1)[-1].strip() for line in text.splitlines()]
     lines = [line for line in lines if line]
     return lines[-1] if lines else "(no output)"
-
-
-@dataclass(frozen=True)
-class LeaderboardRow:
-    """One setup's line. Ratios are ``setup mean / baseline mean``; p-values ``None`` where a
-    test needs more runs (two finished runs on each side) or the row is the baseline."""
-
-    setup: str
-    preset: str
-    runs: int
-    diverged: int
-    reached: int
-    steps_to_target: Summary
-    steps_ratio: float | None
-    time_to_target_s: Summary
-    time_ratio: float | None
-    final_val_loss: Summary
-    welch_p: float | None
-    target_p: float | None
-    step_avg_ms: Summary
-    peak_memory_mib: Summary
-
-
-@dataclass(frozen=True)
-class LeaderboardRun:
-    """One run's line: ``final_val_loss`` is NaN and the crossing ``None`` for a diverged run."""
-
-    setup: str
-    seed: int | None
-    run_id: str
-    path: str
-    final_val_loss: float
-    steps_to_target: float | None
-    time_to_target_s: float | None
-    step_avg_ms: float
-    diverged_step: int | None
-    diverged_reason: str
-
-
-@dataclass(frozen=True)
-class ScheduleRow:
-    """One setup at one schedule length: does it reach the target in ``fraction`` x the
-    baseline's steps? ``reaches``: its one-sided ``target_p`` is below ``SIGNIFICANCE``."""
-
-    setup: str
-    row: str
-    fraction: float
-    steps: int
-    final_val_loss: Summary
-    target_p: float | None
-    reaches: bool
-
-
-@dataclass(frozen=True)
-class Leaderboard:
-    """The comparison: target (and how it was set), baseline, one row per setup, every run,
-    and (with ``--step-fractions``) each setup at every schedule length tried."""
-
-    target: float
-    target_rule: str
-    baseline: str
-    seeds: tuple[int, ...]
-    train_args: tuple[str, ...]
-    nproc: int
-    rows: tuple[LeaderboardRow, ...]
-    runs: tuple[LeaderboardRun, ...]
-    schedules: tuple[ScheduleRow, ...] = ()
-
-
-def build_leaderboard(groups: Mapping[str, Sequence[RunRecord]], config: CompareConfig) -> Leaderboard:
-    """Statistics of every setup against the baseline (see the module docstring)."""
-    baseline = config.baseline
-    base_losses = [run.final_val_loss for run in groups[baseline] if not run.diverged]
-    if config.target is not None:
-        target, rule = config.target, "given"
-    elif base_losses:
-        target = sum(base_losses) / len(base_losses)
-        rule = f"auto: mean final val loss of the baseline {baseline} (n={len(base_losses)})"
-    else:
-        raise ValueError(f"target: every run of the baseline {baseline!r} diverged, so there is no "
-                         "auto target; give --target X")
-    report = build_report(groups, target, baseline)
-    by_name = {group.name: group for group in report.groups}
-    welch = {c.candidate: c.p_value for c in report.comparisons if c.metric == "final_val_loss"}
-    base = by_name[baseline]
-    baseline_steps = max((run.total_steps for run in groups[baseline]), default=0)
-    setups = {setup.name: setup for setup in expand_setups(config, baseline_steps)}
-    rows = tuple(_row(group, base, welch.get(group.name), setups[group.name].preset)
-                 for group in report.groups)
-    runs = tuple(
-        LeaderboardRun(
-            setup=group.name, seed=run.seed, run_id=run.run_id, path=run.path,
-            final_val_loss=run.final_val_loss, steps_to_target=run.target_step,
-            time_to_target_s=run.target_time_s, step_avg_ms=run.step_avg_ms,
-            diverged_step=run.diverged_step, diverged_reason=run.diverged_reason,
-        )
-        for group in report.groups
-        for run in group.runs
-    )
-    schedules = ()
-    if config.step_fractions:
-        schedules = tuple(
-            _schedule_row(setups[row.setup], row,
-                          max((run.total_steps for run in groups[row.setup]), default=0))
-            for row in rows if row.setup != baseline
-        )
-        order = {name: index for index, name in enumerate(setups)}
-        schedules = tuple(sorted(schedules, key=lambda r: (order[r.setup], -r.fraction)))
-    return Leaderboard(target=target, target_rule=rule, baseline=baseline,
-                       seeds=tuple(config.seed_list), train_args=config.train_args,
-                       nproc=config.nproc, rows=rows, runs=runs, schedules=schedules)
-
-
-# One-sided p below which a schedule is said to reach the target.
-SIGNIFICANCE = 0.05
-
-
-def _schedule_row(setup: Setup, row: LeaderboardRow, steps: int) -> ScheduleRow:
-    return ScheduleRow(setup=setup.family, row=row.setup, fraction=setup.fraction, steps=steps,
-                       final_val_loss=row.final_val_loss, target_p=row.target_p,
-                       reaches=row.target_p is not None and row.target_p < SIGNIFICANCE)
-
-
-def shortest_schedules(board: Leaderboard) -> dict[str, ScheduleRow | None]:
-    """Per setup, its shortest schedule that reaches the target (p < ``SIGNIFICANCE``), if any."""
-    shortest: dict[str, ScheduleRow | None] = {}
-    for row in board.schedules:
-        best = shortest.get(row.setup)
-        if row.reaches and (best is None or row.fraction < best.fraction):
-            shortest[row.setup] = row
-        else:
-            shortest.setdefault(row.setup, None)
-    return shortest
-
-
-def _row(group: GroupReport, base: GroupReport, welch_p: float | None, preset: str) -> LeaderboardRow:
-    test = group.target_test
-    return LeaderboardRow(
-        setup=group.name,
-        preset=preset,
-        runs=len(group.runs),
-        diverged=group.diverged,
-        reached=group.reached,
-        steps_to_target=group.target_step,
-        steps_ratio=_ratio(group.target_step, base.target_step),
-        time_to_target_s=group.target_time_s,
-        time_ratio=_ratio(group.target_time_s, base.target_time_s),
-        final_val_loss=group.final_val_loss,
-        welch_p=welch_p,
-        target_p=None if test is None else test.p_value,
-        step_avg_ms=group.step_avg_ms,
-        peak_memory_mib=group.peak_memory_mib,
-    )
-
-
-def _ratio(value: Summary, base: Summary) -> float | None:
-    if value.mean is None or not base.mean:
-        return None
-    return value.mean / base.mean
-
-
-def format_leaderboard(board: Leaderboard) -> str:
-    """The leaderboard as Markdown: the setups table, the definitions, then every run."""
-    base = board.baseline
-    header = ["setup", "preset", "runs", "reached", "steps to target", f"× {base}",
-              "time to target (s)", f"× {base}", "final val loss", f"Welch p vs {base}",
-              "p(loss < target)", "ms/step", "peak MiB"]
-    rows = [header]
-    for row in board.rows:
-        runs = f"{row.runs}" + (f" ({row.diverged} diverged †)" if row.diverged else "")
-        rows.append([
-            row.setup + (" (baseline)" if row.setup == base else ""),
-            row.preset,
-            runs,
-            f"{row.reached}/{row.runs}",
-            _mean_std(row.steps_to_target, 1),
-            _times(row.steps_ratio),
-            _mean_std(row.time_to_target_s, 2),
-            _times(row.time_ratio),
-            _mean_std(row.final_val_loss, 4),
-            "—" if row.setup == base else _p(row.welch_p),
-            _p(row.target_p),
-            _mean_std(row.step_avg_ms, 1),
-            _mean_std(row.peak_memory_mib, 0),
-        ])
-    flags = " ".join(board.train_args) or "(none)"
-    seeds = ", ".join(map(str, board.seeds))
-    lines = [
-        f"# Leaderboard: {', '.join(row.setup for row in board.rows)}",
-        "",
-        f"Target val loss **{board.target:.4f}** ({board.target_rule}). Seeds {seeds}; "
-        f"{board.nproc} process(es) per run; train flags: `{flags}`.",
-        "",
-        *format_markdown_table(rows),
-        "",
-        "Mean ± std (ddof=1) over seeds. Steps and time to target: the first validation at or below "
-        "the target, interpolated linearly between it and the validation before it; over the runs "
-        "that reached the target (the *reached* column); × is the ratio of means to the baseline. "
-        f"Welch p: two-sided Welch t-test of the final val loss against {base}. p(loss < target): "
-        "one-sided one-sample t-test that the mean final val loss is below the target. "
-        "Time is training time (validation excluded); peak MiB is CUDA's peak allocation, or the "
-        "peak resident set on CPU. † Diverged runs count as not reaching the target and are left "
-        "out of every other column.",
-        "",
-        *_schedule_section(board),
-        "## Runs",
-        "",
-        *format_markdown_table(_run_rows(board)),
-    ]
-    return "\n".join(lines) + "\n"
-
-
-def _schedule_section(board: Leaderboard) -> list[str]:
-    """``## Steps to the target by schedule length`` (only with ``--step-fractions``)."""
-    if not board.schedules:
-        return []
-    rows = [["setup", "row", f"steps (× {board.baseline})", "final val loss", "p(loss < target)",
-             "reaches target"]]
-    for row in board.schedules:
-        rows.append([row.setup, row.row, f"{row.steps} ({row.fraction:.2f}×)",
-                     _mean_std(row.final_val_loss, 4), _p(row.target_p),
-                     "yes" if row.reaches else "no"])
-    summary = []
-    for setup, best in shortest_schedules(board).items():
-        summary.append(f"- **{setup}**: " + (
-            f"reaches {board.target:.4f} in {best.fraction:.2f}× {board.baseline}'s steps "
-            f"({best.steps}; p = {format_p(best.target_p)})" if best is not None
-            else "no schedule tried reaches the target with p < 0.05"))
-    return [
-        "## Steps to the target by schedule length",
-        "",
-        f"Each setup trained again with its whole schedule (warm-up and cooldown) shortened to a "
-        f"fraction of {board.baseline}'s steps. A schedule reaches the target when the one-sided "
-        f"t-test that its mean final val loss is below the target gives p < {SIGNIFICANCE}: the "
-        "speedrun's criterion, where a record is the shortest schedule that reaches the loss.",
-        "",
-        *format_markdown_table(rows),
-        "",
-        *summary,
-        "",
-    ]
-
-
-def _run_rows(board: Leaderboard) -> list[list[str]]:
-    rows = [["setup", "seed", "run id", "final val loss", "steps to target", "time to target (s)",
-             "ms/step", "status"]]
-    for run in board.runs:
-        rows.append([
-            run.setup,
-            "-" if run.seed is None else str(run.seed),
-            run.run_id,
-            "—" if run.diverged_step is not None else f"{run.final_val_loss:.4f}",
-            "not reached" if run.steps_to_target is None else f"{run.steps_to_target:.1f}",
-            "—" if run.time_to_target_s is None else f"{run.time_to_target_s:.2f}",
-            f"{run.step_avg_ms:.1f}",
-            "finished" if run.diverged_step is None
-            else f"diverged † at step {run.diverged_step}: {run.diverged_reason}",
-        ])
-    return rows
-
-
-def _mean_std(summary: Summary, digits: int) -> str:
-    if summary.mean is None:
-        return "—"
-    if summary.std is None:
-        return f"{summary.mean:.{digits}f}"
-    return f"{summary.mean:.{digits}f} ± {summary.std:.{digits}f}"
-
-
-def _times(ratio: float | None) -> str:
-    return "—" if ratio is None else f"{ratio:.2f}×"
-
-
-def _p(p: float | None) -> str:
-    text = format_p(p)
-    return "—" if text == "-" else text
-
-
-def write_leaderboard(board: Leaderboard, groups: Mapping[str, Sequence[RunRecord]],
-                      out_dir: str | Path) -> list[Path]:
-    """Write ``leaderboard.md``, ``leaderboard.json`` and the two loss-curve PNGs; return paths."""
-    from nanoshampoo.evidence.plots import write_curve_plots  # matplotlib loads only here
-
-    out_dir = Path(out_dir)
-    markdown, data = out_dir / "leaderboard.md", out_dir / "leaderboard.json"
-    with atomic_output(markdown) as tmp:
-        tmp.write_text(format_leaderboard(board), encoding="utf-8")
-    write_json(data, json_ready(board))
-    return [markdown, data, *write_curve_plots(groups, board.target, out_dir)]

@@ -32,12 +32,16 @@ def groups_by_directory(paths: Sequence[str | Path]) -> dict[str, list[RunRecord
         raise ValueError("paths: give at least one run log or directory")
     files: dict[str, list[Path]] = {}
     for path in map(Path, paths):
-        if path.is_dir():
+        try:
+            is_dir, exists = path.is_dir(), path.exists()
+        except OSError as exc:  # e.g. a name too long for the file system
+            raise LogFormatError(f"{path}: cannot read ({exc.strerror or exc})") from None
+        if is_dir:
             found = find_run_files(path)
             if not found:
                 raise LogFormatError(f"{path}: no run logs (*.jsonl or *.txt) in this directory")
             files.setdefault(str(path), []).extend(found)
-        elif path.exists():
+        elif exists:
             files.setdefault(str(path.parent), []).append(path)
         else:
             raise LogFormatError(f"{path}: no such file or directory")

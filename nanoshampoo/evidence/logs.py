@@ -45,6 +45,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from nanoshampoo.errors import UserError
+
 RUN_SUFFIXES = (".jsonl", ".txt")
 
 _NUMBER = r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?|nan|inf|-inf"
@@ -63,7 +65,7 @@ _NON_FINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf, "+inf": math
                "infinity": math.inf, "-infinity": -math.inf}
 
 
-class LogFormatError(ValueError):
+class LogFormatError(UserError):
     """A run log that cannot be read; the message names the file and what is wrong."""
 
 
@@ -141,7 +143,10 @@ def find_run_files(directory: str | Path) -> list[Path]:
 
 
 def _read_text(path: Path) -> str:
+    """The file's text; only a regular file is read (a FIFO or device would block or never end)."""
     try:
+        if path.exists() and not path.is_file():
+            raise LogFormatError(f"{path}: not a regular file (a run log is a plain file)")
         return path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise LogFormatError(f"{path}: no such file") from None
@@ -220,12 +225,7 @@ def _read_jsonl(path: Path) -> RunRecord:
     for lineno, line in enumerate(_read_text(path).splitlines(), start=1):
         if not line.strip():
             continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise LogFormatError(f"{path}:{lineno}: invalid JSON ({exc.msg})") from None
-        if not isinstance(record, dict) or "kind" not in record:
-            raise LogFormatError(f"{path}:{lineno}: expected an object with a 'kind' field")
+        record = _json_record(path, lineno, line)
         kind = record["kind"]
         if kind == "config":
             # A resume appends a new config record: the run's state is its last segment's.
@@ -244,16 +244,16 @@ def _read_jsonl(path: Path) -> RunRecord:
                 _integer(path, lineno, record, name)
             _number(path, lineno, record, "train_time_ms")
             diverged = record
-    seed = config.get("seed")
-    world_size = config.get("world_size")
     peak = None if final is None else final.get("peak_memory_mib")
+    if not isinstance(config.get("config") or {}, dict):
+        raise LogFormatError(f"{path}: the config record's 'config' is not an object")
     common = dict(
         path=path,
         run_id=str(config.get("run_id", path.stem)),
-        seed=None if seed is None else int(seed),
+        seed=_optional_integer(path, config, "seed"),
         preset=config.get("preset"),
         optimizer=config.get("optimizer"),
-        world_size=None if world_size is None else int(world_size),
+        world_size=_optional_integer(path, config, "world_size"),
         peak_memory_mib=None if peak is None else _number(path, None, final, "peak_memory_mib"),
         config=dict(config.get("config") or {}),
     )
@@ -281,6 +281,20 @@ def _read_jsonl(path: Path) -> RunRecord:
         train_time_ms=_number(path, None, final, "train_time_ms"),
         step_avg_ms=_number(path, None, final, "step_avg_ms"),
     ))
+
+
+def _json_record(path: Path, lineno: int, line: str) -> dict[str, Any]:
+    """One JSONL line as an object with a ``kind``; ``LogFormatError`` naming the line if not."""
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise LogFormatError(f"{path}:{lineno}: invalid JSON ({exc.msg})") from None
+    except RecursionError:
+        raise LogFormatError(f"{path}:{lineno}: JSON nested too deeply to be a run log "
+                             "record") from None
+    if not isinstance(record, dict) or "kind" not in record:
+        raise LogFormatError(f"{path}:{lineno}: expected an object with a 'kind' field")
+    return record
 
 
 def _field(path: Path, lineno: int | None, record: dict[str, Any], name: str) -> Any:
@@ -314,6 +328,10 @@ def _integer(path: Path, lineno: int | None, record: dict[str, Any], name: str) 
             f"{_where(path, lineno)}: {record.get('kind')!r} field {name!r} is not an integer: {value!r}"
         )
     return value
+
+
+def _optional_integer(path: Path, record: dict[str, Any], name: str) -> int | None:
+    return None if record.get(name) is None else _integer(path, None, record, name)
 
 
 def _sorted_curve(points: dict[int, ValPoint]) -> tuple[ValPoint, ...]:

@@ -33,7 +33,7 @@ from matplotlib.figure import Figure  # noqa: E402
 
 from nanoshampoo.evidence.logs import RunRecord  # noqa: E402
 from nanoshampoo.evidence.stats import EvidenceReport  # noqa: E402
-from nanoshampoo.io_utils import atomic_output  # noqa: E402
+from nanoshampoo.io_utils import atomic_output, check_output_dir  # noqa: E402
 
 GRID_POINTS = 400
 ZOOM_FRACTION = 0.3
@@ -139,9 +139,12 @@ def plot_ab(report: EvidenceReport) -> Figure:
 def write_plots(
     groups: Mapping[str, Sequence[RunRecord]], report: EvidenceReport, out_dir: str | Path
 ) -> list[Path]:
-    """Write ``val_loss_curves.png`` and ``ab_comparison.png`` into ``out_dir``."""
+    """Write ``val_loss_curves.png`` and ``ab_comparison.png`` into ``out_dir``.
+
+    ``OutputPathError`` (one line naming ``out_dir``) when the directory cannot be written.
+    """
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    check_output_dir(out_dir, "plot directory")
     written = []
     for name, fig in (
         ("val_loss_curves.png", plot_curves(groups, report.target)),

@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from nanoshampoo.errors import UserError
 from nanoshampoo.evidence.logs import LogFormatError, read_run
 
 # Options repeat sets per seed; giving them among the train args would be ambiguous.
@@ -47,6 +48,8 @@ class RepeatConfig:
         if not self.name or "/" in self.name or self.name.startswith("."):
             raise ValueError(f"name: must be a plain file-name prefix, got {self.name!r}")
         object.__setattr__(self, "out_dir", Path(self.out_dir))
+        if self.out_dir.exists() and not self.out_dir.is_dir():
+            raise ValueError(f"out_dir: {self.out_dir} is a file, not a directory")
 
     @property
     def seeds(self) -> range:
@@ -97,7 +100,8 @@ def run_repeats(
 ) -> list[Path]:
     """Train every seed in turn; return their JSONL logs, one per seed.
 
-    Raises ``RuntimeError`` naming the first seed that fails; a diverged seed is not a failure.
+    Raises ``UserError`` naming the first seed that fails (its output, printed above, says
+    why); a diverged seed is not a failure.
     """
     check_unmanaged(train_args, MANAGED_OPTIONS, "repeat for each seed")
     config.out_dir.mkdir(parents=True, exist_ok=True)
@@ -109,7 +113,7 @@ def run_repeats(
         returncode = run(command)
         log = config.out_dir / f"{run_id}.jsonl"
         if returncode != 0 and not _diverged(log):
-            raise RuntimeError(f"seed {seed} failed with exit status {returncode}: {' '.join(command)}")
+            raise UserError(f"seed {seed} failed with exit status {returncode}: {' '.join(command)}")
         logs.append(log)
     return logs
 

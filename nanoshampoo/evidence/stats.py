@@ -7,6 +7,10 @@ optimization-track rule ``(target - mean) * sqrt(n) >= 0.004`` (i.e. a z-test wi
 seed-to-seed sigma of 0.0013 at p < 0.001). Two configurations are compared with Welch's
 t-test and a confidence interval for the difference of means (Welch--Satterthwaite dof).
 
+Runs are averaged only when they are the same task: the runs of one group must all have the same
+number of steps (a 100-step and a 1000-step run have incomparable final losses), else
+``UserError`` naming the files. The target must be a finite loss.
+
 Diverged runs (``RunRecord.diverged``) are counted but have no final loss: they are left out of
 every mean, std and test, and count as not reaching the target (even when their curve crossed
 it before they diverged: a recipe that blows up has not reached anything).
@@ -27,6 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 import scipy.stats
 
+from nanoshampoo.errors import UserError
 from nanoshampoo.evidence.logs import RunRecord, ValPoint
 
 DEFAULT_TARGET = 3.28
@@ -248,10 +253,30 @@ class EvidenceReport:
 COMPARED_METRICS = ("final_val_loss", "train_time_s", "step_avg_ms")
 
 
+def check_target(name: str, target: float) -> None:
+    """``UserError`` naming ``name`` unless ``target`` is a finite number (a loss to reach)."""
+    if not (isinstance(target, (int, float)) and math.isfinite(target)):
+        raise UserError(f"{name} {target}: the target must be a finite validation loss")
+
+
+def check_same_length(name: str, runs: Sequence[RunRecord]) -> None:
+    """``UserError`` if the runs of group ``name`` ran different numbers of steps."""
+    lengths: dict[int, list[str]] = {}
+    for run in runs:
+        lengths.setdefault(run.total_steps, []).append(str(run.path))
+    if len(lengths) > 1:
+        described = "; ".join(f"{steps} steps: {', '.join(paths[:2])}"
+                              + (", ..." if len(paths) > 2 else "")
+                              for steps, paths in sorted(lengths.items()))
+        raise UserError(f"group {name!r} mixes runs of different lengths ({described}); their "
+                        "final losses are not comparable: put each length in its own group")
+
+
 def group_report(name: str, runs: Sequence[RunRecord], target: float = DEFAULT_TARGET) -> GroupReport:
     """Summarize one group of runs against ``target``; diverged runs are counted, not averaged."""
     if not runs:
         raise ValueError(f"group {name!r}: no runs")
+    check_same_length(name, runs)
     summaries = []
     for run in runs:
         crossing = None if run.diverged else steps_to_target(run.curve, target)
@@ -303,6 +328,7 @@ def build_report(
     """
     if not groups:
         raise ValueError("groups: no groups of runs to report")
+    check_target("target", target)
     if baseline is None:
         baseline = next(iter(groups))
     if baseline not in groups:

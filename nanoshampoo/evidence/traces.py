@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -59,6 +60,7 @@ from typing import Any
 
 import numpy as np
 
+from nanoshampoo.errors import UserError
 from nanoshampoo.evidence.intervals import difference, intersection, merge, total
 from nanoshampoo.evidence.tables import format_table
 
@@ -69,7 +71,7 @@ STEP_ANNOTATION = re.compile(r"^ProfilerStep#\d+$")
 TRACE_SUFFIXES = (".json", ".json.gz")
 
 
-class TraceFormatError(ValueError):
+class TraceFormatError(UserError):
     """A trace file that cannot be analyzed; the message names the file."""
 
 
@@ -108,10 +110,14 @@ def load_trace(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     opener = gzip.open if path.name.endswith(".gz") else open
     try:
+        if path.exists() and not path.is_file():
+            raise TraceFormatError(f"{path}: not a regular file (a trace is a plain file)")
         with opener(path, "rt", encoding="utf-8") as f:
             trace = json.load(f)
     except FileNotFoundError:
         raise TraceFormatError(f"{path}: no such file") from None
+    except RecursionError:
+        raise TraceFormatError(f"{path}: JSON nested too deeply to be a Chrome trace") from None
     except (OSError, EOFError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise TraceFormatError(f"{path}: not a readable JSON trace ({exc})") from exc
     if not isinstance(trace, dict) or not isinstance(trace.get("traceEvents"), list):
@@ -171,7 +177,11 @@ def analyze_paths(paths: Sequence[str | Path]) -> list[OverlapStats]:
     """Analyze trace files and every trace file inside the given directories."""
     files: list[Path] = []
     for path in map(Path, paths):
-        if path.is_dir():
+        try:
+            is_dir = path.is_dir()
+        except OSError as exc:  # e.g. a name too long for the file system
+            raise TraceFormatError(f"{path}: cannot read ({exc.strerror or exc})") from None
+        if is_dir:
             found = find_trace_files(path)
             if not found:
                 raise TraceFormatError(f"{path}: no trace files (*.json, *.json.gz) in this directory")
@@ -195,15 +205,20 @@ def _complete_events(path: Path, raw: list[Any]) -> tuple[list[_Event], dict[tup
         if e.get("ph") != "X":
             continue
         ts, dur = e.get("ts"), e.get("dur")
-        if not isinstance(ts, (int, float)) or not isinstance(dur, (int, float)) or dur < 0:
+        if not (_finite_number(ts) and _finite_number(dur) and dur >= 0):
             raise TraceFormatError(
-                f"{path}: traceEvents[{index}] ({e.get('name')!r}) needs numeric 'ts' and 'dur' >= 0"
+                f"{path}: traceEvents[{index}] ({e.get('name')!r}) needs finite numeric 'ts' and "
+                f"'dur' >= 0, got ts={ts!r} dur={dur!r}"
             )
         events.append(
             _Event(str(e.get("name", "")), str(e.get("cat", "")), (e.get("pid"), e.get("tid")),
                    float(ts), float(ts) + float(dur))
         )
     return events, thread_names
+
+
+def _finite_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _classify_cpu(

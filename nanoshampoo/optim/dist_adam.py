@@ -20,28 +20,17 @@ Layout (world size ``W``, rank ``r``):
   and their optimizer state is too small to be worth sharding. Sharded parameters' ``.grad``
   keeps the local (unaveraged) gradient.
 
-Update, per parameter slice ``p`` with averaged gradient slice ``g`` at step ``t``
-(``lr = group["lr"] * param.lr_mul``, ``wd = group["weight_decay"] * param.wd_mul``, both
-multipliers optional attributes defaulting to 1)::
+Update, per parameter slice with the averaged gradient slice: ``adamw_update_`` (its module
+states the equations) with ``lr = group["lr"] * param.lr_mul`` and
+``wd = group["weight_decay"] * param.wd_mul``, both multipliers optional attributes defaulting
+to 1. Complex moments are stored complex, of the parameter's shape.
 
-    p *= 1 - lr * wd
-    m = beta1 * m + (1 - beta1) * g;   v = beta2 * v + (1 - beta2) * g * g
-    p -= lr * sqrt(1 - beta2**t) / (1 - beta1**t) * m / (sqrt(v) + eps)
-
-This is torch's AdamW except where ``eps`` enters: here it is added to ``sqrt(v)`` before the
-bias correction, torch adds it after; the two differ only where ``sqrt(v)`` is comparable to
-``eps``. A complex parameter is updated as its real view (``torch.view_as_real``: real and
-imaginary parts are independent coordinates, each with its own second moment), which is what
-``torch.optim.AdamW`` does; its moments are stored complex, of the parameter's shape.
-
-Validation (all-or-nothing): ``lr``, ``betas``, ``eps`` and ``weight_decay`` of every group, and
-the optional ``lr_mul``/``wd_mul`` of every parameter, are checked at construction, in
-``add_param_group`` (a group that fails is not added, and its parameters get no hook) and again at
-the start of every ``step()`` (a scheduler may have changed them). A bad value raises
-``ValueError`` naming the group and the field before anything is launched or changed:
-``lr >= 0``, ``weight_decay >= 0`` and ``eps > 0`` finite, ``betas`` a pair in ``[0, 1)``.
-This check is local (no collective): options are assumed the same on every rank, as they are when
-every rank runs the same schedule, so every rank raises alike.
+Validation (all-or-nothing; the checks live in ``dist_adam_validation``): options at
+construction, in ``add_param_group`` (a group that fails is not added, and its parameters get no
+hook) and at the start of every ``step()``; a ``set`` of parameters is refused (no stable order);
+``step()`` checks every gradient (dense, of its parameter's shape, dtype and device) and every
+parameter's state before it syncs a gradient or changes anything; ``load_state_dict`` checks the
+whole state (steps ``>= 1``, finite moments of the local shard shape) before it writes.
 
 Non-finite gradients: every gradient sync records the float64 sum of the local gradient before
 the collective starts (a finite float32/bfloat16 tensor cannot overflow it, so the sum is finite
@@ -95,8 +84,6 @@ Example (one process, so no collective is issued; the same code runs on every ra
 from __future__ import annotations
 
 import logging
-import math
-import numbers
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -107,11 +94,22 @@ from torch import Tensor
 from torch.distributed import ProcessGroup, ReduceOp, Work
 from torch.utils.hooks import RemovableHandle
 
+from nanoshampoo.optim.adamw_update import adamw_update_, real_view
 from nanoshampoo.optim.collectives import (
     all_gather_into_tensor,
     reduce_scatter_tensor,
     wait_all,
     wait_work,
+)
+from nanoshampoo.optim.dist_adam_validation import (
+    validate_gradient,
+    validate_multipliers,
+    validate_options,
+    validate_param,
+    validate_param_collection,
+    validate_param_state,
+    validate_settings,
+    validate_state_dict,
 )
 from nanoshampoo.optim.errors import NonFiniteGradientError
 
@@ -119,45 +117,8 @@ logger = logging.getLogger(__name__)
 
 Launch = Literal["hook", "step"]
 _LAUNCH_MODES: tuple[str, ...] = ("hook", "step")
-NONFINITE_GRAD_POLICIES: tuple[str, ...] = ("raise", "skip")
 # Below this many elements a parameter is replicated (see module docstring).
 DEFAULT_SHARD_MIN_NUMEL = 1024
-
-
-def adamw_update_(
-    param: Tensor,
-    grad: Tensor,
-    exp_avg: Tensor,
-    exp_avg_sq: Tensor,
-    *,
-    step: int,
-    lr: float,
-    beta1: float,
-    beta2: float,
-    eps: float,
-    weight_decay: float,
-) -> None:
-    """One decoupled-weight-decay Adam step, in place on ``param``, ``exp_avg``, ``exp_avg_sq``.
-
-    All four tensors have the same shape and dtype; ``step`` is the 1-based count including this
-    step. Complex tensors are updated through their real views, as ``torch.optim.AdamW`` does.
-    """
-    if param.is_complex():
-        param, grad, exp_avg, exp_avg_sq = (
-            _real_view(t) for t in (param, grad, exp_avg, exp_avg_sq)
-        )
-    if weight_decay != 0.0:
-        param.mul_(1.0 - lr * weight_decay)
-    exp_avg.mul_(beta1).add_(grad, alpha=1.0 - beta1)
-    exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1.0 - beta2)
-    step_size = lr * math.sqrt(1.0 - beta2**step) / (1.0 - beta1**step)
-    denom = exp_avg_sq.sqrt().add_(eps)
-    param.addcdiv_(exp_avg, denom, value=-step_size)
-
-
-def _real_view(tensor: Tensor) -> Tensor:
-    """``tensor`` itself if real, else its ``(..., 2)`` real view (same storage)."""
-    return torch.view_as_real(tensor) if tensor.is_complex() else tensor
 
 
 @dataclass
@@ -175,41 +136,6 @@ class _PendingSync:
     source: Tensor
     launched_by_hook: bool
     local_sum: Tensor | None
-
-
-def _is_real_number(value: object) -> bool:
-    return isinstance(value, numbers.Real) and not isinstance(value, bool)
-
-
-def _validate_options(options: dict[str, Any], where: str) -> None:
-    """Raise ``ValueError`` naming the field (prefixed by ``where``) for a bad AdamW option.
-
-    Comparisons are written so that NaN fails them.
-    """
-    lr, betas, eps, weight_decay = (
-        options["lr"],
-        options["betas"],
-        options["eps"],
-        options["weight_decay"],
-    )
-    if not (_is_real_number(lr) and math.isfinite(lr) and lr >= 0.0):
-        raise ValueError(f"{where}lr must be a finite number >= 0, got {lr!r}")
-    if not (isinstance(betas, (tuple, list)) and len(betas) == 2):
-        raise ValueError(f"{where}betas must be a pair (beta1, beta2), got {betas!r}")
-    if not all(_is_real_number(b) and 0.0 <= b < 1.0 for b in betas):
-        raise ValueError(f"{where}betas must be two numbers in [0, 1), got {betas!r}")
-    if not (_is_real_number(eps) and math.isfinite(eps) and eps > 0.0):
-        raise ValueError(f"{where}eps must be a finite number > 0, got {eps!r}")
-    if not (_is_real_number(weight_decay) and math.isfinite(weight_decay) and weight_decay >= 0.0):
-        raise ValueError(f"{where}weight_decay must be a finite number >= 0, got {weight_decay!r}")
-
-
-def _validate_multipliers(param: Tensor, where: str) -> None:
-    """Raise ``ValueError`` for a non-finite or negative ``lr_mul``/``wd_mul`` of ``param``."""
-    for name in ("lr_mul", "wd_mul"):
-        value = getattr(param, name, 1.0)
-        if not (_is_real_number(value) and math.isfinite(value) and value >= 0.0):
-            raise ValueError(f"{where}{name} must be a finite number >= 0, got {value!r}")
 
 
 class DistAdam(torch.optim.Optimizer):
@@ -242,15 +168,10 @@ class DistAdam(torch.optim.Optimizer):
         process_group: ProcessGroup | None = None,
         nonfinite_grad_policy: str = "raise",
     ) -> None:
-        _validate_options({"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay}, "")
+        validate_param_collection(params)
+        validate_options({"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay}, "")
         defaults = {"lr": lr, "betas": tuple(betas), "eps": eps, "weight_decay": weight_decay}
-        if not isinstance(shard_min_numel, int) or shard_min_numel < 0:
-            raise ValueError(f"shard_min_numel must be an int >= 0, got {shard_min_numel!r}")
-        if nonfinite_grad_policy not in NONFINITE_GRAD_POLICIES:
-            raise ValueError(
-                f"nonfinite_grad_policy must be one of {NONFINITE_GRAD_POLICIES}, "
-                f"got {nonfinite_grad_policy!r}"
-            )
+        validate_settings(shard_min_numel, nonfinite_grad_policy)
         self._nonfinite_grad_policy = nonfinite_grad_policy
         self.launch = launch
         self.should_sync: bool = True
@@ -293,8 +214,7 @@ class DistAdam(torch.optim.Optimizer):
         params = param_group["params"]
         if isinstance(params, Tensor):
             params = [params]
-        elif isinstance(params, set):
-            raise TypeError("params must be an ordered collection, not a set")
+        validate_param_collection(params)
         by_shape: dict[torch.Size, list[Any]] = {}
         for item in params:
             tensor = item[1] if isinstance(item, tuple) else item
@@ -305,10 +225,10 @@ class DistAdam(torch.optim.Optimizer):
             raise ValueError("params: a param group must hold at least one tensor")
         first_new = len(self.param_groups)
         where = f"param group {first_new}: "
-        _validate_options({**self.defaults, **param_group}, where)
+        validate_options({**self.defaults, **param_group}, where)
         for same_shape in by_shape.values():
             for item in same_shape:
-                self._validate_param(item[1] if isinstance(item, tuple) else item, where)
+                validate_param(item[1] if isinstance(item, tuple) else item, where)
         try:
             for same_shape in by_shape.values():
                 super().add_param_group({**param_group, "params": same_shape})
@@ -323,24 +243,19 @@ class DistAdam(torch.optim.Optimizer):
                     param.register_post_accumulate_grad_hook(self._sync_gradient)
                 )
 
-    @staticmethod
-    def _validate_param(param: Tensor, where: str) -> None:
-        """Raise ``ValueError`` for a parameter DistAdam cannot update."""
-        _validate_multipliers(param, where)
-        if param.is_complex() and param.dim() > 0 and param.stride(-1) != 1:
-            # The update goes through torch.view_as_real, which needs a unit last stride.
-            raise ValueError(
-                f"{where}params: a complex parameter needs stride 1 in its last dim, "
-                f"got strides {param.stride()}"
-            )
-
-    def _validate_groups(self) -> None:
-        """Re-check every group's options and parameters (schedulers change them between steps)."""
+    def _validate_step(self) -> None:
+        """Before ``step()`` changes anything: every group's options (schedulers change them),
+        every parameter's multipliers, unlaunched gradient and existing state."""
         for index, group in enumerate(self.param_groups):
             where = f"param group {index}: "
-            _validate_options(group, where)
+            validate_options(group, where)
             for param in group["params"]:
-                _validate_multipliers(param, where)
+                validate_multipliers(param, where)
+                if param.grad is not None and param not in self._pending:
+                    validate_gradient(param, param.grad, self._describe(param))
+                if self.state.get(param):
+                    validate_param_state(self.state[param], param, self.local_shape(param),
+                                         f"DistAdam: state of {self._describe(param)}")
 
     def remove_hooks(self) -> None:
         """Detach the backward hooks (e.g. before building another optimizer on these params)."""
@@ -393,12 +308,11 @@ class DistAdam(torch.optim.Optimizer):
         grad = param.grad
         if grad is None:
             raise RuntimeError(f"DistAdam: {self._describe(param)} has no gradient to sync")
-        if grad.is_sparse:
-            raise RuntimeError(f"DistAdam: {self._describe(param)} has a sparse gradient")
+        validate_gradient(param, grad, self._describe(param))
         if self._world_size == 1:
             return _PendingSync(None, grad, grad, by_hook, None)
         # Taken before the collective may average ``grad`` in place; float64 cannot overflow.
-        local_sum = _real_view(grad).sum(dtype=torch.float64)
+        local_sum = real_view(grad).sum(dtype=torch.float64)
         # Complex gradients travel as their real views: the collectives then handle only real
         # dtypes, and dim 0 (the sharded dim) is unchanged by the view.
         if self.is_sharded(param):
@@ -407,8 +321,8 @@ class DistAdam(torch.optim.Optimizer):
                 self.local_shape(param), dtype=grad.dtype, device=grad.device
             )
             work = reduce_scatter_tensor(
-                _real_view(local),
-                _real_view(source),
+                real_view(local),
+                real_view(source),
                 ReduceOp.AVG,
                 group=self._process_group,
                 async_op=True,
@@ -417,7 +331,7 @@ class DistAdam(torch.optim.Optimizer):
         # Averaged in place: a replicated gradient needs no second buffer.
         source = grad if grad.is_contiguous() else grad.contiguous()
         work = dist.all_reduce(
-            _real_view(source), op=ReduceOp.AVG, group=self._process_group, async_op=True
+            real_view(source), op=ReduceOp.AVG, group=self._process_group, async_op=True
         )
         return _PendingSync(work, source, source, by_hook, local_sum)
 
@@ -446,7 +360,7 @@ class DistAdam(torch.optim.Optimizer):
         (and the hooks launched) the last parameters' syncs first. Options are validated and
         gradients checked for NaN/Inf on every rank before any parameter or state changes.
         """
-        self._validate_groups()
+        self._validate_step()
         loss = None
         if closure is not None:
             with torch.enable_grad():
@@ -483,8 +397,8 @@ class DistAdam(torch.optim.Optimizer):
             if self.is_sharded(param):
                 gathers.append(
                     all_gather_into_tensor(
-                        _real_view(param),
-                        _real_view(local),
+                        real_view(param),
+                        real_view(local),
                         group=self._process_group,
                         async_op=True,
                     )
@@ -514,7 +428,7 @@ class DistAdam(torch.optim.Optimizer):
     def _local_sum(self, param: Tensor) -> Tensor:
         pending = self._pending[param]
         if pending.local_sum is None:
-            return _real_view(pending.grad).sum(dtype=torch.float64)
+            return real_view(pending.grad).sum(dtype=torch.float64)
         return pending.local_sum
 
     def _update_slice(
@@ -550,38 +464,10 @@ class DistAdam(torch.optim.Optimizer):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Load a state saved by ``state_dict()`` on this same rank of the same world size.
 
-        Everything is checked before anything is written: the layout tag, every saved group's
-        options, and every saved entry's keys, shapes and (real or complex) kind.
+        Everything is checked before anything is written (``dist_adam_validation``): the layout
+        tag, every saved group's options, and every saved entry's step, shapes, kind and values.
         """
-        layout = state_dict.get("dist_adam")
-        expected = {"world_size": self._world_size, "rank": self._rank}
-        if layout is None:
-            raise ValueError("state_dict has no 'dist_adam' entry: not saved by DistAdam")
-        if layout != expected:
-            raise ValueError(
-                f"state_dict was saved by rank {layout.get('rank')} of world size "
-                f"{layout.get('world_size')}, but this is rank {self._rank} of world size "
-                f"{self._world_size}: each rank must load the shard state it saved"
-            )
         params = [param for group in self.param_groups for param in group["params"]]
-        for index, saved_group in enumerate(state_dict.get("param_groups", [])):
-            _validate_options(saved_group, f"state_dict param group {index}: ")
-        for index, saved in state_dict["state"].items():
-            if not 0 <= index < len(params):
-                raise ValueError(f"state_dict state index {index} is out of range")
-            missing = {"step", "exp_avg", "exp_avg_sq"} - set(saved)
-            if missing:
-                raise ValueError(f"state_dict state[{index}] lacks {sorted(missing)}")
-            want = self.local_shape(params[index])
-            for key in ("exp_avg", "exp_avg_sq"):
-                if saved[key].shape != want:
-                    raise ValueError(
-                        f"state_dict state[{index}][{key!r}] has shape {tuple(saved[key].shape)}, "
-                        f"expected the local shard shape {tuple(want)}"
-                    )
-                if saved[key].is_complex() != params[index].is_complex():
-                    raise ValueError(
-                        f"state_dict state[{index}][{key!r}] has dtype {saved[key].dtype}, "
-                        f"expected one like the parameter's {params[index].dtype}"
-                    )
+        validate_state_dict(state_dict, params, [self.local_shape(p) for p in params],
+                            self._world_size, self._rank)
         super().load_state_dict({k: v for k, v in state_dict.items() if k != "dist_adam"})

@@ -6,6 +6,10 @@ model weights (identical on every rank) and the run id; every rank holds its own
 state (sharded optimizers such as DistAdam and the DDP Shampoo distributor keep different state
 per rank), loader position and RNG state. Files load with ``torch.load(weights_only=True)``.
 
+Checkpoints are never replaced: a run refuses to start when its run id already has a
+checkpoint of a step it would write (:func:`check_no_checkpoint_replaced`), and
+:func:`publish_checkpoint` refuses an existing directory.
+
 A checkpoint is all ranks' files or nothing: every rank writes into ``step_NNNNNN.partial``,
 and once all have written (a barrier), rank 0 renames it to ``step_NNNNNN``
 (:func:`publish_checkpoint`). A run killed mid-write leaves at most a ``.partial`` directory,
@@ -24,6 +28,8 @@ Example:
 
 from __future__ import annotations
 
+import math
+import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,10 +44,41 @@ from nanoshampoo.train.config import UserError
 FORMAT_VERSION = 1
 PARTIAL_SUFFIX = ".partial"
 SHARDED_META = "meta.pt"
+_STEP_DIR = re.compile(r"^step_(\d+)$")
+# The loader's state (``DistributedTokenLoader.state_dict``): field -> type.
+_LOADER_FIELDS = {"shard_index": int, "position": int, "passes": int, "tokens_per_step": int,
+                  "shard_names": list}
 
 
 def checkpoint_path(out_dir: str, run_id: str, step: int) -> Path:
     return Path(out_dir) / f"{run_id}.ckpt" / f"step_{step:06d}"
+
+
+def check_no_checkpoint_replaced(out_dir: str, run_id: str, after_step: int) -> None:
+    """``UserError`` if run ``run_id`` already has a checkpoint of a step after ``after_step``.
+
+    A fresh run (``after_step`` 0) refuses any existing checkpoint of its run id (its logs may
+    have been moved away); a resume into the same run id refuses checkpoints beyond its start,
+    which it would write again.
+    """
+    directory = Path(out_dir) / f"{run_id}.ckpt"
+    if not directory.is_dir():
+        return
+    later = sorted(p.name for p in directory.iterdir()
+                   if (match := _STEP_DIR.match(p.name)) and int(match[1]) > after_step)
+    if later:
+        raise UserError(
+            f"--run-id {run_id}: {directory} already holds {', '.join(later[:3])}"
+            f"{', ...' if len(later) > 3 else ''}, which this run would replace; a run id names "
+            "one run (choose another, or --resume its last checkpoint)")
+
+
+def latest_checkpoint(out_dir: str, run_id: str) -> Path | None:
+    """The published checkpoint of run ``run_id`` with the highest step, or None."""
+    directory = Path(out_dir) / f"{run_id}.ckpt"
+    steps = [(int(m[1]), p) for p in (directory.iterdir() if directory.is_dir() else ())
+             if (m := _STEP_DIR.match(p.name))]
+    return max(steps)[1] if steps else None
 
 
 def partial_path(directory: Path) -> Path:
@@ -141,18 +178,12 @@ def _sharded_state(model: nn.Module,
 def publish_checkpoint(directory: Path) -> None:
     """Rank 0, after every rank saved: move the complete ``.partial`` directory to ``directory``.
 
-    An existing checkpoint of the same step (a resumed run passing it again) is replaced; it is
-    moved aside first, so some complete version exists at every moment.
+    An existing ``directory`` is never replaced (``UserError``; :func:`check_no_checkpoint_replaced`
+    refuses such a run before its first step).
     """
-    staged = partial_path(directory)
     if directory.exists():
-        old = directory.with_name(directory.name + ".old")
-        shutil.rmtree(old, ignore_errors=True)
-        directory.rename(old)
-        staged.rename(directory)
-        shutil.rmtree(old)
-    else:
-        staged.rename(directory)
+        raise UserError(f"checkpoint {directory} already exists; not replacing it")
+    partial_path(directory).rename(directory)
 
 
 @dataclass
@@ -184,21 +215,65 @@ def read_checkpoint(directory: Path, rank: int, world_size: int) -> CheckpointRe
         raise UserError(f"--resume {directory}: no such checkpoint directory")
     if (directory / SHARDED_META).is_file():
         meta = _load(directory / SHARDED_META)
-        if meta.get("format_version") != FORMAT_VERSION:
-            raise UserError(f"--resume {directory}: unsupported checkpoint format "
-                            f"{meta.get('format_version')}")
+        _check_version(directory, meta)
+        _check_record(directory / SHARDED_META, meta, sharded=True, holds_model=False)
         return CheckpointRecords(directory, meta, meta)  # DCP reshards to any world size
     own = _load(directory / f"rank{rank}.pt")
     shared = own if rank == 0 else _load(directory / "rank0.pt")
-    if own.get("format_version") != FORMAT_VERSION:
-        raise UserError(f"--resume {directory}: unsupported checkpoint format "
-                        f"{own.get('format_version')}")
+    _check_version(directory, own)
+    _check_record(directory / f"rank{rank}.pt", own, sharded=False, holds_model=rank == 0)
+    if shared is not own:
+        _check_record(directory / "rank0.pt", shared, sharded=False, holds_model=True)
     if own["world_size"] != world_size:
         raise UserError(
             f"--resume {directory}: checkpoint was written by {own['world_size']} ranks, "
             f"this run has {world_size}"
         )
     return CheckpointRecords(directory, own, shared)
+
+
+def _check_version(directory: Path, record: dict[str, Any]) -> None:
+    if record.get("format_version") != FORMAT_VERSION:
+        raise UserError(f"--resume {directory}: unsupported checkpoint format "
+                        f"{record.get('format_version')!r}")
+
+
+def _check_record(path: Path, record: dict[str, Any], sharded: bool, holds_model: bool) -> None:
+    """``UserError`` naming ``path`` and the field, for a record unlike ``save_checkpoint``'s."""
+    def bad(name: str, expected: str) -> UserError:
+        shown = repr(record[name]) if name in record else "missing"
+        return UserError(f"--resume: {path}: field {name!r} must be {expected}, got {shown[:60]}")
+
+    for name in ("step", "world_size"):
+        value = record.get(name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < (name == "world_size"):
+            raise bad(name, "an integer >= " + ("1" if name == "world_size" else "0"))
+    time_ms = record.get("train_time_ms")
+    if isinstance(time_ms, bool) or not isinstance(time_ms, (int, float)) or not (
+            math.isfinite(time_ms) and time_ms >= 0):
+        raise bad("train_time_ms", "a finite number >= 0")
+    if not isinstance(record.get("run_id", ""), str):
+        raise bad("run_id", "a string")
+    loader = record.get("loader")
+    if not isinstance(loader, dict) or any(
+            not isinstance(loader.get(k), t) or isinstance(loader.get(k), bool)
+            for k, t in _LOADER_FIELDS.items()):
+        raise bad("loader", f"the loader's state (a dict of {', '.join(_LOADER_FIELDS)})")
+    rng = record.get("cpu_rng")
+    if not isinstance(rng, torch.Tensor) or rng.dtype != torch.uint8:
+        raise bad("cpu_rng", "a uint8 tensor (torch.get_rng_state())")
+    if record.get("cuda_rng") is not None and not isinstance(record["cuda_rng"], torch.Tensor):
+        raise bad("cuda_rng", "None or a tensor")
+    if sharded:
+        value = record.get("num_optimizers")
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise bad("num_optimizers", "an integer >= 0")
+        return
+    optimizers = record.get("optimizers")
+    if not isinstance(optimizers, list) or not all(isinstance(o, dict) for o in optimizers):
+        raise bad("optimizers", "a list of optimizer state dicts")
+    if holds_model and not isinstance(record.get("model"), dict):
+        raise bad("model", "the model's state dict")
 
 
 def restore_checkpoint(
@@ -219,6 +294,13 @@ def restore_checkpoint(
             f"--resume {directory}: checkpoint holds {len(own['optimizers'])} optimizers, the "
             f"run builds {len(optimizers)} (different optimizer setup?)"
         )
+    # The loader first: it checks everything before it changes, so a misfit changes nothing.
+    try:
+        loader.load_state_dict(own["loader"])
+    except ValueError as exc:
+        raise UserError(f"--resume {directory}: its data position does not fit this run ({exc}); "
+                        "resume with the --batch-size, --seq-len and data files of the run that "
+                        "wrote it") from exc
     try:
         if records.sharded:
             _load_sharded(directory, model, optimizers)
@@ -226,11 +308,11 @@ def restore_checkpoint(
             model.load_state_dict(records.shared["model"])
             for opt, state in zip(optimizers, own["optimizers"]):
                 opt.load_state_dict(state)
-    except (KeyError, ValueError, RuntimeError) as exc:
+    except (KeyError, ValueError, RuntimeError, TypeError, AttributeError) as exc:
+        # A state of the right types but another layout, e.g. from another optimizer setup.
         first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise UserError(f"--resume {directory}: does not fit this run's model or optimizer "
                         f"setup ({first_line})") from exc
-    loader.load_state_dict(own["loader"])
     torch.set_rng_state(own["cpu_rng"])
     if own["cuda_rng"] is not None and torch.cuda.is_available():
         torch.cuda.set_rng_state(own["cuda_rng"])

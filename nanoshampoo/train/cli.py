@@ -1,38 +1,53 @@
 """Command line: ``python -m nanoshampoo.train [--preset NAME] [--<field> VALUE ...]``.
 
-Every ``TrainConfig`` field is a flag (underscores become dashes): ``--seed 3``,
-``--num-iterations 500``, ``--autocast off``, ``--profile-steps 5,6,7``. Flags override the
-preset, which overrides the defaults; ``--preset NAME --help`` shows the preset's values.
+Every ``TrainConfig`` run field is a flag (underscores become dashes): ``--seed 3``,
+``--num-iterations 500``, ``--autocast off``, ``--profile-steps 5,6,7``; every field of a
+setup's hyper-parameter table is ``--TABLE.FIELD``: ``--muon.lr 0.03``, ``--shampoo.epsilon
+1e-12``, ``--custom.matrix-kwargs '{"lr": 1e-4}'`` (a JSON object). The flat flags from before
+the setup registry (``--muon-lr``, ``--matrix-lr``: ``config.LEGACY_FIELDS``) still work and
+are left out of ``--help``. Flags override the preset, which overrides the defaults;
+``--preset NAME --help`` shows the preset's values.
 ``--autocast-bf16 true|false`` is kept as an alias of ``--autocast bf16|off``. Runs as one
 process or under ``torchrun``.
 
 Exit status: 0 done; 2 a user error (a bad flag value, a missing or damaged file), printed as
-one line without a traceback; 3 the run diverged (NaN/Inf; the logs say where). Other failures
+one line without a traceback; 3 the run diverged (NaN/Inf; the logs say where); 130 Ctrl-C (it
+prints the last checkpoint and the ``--resume`` command that continues the run). Other failures
 are bugs and keep their traceback.
 
 Example:
     >>> main(["--preset", "tiny-adamw", "--num-iterations", "50", "--out-dir", "/tmp/runs"])
     ...                                                                    # doctest: +SKIP
-    $ python -m nanoshampoo.train --preset tiny-muon --muon-lr 0.03 --seed 1
+    $ python -m nanoshampoo.train --preset tiny-muon --muon.lr 0.03 --seed 1
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import sys
 import typing
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
+from nanoshampoo.errors import EXIT_USER_ERROR, run_command, user_input
 from nanoshampoo.train.allocator import exec_with_tuned_malloc
-from nanoshampoo.train.config import TrainConfig, UserError
+from nanoshampoo.train.config import (
+    LEGACY_FIELDS,
+    TrainConfig,
+    run_fields,
+    table_field_types,
+)
+from nanoshampoo.train.interrupt import EXIT_INTERRUPTED, TrainingInterrupted, interrupted_message
 from nanoshampoo.train.presets import load_preset, preset_names
+from nanoshampoo.train.setups import setup_names, table_classes
 
 DEFAULT_PRESET = "tiny-shampoo"
 PROG = "python -m nanoshampoo.train"
-EXIT_USER_ERROR = 2
 EXIT_DIVERGED = 3
+# The namespace attribute that collects the legacy flags given (for error messages).
+LEGACY_USED = "legacy flags used"
 
 
 class _OneLineErrorParser(argparse.ArgumentParser):
@@ -63,41 +78,118 @@ def parse_autocast_bf16(text: str) -> str:
     return "bf16" if parse_bool(text) else "off"
 
 
+def parse_json_table(text: str) -> dict[str, Any]:
+    """A table of keyword arguments given as a JSON object: ``'{"lr": 1e-4}'``."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"expected a JSON object, got {text!r}: {exc}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"expected a JSON object, got {text!r}")
+    return value
+
+
 def _parser_for(annotation: Any) -> Callable[[str], Any]:
-    if annotation is bool:
+    kind = annotation if isinstance(annotation, str) else getattr(annotation, "__name__", "")
+    if annotation is bool or kind == "bool":
         return parse_bool
-    if typing.get_origin(annotation) is tuple:
+    if typing.get_origin(annotation) is tuple or kind.startswith("tuple"):
         return parse_int_tuple
-    return annotation  # int, float, str
+    if kind.startswith("dict"):
+        return parse_json_table
+    return {"int": int, "float": float, "str": str}.get(kind, annotation)
+
+
+def _metavar(annotation: Any) -> str:
+    """``FLOAT``, ``INT``, ``BOOL``, ``STR``; ``JSON`` for a table of keyword arguments."""
+    kind = annotation if isinstance(annotation, str) else getattr(annotation, "__name__", "")
+    return "JSON" if kind.startswith("dict") else kind.upper()
+
+
+class _SetEvery(argparse.Action):
+    """A legacy flat flag (``--matrix-lr``): sets every table field it stands for, in order
+    with the other flags (the last flag for a field wins)."""
+
+    def __init__(self, option_strings: list[str], dest: str, targets: tuple[str, ...] = (),
+                 **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, **kwargs)
+        self.targets = targets
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: Any, option_string: str | None = None) -> None:
+        for target in self.targets:
+            setattr(namespace, target, values)
+        used = getattr(namespace, LEGACY_USED, {})
+        used[option_string or self.dest] = self.targets
+        setattr(namespace, LEGACY_USED, used)
+
+
+def _shown(key: str, default: Any, preset: str, preset_values: dict[str, Any]) -> str:
+    if key in preset_values:
+        return f"(preset {preset}: {preset_values[key]!r}; default {default!r})"
+    return f"(default {default!r})"
 
 
 def build_parser(preset: str = DEFAULT_PRESET,
                  preset_values: dict[str, Any] | None = None) -> argparse.ArgumentParser:
-    """The flag parser; each flag's help shows ``preset_values``' value where the preset has one."""
-    preset_values = preset_values or {}
+    """The flag parser; each flag's help shows ``preset_values``' value where the preset has
+    one. Run fields are ``--field-name``, table fields ``--table.field-name``."""
+    flat = flatten(preset_values or {})
     parser = _OneLineErrorParser(
         prog=PROG,
-        description="Train a speedrun GPT. Presets: " + ", ".join(preset_names()),
+        usage="%(prog)s [--preset NAME] [--FIELD VALUE ...] [--TABLE.FIELD VALUE ...]",
+        # One line per flag where it fits: the flag list is long.
+        formatter_class=lambda prog: argparse.HelpFormatter(prog, max_help_position=52,
+                                                            width=110),
+        description="Train a speedrun GPT. Presets: " + ", ".join(preset_names())
+        + ". Setups (--optimizer): " + ", ".join(setup_names()),
     )
     hints = typing.get_type_hints(TrainConfig)
-    for field in dataclasses.fields(TrainConfig):
+    for field in run_fields():
         flag = "--" + field.name.replace("_", "-")
         if field.name == "preset":
             parser.add_argument(flag, default=DEFAULT_PRESET,
-                                help="preset name or path to a .toml of TrainConfig fields "
+                                help="a shipped preset's name, or a path to a .toml file (text "
+                                     "ending in .toml or holding a path separator) "
                                      f"(default {DEFAULT_PRESET!r})")
             continue
         default = field.default if field.default is not dataclasses.MISSING else None
-        if field.name in preset_values:
-            shown = f"(preset {preset}: {preset_values[field.name]!r}; default {default!r})"
-        else:
-            shown = f"(default {default!r})"
         parser.add_argument(flag, dest=field.name, type=_parser_for(hints[field.name]),
-                            default=argparse.SUPPRESS, help=shown)
+                            default=argparse.SUPPRESS,
+                            help=_shown(field.name, default, preset, flat))
+    for table, cls in table_classes().items():
+        doc = (cls.__doc__ or "").strip().split("\n")[0]
+        group = parser.add_argument_group(f"[{table}]", doc)
+        for field in dataclasses.fields(cls):
+            key = f"{table}.{field.name}"
+            default = (field.default_factory() if field.default is dataclasses.MISSING
+                       else field.default)
+            group.add_argument(f"--{table}.{field.name.replace('_', '-')}", dest=key,
+                               type=_parser_for(field.type), default=argparse.SUPPRESS,
+                               metavar=_metavar(field.type),
+                               help=_shown(key, default, preset, flat))
+    for name, targets in LEGACY_FIELDS.items():
+        table, field_name = targets[0].split(".", 1)
+        annotation = table_field_types()[table][field_name]
+        parser.add_argument("--" + name.replace("_", "-"), dest="legacy." + name,
+                            action=_SetEvery, targets=targets, type=_parser_for(annotation),
+                            default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     parser.add_argument("--autocast-bf16", dest="autocast", type=parse_autocast_bf16,
                         default=argparse.SUPPRESS,
                         help="alias: true = --autocast bf16, false = --autocast off")
     return parser
+
+
+def flatten(values: dict[str, Any]) -> dict[str, Any]:
+    """Preset values with their tables spelled ``table.field`` (as the flags are)."""
+    tables = table_classes()
+    flat: dict[str, Any] = {}
+    for key, value in values.items():
+        if key in tables and isinstance(value, dict):
+            flat.update({f"{key}.{name}": item for name, item in value.items()})
+        else:
+            flat[key] = value
+    return flat
 
 
 def config_from_args(argv: Sequence[str] | None = None) -> TrainConfig:
@@ -114,33 +206,44 @@ def config_from_args(argv: Sequence[str] | None = None) -> TrainConfig:
         else:
             raise
     args = vars(build_parser(preset, preset_values).parse_args(argv))
+    legacy: dict[str, tuple[str, ...]] = args.pop(LEGACY_USED, {})
     fields = load_preset(args.pop("preset"))
-    fields.update(args)
-    return TrainConfig(**fields)
+    for key, value in args.items():
+        table, dot, name = key.partition(".")
+        if dot:
+            fields[table] = {**fields.get(table, {}), name: value}
+        else:
+            fields[key] = value
+    try:
+        return TrainConfig(**fields)
+    except ValueError as exc:
+        named = [f"{flag} sets {', '.join(targets)}" for flag, targets in legacy.items()
+                 if any(target in str(exc) for target in targets)]
+        if not named:
+            raise
+        raise ValueError(f"{exc} ({'; '.join(named)})") from None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse, train, and return the exit status (see the module docstring)."""
+    return run_command(PROG, lambda: _train(argv))
+
+
+def _train(argv: Sequence[str] | None) -> int:
     from nanoshampoo.train.trainer import Trainer, TrainingDiverged
 
-    try:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    with user_input():  # a bad value or preset: a usage error, not a crash
         cfg = config_from_args(argv)
-    except ValueError as exc:  # a bad value or preset: a usage error, not a crash
-        return _user_error(str(exc))
     try:
         Trainer(cfg).run()
-    except UserError as exc:
-        return _user_error(str(exc))
     except TrainingDiverged as exc:
         print(f"{PROG}: diverged at step {exc.step}: {exc.reason}", file=sys.stderr)
         return EXIT_DIVERGED
+    except TrainingInterrupted as exc:
+        print(f"{PROG}: {interrupted_message(exc, PROG, argv)}", file=sys.stderr)
+        return EXIT_INTERRUPTED
     return 0
-
-
-def _user_error(message: str) -> int:
-    one_line = " ".join(message.split())
-    print(f"{PROG}: error: {one_line}", file=sys.stderr)
-    return EXIT_USER_ERROR
 
 
 def run_entry_point(argv: Sequence[str]) -> int:

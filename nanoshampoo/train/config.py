@@ -1,44 +1,41 @@
-"""``TrainConfig``: every knob of a training run, in one validated dataclass.
+"""``TrainConfig``: a training run's settings, and one hyper-parameter table per component.
 
 A run is fully described by this config and the code (which the run log records verbatim).
 The defaults are the ``tiny-shampoo`` CPU run (tiny GPT on the embedded corpus, 300 steps);
 presets (``nanoshampoo/train/presets/*.toml``) hold only what differs from them, and CLI flags
 override the preset field by field.
 
+``optimizer`` names a registered setup (``nanoshampoo.train.setups``); each setup reads its
+hyper-parameters from registered tables (``[adam]``, ``[muon]``, ...), held in ``tables`` and
+read with ``cfg.table("muon").lr``. Keyword arguments, presets and flags spell a table field
+``muon.lr`` (``{"muon": {"lr": 0.02}}`` also works); the flat names from before the registry
+(``muon_lr``, ``matrix_lr``, ...: ``LEGACY_FIELDS``) are still accepted and translated.
+
 Example:
-    >>> cfg = TrainConfig(optimizer="adamw", num_iterations=100)
-    >>> cfg.tokens_per_step, cfg.matrix_optimizer, cfg.small_params_optimizer
-    (2048, 'adamw', 'adamw')
+    >>> cfg = TrainConfig(optimizer="adamw", num_iterations=100, **{"adamw.lr": 0.003})
+    >>> cfg.tokens_per_step, cfg.table("adamw").lr, cfg.setup.rest
+    (2048, 0.003, 'adamw')
     >>> TrainConfig(run_id="a/b")
     Traceback (most recent call last):
     ...
-    ValueError: TrainConfig.run_id must not contain a path separator, got 'a/b'
+    ValueError: TrainConfig.run_id (--run-id) must not contain a path separator, got 'a/b'
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
-from dataclasses import dataclass
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
 
-import torch
-
+from nanoshampoo.errors import UserError  # noqa: F401 - re-exported: the trainer's modules raise it
 from nanoshampoo.model.gpt import gpt_preset_names
+from nanoshampoo.train.setups import SetupSpec, get_setup, table_classes
+from nanoshampoo.train.setups.checks import check_value_type
+from nanoshampoo.train.setups.shampoo_family import STORAGE_DTYPES
 
-# Setup name -> (optimizer of the block matrices, optimizer of embed/head/scalars).
-OPTIMIZER_SETUPS: dict[str, tuple[str, str]] = {
-    "shampoo": ("shampoo", "adamw"),
-    "soap": ("soap", "adamw"),
-    "muon": ("muon", "adamw"),
-    "adamw": ("adamw", "adamw"),
-    "distadam": ("distadam", "distadam"),
-    "shampoo-distadam": ("shampoo", "distadam"),
-    "soap-distadam": ("soap", "distadam"),
-    "muon-distadam": ("muon", "distadam"),
-}
-# The matrix optimizers that are ``DistributedShampoo`` with some preconditioner.
-SHAMPOO_FAMILY = ("shampoo", "soap", "muon")
 DATASETS = ("embedded", "shards")
 DEVICES = ("auto", "cpu", "cuda")
 DISTRIBUTORS = ("auto", "single", "ddp")
@@ -49,27 +46,45 @@ PARALLEL_MODES = ("ddp", "fsdp2", "hsdp")
 # FSDPParamAssignmentStrategy of the sharded Shampoo (see its docstring): "round_robin" and
 # "replicate" are lossless, "default" preconditions each rank's shard on its own.
 FSDP_ASSIGNMENTS = ("default", "round_robin", "replicate")
-STORAGE_DTYPES = ("float32", "bfloat16")
 AUTOCAST_CHOICES = ("auto", "bf16", "off")
-RANK_DEFICIENT_STABILITY = ("perturbation", "pseudo-inverse")
-ROOT_METHODS = ("eigh", "warm-qr")
+
+# The flat names of the hyper-parameters before the setup registry, and the table fields they
+# set now (a name that fed several setups sets each of their fields).
+LEGACY_FIELDS: dict[str, tuple[str, ...]] = {
+    "embed_lr": ("adam.embed_lr",), "head_lr": ("adam.head_lr",),
+    "scalar_lr": ("adam.scalar_lr",), "adam_beta1": ("adam.beta1",),
+    "adam_beta2": ("adam.beta2",), "adam_eps": ("adam.eps",),
+    "matrix_lr": ("shampoo.lr", "adamw.lr"), "matrix_beta1": ("shampoo.beta1", "adamw.beta1"),
+    "matrix_beta2": ("shampoo.beta2", "adamw.beta2"),
+    "matrix_weight_decay": ("shampoo.weight_decay", "soap.weight_decay", "adamw.weight_decay"),
+    "precondition_frequency": ("shampoo.precondition_frequency",),
+    "shampoo_epsilon": ("shampoo.epsilon",), "grafting_beta2": ("shampoo.grafting_beta2",),
+    "grafting_epsilon": ("shampoo.grafting_epsilon",),
+    "soap_lr": ("soap.lr",), "soap_beta1": ("soap.beta1",), "soap_beta2": ("soap.beta2",),
+    "soap_epsilon": ("soap.epsilon",),
+    "soap_precondition_frequency": ("soap.precondition_frequency",),
+    "muon_lr": ("muon.lr",), "muon_momentum": ("muon.momentum",),
+    "muon_weight_decay": ("muon.weight_decay",), "muon_ns_steps": ("muon.ns_steps",),
+    **{name: (f"preconditioner.{name}",) for name in (
+        "max_preconditioner_dim", "start_preconditioning_step", "factor_dtype", "amortize_roots",
+        "momentum_dtype", "rank_deficient_stability", "eigenvalue_floor_rtol")},
+    **{name: (f"shampoo.{name}",) for name in (
+        "root_dtype", "pack_factors", "grafting_dtype", "root_method", "warm_qr_tolerance",
+        "warm_qr_max_iterations", "large_factor_dim", "large_factor_frequency_multiplier")},
+}
 
 
-class UserError(ValueError):
-    """A problem with the run's inputs (a flag's value, a file it names), not with the code.
-
-    The command line prints its message as one line, without a traceback, and exits with 2.
-    """
-
-
-@dataclass
+@dataclass(init=False)
 class TrainConfig:
-    """Hyper-parameters and run settings; defaults are the ``tiny-shampoo`` CPU run.
+    """Run settings and the hyper-parameter tables; defaults are the ``tiny-shampoo`` CPU run.
 
     Learning rates are the peak values; the schedule is constant, then a linear cooldown to 0
     over the last ``cooldown_frac`` of ``num_iterations``. ``batch_size`` counts sequences of
     ``seq_len`` tokens per optimizer step over all ranks together; it must divide by
     ``world_size * grad_accum_steps`` (each rank runs ``grad_accum_steps`` micro-batches).
+
+    Construct with keyword arguments: the fields below, ``TABLE.FIELD`` (or ``TABLE={...}``)
+    for the tables, and the flat ``LEGACY_FIELDS``; later spellings win in that order.
     """
 
     preset: str = "tiny-shampoo"
@@ -89,73 +104,9 @@ class TrainConfig:
     # --- schedule
     num_iterations: int = 300
     cooldown_frac: float = 0.7
-    # --- optimizer setup (a key of OPTIMIZER_SETUPS) and its hyper-parameters
+    # --- the optimizer setup (a registered name); its hyper-parameters are in ``tables``.
     optimizer: str = "shampoo"
-    # AdamW (or DistAdam) for the embedding, the head and every 1-D parameter.
-    embed_lr: float = 0.3
-    head_lr: float = 1.0 / 320
-    scalar_lr: float = 0.01
-    adam_beta1: float = 0.8
-    adam_beta2: float = 0.95
-    adam_eps: float = 1e-10
-    # Block matrices (ndim >= 2) in the shampoo, adamw and distadam setups.
-    matrix_lr: float = 0.0015
-    matrix_beta1: float = 0.9
-    matrix_beta2: float = 0.95
-    matrix_weight_decay: float = 0.2
-    # Shampoo (root-inverse, Adam grafting).
-    precondition_frequency: int = 5
-    shampoo_epsilon: float = 1e-12
-    grafting_beta2: float = 0.95
-    grafting_epsilon: float = 1e-10
-    # SOAP (eigenvalue-corrected Shampoo, no grafting; its paper's betas, epsilon, frequency).
-    soap_lr: float = 0.003
-    soap_beta1: float = 0.95
-    soap_beta2: float = 0.95
-    soap_epsilon: float = 1e-8
-    soap_precondition_frequency: int = 10
-    # Muon (spectral descent by Newton-Schulz, Nesterov momentum, speedrun shape scaling).
-    muon_lr: float = 0.05
-    muon_momentum: float = 0.95
-    muon_weight_decay: float = 0.0
-    muon_ns_steps: int = 5
-    # Shared by the DistributedShampoo setups (shampoo, soap, muon).
-    max_preconditioner_dim: int = 8192
-    # -1: the first root is computed at step precondition_frequency (the library's rule).
-    start_preconditioning_step: int = -1
-    factor_dtype: str = "float32"
-    # Step-speed and state-memory knobs of the shampoo-family setups (STORAGE_DTYPES; "float32"
-    # keeps each state in the blocks' float32 computation dtype, as the optimizer's None does).
-    # amortize_roots (shampoo, soap): a fixed share of the roots / eigenbases every step
-    # instead of all of them every precondition frequency steps (no spike steps).
-    amortize_roots: bool = False
-    # Storage of shampoo's roots (inv_factor_matrix_dtype).
-    root_dtype: str = "float32"
-    # Shampoo's factors kept as lower triangles (pack_factor_matrices): half their bytes, the
-    # same numbers.
-    pack_factors: bool = False
-    # Storage of shampoo's Adam-grafting second moment (its second_moment_dtype).
-    grafting_dtype: str = "float32"
-    # Storage of the filtered gradient and the momentum (shampoo, soap, muon).
-    momentum_dtype: str = "float32"
-    # Shampoo's roots (ROOT_METHODS): "eigh" every time, or "warm-qr": from the previous
-    # eigenvectors, accepted within warm_qr_tolerance (estimated relative direction error)
-    # after at most warm_qr_max_iterations QR iterations, else eigh (WarmStartedEigenConfig).
-    root_method: str = "eigh"
-    warm_qr_tolerance: float = 0.05
-    warm_qr_max_iterations: int = 1
-    # Shampoo's factors of at least large_factor_dim (0: off) get their root every
-    # precondition_frequency * large_factor_frequency_multiplier steps.
-    large_factor_dim: int = 0
-    large_factor_frequency_multiplier: int = 1
-    # Singular factors (shampoo, soap): "perturbation" adds epsilon (shampoo_epsilon /
-    # soap_epsilon); "pseudo-inverse" drops numerically-zero eigenvalues (epsilon is then 0).
-    rank_deficient_stability: str = "perturbation"
-    # Eigenvalues below eigenvalue_floor_rtol * lambda_max count as rounding noise (shampoo, soap):
-    # raised to it under "perturbation" (PerturbationConfig.eigenvalue_floor_rtol), dropped under
-    # "pseudo-inverse" (its rank_rtol). -1: the optimizer's default, sqrt(n) * eps of the least
-    # precise of the block and factor dtypes; 0: no floor.
-    eigenvalue_floor_rtol: float = -1.0
+    # How DistributedShampoo spreads its work (the shampoo, soap and muon setups).
     # "auto": DDP when world size > 1; "single": every rank computes every block.
     distributor: str = "auto"
     communication_dtype: str = "float32"
@@ -191,73 +142,61 @@ class TrainConfig:
     dist_timeout_s: float = 600.0
     profile_steps: tuple[int, ...] = ()
     profile_dir: str = ""
+    # Table name -> its dataclass instance (every registered table; defaults where not given).
+    tables: dict[str, Any] = field(default_factory=dict)
+
+    def __init__(self, **values: Any) -> None:
+        run, tables = split_values(values)
+        for f in run_fields():
+            default = f.default_factory() if f.default is dataclasses.MISSING else f.default
+            setattr(self, f.name, run.get(f.name, default))
+        built = {}
+        for name, cls in table_classes().items():
+            given = tables.get(name, {})
+            built[name] = given if isinstance(given, cls) else cls(**given)
+        self.tables = built
+        self.__post_init__()
 
     def __post_init__(self) -> None:
+        hints = typing.get_type_hints(TrainConfig)
+        for f in run_fields():
+            check_value_type(f"TrainConfig.{f.name}", getattr(self, f.name), hints[f.name])
         self.profile_steps = tuple(self.profile_steps)
         _check_choice("model", self.model, tuple(gpt_preset_names()))
         _check_choice("dataset", self.dataset, DATASETS)
-        _check_choice("optimizer", self.optimizer, tuple(OPTIMIZER_SETUPS))
+        spec = get_setup(self.optimizer)
         _check_choice("device", self.device, DEVICES)
         _check_choice("distributor", self.distributor, DISTRIBUTORS)
-        _check_choice("factor_dtype", self.factor_dtype, STORAGE_DTYPES)
         _check_choice("communication_dtype", self.communication_dtype, STORAGE_DTYPES)
-        for name in ("root_dtype", "grafting_dtype", "momentum_dtype"):
-            _check_choice(name, getattr(self, name), STORAGE_DTYPES)
-        _check_choice("root_method", self.root_method, ROOT_METHODS)
         _check_choice("autocast", self.autocast, AUTOCAST_CHOICES)
         _check_choice("parallel", self.parallel, PARALLEL_MODES)
         _check_choice("fsdp_assignment", self.fsdp_assignment, FSDP_ASSIGNMENTS)
-        _check_choice("rank_deficient_stability", self.rank_deficient_stability,
-                      RANK_DEFICIENT_STABILITY)
-        for name in ("seq_len", "batch_size", "grad_accum_steps", "num_iterations", "val_tokens",
-                     "max_preconditioner_dim", "precondition_frequency",
-                     "soap_precondition_frequency", "muon_ns_steps",
-                     "large_factor_frequency_multiplier"):
+        for name in ("seq_len", "batch_size", "grad_accum_steps", "num_iterations", "val_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"TrainConfig.{name} must be >= 1, got {getattr(self, name)}")
         for name in ("val_every", "log_every", "checkpoint_every", "seed", "vocab_size",
-                     "threads", "hsdp_shard_size", "warm_qr_max_iterations", "large_factor_dim"):
+                     "threads", "hsdp_shard_size"):
             if getattr(self, name) < 0:
                 raise ValueError(f"TrainConfig.{name} must be >= 0, got {getattr(self, name)}")
-        # "not >= 0" also refuses NaN; inf stays allowed (a run that diverges at once).
-        for name in ("embed_lr", "head_lr", "scalar_lr", "matrix_lr", "soap_lr", "muon_lr",
-                     "adam_eps", "matrix_weight_decay", "muon_weight_decay", "grafting_epsilon",
-                     "shampoo_epsilon", "soap_epsilon"):
-            if not getattr(self, name) >= 0:
-                raise ValueError(f"TrainConfig.{name} must be >= 0, got {getattr(self, name)}")
-        for name in ("adam_beta1", "adam_beta2", "matrix_beta1", "matrix_beta2", "grafting_beta2",
-                     "soap_beta1", "soap_beta2", "muon_momentum"):
-            if not 0.0 <= getattr(self, name) < 1.0:
-                raise ValueError(f"TrainConfig.{name} must be in [0, 1), got {getattr(self, name)}")
-        if not (0.0 <= self.warm_qr_tolerance and math.isfinite(self.warm_qr_tolerance)):
-            raise ValueError("TrainConfig.warm_qr_tolerance must be finite and >= 0, got "
-                             f"{self.warm_qr_tolerance}")
-        floor = self.eigenvalue_floor_rtol
-        if not (floor == -1.0 or 0.0 <= floor < 1.0):
-            raise ValueError("TrainConfig.eigenvalue_floor_rtol must be in [0, 1), or -1 for the "
-                             f"optimizer's default, got {floor}")
         if not 0.0 <= self.cooldown_frac <= 1.0:
             raise ValueError(f"TrainConfig.cooldown_frac must be in [0, 1], got {self.cooldown_frac}")
-        if not self.dist_timeout_s > 0:
-            raise ValueError(f"TrainConfig.dist_timeout_s must be > 0, got {self.dist_timeout_s}")
-        self._check_storage_dtypes()
-        frequency = self.active_precondition_frequency
-        if self.start_preconditioning_step != -1 and self.start_preconditioning_step < frequency:
-            raise ValueError(
-                "TrainConfig.start_preconditioning_step must be -1 or >= the precondition "
-                f"frequency ({frequency}), got {self.start_preconditioning_step}"
-            )
-        self._check_parallel()
+        # A timeout beyond a day overflows the collectives' timer (and waits on a dead peer).
+        if not 0 < self.dist_timeout_s <= 86400:
+            raise ValueError("TrainConfig.dist_timeout_s (--dist-timeout-s) must be in (0, 86400] "
+                             "seconds, got "
+                             f"{self.dist_timeout_s}")
+        if spec.check is not None:
+            spec.check(self)
+        self._check_parallel(spec)
         if self.dataset == "shards":
             for name in ("train_files", "val_files"):
                 if not getattr(self, name):
                     raise ValueError(f"TrainConfig.{name} is required when dataset='shards'")
             if self.vocab_size < 1:
                 raise ValueError("TrainConfig.vocab_size is required when dataset='shards'")
-        separators = {os.sep, os.altsep, "/", "\\"} - {None}
-        if any(sep in self.run_id for sep in separators) or self.run_id in (".", ".."):
-            raise ValueError(
-                f"TrainConfig.run_id must not contain a path separator, got {self.run_id!r}")
+        check_run_id("TrainConfig.run_id (--run-id)", self.run_id)
+        # A new run's id starts with the preset's name.
+        check_run_id("TrainConfig.preset (--preset)", self.preset)
         if not self.out_dir:
             raise ValueError("TrainConfig.out_dir must not be empty")
         if any(s < 0 for s in self.profile_steps):
@@ -265,28 +204,14 @@ class TrainConfig:
         if self.profile_steps and not self.profile_dir:
             raise ValueError("TrainConfig.profile_dir is required when profile_steps is set")
 
-    def _check_storage_dtypes(self) -> None:
-        """A narrow EMA stalls when its new-sample weight is below the dtype's epsilon (the
-        optimizer refuses it too, naming its own field): name the TrainConfig field here."""
-        momentum_beta = {"soap": self.soap_beta1, "muon": self.muon_momentum}.get(
-            self.matrix_optimizer, self.matrix_beta1)
-        for name, beta, beta_name in (("grafting_dtype", self.grafting_beta2, "grafting_beta2"),
-                                      ("momentum_dtype", momentum_beta, "the matrix beta1")):
-            dtype = getattr(self, name)
-            eps = torch.finfo(getattr(torch, dtype)).eps
-            if dtype != "float32" and beta > 0.0 and not 1.0 - beta >= eps:
-                raise ValueError(
-                    f"TrainConfig.{name} {dtype!r} cannot hold an EMA with {beta_name} {beta}: "
-                    f"1 - beta must be >= {eps} (each step's change would round away)")
-
-    def _check_parallel(self) -> None:
+    def _check_parallel(self, spec: SetupSpec) -> None:
         """The fields that only fit one parallel mode (``ValueError`` naming the field)."""
         if self.parallel != "hsdp" and self.hsdp_shard_size:
             raise ValueError("TrainConfig.hsdp_shard_size applies to parallel='hsdp' only, got "
                              f"{self.hsdp_shard_size} with parallel={self.parallel!r}")
         if self.parallel == "ddp":
             return
-        if "distadam" in OPTIMIZER_SETUPS[self.optimizer]:
+        if spec.uses_distadam:
             adamw_setup = self.optimizer.removesuffix("-distadam").replace("distadam", "adamw")
             raise ValueError(
                 f"TrainConfig.optimizer {self.optimizer!r} uses DistAdam, which does not apply "
@@ -297,33 +222,114 @@ class TrainConfig:
                              f"{self.parallel!r} (the sharding decides), got {self.distributor!r}")
 
     @property
+    def setup(self) -> SetupSpec:
+        """The registered setup that ``optimizer`` names."""
+        return get_setup(self.optimizer)
+
+    def table(self, name: str) -> Any:
+        """The hyper-parameter table ``name`` (a registered table's dataclass instance)."""
+        if name not in self.tables:
+            raise KeyError(f"no hyper-parameter table {name!r}; tables: {list(self.tables)}")
+        return self.tables[name]
+
+    @property
     def tokens_per_step(self) -> int:
         return self.batch_size * self.seq_len
 
-    @property
-    def matrix_optimizer(self) -> str:
-        """What updates the block matrices: ``shampoo``, ``soap``, ``muon``, ``adamw`` or
-        ``distadam``."""
-        return OPTIMIZER_SETUPS[self.optimizer][0]
-
-    @property
-    def small_params_optimizer(self) -> str:
-        """What updates the embedding, the head and the 1-D parameters: ``adamw`` or ``distadam``."""
-        return OPTIMIZER_SETUPS[self.optimizer][1]
-
-    @property
-    def active_precondition_frequency(self) -> int:
-        """The precondition frequency the setup's matrix optimizer uses (1: every step)."""
-        return {"shampoo": self.precondition_frequency,
-                "soap": self.soap_precondition_frequency}.get(self.matrix_optimizer, 1)
-
     def to_dict(self) -> dict[str, object]:
-        """Plain JSON-serialisable dict (tuples become lists)."""
-        return {
-            k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(self).items()
-        }
+        """Plain JSON-serialisable dict: the run fields, then ``TABLE.FIELD`` for every field of
+        the tables the setup reads (tuples become lists). ``TrainConfig(**to_dict())`` rebuilds
+        the config."""
+        out: dict[str, object] = {}
+        for f in run_fields():
+            value = getattr(self, f.name)
+            out[f.name] = list(value) if isinstance(value, tuple) else value
+        for name in self.setup.tables:
+            for key, value in dataclasses.asdict(self.tables[name]).items():
+                out[f"{name}.{key}"] = list(value) if isinstance(value, tuple) else value
+        return out
+
+
+def run_fields() -> tuple[dataclasses.Field[Any], ...]:
+    """``TrainConfig``'s run-level fields (every field but ``tables``)."""
+    return tuple(f for f in dataclasses.fields(TrainConfig) if f.name != "tables")
+
+
+def table_field_types() -> dict[str, dict[str, Any]]:
+    """Table name -> {field name: annotation} of every registered table."""
+    return {name: {f.name: f.type for f in dataclasses.fields(cls)}
+            for name, cls in table_classes().items()}
+
+
+def split_values(values: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Keyword values -> (run fields, {table: {field: value}} or {table: instance}).
+
+    Precedence: legacy flat names, then ``TABLE={...}``, then ``TABLE.FIELD``. ``ValueError``
+    naming every unknown key.
+    """
+    run_names = {f.name for f in run_fields()}
+    tables = table_field_types()
+    run: dict[str, Any] = {}
+    nested: dict[str, Any] = {}
+    legacy, dotted, unknown = {}, {}, []
+    for key, value in values.items():
+        if key in run_names:
+            run[key] = value
+        elif key == "tables":
+            nested.update(value)
+        elif key in tables:
+            nested[key] = value
+        elif key in LEGACY_FIELDS:
+            legacy[key] = value
+        elif "." in key and key.split(".", 1)[0] in tables:
+            dotted[key] = value
+        else:
+            unknown.append(key)
+    if unknown:
+        raise ValueError(f"TrainConfig has no fields {sorted(unknown)}")
+    merged: dict[str, Any] = {}
+    for key, value in legacy.items():
+        for target in LEGACY_FIELDS[key]:
+            table, name = target.split(".", 1)
+            merged.setdefault(table, {})[name] = value
+    for table, given in nested.items():
+        if isinstance(given, Mapping):
+            merged.setdefault(table, {}).update(given)
+        else:
+            merged[table] = given  # an instance: taken as it is
+    for key, value in dotted.items():
+        table, name = key.split(".", 1)
+        if name not in tables[table]:
+            raise ValueError(f"TrainConfig has no fields [{key!r}]: table {table!r} has "
+                             f"{sorted(tables[table])}")
+        if not isinstance(merged.get(table, {}), Mapping):
+            merged[table] = dataclasses.asdict(merged[table])
+        merged.setdefault(table, {})[name] = value
+    for table, given in merged.items():
+        if isinstance(given, Mapping):
+            extra = sorted(set(given) - set(tables[table]))
+            if extra:
+                raise ValueError(f"TrainConfig has no fields {[f'{table}.{k}' for k in extra]}")
+    return run, merged
+
+
+# Longest run id (or preset name, which a new run id starts with): file names get suffixes
+# (``.ckpt/step_000000``, ``.compare.json``) and a file system allows 255 bytes.
+MAX_ID_LENGTH = 100
+
+
+def check_run_id(label: str, run_id: str) -> None:
+    """A run id names files inside the out dir: no path separator, not ``.`` or ``..``, at most
+    ``MAX_ID_LENGTH`` characters."""
+    separators = {os.sep, os.altsep, "/", "\\"} - {None}
+    if any(sep in run_id for sep in separators) or run_id in (".", ".."):
+        raise ValueError(f"{label} must not contain a path separator, got {run_id!r}")
+    if len(run_id) > MAX_ID_LENGTH:
+        raise ValueError(f"{label} is too long: at most {MAX_ID_LENGTH} characters, got "
+                         f"{len(run_id)}")
 
 
 def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
     if value not in choices:
         raise ValueError(f"TrainConfig.{name} must be one of {list(choices)}, got {value!r}")
+

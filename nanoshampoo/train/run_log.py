@@ -33,12 +33,14 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import sys
 from collections.abc import Mapping
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from nanoshampoo.io_utils import check_output_dir
 from nanoshampoo.train.config import UserError
 
 SEPARATOR = "=" * 100
@@ -106,8 +108,13 @@ class RunLog:
         if not self.enabled:
             return
         out_dir = self.text_path.parent
-        if out_dir.exists() and not out_dir.is_dir():
-            raise UserError(f"--out-dir {out_dir}: is a file, not a directory")
+        check_output_dir(out_dir, "--out-dir")  # a file, under a file, unwritable, too long
+        longest = len(os.fsencode(self.jsonl_path.name))
+        limit = os.pathconf(out_dir if out_dir.is_dir() else out_dir.anchor or ".", "PC_NAME_MAX")
+        if longest > limit:
+            raise UserError(f"--run-id: {len(os.fsencode(self.text_path.stem))} bytes is too long "
+                            f"for a file name here ({self.jsonl_path.name[:20]}... exceeds "
+                            f"{limit} bytes)")
         if not self.append:
             for path in (self.text_path, self.jsonl_path):
                 if path.exists():

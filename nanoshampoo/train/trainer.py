@@ -43,11 +43,13 @@ from torch import nn
 from tqdm import tqdm
 
 from nanoshampoo.data.loader import DistributedTokenLoader, validation_batches
-from nanoshampoo.model.gpt import GPT, gpt_preset
+from nanoshampoo.model.gpt import GPT, GPTConfig, gpt_preset
 from nanoshampoo.optim.errors import NonFiniteGradientError
 from nanoshampoo.train.checkpoint import (
     CheckpointRecords,
+    check_no_checkpoint_replaced,
     checkpoint_path,
+    latest_checkpoint,
     publish_checkpoint,
     read_checkpoint,
     restore_checkpoint,
@@ -77,7 +79,13 @@ from nanoshampoo.train.hardware import (
     cpu_threads,
     resolve_autocast,
 )
-from nanoshampoo.train.optimizers import build_optimizer_setup
+from nanoshampoo.train.interrupt import TrainingInterrupted
+from nanoshampoo.train.optimizers import (
+    apply_resumed_settings,
+    build_optimizer_setup,
+    param_group_settings,
+)
+from nanoshampoo.train.preflight import check_device, check_dist_timeout, check_memory
 from nanoshampoo.train.profiling import make_step_profiler
 from nanoshampoo.train.run_log import RunLog
 from nanoshampoo.train.schedule import apply_lr_multiplier, lr_multiplier, remember_peak_lrs
@@ -114,6 +122,8 @@ class Trainer:
 
     def __init__(self, cfg: TrainConfig) -> None:
         self.cfg = cfg
+        check_device(cfg.device)
+        check_dist_timeout(cfg.dist_timeout_s)
         self.ctx = setup_distributed(cfg.device, cfg.dist_timeout_s,
                                      need_process_group=cfg.parallel != "ddp")
         try:
@@ -144,15 +154,15 @@ class Trainer:
         append = checkpoint is not None and self.run_id == checkpoint.run_id
         self.log = RunLog(cfg.out_dir, self.run_id, enabled=ctx.is_main, append=append)
         self._on_every_rank(self.log.check_can_start)
+        kept = checkpoint.step if checkpoint is not None and append else 0
+        self._on_every_rank(lambda: check_no_checkpoint_replaced(cfg.out_dir, self.run_id, kept))
         self.resumed_from = None if checkpoint is None else {
             "checkpoint": str(checkpoint.directory), "run_id": checkpoint.run_id,
             "step": checkpoint.step}
 
         torch.manual_seed(cfg.seed)
         model_config = gpt_preset(cfg.model, self.data.vocab_size, cfg.combined_linear)
-        if cfg.seq_len > model_config.max_seq_len:
-            raise UserError(f"--seq-len {cfg.seq_len}: exceeds the {cfg.model} model's "
-                            f"max_seq_len ({model_config.max_seq_len})")
+        self._check_model_fits(model_config)
         self.model = GPT(model_config).to(ctx.device)
         _broadcast_parameters(self.model, ctx)
         if cfg.parallel != "ddp":
@@ -163,9 +173,7 @@ class Trainer:
         self.setup = build_optimizer_setup(self.model, cfg, ctx.world_size)
         # DistAdam's gradients may still be in flight (its hooks launched their reduce-scatters)
         # when the trainer checks the others; DistAdam checks its own after waiting for them.
-        distadam = {id(p) for opt in self.setup.optimizers if hasattr(opt, "should_sync")
-                    for group in opt.param_groups for p in group["params"]}
-        self._checked_params = [p for p in self.model.parameters() if id(p) not in distadam]
+        self._checked_params = self.setup.trainer_checked_params(self.model)
         remember_peak_lrs(self.setup.optimizers)
         self.forward: nn.Module = torch.compile(self.model) if cfg.compile else self.model  # type: ignore[assignment]
         self.loader = DistributedTokenLoader(self.data.train_pattern, cfg.batch_size, cfg.seq_len,
@@ -173,17 +181,27 @@ class Trainer:
         self.start_step = 0
         self.train_time_ms = 0.0
         if checkpoint is not None:
-            # The config's learning rates win over the checkpoint's: a resume may change them.
-            peaks = [[g["peak_lr"] for g in opt.param_groups] for opt in self.setup.optimizers]
+            # The config's peak lrs win over the checkpoint's; any other changed setting is
+            # refused (the log must record what runs).
+            built = param_group_settings(self.setup.optimizers)
             self.start_step, self.train_time_ms = self._on_every_rank(
                 lambda: restore_checkpoint(checkpoint, self.model, self.setup.optimizers,
                                            self.loader))
-            for opt, opt_peaks in zip(self.setup.optimizers, peaks):
-                for group, peak in zip(opt.param_groups, opt_peaks):
-                    group["peak_lr"] = peak
+            self._on_every_rank(lambda: apply_resumed_settings(
+                built, self.setup.optimizers, f"--resume {checkpoint.directory}"))
             if self.start_step > cfg.num_iterations:
                 raise UserError(f"--resume {checkpoint.directory}: the checkpoint is at step "
                                 f"{self.start_step}, beyond --num-iterations {cfg.num_iterations}")
+
+    def _check_model_fits(self, model_config: GPTConfig) -> None:
+        """``--seq-len`` within the model's reach, its memory within what the device has."""
+        cfg, ctx = self.cfg, self.ctx
+        if cfg.seq_len > model_config.max_seq_len:
+            raise UserError(f"--seq-len {cfg.seq_len}: exceeds the {cfg.model} model's "
+                            f"max_seq_len ({model_config.max_seq_len})")
+        micro_batch = cfg.batch_size // (ctx.world_size * cfg.grad_accum_steps)
+        self._on_every_rank(lambda: check_memory(model_config, micro_batch, cfg.seq_len,
+                                                 ctx.device))
 
     def _tune_threads(self) -> None:
         """Set the CPU threads (``TrainConfig.threads``, or probed when 0); rank 0 decides for
@@ -235,6 +253,7 @@ class Trainer:
 
     def _run(self) -> TrainResult:
         cfg, ctx, total = self.cfg, self.ctx, self.cfg.num_iterations
+        self.steps_done = self.start_step  # for Ctrl-C's report; each step advances it
         self.log.start(self._config_record(), self._environment())
         if ctx.is_main:
             print(f"run {self.run_id}: {cfg.optimizer} on {ctx.device.type} x{ctx.world_size} "
@@ -251,6 +270,10 @@ class Trainer:
             line = self.log.diverged(exc.step, total, exc.reason, self.train_time_ms)
             _say(line, ctx, bar)
             raise
+        except KeyboardInterrupt:  # Ctrl-C: the logs are kept; say how to continue
+            last = latest_checkpoint(cfg.out_dir, self.run_id) or (
+                Path(cfg.resume) if cfg.resume else None)
+            raise TrainingInterrupted(self.steps_done, total, last) from None
         finally:
             bar.close()
         self._finish(val_loss)
@@ -291,7 +314,7 @@ class Trainer:
         _synchronize(self.ctx)
         elapsed_ms = 1000 * (time.perf_counter() - start)
         self.train_time_ms += elapsed_ms
-        done = step + 1
+        done = self.steps_done = step + 1
         if done == total or (cfg.log_every > 0 and done % cfg.log_every == 0):
             train_loss = float(all_reduce_mean_(loss.float(), self.ctx).item())
             tokens_per_s = cfg.tokens_per_step / (elapsed_ms / 1000)

@@ -2,6 +2,7 @@
 
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -20,6 +21,14 @@ from nanoshampoo.data.prepare import (
 )
 from nanoshampoo.data.shards import list_shards, read_shard, write_shard
 from nanoshampoo.data.tokenizer import load_tokenizer
+
+# These corpora are a few thousand tokens: batches of 64 tokens fit (the loaders below take 32).
+SMALL_BATCH_TOKENS = 64
+
+
+def prepare_small(*args: Any, **kwargs: Any) -> PreparedData:
+    return prepare_text_files(*args, min_batch_tokens=SMALL_BATCH_TOKENS, **kwargs)
+
 
 TEXTS = {
     "hamlet.txt": "To be, or not to be, that is the question:\n" * 30,
@@ -54,7 +63,7 @@ def _decoded(data: PreparedData, pattern: str) -> list[str]:
 
 
 def test_text_files_become_eot_prefixed_documents(tmp_path: Path, text_files: list[Path]) -> None:
-    data = prepare_text_files(text_files, tmp_path / "out", vocab_size=300, val_fraction=0.25)
+    data = prepare_small(text_files, tmp_path / "out", vocab_size=300, val_fraction=0.25)
     assert not data.reused
     assert data.train_pattern == str(tmp_path / "out" / "fineweb_train_*.bin")
     assert data.val_pattern == str(tmp_path / "out" / "fineweb_val_*.bin")
@@ -75,16 +84,16 @@ def test_prepare_is_idempotent_and_rebuilds_on_new_settings(
     tmp_path: Path, text_files: list[Path]
 ) -> None:
     out = tmp_path / "out"
-    first = prepare_text_files(text_files, out, vocab_size=300, shard_tokens=200)
+    first = prepare_small(text_files, out, vocab_size=300, shard_tokens=200)
     stamps = {p.name: p.stat().st_mtime_ns for p in out.iterdir()}
-    again = prepare_text_files(text_files, out, vocab_size=300, shard_tokens=200)
+    again = prepare_small(text_files, out, vocab_size=300, shard_tokens=200)
     assert again.reused and again == PreparedData(**{**first.__dict__, "reused": True})
     assert {p.name: p.stat().st_mtime_ns for p in out.iterdir()} == stamps
     assert len(list_shards(first.train_pattern)) > 2  # small shard_tokens: several shards
 
-    passages = prepare_text_files(text_files, out, vocab_size=300, passage_chars=100)
+    passages = prepare_small(text_files, out, vocab_size=300, passage_chars=100)
     assert not passages.reused and passages.train_documents > first.train_documents
-    rebuilt = prepare_text_files(text_files, out, vocab_size=300, shard_tokens=100_000)
+    rebuilt = prepare_small(text_files, out, vocab_size=300, shard_tokens=100_000)
     assert not rebuilt.reused
     # The old shards are gone: the glob sees only the new single training shard.
     assert [p.name for p in list_shards(rebuilt.train_pattern)] == ["fineweb_train_000001.bin"]
@@ -92,11 +101,11 @@ def test_prepare_is_idempotent_and_rebuilds_on_new_settings(
     assert sorted(decoded) == sorted(TEXTS.values())
 
     (out / "fineweb_train_000001.bin").unlink()  # damaged output is rebuilt, not reused
-    assert not prepare_text_files(text_files, out, vocab_size=300, shard_tokens=100_000).reused
+    assert not prepare_small(text_files, out, vocab_size=300, shard_tokens=100_000).reused
 
 
 def test_loader_reads_prepared_shards(tmp_path: Path, text_files: list[Path]) -> None:
-    data = prepare_text_files(text_files, tmp_path / "out", vocab_size=300, shard_tokens=250)
+    data = prepare_small(text_files, tmp_path / "out", vocab_size=300, shard_tokens=250)
     loader = DistributedTokenLoader(data.train_pattern, 2, 16, 1, 2)
     inputs, targets = loader.next_batch()
     assert inputs.shape == (1, 16)
@@ -104,7 +113,7 @@ def test_loader_reads_prepared_shards(tmp_path: Path, text_files: list[Path]) ->
 
 
 def test_text_files_are_cut_into_passages(tmp_path: Path, text_files: list[Path]) -> None:
-    data = prepare_text_files(text_files, tmp_path / "out", vocab_size=300, passage_chars=100)
+    data = prepare_small(text_files, tmp_path / "out", vocab_size=300, passage_chars=100)
     files = [Document("text_files", str(p), p.read_text(encoding="utf-8")) for p in text_files]
     passages = split_all_into_passages(files, 100)
     assert len(passages) > 2 * len(files)
@@ -121,7 +130,7 @@ def test_single_file_is_cut_into_train_and_validation(tmp_path: Path) -> None:
     path = tmp_path / "one.txt"
     text = "".join(f"line {i} of a single long document\n" for i in range(200))
     path.write_text(text, encoding="utf-8")
-    data = prepare_text_files(
+    data = prepare_small(
         [path], tmp_path / "out", vocab_size=300, val_fraction=0.1, passage_chars=0
     )
     (train,), (val,) = _decoded(data, data.train_pattern), _decoded(data, data.val_pattern)
@@ -130,12 +139,12 @@ def test_single_file_is_cut_into_train_and_validation(tmp_path: Path) -> None:
 
 
 def test_gpt2_and_existing_tokenizer_file(tmp_path: Path, text_files: list[Path]) -> None:
-    gpt2 = prepare_text_files(text_files, tmp_path / "gpt2", tokenizer="gpt2")
+    gpt2 = prepare_small(text_files, tmp_path / "gpt2", tokenizer="gpt2")
     assert (gpt2.vocab_size, gpt2.eot_id) == (50257, 50256)
     assert sorted(_decoded(gpt2, gpt2.train_pattern) + _decoded(gpt2, gpt2.val_pattern)) == sorted(
         TEXTS.values()
     )
-    reused_tokenizer = prepare_text_files(
+    reused_tokenizer = prepare_small(
         text_files[:2], tmp_path / "again", tokenizer=str(gpt2.tokenizer_path)
     )
     assert reused_tokenizer.eot_id == 50256
@@ -146,7 +155,7 @@ def test_refuses_foreign_shards_in_out_dir(tmp_path: Path, text_files: list[Path
     out = tmp_path / "out"
     write_shard(out / "fineweb_train_000001.bin", [1, 2, 3])
     with pytest.raises(ValueError, match="not listed in a manifest"):
-        prepare_text_files(text_files, out, vocab_size=300)
+        prepare_small(text_files, out, vocab_size=300)
     assert (out / "fineweb_train_000001.bin").exists()
 
 
@@ -176,12 +185,13 @@ def test_bad_text_files(tmp_path: Path) -> None:
     cases = [(empty, "is empty"), (binary, "not valid UTF-8"), (missing, "does not exist")]
     for path, message in cases:
         with pytest.raises(ValueError, match=message):
-            prepare_text_files([path], tmp_path / "out")
+            prepare_small([path], tmp_path / "out")
 
 
 def test_cli(tmp_path: Path, text_files: list[Path], capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "cli"
-    argv = ["--out-dir", str(out), "--vocab-size", "300", "--text-files", *map(str, text_files)]
+    argv = ["--out-dir", str(out), "--vocab-size", "300", "--min-batch-tokens", "64",
+            "--text-files", *map(str, text_files)]
     assert main([*argv, "--passage-chars", "0"]) == 0
     assert json.loads((out / "manifest.json").read_text())["settings"]["passage_chars"] == 0
     assert main(argv) == 0
@@ -191,8 +201,7 @@ def test_cli(tmp_path: Path, text_files: list[Path], capsys: pytest.CaptureFixtu
     assert "reused existing preparation" in printed and "vocab_size: 300" in printed
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["settings"]["tokenizer"] == {"kind": "bpe", "vocab_size": 300}
-    with pytest.raises(SystemExit):
-        main(["--out-dir", str(out), "--val-fraction", "2"])
+    assert main(["--out-dir", str(out), "--val-fraction", "2"]) == 2
 
 
 def test_missing_embedded_corpus_is_a_clear_error(
@@ -227,9 +236,7 @@ def test_cli_given_a_directory_says_so_in_one_line(
     tmp_path: Path, text_files: list[Path], capsys: pytest.CaptureFixture[str]
 ) -> None:
     corpus = text_files[0].parent
-    with pytest.raises(SystemExit) as info:
-        main(["--out-dir", str(tmp_path / "out"), "--text-files", str(corpus)])
-    assert info.value.code == 2
+    assert main(["--out-dir", str(tmp_path / "out"), "--text-files", str(corpus)]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1
     assert f"text file {corpus} is a directory" in err

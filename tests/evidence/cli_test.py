@@ -11,6 +11,7 @@ import pytest
 from evidence_fixtures import write_group, write_jsonl, write_trace, x_event
 
 from nanoshampoo.cli import main
+from nanoshampoo.errors import UserError
 from nanoshampoo.evidence.repeat import RepeatConfig, run_repeats, seed_command
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -84,7 +85,7 @@ def test_repeat_runs_every_seed_and_stops_on_failure(tmp_path: Path) -> None:
     seen: list[list[str]] = []
     run_repeats(config, ["--preset", "tiny"], run=lambda cmd: seen.append(cmd) or 0)
     assert [cmd[cmd.index("--seed") + 1] for cmd in seen] == ["1", "2", "3"]
-    with pytest.raises(RuntimeError, match="seed 1 failed with exit status 3"):
+    with pytest.raises(UserError, match="seed 1 failed with exit status 3"):
         run_repeats(config, [], run=lambda cmd: 3)
 
 

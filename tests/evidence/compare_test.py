@@ -19,15 +19,16 @@ import scipy.stats
 import nanoshampoo.cli as cli
 from nanoshampoo.cli import main
 from nanoshampoo.evidence import compare
+from nanoshampoo.evidence import leaderboard
 from nanoshampoo.evidence.compare import (
     CompareConfig,
     Setup,
-    build_leaderboard,
     parse_setups,
     resolve_train_config,
     run_compare,
     run_identity,
 )
+from nanoshampoo.evidence.leaderboard import build_leaderboard
 from nanoshampoo.evidence.repeat import fresh_run_id
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -237,7 +238,7 @@ def test_diverged_runs_are_counted_marked_and_left_out_of_the_means(tmp_path: Pa
         scipy.stats.ttest_1samp(finished, board.target, alternative="less").pvalue)
     [diverged] = [run for run in board.runs if run.diverged_step is not None]
     assert (diverged.setup, diverged.seed, diverged.steps_to_target) == ("soap", 1, None)
-    markdown = compare.format_leaderboard(board)
+    markdown = leaderboard.format_leaderboard(board)
     assert "| 3 (1 diverged †) |" in markdown
     assert "diverged † at step 50: loss is nan" in markdown
 
@@ -449,16 +450,16 @@ def test_step_fractions_train_shorter_schedules_and_find_the_shortest_that_reach
     # The fixture's numbers: soap reaches at 0.7 but not 0.5; shampoo only at full length.
     assert [got[("soap", f)].reaches for f in (1.0, 0.7, 0.5)] == [True, True, False]
     assert [got[("shampoo", f)].reaches for f in (1.0, 0.7, 0.5)] == [True, False, False]
-    shortest = compare.shortest_schedules(board)
+    shortest = leaderboard.shortest_schedules(board)
     assert shortest["soap"].fraction == 0.7 and shortest["shampoo"].fraction == 1.0
 
-    text = compare.format_leaderboard(board)
+    text = leaderboard.format_leaderboard(board)
     assert "## Steps to the target by schedule length" in text
     cells = [[c.strip() for c in line.split("|")[1:-1]] for line in text.splitlines()
              if line.startswith("|")]
     assert ["soap", "soap@0.7", "70 (0.70×)"] in [row[:3] for row in cells]
     assert f"- **soap**: reaches {target:.4f} in 0.70× adamw's steps (70; p = " in text
-    data = json.loads(json.dumps(compare.json_ready(board)))
+    data = json.loads(json.dumps(leaderboard.json_ready(board)))
     assert [(s["row"], s["steps"]) for s in data["schedules"]][:3] == [
         ("shampoo", 100), ("shampoo@0.7", 70), ("shampoo@0.5", 50)]
 
@@ -495,7 +496,10 @@ def test_train_config_defaults_are_the_dataclass_defaults() -> None:
     from nanoshampoo.train.config import TrainConfig
 
     defaults = compare.train_config_defaults()
-    assert defaults == json.loads(json.dumps(TrainConfig().to_dict()))
+    assert {k: v for k, v in defaults.items() if k in TrainConfig().to_dict()} == json.loads(
+        json.dumps(TrainConfig().to_dict()))
+    # Every table's fields, not only those of the default setup's tables.
+    assert defaults["muon.lr"] == 0.05 and defaults["custom.matrix_kwargs"] == {}
 
 
 def test_a_run_that_another_compare_ended_meanwhile_is_reused(tmp_path: Path) -> None:
@@ -517,3 +521,4 @@ def test_a_run_that_another_compare_ended_meanwhile_is_reused(tmp_path: Path) ->
     assert [run.seed for run in groups["adamw"]] == [0, 1]
     assert any(line.startswith("[compare] reused   adamw seed 1") and line.endswith("ended meanwhile")
                for line in lines)
+

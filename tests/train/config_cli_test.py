@@ -7,7 +7,8 @@ import tomllib
 import pytest
 
 from nanoshampoo.train.cli import config_from_args, main
-from nanoshampoo.train.config import OPTIMIZER_SETUPS, TrainConfig
+from nanoshampoo.train.config import LEGACY_FIELDS, TrainConfig
+from nanoshampoo.train.setups import setup_names
 from nanoshampoo.train.presets import PRESET_DIR, load_preset, preset_names
 
 
@@ -18,34 +19,44 @@ from nanoshampoo.train.presets import PRESET_DIR, load_preset, preset_names
         (dict(model="huge"), "model"),
         (dict(batch_size=0), "batch_size"),
         (dict(cooldown_frac=1.5), "cooldown_frac"),
-        (dict(adam_beta2=1.0), "adam_beta2"),
-        (dict(matrix_lr=-1.0), "matrix_lr"),
-        (dict(start_preconditioning_step=2, precondition_frequency=5), "start_preconditioning_step"),
+        ({"adam.beta2": 1.0}, r"adam\.beta2 \(--adam\.beta2\)"),
+        ({"shampoo.lr": -1.0}, r"shampoo\.lr"),
+        ({"preconditioner.start_preconditioning_step": 2, "shampoo.precondition_frequency": 5},
+         r"preconditioner\.start_preconditioning_step"),
         (dict(dataset="shards", val_files="v*", vocab_size=10), "train_files"),
         (dict(dataset="shards", train_files="t*", val_files="v*"), "vocab_size"),
         (dict(profile_steps=(3, 4)), "profile_dir"),
         (dict(distributor="fsdp"), "distributor"),
         (dict(autocast="fp16"), "autocast"),
-        (dict(factor_dtype="float16"), "factor_dtype"),
+        ({"preconditioner.factor_dtype": "float16"}, "factor_dtype"),
         (dict(communication_dtype="int8"), "communication_dtype"),
-        (dict(root_dtype="float16"), "root_dtype"),
-        (dict(grafting_dtype="float64"), "grafting_dtype"),
-        (dict(grafting_dtype="bfloat16", grafting_beta2=0.999), "grafting_dtype"),
-        (dict(momentum_dtype="bfloat16", matrix_beta1=0.995), "momentum_dtype"),
-        (dict(optimizer="muon", momentum_dtype="bfloat16", muon_momentum=0.999), "momentum_dtype"),
-        (dict(root_method="qr"), "root_method"),
-        (dict(warm_qr_tolerance=-0.01), "warm_qr_tolerance"),
-        (dict(warm_qr_tolerance=float("nan")), "warm_qr_tolerance"),
-        (dict(warm_qr_max_iterations=-1), "warm_qr_max_iterations"),
-        (dict(large_factor_dim=-1), "large_factor_dim"),
-        (dict(large_factor_frequency_multiplier=0), "large_factor_frequency_multiplier"),
+        ({"shampoo.root_dtype": "float16"}, "root_dtype"),
+        ({"shampoo.grafting_dtype": "float64"}, "grafting_dtype"),
+        ({"shampoo.grafting_dtype": "bfloat16", "shampoo.grafting_beta2": 0.999},
+         "grafting_dtype"),
+        ({"preconditioner.momentum_dtype": "bfloat16", "shampoo.beta1": 0.995},
+         "momentum_dtype"),
+        ({"optimizer": "muon", "preconditioner.momentum_dtype": "bfloat16",
+          "muon.momentum": 0.999}, "momentum_dtype"),
+        ({"shampoo.root_method": "qr"}, "root_method"),
+        ({"shampoo.warm_qr_tolerance": -0.01}, "warm_qr_tolerance"),
+        ({"shampoo.warm_qr_tolerance": float("nan")}, "warm_qr_tolerance"),
+        ({"shampoo.warm_qr_max_iterations": -1}, "warm_qr_max_iterations"),
+        ({"shampoo.large_factor_dim": -1}, "large_factor_dim"),
+        ({"shampoo.large_factor_frequency_multiplier": 0}, "large_factor_frequency_multiplier"),
         (dict(grad_accum_steps=0), "grad_accum_steps"),
-        (dict(muon_momentum=1.0), "muon_momentum"),
-        (dict(soap_lr=float("nan")), "soap_lr"),
-        (dict(optimizer="soap", soap_precondition_frequency=10, start_preconditioning_step=5),
-         "start_preconditioning_step"),
+        ({"muon.momentum": 1.0}, r"muon\.momentum"),
+        ({"soap.lr": float("nan")}, r"soap\.lr"),
+        ({"optimizer": "soap", "soap.precondition_frequency": 10,
+          "preconditioner.start_preconditioning_step": 5}, "start_preconditioning_step"),
         (dict(run_id="runs/a"), "run_id"),
         (dict(run_id=".."), "run_id"),
+        (dict(preset="../../pwned"), "preset"),
+        (dict(dist_timeout_s=float("inf")), "dist_timeout_s"),
+        (dict(num_iterations=2.5), "num_iterations must be an int"),
+        (dict(save_final_checkpoint="false"), "save_final_checkpoint must be a bool"),
+        ({"muon.lrr": 0.1}, r"muon\.lrr"),
+        (dict(learning_rate=0.1), "learning_rate"),
     ],
 )
 def test_invalid_values_raise_naming_the_field(overrides: dict[str, object], field: str) -> None:
@@ -53,15 +64,67 @@ def test_invalid_values_raise_naming_the_field(overrides: dict[str, object], fie
         TrainConfig(**overrides)  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize("flag, value", [
+    ("--adam.eps", "inf"), ("--adam.eps", "0"), ("--shampoo.grafting-epsilon", "inf"),
+    ("--shampoo.grafting-epsilon", "0"), ("--shampoo.lr", "inf"), ("--shampoo.epsilon", "0"),
+    ("--shampoo.epsilon", "inf"), ("--shampoo.beta2", "0"), ("--soap.beta2", "0"),
+    ("--adam.embed-lr", "inf"), ("--muon.lr", "nan"), ("--soap.epsilon", "inf"),
+])
+def test_non_finite_or_zero_epsilons_and_lrs_are_refused_naming_the_flag(
+        flag: str, value: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([flag, value]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and f"({flag})" in err, err
+
+
+@pytest.mark.parametrize("legacy, table, field, value", [
+    ("--adam-eps", "adam", "eps", "inf"), ("--grafting-epsilon", "shampoo", "grafting_epsilon", "inf"),
+    ("--matrix-lr", "shampoo", "lr", "inf"), ("--shampoo-epsilon", "shampoo", "epsilon", "0"),
+    ("--matrix-beta2", "shampoo", "beta2", "0"),
+])
+def test_legacy_flags_are_refused_the_same_way(legacy: str, table: str, field: str, value: str,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([legacy, value]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and f"{table}.{field}" in err and legacy in err, err
+
+
+def test_legacy_flat_names_set_their_table_fields() -> None:
+    cfg = TrainConfig(optimizer="adamw", matrix_lr=0.002, muon_lr=0.03, adam_eps=1e-8,
+                      precondition_frequency=7, factor_dtype="bfloat16")
+    assert (cfg.table("adamw").lr, cfg.table("shampoo").lr) == (0.002, 0.002)
+    assert (cfg.table("muon").lr, cfg.table("adam").eps) == (0.03, 1e-8)
+    assert cfg.table("shampoo").precondition_frequency == 7
+    assert cfg.table("preconditioner").factor_dtype == "bfloat16"
+    # The new spellings win over the old ones.
+    assert TrainConfig(matrix_lr=0.1, **{"shampoo.lr": 0.2}).table("shampoo").lr == 0.2
+
+
+def test_legacy_flags_and_new_flags_apply_in_order() -> None:
+    cfg = config_from_args(["--matrix-lr", "0.1", "--shampoo.lr", "0.2", "--muon.lr", "0.3",
+                            "--muon-lr", "0.4"])
+    assert (cfg.table("shampoo").lr, cfg.table("adamw").lr) == (0.2, 0.1)
+    assert cfg.table("muon").lr == 0.4
+
+
+def test_to_dict_rebuilds_the_config_and_holds_only_the_setups_tables() -> None:
+    cfg = TrainConfig(optimizer="muon", **{"muon.lr": 0.03, "adam.head_lr": 0.01})
+    data = cfg.to_dict()
+    assert data["muon.lr"] == 0.03 and data["adam.head_lr"] == 0.01
+    assert {key.split(".")[0] for key in data if "." in key} == {"adam", "preconditioner", "muon"}
+    assert TrainConfig(**data) == cfg
+
+
 def test_defaults_are_the_optimization_track_shampoo_recipe() -> None:
     cfg = TrainConfig()
-    assert (cfg.embed_lr, cfg.head_lr, cfg.scalar_lr) == (0.3, 1 / 320, 0.01)
-    assert (cfg.adam_beta1, cfg.adam_beta2, cfg.adam_eps) == (0.8, 0.95, 1e-10)
-    assert (cfg.matrix_lr, cfg.matrix_beta1, cfg.matrix_beta2) == (0.0015, 0.9, 0.95)
-    assert cfg.matrix_weight_decay == 0.2
-    assert (cfg.max_preconditioner_dim, cfg.precondition_frequency) == (8192, 5)
-    assert cfg.start_preconditioning_step == -1
-    assert (cfg.grafting_beta2, cfg.grafting_epsilon) == (0.95, 1e-10)
+    adam, shampoo, pre = cfg.table("adam"), cfg.table("shampoo"), cfg.table("preconditioner")
+    assert (adam.embed_lr, adam.head_lr, adam.scalar_lr) == (0.3, 1 / 320, 0.01)
+    assert (adam.beta1, adam.beta2, adam.eps) == (0.8, 0.95, 1e-10)
+    assert (shampoo.lr, shampoo.beta1, shampoo.beta2) == (0.0015, 0.9, 0.95)
+    assert shampoo.weight_decay == 0.2
+    assert (pre.max_preconditioner_dim, shampoo.precondition_frequency) == (8192, 5)
+    assert pre.start_preconditioning_step == -1
+    assert (shampoo.grafting_beta2, shampoo.grafting_epsilon) == (0.95, 1e-10)
     assert cfg.cooldown_frac == 0.7
 
 
@@ -111,13 +174,22 @@ def test_presets_hold_only_what_differs_from_the_defaults() -> None:
     defaults = TrainConfig()
     for name in preset_names():
         raw = tomllib.loads((PRESET_DIR / f"{name}.toml").read_text())
-        same = sorted(k for k, v in raw.items() if k != "extends" and getattr(defaults, k) == v)
+        same = sorted(k for k, v in raw.items() if k != "extends" and not isinstance(v, dict)
+                      and getattr(defaults, k) == v)
+        same += sorted(f"{table}.{k}" for table, values in raw.items() if isinstance(values, dict)
+                       for k, v in values.items() if getattr(defaults.table(table), k) == v)
         assert same == [], f"{name} repeats defaults {same}"
     # The tiny shampoo run is the defaults but for the matrix lr tuned on the embedded task.
-    assert load_preset("tiny-shampoo") == {"preset": "tiny-shampoo", "matrix_lr": 0.003}
+    assert load_preset("tiny-shampoo") == {"preset": "tiny-shampoo", "shampoo": {"lr": 0.003}}
     assert {name: load_preset(name)["optimizer"] for name in preset_names()
             if name.startswith("tiny-") and name != "tiny-shampoo"} == {
-        f"tiny-{setup}": setup for setup in OPTIMIZER_SETUPS if setup != "shampoo"}
+        f"tiny-{setup}": setup for setup in setup_names() if setup not in ("shampoo", "custom")}
+
+
+def test_shipped_presets_use_the_table_spelling() -> None:
+    for name in preset_names():
+        raw = tomllib.loads((PRESET_DIR / f"{name}.toml").read_text())
+        assert not set(raw) & set(LEGACY_FIELDS), name
 
 
 def test_extends_starts_from_the_named_preset(tmp_path) -> None:  # type: ignore[no-untyped-def]
@@ -133,13 +205,88 @@ def test_extends_starts_from_the_named_preset(tmp_path) -> None:  # type: ignore
 def test_help_shows_the_presets_values(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
         config_from_args(["--preset", "tiny-muon", "--help"])
-    text = " ".join(capsys.readouterr().out.split())
+    out = capsys.readouterr().out
+    text = " ".join(out.split())
     assert "--optimizer OPTIMIZER (preset tiny-muon: 'muon'; default 'shampoo')" in text
-    assert "--muon-lr MUON_LR (preset tiny-muon: 0.02; default 0.05)" in text
-    assert "--soap-lr SOAP_LR (default 0.003)" in text
+    assert "--muon.lr FLOAT (preset tiny-muon: 0.02; default 0.05)" in text
+    assert "--soap.lr FLOAT (default 0.003)" in text
+    assert "--custom.matrix-kwargs JSON (default {})" in text
+    assert "--muon-lr" not in text  # the legacy flags work but are not listed
 
 
 def test_autocast_bf16_flag_is_an_alias() -> None:
     assert config_from_args(["--autocast-bf16", "true"]).autocast == "bf16"
     assert config_from_args(["--autocast-bf16", "no"]).autocast == "off"
     assert config_from_args([]).autocast == "auto"
+
+
+@pytest.mark.parametrize("text, message", [
+    ('save_final_checkpoint = "false"\n', "save_final_checkpoint must be a bool, got 'false'"),
+    ("num_iterations = 2.5\n", "num_iterations must be an int, got 2.5"),
+    ('num_iterations = "abc"\n', "num_iterations must be an int"),
+    ('matrix_lr = "0.1"\n', r"matrix_lr \(now \[shampoo\] lr\) must be a float, got '0.1'"),
+    ('profile_steps = "5"\n', "profile_steps must be a list of integers"),
+    ("resume = 5\n", "resume must be a str"),
+    ('[muon]\nlr = "0.02"\n', r"\[muon\] lr must be a float"),
+    ("[muon]\nlrr = 0.02\n", r"unknown field \[muon\] lrr"),
+    ("extends = 3\n", "'extends' must be a preset name or path"),
+])
+def test_preset_values_are_type_checked_naming_the_file_and_key(
+        text: str, message: str, tmp_path, capsys: pytest.CaptureFixture[str]) -> None:  # type: ignore[no-untyped-def]
+    preset = tmp_path / "bad.toml"
+    preset.write_text(text)
+    with pytest.raises(ValueError, match=f"bad\\.toml: {message}"):
+        load_preset(str(preset))
+    out = tmp_path / "out"
+    assert main(["--preset", str(preset), "--out-dir", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "bad.toml" in err
+    assert not out.exists()  # refused before anything was written
+
+
+def test_a_non_utf8_preset_names_its_file(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    preset = tmp_path / "latin1.toml"
+    preset.write_bytes(b'# caf\xe9\noptimizer = "adamw"\n')
+    with pytest.raises(ValueError, match=r"latin1\.toml: cannot read preset"):
+        load_preset(str(preset))
+
+
+def test_preset_names_resolve_only_among_the_shipped_presets(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    evil = tmp_path / "x" / "evil.toml"
+    evil.parent.mkdir()
+    evil.write_text('optimizer = "adamw"\n')
+    monkeypatch.chdir(tmp_path / "x")
+    with pytest.raises(ValueError, match="unknown preset 'evil'"):
+        load_preset("evil")  # a name is never a file in the working directory
+    with pytest.raises(ValueError, match=r"preset path '\.\./x/evil' must end in \.toml"):
+        load_preset("../x/evil")
+    assert load_preset("evil.toml")["optimizer"] == "adamw"  # a path, given as a path
+    assert load_preset(str(evil))["preset"] == "evil"
+    child = tmp_path / "x" / "child.toml"
+    child.write_text('extends = "../x/evil"\n')
+    with pytest.raises(ValueError, match=r"child\.toml: extends: preset path .* must end in"):
+        load_preset(str(child))
+    child.write_text('extends = "evil.toml"\nseed = 3\n')  # relative to the extending file
+    monkeypatch.chdir(tmp_path)
+    assert load_preset(str(child)) == {"optimizer": "adamw", "seed": 3, "preset": "child"}
+    child.write_text('extends = "evil"\n')
+    with pytest.raises(ValueError, match="extends: unknown preset 'evil'"):
+        load_preset(str(child))
+
+
+def test_a_preset_name_that_would_escape_the_out_dir_is_refused(
+        tmp_path, capsys: pytest.CaptureFixture[str]) -> None:  # type: ignore[no-untyped-def]
+    preset = tmp_path / "p.toml"
+    preset.write_text('preset = "../../pwned"\n')
+    out = tmp_path / "a" / "b" / "runs"
+    assert main(["--preset", str(preset), "--out-dir", str(out)]) == 2
+    assert "TrainConfig.preset (--preset) must not contain a path separator" in capsys.readouterr().err
+    assert list(tmp_path.rglob("*.jsonl")) == []
+
+
+@pytest.mark.parametrize("field", ["run_id", "preset"])
+def test_an_overlong_run_id_or_preset_name_is_refused(field: str) -> None:
+    flag = "--" + field.replace("_", "-")
+    with pytest.raises(ValueError,
+                       match=rf"TrainConfig.{field} \({flag}\) is too long: at most 100 characters"):
+        TrainConfig(**{field: "r" * 101})

@@ -11,10 +11,18 @@ from nanoshampoo.optim.dist_adam import DistAdam
 from nanoshampoo.train.config import TrainConfig
 from nanoshampoo.train.optimizers import (
     build_optimizer_setup,
-    build_shampoo,
     check_parameter_partition,
     partition_parameters,
 )
+from nanoshampoo.train.setups import BuildContext
+from nanoshampoo.train.setups.shampoo_family import MATRIX_BUILDERS
+
+
+def build_shampoo(params: list[torch.nn.Parameter], cfg: TrainConfig,
+                  world_size: int) -> torch.optim.Optimizer:
+    """The setup's DistributedShampoo alone, over ``params`` as its block matrices."""
+    groups = {"embed": [], "head": [], "scalar": [], "matrix": list(params)}
+    return MATRIX_BUILDERS[cfg.setup.matrix](BuildContext(groups, cfg, world_size))
 
 
 def tiny_model(combined_linear: bool = False) -> GPT:
@@ -182,7 +190,7 @@ def test_speed_and_memory_knobs_reach_the_optimizer(setup_name: str) -> None:
         assert group["preconditioner_config"].pack_factor_matrices is True
         assert group["preconditioner_config"].inv_factor_matrix_dtype == torch.bfloat16
         assert group["grafting_config"].second_moment_dtype == torch.bfloat16
-    for _ in range(2 * cfg.active_precondition_frequency):
+    for _ in range(2 * {"shampoo": 5, "soap": 10, "muon": 1}[setup_name]):
         for p in params:
             p.grad = torch.randn_like(p)
         opt.step()
@@ -252,7 +260,7 @@ def test_rank_deficient_stability_choice_reaches_the_solver(
     (group,) = build_shampoo(list(tiny_model().blocks.parameters())[:1], cfg, 1).param_groups
     solver = group["preconditioner_config"].amortized_computation_config
     assert isinstance(solver.rank_deficient_stability_config, config_type)
-    recipe_epsilon = cfg.shampoo_epsilon if setup_name == "shampoo" else cfg.soap_epsilon
+    recipe_epsilon = cfg.table(setup_name).epsilon
     assert group["epsilon"] == (recipe_epsilon if epsilon is None else epsilon)
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -25,6 +26,7 @@ from nanoshampoo.train.checkpoint import read_checkpoint
 from nanoshampoo.train.cli import main as cli_main
 from nanoshampoo.train.config import TrainConfig, UserError
 from nanoshampoo.train.run_log import RunLog
+from nanoshampoo.train.setups.adam import AdamConfig
 from nanoshampoo.train.trainer import Trainer, TrainingDiverged
 from trainer_test import VOCAB, read_jsonl, shards, tiny_config  # noqa: F401 - shards: fixture
 
@@ -67,6 +69,8 @@ def test_resume_appends_to_the_original_logs(shards: dict[str, str], tmp_path: P
     full = Trainer(tiny_config(shards, tmp_path, **cfg)).run()
     text, jsonl = full.text_log.read_text(), full.jsonl_log.read_text()
     checkpoint = tmp_path / f"{full.run_id}.ckpt" / "step_000002"
+    # As if the run had stopped after step 2: a resume never replaces a later checkpoint.
+    shutil.rmtree(tmp_path / f"{full.run_id}.ckpt" / "step_000004")
     resumed = Trainer(tiny_config(shards, tmp_path, resume=str(checkpoint), **cfg)).run()
 
     assert resumed.run_id == full.run_id
@@ -99,13 +103,15 @@ def test_jsonl_writes_nonfinite_floats_as_strings(tmp_path: Path) -> None:
 ])
 def test_nonfinite_run_stops_naming_step_and_parameter_and_keeps_the_good_checkpoint(
         checkpoint_every: int, reason: str, shards: dict[str, str], tmp_path: Path,
-        capsys: pytest.CaptureFixture[str]) -> None:
+        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     good = Trainer(tiny_config(shards, tmp_path, run_id="good", num_iterations=2, val_every=0,
                                save_final_checkpoint=True)).run()
     assert good.last_checkpoint is not None
     argv = flags(tiny_config(shards, tmp_path, run_id="bad", num_iterations=6, val_every=0),
-                 resume=str(good.last_checkpoint), embed_lr=math.inf,
-                 checkpoint_every=checkpoint_every)
+                 resume=str(good.last_checkpoint), checkpoint_every=checkpoint_every)
+    # The config refuses an inf lr: give the built optimizer one behind the config's back.
+    monkeypatch.setattr(AdamConfig, "lrs", lambda self: {"embed": math.inf, "head": self.head_lr,
+                                                         "scalar": self.scalar_lr})
     # Step 2 (the first after the resume) makes the embedding inf; step 3 notices.
     assert cli_main(argv) == 3
     err = capsys.readouterr().err.strip()
@@ -122,9 +128,12 @@ def test_nonfinite_run_stops_naming_step_and_parameter_and_keeps_the_good_checkp
 
 def test_trainer_raises_training_diverged_for_an_inf_learning_rate(
         shards: dict[str, str], tmp_path: Path) -> None:
+    trainer = Trainer(tiny_config(shards, tmp_path, optimizer="adamw", val_every=0))
+    # The config refuses an inf lr: set it on the built optimizer.
+    for group in trainer.setup.optimizers[0].param_groups:
+        group["peak_lr"] = math.inf
     with pytest.raises(TrainingDiverged, match="train loss is nan"):
-        Trainer(tiny_config(shards, tmp_path, optimizer="adamw", matrix_lr=math.inf,
-                            val_every=0)).run()
+        trainer.run()
 
 
 @pytest.fixture

@@ -28,6 +28,7 @@ from nanoshampoo.optim.shampoo.shampoo_types import (
     RMSpropPreconditionerConfig,
     SGDPreconditionerConfig,
     ShampooPreconditionerConfig,
+    SignDescentPreconditionerConfig,
     SingleDeviceDistributedConfig,
     SpectralDescentPreconditionerConfig,
     UnsupportedConfigError,
@@ -70,7 +71,7 @@ def build_preconditioner(
     """The preconditioner a config describes, over ``buckets``.
 
     ``beta2``/``epsilon``/``use_bias_correction`` are the group's and apply to both Shampoo
-    kinds (root-inverse and eigenvalue-corrected); spectral descent uses none of them; the
+    kinds (root-inverse and eigenvalue-corrected); spectral and sign descent use none of them; the
     diagonal preconditioners carry their own ``beta2``/``epsilon`` and bias-correction rule
     (Adam corrects, RMSprop and AdaGrad do not). The module of each kind is imported when a
     config needs it, like the distributors' (:func:`build_distributor`).
@@ -91,6 +92,12 @@ def build_preconditioner(
         )
 
         return SpectralDescentPreconditioner(buckets, config)
+    if isinstance(config, SignDescentPreconditionerConfig):
+        from nanoshampoo.optim.shampoo.preconditioner.sign_descent_preconditioner import (
+            SignDescentPreconditioner,
+        )
+
+        return SignDescentPreconditioner(buckets, config)
     if isinstance(config, SGDPreconditionerConfig):
         from nanoshampoo.optim.shampoo.preconditioner.sgd_preconditioner import SGDPreconditioner
 

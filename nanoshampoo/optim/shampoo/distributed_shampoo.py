@@ -27,9 +27,22 @@ One step for a block (``t`` 1-based, ``s`` = start_preconditioning_step, ``f`` =
    on its corrected eigenvalues, as the reference library does). ``s = math.inf`` never
    computes a root: with grafting every step is ``P_g``.
 7. Decoupled decay ``P <- P + alpha W`` (``alpha``: ``wd``, ``CORRECTED`` ``wd lr / peak_lr``,
-   ``INDEPENDENT`` ``wd / peak_lr``; see ``WeightDecayType``); momentum
-   ``B <- mu B + (1 - dampening) P`` and ``P <- B`` (Nesterov: ``P <- P + mu B``).
-8. ``W <- W - lr P`` (through the distributor).
+   ``INDEPENDENT`` ``wd / peak_lr``; see ``WeightDecayType``; under primal averaging
+   ``z <- (1 - lr alpha) z`` instead, before step 8); classic momentum
+   (``ClassicMomentumConfig``, or the deprecated ``momentum`` arguments)
+   ``M <- mu M + (1 - d) P`` and ``P <- M`` (Nesterov: ``P <- (1 - d) P + mu M``).
+8. ``W <- W - lr P`` (through the distributor). Under primal averaging (GPA, Schedule-Free;
+   ``W`` holds ``y``): ``W <- W + (1 - mu_x)(z - W) - (1 - mu_x mu_y) lr P``, then
+   ``z <- z - lr P``; Schedule-Free's ``mu_x = 1 - lr^r / sum_{i<=t} lr_i^r``.
+
+Primal averaging keeps ``z`` per block (state ``weight_buffer``, set to the parameters at the
+first step: the reference library takes them at construction, which differs only if the
+parameters change in between, e.g. a model checkpoint loaded without the optimizer's);
+the evaluation iterate is ``x = (y - (1 - mu_y) z) / mu_y``. :meth:`DistributedShampoo.eval`
+moves the parameters to ``x`` (``W <- W + (1 - 1/mu_y)(z - W)``) and
+:meth:`DistributedShampoo.train` back to ``y`` (``W <- W + (1 - mu_y)(z - W)``); a step in eval
+mode raises ``RuntimeError``. The mode and Schedule-Free's ``sum lr_i^r`` are checkpointed
+with the group (``lr_sum``, ``train_mode``).
 
 Blocks with the same shape are stacked into buckets and processed by batched kernels
 (``baddbmm``/``bmm``/``_foreach_*``; one ``eigh`` per factor size); the buffers a group's
@@ -64,6 +77,8 @@ block state into checkpoint keys.
 from __future__ import annotations
 
 import logging
+import math
+import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -76,6 +91,7 @@ from nanoshampoo.optim.shampoo.group_validation import (
     validate_group,
     validate_params,
 )
+from nanoshampoo.optim.shampoo.iterate_averaging_types import IterateAveragingConfig
 from nanoshampoo.optim.shampoo.shampoo_types import (
     DefaultShampooConfig,
     DefaultSingleDeviceDistributedConfig,
@@ -89,6 +105,8 @@ from nanoshampoo.optim.shampoo.state_dict_trees import flatten_tree, is_plain_va
 logger = logging.getLogger(__name__)
 
 NONFINITE_GRAD_POLICIES = ("raise", "skip")
+# Deprecated group entries, mapped onto ClassicMomentumConfig (group_validation._classic_momentum).
+LEGACY_MOMENTUM_KEYS = {"momentum", "dampening", "use_nesterov"}
 
 
 class DistributedShampoo(torch.optim.Optimizer):
@@ -113,6 +131,9 @@ class DistributedShampoo(torch.optim.Optimizer):
             grafting method's, or the filtered gradient without grafting); otherwise an int
             >= ``precondition_frequency``.
         use_bias_correction: bias-correct the filtered gradient and the factors.
+        iterate_averaging_config: None, ``ClassicMomentumConfig`` (SGD momentum on the update),
+            ``GeneralizedPrimalAveragingConfig`` or ``ScheduleFreeConfig`` (primal averaging:
+            call :meth:`train` before training and :meth:`eval` before evaluating).
         amortize_roots: spread the root (or eigenbasis) computations over the
             ``precondition_frequency`` steps, a fixed share per step, instead of all at once
             every ``precondition_frequency`` steps (step 4 of the module docstring: a different,
@@ -124,9 +145,11 @@ class DistributedShampoo(torch.optim.Optimizer):
         grafting_config: None or an SGD/AdaGrad/RMSprop/Adam config: norm of the update per block.
         distributed_config: ``SingleDeviceDistributedConfig()`` (default) or DDP.
         preconditioner_config: ``DefaultShampooConfig`` or another ``PreconditionerConfig``.
-        momentum: heavy-ball momentum on the update, in [0, 1).
-        dampening: momentum dampening, in [0, 1).
-        use_nesterov: Nesterov momentum (needs momentum > 0).
+        momentum: deprecated (``DeprecationWarning``): with ``momentum > 0`` the group steps as
+            with ``iterate_averaging_config=ClassicMomentumConfig(momentum, dampening,
+            use_nesterov)``; in [0, 1), and only with ``iterate_averaging_config=None``.
+        dampening: deprecated, see ``momentum``; in [0, 1).
+        use_nesterov: deprecated, see ``momentum`` (needs momentum > 0).
         nonfinite_grad_policy: ``"raise"`` (default) or ``"skip"`` on NaN/Inf gradients.
 
     Every group entry can be changed between steps (e.g. by a scheduler) and is validated again
@@ -157,6 +180,7 @@ class DistributedShampoo(torch.optim.Optimizer):
         precondition_frequency: int = 1,
         start_preconditioning_step: int | float = -1,
         use_bias_correction: bool = True,
+        iterate_averaging_config: IterateAveragingConfig | None = None,
         grafting_config: PreconditionerConfig | None = None,
         distributed_config: DistributedConfig = DefaultSingleDeviceDistributedConfig,
         preconditioner_config: PreconditionerConfig = DefaultShampooConfig,
@@ -181,10 +205,24 @@ class DistributedShampoo(torch.optim.Optimizer):
             precondition_frequency=precondition_frequency,
             start_preconditioning_step=start_preconditioning_step,
             use_bias_correction=use_bias_correction, amortize_roots=amortize_roots,
-            momentum_dtype=momentum_dtype,
+            momentum_dtype=momentum_dtype, iterate_averaging_config=iterate_averaging_config,
             grafting_config=grafting_config,
             distributed_config=distributed_config, preconditioner_config=preconditioner_config,
         )
+        if not isinstance(params, torch.Tensor):  # torch refuses a bare tensor: keep it whole
+            params = list(params)
+        groups = params if isinstance(params, list) else []
+        if (momentum, dampening, use_nesterov) != (0.0, 0.0, False) or any(
+            isinstance(group, dict) and LEGACY_MOMENTUM_KEYS & group.keys() for group in groups
+        ):
+            warnings.warn(
+                "DistributedShampoo's momentum, dampening and use_nesterov are deprecated: pass "
+                "iterate_averaging_config=ClassicMomentumConfig(momentum=..., dampening=..., "
+                "use_nesterov=...) instead (the same step, except that Nesterov with dampening > 0 "
+                "now scales P by 1 - dampening too)",
+                DeprecationWarning,
+                stacklevel=2,
+            )
         super().__init__(params, defaults)
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
@@ -227,6 +265,7 @@ class DistributedShampoo(torch.optim.Optimizer):
                 runtime.check_grads()
             except ValueError as error:
                 raise ValueError(f"{error} (param_groups[{index}]; no parameter or state was changed)") from None
+            runtime.check_train_mode()
         masks = [runtime.gather_grads() for runtime in self._runtimes]
         active = [(r, m) for r, m in zip(self._runtimes, masks) if m is not None]
         sums = [runtime.grad_sum() for runtime, _ in active]
@@ -246,6 +285,27 @@ class DistributedShampoo(torch.optim.Optimizer):
         for runtime, mask in active:
             runtime.apply_step(mask)
         return loss
+
+    @torch.no_grad()
+    def train(self) -> None:
+        """Parameters of primal-averaging groups (GPA, Schedule-Free) to ``y``, the training point.
+
+        ``W <- W + (1 - mu_y)(z - W)`` from the evaluation iterate; no-op for other groups and
+        for groups already in train mode. Collective under DDP (every rank calls it).
+        """
+        for runtime in self._runtimes:
+            runtime.switch_mode(to_train=True)
+
+    @torch.no_grad()
+    def eval(self) -> None:
+        """Parameters of primal-averaging groups (GPA, Schedule-Free) to ``x``, the averaged iterate.
+
+        ``W <- W + (1 - 1/mu_y)(z - W)``, i.e. ``x = (y - (1 - mu_y) z) / mu_y``; no-op for other
+        groups and for groups already in eval mode. :meth:`step` refuses to run until
+        :meth:`train`. Collective under DDP (every rank calls it).
+        """
+        for runtime in self._runtimes:
+            runtime.switch_mode(to_train=False)
 
     def optimizer_state_bytes(self) -> int:
         """Bytes of this rank's optimizer state: the tensors :meth:`state_dict` returns.
@@ -290,6 +350,8 @@ class DistributedShampoo(torch.optim.Optimizer):
             entry = {k: v for k, v in group.items() if k != "params" and is_plain_value(v)}
             entry["params"] = list(range(first, first + len(group["params"])))
             entry["step"] = runtime.step
+            if runtime.hyperparameters.primal_averaging is not None:
+                entry["lr_sum"], entry["train_mode"] = runtime.lr_power_sum, runtime.train_mode
             first += len(group["params"])
             groups.append(entry)
         return {"state": state, "param_groups": groups}
@@ -317,16 +379,19 @@ class DistributedShampoo(torch.optim.Optimizer):
             saved_state = {int(k): flatten_tree(v) for k, v in state_dict["state"].items()}
         except (TypeError, ValueError, AttributeError) as error:
             raise ValueError(f"state_dict['state'] must map param indices to dicts of tensors: {error}") from None
-        self._check_loaded_block_states(saved_state, [hyperparameters for _, hyperparameters, _ in plans])
+        self._check_loaded_block_states(saved_state, [plan[1] for plan in plans])
 
         # Everything checked: write.
-        for (merged, hyperparameters, step), group, runtime in zip(plans, self.param_groups, self._runtimes):
+        for plan, group, runtime in zip(plans, self.param_groups, self._runtimes):
+            merged, hyperparameters, step, averaging = plan
             for key in group:
                 if key != "params":
                     group[key] = merged[key]
             if runtime.configure(hyperparameters):
                 self._register_block_states(runtime)
             runtime.step = step
+            if averaging is not None:
+                runtime.lr_power_sum, runtime.train_mode = averaging
             for info, block_state in zip(runtime.block_infos, runtime.block_states):
                 param_index, block_name = info.composable_block_ids
                 entries = saved_state[param_index]
@@ -335,13 +400,14 @@ class DistributedShampoo(torch.optim.Optimizer):
 
     def _plan_loaded_groups(
         self, saved_groups: Sequence[Mapping[str, Any]]
-    ) -> list[tuple[dict[str, Any], Hyperparameters, int]]:
-        """Per group: the merged entries, their hyperparameters and the step (changes nothing)."""
+    ) -> list[tuple[dict[str, Any], Hyperparameters, int, tuple[float, bool] | None]]:
+        """Per group: the merged entries, their hyperparameters, the step and, under primal
+        averaging, ``(lr_sum, train_mode)`` (changes nothing)."""
         if len(saved_groups) != len(self.param_groups):
             raise ValueError(
                 f"state_dict has {len(saved_groups)} param groups, the optimizer has {len(self.param_groups)}"
             )
-        plans: list[tuple[dict[str, Any], Hyperparameters, int]] = []
+        plans: list[tuple[dict[str, Any], Hyperparameters, int, tuple[float, bool] | None]] = []
         for index, (saved, group, runtime) in enumerate(zip(saved_groups, self.param_groups, self._runtimes)):
             where = f"state_dict param_groups[{index}]"
             if len(saved.get("params", ())) != len(group["params"]):
@@ -354,13 +420,16 @@ class DistributedShampoo(torch.optim.Optimizer):
                 raise ValueError(f"{where}['step'] must be an int >= 0, got {step!r}")
             merged = dict(group)
             for key, value in saved.items():
-                if key not in ("params", "step") and key in group:
+                if key not in ("params", "step", "lr_sum", "train_mode") and key in group:
                     merged[key] = tuple(value) if isinstance(value, list) and isinstance(group[key], tuple) else value
             try:
                 hyperparameters = runtime.plan(merged)
             except ValueError as error:
                 raise ValueError(f"{where}: {error}") from None
-            plans.append((merged, hyperparameters, step))
+            averaging = None
+            if hyperparameters.primal_averaging is not None:
+                averaging = _loaded_averaging_state(saved, where)
+            plans.append((merged, hyperparameters, step, averaging))
         return plans
 
     def _check_loaded_block_states(
@@ -390,3 +459,15 @@ class DistributedShampoo(torch.optim.Optimizer):
         leftover = sorted(f"{index}.{key}" for index, keys in unexpected.items() for key in keys)
         if leftover:
             raise KeyError(f"unexpected block state in state_dict: {leftover}")
+
+
+def _loaded_averaging_state(saved: Mapping[str, Any], where: str) -> tuple[float, bool]:
+    """``(lr_sum, train_mode)`` of a saved primal-averaging group; ``ValueError`` if malformed."""
+    lr_sum, train_mode = saved.get("lr_sum"), saved.get("train_mode")
+    if isinstance(lr_sum, bool) or not isinstance(lr_sum, (int, float)) or not (
+        math.isfinite(lr_sum) and lr_sum >= 0.0
+    ):
+        raise ValueError(f"{where}['lr_sum'] must be a finite number >= 0 (primal averaging), got {lr_sum!r}")
+    if not isinstance(train_mode, bool):
+        raise ValueError(f"{where}['train_mode'] must be a bool (primal averaging), got {train_mode!r}")
+    return float(lr_sum), train_mode

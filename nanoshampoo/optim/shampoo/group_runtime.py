@@ -18,6 +18,14 @@ from nanoshampoo.optim.shampoo.group_validation import (
     step_values,
     validate_group,
 )
+from nanoshampoo.optim.shampoo.iterate_averaging import (
+    classic_momentum_,
+    interp_coeffs,
+    mode_switch_updates_,
+    primal_averaging_step_,
+    shrink_,
+)
+from nanoshampoo.optim.shampoo.iterate_averaging_types import PRIMAL_AVERAGING_CONFIG_TYPES
 from nanoshampoo.optim.shampoo.preconditioner.preconditioner import (
     BlockBucket,
     BlockStateView,
@@ -27,8 +35,13 @@ from nanoshampoo.optim.shampoo.shampoo_types import WeightDecayType
 from nanoshampoo.optim.shampoo.state_dict_trees import clone_tree, flatten_tree
 
 _GRAFTING_NORM_EPSILON = 1e-16
-# Block state entries that exist only while the hyperparameters use them.
-_OPTIONAL_BLOCK_STATE = ("filtered_grad", "momentum")
+# Block state entries that exist only while the hyperparameters use them: entry -> the buffer
+# that holds it, and whether it is stored in ``momentum_dtype`` (else the computation dtype).
+_OPTIONAL_BLOCK_STATE = {
+    "filtered_grad": ("filtered", True),
+    "momentum": ("momentum", True),
+    "weight_buffer": ("weights", False),
+}
 
 
 class GroupRuntime:
@@ -46,6 +59,10 @@ class GroupRuntime:
 
     def __init__(self, group: dict[str, Any], group_index: int, first_param_index: int) -> None:
         self.step = 0
+        # Primal averaging (GPA, Schedule-Free): whether the parameters hold y (train mode) or
+        # x (eval mode), and Schedule-Free's sum of lr^r over the steps taken.
+        self.train_mode = True
+        self.lr_power_sum = 0.0
         self._fixed = {key: group[key] for key in FIXED_GROUP_KEYS}
         self._params = tuple(group["params"])
         self.distributor = build_distributor(
@@ -74,6 +91,7 @@ class GroupRuntime:
                 self._bucket_positions[i] = (k, position)
         hyperparameters = Hyperparameters.resolve(group)
         self.hyperparameters = hyperparameters
+        self._primal_averaging = hyperparameters.primal_averaging is not None
         self.preconditioner = self._build_preconditioner(hyperparameters)
         grafting = group["grafting_config"]
         # The diagonal grafting preconditioners carry their own beta2 and epsilon.
@@ -86,12 +104,13 @@ class GroupRuntime:
         self.filtered: list[torch.Tensor] = []
         self.filtered_out: list[torch.Tensor] = []
         self.momentum: list[torch.Tensor] = []
+        self.weights: list[torch.Tensor] = []  # primal averaging's z
         self._param_slices: list[list[torch.Tensor]] = []
-        self._allocate_buffers(hyperparameters)
-        self.block_states = [self._block_state(i) for i in range(len(self.block_infos))]
         # Per-block views, built once: parameter blocks per bucket, and each local block's
         # slice of the update buffers (in local block order, as the distributor expects).
         self._bucket_param_views = [self._in_bucket_order(blocked_params, k) for k in range(len(self.buckets))]
+        self._allocate_buffers(hyperparameters)
+        self.block_states = [self._block_state(i) for i in range(len(self.block_infos))]
         self._local_updates: list[torch.Tensor] = [torch.empty(0)] * len(self.block_infos)
         for k, buffer in enumerate(self.updates):
             for position, i in enumerate(self.bucket_members[k]):
@@ -125,9 +144,23 @@ class GroupRuntime:
             raise ValueError(
                 "params cannot change after the group is added; add a new group with add_param_group"
             )
+        averaging = group["iterate_averaging_config"]
+        if isinstance(averaging, PRIMAL_AVERAGING_CONFIG_TYPES) != self._primal_averaging:
+            raise ValueError(
+                "iterate_averaging_config cannot turn primal averaging (GPA, Schedule-Free) on or "
+                f"off after the group is added (it decides the block state), got {averaging!r}"
+            )
         if step_values(group) == self.hyperparameters.group_values:
             return self.hyperparameters
         return Hyperparameters.resolve(group)
+
+    def check_train_mode(self) -> None:
+        """Raise ``RuntimeError`` if primal averaging's parameters hold ``x`` (after ``eval()``)."""
+        if not self.train_mode:
+            raise RuntimeError(
+                "the parameters hold the averaged (evaluation) iterate: call optimizer.train() "
+                "before optimizer.step()"
+            )
 
     def configure(self, hyperparameters: Hyperparameters) -> bool:
         """Make the buffers and the preconditioner match ``hyperparameters`` (from :meth:`plan`).
@@ -167,13 +200,11 @@ class GroupRuntime:
             return False
         changed = False
         state_dtype = hyperparameters.momentum_dtype
+        narrow = {buffer for buffer, in_state_dtype in _OPTIONAL_BLOCK_STATE.values() if in_state_dtype}
         for name, needed in hyperparameters.buffers_needed().items():
             present = bool(getattr(self, name))
             if needed != present:
-                dtypes = [
-                    (state_dtype if name in ("filtered", "momentum") and state_dtype else b.dtype)
-                    for b in self.buckets
-                ]
+                dtypes = [(state_dtype if name in narrow and state_dtype else b.dtype) for b in self.buckets]
                 setattr(
                     self,
                     name,
@@ -202,9 +233,9 @@ class GroupRuntime:
         k, _ = self._bucket_positions[local_index]
         bucket = self.buckets[k]
         needed = hyperparameters.buffers_needed()
-        for entry, buffer in zip(_OPTIONAL_BLOCK_STATE, ("filtered", "momentum")):
+        for entry, (buffer, in_state_dtype) in _OPTIONAL_BLOCK_STATE.items():
             if needed[buffer]:
-                dtype = hyperparameters.momentum_dtype or bucket.dtype
+                dtype = (hyperparameters.momentum_dtype if in_state_dtype else None) or bucket.dtype
                 entries[f"{block_name}.{entry}"] = (torch.Size(bucket.shape), dtype)
         return entries
 
@@ -256,6 +287,8 @@ class GroupRuntime:
             entries["filtered_grad"] = self.filtered[bucket_index][position]
         if self.momentum:
             entries["momentum"] = self.momentum[bucket_index][position]
+        if self.weights:
+            entries["weight_buffer"] = self.weights[bucket_index][position]
         return BlockStateView(**entries)
 
     def _in_bucket_order(self, items: Sequence[Any], bucket_index: int) -> list[Any]:
@@ -317,6 +350,7 @@ class GroupRuntime:
         Uses :attr:`hyperparameters` (set by :meth:`configure`); ``present`` is
         :meth:`gather_grads`' mask.
         """
+        averaging_coeffs = self._advance_averaging()
         if not self.block_infos:
             # A DDP rank that owns no block still takes part in the exchange.
             self.step += 1
@@ -327,6 +361,11 @@ class GroupRuntime:
         # batched kernels over all of its blocks (one baddbmm per bucket, one eigh per factor
         # size), and under DDP every rank must enter the same exchanges with the same buffers.
         # So their state is saved here, restored after the step, and their update is zero.
+        if self.step == 0 and self.weights:
+            # z starts at the parameters of the first step (x = y = z), read here, after the
+            # gather: the lossless FSDP2/HSDP2 distributors fill their blocks only there.
+            for buffer, views in zip(self.weights, self._bucket_param_views):
+                torch._foreach_copy_(list(buffer.unbind(0)), views)
         missing = [i for i, has in enumerate(present) if not has]
         saved = {i: clone_tree(self.block_states[i].state_dict()) for i in missing}
         self.step += 1
@@ -335,11 +374,10 @@ class GroupRuntime:
         wd, decay_type = h.weight_decay, h.weight_decay_type
         start = h.start_preconditioning_step
         grads = self.grads
-        if wd > 0.0:
-            for slices, views in zip(self._param_slices, self._bucket_param_views):
-                torch._foreach_copy_(slices, views)
-            if decay_type == WeightDecayType.L2:
-                torch._foreach_add_(grads, self.params, alpha=wd)
+        for slices, views in zip(self._param_slices, self._bucket_param_views):
+            torch._foreach_copy_(slices, views)
+        if wd > 0.0 and decay_type == WeightDecayType.L2:
+            torch._foreach_add_(grads, self.params, alpha=wd)
 
         self.preconditioner.update_statistics(grads, t)
         if self.grafting is not None:
@@ -358,11 +396,7 @@ class GroupRuntime:
             else:
                 torch._foreach_copy_(self.updates, directions)
 
-        if wd > 0.0 and decay_type != WeightDecayType.L2:
-            torch._foreach_add_(self.updates, self.params, alpha=h.decoupled_weight_decay())
-        if h.momentum > 0.0:
-            self._apply_momentum()
-        torch._foreach_mul_(self.updates, -h.lr)
+        self._decay_and_average(averaging_coeffs)
 
         for i in missing:
             self._local_updates[i].zero_()
@@ -380,15 +414,51 @@ class GroupRuntime:
         elif t > start and t % frequency == 0:
             self.preconditioner.amortized_computation(t, period=t // frequency)
 
-    def _apply_momentum(self) -> None:
-        """Step 7's momentum: ``B <- mu B + (1 - dampening) P``, then ``P <- B`` (Nesterov: ``P + mu B``)."""
+    def _decay_and_average(self, averaging_coeffs: tuple[float, float] | None) -> None:
+        """Steps 7-8 of the module docstring on :attr:`updates` (``P`` on entry, the change of
+        the parameters on return): decoupled decay, iterate averaging and the learning rate."""
         h = self.hyperparameters
-        torch._foreach_mul_(self.momentum, h.momentum)
-        torch._foreach_add_(self.momentum, self.updates, alpha=1.0 - h.dampening)
-        if h.use_nesterov:
-            torch._foreach_add_(self.updates, self.momentum, alpha=h.momentum)
-        else:
-            torch._foreach_copy_(self.updates, self.momentum)
+        alpha = h.decoupled_weight_decay() if h.weight_decay > 0.0 else 0.0
+        if alpha != 0.0 and averaging_coeffs is None:
+            torch._foreach_add_(self.updates, self.params, alpha=alpha)
+        if h.classic_momentum is not None:
+            classic_momentum_(self.updates, self.momentum, h.classic_momentum)
+        torch._foreach_mul_(self.updates, -h.lr)
+        if averaging_coeffs is not None:
+            if alpha != 0.0:
+                shrink_(self.weights, 1.0 - h.lr * alpha)
+            primal_averaging_step_(self.updates, self.weights, self.params, *averaging_coeffs)
+
+    def _advance_averaging(self) -> tuple[float, float] | None:
+        """Step 8's ``(mu_x, mu_y)`` under primal averaging (None without), and Schedule-Free's
+        sum of ``lr^r`` moved to include this step (on every rank, so that checkpoints agree)."""
+        averaging = self.hyperparameters.primal_averaging
+        if averaging is None:
+            return None
+        mu_x, mu_y, self.lr_power_sum = interp_coeffs(averaging, self.hyperparameters.lr, self.lr_power_sum)
+        return mu_x, mu_y
+
+    def switch_mode(self, to_train: bool) -> None:
+        """Move the parameters between ``y`` (train) and ``x`` (eval) under primal averaging.
+
+        ``W <- W + c (z - W)`` (:func:`~nanoshampoo.optim.shampoo.iterate_averaging.mode_switch_updates_`)
+        through the distributor (collective: every rank calls it). Does nothing without primal
+        averaging or when already in that mode.
+        """
+        averaging = self.hyperparameters.primal_averaging
+        if averaging is None or self.train_mode == to_train:
+            return
+        if self.step > 0:  # before the first step x = y = z: nothing to move
+            # Lossless FSDP2/HSDP2 distributors refresh their blocks' values only in this gather
+            # (collective, like the update); other distributors' blocks are parameter views.
+            self.distributor.local_blocked_grads()
+            if self.block_infos:
+                for slices, views in zip(self._param_slices, self._bucket_param_views):
+                    torch._foreach_copy_(slices, views)
+                mu_y = averaging.train_interp_coeff
+                mode_switch_updates_(self.updates, self.weights, self.params, mu_y, to_train)
+            self.distributor.update_params(self._local_updates)
+        self.train_mode = to_train
 
     def _filtered_grads(self, t: int) -> list[torch.Tensor]:
         h = self.hyperparameters

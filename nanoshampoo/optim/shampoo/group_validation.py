@@ -14,11 +14,20 @@ from typing import Any
 
 import torch
 
+from nanoshampoo.optim.shampoo.iterate_averaging_types import (
+    PRIMAL_AVERAGING_CONFIG_TYPES,
+    ClassicMomentumConfig,
+    GeneralizedPrimalAveragingConfig,
+    IterateAveragingConfig,
+    ScheduleFreeConfig,
+)
 from nanoshampoo.optim.shampoo.shampoo_types import (
     GRAFTING_CONFIG_TYPES,
     DistributedConfig,
     PreconditionerConfig,
     PseudoInverseConfig,
+    SignDescentPreconditionerConfig,
+    SpectralDescentPreconditionerConfig,
     UnsupportedConfigError,
     WeightDecayType,
     check_ema_storage_dtype,
@@ -34,10 +43,15 @@ FIXED_GROUP_KEYS = (
 STEP_GROUP_KEYS = (
     "lr", "betas", "beta3", "epsilon", "momentum", "dampening", "use_nesterov", "weight_decay",
     "weight_decay_type", "peak_lr", "precondition_frequency", "start_preconditioning_step",
-    "use_bias_correction", "amortize_roots",
+    "use_bias_correction", "amortize_roots", "iterate_averaging_config",
 )
 # Weight decay types whose coefficient is divided by the group's peak learning rate.
 _PEAK_LR_DECAY_TYPES = (WeightDecayType.CORRECTED, WeightDecayType.INDEPENDENT)
+ITERATE_AVERAGING_CONFIG_TYPES = (ClassicMomentumConfig, *PRIMAL_AVERAGING_CONFIG_TYPES)
+# Preconditioners without an amortized computation: their groups step with
+# precondition_frequency 1 whatever the entry says (so start_preconditioning_step -1 means 1),
+# as in the reference library.
+STATELESS_PRECONDITIONER_TYPES = (SignDescentPreconditionerConfig, SpectralDescentPreconditionerConfig)
 
 
 def _is_number(value: Any) -> bool:
@@ -83,6 +97,7 @@ def validate_group(group: Mapping[str, Any]) -> None:
         "must be a DistributedConfig",
     )
     _validate_step_sizes(group)
+    _validate_iterate_averaging(group)
     _validate_schedule(group)
 
 
@@ -125,6 +140,24 @@ def _validate_step_sizes(group: Mapping[str, Any]) -> None:
     check_ema_storage_dtype(
         "momentum_dtype", group["momentum_dtype"], 1.0 - betas[0] if betas[0] > 0.0 else 1.0,
         "1 - betas[0]",
+    )
+
+
+def _validate_iterate_averaging(group: Mapping[str, Any]) -> None:
+    """``iterate_averaging_config``, and that the deprecated momentum entries are not set with it."""
+    config = group["iterate_averaging_config"]
+    if not (config is None or isinstance(config, ITERATE_AVERAGING_CONFIG_TYPES)):
+        # Another IterateAveragingConfig subclass: the reference raises NotImplementedError.
+        error = UnsupportedConfigError if isinstance(config, IterateAveragingConfig) else ValueError
+        raise error(
+            "iterate_averaging_config must be None or a ClassicMomentumConfig, "
+            f"GeneralizedPrimalAveragingConfig or ScheduleFreeConfig, got {config!r}"
+        )
+    legacy = (group["momentum"], group["dampening"], group["use_nesterov"]) != (0.0, 0.0, False)
+    _require(
+        group, config is None or not legacy, "momentum",
+        "(with dampening and use_nesterov; deprecated) must keep its defaults when "
+        "iterate_averaging_config is set: put them into a ClassicMomentumConfig",
     )
 
 
@@ -178,9 +211,8 @@ class Hyperparameters:
     beta2: float
     beta3: float
     epsilon: float
-    momentum: float
-    dampening: float
-    use_nesterov: bool
+    classic_momentum: ClassicMomentumConfig | None
+    primal_averaging: GeneralizedPrimalAveragingConfig | ScheduleFreeConfig | None
     weight_decay: float
     weight_decay_type: WeightDecayType
     peak_lr: float
@@ -196,15 +228,17 @@ class Hyperparameters:
         """From a group that passed :func:`validate_group`."""
         beta1, beta2 = group["betas"]
         frequency, start = group["precondition_frequency"], group["start_preconditioning_step"]
+        if isinstance(group["preconditioner_config"], STATELESS_PRECONDITIONER_TYPES):
+            frequency = 1
+        config = group["iterate_averaging_config"]
         return cls(
             lr=float(group["lr"]),
             beta1=float(beta1),
             beta2=float(beta2),
             beta3=float(beta1 if group["beta3"] == -1.0 else group["beta3"]),
             epsilon=float(group["epsilon"]),
-            momentum=float(group["momentum"]),
-            dampening=float(group["dampening"]),
-            use_nesterov=group["use_nesterov"],
+            classic_momentum=_classic_momentum(group),
+            primal_averaging=config if isinstance(config, PRIMAL_AVERAGING_CONFIG_TYPES) else None,
             weight_decay=float(group["weight_decay"]),
             weight_decay_type=group["weight_decay_type"],
             peak_lr=float(group["peak_lr"]),
@@ -238,9 +272,26 @@ class Hyperparameters:
         """Which per-bucket buffers of :class:`GroupRuntime` a step with these values uses."""
         filtering = self.beta1 > 0.0
         return {
-            "params": self.weight_decay > 0.0,
+            # Parameter copies: for weight decay, and for primal averaging's y.
+            "params": self.weight_decay > 0.0 or self.primal_averaging is not None,
             "filtered": filtering,
             "filtered_out": filtering
             and (self.beta3 != self.beta1 or self.use_bias_correction or self.momentum_dtype is not None),
-            "momentum": self.momentum > 0.0,
+            "momentum": self.classic_momentum is not None,
+            "weights": self.primal_averaging is not None,
         }
+
+
+def _classic_momentum(group: Mapping[str, Any]) -> ClassicMomentumConfig | None:
+    """The group's ``ClassicMomentumConfig``: its ``iterate_averaging_config``, or the one the
+    deprecated ``momentum``/``dampening``/``use_nesterov`` entries map onto (the constructor
+    warns about them)."""
+    config = group["iterate_averaging_config"]
+    if isinstance(config, ClassicMomentumConfig):
+        return config
+    if group["momentum"] == 0.0:
+        return None
+    return ClassicMomentumConfig(
+        momentum=float(group["momentum"]), dampening=float(group["dampening"]),
+        use_nesterov=group["use_nesterov"],
+    )

@@ -4,9 +4,9 @@ The configs live beside the code they configure and are re-exported here:
 ``preconditioner/preconditioner_types.py`` (preconditioners and grafting),
 ``preconditioner/shampoo_variant_types.py`` (eigendecomposed Shampoo, KL-Shampoo),
 ``preconditioner/matrix_functions_types.py`` (roots, eigenbases, orthogonalization, rank-deficient
-factors), ``distributor/distributor_types.py`` (distributors), ``config_checks.py`` (the field
-checks and ``UnsupportedConfigError``); this module holds the optimizer-wide types
-(``WeightDecayType``).
+factors), ``distributor/distributor_types.py`` (distributors), ``iterate_averaging_types.py``
+(momentum, GPA, Schedule-Free), ``config_checks.py`` (the field checks and
+``UnsupportedConfigError``); this module holds the optimizer-wide types (``WeightDecayType``).
 
 Every config is a small dataclass validated in ``__post_init__``: a bad value raises
 ``ValueError`` whose message starts with the field name. Names and defaults follow the
@@ -46,6 +46,12 @@ from nanoshampoo.optim.shampoo.distributor.distributor_types import (
     HybridShardDistributedConfig,
     SingleDeviceDistributedConfig,
 )
+from nanoshampoo.optim.shampoo.iterate_averaging_types import (
+    ClassicMomentumConfig,
+    GeneralizedPrimalAveragingConfig,
+    IterateAveragingConfig,
+    ScheduleFreeConfig,
+)
 from nanoshampoo.optim.shampoo.preconditioner.matrix_functions_types import (
     AmortizedComputationConfig,
     CoupledHigherOrderConfig,
@@ -80,6 +86,7 @@ from nanoshampoo.optim.shampoo.preconditioner.preconditioner_types import (
     ClassicShampooPreconditionerConfig,
     DefaultEigenvalueCorrectedShampooConfig,
     DefaultShampooConfig,
+    DefaultSignDescentPreconditionerConfig,
     DefaultSOAPConfig,
     DefaultSpectralDescentPreconditionerConfig,
     EigenvalueCorrectedShampooPreconditionerConfig,
@@ -89,6 +96,7 @@ from nanoshampoo.optim.shampoo.preconditioner.preconditioner_types import (
     RootInvShampooPreconditionerConfig,
     SGDPreconditionerConfig,
     ShampooPreconditionerConfig,
+    SignDescentPreconditionerConfig,
     SpectralDescentPreconditionerConfig,
 )
 
@@ -97,6 +105,7 @@ __all__ = [
     "AdamPreconditionerConfig",
     "AmortizedComputationConfig",
     "BaseShampooPreconditionerConfig",
+    "ClassicMomentumConfig",
     "ClassicShampooPreconditionerConfig",
     "CoupledHigherOrderConfig",
     "CoupledNewtonConfig",
@@ -108,6 +117,7 @@ __all__ = [
     "DefaultPerturbationConfig",
     "DefaultSOAPConfig",
     "DefaultShampooConfig",
+    "DefaultSignDescentPreconditionerConfig",
     "DefaultSingleDeviceDistributedConfig",
     "DefaultSpectralDescentPreconditionerConfig",
     "DistributedConfig",
@@ -122,8 +132,10 @@ __all__ = [
     "FSDPParamAssignmentStrategy",
     "FullyShardDistributedConfig",
     "GRAFTING_CONFIG_TYPES",
+    "GeneralizedPrimalAveragingConfig",
     "HSDPDistributedConfig",
     "HybridShardDistributedConfig",
+    "IterateAveragingConfig",
     "MatrixFunctionConfig",
     "NewtonSchulzOrthogonalizationConfig",
     "NonFiniteGradientError",
@@ -139,7 +151,9 @@ __all__ = [
     "RootInvShampooPreconditionerConfig",
     "SGDPreconditionerConfig",
     "SVDOrthogonalizationConfig",
+    "ScheduleFreeConfig",
     "ShampooPreconditionerConfig",
+    "SignDescentPreconditionerConfig",
     "SingleDeviceDistributedConfig",
     "SpectralDescentPreconditionerConfig",
     "UnsupportedConfigError",

@@ -104,9 +104,7 @@ class DDPDistributor(Distributor):
         self._communicate_params = config.communicate_params
         group, group_size = new_trainer_group(config.num_trainers_per_group)
         blocks = self._global_block_views
-        assignment = distribute_buffer_sizes(
-            [block.numel() * block.element_size() for block in blocks], group_size
-        )
+        assignment = distribute_buffer_sizes(blocks, group_size)
         self._buffers = prepare_update_param_buffers(
             blocks, assignment, group=group, communication_dtype=config.communication_dtype
         )

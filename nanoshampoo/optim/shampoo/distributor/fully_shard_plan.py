@@ -143,8 +143,9 @@ def assign_owners(
     elif strategy == FSDPParamAssignmentStrategy.REPLICATE:
         owners = [tuple(range(num_shards))] * len(sharded)
     else:
+        # Whole parameters are assigned, so the cost models see their full shapes.
         assignment = distribute_buffer_sizes(
-            [math.prod(p.shape) * p.local.element_size() for p in sharded], num_shards
+            [torch.empty(p.shape, dtype=p.local.dtype, device="meta") for p in sharded], num_shards
         )
         owners = [(rank,) for _, rank in assignment]
     # An empty parameter has no blocks: nobody computes it, nothing travels for it.

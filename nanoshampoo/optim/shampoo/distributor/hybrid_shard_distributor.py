@@ -86,9 +86,7 @@ class HybridShardDistributor(FullyShardDistributor):
         self._replicate_group = None if mesh is None else mesh.get_group(0)
         self._replicas = replicas
         work_blocks = self._work_param_blocks
-        assignment = distribute_buffer_sizes(
-            [block.numel() * block.element_size() for block in work_blocks], replicas
-        )
+        assignment = distribute_buffer_sizes(work_blocks, replicas)
         exchanged = (
             work_blocks
             if config.communicate_params or self._strategy == FSDPParamAssignmentStrategy.DEFAULT

@@ -1,4 +1,4 @@
-"""Configs of the preconditioners: diagonal (also the grafting configs), Shampoo, SOAP, Muon.
+"""Configs of the preconditioners: diagonal (also grafting), Shampoo, SOAP, Muon, sign descent.
 
 Each names the preconditioner a group uses (``preconditioner_config``) or grafts onto
 (``grafting_config``); the matrix functions they need are configured by
@@ -9,6 +9,7 @@ its fields in ``__post_init__`` (``ValueError`` naming the field).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -446,3 +447,41 @@ class SpectralDescentPreconditionerConfig(PreconditionerConfig):
 
 
 DefaultSpectralDescentPreconditionerConfig = SpectralDescentPreconditionerConfig()
+
+
+# ---------------------------------------------------------------------------------------------
+# Sign descent (signSGD, Lion)
+# ---------------------------------------------------------------------------------------------
+
+
+def unit_scale(grad: torch.Tensor) -> float:
+    """The default ``scale_fn`` of sign descent: every block's step is ``sign(Gbar)``.
+
+    A module-level function, not a lambda, so that configs pickle (checkpoints, spawned ranks).
+    """
+    return 1.0
+
+
+@dataclass(kw_only=True)
+class SignDescentPreconditionerConfig(PreconditionerConfig):
+    """Sign descent: the search direction of a block is ``sign(Gbar) * scale_fn(Gbar)``.
+
+    ``Gbar`` is the block's filtered gradient (``betas[0]``, ``beta3``), so ``betas=(b2, ...)``
+    with ``beta3=b1`` and ``use_bias_correction=False`` is Lion. Stateless: ``betas[1]`` and
+    ``epsilon`` have no effect, and ``precondition_frequency`` is taken as 1 (as a group with
+    ``start_preconditioning_step=-1`` then starts at step 1).
+
+    Args:
+        scale_fn: ``block -> float or tensor`` (broadcast against the block), called once per
+            block and step; e.g. ``lambda g: g.abs().sum()`` is steepest descent under the
+            L-infinity norm. Prefer a named function: lambdas do not pickle.
+    """
+
+    scale_fn: Callable[[torch.Tensor], float | torch.Tensor] = unit_scale
+
+    def __post_init__(self) -> None:
+        if not callable(self.scale_fn):
+            raise ValueError(f"scale_fn must be callable (block -> float or tensor), got {self.scale_fn!r}")
+
+
+DefaultSignDescentPreconditionerConfig = SignDescentPreconditionerConfig()

@@ -1,4 +1,6 @@
-"""Small generic helpers: finding concrete subclasses and batching an iterable."""
+"""Small generic helpers: finding concrete subclasses, batching an iterable, and the error
+types that let a script written for the reference Distributed Shampoo catch what it catches
+there."""
 
 from __future__ import annotations
 
@@ -9,13 +11,37 @@ from typing import TypeVar
 T = TypeVar("T")
 
 
-def get_all_non_abstract_subclasses(cls: type[T]) -> Iterator[type[T]]:
-    """Yield every concrete subclass of ``cls``, recursively (children, grandchildren, ...).
+class InvalidArgumentError(ValueError, AssertionError):
+    """A bad argument to a shape or state tool: a ``ValueError`` that is also an ``AssertionError``.
 
-    ``cls`` itself is not yielded. A class is abstract when its ``__abstractmethods__`` is
-    non-empty; abstract classes are skipped but their subclasses are still visited. Each class is
-    yielded once, even when it is reachable through several parents (diamond inheritance), in
-    depth-first order of definition.
+    The reference library checks these arguments with ``assert``; raising this type keeps our
+    message (which names the argument) while ``except AssertionError`` in a ported script still
+    catches it.
+
+    Example:
+        >>> try:
+        ...     raise InvalidArgumentError("compress_list: lengths differ")
+        ... except AssertionError as error:
+        ...     print(type(error).__name__, isinstance(error, ValueError))
+        InvalidArgumentError True
+    """
+
+
+class InvalidStateError(RuntimeError, AssertionError):
+    """A call in the wrong lifecycle state: a ``RuntimeError`` that is also an ``AssertionError``.
+
+    Raised, for example, when a quantized list's dequantized cache is read before it exists,
+    where the reference library asserts.
+    """
+
+
+def get_all_non_abstract_subclasses(cls: type[T]) -> Iterator[type[T]]:
+    """Yield ``cls`` itself when it is concrete, then every concrete subclass, recursively.
+
+    A class is abstract when its ``__abstractmethods__`` is non-empty; abstract classes are
+    skipped but their subclasses are still visited. Each class is yielded once, even when it is
+    reachable through several parents (diamond inheritance), in depth-first order of definition
+    starting from ``cls``.
 
     Example:
         >>> from abc import ABC, abstractmethod
@@ -27,9 +53,11 @@ def get_all_non_abstract_subclasses(cls: type[T]) -> Iterator[type[T]]:
         ...     def f(self) -> None: ...
         >>> [c.__name__ for c in get_all_non_abstract_subclasses(Base)]
         ['Leaf']
+        >>> [c.__name__ for c in get_all_non_abstract_subclasses(Leaf)]
+        ['Leaf']
     """
     seen: set[type] = set()
-    stack = list(reversed(cls.__subclasses__()))
+    stack: list[type] = [cls]
     while stack:
         sub = stack.pop()
         if sub in seen:
@@ -51,7 +79,7 @@ def batched(iterable: Iterable[T], n: int) -> Iterator[tuple[T, ...]]:
         [(0, 1, 2), (3, 4, 5), (6, 7, 8), (9,)]
     """
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise ValueError(f"batched: n must be an int >= 1, got {n!r}")
+        raise ValueError(f"batched: {n=} must be at least one (n must be an int >= 1, got {n!r})")
     return _batched(iter(iterable), n)
 
 

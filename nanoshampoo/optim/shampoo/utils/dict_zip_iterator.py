@@ -26,7 +26,7 @@ class DictZipIterator(Generic[V]):
         >>> list(DictZipIterator({"a": [1], "b": [1, 2]}))
         Traceback (most recent call last):
         ...
-        ValueError: DictZipIterator: ... exhausted keys ['a'], still-active keys ['b']
+        ValueError: DictZipIterator: Iterators have different lengths. Exhausted: ['a']. ...
     """
 
     def __init__(self, data: Mapping[str, Iterable[V]]) -> None:
@@ -52,6 +52,6 @@ class DictZipIterator(Generic[V]):
         if len(exhausted) == len(self._iterators):
             raise StopIteration
         raise ValueError(
-            "DictZipIterator: iterators have different lengths; "
-            f"exhausted keys {exhausted}, still-active keys {list(step)}"
+            "DictZipIterator: Iterators have different lengths. "
+            f"Exhausted: {exhausted}. Still active: {list(step)}"
         )

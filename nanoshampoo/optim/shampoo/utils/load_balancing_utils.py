@@ -36,15 +36,17 @@ class CostModel(AbstractDataclass):
 
 @dataclass
 class PolynomialComputationalCostModel(CostModel):
-    """Compute cost: ``max(min_cost, sum over dims d of polyval(d, coefficients))``.
+    """Compute cost: ``sum over dims d of max(min_cost, polyval(d, coefficients))``.
 
     ``coefficients`` are in increasing degree (numpy's ``polynomial.polyval`` convention), so the
     default ``(0, 0, 0, 1)`` is ``sum(d**3)``: the cost of a root-inverse or eigendecomposition
-    of each ``d x d`` Shampoo factor matrix. A 0-D tensor has no dims and costs ``min_cost``.
+    of each ``d x d`` Shampoo factor matrix. The floor applies per dim, as in the reference
+    library: each factor matrix costs at least ``min_cost`` (a kernel launch). A 0-D tensor has
+    no dims (no factor matrices) and costs 0.
 
     Fields:
         coefficients: non-empty tuple of finite floats.
-        min_cost: finite, ``>= 0``; the floor of every cost.
+        min_cost: finite, ``>= 0``; the floor of the cost of every dim.
 
     Example:
         >>> model = PolynomialComputationalCostModel(coefficients=(1.0, 0.1, 0.01), min_cost=10.0)
@@ -69,8 +71,11 @@ class PolynomialComputationalCostModel(CostModel):
             )
 
     def cost(self, tensor: torch.Tensor) -> float:
-        total = sum(float(polynomial.polyval(dim, self.coefficients)) for dim in tensor.shape)
-        return max(self.min_cost, total)
+        return sum(
+            (max(self.min_cost, float(polynomial.polyval(dim, self.coefficients)))
+             for dim in tensor.shape),
+            0.0,
+        )  # fmt: skip
 
 
 @dataclass
@@ -109,20 +114,22 @@ class AlignedMemoryCostModel(CostModel):
 DefaultCostModel = AlignedMemoryCostModel()
 
 
-@dataclass
+@dataclass(kw_only=True)
 class LoadBalancingConfig:
     """How ``shampoo_utils.distribute_buffer_sizes`` weighs blocks when spreading them over ranks.
 
+    Keyword-only, as in the reference library (which defines it in ``shampoo_types``).
+
     Fields:
-        cost_model: a :class:`CostModel` instance; default equal to ``DefaultCostModel`` (balance
-            aligned bytes).
+        cost_model: a :class:`CostModel` instance; default ``DefaultCostModel`` (balance aligned
+            bytes). ``PolynomialComputationalCostModel()`` balances the cubic cost of the roots.
 
     Example:
         >>> LoadBalancingConfig(cost_model=PolynomialComputationalCostModel()).cost_model.min_cost
         0.0
     """
 
-    cost_model: CostModel = field(default_factory=lambda: AlignedMemoryCostModel())
+    cost_model: CostModel = field(default_factory=lambda: DefaultCostModel)
 
     def __post_init__(self) -> None:
         if not isinstance(self.cost_model, CostModel):

@@ -1,19 +1,28 @@
-"""A lean ``nn.Module``-like base for optimizer internals: nested state save and strict load.
+"""A lean ``nn.Module``-like base for optimizer internals: nested state save and lenient load.
 
 Optimizer components (accumulators, preconditioners, quantized state) keep their tensors as
 plain attributes, possibly inside dicts, lists, tuples and sets, and possibly inside other
 ``OptimizerModule``s. :meth:`OptimizerModule.state_dict` walks all of that and returns a nested
 dict; :meth:`OptimizerModule.load_state_dict` writes a saved dict back **in place**, so that
 tensors other code holds references to (views, lists of blocks) see the restored values.
+
+Both follow the reference Distributed Shampoo library: a nested module's entry is kept even
+when it holds nothing (``{}``), and loading restores what matches and skips the rest (keys
+absent from the saved dict, extra saved keys, and values of the wrong kind, the last with a
+logged warning), so that a checkpoint of a slightly different configuration still loads.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Hashable, Mapping
 from copy import deepcopy
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
+
+logger = logging.getLogger(__name__)
 
 _CONTAINERS = (dict, list, tuple, set)
 
@@ -28,10 +37,9 @@ class OptimizerModule:
     State layout (nested dicts, loadable with ``torch.load(weights_only=True)``):
 
     - a tensor attribute ``x`` becomes ``{"x": tensor}``;
-    - a nested ``OptimizerModule`` becomes its own ``state_dict()``;
+    - a nested ``OptimizerModule`` becomes its own ``state_dict()``, kept even when empty;
     - dicts keep their keys; lists, tuples and sets become dicts keyed by position ``0, 1, ...``;
-    - entries that contain no stored value (empty containers, modules without state) are
-      dropped;
+      a container that stores nothing (empty, or only non-tensors) is dropped;
     - non-tensor values (ints, floats, strings, ``None``, configs) are stored only when
       ``store_non_tensors=True``.
 
@@ -40,9 +48,10 @@ class OptimizerModule:
         ...     def __init__(self) -> None:
         ...         self.sums = [torch.zeros(2), torch.zeros(3)]
         ...         self.steps = 0
+        ...         self.extra = OptimizerModule()
         >>> acc = Accumulator()
         >>> acc.state_dict()
-        {'sums': {0: tensor([0., 0.]), 1: tensor([0., 0., 0.])}}
+        {'sums': {0: tensor([0., 0.]), 1: tensor([0., 0., 0.])}, 'extra': {}}
         >>> acc.state_dict(store_non_tensors=True)["steps"]
         0
         >>> acc.load_state_dict({"sums": {"0": torch.ones(2), "1": torch.ones(3)}})
@@ -79,28 +88,36 @@ class OptimizerModule:
     def load_state_dict(
         self, state_dict: Mapping[Any, Any], store_non_tensors: bool = False
     ) -> None:
-        """Load ``state_dict`` into this module in place, strictly.
+        """Load what matches in ``state_dict`` into this module, in place.
 
-        Tensors are copied into the existing tensors (``old.detach().copy_(new)``), nested
-        modules recurse, lists and dicts are updated in place, tuples and sets are rebuilt.
-        Container keys that arrive as strings (``"0"``, as after PyTorch's optimizer state
-        flattening or a JSON round trip) are matched to the int keys they stand for. Non-tensor
-        leaves are restored with ``deepcopy`` when ``store_non_tensors=True``; otherwise they are
-        left untouched and any entry given for them is ignored.
+        Walks the module's own entries (as the reference library does):
+
+        - tensors are copied into the existing tensors (``old.detach().copy_(new)``, converting
+          the dtype); nested modules recurse; lists and dicts are updated in place, tuples and
+          sets are rebuilt;
+        - an entry the saved dict lacks is left as it is, except an element of a list, tuple or
+          set, whose absence raises ``KeyError`` (the sequence's length is part of the state);
+        - saved entries the module does not have are ignored;
+        - a saved value of the wrong kind (a number where a tensor is, a tensor where a dict
+          is, a non-tensor leaf of another type) is skipped with a logged warning;
+        - container keys that arrive as strings (``"0"``, as after PyTorch's optimizer state
+          flattening or a JSON round trip) are matched to the int keys they stand for;
+        - non-tensor leaves are restored with ``deepcopy`` when ``store_non_tensors=True``;
+          otherwise they are left untouched.
 
         Args:
             state_dict: a dict in the layout :meth:`state_dict` produces.
-            store_non_tensors: whether non-tensor leaves are expected and restored.
+            store_non_tensors: whether non-tensor leaves are restored.
 
         Raises:
-            KeyError: an entry the module has is missing, or an entry the module does not have is
-                present; the message names the dotted path of the key.
-            ValueError: a tensor arrives with another shape or dtype, or a value has the wrong
-                kind (e.g. a tensor where a container is expected).
+            KeyError: an element of a list, tuple or set is missing; the message names its path.
+            ValueError: a tensor arrives with another shape (a silent broadcast would corrupt
+                the state).
+
+        Both errors are raised before anything is written.
         """
-        updated = _load_entries(_state_attributes(self), state_dict, "", store_non_tensors)
-        for name, value in updated.items():
-            setattr(self, name, value)
+        for write in (False, True):  # check everything first: a failed load changes nothing
+            _Loader(store_non_tensors, write).module(self, state_dict, "")
 
 
 class _Skip:
@@ -123,8 +140,7 @@ def _save(value: Any, keep_vars: bool, store_non_tensors: bool) -> Any:
     if isinstance(value, torch.Tensor):
         return value if keep_vars else value.detach()
     if isinstance(value, OptimizerModule):
-        nested = value.state_dict(keep_vars=keep_vars, store_non_tensors=store_non_tensors)
-        return nested if nested else _SKIP
+        return value.state_dict(keep_vars=keep_vars, store_non_tensors=store_non_tensors)
     if isinstance(value, _CONTAINERS):
         saved = {}
         for key, item in _items(value).items():
@@ -135,106 +151,117 @@ def _save(value: Any, keep_vars: bool, store_non_tensors: bool) -> Any:
     return value if store_non_tensors else _SKIP
 
 
-def _has_entry(value: Any, store_non_tensors: bool) -> bool:
-    """Whether ``_save(value, ...)`` stores something, without building it."""
-    if isinstance(value, torch.Tensor):
-        return True
-    if isinstance(value, OptimizerModule):
-        return any(_has_entry(v, store_non_tensors) for v in _state_attributes(value).values())
-    if isinstance(value, _CONTAINERS):
-        return any(_has_entry(v, store_non_tensors) for v in _items(value).values())
-    return store_non_tensors
-
-
 def _join(path: str, key: Hashable) -> str:
     return f"{path}.{key}" if path else str(key)
 
 
-def _resolve_key(key: Hashable, old: Mapping[Hashable, Any]) -> Hashable | _Skip:
-    """The key of ``old`` that a loaded ``key`` refers to; string digits map back to ints."""
-    if key in old:
+def _saved_key(key: Hashable, new: Mapping[Hashable, Any]) -> Hashable | _Skip:
+    """The key of ``new`` that holds the entry for the module's ``key`` (ints may be strings)."""
+    if key in new:
         return key
-    if isinstance(key, str):
-        try:
-            as_int = int(key)
-        except ValueError:
-            return _SKIP
-        if str(as_int) == key and as_int in old:
-            return as_int
+    if isinstance(key, int) and not isinstance(key, bool) and str(key) in new:
+        return str(key)
     return _SKIP
 
 
-def _load_entries(
-    old: Mapping[Hashable, Any], new: Any, path: str, store_non_tensors: bool
-) -> dict[Hashable, Any]:
-    """Match ``new``'s entries to ``old``'s keys strictly; return ``{old_key: loaded value}``."""
-    if not isinstance(new, Mapping):
-        raise ValueError(
-            f"state at {path or '<root>'!r}: expected a mapping, got {type(new).__name__}"
-        )
-    matched: dict[Hashable, Any] = {}
-    for key, new_value in new.items():
-        old_key = _resolve_key(key, old)
-        if old_key is _SKIP or old_key in matched:
-            raise KeyError(
-                f"unexpected key {_join(path, key)!r} in state_dict; "
-                f"expected keys at {path or '<root>'!r}: {sorted(map(str, old))}"
-            )
-        old_value = old[old_key]
-        if not _has_entry(old_value, store_non_tensors):
-            if not isinstance(old_value, (torch.Tensor, OptimizerModule, *_CONTAINERS)):
-                # A non-tensor leaf while non-tensors are not restored: ignore what was saved.
-                continue
-            raise KeyError(
-                f"unexpected key {_join(path, key)!r} in state_dict: the module's value there "
-                f"holds no state (empty {type(old_value).__name__})"
-            )
-        matched[old_key] = new_value
-    missing = [k for k, v in old.items() if k not in matched and _has_entry(v, store_non_tensors)]
-    if missing:
-        raise KeyError(
-            f"missing key(s) {[_join(path, k) for k in missing]} in state_dict; "
-            f"got keys {sorted(map(str, new))} at {path or '<root>'!r}"
-        )
-    return {
-        key: _load_value(old[key], new_value, _join(path, key), store_non_tensors)
-        for key, new_value in matched.items()
-    }
+# Values whose saved entries are loaded even when non-tensors are not restored.
+_STATEFUL = (torch.Tensor, OptimizerModule, *_CONTAINERS)
 
 
-def _load_value(old: Any, new: Any, path: str, store_non_tensors: bool) -> Any:
-    if isinstance(old, torch.Tensor):
+@dataclass(frozen=True)
+class _Loader:
+    """One pass of :meth:`OptimizerModule.load_state_dict` over the module tree.
+
+    The first pass (``write=False``) only raises on what cannot be loaded; the second writes
+    and warns about what it skips, so a failed load leaves the module untouched.
+    """
+
+    store_non_tensors: bool
+    write: bool
+
+    def module(self, module: OptimizerModule, new: Any, path: str) -> None:
+        if not isinstance(new, Mapping):
+            self.skip(path, "a mapping", new)
+            return
+        for name, value in self.entries(_state_attributes(module), new, path).items():
+            if self.write:
+                setattr(module, name, value)
+
+    def entries(
+        self, old: Mapping[Hashable, Any], new: Mapping[Hashable, Any], path: str
+    ) -> dict[Hashable, Any]:
+        """``{old_key: loaded value}`` for the keys of ``old`` that ``new`` has; others skipped."""
+        loaded: dict[Hashable, Any] = {}
+        for key, old_value in old.items():
+            saved_key = _saved_key(key, new)
+            if saved_key is not _SKIP:
+                loaded[key] = self.value(old_value, new[saved_key], _join(path, key))
+        return loaded
+
+    def elements(self, old: Any, new: Mapping[Hashable, Any], path: str) -> list[Any]:
+        """A sequence's elements after loading; each element that holds state must be saved."""
+        elements = list(old)
+        for index, old_value in enumerate(elements):
+            if not (self.store_non_tensors or isinstance(old_value, _STATEFUL)):
+                continue  # a non-tensor leaf while non-tensors are not restored
+            saved_key = _saved_key(index, new)
+            if saved_key is _SKIP:
+                raise KeyError(
+                    f"load_state_dict: missing element {_join(path, index)!r} in state_dict; "
+                    f"got keys {sorted(map(str, new))} at {path or '<root>'!r}"
+                )
+            elements[index] = self.value(old_value, new[saved_key], _join(path, index))
+        return elements
+
+    def value(self, old: Any, new: Any, path: str) -> Any:
+        if isinstance(old, torch.Tensor):
+            return self.tensor(old, new, path)
+        if isinstance(old, OptimizerModule):
+            self.module(old, new, path)
+            return old
+        if isinstance(old, _CONTAINERS):
+            return self.container(old, new, path)
+        if not self.store_non_tensors:
+            return old
+        if type(old) is not type(new):
+            self.skip(path, f"a {type(old).__name__}", new)
+            return old
+        return deepcopy(new) if self.write else old
+
+    def tensor(self, old: torch.Tensor, new: Any, path: str) -> torch.Tensor:
         if not isinstance(new, torch.Tensor):
-            raise ValueError(f"state at {path!r}: expected a tensor, got {type(new).__name__}")
-        if old.shape != new.shape:
+            self.skip(path, "a tensor", new)
+        elif old.shape != new.shape:
             raise ValueError(
-                f"state at {path!r}: shape mismatch, module has {tuple(old.shape)}, "
-                f"state_dict has {tuple(new.shape)}"
+                f"load_state_dict: state at {path!r}: shape mismatch, module has "
+                f"{tuple(old.shape)}, state_dict has {tuple(new.shape)}"
             )
-        if old.dtype != new.dtype:
-            raise ValueError(
-                f"state at {path!r}: dtype mismatch, module has {old.dtype}, "
-                f"state_dict has {new.dtype}"
-            )
-        old.detach().copy_(new)
+        elif self.write:
+            old.detach().copy_(new)
         return old
-    if isinstance(old, OptimizerModule):
-        for name, value in _load_entries(
-            _state_attributes(old), new, path, store_non_tensors
-        ).items():
-            setattr(old, name, value)
-        return old
-    if isinstance(old, dict):
-        old.update(_load_entries(old, new, path, store_non_tensors))
-        return old
-    if isinstance(old, list):
-        for index, value in _load_entries(_items(old), new, path, store_non_tensors).items():
-            old[index] = value
-        return old
-    if isinstance(old, (tuple, set)):
-        updated = _load_entries(_items(old), new, path, store_non_tensors)
-        elements = [updated.get(i, item) for i, item in enumerate(old)]
+
+    def container(self, old: Any, new: Any, path: str) -> Any:
+        if not isinstance(new, Mapping):
+            self.skip(path, "a mapping", new)
+            return old
+        if isinstance(old, dict):
+            loaded = self.entries(old, new, path)
+            if self.write:
+                old.update(loaded)
+            return old
+        elements = self.elements(old, new, path)
+        if not self.write:
+            return old
+        if isinstance(old, list):
+            old[:] = elements
+            return old
         if hasattr(old, "_fields"):  # namedtuple: positional constructor
             return type(old)(*elements)
         return type(old)(elements)
-    return deepcopy(new)
+
+    def skip(self, path: str, expected: str, new: Any) -> None:
+        if self.write:
+            logger.warning(
+                "load_state_dict: state at %r: expected %s, got %s; keeping the current value",
+                path or "<root>", expected, type(new).__name__,
+            )  # fmt: skip

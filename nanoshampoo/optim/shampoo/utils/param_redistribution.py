@@ -14,7 +14,7 @@ and writes everything back with one ``torch._foreach_copy_``.
 
 Usage (on every rank of ``group``)::
 
-    assignment = distribute_buffer_sizes([b.numel() * b.element_size() for b in blocks], world)
+    assignment = distribute_buffer_sizes(blocks, world)
     buffers = prepare_update_param_buffers(blocks, assignment, communication_dtype=torch.bfloat16)
     ...  # each step:
     new_values = [compute(blocks[i]) for i in buffers.owned_block_indices]

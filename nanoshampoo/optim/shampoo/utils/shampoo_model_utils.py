@@ -27,6 +27,10 @@ class CombinedLinear(nn.Module):
         bias: whether the layer has a bias column.
         device, dtype: of the parameter.
 
+    Attributes (as in the reference library):
+        bias: the ``bias`` flag, a bool (the bias values are ``combined_weight[:, -1]``).
+        in_features_with_bias: ``in_features + 1`` with a bias, else ``in_features``.
+
     Shapes: input ``(*, in_features)`` -> output ``(*, out_features)``.
 
     Example:
@@ -49,9 +53,10 @@ class CombinedLinear(nn.Module):
                 raise ValueError(f"CombinedLinear.{name} must be an int >= 0, got {value!r}")
         self.in_features = in_features
         self.out_features = out_features
-        self.has_bias = bias
+        self.bias = bias
+        self.in_features_with_bias = in_features + int(bias)
         self.combined_weight = nn.Parameter(
-            torch.empty(out_features, in_features + int(bias), device=device, dtype=dtype)
+            torch.empty(out_features, self.in_features_with_bias, device=device, dtype=dtype)
         )
         self.reset_parameters()
 
@@ -65,7 +70,7 @@ class CombinedLinear(nn.Module):
             nn.init.kaiming_uniform_(weight, a=math.sqrt(5))
         with torch.no_grad():
             self.combined_weight[:, : self.in_features].copy_(weight)
-            if self.has_bias:
+            if self.bias:
                 bound = 1.0 / math.sqrt(self.in_features) if self.in_features > 0 else 0.0
                 nn.init.uniform_(self.combined_weight[:, -1], -bound, bound)
 
@@ -73,11 +78,6 @@ class CombinedLinear(nn.Module):
     def weight(self) -> torch.Tensor:
         """View of the weight columns, ``(out_features, in_features)``."""
         return self.combined_weight[:, : self.in_features]
-
-    @property
-    def bias(self) -> torch.Tensor | None:
-        """View of the bias column, ``(out_features,)``, or ``None`` without bias."""
-        return self.combined_weight[:, -1] if self.has_bias else None
 
     @classmethod
     def from_linear(cls, linear: nn.Linear) -> CombinedLinear:
@@ -93,10 +93,12 @@ class CombinedLinear(nn.Module):
         return layer
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
-        return F.linear(input, self.weight, self.bias)
+        bias = self.combined_weight[:, -1] if self.bias else None
+        return F.linear(input, self.weight, bias)
 
     def extra_repr(self) -> str:
+        # The reference library's exact text (self-documenting f-string names).
         return (
-            f"in_features={self.in_features}, out_features={self.out_features}, "
-            f"bias={self.has_bias}"
+            f"self.in_features={self.in_features}, self.out_features={self.out_features}, "
+            f"self.in_features_with_bias={self.in_features_with_bias}"
         )

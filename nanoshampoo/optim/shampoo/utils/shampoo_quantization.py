@@ -10,24 +10,35 @@ and writes the result back afterwards::
             t.mul_(0.9)
     # state is back in bfloat16 storage; the float32 copies are freed
 
+    values = state.dequantize()             # or by hand: new float32 copies, no cache
+    state.quantize(tuple(v * 2 for v in values))
+
 Only float formats (fp16, bf16, fp32, fp64) are supported; conversion is a rounding ``copy_``,
 so the per-element relative round-trip error is at most the format's unit roundoff (2^-11 for
 fp16, 2^-8 for bf16 on normal values; exact for fp32 stored and computed in fp32, and for fp64).
-Other formats (int8, fp8, ...) raise ``NotImplementedError``.
+Other formats (int8, fp8, ...) raise ``NotImplementedError`` when the storage is built (the
+reference library raises it at the first conversion instead).
+
+The lifecycle follows the reference library: calling ``dequantize_()`` twice or ``quantize_()``
+without a cache logs a warning (in the reference's words) instead of raising.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 
 import torch
 
+from nanoshampoo.optim.shampoo.utils.commons import InvalidArgumentError, InvalidStateError
 from nanoshampoo.optim.shampoo.utils.optimizer_modules import OptimizerModule
 from nanoshampoo.optim.shampoo.utils.shampoo_block_info import BlockInfo
 from nanoshampoo.optim.shampoo.utils.shampoo_utils import (
     ParameterizeEnterExitContext,
     compress_list,
 )
+
+logger = logging.getLogger(__name__)
 
 FLOAT_DTYPES: tuple[torch.dtype, ...] = (
     torch.float16,
@@ -40,7 +51,8 @@ FLOAT_DTYPES: tuple[torch.dtype, ...] = (
 def _check_format(dtype: torch.dtype, role: str) -> None:
     if dtype not in FLOAT_DTYPES:
         raise NotImplementedError(
-            f"{role} {dtype} is not supported; supported formats: {list(FLOAT_DTYPES)}"
+            f"{role}: Quantization for {dtype} is not yet supported! "
+            f"Supported formats: {list(FLOAT_DTYPES)}"
         )
 
 
@@ -55,7 +67,7 @@ class QuantizedTensor(OptimizerModule):
         >>> info = BlockInfo(param=torch.zeros(3), composable_block_ids=(0, "block_0"))
         >>> values = torch.tensor([1.0, 2.5, 3.0])
         >>> q = QuantizedTensor.init_from_dequantized_tensor(values, torch.bfloat16, info)
-        >>> q.quantized_values.dtype, q.dequantize(torch.float32)
+        >>> q.quantized_values.dtype, q.dequantize(dequantized_dtype=torch.float32)
         (torch.bfloat16, tensor([1.0000, 2.5000, 3.0000]))
     """
 
@@ -91,33 +103,38 @@ class QuantizedTensor(OptimizerModule):
             tuple(dequantized_values.shape), quantized_dtype, dequantized_values.device
         )
         quantized = cls(storage, block_info)
-        quantized.quantize_(dequantized_values)
+        quantized.quantize(dequantized_values)
         return quantized
 
-    def dequantize(self, dtype: torch.dtype) -> torch.Tensor:
-        """A new tensor of ``dtype`` holding the stored values (never aliases the storage).
+    def dequantize(self, dequantized_dtype: torch.dtype) -> torch.Tensor:
+        """The stored values in ``dequantized_dtype``.
+
+        A new tensor, except when ``dequantized_dtype`` is the storage format: then the storage
+        itself, as in the reference library (and :meth:`QuantizedTensorList.dequantize`), so
+        that no memory is spent on a copy; writing to it writes the state.
 
         Raises:
-            NotImplementedError: ``dtype`` is not a float format.
+            NotImplementedError: ``dequantized_dtype`` is not a float format.
         """
-        _check_format(dtype, "dequantize dtype")
-        return self.block_info.get_tensor(self.quantized_values).to(dtype=dtype, copy=True)
-
-    def quantize_(self, tensor: torch.Tensor) -> None:
-        """Round ``tensor`` (same shape, any float format) into the storage, in place.
-
-        Raises:
-            NotImplementedError: ``tensor`` is not in a float format.
-            ValueError: the shapes differ.
-        """
-        _check_format(tensor.dtype, "quantize_ input dtype")
+        _check_format(dequantized_dtype, "dequantize dtype")
         storage = self.block_info.get_tensor(self.quantized_values)
-        if tensor.shape != storage.shape:
-            raise ValueError(
-                f"QuantizedTensor.quantize_: expected shape {tuple(storage.shape)}, "
-                f"got {tuple(tensor.shape)}"
+        return storage if storage.dtype == dequantized_dtype else storage.to(dequantized_dtype)
+
+    def quantize(self, dequantized_tensor: torch.Tensor) -> None:
+        """Round ``dequantized_tensor`` (same shape, any float format) into the storage, in place.
+
+        Raises:
+            NotImplementedError: ``dequantized_tensor`` is not in a float format.
+            InvalidArgumentError (a ``ValueError`` and ``AssertionError``): the shapes differ.
+        """
+        _check_format(dequantized_tensor.dtype, "quantize input dtype")
+        storage = self.block_info.get_tensor(self.quantized_values)
+        if dequantized_tensor.shape != storage.shape:
+            raise InvalidArgumentError(
+                f"QuantizedTensor.quantize: expected shape {tuple(storage.shape)}, "
+                f"got {tuple(dequantized_tensor.shape)}"
             )
-        storage.copy_(tensor)
+        storage.copy_(dequantized_tensor)
 
 
 QuantizedItem = tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]
@@ -130,22 +147,28 @@ class QuantizedTensorList(OptimizerModule):
     tensor is in ``quantized_dtype`` is stored as it is (no copy); one in another float format
     is rounded into new ``quantized_dtype`` storage. Min/max are all ``None`` or all set.
 
-    Lifecycle: :meth:`dequantize_` caches computation-precision tensors
-    (:attr:`dequantized_value`); :meth:`quantize_` writes them back into storage and drops the
-    cache (and empties the CUDA caching allocator when the storage is on CUDA, so the freed
-    high-precision copies really return to the device). When ``quantized_dtype ==
-    computation_dtype`` the cache is the storage itself (no copy, no extra memory).
-    ``state_dict()`` holds the storage (and min/max), never the cache.
+    Two ways to compute in ``computation_dtype`` (both the reference library's API):
+
+    - by hand: :meth:`dequantize` returns computation-precision tensors and :meth:`quantize`
+      rounds given tensors back into the storage;
+    - cached: :meth:`dequantize_` caches them (:attr:`dequantized_value`); :meth:`quantize_`
+      writes the cache back and drops it (and empties the CUDA caching allocator when the
+      storage is on CUDA, so the freed high-precision copies really return to the device).
+
+    When ``quantized_dtype == computation_dtype`` the dequantized tensors are the storage
+    itself (no copy, no extra memory). ``state_dict()`` holds the storage (and min/max), never
+    the cache.
 
     Args:
         quantized_data: the tensors, as described above; may be empty.
         quantized_dtype: the storage format (fp16, bf16, fp32 or fp64).
-        computation_dtype: the format of the dequantized copies; must be a float dtype.
+        computation_dtype: the format of the dequantized tensors, one of the same four.
 
     Raises:
         NotImplementedError: ``quantized_dtype`` or an input tensor is not a float format.
-        ValueError: non-float ``computation_dtype``, mixed tuple / ``QuantizedTensor`` items,
-            a ``QuantizedTensor`` stored in another dtype, or mixed ``None`` / set min-max.
+        InvalidArgumentError (a ``ValueError`` and ``AssertionError``): a ``computation_dtype``
+            that is not one of the four; mixed tuple / ``QuantizedTensor`` items, a
+            ``QuantizedTensor`` stored in another dtype, or mixed ``None`` / set min-max.
 
     Example:
         >>> tensors = [torch.randn(50, 50) for _ in range(3)]
@@ -156,7 +179,9 @@ class QuantizedTensorList(OptimizerModule):
         ...     sums = [t.sum() for t in qlist.dequantized_value]   # float32
     """
 
-    non_state_attributes = frozenset({"quantized_dtype", "computation_dtype", "_dequantized_value"})
+    non_state_attributes = frozenset(
+        {"quantized_dtype", "computation_dtype", "dequantized_value_list"}
+    )
 
     def __init__(
         self,
@@ -165,35 +190,12 @@ class QuantizedTensorList(OptimizerModule):
         computation_dtype: torch.dtype = torch.float32,
     ) -> None:
         _check_format(quantized_dtype, "quantized_dtype")
-        if not (isinstance(computation_dtype, torch.dtype) and computation_dtype.is_floating_point):
-            raise ValueError(
-                f"QuantizedTensorList.computation_dtype must be a floating-point dtype, "
-                f"got {computation_dtype!r}"
+        if computation_dtype not in FLOAT_DTYPES:
+            raise InvalidArgumentError(
+                f"QuantizedTensorList: {computation_dtype=} is not supported! "
+                f"It must be one of {FLOAT_DTYPES}!"
             )
-        items = list(quantized_data)
-        kinds = {isinstance(item, QuantizedTensor) for item in items}
-        if len(kinds) > 1:
-            raise ValueError(
-                "QuantizedTensorList.quantized_data must be all (tensor, min, max) tuples or all "
-                "QuantizedTensor, got a mix"
-            )
-        if kinds == {True}:
-            items = [(q.quantized_values, q.min_value, q.max_value) for q in items]
-            stored_dtypes = {t.dtype for t, _, _ in items}
-            if stored_dtypes != {quantized_dtype}:
-                raise ValueError(
-                    f"QuantizedTensorList.quantized_data: every QuantizedTensor must be stored in "
-                    f"{quantized_dtype}, got {sorted(map(str, stored_dtypes))}"
-                )
-        has_range = {item[1] is not None for item in items} | {
-            item[2] is not None for item in items
-        }
-        if len(has_range) > 1:
-            raise ValueError(
-                "QuantizedTensorList.quantized_data: min/max must be all None or all set, got a mix"
-            )
-        for tensor, _, _ in items:
-            _check_format(tensor.dtype, "QuantizedTensorList input dtype")
+        items = _validated_items(quantized_data, quantized_dtype)
         self.quantized_dtype = quantized_dtype
         self.computation_dtype = computation_dtype
         self.quantized_values: tuple[torch.Tensor, ...] = tuple(
@@ -201,7 +203,7 @@ class QuantizedTensorList(OptimizerModule):
         )
         self.min_values: tuple[torch.Tensor | None, ...] = tuple(item[1] for item in items)
         self.max_values: tuple[torch.Tensor | None, ...] = tuple(item[2] for item in items)
-        self._dequantized_value: tuple[torch.Tensor, ...] | None = None
+        self.dequantized_value_list: tuple[torch.Tensor, ...] | None = None
 
     def __len__(self) -> int:
         return len(self.quantized_values)
@@ -216,65 +218,106 @@ class QuantizedTensorList(OptimizerModule):
         """Bytes held by the storage tensors (the cache not counted)."""
         return sum(t.numel() * t.element_size() for t in self.quantized_values)
 
-    @property
-    def is_dequantized(self) -> bool:
+    def is_dequantized_stored(self) -> bool:
         """Whether a dequantized cache exists (between ``dequantize_`` and ``quantize_``)."""
-        return self._dequantized_value is not None
+        return self.dequantized_value_list is not None
 
     @property
     def dequantized_value(self) -> tuple[torch.Tensor, ...]:
         """The cached computation-precision tensors.
 
         Raises:
-            RuntimeError: called outside ``dequantize_()`` ... ``quantize_()``.
+            InvalidStateError (a ``RuntimeError`` and ``AssertionError``): no cache, i.e. read
+                outside ``dequantize_()`` ... ``quantize_()``.
         """
-        if self._dequantized_value is None:
-            raise RuntimeError(
+        if self.dequantized_value_list is None:
+            raise InvalidStateError(
                 "QuantizedTensorList.dequantized_value: no dequantized cache; call dequantize_() "
                 "or use DequantizeQuantizedTensorListContext first"
             )
-        return self._dequantized_value
+        return self.dequantized_value_list
 
-    def dequantize_(self) -> None:
-        """Cache the values in ``computation_dtype``.
+    def dequantize(self) -> tuple[torch.Tensor, ...]:
+        """The values in ``computation_dtype``: new tensors, or the storage when formats match.
+
+        Does not touch the cache.
+        """
+        if self.quantized_dtype == self.computation_dtype:
+            return self.quantized_values
+        return tuple(t.to(self.computation_dtype) for t in self.quantized_values)
+
+    def quantize(self, tensor_list: Sequence[torch.Tensor]) -> None:
+        """Round ``tensor_list`` (one tensor per entry, same shapes) into the storage, in place.
+
+        Logs a warning when a cache exists and ``tensor_list`` is not it (the cache is then
+        stale; ``quantize_()`` would later overwrite these values with it).
 
         Raises:
-            RuntimeError: already dequantized (a second call would drop pending updates).
+            InvalidArgumentError (a ``ValueError`` and ``AssertionError``): another number of
+                tensors than entries, or a shape that differs from its entry's.
         """
-        if self._dequantized_value is not None:
-            raise RuntimeError(
-                "QuantizedTensorList.dequantize_: already dequantized; call quantize_() first"
+        if tensor_list is not self.dequantized_value_list and self.is_dequantized_stored():
+            logger.warning(
+                "Existing stored dequantized values.\nWriting quantized values with input "
+                "tensor_list without using these stored dequantized values..."
             )
-        self._dequantized_value = tuple(
-            t if t.dtype == self.computation_dtype else t.to(self.computation_dtype)
-            for t in self.quantized_values
-        )
+        self._write_back(tuple(tensor_list))
+
+    def dequantize_(self) -> None:
+        """Cache the values in ``computation_dtype`` (see :meth:`dequantize`).
+
+        Logs a warning and replaces the cache when one exists (updates made to it are lost).
+        """
+        if self.is_dequantized_stored():
+            logger.warning("Dequantized values are already stored; overwriting these values...")
+        self.dequantized_value_list = self.dequantize()
 
     def quantize_(self) -> None:
         """Write the cached values back into storage (rounding) and free the cache.
 
-        Raises:
-            RuntimeError: not dequantized.
+        Logs a warning and does nothing when there is no cache.
         """
-        cache = self.dequantized_value
-        pairs = [(q, d) for q, d in zip(self.quantized_values, cache, strict=True) if q is not d]
-        if pairs:
-            torch._foreach_copy_([q for q, _ in pairs], [d for _, d in pairs])
-        self._dequantized_value = None
-        # Drop the last references to the high-precision copies before returning memory.
-        del cache, pairs
+        cache = self.dequantized_value_list
+        if cache is None:
+            logger.warning(
+                "No stored dequantized values self.dequantized_value_list=None. "
+                "Must first call dequantize_()."
+            )
+            return
+        self._write_back(cache)
+        self.dequantized_value_list = None
+        # Drop the last reference to the high-precision copies before returning memory.
+        del cache
         if any(t.is_cuda for t in self.quantized_values) and torch.cuda.is_available():
             torch.cuda.empty_cache()
+
+    def _write_back(self, tensors: tuple[torch.Tensor, ...]) -> None:
+        if len(tensors) != len(self.quantized_values):
+            raise InvalidArgumentError(
+                f"QuantizedTensorList.quantize: expected {len(self.quantized_values)} tensors, "
+                f"got {len(tensors)}"
+            )
+        for index, (stored, tensor) in enumerate(zip(self.quantized_values, tensors, strict=True)):
+            if stored.shape != tensor.shape:
+                raise InvalidArgumentError(
+                    f"QuantizedTensorList.quantize: tensor {index} has shape "
+                    f"{tuple(tensor.shape)}, its entry {tuple(stored.shape)}"
+                )
+        pairs = [(q, t) for q, t in zip(self.quantized_values, tensors, strict=True) if q is not t]
+        if pairs:
+            torch._foreach_copy_([q for q, _ in pairs], [t for _, t in pairs])
 
     def compress(self, selector: Sequence[bool]) -> QuantizedTensorList:
         """A new list of the selected entries, sharing their storage.
 
         Raises:
-            RuntimeError: the list is dequantized (the cache would be lost).
-            ValueError: ``selector`` has another length than the list.
+            InvalidStateError (a ``RuntimeError`` and ``AssertionError``): the list is
+                dequantized (the cache would be lost).
+            InvalidArgumentError (a ``ValueError`` and ``AssertionError``): ``selector`` has
+                another length than the list.
         """
-        if self._dequantized_value is not None:
-            raise RuntimeError("QuantizedTensorList.compress: quantize_() before compressing")
+        if self.is_dequantized_stored():
+            raise InvalidStateError("QuantizedTensorList.compress: quantize_() before compressing")
         return QuantizedTensorList(
             list(
                 zip(
@@ -291,8 +334,39 @@ class QuantizedTensorList(OptimizerModule):
     def __repr__(self) -> str:
         return (
             f"QuantizedTensorList(len={len(self)}, quantized_dtype={self.quantized_dtype}, "
-            f"computation_dtype={self.computation_dtype}, dequantized={self.is_dequantized})"
+            f"computation_dtype={self.computation_dtype}, "
+            f"dequantized={self.is_dequantized_stored()})"
         )
+
+
+def _validated_items(
+    quantized_data: Sequence[QuantizedItem] | Sequence[QuantizedTensor],
+    quantized_dtype: torch.dtype,
+) -> list[QuantizedItem]:
+    """The input as ``(tensor, min, max)`` tuples, checked (see :class:`QuantizedTensorList`)."""
+    items = list(quantized_data)
+    kinds = {isinstance(item, QuantizedTensor) for item in items}
+    if len(kinds) > 1:
+        raise InvalidArgumentError(
+            "QuantizedTensorList.quantized_data must be all (tensor, min, max) tuples or all "
+            "QuantizedTensor, got a mix"
+        )
+    if kinds == {True}:
+        items = [(q.quantized_values, q.min_value, q.max_value) for q in items]
+        stored_dtypes = {t.dtype for t, _, _ in items}
+        if stored_dtypes != {quantized_dtype}:
+            raise InvalidArgumentError(
+                f"QuantizedTensorList.quantized_data: every QuantizedTensor must be stored in "
+                f"{quantized_dtype}, got {sorted(map(str, stored_dtypes))}"
+            )
+    has_range = {item[1] is not None for item in items} | {item[2] is not None for item in items}
+    if len(has_range) > 1:
+        raise InvalidArgumentError(
+            "QuantizedTensorList.quantized_data: min/max must be all None or all set, got a mix"
+        )
+    for tensor, _, _ in items:
+        _check_format(tensor.dtype, "QuantizedTensorList input dtype")
+    return items
 
 
 class DequantizeQuantizedTensorListContext(ParameterizeEnterExitContext[QuantizedTensorList]):

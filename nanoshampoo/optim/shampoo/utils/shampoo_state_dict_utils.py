@@ -45,42 +45,43 @@ def update_param_state_dict_object(
 ) -> None:
     """Load ``param_state_dict_to_load`` into ``current_param_state_dict`` in place.
 
-    For every key of the loaded dict, by the kind of the current value:
+    For every key of the **current** dict (as the reference library walks it), by the kind of
+    the current value:
 
     - dict: recurse;
     - an object with ``load_state_dict`` (``OptimizerModule``, ``nn.Module``): call it;
     - tensor: ``current.detach().copy_(loaded)`` (shapes must match);
     - anything else: replaced by ``deepcopy(loaded)``.
 
-    Keys of the current dict that the loaded dict lacks are left untouched.
+    Keys of the loaded dict that the current dict lacks are ignored.
 
     Args:
         current_param_state_dict: the live state, updated in place.
         param_state_dict_to_load: the saved state (e.g. from :func:`extract_state_dict_content`).
-        enable_missing_key_check: when true, a loaded key that the current state does not have
-            raises ``KeyError``; when false it is logged as a warning and skipped.
+        enable_missing_key_check: when true, a current key that the loaded dict lacks raises
+            ``KeyError``; when false it is logged as a warning and that entry is left as it is.
 
     Raises:
-        KeyError: a loaded key is missing from the current state (with the check on).
+        KeyError: a current key is missing from the loaded state (with the check on).
         ValueError: a tensor of another shape, or a non-mapping where a dict is expected.
 
     Example:
         >>> live = {"sum": torch.zeros(2), "step": 0}
-        >>> update_param_state_dict_object(live, {"sum": torch.ones(2), "step": 5})
+        >>> update_param_state_dict_object(live, {"sum": torch.ones(2), "step": 5, "extra": 1})
         >>> live["sum"], live["step"]
         (tensor([1., 1.]), 5)
     """
-    for key, loaded in param_state_dict_to_load.items():
-        if key not in current_param_state_dict:
+    for key, current in current_param_state_dict.items():
+        if key not in param_state_dict_to_load:
             message = (
-                f"key {key!r} of the loaded state is missing from the current state "
-                f"(current keys: {sorted(map(str, current_param_state_dict))})"
+                f"Key {key} not found in state dict to load. "
+                f"Loaded keys: {sorted(map(str, param_state_dict_to_load))}"
             )
             if enable_missing_key_check:
                 raise KeyError(message)
-            logger.warning("%s; skipping it", message)
+            logger.warning("%s Keeping the current value.", message)
             continue
-        current = current_param_state_dict[key]
+        loaded = param_state_dict_to_load[key]
         if isinstance(current, dict):
             if not isinstance(loaded, Mapping):
                 raise ValueError(
@@ -91,15 +92,15 @@ def update_param_state_dict_object(
         elif hasattr(current, "load_state_dict"):
             current.load_state_dict(loaded)
         elif isinstance(current, torch.Tensor):
-            if not isinstance(loaded, torch.Tensor) or loaded.shape != current.shape:
-                got = (
-                    tuple(loaded.shape)
-                    if isinstance(loaded, torch.Tensor)
-                    else type(loaded).__name__
-                )
-                raise ValueError(
-                    f"state {key!r}: expected a tensor of shape {tuple(current.shape)}, got {got}"
-                )
-            current.detach().copy_(loaded)
+            _copy_into(current, loaded, key)
         else:
             current_param_state_dict[key] = deepcopy(loaded)
+
+
+def _copy_into(current: torch.Tensor, loaded: Any, key: Any) -> None:
+    if not isinstance(loaded, torch.Tensor) or loaded.shape != current.shape:
+        got = tuple(loaded.shape) if isinstance(loaded, torch.Tensor) else type(loaded).__name__
+        raise ValueError(
+            f"state {key!r}: expected a tensor of shape {tuple(current.shape)}, got {got}"
+        )
+    current.detach().copy_(loaded)

@@ -1,5 +1,6 @@
 """Shape and sequence tools for Shampoo: merging small dims, blocking, index ranges, contexts,
-and the assignment of blocks to ranks (``distribute_buffer_sizes``).
+packing symmetric matrices into their upper triangle, and the assignment of blocks to ranks
+(``distribute_buffer_sizes``, ``greedy_bin_pack``).
 
 The parameter exchange between ranks (``prepare_update_param_buffers``,
 ``redistribute_and_update_params``) talks to other ranks, so it lives in
@@ -18,6 +19,7 @@ from typing import Generic, TypeVar
 
 import torch
 
+from nanoshampoo.optim.shampoo.utils.commons import InvalidArgumentError
 from nanoshampoo.optim.shampoo.utils.load_balancing_utils import (
     DefaultCostModel,
     LoadBalancingConfig,
@@ -35,10 +37,13 @@ __all__ = [
     "distribute_buffer_sizes",
     "generate_pairwise_indices",
     "get_dtype_size",
+    "greedy_bin_pack",
     "merge_small_dims",
     "multi_dim_split",
+    "pack_upper_triangular",
     "prepare_update_param_buffers",
     "redistribute_and_update_params",
+    "unpack_upper_triangular",
 ]
 
 T = TypeVar("T")
@@ -51,7 +56,9 @@ def merge_small_dims(
 ) -> tuple[int, ...]:
     """Reshape plan for a tensor: squeeze size-1 dims, then merge small adjacent dims.
 
-    Steps:
+    A shape containing a 0 always becomes ``(0,)``. With ``target_tensor_dimensionality=math.inf``
+    (no merging) the shape is returned as it is, size-1 dims and 0-D included, as the reference
+    library does. Otherwise:
       1. Drop every size-1 dim. All-ones shapes and 0-D shapes ``()`` become ``(1,)``; a shape
          containing a 0 becomes ``(0,)`` (an empty tensor has nothing to precondition).
       2. Walk the dims from the last to the first, multiplying a dim into the merged dim to its
@@ -67,13 +74,14 @@ def merge_small_dims(
         tensor_shape: the shape, any sequence of non-negative ints (``torch.Size`` works).
         threshold: largest merged dim allowed; merges stop at products above it.
         target_tensor_dimensionality: an int ``>= 1``: stop merging once the result has this many
-            dims; or ``math.inf``: no merging at all (only step 1). Any other float is rejected.
+            dims; or ``math.inf``: the shape unchanged. Any other float is rejected.
 
     Returns:
-        The new shape as a tuple of ints, never empty.
+        The new shape, a tuple of ints; empty only for ``()`` with the target ``math.inf``.
 
     Raises:
-        ValueError: negative dims, or a bad ``target_tensor_dimensionality``.
+        InvalidArgumentError (a ``ValueError`` and ``AssertionError``): negative dims, or a bad
+            ``target_tensor_dimensionality``.
 
     Example:
         >>> merge_small_dims((32, 3, 64, 64), threshold=8192, target_tensor_dimensionality=2)
@@ -81,20 +89,22 @@ def merge_small_dims(
         >>> merge_small_dims((1, 2, 5, 1), threshold=10, target_tensor_dimensionality=1)
         (10,)
         >>> merge_small_dims((2, 1, 3), threshold=100, target_tensor_dimensionality=math.inf)
-        (2, 3)
+        (2, 1, 3)
     """
     shape = tuple(int(d) for d in tensor_shape)
     if any(d < 0 for d in shape):
-        raise ValueError(f"merge_small_dims: tensor_shape must have dims >= 0, got {shape}")
+        raise InvalidArgumentError(
+            f"merge_small_dims: tensor_shape must have dims >= 0, got {shape}"
+        )
     target = target_tensor_dimensionality
     if isinstance(target, float):
         if target != math.inf:
-            raise ValueError(
+            raise InvalidArgumentError(
                 "merge_small_dims: target_tensor_dimensionality may be a float only when it is "
                 f"math.inf (no merging), got {target!r}"
             )
     elif isinstance(target, bool) or not isinstance(target, int) or target < 1:
-        raise ValueError(
+        raise InvalidArgumentError(
             "merge_small_dims: target_tensor_dimensionality must be an int >= 1 or math.inf, "
             f"got {target!r}"
         )
@@ -107,9 +117,9 @@ def _merge_small_dims_cached(
 ) -> tuple[int, ...]:
     if 0 in shape:
         return (0,)
-    squeezed = [d for d in shape if d != 1] or [1]
     if target == math.inf:
-        return tuple(squeezed)
+        return shape
+    squeezed = [d for d in shape if d != 1] or [1]
     merged_reversed = [squeezed[-1]]
     for index in range(len(squeezed) - 2, -1, -1):
         dim = squeezed[index]
@@ -137,7 +147,8 @@ def multi_dim_split(tensor: torch.Tensor, split_size: int | float) -> tuple[torc
         Tuple of views of ``tensor`` (writing to a block writes to ``tensor``).
 
     Raises:
-        ValueError: ``split_size`` is neither an int ``>= 1`` nor ``math.inf``.
+        InvalidArgumentError (a ``ValueError`` and ``AssertionError``): ``split_size`` is neither
+            an int ``>= 1`` nor ``math.inf``.
 
     Example:
         >>> [tuple(b.shape) for b in multi_dim_split(torch.zeros(5, 3), 2)]
@@ -146,7 +157,7 @@ def multi_dim_split(tensor: torch.Tensor, split_size: int | float) -> tuple[torc
     if split_size == math.inf:
         return (tensor,)
     if isinstance(split_size, bool) or not isinstance(split_size, int) or split_size < 1:
-        raise ValueError(
+        raise InvalidArgumentError(
             f"multi_dim_split: split_size must be an int >= 1 or math.inf, got {split_size!r}"
         )
     return reduce(
@@ -162,24 +173,24 @@ def multi_dim_split(tensor: torch.Tensor, split_size: int | float) -> tuple[torc
     )
 
 
-def compress_list(seq: Sequence[T], selector: Sequence[bool]) -> tuple[T, ...]:
-    """The items of ``seq`` whose ``selector`` entry is true, as a tuple.
+def compress_list(complete_list: Sequence[T], selector: Sequence[bool]) -> tuple[T, ...]:
+    """The items of ``complete_list`` whose ``selector`` entry is true, as a tuple.
 
     Like ``itertools.compress`` but both sequences must have the same length.
 
     Raises:
-        ValueError: the lengths differ.
+        InvalidArgumentError (a ``ValueError`` and ``AssertionError``): the lengths differ.
 
     Example:
         >>> compress_list(["a", "b", "c", "d"], [True, False, True, False])
         ('a', 'c')
     """
-    if len(seq) != len(selector):
-        raise ValueError(
-            f"compress_list: seq and selector must have the same length, "
-            f"got len(seq)={len(seq)} and len(selector)={len(selector)}"
+    if len(complete_list) != len(selector):
+        raise InvalidArgumentError(
+            "compress_list: Inconsistent lengths between complete_list and selector, "
+            f"got len(complete_list)={len(complete_list)} and len(selector)={len(selector)}"
         )
-    return tuple(compress(seq, selector))
+    return tuple(compress(complete_list, selector))
 
 
 def get_dtype_size(dtype: torch.dtype) -> int:
@@ -270,68 +281,183 @@ class ParameterizeEnterExitContext(Generic[T]):
         self._exit(self._obj)
 
 
-def distribute_buffer_sizes(
-    buffer_sizes: Sequence[int],
-    group_size: int,
-    load_balancing_config: LoadBalancingConfig | None = None,
-    blocks: Sequence[torch.Tensor] | None = None,
-) -> tuple[tuple[int, int], ...]:
-    """Assign blocks to ``group_size`` ranks, balancing their load; deterministic on every rank.
+@cache
+def _triu_indices(dim: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Row and column indices of the upper triangle of a ``dim x dim`` matrix, row-major.
 
-    Each block is described by its buffer size in bytes. Its aligned buffer size is
-    ``DefaultCostModel.cost`` of the block and its load is
-    ``load_balancing_config.cost_model.cost`` of the block (default: the aligned bytes). The
-    cost models need a tensor: when ``blocks`` is given they get the real blocks (so a
-    shape-aware model such as ``PolynomialComputationalCostModel`` sees the real dims), otherwise
-    they get a proxy, a 1-D ``uint8`` meta tensor with ``buffer_size`` elements (same byte
-    count, no memory; a shape-aware model then sees one dim equal to the byte count).
+    Cached per ``(dim, device)`` because the factor dims of a model are few and fixed; callers
+    must not modify the returned tensors. int32 halves the cache (``dim`` is at most a few
+    thousand, far below 2**31).
+    """
+    rows, cols = torch.triu_indices(dim, dim, device=device).to(torch.int32)
+    return rows, cols
 
-    Greedy (longest-processing-time first) with a heap: blocks in decreasing load, ties by
-    block index, each goes to the rank with the least load so far, ties by lower rank. The
-    result depends only on the inputs, so all ranks agree without communicating, and
-    ``max load - min load <= largest block load``.
+
+def pack_upper_triangular(matrix: torch.Tensor) -> torch.Tensor:
+    """The upper triangle (diagonal included) of square matrices, as flat vectors, row-major.
+
+    Order for ``d = 3``: ``(0,0), (0,1), (0,2), (1,1), (1,2), (2,2)``, which is the order of
+    ``torch.triu_indices(d, d)``. For a symmetric matrix this holds every entry once, in
+    ``d (d + 1) / 2`` elements instead of ``d * d``. Entries below the diagonal are not read.
 
     Args:
-        buffer_sizes: bytes per block, ints ``>= 0``.
+        matrix: ``(..., d, d)``, any dtype and device; leading dims are batch dims.
+
+    Returns:
+        A new contiguous tensor ``(..., d (d + 1) / 2)`` of the same dtype and device.
+
+    Raises:
+        InvalidArgumentError (a ``ValueError`` and ``AssertionError``): ``matrix`` is not a
+            (batch of) square matrix.
+
+    Example:
+        >>> pack_upper_triangular(torch.tensor([[1.0, 2.0], [2.0, 4.0]]))
+        tensor([1., 2., 4.])
+    """
+    if matrix.dim() < 2 or matrix.shape[-1] != matrix.shape[-2]:
+        raise InvalidArgumentError(
+            "pack_upper_triangular: matrix must have shape (..., d, d), "
+            f"got {tuple(matrix.shape)}"
+        )
+    rows, cols = _triu_indices(matrix.shape[-1], matrix.device)
+    return matrix[..., rows, cols].contiguous()
+
+
+def unpack_upper_triangular(packed: torch.Tensor, dim: int) -> torch.Tensor:
+    """The symmetric ``dim x dim`` matrices whose upper triangles ``packed`` holds.
+
+    Inverse of :func:`pack_upper_triangular` for symmetric matrices: each packed entry ``(i, j)``
+    is written to both ``(i, j)`` and ``(j, i)``.
+
+    Args:
+        packed: ``(..., dim (dim + 1) / 2)``, row-major upper triangles.
+        dim: the matrix size, an int ``>= 0``.
+
+    Returns:
+        A new tensor ``(..., dim, dim)`` of the same dtype and device, symmetric.
+
+    Raises:
+        InvalidArgumentError (a ``ValueError`` and ``AssertionError``): a bad ``dim``, or a last
+            dim of ``packed`` other than ``dim (dim + 1) / 2``.
+
+    Example:
+        >>> unpack_upper_triangular(torch.tensor([1.0, 2.0, 4.0]), dim=2)
+        tensor([[1., 2.],
+                [2., 4.]])
+    """
+    if isinstance(dim, bool) or not isinstance(dim, int) or dim < 0:
+        raise InvalidArgumentError(f"unpack_upper_triangular: dim must be an int >= 0, got {dim!r}")
+    expected = dim * (dim + 1) // 2
+    if packed.dim() < 1 or packed.shape[-1] != expected:
+        raise InvalidArgumentError(
+            f"unpack_upper_triangular: packed must have shape (..., {expected}) for {dim=}, "
+            f"got {tuple(packed.shape)}"
+        )
+    rows, cols = _triu_indices(dim, packed.device)
+    matrix = packed.new_zeros((*packed.shape[:-1], dim, dim))
+    matrix[..., rows, cols] = packed
+    matrix[..., cols, rows] = packed
+    return matrix
+
+
+def _check_num_bins(name: str, value: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InvalidArgumentError(f"{name} must be an int >= 1, got {value!r}")
+
+
+def _longest_first_assignment(
+    costs: Sequence[float], num_bins: int, order: Sequence[int]
+) -> tuple[list[int], list[float]]:
+    """Greedy LPT: items in ``order`` each go to the least-loaded bin, ties to the lower bin.
+
+    Returns the bin of every item (by item index) and the total cost of every bin. The loads
+    start at int 0, so int costs give int totals.
+    """
+    loads: list[tuple[float, int]] = [(0, b) for b in range(num_bins)]  # sorted: a heap already
+    bins = [0] * len(costs)
+    for index in order:
+        load, b = heapq.heappop(loads)
+        bins[index] = b
+        heapq.heappush(loads, (load + costs[index], b))
+    totals: list[float] = [0] * num_bins
+    for load, b in loads:
+        totals[b] = load
+    return bins, totals
+
+
+def greedy_bin_pack(
+    items: Sequence[T], num_bins: int, cost_fn: Callable[[T], float]
+) -> tuple[list[list[T]], list[float]]:
+    """Partition ``items`` into ``num_bins`` bins with balanced total cost (greedy LPT).
+
+    Items go in decreasing cost, equal costs in decreasing position (the reference library's
+    order, so both libraries form the same bins), each to the bin with the least total cost so
+    far, ties to the lower bin. Deterministic; items are never compared with each other. With
+    ``n`` items the largest bin total exceeds the smallest by at most the largest item cost.
+
+    Args:
+        items: the things to partition; any objects.
+        num_bins: an int ``>= 1``; bins may stay empty.
+        cost_fn: the cost of one item, a number (called once per item).
+
+    Returns:
+        ``(bins, bin_costs)``: ``bins[b]`` lists the items of bin ``b`` in the order they were
+        placed (largest first); ``bin_costs[b]`` is their total cost (an int for int costs).
+
+    Raises:
+        InvalidArgumentError (a ``ValueError`` and ``AssertionError``): a bad ``num_bins``.
+
+    Example:
+        >>> greedy_bin_pack([1000, 100, 100, 100], num_bins=2, cost_fn=lambda x: x)
+        ([[1000], [100, 100, 100]], [1000, 300])
+    """
+    _check_num_bins("greedy_bin_pack: num_bins", num_bins)
+    costs = [cost_fn(item) for item in items]
+    order = sorted(range(len(costs)), key=lambda i: (costs[i], i), reverse=True)
+    assignment, totals = _longest_first_assignment(costs, num_bins, order)
+    bins: list[list[T]] = [[] for _ in range(num_bins)]
+    for index in order:
+        bins[assignment[index]].append(items[index])
+    return bins, totals
+
+
+def distribute_buffer_sizes(
+    blocked_params: Sequence[torch.Tensor],
+    group_size: int,
+    load_balancing_config: LoadBalancingConfig | None = None,
+) -> tuple[tuple[int, int], ...]:
+    """Assign parameter blocks to ``group_size`` ranks, balancing their load; same on every rank.
+
+    A block's aligned buffer size is ``DefaultCostModel.cost(block)`` (its bytes rounded up to
+    64) and its load is ``load_balancing_config.cost_model.cost(block)`` (default: the aligned
+    bytes; ``PolynomialComputationalCostModel`` weighs the dims instead). The models read only
+    shapes and dtypes, so meta tensors (``torch.empty(shape, device="meta")``) work as blocks.
+
+    Greedy (longest-processing-time first) with a heap: blocks in decreasing load, ties by
+    block index, each goes to the rank with the least load so far, ties by lower rank (the
+    reference library's order, so both assign alike). The result depends only on the inputs,
+    so all ranks agree without communicating, and ``max load - min load <= largest block load``.
+
+    Args:
+        blocked_params: the blocks, tensors of any shape (0-D included) and dtype.
         group_size: number of ranks, int ``>= 1``.
         load_balancing_config: what to balance; ``None`` means ``LoadBalancingConfig()``.
-        blocks: optional, the blocks themselves (same length as ``buffer_sizes``), given to the
-            cost models instead of the proxies.
 
     Returns:
         One ``(aligned_buffer_size, rank)`` per block, in block order.
 
     Raises:
-        ValueError: bad ``group_size``, a negative size, or ``blocks`` of another length.
+        InvalidArgumentError (a ``ValueError`` and ``AssertionError``): a bad ``group_size``.
 
     Example:
-        >>> distribute_buffer_sizes((128, 64, 500, 256), group_size=2)
+        >>> blocks = [torch.empty(n, dtype=torch.uint8, device="meta") for n in (128, 64, 500, 256)]
+        >>> distribute_buffer_sizes(blocks, group_size=2)
         ((128, 1), (64, 1), (512, 0), (256, 1))
     """
-    if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1:
-        raise ValueError(
-            f"distribute_buffer_sizes: group_size must be an int >= 1, got {group_size!r}"
-        )
-    if any(size < 0 for size in buffer_sizes):
-        raise ValueError(
-            f"distribute_buffer_sizes: buffer_sizes must be >= 0, got {tuple(buffer_sizes)}"
-        )
-    if blocks is not None and len(blocks) != len(buffer_sizes):
-        raise ValueError(
-            "distribute_buffer_sizes: blocks must match buffer_sizes, got "
-            f"len(blocks)={len(blocks)} and len(buffer_sizes)={len(buffer_sizes)}"
-        )
+    _check_num_bins("distribute_buffer_sizes: group_size", group_size)
     cost_model = (load_balancing_config or LoadBalancingConfig()).cost_model
-    proxies = [torch.empty(int(size), dtype=torch.uint8, device="meta") for size in buffer_sizes]
-    aligned_sizes = [int(DefaultCostModel.cost(proxy)) for proxy in proxies]
-    loads = [
-        float(cost_model.cost(tensor)) for tensor in (blocks if blocks is not None else proxies)
-    ]
-
-    rank_loads = [(0.0, rank) for rank in range(group_size)]  # sorted, hence already a heap
-    ranks = [0] * len(loads)
-    for index in sorted(range(len(loads)), key=lambda i: (-loads[i], i)):
-        load, rank = heapq.heappop(rank_loads)
-        ranks[index] = rank
-        heapq.heappush(rank_loads, (load + loads[index], rank))
+    aligned_sizes = [int(DefaultCostModel.cost(block)) for block in blocked_params]
+    loads = [float(cost_model.cost(block)) for block in blocked_params]
+    order = sorted(range(len(loads)), key=lambda i: (-loads[i], i))
+    ranks, _ = _longest_first_assignment(loads, group_size, order)
     return tuple(zip(aligned_sizes, ranks, strict=True))

@@ -42,7 +42,7 @@ def test_local_exchange_on_cuda(dtype: torch.dtype) -> None:
     blocks = [b for p in params for b in multi_dim_split(p, 2)]
     buffers = prepare_update_param_buffers(
         blocks,
-        distribute_buffer_sizes([b.numel() * 4 for b in blocks], 1),
+        distribute_buffer_sizes(blocks, 1),
         communication_dtype=dtype,
     )
     assert buffers.send_buffer.is_cuda and buffers.send_buffer.dtype == dtype
@@ -59,7 +59,7 @@ def _nccl_body(rank: int, world_size: int, dtype: torch.dtype) -> list[torch.Ten
     device = torch.device("cuda", rank)
     params = _params(device)
     blocks = [b for p in params for b in multi_dim_split(p, 2)]
-    assignment = distribute_buffer_sizes([b.numel() * 4 for b in blocks], world_size)
+    assignment = distribute_buffer_sizes(blocks, world_size)
     buffers = prepare_update_param_buffers(
         blocks, assignment, group=group, communication_dtype=dtype
     )

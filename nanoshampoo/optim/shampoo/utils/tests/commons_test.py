@@ -3,7 +3,12 @@ from abc import ABC, abstractmethod
 
 import pytest
 
-from nanoshampoo.optim.shampoo.utils.commons import batched, get_all_non_abstract_subclasses
+from nanoshampoo.optim.shampoo.utils.commons import (
+    InvalidArgumentError,
+    InvalidStateError,
+    batched,
+    get_all_non_abstract_subclasses,
+)
 
 
 class _Root(ABC):
@@ -44,9 +49,12 @@ def test_get_all_non_abstract_subclasses_recurses_and_deduplicates() -> None:
     assert set(found) == {_Leaf1, _GrandChild, _Other, _Diamond, _GreatGrandChild}
 
 
-def test_get_all_non_abstract_subclasses_excludes_cls_and_handles_leaves() -> None:
-    assert _Leaf1 not in set(get_all_non_abstract_subclasses(_Leaf1))
-    assert list(get_all_non_abstract_subclasses(_GreatGrandChild)) == []
+def test_get_all_non_abstract_subclasses_includes_cls_when_concrete() -> None:
+    # As the reference library: a concrete class is among its own non-abstract subclasses.
+    assert list(get_all_non_abstract_subclasses(_Leaf1)) == [_Leaf1, _Diamond]
+    assert list(get_all_non_abstract_subclasses(_GreatGrandChild)) == [_GreatGrandChild]
+    assert list(get_all_non_abstract_subclasses(_AbstractMid)) == [_GrandChild, _GreatGrandChild]
+    assert _Root not in set(get_all_non_abstract_subclasses(_Root))
 
 
 @pytest.mark.parametrize(
@@ -74,5 +82,16 @@ def test_batched_matches_reference(length: int, n: int) -> None:
 
 @pytest.mark.parametrize("n", [0, -1, 2.0, True])
 def test_batched_rejects_bad_n_at_call_time(n: object) -> None:
-    with pytest.raises(ValueError, match=r"n must be an int >= 1, got"):
+    with pytest.raises(ValueError, match=rf"n={n!r} must be at least one \(n must be an int >= 1"):
         batched(range(3), n)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("error_type", "also"), [(InvalidArgumentError, ValueError), (InvalidStateError, RuntimeError)]
+)
+def test_compat_errors_are_caught_as_assertion_errors(
+    error_type: type[Exception], also: type[Exception]
+) -> None:
+    for caught in (AssertionError, also):
+        with pytest.raises(caught, match="the message"):
+            raise error_type("the message")

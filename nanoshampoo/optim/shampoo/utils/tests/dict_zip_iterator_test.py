@@ -30,6 +30,8 @@ def test_partially_exhausted_names_exhausted_and_active_keys() -> None:
     iterator = DictZipIterator({"a": [1], "b": [1, 2], "c": [1], "d": [1, 2, 3]})
     assert next(iterator) == {"a": 1, "b": 1, "c": 1, "d": 1}
     with pytest.raises(
-        ValueError, match=r"exhausted keys \['a', 'c'\], still-active keys \['b', 'd'\]"
+        ValueError,
+        match=r"Iterators have different lengths\. Exhausted: \['a', 'c'\]\. "
+        r"Still active: \['b', 'd'\]",
     ):
         next(iterator)

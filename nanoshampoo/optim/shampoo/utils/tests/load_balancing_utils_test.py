@@ -29,8 +29,15 @@ def test_polynomial_cost_matches_hand_computation(
     shape: tuple[int, ...], coefficients: tuple[float, ...], min_cost: float
 ) -> None:
     model = PolynomialComputationalCostModel(coefficients=coefficients, min_cost=min_cost)
-    by_hand = sum(sum(c * d**k for k, c in enumerate(coefficients)) for d in shape)
-    assert model.cost(torch.empty(shape, device="meta")) == pytest.approx(max(min_cost, by_hand))
+    # The floor applies to each dim's cost, not to the total (0-D: no dims, cost 0).
+    by_hand = sum(max(min_cost, sum(c * d**k for k, c in enumerate(coefficients))) for d in shape)
+    assert model.cost(torch.empty(shape, device="meta")) == pytest.approx(by_hand)
+
+
+def test_polynomial_cost_floors_each_dim() -> None:
+    model = PolynomialComputationalCostModel(coefficients=(0.0, 1.0), min_cost=5.0)
+    assert model.cost(torch.empty(2, 3, 7)) == 5.0 + 5.0 + 7.0
+    assert model.cost(torch.empty(())) == 0.0
 
 
 def test_polynomial_cost_article_example_and_default_is_cubic() -> None:
@@ -88,6 +95,8 @@ def test_aligned_memory_cost_model_rejects_bad_alignment(alignment: object) -> N
 
 def test_default_cost_model_and_load_balancing_config() -> None:
     assert DefaultCostModel == AlignedMemoryCostModel(alignment_bytes=64)
-    assert LoadBalancingConfig().cost_model == DefaultCostModel
+    assert LoadBalancingConfig().cost_model is DefaultCostModel
+    with pytest.raises(TypeError, match="positional"):
+        LoadBalancingConfig(DefaultCostModel)  # type: ignore[misc]  # keyword-only
     with pytest.raises(ValueError, match=r"LoadBalancingConfig.cost_model must be a CostModel"):
         LoadBalancingConfig(cost_model="memory")  # type: ignore[arg-type]

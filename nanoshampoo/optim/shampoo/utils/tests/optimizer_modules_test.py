@@ -1,4 +1,5 @@
 import io
+import logging
 from collections import namedtuple
 
 import pytest
@@ -37,10 +38,12 @@ def _fill(module: _Outer, value: float) -> None:
     module.name = f"outer{value}"
 
 
-def test_state_dict_layout_drops_empty_and_non_tensors() -> None:
+def test_state_dict_layout_keeps_empty_modules_and_drops_empty_containers() -> None:
     module = _Outer()
     state = module.state_dict()
-    assert set(state) == {"weight", "inner", "by_index", "blocks", "pair"}
+    # As the reference library: a module that holds nothing is still an entry, ``{}``.
+    assert set(state) == {"weight", "inner", "by_index", "blocks", "pair", "empty_module"}
+    assert state["empty_module"] == {}
     assert set(state["inner"]) == {"factor"}
     assert set(state["by_index"]) == {0, 5}
     assert set(state["blocks"]) == {0, 1}
@@ -56,7 +59,14 @@ def test_state_dict_keep_vars_and_non_tensors_and_destination() -> None:
     assert state is destination and state["already"] == 1
     assert state["weight"] is module.weight
     assert state["name"] == "outer" and state["maybe"] is None and state["inner"]["count"] == 0
-    assert "empty_list" not in state and "empty_module" not in state
+    assert "empty_list" not in state and state["empty_module"] == {}
+
+
+def test_state_dict_keeps_an_empty_module_inside_a_list() -> None:
+    module = OptimizerModule()
+    module.items = [OptimizerModule(), torch.tensor(1.0), 3.0]  # type: ignore[attr-defined]
+    module.only_numbers = (1.0, 2.0)  # type: ignore[attr-defined]
+    assert module.state_dict() == {"items": {0: {}, 1: torch.tensor(1.0)}}
 
 
 def test_sets_are_expanded_by_position() -> None:
@@ -121,69 +131,111 @@ def test_round_trip_through_torch_save_weights_only() -> None:
 
 
 @pytest.mark.parametrize(
-    ("mutate", "missing"),
+    ("mutate", "kept"),
     [
-        (lambda s: s.pop("weight"), "weight"),
-        (lambda s: s["inner"].pop("factor"), "inner.factor"),
-        (lambda s: s["blocks"].pop(1), "blocks.1"),
-        (lambda s: s["by_index"].pop(5), "by_index.5"),
+        (lambda s: s.pop("weight"), lambda m: m.weight),
+        (lambda s: s["inner"].pop("factor"), lambda m: m.inner.factor),
+        (lambda s: s["by_index"].pop(5), lambda m: m.by_index[5]),
+        (lambda s: s.pop("inner"), lambda m: m.inner.factor),
     ],
 )
-def test_load_state_dict_missing_key_raises_key_error_naming_it(mutate, missing: str) -> None:
-    state = _Outer().state_dict()
+def test_load_state_dict_leaves_entries_the_state_dict_lacks(mutate, kept) -> None:
+    source, target = _Outer(), _Outer()
+    _fill(source, 6.0)
+    state = source.state_dict()
     mutate(state)
-    with pytest.raises(KeyError, match=rf"missing key\(s\) \['{missing}'\]"):
-        _Outer().load_state_dict(state)
+    target.load_state_dict(state)
+    assert torch.equal(kept(target), torch.zeros_like(kept(target)))  # not loaded, untouched
+    assert torch.equal(target.blocks[1], torch.full((4,), 6.0))  # everything else loaded
+
+
+def test_load_state_dict_missing_sequence_element_raises_before_writing() -> None:
+    source, target = _Outer(), _Outer()
+    _fill(source, 7.0)
+    state = source.state_dict()
+    state["blocks"].pop(1)
+    with pytest.raises(KeyError, match=r"missing element 'blocks.1' in state_dict"):
+        target.load_state_dict(state)
+    assert torch.equal(target.weight, torch.zeros(3))  # validated first: nothing written
 
 
 @pytest.mark.parametrize(
-    ("mutate", "unexpected"),
+    "mutate",
     [
-        (lambda s: s.__setitem__("bias", torch.zeros(1)), "bias"),
-        (lambda s: s["blocks"].__setitem__(2, torch.zeros(1)), "blocks.2"),
-        (lambda s: s["inner"].__setitem__("extra", torch.zeros(1)), "inner.extra"),
-        (lambda s: s.__setitem__("empty_list", {0: torch.zeros(1)}), "empty_list"),
-        (lambda s: s["by_index"].__setitem__("x", torch.zeros(1)), "by_index.x"),
+        lambda s: s.__setitem__("bias", torch.zeros(1)),
+        lambda s: s["blocks"].__setitem__(2, torch.zeros(1)),
+        lambda s: s["inner"].__setitem__("extra", torch.zeros(1)),
+        lambda s: s.__setitem__("empty_list", {0: torch.zeros(1)}),
+        lambda s: s["by_index"].__setitem__("x", torch.zeros(1)),
     ],
 )
-def test_load_state_dict_unexpected_key_raises_key_error_naming_it(mutate, unexpected: str) -> None:
-    state = _Outer().state_dict()
+def test_load_state_dict_ignores_entries_the_module_lacks(mutate) -> None:
+    source, target = _Outer(), _Outer()
+    _fill(source, 8.0)
+    state = source.state_dict()
     mutate(state)
-    with pytest.raises(KeyError, match=rf"unexpected key '{unexpected}'"):
-        _Outer().load_state_dict(state)
+    target.load_state_dict(state)
+    assert torch.equal(target.inner.factor, torch.full((2, 2), 8.0))
+    assert target.empty_list == [] and set(target.by_index) == {0, 5} and len(target.blocks) == 2
 
 
-def test_load_state_dict_requires_non_tensors_when_asked() -> None:
-    state = _Outer().state_dict()
-    with pytest.raises(KeyError, match=r"missing key\(s\) \[.*'name'"):
-        _Outer().load_state_dict(state, store_non_tensors=True)
+def test_load_state_dict_restores_the_non_tensors_it_is_given() -> None:
+    state = _Outer().state_dict()  # no non-tensors saved
+    state["weight"] = torch.full((3,), 2.0)
+    target = _Outer()
+    target.load_state_dict(state, store_non_tensors=True)
+    assert target.name == "outer" and target.inner.count == 0
+    assert torch.equal(target.weight, torch.full((3,), 2.0))
 
 
 @pytest.mark.parametrize(
-    ("replacement", "message"),
+    ("path", "replacement", "expected"),
     [
-        (torch.zeros(4), r"'weight': shape mismatch, module has \(3,\), state_dict has \(4,\)"),
-        (
-            torch.zeros(3, dtype=torch.float64),
-            r"'weight': dtype mismatch, module has torch.float32",
-        ),
-        (3.0, r"'weight': expected a tensor, got float"),
+        ("weight", 3.0, "'weight': expected a tensor, got float"),
+        ("blocks", torch.zeros(2), "'blocks': expected a mapping, got Tensor"),
+        ("inner", torch.zeros(2), "'inner': expected a mapping, got Tensor"),
+        ("name", 5, "'name': expected a str, got int"),
     ],
 )
-def test_load_state_dict_value_mismatch_raises_value_error(
-    replacement: object, message: str
+def test_load_state_dict_skips_values_of_the_wrong_kind_with_a_warning(
+    path: str, replacement: object, expected: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    state = _Outer().state_dict()
-    state["weight"] = replacement
-    with pytest.raises(ValueError, match=message):
-        _Outer().load_state_dict(state)
+    source, target = _Outer(), _Outer()
+    _fill(source, 9.0)
+    state = source.state_dict(store_non_tensors=True)
+    before = {"weight": target.weight.clone(), "blocks": [b.clone() for b in target.blocks]}
+    state[path] = replacement
+    with caplog.at_level(logging.WARNING):
+        target.load_state_dict(state, store_non_tensors=True)
+    assert expected in caplog.text and "keeping the current value" in caplog.text
+    if path == "weight":
+        assert torch.equal(target.weight, before["weight"])
+    else:
+        assert torch.equal(target.weight, torch.full((3,), 9.0))
+    if path == "blocks":
+        assert all(torch.equal(b, old) for b, old in zip(target.blocks, before["blocks"]))
+    assert target.name == ("outer" if path == "name" else "outer9.0")
 
 
-def test_load_state_dict_container_given_a_tensor_raises_value_error() -> None:
+def test_load_state_dict_converts_the_dtype_like_copy() -> None:
     state = _Outer().state_dict()
-    state["blocks"] = torch.zeros(2)
-    with pytest.raises(ValueError, match=r"'blocks': expected a mapping, got Tensor"):
-        _Outer().load_state_dict(state)
+    state["weight"] = torch.tensor([1.0, 2.0, 1.0 + 2**-30], dtype=torch.float64)
+    target = _Outer()
+    target.load_state_dict(state)
+    assert target.weight.dtype == torch.float32
+    assert torch.equal(target.weight, torch.tensor([1.0, 2.0, 1.0]))
+
+
+def test_load_state_dict_shape_mismatch_raises_before_writing() -> None:
+    state = _Outer().state_dict()
+    state["inner"]["factor"] = torch.ones(2, 2)
+    state["weight"] = torch.zeros(4)
+    target = _Outer()
+    with pytest.raises(
+        ValueError, match=r"'weight': shape mismatch, module has \(3,\), state_dict has \(4,\)"
+    ):
+        target.load_state_dict(state)
+    assert torch.equal(target.inner.factor, torch.zeros(2, 2))
 
 
 class _WithStructure(OptimizerModule):
@@ -202,5 +254,5 @@ def test_non_state_attributes_are_neither_saved_nor_expected() -> None:
     assert torch.equal(module.value, torch.full((2,), 3.0)) and torch.equal(
         module.cache, torch.ones(2)
     )
-    with pytest.raises(KeyError, match="unexpected key 'cache'"):
-        module.load_state_dict({"value": torch.zeros(2), "cache": torch.zeros(2)})
+    module.load_state_dict({"value": torch.zeros(2), "cache": torch.zeros(2)})
+    assert torch.equal(module.value, torch.zeros(2)) and torch.equal(module.cache, torch.ones(2))

@@ -43,9 +43,7 @@ def _run_cases(group_size: int, group: dist.ProcessGroup | None) -> dict[str, di
     for name, (shapes, split_size, dtype, accumulate) in _CASES.items():
         params = _params(shapes)
         blocks = _blocks(params, split_size)
-        assignment = distribute_buffer_sizes(
-            [b.numel() * b.element_size() for b in blocks], group_size
-        )
+        assignment = distribute_buffer_sizes(blocks, group_size)
         buffers = prepare_update_param_buffers(
             blocks, assignment, group=group, communication_dtype=dtype
         )
@@ -91,7 +89,7 @@ def _expected_send_numel(name: str, group_size: int) -> int:
     """Sum over rounds of the largest block sent in the round (zero padding included)."""
     shapes, split_size, _, _ = _CASES[name]
     blocks = _blocks(_params(shapes), split_size)
-    assignment = distribute_buffer_sizes([b.numel() * 4 for b in blocks], group_size)
+    assignment = distribute_buffer_sizes(blocks, group_size)
     largest_first = sorted(range(len(blocks)), key=lambda i: (-blocks[i].numel(), i))
     owned = [[i for i in largest_first if assignment[i][1] == r] for r in range(group_size)]
     rounds = max((len(o) for o in owned), default=0)
@@ -151,7 +149,7 @@ def test_every_rank_ends_with_the_single_process_result() -> None:
 def test_single_process_exchange_without_process_group() -> None:
     params = _params(_UNEVEN)
     blocks = _blocks(params, 2)
-    assignment = distribute_buffer_sizes([b.numel() * 4 for b in blocks], 1)
+    assignment = distribute_buffer_sizes(blocks, 1)
     buffers = prepare_update_param_buffers(blocks, assignment)
     assert buffers.group_size == 1 and buffers.recv_buffer is buffers.send_buffer
     assert buffers.round_inputs == ()

@@ -34,9 +34,8 @@ def test_parameter_layout_and_views(bias: bool) -> None:
     assert layer.combined_weight.shape == (4, 6 + int(bias))
     assert layer.weight.shape == (4, 6)
     assert layer.weight.data_ptr() == layer.combined_weight.data_ptr()
-    assert (layer.bias is not None) == bias
-    if bias:
-        assert torch.equal(layer.bias, layer.combined_weight[:, -1])
+    assert layer.bias is bias  # a flag, as in the reference library
+    assert layer.in_features_with_bias == 6 + int(bias)
 
 
 @pytest.mark.parametrize("bias", [True, False])
@@ -47,7 +46,7 @@ def test_init_draws_the_same_values_as_nn_linear(bias: bool) -> None:
     layer = CombinedLinear(10, 3, bias=bias)
     assert torch.equal(layer.weight, linear.weight)
     if bias:
-        assert torch.equal(layer.bias, linear.bias)
+        assert torch.equal(layer.combined_weight[:, -1], linear.bias)
     bound = 1 / math.sqrt(10)
     assert layer.combined_weight.abs().max() <= bound
 
@@ -68,7 +67,11 @@ def test_rejects_bad_sizes(kwargs: dict, field: str) -> None:
         CombinedLinear(**arguments)
 
 
-def test_repr_and_dtype() -> None:
-    layer = CombinedLinear(3, 2, bias=False, dtype=torch.bfloat16)
+@pytest.mark.parametrize(("bias", "with_bias"), [(True, 4), (False, 3)])
+def test_repr_and_dtype(bias: bool, with_bias: int) -> None:
+    layer = CombinedLinear(3, 2, bias=bias, dtype=torch.bfloat16)
     assert layer.combined_weight.dtype == torch.bfloat16
-    assert "in_features=3, out_features=2, bias=False" in repr(layer)
+    assert layer.extra_repr() == (
+        f"self.in_features=3, self.out_features=2, self.in_features_with_bias={with_bias}"
+    )
+    assert layer.extra_repr() in repr(layer)

@@ -1,8 +1,10 @@
 import io
+import logging
 
 import pytest
 import torch
 
+from nanoshampoo.optim.shampoo.utils.commons import InvalidArgumentError, InvalidStateError
 from nanoshampoo.optim.shampoo.utils.shampoo_block_info import BlockInfo
 from nanoshampoo.optim.shampoo.utils.shampoo_quantization import (
     DequantizeQuantizedTensorListContext,
@@ -38,20 +40,27 @@ def test_quantized_tensor_round_trip_error_bound(dtype: torch.dtype) -> None:
     values = _normal_values()
     quantized = QuantizedTensor.init_from_dequantized_tensor(values, dtype, _info(values.shape))
     assert quantized.quantized_values.dtype == dtype
-    restored = quantized.dequantize(torch.float32)
+    restored = quantized.dequantize(dequantized_dtype=torch.float32)
     relative_error = ((restored - values).abs() / values.abs()).max().item()
     assert relative_error <= _REL_ERROR_BOUND[dtype]
     if dtype in (torch.float16, torch.bfloat16):
         assert relative_error > 0  # the bound is not vacuous: rounding really happened
 
 
-def test_quantized_tensor_dequantize_is_a_copy_and_quantize_rounds_in_place() -> None:
+def test_quantized_tensor_dequantize_copies_unless_formats_match() -> None:
     quantized = QuantizedTensor.init_from_dequantized_tensor(torch.ones(3), torch.bfloat16, _info())
-    copy = quantized.dequantize(torch.bfloat16)
+    copy = quantized.dequantize(torch.float32)
     copy.add_(1.0)
     assert torch.equal(quantized.quantized_values, torch.ones(3, dtype=torch.bfloat16))
+    # In the storage format it is the storage itself (the reference library's behaviour).
+    assert quantized.dequantize(torch.bfloat16) is quantized.quantized_values
+
+
+def test_quantized_tensor_quantize_rounds_in_place() -> None:
+    quantized = QuantizedTensor.init_from_dequantized_tensor(torch.ones(3), torch.bfloat16, _info())
     storage = quantized.quantized_values
-    quantized.quantize_(torch.tensor([1.0 + 2.0**-10, 2.0, 3.0], dtype=torch.float64))
+    update = torch.tensor([1.0 + 2.0**-10, 2.0, 3.0], dtype=torch.float64)
+    quantized.quantize(dequantized_tensor=update)
     assert quantized.quantized_values is storage
     assert storage.tolist() == [1.0, 2.0, 3.0]  # 1 + 2^-10 rounds to 1 in bf16
 
@@ -90,23 +99,29 @@ def test_quantized_tensor_state_dict_excludes_block_info() -> None:
 
 @pytest.mark.parametrize("dtype", [torch.int8, torch.uint8, torch.float8_e4m3fn, torch.complex64])
 def test_unsupported_formats_raise_not_implemented(dtype: torch.dtype) -> None:
-    with pytest.raises(NotImplementedError, match=rf"quantized_dtype {dtype} is not supported"):
+    # Our message names the argument and also holds the reference's "Quantization for ... !".
+    unsupported = rf"Quantization for {dtype} is not yet supported! Supported formats"
+    with pytest.raises(NotImplementedError, match=rf"quantized_dtype: {unsupported}"):
         QuantizedTensor.init_from_dequantized_tensor(torch.ones(3), dtype, _info())
-    with pytest.raises(NotImplementedError, match=rf"quantized_dtype {dtype} is not supported"):
+    with pytest.raises(NotImplementedError, match=rf"quantized_dtype: {unsupported}"):
         QuantizedTensorList([(torch.ones(3), None, None)], dtype)
     quantized = QuantizedTensor.init_from_dequantized_tensor(torch.ones(3), torch.float16, _info())
-    with pytest.raises(NotImplementedError, match=rf"dequantize dtype {dtype} is not supported"):
+    with pytest.raises(NotImplementedError, match=rf"dequantize dtype: {unsupported}"):
         quantized.dequantize(dtype)
 
 
 def test_non_float_inputs_raise_not_implemented() -> None:
-    with pytest.raises(NotImplementedError, match="QuantizedTensorList input dtype torch.int64"):
+    with pytest.raises(
+        NotImplementedError, match="QuantizedTensorList input dtype: Quantization for torch.int64"
+    ):
         QuantizedTensorList([(torch.ones(3, dtype=torch.int64), None, None)], torch.bfloat16)
     quantized = QuantizedTensor.init_from_dequantized_tensor(torch.ones(3), torch.float16, _info())
-    with pytest.raises(NotImplementedError, match="quantize_ input dtype torch.int32"):
-        quantized.quantize_(torch.ones(3, dtype=torch.int32))
-    with pytest.raises(ValueError, match=r"expected shape \(3,\), got \(1,\)"):
-        quantized.quantize_(torch.ones(1))
+    with pytest.raises(
+        NotImplementedError, match="quantize input dtype: Quantization for torch.int32"
+    ):
+        quantized.quantize(torch.ones(3, dtype=torch.int32))
+    with pytest.raises(InvalidArgumentError, match=r"expected shape \(3,\), got \(1,\)"):
+        quantized.quantize(torch.ones(1))
 
 
 # ----------------------------------------------------------------------------- QuantizedTensorList
@@ -137,11 +152,11 @@ def test_list_dequantize_update_quantize_cycle(
         [(t.clone(), None, None) for t in tensors], quantized_dtype, computation_dtype
     )
     with DequantizeQuantizedTensorListContext(qlist):
-        assert qlist.is_dequantized
+        assert qlist.is_dequantized_stored()
         assert all(t.dtype == computation_dtype for t in qlist.dequantized_value)
         for t in qlist.dequantized_value:
             t.mul_(1.5)
-    assert not qlist.is_dequantized
+    assert not qlist.is_dequantized_stored()
     for stored, original in zip(qlist.quantized_value, tensors, strict=True):
         assert stored.dtype == quantized_dtype
         expected = original.double() * 1.5
@@ -157,18 +172,35 @@ def test_list_cache_aliases_storage_when_formats_match() -> None:
     qlist.quantize_()
 
 
-def test_list_lifecycle_errors() -> None:
+@pytest.mark.parametrize("caught", [RuntimeError, AssertionError])
+def test_list_lifecycle_errors(caught: type[Exception]) -> None:
     qlist = QuantizedTensorList([(torch.ones(2), None, None)], torch.bfloat16)
-    with pytest.raises(RuntimeError, match="no dequantized cache"):
+    with pytest.raises(caught, match="no dequantized cache"):
         _ = qlist.dequantized_value
-    with pytest.raises(RuntimeError, match="no dequantized cache"):
-        qlist.quantize_()
     qlist.dequantize_()
-    with pytest.raises(RuntimeError, match="already dequantized"):
-        qlist.dequantize_()
-    with pytest.raises(RuntimeError, match="quantize_\\(\\) before compressing"):
+    with pytest.raises(caught, match="quantize_\\(\\) before compressing"):
         qlist.compress([True])
     qlist.quantize_()
+
+
+def test_list_lifecycle_misuse_warns_like_the_reference(caplog: pytest.LogCaptureFixture) -> None:
+    qlist = QuantizedTensorList([(torch.ones(2), None, None)], torch.bfloat16, torch.float64)
+    with caplog.at_level(logging.WARNING):
+        qlist.quantize_()  # nothing cached: a warning, nothing written
+    assert caplog.messages == [
+        "No stored dequantized values self.dequantized_value_list=None. "
+        "Must first call dequantize_()."
+    ]
+    assert qlist.quantized_value[0].tolist() == [1.0, 1.0]
+    qlist.dequantize_()
+    qlist.dequantized_value[0].fill_(3.0)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        qlist.dequantize_()  # replaces the cache: the 3.0 written to it is dropped
+    assert caplog.messages == ["Dequantized values are already stored; overwriting these values..."]
+    assert qlist.dequantized_value[0].tolist() == [1.0, 1.0]
+    qlist.quantize_()
+    assert not qlist.is_dequantized_stored() and qlist.quantized_value[0].tolist() == [1.0, 1.0]
 
 
 def test_context_quantizes_back_when_body_raises() -> None:
@@ -177,7 +209,7 @@ def test_context_quantizes_back_when_body_raises() -> None:
         with DequantizeQuantizedTensorListContext(qlist):
             qlist.dequantized_value[0].fill_(5.0)
             raise ZeroDivisionError
-    assert not qlist.is_dequantized
+    assert not qlist.is_dequantized_stored()
     assert qlist.quantized_value[0].tolist() == [5.0, 5.0]
 
 
@@ -193,7 +225,7 @@ def test_compress_selects_and_shares_storage() -> None:
     assert [m.item() for m in selected.min_values] == [0.0, 3.0]
     assert [m.item() for m in selected.max_values] == [1.0, 4.0]
     assert selected.computation_dtype == torch.float64
-    with pytest.raises(ValueError, match=r"len\(seq\)=4 and len\(selector\)=3"):
+    with pytest.raises(InvalidArgumentError, match=r"len\(complete_list\)=4 and len\(selector\)=3"):
         qlist.compress([True, False, True])
 
 
@@ -221,7 +253,13 @@ _RANGED = (torch.ones(1), torch.zeros(()), torch.ones(()))
 @pytest.mark.parametrize(
     ("items", "computation_dtype", "message"),
     [
-        ([_ONE], torch.int32, r"computation_dtype must be a floating-point dtype, got torch.int32"),
+        (
+            [_ONE],
+            torch.int32,
+            r"computation_dtype=torch.int32 is not supported! It must be one of \(torch.float16, "
+            r"torch.bfloat16, torch.float32, torch.float64\)!",
+        ),
+        ([_ONE], torch.float8_e4m3fn, r"computation_dtype=torch.float8_e4m3fn is not supported"),
         ([(torch.ones(1), torch.zeros(()), None)], torch.float32, r"min/max must be all None or"),
         ([_ONE, _RANGED], torch.float32, r"min/max must be all None or all set"),
         (
@@ -239,7 +277,7 @@ _RANGED = (torch.ones(1), torch.zeros(()), torch.ones(()))
 def test_list_rejects_bad_construction(
     items: list, computation_dtype: torch.dtype, message: str
 ) -> None:
-    with pytest.raises(ValueError, match=message):
+    with pytest.raises(InvalidArgumentError, match=message):
         QuantizedTensorList(items, torch.bfloat16, computation_dtype)
 
 
@@ -258,3 +296,66 @@ def test_list_state_dict_round_trip_excludes_cache() -> None:
     for mine, theirs in zip(target.quantized_value, source.quantized_value, strict=True):
         assert torch.equal(mine, theirs)
     source.quantize_()
+
+
+@pytest.mark.parametrize("quantized_dtype", list(_REL_ERROR_BOUND))
+def test_list_dequantize_and_quantize_by_hand(quantized_dtype: torch.dtype) -> None:
+    tensors = [_normal_values(500, seed=s).reshape(20, 25) for s in range(2)]
+    qlist = QuantizedTensorList(
+        [(t.clone(), None, None) for t in tensors], quantized_dtype, torch.float64
+    )
+    values = qlist.dequantize()
+    assert not qlist.is_dequantized_stored()  # by hand: no cache
+    for value, stored in zip(values, qlist.quantized_value, strict=True):
+        assert value.dtype == torch.float64
+        assert torch.equal(value, stored.double())  # widening is exact
+    before = [stored.to(torch.float64, copy=True) for stored in qlist.quantized_value]
+    qlist.quantize(tuple(v * 0.75 + 1.0 for v in values))
+    for stored, old in zip(qlist.quantized_value, before, strict=True):
+        # The float64 update rounded once, to nearest, into the storage format.
+        assert stored.dtype == quantized_dtype
+        assert torch.equal(stored, (old * 0.75 + 1.0).to(quantized_dtype))
+
+
+def test_list_dequantize_is_the_storage_when_formats_match() -> None:
+    tensors = [torch.ones(2, dtype=torch.float16), torch.zeros(3, dtype=torch.float16)]
+    qlist = QuantizedTensorList([(t, None, None) for t in tensors], torch.float16, torch.float16)
+    values = qlist.dequantize()
+    assert values[0] is tensors[0] and values[1] is tensors[1]
+    qlist.quantize(values)  # writing the storage onto itself is a no-op
+    assert tensors[0].tolist() == [1.0, 1.0]
+
+
+def test_list_quantize_warns_when_a_cache_exists(caplog: pytest.LogCaptureFixture) -> None:
+    qlist = QuantizedTensorList([(torch.ones(2), None, None)], torch.bfloat16)
+    qlist.dequantize_()
+    with caplog.at_level(logging.WARNING):
+        qlist.quantize((torch.full((2,), 4.0),))
+    assert caplog.messages == [
+        "Existing stored dequantized values.\nWriting quantized values with input tensor_list "
+        "without using these stored dequantized values..."
+    ]
+    assert qlist.quantized_value[0].tolist() == [4.0, 4.0]
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        qlist.quantize(qlist.dequantized_value)  # the cache itself: no warning
+    assert caplog.messages == [] and qlist.quantized_value[0].tolist() == [1.0, 1.0]
+    qlist.quantize_()
+
+
+@pytest.mark.parametrize(
+    ("tensor_list", "message"),
+    [
+        ((torch.ones(2),), r"expected 2 tensors, got 1"),
+        ((torch.ones(2), torch.ones(4)), r"tensor 1 has shape \(4,\), its entry \(3,\)"),
+    ],
+)
+def test_list_quantize_rejects_mismatched_tensors_before_writing(
+    tensor_list: tuple[torch.Tensor, ...], message: str
+) -> None:
+    qlist = QuantizedTensorList(
+        [(torch.zeros(2), None, None), (torch.zeros(3), None, None)], torch.bfloat16
+    )
+    with pytest.raises(InvalidArgumentError, match=message):
+        qlist.quantize(tensor_list)
+    assert qlist.quantized_value[0].tolist() == [0.0, 0.0]

@@ -59,29 +59,35 @@ def test_update_param_state_dict_object_round_trip_in_place() -> None:
     assert live["lr"] == [0.1]  # deep-copied, not aliased
 
 
-def test_missing_key_raises_when_checked() -> None:
-    with pytest.raises(KeyError, match=r"key 'extra' of the loaded state is missing"):
-        update_param_state_dict_object({"a": 1}, {"a": 2, "extra": 3})
-    with pytest.raises(KeyError, match=r"key 'x' of the loaded state"):
+def test_missing_key_of_the_current_state_raises_when_checked() -> None:
+    # The check runs over the current state's keys, as in the reference library.
+    with pytest.raises(KeyError, match=r"Key b not found in state dict to load\. Loaded keys"):
+        update_param_state_dict_object({"a": 1, "b": 2}, {"a": 3})
+    with pytest.raises(KeyError, match=r"Key y not found in state dict to load"):
         update_param_state_dict_object({"n": {"y": 1}}, {"n": {"x": 2}})
 
 
-def test_missing_key_is_logged_and_skipped_when_unchecked(caplog: pytest.LogCaptureFixture) -> None:
+def test_extra_loaded_keys_are_ignored() -> None:
     live = {"a": torch.zeros(1)}
+    update_param_state_dict_object(live, {"a": torch.ones(1), "extra": 3})
+    assert set(live) == {"a"} and torch.equal(live["a"], torch.ones(1))
+
+
+def test_missing_key_is_logged_and_kept_when_unchecked(caplog: pytest.LogCaptureFixture) -> None:
+    live = {"a": torch.zeros(1), "acc": _Accumulator(1.0)}
     with caplog.at_level(logging.WARNING):
-        update_param_state_dict_object(
-            live, {"a": torch.ones(1), "extra": 3}, enable_missing_key_check=False
-        )
-    assert torch.equal(live["a"], torch.ones(1)) and "extra" not in live
-    assert "key 'extra' of the loaded state is missing" in caplog.text
+        update_param_state_dict_object(live, {"a": torch.ones(1)}, enable_missing_key_check=False)
+    assert torch.equal(live["a"], torch.ones(1))
+    assert torch.equal(live["acc"].sums[0], torch.full((2,), 1.0))  # left as it was
+    assert "Key acc not found in state dict to load" in caplog.text
 
 
 @pytest.mark.parametrize(
     ("loaded", "message"),
     [
-        ({"t": torch.zeros(3)}, r"'t': expected a tensor of shape \(2,\), got \(3,\)"),
-        ({"t": 1.0}, r"'t': expected a tensor of shape \(2,\), got float"),
-        ({"d": 5}, r"'d': expected a mapping to load into a dict, got int"),
+        ({"t": torch.zeros(3), "d": {}}, r"'t': expected a tensor of shape \(2,\), got \(3,\)"),
+        ({"t": 1.0, "d": {}}, r"'t': expected a tensor of shape \(2,\), got float"),
+        ({"t": torch.zeros(2), "d": 5}, r"'d': expected a mapping to load into a dict, got int"),
     ],
 )
 def test_value_mismatches_raise_value_error(loaded: dict, message: str) -> None:

@@ -4,6 +4,7 @@ from itertools import product
 import pytest
 import torch
 
+from nanoshampoo.optim.shampoo.utils.commons import InvalidArgumentError
 from nanoshampoo.optim.shampoo.utils.load_balancing_utils import (
     LoadBalancingConfig,
     PolynomialComputationalCostModel,
@@ -14,8 +15,11 @@ from nanoshampoo.optim.shampoo.utils.shampoo_utils import (
     distribute_buffer_sizes,
     generate_pairwise_indices,
     get_dtype_size,
+    greedy_bin_pack,
     merge_small_dims,
     multi_dim_split,
+    pack_upper_triangular,
+    unpack_upper_triangular,
 )
 
 
@@ -34,7 +38,7 @@ from nanoshampoo.optim.shampoo.utils.shampoo_utils import (
         ((2, 3, 4), 1000, 3, (2, 3, 4)),
         ((2, 3, 4), 11, 1, (6, 4)),  # threshold blocks 12 = 3 * 4
         ((32, 3, 64, 64), 1024, 2, (32, 192, 64)),  # threshold wins over the target
-        ((2, 1, 3, 1), 100, math.inf, (2, 3)),  # inf: only squeezing
+        ((2, 1, 3, 1), 100, math.inf, (2, 1, 3, 1)),  # inf: the shape unchanged
         ((1, 2, 5, 1), 10, 5, (2, 5)),
     ],
 )
@@ -66,6 +70,20 @@ def test_merge_small_dims_matches_reference_and_keeps_numel(threshold: int, targ
         assert math.prod(merged) == math.prod(shape)
 
 
+@pytest.mark.parametrize(
+    ("shape", "expected"),
+    [((1, 2, 5, 1), (1, 2, 5, 1)), ((), ()), ((1,), (1,)), ((32, 3, 64, 64), (32, 3, 64, 64)),
+     ((4, 0, 1), (0,))],
+    ids=str,
+)
+def test_merge_small_dims_inf_target_keeps_the_shape(
+    shape: tuple[int, ...], expected: tuple[int, ...]
+) -> None:
+    # As the reference library: no squeezing either (an empty shape still becomes (0,)).
+    assert merge_small_dims(shape, 1_000_000, math.inf) == expected
+    assert merge_small_dims(torch.Size(shape), 1, math.inf) == expected
+
+
 def test_merge_small_dims_accepts_torch_size_and_lists() -> None:
     assert merge_small_dims(torch.Size([4, 1, 4]), 16, 1) == (16,)
     assert merge_small_dims([4, 1, 4], 16, 1) == (16,)
@@ -73,7 +91,7 @@ def test_merge_small_dims_accepts_torch_size_and_lists() -> None:
 
 @pytest.mark.parametrize("target", [2.0, 0.5, -math.inf, math.nan])
 def test_merge_small_dims_rejects_finite_float_targets(target: float) -> None:
-    with pytest.raises(ValueError, match=r"may be a float only when it is math.inf.*got"):
+    with pytest.raises(InvalidArgumentError, match=r"may be a float only when it is math.inf.*got"):
         merge_small_dims((2, 3), 10, target)
 
 
@@ -133,7 +151,9 @@ def test_multi_dim_split_inf_and_0d_give_the_tensor_itself() -> None:
 
 @pytest.mark.parametrize("split_size", [0, -2, 1.5, True])
 def test_multi_dim_split_rejects_bad_split_size(split_size: object) -> None:
-    with pytest.raises(ValueError, match=r"split_size must be an int >= 1 or math.inf, got"):
+    with pytest.raises(
+        InvalidArgumentError, match=r"split_size must be an int >= 1 or math.inf, got"
+    ):
         multi_dim_split(torch.zeros(2, 2), split_size)  # type: ignore[arg-type]
 
 
@@ -149,10 +169,13 @@ def test_multi_dim_split_rejects_bad_split_size(split_size: object) -> None:
 )
 def test_compress_list(seq: list, selector: list, expected: tuple) -> None:
     assert compress_list(seq, selector) == expected
+    assert compress_list(complete_list=seq, selector=selector) == expected
 
 
-def test_compress_list_rejects_mismatched_lengths() -> None:
-    with pytest.raises(ValueError, match=r"len\(seq\)=3 and len\(selector\)=2"):
+@pytest.mark.parametrize("caught", [ValueError, AssertionError])
+def test_compress_list_rejects_mismatched_lengths(caught: type[Exception]) -> None:
+    # Both the type a ValueError-minded caller catches and the reference's AssertionError.
+    with pytest.raises(caught, match=r"len\(complete_list\)=3 and len\(selector\)=2"):
         compress_list([1, 2, 3], [True, False])
 
 
@@ -213,18 +236,25 @@ def test_parameterize_enter_exit_context_exits_when_body_raises() -> None:
 
 
 # ----------------------------------------------------------------------- distribute_buffer_sizes
-def _loads_per_rank(
-    loads: list[float], assignment: tuple[tuple[int, int], ...], group_size: int
-) -> list[float]:
-    per_rank = [0.0] * group_size
-    for load, (_, rank) in zip(loads, assignment, strict=True):
-        per_rank[rank] += load
-    return per_rank
+def _byte_blocks(sizes: list[int] | tuple[int, ...]) -> list[torch.Tensor]:
+    """Meta blocks of ``sizes`` bytes each (no memory)."""
+    return [torch.empty(size, dtype=torch.uint8, device="meta") for size in sizes]
+
+
+def _reference_lpt(costs: list[float], num_bins: int, order: list[int]) -> list[int]:
+    """Slow reference: place each item, in ``order``, on the first bin of least total cost."""
+    totals = [0.0] * num_bins
+    bins = [-1] * len(costs)
+    for index in order:
+        target = min(range(num_bins), key=lambda b: (totals[b], b))
+        bins[index] = target
+        totals[target] += costs[index]
+    return bins
 
 
 def test_distribute_buffer_sizes_article_example() -> None:
     # Loads 128, 64, 512, 256 (aligned): 512 -> rank 0, then 256, 128, 64 all -> rank 1.
-    assert distribute_buffer_sizes((128, 64, 500, 256), 2) == (
+    assert distribute_buffer_sizes(_byte_blocks((128, 64, 500, 256)), 2) == (
         (128, 1),
         (64, 1),
         (512, 0),
@@ -234,50 +264,177 @@ def test_distribute_buffer_sizes_article_example() -> None:
 
 @pytest.mark.parametrize("group_size", [1, 2, 3, 4, 8])
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_distribute_buffer_sizes_balances_and_aligns(group_size: int, seed: int) -> None:
+def test_distribute_buffer_sizes_matches_reference_lpt(group_size: int, seed: int) -> None:
     generator = torch.Generator().manual_seed(seed)
-    sizes = torch.randint(0, 5000, (13,), generator=generator).tolist()
-    assignment = distribute_buffer_sizes(sizes, group_size)
-    aligned = [-(-s // 64) * 64 for s in sizes]
+    shapes = torch.randint(1, 40, (13, 2), generator=generator).tolist()
+    blocks = [torch.empty(shape, dtype=torch.float32, device="meta") for shape in shapes]
+    assignment = distribute_buffer_sizes(blocks, group_size)
+    aligned = [-(-(rows * cols * 4) // 64) * 64 for rows, cols in shapes]
     assert [a for a, _ in assignment] == aligned
-    assert all(0 <= rank < group_size for _, rank in assignment)
-    per_rank = _loads_per_rank(aligned, assignment, group_size)
-    assert max(per_rank) - min(per_rank) <= max(aligned)
-    assert distribute_buffer_sizes(list(sizes), group_size) == assignment  # deterministic
+    order = sorted(range(len(aligned)), key=lambda i: (-aligned[i], i))
+    assert [rank for _, rank in assignment] == _reference_lpt(aligned, group_size, order)
+    loads = [0] * group_size
+    for load, (_, rank) in zip(aligned, assignment, strict=True):
+        loads[rank] += load
+    assert max(loads) - min(loads) <= max(aligned)
 
 
 def test_distribute_buffer_sizes_group_size_one_and_more_ranks_than_blocks() -> None:
-    assert distribute_buffer_sizes((10, 200, 3), 1) == ((64, 0), (256, 0), (64, 0))
+    blocks = _byte_blocks((10, 200, 3))
+    assert distribute_buffer_sizes(blocks, 1) == ((64, 0), (256, 0), (64, 0))
     # Heaviest first to the emptiest rank, ties by lower rank: each block gets its own rank.
-    assert distribute_buffer_sizes((10, 200, 3), 5) == ((64, 1), (256, 0), (64, 2))
+    assert distribute_buffer_sizes(blocks, 5) == ((64, 1), (256, 0), (64, 2))
     assert distribute_buffer_sizes((), 3) == ()
 
 
 def test_distribute_buffer_sizes_breaks_ties_by_index_then_rank() -> None:
-    assert distribute_buffer_sizes((64,) * 5, 2) == ((64, 0), (64, 1), (64, 0), (64, 1), (64, 0))
+    assert distribute_buffer_sizes(_byte_blocks((64,) * 5), 2) == (
+        (64, 0), (64, 1), (64, 0), (64, 1), (64, 0)
+    )  # fmt: skip
 
 
-def test_distribute_buffer_sizes_uses_config_cost_model_on_blocks() -> None:
+def test_distribute_buffer_sizes_aligns_by_dtype_bytes_and_handles_0d() -> None:
+    blocks = [torch.empty(3, 5, dtype=torch.bfloat16), torch.empty(()), torch.empty(0, 4)]
+    # 30 bytes -> 64, a 0-D float32 is 4 bytes -> 64, an empty block is 0 bytes.
+    assert [size for size, _ in distribute_buffer_sizes(blocks, 2)] == [64, 64, 0]
+
+
+def test_distribute_buffer_sizes_uses_config_cost_model_on_block_shapes() -> None:
     blocks = [torch.empty(100, 100), torch.empty(10, 10), torch.empty(90, 90), torch.empty(20, 20)]
-    sizes = [b.numel() * 4 for b in blocks]
     config = LoadBalancingConfig(cost_model=PolynomialComputationalCostModel())
-    assignment = distribute_buffer_sizes(sizes, 2, config, blocks=blocks)
+    assignment = distribute_buffer_sizes(blocks, 2, config)
     # Cubic loads 2e6, 2e3, 1.458e6, 1.6e4: 100x100 alone on rank 0, the rest on rank 1.
     assert [rank for _, rank in assignment] == [0, 1, 1, 1]
-    assert [size for size, _ in assignment] == [-(-s // 64) * 64 for s in sizes]
+    assert [size for size, _ in assignment] == [40000, 448, 32448, 1600]
+
+
+def test_distribute_buffer_sizes_quadratic_model_balances_exactly() -> None:
+    # 384^2 = 256^2 + 256^2 + 128^2: the quadratic load is split evenly.
+    blocks = _byte_blocks((256, 128, 384, 256))
+    config = LoadBalancingConfig(cost_model=PolynomialComputationalCostModel((0.0, 0.0, 1.0)))
+    assert distribute_buffer_sizes(blocks, 2, config) == ((256, 1), (128, 1), (384, 0), (256, 1))
+
+
+@pytest.mark.parametrize("group_size", [0, -1, 1.0, True])
+def test_distribute_buffer_sizes_rejects_bad_group_size(group_size: object) -> None:
+    with pytest.raises(InvalidArgumentError, match=r"group_size must be an int >= 1, got"):
+        distribute_buffer_sizes(_byte_blocks((1,)), group_size)  # type: ignore[arg-type]
+
+
+# ----------------------------------------------------------------------------- greedy_bin_pack
+@pytest.mark.parametrize("num_bins", [1, 2, 3, 5])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_greedy_bin_pack_matches_reference_lpt(num_bins: int, seed: int) -> None:
+    generator = torch.Generator().manual_seed(seed)
+    costs = torch.randint(0, 6, (11,), generator=generator).tolist()  # many ties
+    items = [f"item{i}" for i in range(len(costs))]
+    bins, totals = greedy_bin_pack(items, num_bins, cost_fn=lambda item: costs[items.index(item)])
+    # The reference library's order: decreasing cost, equal costs by decreasing position.
+    order = sorted(range(len(costs)), key=lambda i: (-costs[i], -i))
+    expected = _reference_lpt([float(c) for c in costs], num_bins, order)
+    assert bins == [[items[i] for i in order if expected[i] == b] for b in range(num_bins)]
+    assert totals == [sum(costs[i] for i in range(len(costs)) if expected[i] == b)
+                      for b in range(num_bins)]  # fmt: skip
+    assert all(isinstance(total, int) for total in totals)
+
+
+def test_greedy_bin_pack_examples() -> None:
+    assert greedy_bin_pack([1000, 100, 100, 100], 2, lambda x: x) == (
+        [[1000], [100, 100, 100]], [1000, 300]
+    )  # fmt: skip
+    assert greedy_bin_pack(list(range(6)), 3, lambda x: 1) == ([[5, 2], [4, 1], [3, 0]], [2, 2, 2])
+    assert greedy_bin_pack(["a", "b"], 4, lambda x: 1) == ([["b"], ["a"], [], []], [1, 1, 0, 0])
+    assert greedy_bin_pack([], 3, lambda x: x) == ([[], [], []], [0, 0, 0])
+
+
+def test_greedy_bin_pack_never_compares_items() -> None:
+    class Opaque:  # no ordering: equal costs must not fall back to comparing items
+        pass
+
+    items = [Opaque() for _ in range(4)]
+    bins, totals = greedy_bin_pack(items, 2, lambda item: 1.5)
+    assert bins == [[items[3], items[1]], [items[2], items[0]]]
+    assert totals == [3.0, 3.0]
+
+
+@pytest.mark.parametrize("num_bins", [0, -2, 2.0, False])
+def test_greedy_bin_pack_rejects_bad_num_bins(num_bins: object) -> None:
+    with pytest.raises(InvalidArgumentError, match=r"num_bins must be an int >= 1, got"):
+        greedy_bin_pack([1], num_bins, lambda x: x)  # type: ignore[arg-type]
+
+
+# ------------------------------------------------------------ pack / unpack_upper_triangular
+def _reference_pack(matrix: torch.Tensor) -> torch.Tensor:
+    """Slow reference: read the upper triangle row by row with plain loops."""
+    d = matrix.shape[-1]
+    return torch.stack([matrix[..., i, j] for i in range(d) for j in range(i, d)], dim=-1)
+
+
+@pytest.mark.parametrize("dim", [1, 2, 3, 5, 8])
+def test_pack_upper_triangular_reads_the_upper_triangle_row_major(dim: int) -> None:
+    generator = torch.Generator().manual_seed(dim)
+    matrix = torch.randn(dim, dim, generator=generator, dtype=torch.float64)
+    packed = pack_upper_triangular(matrix)
+    assert packed.shape == (dim * (dim + 1) // 2,) and packed.is_contiguous()
+    assert torch.equal(packed, _reference_pack(matrix))
+    # Nothing below the diagonal is read: changing it does not change the packing.
+    assert torch.equal(pack_upper_triangular(torch.triu(matrix)), packed)
+
+
+def test_pack_upper_triangular_example_values() -> None:
+    matrix = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0], [7.0, 8.0, 9.0]])
+    assert torch.equal(pack_upper_triangular(matrix), torch.tensor([1.0, 2.0, 3.0, 5.0, 6.0, 9.0]))
+
+
+@pytest.mark.parametrize("dim", [0, 1, 2, 4, 7])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_pack_unpack_round_trip_against_a_dense_triangle(dim: int, dtype: torch.dtype) -> None:
+    generator = torch.Generator().manual_seed(dim)
+    upper = torch.triu(torch.randn(dim, dim, generator=generator, dtype=torch.float64)).to(dtype)
+    symmetric = upper + upper.triu(1).T  # the dense symmetric matrix with that upper triangle
+    packed = pack_upper_triangular(symmetric)
+    assert packed.dtype == dtype
+    unpacked = unpack_upper_triangular(packed, dim)
+    assert unpacked.dtype == dtype and unpacked.shape == (dim, dim)
+    assert torch.equal(unpacked, symmetric)
+    assert torch.equal(unpacked, unpacked.T)
+
+
+def test_pack_unpack_batched_leading_dims() -> None:
+    generator = torch.Generator().manual_seed(0)
+    factors = torch.randn(2, 3, 4, 4, generator=generator)
+    factors = factors + factors.transpose(-1, -2)
+    packed = pack_upper_triangular(factors)
+    assert packed.shape == (2, 3, 10)
+    for index in product(range(2), range(3)):
+        assert torch.equal(packed[index], pack_upper_triangular(factors[index]))
+    assert torch.equal(unpack_upper_triangular(packed, 4), factors)
+
+
+def test_unpack_upper_triangular_example_values() -> None:
+    expected = torch.tensor([[1.0, 2.0, 3.0], [2.0, 5.0, 6.0], [3.0, 6.0, 9.0]])
+    assert torch.equal(
+        unpack_upper_triangular(torch.tensor([1.0, 2.0, 3.0, 5.0, 6.0, 9.0]), dim=3), expected
+    )
+
+
+@pytest.mark.parametrize("shape", [(3,), (2, 3), (4, 3, 2)], ids=str)
+def test_pack_upper_triangular_rejects_non_square(shape: tuple[int, ...]) -> None:
+    with pytest.raises(InvalidArgumentError, match=r"shape \(\.\.\., d, d\), got"):
+        pack_upper_triangular(torch.zeros(shape))
 
 
 @pytest.mark.parametrize(
-    ("kwargs", "message"),
+    ("packed", "dim", "message"),
     [
-        ({"buffer_sizes": (1,), "group_size": 0}, r"group_size must be an int >= 1, got 0"),
-        ({"buffer_sizes": (1, -1), "group_size": 2}, r"buffer_sizes must be >= 0, got \(1, -1\)"),
-        (
-            {"buffer_sizes": (1, 2), "group_size": 2, "blocks": [torch.empty(1)]},
-            r"len\(blocks\)=1 and len\(buffer_sizes\)=2",
-        ),
+        (torch.zeros(5), 3, r"shape \(\.\.\., 6\) for dim=3, got \(5,\)"),
+        (torch.zeros(()), 1, r"shape \(\.\.\., 1\) for dim=1, got \(\)"),
+        (torch.zeros(3), -1, r"dim must be an int >= 0, got -1"),
+        (torch.zeros(3), 2.0, r"dim must be an int >= 0, got 2.0"),
     ],
 )
-def test_distribute_buffer_sizes_rejects_bad_input(kwargs: dict, message: str) -> None:
-    with pytest.raises(ValueError, match=message):
-        distribute_buffer_sizes(**kwargs)
+def test_unpack_upper_triangular_rejects_bad_input(
+    packed: torch.Tensor, dim: object, message: str
+) -> None:
+    with pytest.raises(InvalidArgumentError, match=message):
+        unpack_upper_triangular(packed, dim)  # type: ignore[arg-type]

@@ -1,0 +1,109 @@
+"""The command line of tuning: ``nanoshampoo tune`` and ``nanoshampoo compare --tune``.
+
+``tune --setup muon --search 'muon.lr=0.01,0.02,0.04' [--search ...] [--trials N]
+[--seeds 1] [--confirm-seeds 3] -- TRAIN_ARGS`` tunes one setup (``nanoshampoo.evidence.tune``).
+
+``compare --tune 'adamw:adamw.lr=0.001,0.003,0.01' --tune 'muon:muon.lr=0.01,0.02,0.04'
+[--tune-seeds 1] [--tune-trials N] ...`` first tunes every compared setup, each with the same
+number of trials (refused otherwise: an equal budget), into ``OUT_DIR/tune/SETUP``, then
+compares them at their tuned presets. Several keys of one setup: ``SETUP:K1=...;K2=...``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from pathlib import Path
+
+from nanoshampoo.evidence.compare import CompareConfig, Setup, parse_setups
+from nanoshampoo.evidence.tune import Search, TuneConfig, TuneResult, parse_search, tune
+
+
+def add_tune_command(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    parser = commands.add_parser(
+        "tune", help="tune one setup's hyper-parameters (grid or log-uniform random trials)",
+        description=__doc__.split("\n\n")[1])
+    parser.add_argument("--setup", required=True, metavar="NAME[=PRESET]",
+                        help="the setup to tune (NAME runs preset tiny-NAME)")
+    parser.add_argument("--search", action="append", default=[], required=True,
+                        metavar="KEY=V1,V2|KEY=log:LO:HI", help="a searched field (repeatable)")
+    parser.add_argument("--trials", type=int, default=None,
+                        help="random points (needs a log:LO:HI range); default: the whole grid")
+    parser.add_argument("--seeds", type=int, default=1, help="seeds per trial")
+    parser.add_argument("--confirm-seeds", type=int, default=0,
+                        help="seeds to train the best trial with afterwards (0: none)")
+    parser.add_argument("--seed0", type=int, default=0, help="first seed")
+    parser.add_argument("--sample-seed", type=int, default=0, help="seed of the random trials")
+    parser.add_argument("--nproc", type=int, default=1, help="processes per run")
+    parser.add_argument("--out-dir", type=Path, default=None,
+                        help="where the trials and files go (default runs/tune/NAME)")
+    parser.add_argument("train_args", nargs=argparse.REMAINDER,
+                        help="arguments for every `python -m nanoshampoo.train` run, after `--`")
+    parser.set_defaults(handler=run_tune_command)
+
+
+def add_compare_tune_options(compare: argparse.ArgumentParser) -> None:
+    compare.add_argument("--tune", action="append", default=[], metavar="SETUP:KEY=SPEC[;...]",
+                         help="tune SETUP first (repeat for every setup, equal trial counts)")
+    compare.add_argument("--tune-seeds", type=int, default=1, help="seeds per tuning trial")
+    compare.add_argument("--tune-trials", type=int, default=None,
+                         help="random trials per setup (with log:LO:HI ranges)")
+
+
+def _train_args(args: argparse.Namespace) -> tuple[str, ...]:
+    rest = args.train_args[1:] if args.train_args[:1] == ["--"] else args.train_args
+    return tuple(rest)
+
+
+def run_tune_command(args: argparse.Namespace) -> int:
+    (setup,) = parse_setups(args.setup)
+    config = TuneConfig(setup=setup, searches=tuple(parse_search(s) for s in args.search),
+                        trials=args.trials, seeds=args.seeds, confirm_seeds=args.confirm_seeds,
+                        seed0=args.seed0, sample_seed=args.sample_seed, nproc=args.nproc,
+                        out_dir=args.out_dir or Path("runs/tune") / setup.name,
+                        train_args=_train_args(args))
+    _report(tune(config))
+    return 0
+
+
+def _report(result: TuneResult) -> None:
+    print(f"[tune] {result.setup}: best {result.best} of {len(result.trials)} trials; "
+          f"tuned preset {result.preset_file}")
+    for warning in result.edge_warnings:
+        print(f"[tune] warning: {warning}")
+
+
+def parse_tune_specs(specs: list[str]) -> dict[str, tuple[Search, ...]]:
+    """``["muon:muon.lr=0.01,0.02;muon.momentum=0.9,0.95"]`` -> searches per setup."""
+    out: dict[str, tuple[Search, ...]] = {}
+    for spec in specs:
+        name, sep, searches = spec.partition(":")
+        if not sep or not name.strip() or not searches.strip():
+            raise ValueError(f"tune: expected SETUP:KEY=SPEC[;KEY=SPEC], got {spec!r}")
+        if name.strip() in out:
+            raise ValueError(f"tune: setup {name.strip()!r} is given twice")
+        out[name.strip()] = tuple(parse_search(part) for part in searches.split(";"))
+    return out
+
+
+def tuned_compare_config(config: CompareConfig, args: argparse.Namespace) -> CompareConfig:
+    """Tune every setup of ``config`` at an equal budget; return it at the tuned presets."""
+    specs = parse_tune_specs(args.tune)
+    names = [s.name for s in config.setups]
+    if sorted(specs) != sorted(names):
+        raise ValueError(f"tune: give every compared setup {names} a --tune spec (an equal "
+                         f"tuning budget), got specs for {sorted(specs)}")
+    tunes = {s.name: TuneConfig(setup=s, searches=specs[s.name], trials=args.tune_trials,
+                                seeds=args.tune_seeds, seed0=config.seed0, nproc=config.nproc,
+                                out_dir=config.out_dir / "tune" / s.name,
+                                train_args=config.train_args) for s in config.setups}
+    counts = {name: len(t.points()) for name, t in tunes.items()}
+    if len(set(counts.values())) != 1:
+        raise ValueError(f"tune: every setup needs the same number of trials (an equal "
+                         f"budget), got {counts}")
+    tuned = []
+    for setup in config.setups:
+        result = tune(tunes[setup.name])
+        _report(result)
+        tuned.append(Setup(setup.name, result.preset_file))
+    return dataclasses.replace(config, setups=tuple(tuned))

@@ -1,0 +1,26 @@
+"""Optimizer setups, registered by name (see ``registry``): ``adamw``, ``distadam``,
+``shampoo``, ``soap``, ``muon`` (each also ``*-distadam``), ``normuon``, ``muon-cwd`` and
+``custom`` (a user's class).
+
+Importing the package registers the built-in setups and their hyper-parameter tables.
+"""
+
+from nanoshampoo.train.setups import (  # noqa: F401 - registers
+    adam,
+    custom,
+    muon_variants,
+    shampoo_family,
+)
+from nanoshampoo.train.setups.registry import (
+    BuildContext,
+    OptimizerPart,
+    SetupSpec,
+    get_setup,
+    register_setup,
+    register_table,
+    setup_names,
+    table_classes,
+)
+
+__all__ = ["BuildContext", "OptimizerPart", "SetupSpec", "get_setup", "register_setup",
+           "register_table", "setup_names", "table_classes"]
