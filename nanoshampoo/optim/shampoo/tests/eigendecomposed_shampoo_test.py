@@ -170,3 +170,29 @@ def test_state_holds_eigenvectors_and_eigenvalues_and_round_trips() -> None:
 def test_invalid_config_names_the_field(kwargs: dict[str, Any], field: str) -> None:
     with pytest.raises(ValueError, match=f"^{field}"):
         EigendecomposedShampooPreconditionerConfig(**kwargs)
+
+
+def test_eigh_tolerance_keeps_the_basis_and_re_estimates_the_eigenvalues() -> None:
+    """``tolerance=1`` accepts any previous basis: after the first decomposition ``Q`` stays
+    (its columns re-sorted), and ``lambda`` becomes ``diag(Q^T (F / bc2 + eps I) Q)``
+    (ascending) of the new factor."""
+    solver = EighEigendecompositionConfig(tolerance=1.0, eigendecomposition_offload_device="cpu")
+    config = EigendecomposedShampooPreconditionerConfig(amortized_computation_config=solver, **F64)
+    gen = torch.Generator().manual_seed(7)
+    param = torch.nn.Parameter(torch.randn(6, 5, generator=gen, dtype=torch.float64))
+    opt = DistributedShampoo([param], betas=(0.0, 0.9), epsilon=1e-3, max_preconditioner_dim=8,
+                             precondition_frequency=2, preconditioner_config=config)
+    bases = []
+    for _ in range(4):
+        param.grad = torch.randn(6, 5, generator=gen, dtype=torch.float64)
+        opt.step()
+        bases.append(opt.state_dict()["state"][0]["block_0.shampoo.factor_matrices_eigenvectors.0"].clone())
+    # The kept columns are only re-ordered (ascending by the new estimates): a permutation.
+    overlap = (bases[3].T @ bases[1]).abs()
+    assert torch.allclose(overlap.amax(dim=1), torch.ones(6, dtype=torch.float64), atol=1e-12)
+    assert not torch.equal(bases[0], bases[1])
+    state = opt.state_dict()["state"][0]
+    factor = state["block_0.shampoo.factor_matrices.0"] / (1 - 0.9**4) + 1e-3 * torch.eye(6, dtype=torch.float64)
+    q = bases[3]
+    expected = torch.sort((q.T @ factor @ q).diagonal()).values
+    assert torch.allclose(state["block_0.shampoo.factor_matrices_eigenvalues.0"], expected, rtol=1e-12)
