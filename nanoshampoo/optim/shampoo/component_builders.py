@@ -14,12 +14,16 @@ from collections.abc import Sequence
 import torch
 
 from nanoshampoo.optim.shampoo.distributor.distributor import Distributor
-from nanoshampoo.optim.shampoo.preconditioner.preconditioner import BlockBucket, Preconditioner
+from nanoshampoo.optim.shampoo.preconditioner.preconditioner import (
+    BlockBucket,
+    Preconditioner,
+)
 from nanoshampoo.optim.shampoo.shampoo_types import (
     AdaGradPreconditionerConfig,
     AdamPreconditionerConfig,
     DDPDistributedConfig,
     DistributedConfig,
+    EigendecomposedShampooPreconditionerConfig,
     EigenvalueCorrectedShampooPreconditionerConfig,
     FSDPDistributedConfig,
     FullyShardDistributedConfig,
@@ -43,6 +47,28 @@ _FSDP1_REPLACEMENTS = (
 
 logger = logging.getLogger(__name__)
 
+
+def _classic_shampoo(
+    config: ShampooPreconditionerConfig,
+    buckets: Sequence[BlockBucket],
+    beta2: float,
+    epsilon: float,
+    use_bias_correction: bool,
+) -> Preconditioner:
+    """Root-inverse or eigendecomposed Shampoo, each also in its KL-Shampoo form."""
+    if isinstance(config, EigendecomposedShampooPreconditionerConfig):
+        from nanoshampoo.optim.shampoo.preconditioner.eigendecomposed_shampoo_preconditioner import (
+            EigendecomposedShampooPreconditioner,
+        )
+
+        return EigendecomposedShampooPreconditioner(buckets, config, beta2, epsilon, use_bias_correction)
+    from nanoshampoo.optim.shampoo.preconditioner.shampoo_preconditioner import (
+        ShampooPreconditioner,
+    )
+
+    return ShampooPreconditioner(buckets, config, beta2, epsilon, use_bias_correction)
+
+
 def build_preconditioner(
     config: PreconditionerConfig,
     buckets: Sequence[BlockBucket],
@@ -59,11 +85,7 @@ def build_preconditioner(
     config needs it, like the distributors' (:func:`build_distributor`).
     """
     if isinstance(config, ShampooPreconditionerConfig):
-        from nanoshampoo.optim.shampoo.preconditioner.shampoo_preconditioner import (
-            ShampooPreconditioner,
-        )
-
-        return ShampooPreconditioner(buckets, config, beta2, epsilon, use_bias_correction)
+        return _classic_shampoo(config, buckets, beta2, epsilon, use_bias_correction)
     if isinstance(config, EigenvalueCorrectedShampooPreconditionerConfig):
         from nanoshampoo.optim.shampoo.preconditioner.eigenvalue_corrected_shampoo_preconditioner import (
             EigenvalueCorrectedShampooPreconditioner,
@@ -85,20 +107,23 @@ def build_preconditioner(
 
         return SignDescentPreconditioner(buckets, config)
     if isinstance(config, SGDPreconditionerConfig):
-        from nanoshampoo.optim.shampoo.preconditioner.sgd_preconditioner import SGDPreconditioner
+        from nanoshampoo.optim.shampoo.preconditioner.sgd_preconditioner import (
+            SGDPreconditioner,
+        )
 
         return SGDPreconditioner(buckets)
     from nanoshampoo.optim.shampoo.preconditioner.adagrad_preconditioner import (
         AdaGradPreconditioner,
     )
 
-    if isinstance(config, AdamPreconditionerConfig):
+    if isinstance(config, RMSpropPreconditionerConfig):  # Adam is an RMSprop with bias correction
         return AdaGradPreconditioner(
-            buckets, config.beta2, config.epsilon, True, config.second_moment_dtype
-        )
-    if isinstance(config, RMSpropPreconditionerConfig):
-        return AdaGradPreconditioner(
-            buckets, config.beta2, config.epsilon, False, config.second_moment_dtype
+            buckets,
+            config.beta2,
+            config.epsilon,
+            isinstance(config, AdamPreconditionerConfig),
+            config.second_moment_dtype,
+            drop_weighting_factor=config.drop_weighting_factor_on_gsquare,
         )
     if isinstance(config, AdaGradPreconditionerConfig):
         return AdaGradPreconditioner(buckets, 1.0, config.epsilon, False, config.second_moment_dtype)

@@ -31,7 +31,10 @@ from typing import Any
 import torch
 
 from nanoshampoo.optim.shampoo.state_dict_trees import flatten_tree, is_plain_value
-from nanoshampoo.optim.shampoo.utils.shampoo_utils import pack_upper_triangular, unpack_upper_triangular
+from nanoshampoo.optim.shampoo.utils.shampoo_utils import (
+    pack_upper_triangular,
+    unpack_upper_triangular,
+)
 
 # Our block-relative state names -> the reference's.
 REFERENCE_NAMES = {"grafting.second_moment": "adagrad", "momentum": "momentum_buffer"}

@@ -24,7 +24,10 @@ from collections.abc import Sequence
 import torch
 
 from nanoshampoo.optim.shampoo.utils.shampoo_block_info import BlockInfo
-from nanoshampoo.optim.shampoo.utils.shampoo_utils import merge_small_dims, multi_dim_split
+from nanoshampoo.optim.shampoo.utils.shampoo_utils import (
+    merge_small_dims,
+    multi_dim_split,
+)
 
 
 def block_shape_plan(

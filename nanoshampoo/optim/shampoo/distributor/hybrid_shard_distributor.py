@@ -26,7 +26,9 @@ from collections.abc import Sequence
 import torch
 import torch.distributed as dist
 
-from nanoshampoo.optim.shampoo.distributor.fully_shard_distributor import FullyShardDistributor
+from nanoshampoo.optim.shampoo.distributor.fully_shard_distributor import (
+    FullyShardDistributor,
+)
 from nanoshampoo.optim.shampoo.shampoo_types import (
     FSDPParamAssignmentStrategy,
     FullyShardDistributedConfig,

@@ -37,7 +37,10 @@ from dataclasses import dataclass
 
 import torch
 
-from nanoshampoo.optim.shampoo.preconditioner.preconditioner import BlockBucket, Preconditioner
+from nanoshampoo.optim.shampoo.preconditioner.preconditioner import (
+    BlockBucket,
+    Preconditioner,
+)
 from nanoshampoo.optim.shampoo.shampoo_types import (
     NewtonSchulzOrthogonalizationConfig,
     SpectralDescentPreconditionerConfig,

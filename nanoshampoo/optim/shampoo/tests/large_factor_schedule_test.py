@@ -24,7 +24,9 @@ from nanoshampoo.optim.shampoo import (
     WarmStartedEigenConfig,
 )
 from nanoshampoo.optim.shampoo.preconditioner.matrix_roots import eigh_inverse_root
-from nanoshampoo.optim.shampoo.preconditioner.shampoo_preconditioner import ShampooPreconditioner
+from nanoshampoo.optim.shampoo.preconditioner.shampoo_preconditioner import (
+    ShampooPreconditioner,
+)
 from nanoshampoo.testing.distributed import run_on_gloo
 
 torch.set_num_threads(1)

@@ -30,7 +30,11 @@ from nanoshampoo.optim.shampoo import (
     LoadBalancingConfig,
     SingleDeviceDistributedConfig,
 )
-from nanoshampoo.optim.shampoo.distributor.fully_shard_plan import ShardedParam, assign_owners, shard_row_ranges
+from nanoshampoo.optim.shampoo.distributor.fully_shard_plan import (
+    ShardedParam,
+    assign_owners,
+    shard_row_ranges,
+)
 from nanoshampoo.optim.shampoo.utils.load_balancing_utils import (
     AlignedMemoryCostModel,
     PolynomialComputationalCostModel,

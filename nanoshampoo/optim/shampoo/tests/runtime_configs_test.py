@@ -22,8 +22,8 @@ from nanoshampoo.optim.shampoo import (
     NonFiniteGradientError,
     ShampooPT2CompileConfig,
     ShampooRuntimeConfig,
+    step_compilation,
 )
-from nanoshampoo.optim.shampoo import step_compilation
 
 torch.set_num_threads(1)
 

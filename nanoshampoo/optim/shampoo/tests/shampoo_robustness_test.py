@@ -187,7 +187,10 @@ def test_invalid_config_names_the_field(field: str, build: Any) -> None:
 
 
 def test_abstract_configs_cannot_be_built() -> None:
-    from nanoshampoo.optim.shampoo import PreconditionerConfig, ShampooPreconditionerConfig
+    from nanoshampoo.optim.shampoo import (
+        PreconditionerConfig,
+        ShampooPreconditionerConfig,
+    )
 
     for abstract in (PreconditionerConfig, ShampooPreconditionerConfig):
         with pytest.raises(TypeError):
