@@ -67,7 +67,7 @@ import torch
 from nanoshampoo.optim.shampoo.preconditioner.eigenbasis import (
     eigh_eigenbasis,
     off_diagonal_ratio,
-    qr_eigenbasis,
+    warm_started_eigenbasis,
 )
 from nanoshampoo.optim.shampoo.preconditioner.factor_matrix_ops import (
     multiply_along_dim,
@@ -306,22 +306,12 @@ class EigenvalueCorrectedShampooPreconditioner(KroneckerFactoredPreconditioner):
         rows: torch.Tensor | None,
         solver: QREigendecompositionConfig,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """QR iterations from the previous basis; a full ``eigh`` for never-computed factors."""
-        stability = solver.rank_deficient_stability_config
+        """QR iterations from the previous basis; a full ``eigh`` for never-computed factors
+        (each factor gets one of the two: no QR result is computed to be discarded)."""
         previous, computed = self._results[size], self._computed[size]
         if rows is not None:
             previous, computed = previous[rows], computed[rows]
-        bases, ok = qr_eigenbasis(
-            matrices, previous.to(matrices.dtype), solver.max_iterations, solver.tolerance, stability
-        )
-        fresh = (~computed).nonzero().squeeze(1)
-        if fresh.numel() > 0:
-            fresh_bases, fresh_ok = eigh_eigenbasis(
-                matrices[fresh], solver.retry_double_precision, stability
-            )
-            bases = bases.index_copy(0, fresh, fresh_bases)
-            ok = ok.index_copy(0, fresh, fresh_ok)
-        return bases, ok
+        return warm_started_eigenbasis(matrices, previous.to(matrices.dtype), computed, solver)
 
     def precondition(self, grads: Sequence[torch.Tensor], step: int) -> list[torch.Tensor]:
         bias_correction = self._bias_correction(step)
