@@ -34,9 +34,7 @@ class SignSGD(torch.optim.Optimizer):
 '''
 
 
-@pytest.fixture(autouse=True)
-def _one_thread() -> None:
-    torch.set_num_threads(1)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.mark.parametrize("fields, message", [

@@ -73,9 +73,7 @@ def flat_params(trainer: Trainer) -> torch.Tensor:
     return torch.cat([p.detach().reshape(-1).float() for p in trainer.model.parameters()])
 
 
-@pytest.fixture(autouse=True)
-def _one_thread() -> None:
-    torch.set_num_threads(1)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.mark.slow
