@@ -8,11 +8,9 @@ import re
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 import torch
 
-from nanoshampoo.data.shards import write_shard
 from nanoshampoo.testing.distributed import run_on_gloo
 from nanoshampoo.train.cli import main as cli_main
 from nanoshampoo.train.config import TrainConfig, UserError
@@ -34,24 +32,6 @@ JSONL_KEYS = {
     "final": {"kind", "step", "total_steps", "val_loss", "train_time_ms", "step_avg_ms",
               "peak_memory_mib"},
 }
-
-
-def learnable_tokens(n: int, seed: int) -> np.ndarray:
-    """A stream where each token mostly determines the next: t' = 5 t + 3 mod V, 10% noise."""
-    rng = np.random.default_rng(seed)
-    out = np.empty(n, dtype=np.int64)
-    out[0] = 0
-    for i in range(1, n):
-        out[i] = rng.integers(VOCAB) if rng.random() < 0.1 else (5 * out[i - 1] + 3) % VOCAB
-    return out
-
-
-@pytest.fixture(scope="module")
-def shards(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    root = tmp_path_factory.mktemp("shards")
-    write_shard(root / "syn_train_000001.bin", learnable_tokens(40_000, seed=0))
-    write_shard(root / "syn_val_000000.bin", learnable_tokens(4_000, seed=1))
-    return {"train_files": str(root / "syn_train_*.bin"), "val_files": str(root / "syn_val_*.bin")}
 
 
 def tiny_config(shards: dict[str, str], out_dir: Path, **overrides: Any) -> TrainConfig:
