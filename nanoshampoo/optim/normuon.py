@@ -1,145 +1,135 @@
-"""Muon with cautious weight decay, and NorMuon: single-process ``torch.optim`` optimizers for
-matrices (``ndim == 2``), as the NanoGPT speedrun's optimization track uses them.
+"""NorMuon: Muon's orthogonalized momentum, then a per-neuron (row-wise) Adam-style normalization.
 
-Per matrix ``W`` (``(rows, cols)``, float32) with gradient ``G``, one step does, in order:
+Li, Liu, Liang, Chen, Zhao, "NorMuon: Making Muon more efficient and scalable", arXiv 2510.05491
+(Algorithm 1), and the authors' released ``normuon.py`` (github.com/zichongli5/NorMuon). Per 2-D
+parameter ``W`` of shape ``(m, n)`` (an ``nn.Linear`` weight: one row per output neuron)::
 
-1. momentum, Nesterov: ``M <- momentum * M + (1 - momentum) * G``;
-   ``U = (1 - momentum) * G + momentum * M``;
-2. orthogonalize: ``O = NS(U)``, ``ns_steps`` quintic Newton-Schulz iterations
-   ``X <- a X + (b A + c A^2) X`` with ``A = X X^T``, ``(a, b, c) = (3.4445, -4.7750, 2.0315)``,
-   from ``X = U / (||U||_F + 1e-7)`` (on the transpose of a tall matrix);
-3. NorMuon only (arXiv 2510.05491): a per-row second moment of the orthogonalized update,
-   ``v <- beta2 * v + (1 - beta2) * mean_j(O_ij^2)`` (shape ``(rows, 1)``), then
-   ``O <- (O / (sqrt(v) + 1e-10)) * ||O||_F / (||O / (sqrt(v) + 1e-10)||_F + 1e-10)``: every
-   row (neuron) normalized, the update's Frobenius norm kept;
-4. shape scale: ``D = O * max(1, rows / cols) ** 0.5``;
-5. weight decay, decoupled: ``W <- W - lr * wd * W``; with ``cautious_weight_decay`` only
-   where the update and the weight agree in sign, ``W <- W - lr * wd * W * [D * W >= 0]``
-   (Chen et al. 2025, "Cautious Weight Decay"), so the decay never pulls against the update;
-6. ``W <- W - lr * D``.
+    M <- mu M + (1 - mu) G
+    U = (1 - mu) G + mu M    (nesterov, the authors' code)   or   U = M   (Algorithm 1)
+    O = NS(U)
+    v <- beta2 v + (1 - beta2) mean_j O[:, j]^2        v in R^m: one second moment per row
+    O_hat = O / (sqrt(v) + eps)                        each row divided by its RMS
+    update_scale="muon"    (the authors' code and the speedrun):
+        D = O_hat * ||O||_F / ||O_hat||_F * max(1, m / n) ** 0.5
+    update_scale="adam_rms" (Algorithm 1):
+        D = O_hat * 0.2 * sqrt(m n) / ||O_hat||_F      (an update RMS of 0.2, as AdamW's)
+    W <- W - lr * (D + lam * W)      (or the cautious decay of ``nanoshampoo.optim.muon``)
 
-Both are one class (:class:`OrthogonalizedMomentum`); ``NorMuon`` only turns on step 3.
-Gradients must already be averaged across ranks (the trainer does it for these).
+There is no bias correction of ``v``, in the paper or the code: the last rescaling divides by
+``||O_hat||_F``, so the scalar ``1 / (1 - beta2^t)`` would cancel (up to ``eps``). Both
+rescalings fix the Frobenius norm of ``D``: the row normalization only redistributes the step
+between neurons. The speedrun's track-1/3 ports normalize along the longer side (columns of a
+wide matrix); this class follows the paper and the authors' code: always rows.
 
 Example:
-    >>> w = torch.nn.Parameter(torch.ones(4, 3))
-    >>> opt = NorMuon([w], lr=0.02, weight_decay=0.1, cautious_weight_decay=True)
-    >>> w.grad = torch.arange(12.0).reshape(4, 3); opt.step()
-    >>> tuple(opt.state[w]["second_moment"].shape)
-    (4, 1)
+    >>> grad = torch.tensor([[2.0, 0.0], [1.0, 0.0], [0.0, 1.0]])
+    >>> for optimizer_class in (Muon, NorMuon):
+    ...     w = torch.nn.Parameter(torch.zeros(3, 2))
+    ...     w.grad = grad.clone()
+    ...     optimizer_class([w], lr=0.1).step()
+    ...     print(optimizer_class.__name__, torch.linalg.vector_norm(w.detach(), dim=1))
+    Muon tensor([0.0763, 0.0381, 0.1353])
+    NorMuon tensor([0.0923, 0.0923, 0.0923])
+
+    Same Frobenius norm (0.1599), but NorMuon gives every neuron (row) the same share.
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import torch
+from torch import Tensor
 
-NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
+from nanoshampoo.optim.muon import (  # noqa: F401 - Muon: docstring example
+    MUON_NS_COEFFICIENTS,
+    Muon,
+    OrthogonalizedMomentum,
+    muon_shape_scale,
+    orthogonalize,
+)
+from nanoshampoo.optim.shampoo.config_checks import (
+    check_open_closed_unit,
+    check_positive,
+)
 
-
-def newton_schulz(update: torch.Tensor, steps: int) -> torch.Tensor:
-    """The speedrun's quintic Newton-Schulz orthogonalization of a ``(rows, cols)`` matrix,
-    in its dtype (``US'V^T`` with ``S'`` near 1, not exactly ``UV^T``)."""
-    a, b, c = NS_COEFFICIENTS
-    tall = update.shape[0] > update.shape[1]
-    x = update.T if tall else update
-    x = x / (x.norm() + 1e-7)
-    for _ in range(steps):
-        gram = x @ x.T
-        x = a * x + (b * gram + c * gram @ gram) @ x
-    return x.T if tall else x
-
-
-def normalize_rows(update: torch.Tensor, second_moment: torch.Tensor, beta2: float) -> torch.Tensor:
-    """NorMuon's step 3: update ``second_moment`` (``(rows, 1)``) in place, return the
-    row-normalized update with ``update``'s Frobenius norm."""
-    second_moment.lerp_(update.square().mean(dim=1, keepdim=True), 1 - beta2)
-    normalized = update / (second_moment.sqrt() + 1e-10)
-    return normalized * (update.norm() / (normalized.norm() + 1e-10))
+UPDATE_SCALES = ("muon", "adam_rms")
+# Algorithm 1's target RMS per entry of the update (the 0.2 of Moonlight's Adam-matched Muon).
+ADAM_MATCHED_RMS = 0.2
+# Floor of ||O_hat||_F: a zero gradient gives a zero step, not 0 / 0.
+_NORM_FLOOR = 1e-10
 
 
-def _check_matrices(owner: str, params: list[torch.Tensor]) -> None:
-    """Every parameter 2-D and given once (before the base class sees them)."""
-    seen: set[int] = set()
-    for p in params:
-        if p.ndim != 2:
-            raise ValueError(f"{owner} updates matrices; got a parameter of shape "
-                             f"{tuple(p.shape)}")
-        if id(p) in seen:
-            raise ValueError(f"{owner}: a parameter of shape {tuple(p.shape)} is given twice")
-        seen.add(id(p))
+def normalize_rows(directions: Tensor, second_moment: Tensor, beta2: float,
+                   eps: float) -> Tensor:
+    """``O / (sqrt(v) + eps)`` after ``v <- beta2 v + (1 - beta2) mean_j O[:, j]^2``.
 
-
-class OrthogonalizedMomentum(torch.optim.Optimizer):
-    """Muon (``normalize=False``) or NorMuon (``normalize=True``); see the module docstring.
-
-    Param-group settings: ``lr``, ``momentum`` and ``beta2`` in [0, 1), ``weight_decay`` >= 0,
-    ``ns_steps`` >= 1, ``cautious_weight_decay``. Parameters must be 2-D and distinct.
+    ``directions`` is ``(B, m, n)``; ``second_moment`` is the ``(B, m, 1)`` stack of ``v``,
+    updated in place. Returns a new ``(B, m, n)`` tensor.
     """
-
-    normalize = False
-
-    def __init__(self, params: Iterable[Any], lr: float = 0.02, momentum: float = 0.95,
-                 beta2: float = 0.95, weight_decay: float = 0.0, ns_steps: int = 5,
-                 cautious_weight_decay: bool = False) -> None:
-        for name, value in (("lr", lr), ("weight_decay", weight_decay)):
-            if not (math.isfinite(value) and value >= 0):
-                raise ValueError(f"{name} must be finite and >= 0, got {value}")
-        for name, value in (("momentum", momentum), ("beta2", beta2)):
-            if not 0.0 <= value < 1.0:
-                raise ValueError(f"{name} must be in [0, 1), got {value}")
-        if isinstance(ns_steps, bool) or not isinstance(ns_steps, int) or ns_steps < 1:
-            raise ValueError(f"ns_steps must be an int >= 1, got {ns_steps!r}")
-        entries = [dict(entry, params=list(entry["params"])) if isinstance(entry, dict) else entry
-                   for entry in params]
-        _check_matrices(type(self).__name__, [
-            p for entry in entries for p in (entry["params"] if isinstance(entry, dict) else [entry])])
-        super().__init__(entries, dict(lr=lr, momentum=momentum, beta2=beta2,
-                                       weight_decay=weight_decay, ns_steps=ns_steps,
-                                       cautious_weight_decay=bool(cautious_weight_decay)))
-
-    @torch.no_grad()
-    def step(self, closure: Callable[[], float] | None = None) -> float | None:
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        for group in self.param_groups:
-            for p in group["params"]:
-                if p.grad is not None:
-                    self._update(p, group)
-        return loss
-
-    def _update(self, p: torch.Tensor, group: dict[str, Any]) -> None:
-        state = self.state[p]
-        if not state:
-            state["momentum_buffer"] = torch.zeros_like(p)
-            if self.normalize:
-                state["second_moment"] = torch.zeros_like(p[:, :1])
-        momentum, lr = group["momentum"], group["lr"]
-        buffer = state["momentum_buffer"]
-        buffer.lerp_(p.grad, 1 - momentum)
-        update = newton_schulz(p.grad.lerp(buffer, momentum), group["ns_steps"])
-        if self.normalize:
-            update = normalize_rows(update, state["second_moment"], group["beta2"])
-        update = update * max(1.0, p.shape[0] / p.shape[1]) ** 0.5
-        decay = lr * group["weight_decay"]
-        if decay:
-            if group["cautious_weight_decay"]:
-                p.sub_(p * (update * p >= 0), alpha=decay)
-            else:
-                p.mul_(1 - decay)
-        p.sub_(update, alpha=lr)
-
-
-class Muon(OrthogonalizedMomentum):
-    """The speedrun's Muon; ``cautious_weight_decay=True`` is its cautious-decay variant."""
+    second_moment.lerp_(directions.square().mean(dim=-1, keepdim=True), 1.0 - beta2)
+    return directions / (second_moment.sqrt() + eps)
 
 
 class NorMuon(OrthogonalizedMomentum):
-    """NorMuon (arXiv 2510.05491): Muon with per-row (neuron-wise) normalized updates."""
+    """NorMuon (arXiv 2510.05491): the module docstring's equations, batched per shape.
 
-    normalize = True
+    Defaults are the authors' released code (lr 0.02, momentum 0.95, Nesterov, beta2 0.95,
+    ``update_scale="muon"``, eps 1e-10, no weight decay); ``nesterov=False,
+    update_scale="adam_rms"`` is the paper's Algorithm 1. State per parameter:
+    ``momentum_buffer`` ``(m, n)`` and ``second_moment`` ``(m, 1)``, in the parameter's dtype.
+
+    Args:
+        params, lr, momentum, nesterov, weight_decay, cautious_weight_decay, ns_steps,
+            ns_coefficients: as ``nanoshampoo.optim.muon.Muon``.
+        beta2: EMA weight of the per-row second moment, in ``[0, 1)``.
+        eps: added to ``sqrt(v)``, > 0.
+        update_scale: ``"muon"`` or ``"adam_rms"`` (see the module docstring).
+
+    Raises:
+        ValueError: naming the argument that is out of range.
+    """
+
+    def __init__(self, params: Iterable[Any], lr: float = 0.02, momentum: float = 0.95,
+                 nesterov: bool = True, beta2: float = 0.95, eps: float = 1e-10,
+                 update_scale: str = "muon", weight_decay: float = 0.0,
+                 cautious_weight_decay: bool = False, ns_steps: int = 5,
+                 ns_coefficients: Sequence[float] = MUON_NS_COEFFICIENTS) -> None:
+        defaults = {
+            "lr": lr, "momentum": momentum, "nesterov": nesterov, "beta2": beta2, "eps": eps,
+            "update_scale": update_scale, "weight_decay": weight_decay,
+            "cautious_weight_decay": cautious_weight_decay, "ns_steps": ns_steps,
+            "ns_coefficients": ns_coefficients,
+        }
+        super().__init__(params, defaults)
+
+    def validate_group(self, group: dict[str, Any]) -> None:
+        super().validate_group(group)
+        check_open_closed_unit("beta2", group["beta2"], low_open=False, high_open=True)
+        check_positive("eps", group["eps"])
+        if group["update_scale"] not in UPDATE_SCALES:
+            raise ValueError(
+                f"update_scale must be one of {UPDATE_SCALES}, got {group['update_scale']!r}"
+            )
+
+    def direction(self, group: dict[str, Any], params: list[Tensor], updates: Tensor,
+                  grads: Tensor) -> Tensor:
+        rows, cols = updates.shape[-2:]
+        orthogonal = orthogonalize(updates, group["ns_coefficients"], group["ns_steps"])
+        moments = []
+        for p in params:
+            state = self.state[p]
+            if "second_moment" not in state:
+                state["second_moment"] = torch.zeros(rows, 1, dtype=p.dtype, device=p.device)
+            moments.append(state["second_moment"])
+        second_moment = torch.stack(moments)
+        normalized = normalize_rows(orthogonal, second_moment, group["beta2"], group["eps"])
+        torch._foreach_copy_(moments, list(second_moment.unbind(0)))
+        normalized_norm = torch.linalg.matrix_norm(normalized, keepdim=True).clamp_min(_NORM_FLOOR)
+        if group["update_scale"] == "muon":
+            target = torch.linalg.matrix_norm(orthogonal, keepdim=True)
+            target = target * muon_shape_scale(rows, cols)
+        else:
+            target = ADAM_MATCHED_RMS * (rows * cols) ** 0.5
+        return normalized.mul_(target / normalized_norm)

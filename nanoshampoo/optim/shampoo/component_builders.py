@@ -7,6 +7,8 @@ implements it, importing that object's module only when a config needs it, so th
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 from collections.abc import Sequence
 
 import torch
@@ -38,6 +40,8 @@ _FSDP1_REPLACEMENTS = (
     (HSDPDistributedConfig, "HybridShardDistributedConfig"),
     (FSDPDistributedConfig, "FullyShardDistributedConfig"),
 )
+
+logger = logging.getLogger(__name__)
 
 def build_preconditioner(
     config: PreconditionerConfig,
@@ -101,11 +105,26 @@ def build_preconditioner(
     raise UnsupportedConfigError(f"preconditioner_config: unsupported config {config!r}")
 
 
+def target_dimensionality(config: DistributedConfig, preconditioner_config: PreconditionerConfig) -> int | float:
+    """How far the group's small dims merge: the config's ``target_parameter_dimensionality``,
+    except 2 under spectral descent, which orthogonalizes matrices (as the reference library
+    does; it logs the override, and so does this, but leaves the user's config unchanged)."""
+    target = config.target_parameter_dimensionality
+    if isinstance(preconditioner_config, SpectralDescentPreconditionerConfig) and target != 2:
+        logger.warning(
+            "target_parameter_dimensionality %r is not 2: SpectralDescentPreconditionerConfig "
+            "uses 2 (its blocks are matrices)", target
+        )
+        return 2
+    return target
+
+
 def build_distributor(
     config: DistributedConfig,
     params: Sequence[torch.Tensor],
     max_preconditioner_dim: int | float,
     first_param_index: int,
+    preconditioner_config: PreconditionerConfig,
 ) -> Distributor:
     """The distributor a config describes, for one parameter group.
 
@@ -113,14 +132,17 @@ def build_distributor(
     be tested before its parent. Whatever is built here must implement :class:`Distributor`:
     the optimizer talks to it through that interface only. Each distributor module is imported
     here, when a config needs it: a run imports (and its log records the source of) only the
-    one it uses.
+    one it uses. The blocks merge small dims up to :func:`target_dimensionality`.
     """
+    target = target_dimensionality(config, preconditioner_config)
+    if target != config.target_parameter_dimensionality:
+        config = dataclasses.replace(config, target_parameter_dimensionality=target)
     if isinstance(config, SingleDeviceDistributedConfig):
         from nanoshampoo.optim.shampoo.distributor.single_device_distributor import (
             SingleDeviceDistributor,
         )
 
-        return SingleDeviceDistributor(params, max_preconditioner_dim, first_param_index)
+        return SingleDeviceDistributor(params, max_preconditioner_dim, first_param_index, target)
     if isinstance(config, DDPDistributedConfig):
         from nanoshampoo.optim.shampoo.distributor.ddp_distributor import DDPDistributor
 

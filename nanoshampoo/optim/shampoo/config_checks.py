@@ -32,8 +32,9 @@ def check_open_closed_unit(name: str, value: float, low_open: bool, high_open: b
 
 
 def check_positive(name: str, value: float) -> None:
-    if not (isinstance(value, (int, float)) and value > 0.0):
-        raise ValueError(f"{name} must be > 0.0, got {value!r}")
+    """Finite and > 0: an infinite epsilon divides every update to zero (a step that does nothing)."""
+    if isinstance(value, bool) or not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0.0):
+        raise ValueError(f"{name} must be finite and > 0.0, got {value!r}")
 
 
 def check_ema_storage_dtype(name: str, dtype: object, weight: float, weight_name: str) -> None:

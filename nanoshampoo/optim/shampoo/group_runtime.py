@@ -15,6 +15,7 @@ from nanoshampoo.optim.shampoo.component_builders import build_distributor, buil
 from nanoshampoo.optim.shampoo.group_validation import (
     FIXED_GROUP_KEYS,
     Hyperparameters,
+    check_grads,
     step_values,
     validate_group,
 )
@@ -66,7 +67,8 @@ class GroupRuntime:
         self._fixed = {key: group[key] for key in FIXED_GROUP_KEYS}
         self._params = tuple(group["params"])
         self.distributor = build_distributor(
-            group["distributed_config"], group["params"], group["max_preconditioner_dim"], first_param_index
+            group["distributed_config"], group["params"], group["max_preconditioner_dim"], first_param_index,
+            group["preconditioner_config"],
         )
         names = group.get("param_names")
         offsets = self.distributor.local_block_param_offsets
@@ -239,24 +241,11 @@ class GroupRuntime:
                 entries[f"{block_name}.{entry}"] = (torch.Size(bucket.shape), dtype)
         return entries
 
-    def check_grads(self) -> None:
-        """Raise ``ValueError`` naming the parameter for a gradient Shampoo cannot use.
-
-        About 1 us per parameter (torch itself refuses a ``.grad`` of another shape).
-        """
-        for label, param in zip(self.param_labels, self._params):
-            grad = param.grad
-            if grad is None:
-                continue
-            if grad.layout != torch.strided:
-                raise ValueError(
-                    f"the gradient of {label} is {grad.layout}: DistributedShampoo needs dense gradients"
-                )
-            if not grad.is_floating_point():  # complex dtypes are not floating point
-                raise ValueError(
-                    f"the gradient of {label} has dtype {grad.dtype}: DistributedShampoo needs "
-                    "real floating-point gradients"
-                )
+    def check_grads(self, eager_nan_check: bool = False) -> None:
+        """Raise naming the parameter for a gradient Shampoo cannot use (``ValueError``), or,
+        with ``eager_nan_check``, one holding NaN/Inf (``NonFiniteGradientError``); see
+        :func:`~nanoshampoo.optim.shampoo.group_validation.check_grads`."""
+        check_grads(self.param_labels, self._params, eager_nan_check)
 
     def _make_buckets(
         self, blocked_params: Sequence[torch.Tensor], offsets: Sequence[int]

@@ -92,6 +92,14 @@ from nanoshampoo.optim.shampoo.preconditioner.preconditioner_types import (
     SignDescentPreconditionerConfig,
     SpectralDescentPreconditionerConfig,
 )
+from nanoshampoo.optim.shampoo.runtime_types import (
+    ConcurrencyConfig,
+    DefaultConcurrencyConfig,
+    DefaultShampooRuntimeConfig,
+    ShampooPT2CompileConfig,
+    ShampooRuntimeConfig,
+)
+from nanoshampoo.optim.shampoo.utils.load_balancing_utils import LoadBalancingConfig
 
 __all__ = [
     "AdaGradPreconditionerConfig",
@@ -100,8 +108,10 @@ __all__ = [
     "BaseShampooPreconditionerConfig",
     "ClassicMomentumConfig",
     "ClassicShampooPreconditionerConfig",
+    "ConcurrencyConfig",
     "CoupledNewtonConfig",
     "DDPDistributedConfig",
+    "DefaultConcurrencyConfig",
     "DefaultEigenConfig",
     "DefaultEigendecompositionConfig",
     "DefaultEigenvalueCorrectedShampooConfig",
@@ -109,6 +119,7 @@ __all__ = [
     "DefaultPerturbationConfig",
     "DefaultSOAPConfig",
     "DefaultShampooConfig",
+    "DefaultShampooRuntimeConfig",
     "DefaultSignDescentPreconditionerConfig",
     "DefaultSingleDeviceDistributedConfig",
     "DefaultSpectralDescentPreconditionerConfig",
@@ -126,6 +137,7 @@ __all__ = [
     "HSDPDistributedConfig",
     "HybridShardDistributedConfig",
     "IterateAveragingConfig",
+    "LoadBalancingConfig",
     "MatrixFunctionConfig",
     "NewtonSchulzOrthogonalizationConfig",
     "NonFiniteGradientError",
@@ -141,7 +153,9 @@ __all__ = [
     "SGDPreconditionerConfig",
     "SVDOrthogonalizationConfig",
     "ScheduleFreeConfig",
+    "ShampooPT2CompileConfig",
     "ShampooPreconditionerConfig",
+    "ShampooRuntimeConfig",
     "SignDescentPreconditionerConfig",
     "SingleDeviceDistributedConfig",
     "SpectralDescentPreconditionerConfig",

@@ -21,7 +21,7 @@ def _scratch_registry(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_the_builtin_setups_are_registered() -> None:
     assert set(setup_names()) == {"adamw", "distadam", "shampoo", "soap", "muon", "custom",
-                                  "normuon", "muon-cwd",
+                                  "normuon", "muon-cwd", "soap-muon",
                                   "shampoo-distadam", "soap-distadam", "muon-distadam"}
 
 

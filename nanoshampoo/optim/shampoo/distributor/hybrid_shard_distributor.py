@@ -81,12 +81,15 @@ class HybridShardDistributor(FullyShardDistributor):
                 param_assignment_strategy=config.param_assignment_strategy,
                 communication_dtype=config.communication_dtype,
                 communicate_params=config.communicate_params,
+                num_sub_groups=config.num_sub_groups,
+                load_balancing_config=config.load_balancing_config,
+                target_parameter_dimensionality=config.target_parameter_dimensionality,
             ),
         )
         self._replicate_group = None if mesh is None else mesh.get_group(0)
         self._replicas = replicas
         work_blocks = self._work_param_blocks
-        assignment = distribute_buffer_sizes(work_blocks, replicas)
+        assignment = distribute_buffer_sizes(work_blocks, replicas, config.load_balancing_config)
         exchanged = (
             work_blocks
             if config.communicate_params or self._strategy == FSDPParamAssignmentStrategy.DEFAULT

@@ -75,7 +75,7 @@ class KroneckerFactoredPreconditioner(Preconditioner):
             self._buckets,
             config.factor_matrix_dtype,
             self._pool_key,
-            packed=getattr(config, "pack_factor_matrices", False),
+            packed=getattr(config, "use_symmetric_packing", False),
         )
         self._results = {
             key: torch.eye(

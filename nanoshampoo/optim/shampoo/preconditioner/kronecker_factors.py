@@ -11,14 +11,14 @@ else the preconditioner batches by) live in one stacked ``(N, n, n)`` tensor, a 
 A bucket's factors for one dim are a contiguous slice of a pool, so statistics are one
 ``baddbmm_`` per bucket and dim, and the amortized computation is one batched call per pool.
 
-Packed storage (``packed=True``; root-inverse Shampoo's ``pack_factor_matrices``): a factor is
-symmetric, so a pool may keep only its lower triangles, ``(N, n (n + 1) / 2)`` in the order of
-``torch.tril_indices(n, n)`` (row-major), half the bytes. Every use unpacks to full symmetric
-``(M, n, n)`` matrices first (a temporary of one bucket's factors during the update, one pool's
-during the amortized computation, which copies the factors anyway), so the statistics and the
-solves see exactly what the full layout gives them: ``eigh`` reads the lower triangle, and the
-lower triangle of a packed factor evolves bit for bit like that of a full one
-(``packed_factors_test.py``).
+Packed storage (``packed=True``; root-inverse Shampoo's ``use_symmetric_packing``): a factor is
+symmetric, so a pool may keep one triangle, ``(N, n (n + 1) / 2)`` in the reference library's
+order (the row-major upper triangle of ``torch.triu_indices(n, n)``; :class:`SymmetricPacking`),
+half the bytes. Every use unpacks to full symmetric ``(M, n, n)`` matrices first (a temporary of
+one bucket's factors during the update, one pool's during the amortized computation, which
+copies the factors anyway), so the statistics and the solves see exactly what the full layout
+gives them: ``eigh`` reads the lower triangle, and the packed values are the lower triangle's,
+which evolves bit for bit like that of a full factor (``packed_factors_test.py``).
 
 A failed amortized computation (solver error or non-finite result) keeps the previous result
 and is counted per factor; more than ``num_tolerated_failed_amortized_computations``
@@ -102,7 +102,7 @@ class KroneckerFactors:
         pool_key: ``pool_key(bucket, dim)`` is the key of the pool holding the factors of that
             dim, or None where the dim has no factor (ignored, or exponent 0). Keys must
             determine the factor size ``bucket.shape[dim]``.
-        packed: keep only the lower triangles (:class:`SymmetricPacking`; half the bytes).
+        packed: keep one triangle (:class:`SymmetricPacking`; half the bytes).
 
     Attributes:
         slots: per bucket, per dim, a :class:`FactorSlot` (None: no factor).

@@ -9,6 +9,7 @@ its fields in ``__post_init__`` (``ValueError`` naming the field).
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -152,12 +153,15 @@ class ClassicShampooPreconditionerConfig(BaseShampooPreconditionerConfig):
             and at the first preconditioned step with all the others); with ``amortize_roots``
             they are spread over ``precondition_frequency * multiplier`` shares instead of
             ``precondition_frequency``. An int >= 1; 1: the plain schedule.
-        pack_factor_matrices: keep only the lower triangle of each (symmetric) factor matrix,
-            half the factors' bytes, unpacked to full matrices for each use; the update and the
-            roots are the same numbers (``eigh`` reads one triangle). The state dict then holds
-            ``factor_matrices`` as ``n (n + 1) / 2`` vectors in ``torch.tril_indices`` order.
-            Measured cost on the GPT-small bench: docs/results/shampoo-state.md
-            "Which bf16 state costs loss?".
+        use_symmetric_packing: keep only the upper triangle of each (symmetric) factor matrix
+            (default, as in the reference library), half the factors' bytes, unpacked to full
+            matrices for each use; the update and the roots are the same numbers as unpacked.
+            The state dict then holds ``factor_matrices`` as ``n (n + 1) / 2`` vectors in
+            ``torch.triu_indices`` order, the reference's layout. The roots
+            (``inv_factor_matrices``) stay full ``n x n`` matrices here. Measured cost on the
+            GPT-small bench: docs/results/shampoo-state.md "Which bf16 state costs loss?".
+        pack_factor_matrices: deprecated alias of ``use_symmetric_packing`` (None: not given);
+            a bool given here sets ``use_symmetric_packing``, with a ``DeprecationWarning``.
     """
 
     amortized_computation_config: RootInvConfig = field(default_factory=EigenConfig)
@@ -167,7 +171,8 @@ class ClassicShampooPreconditionerConfig(BaseShampooPreconditionerConfig):
     inv_factor_matrix_dtype: torch.dtype | None = None
     large_factor_dim: int = 0
     large_factor_frequency_multiplier: int = 1
-    pack_factor_matrices: bool = False
+    use_symmetric_packing: bool = True
+    pack_factor_matrices: bool | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.amortized_computation_config, RootInvConfig):
@@ -195,9 +200,19 @@ class ClassicShampooPreconditionerConfig(BaseShampooPreconditionerConfig):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
                 raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
-        if not isinstance(self.pack_factor_matrices, bool):
+        if self.pack_factor_matrices is not None:
+            if not isinstance(self.pack_factor_matrices, bool):
+                raise ValueError(
+                    f"pack_factor_matrices must be None or a bool, got {self.pack_factor_matrices!r}"
+                )
+            warnings.warn(
+                "pack_factor_matrices is deprecated: use use_symmetric_packing (the reference "
+                "library's name; same meaning, upper triangles)", DeprecationWarning, stacklevel=3,
+            )
+            self.use_symmetric_packing = self.pack_factor_matrices
+        if not isinstance(self.use_symmetric_packing, bool):
             raise ValueError(
-                f"pack_factor_matrices must be a bool, got {self.pack_factor_matrices!r}"
+                f"use_symmetric_packing must be a bool, got {self.use_symmetric_packing!r}"
             )
 
     def large_factor_schedule(self) -> tuple[int, int]:

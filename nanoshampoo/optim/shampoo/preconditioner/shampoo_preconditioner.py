@@ -7,8 +7,8 @@ block: ``X_L G X_R``.
 
 Layout: factors are pooled by ``(size, block dtype)``; each pool has a matching ``(N, n, n)``
 stack of roots (in ``inv_factor_matrix_dtype``, by default the block dtype), so all roots of one size are one batched ``eigh`` call.
-With ``pack_factor_matrices`` the factors keep only their lower triangles (half their bytes,
-the same numbers: :mod:`kronecker_factors`).
+With ``use_symmetric_packing`` (the default) the factors keep only their upper triangles (half
+their bytes, the same numbers: :mod:`kronecker_factors`); the roots stay full matrices.
 A failed root computation keeps the previous root and is counted; more than
 ``num_tolerated_failed_amortized_computations`` consecutive failures raise.
 With ``WarmStartedEigenConfig`` each pool also keeps its factors' last eigenvectors (block

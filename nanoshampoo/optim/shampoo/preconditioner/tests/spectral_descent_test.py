@@ -138,9 +138,11 @@ def test_vector_blocks_are_rejected_naming_the_field() -> None:
     with pytest.raises(ValueError, match=r"^preconditioner_config: .*2-D blocks.*'bias'.*shape \(3,\)"):
         DistributedShampoo(model.named_parameters(), max_preconditioner_dim=MAX_DIM,
                            preconditioner_config=SpectralDescentPreconditionerConfig())
-    # The default max_preconditioner_dim merges a small matrix into a vector (3 * 4 <= 1024).
-    with pytest.raises(ValueError, match=r"merge into vectors"):
-        DistributedShampoo([model.weight], preconditioner_config=SpectralDescentPreconditionerConfig())
+    # Spectral descent merges only down to matrices (target_parameter_dimensionality 2, as in
+    # the reference library): under the default max_preconditioner_dim (3 * 4 <= 1024) the
+    # weight stays a (3, 4) block instead of merging into a vector.
+    optimizer = DistributedShampoo([model.weight], preconditioner_config=SpectralDescentPreconditionerConfig())
+    assert [tuple(b.shape) for b in optimizer._runtimes[0].distributor.local_blocked_params] == [(3, 4)]
 
 
 @pytest.mark.parametrize(
