@@ -6,7 +6,7 @@
 # Steps, each under its own `timeout` and all run even when one fails (the order puts the
 # 124M run and its trace before the steps that matter less, in case the budget runs out):
 #   environment              python/torch/CUDA/GPU/CPU record
-#   cuda_tests               pytest -m gpu (nanoshampoo/optim/shampoo/utils/gpu_tests and any other gpu test)
+#   cuda_tests               pytest -m gpu (every test marked gpu: the *_cuda_test.py files)
 #   bench_fp32               bench/shampoo_step.py --device cuda, fp32 factors, max_dim 1024 and 8192, freq 1 and 10
 #   synthetic_shards         random-token speedrun shards (vocab 50257): FineWeb is not on the machine
 #   train_gpt2_124m_shampoo  20 steps of the gpt2-124m-shampoo preset on one GPU (64 x 1024 tokens,
@@ -60,7 +60,9 @@ case "$DEVICE" in
     FSDP2=(--device cuda --batch-size 64 --val-tokens "$BATCH_TOKENS" --num-iterations 10)
     ;;
   cpu)
-    TEST_PATHS=(nanoshampoo/optim/shampoo/utils/gpu_tests)
+    TEST_PATHS=(nanoshampoo/optim/shampoo/tests/distributed_shampoo_cuda_test.py
+                nanoshampoo/optim/shampoo/utils/tests/param_redistribution_cuda_test.py
+                nanoshampoo/optim/shampoo/utils/tests/shampoo_quantization_cuda_test.py)
     # One thread per process: on a small shared machine more threads only contend.
     BENCH=(--device cpu --threads 1 --shapes 32x32,32x64,64x32 --max-dims 32 --frequencies 1,2 --steps 2 --warmup 0)
     TINY=(--device cpu --threads 1 --compile false --num-iterations 2 --seq-len 32 --batch-size 2 --val-tokens 64)

@@ -8,8 +8,7 @@ those marked ``# doctest: +SKIP``. Examples run in an empty temporary working di
 relative paths never write into the checkout and the result does not depend on where pytest was
 started.
 
-Test modules inside the package (``*_test.py``, ``tests`` and ``*_tests`` packages) are left to
-pytest itself.
+Test modules inside the package (``*_test.py`` in ``tests/`` folders) are left to pytest itself.
 """
 
 from __future__ import annotations
@@ -29,7 +28,7 @@ _EXAMPLES_REQUIRED_UNDER = "nanoshampoo.optim.shampoo.utils."
 
 def _is_test_module(name: str) -> bool:
     parts = name.split(".")
-    in_test_package = any(part == "tests" or part.endswith("_tests") for part in parts)
+    in_test_package = "tests" in parts
     return in_test_package or parts[-1].endswith("_test") or parts[-1].startswith("test_")
 
 

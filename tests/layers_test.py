@@ -4,7 +4,8 @@ Layers, lowest first (``docs/architecture.md``, "Layers"): the foundation (the r
 ``io_utils``, ``errors``, ``matmul_speed``, ``testing``), ``optim``, ``model``, ``data``, ``train``, ``evidence``, ``cli``
 (``nanoshampoo/cli.py`` and ``__main__.py``). A module may import from its own layer or a lower
 one. Every ``import`` statement counts, also those inside functions (a lazy import is still a
-dependency). The imports are read with ``ast``, so nothing is executed.
+dependency). The imports are read with ``ast``, so nothing is executed. Test modules in the
+package (``<package>/tests/``) are exempt (``docs/architecture.md``, "Tests").
 """
 
 from __future__ import annotations
@@ -61,7 +62,10 @@ def layer(module: str) -> str:
 
 
 def package_files() -> list[Path]:
-    return sorted(PACKAGE.rglob("*.py"))
+    """The package's code modules. Test modules (everything in a ``tests/`` folder beside a
+    module) are exempt from both rules: a specification may drive any layer (the evidence tests
+    run the ``nanoshampoo`` command), and no module imports a test."""
+    return sorted(p for p in PACKAGE.rglob("*.py") if "tests" not in p.relative_to(PACKAGE).parts)
 
 
 def upward_imports(path: Path) -> list[str]:

@@ -46,7 +46,7 @@ from nanoshampoo.train.config import UserError
 SEPARATOR = "=" * 100
 # Source order in the log: the trainer first (a reader starts there), then what it drives.
 _SOURCE_ORDER = ("nanoshampoo.train", "nanoshampoo.model", "nanoshampoo.optim", "nanoshampoo")
-_NOT_RUN_CODE = {"tests", "gpu_tests", "examples", "testing"}
+_NOT_RUN_CODE = {"tests", "examples", "testing"}
 
 
 def training_source(modules: Mapping[str, ModuleType] | None = None) -> str:

@@ -33,9 +33,7 @@ from nanoshampoo.train.cli import PROG, main
 from nanoshampoo.train.trainer import Trainer
 
 
-@pytest.fixture(autouse=True)
-def _one_thread() -> None:
-    torch.set_num_threads(1)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

@@ -30,7 +30,7 @@ from nanoshampoo.optim.shampoo.preconditioner.matrix_roots import (
     root_error_estimate,
     warm_started_eigh_inverse_root,
 )
-from nanoshampoo.optim.shampoo.tests import float32_recipe_test as recipe
+import float32_recipe_test as recipe  # the neighbouring test module (pytest puts its dir on sys.path)
 
 torch.set_num_threads(1)
 

@@ -19,7 +19,7 @@ import torch
 from nanoshampoo.cli import main as nanoshampoo_main
 from nanoshampoo.train.cli import main as train_main
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 DOC = REPO / "docs" / "adding-an-optimizer.md"
 BLOCK = re.compile(r"<!-- (file: (?P<name>\S+)|run) -->\n```\w*\n(?P<body>.*?)```", re.S)
 TINY = ["--num-iterations", "3", "--val-every", "1", "--val-tokens", "256", "--batch-size", "2",

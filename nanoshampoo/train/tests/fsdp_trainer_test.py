@@ -25,7 +25,7 @@ from nanoshampoo.train.cli import main as cli_main
 from nanoshampoo.train.config import TrainConfig, UserError
 from nanoshampoo.train.distributed import local_tensor
 from nanoshampoo.train.trainer import Trainer
-from trainer_test import read_jsonl, shards, tiny_config  # noqa: F401 - shards: a fixture
+from trainer_test import read_jsonl, tiny_config
 
 STEPS, RESUME_AT = 6, 3
 # Room for float32 rounding of FSDP's reduce-scatter vs the trainer's all-reduce (measured: none

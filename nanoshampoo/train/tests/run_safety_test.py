@@ -28,9 +28,9 @@ from nanoshampoo.train.config import TrainConfig, UserError
 from nanoshampoo.train.run_log import RunLog
 from nanoshampoo.train.setups.adam import AdamConfig
 from nanoshampoo.train.trainer import Trainer, TrainingDiverged
-from trainer_test import VOCAB, read_jsonl, shards, tiny_config  # noqa: F401 - shards: fixture
+from trainer_test import VOCAB, read_jsonl, tiny_config
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def flags(cfg: TrainConfig, **overrides: Any) -> list[str]:

@@ -14,7 +14,7 @@ from nanoshampoo.testing.distributed import run_on_gloo
 from nanoshampoo.train.cli import main as cli_main
 from nanoshampoo.train.config import TrainConfig, UserError
 from nanoshampoo.train.trainer import Trainer
-from trainer_test import flat_params, read_jsonl, shards, tiny_config  # noqa: F401 - fixture
+from trainer_test import flat_params, read_jsonl, tiny_config
 
 SGD = {"optimizer": "custom", "custom.matrix_optimizer": "torch.optim:SGD",
        "custom.matrix_kwargs": {"lr": 0.05, "momentum": 0.9}}
@@ -34,9 +34,7 @@ class SignSGD(torch.optim.Optimizer):
 '''
 
 
-@pytest.fixture(autouse=True)
-def _one_thread() -> None:
-    torch.set_num_threads(1)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.mark.parametrize("fields, message", [

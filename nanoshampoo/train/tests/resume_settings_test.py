@@ -11,7 +11,7 @@ import torch
 from nanoshampoo.train.cli import main as cli_main
 from nanoshampoo.train.trainer import Trainer
 from run_safety_test import flags
-from trainer_test import read_jsonl, shards, tiny_config  # noqa: F401 - shards: fixture
+from trainer_test import read_jsonl, tiny_config
 
 
 @pytest.fixture

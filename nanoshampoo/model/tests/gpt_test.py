@@ -19,9 +19,7 @@ def small_config(**overrides: object) -> GPTConfig:
     return GPTConfig(**fields)  # type: ignore[arg-type]
 
 
-@pytest.fixture(autouse=True)
-def _one_thread() -> None:
-    torch.set_num_threads(1)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def test_output_shapes_and_loss_matches_cross_entropy_of_logits() -> None:

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 import torch
 
 from nanoshampoo import matmul_speed
-from nanoshampoo.model.gpt import GPT, GPTConfig
+from nanoshampoo.model.gpt import GPT
 from nanoshampoo.optim import shampoo
 from nanoshampoo.optim.dist_adam import DistAdam
 from nanoshampoo.train.config import TrainConfig
@@ -26,18 +28,13 @@ def build_shampoo(params: list[torch.nn.Parameter], cfg: TrainConfig,
     return MATRIX_BUILDERS[cfg.setup.matrix](BuildContext(groups, cfg, world_size))
 
 
-def tiny_model(combined_linear: bool = False) -> GPT:
-    return GPT(GPTConfig(vocab_size=64, num_layers=2, model_dim=32, head_dim=16, max_seq_len=16,
-                         combined_linear=combined_linear))
-
-
 def names_of(model: GPT, params: list[torch.nn.Parameter]) -> set[str]:
     by_id = {id(p): n for n, p in model.named_parameters()}
     return {by_id[id(p)] for p in params}
 
 
-def test_partition_by_role_and_shape() -> None:
-    model = tiny_model()
+def test_partition_by_role_and_shape(tiny_gpt: Callable[..., GPT]) -> None:
+    model = tiny_gpt()
     groups = partition_parameters(model)
     assert names_of(model, groups["embed"]) == {"embed.weight"}
     assert names_of(model, groups["head"]) == {"lm_head.weight"}
@@ -49,15 +46,15 @@ def test_partition_by_role_and_shape() -> None:
     assert "lm_head.bias" in expected_scalar and "final_norm.weight" in expected_scalar
 
 
-def test_partition_with_combined_linear_has_no_linear_biases_in_scalar() -> None:
-    model = tiny_model(combined_linear=True)
+def test_partition_with_combined_linear_has_no_linear_biases_in_scalar(tiny_gpt: Callable[..., GPT]) -> None:
+    model = tiny_gpt(combined_linear=True)
     groups = partition_parameters(model)
     assert all("norm" in n for n in names_of(model, groups["scalar"]))
     assert names_of(model, groups["head"]) == {"lm_head.combined_weight"}
 
 
-def test_partition_check_names_duplicate_missing_and_foreign_params() -> None:
-    model = tiny_model()
+def test_partition_check_names_duplicate_missing_and_foreign_params(tiny_gpt: Callable[..., GPT]) -> None:
+    model = tiny_gpt()
     groups = partition_parameters(model)
     check_parameter_partition(model, groups)  # the real partition passes
     broken = {k: list(v) for k, v in groups.items()}
@@ -72,8 +69,8 @@ def test_partition_check_names_duplicate_missing_and_foreign_params() -> None:
     assert "shape (3, 5)" in message
 
 
-def test_adamw_setup_group_hyperparameters() -> None:
-    model = tiny_model()
+def test_adamw_setup_group_hyperparameters(tiny_gpt: Callable[..., GPT]) -> None:
+    model = tiny_gpt()
     cfg = TrainConfig(optimizer="adamw", matrix_lr=0.002, matrix_weight_decay=0.1)
     setup = build_optimizer_setup(model, cfg, world_size=1)
     (opt,) = setup.optimizers
@@ -90,8 +87,8 @@ def test_adamw_setup_group_hyperparameters() -> None:
     assert len(setup.all_reduce_params) == len(list(model.parameters()))
 
 
-def test_shampoo_setup_is_the_optimization_track_recipe() -> None:
-    model = tiny_model()
+def test_shampoo_setup_is_the_optimization_track_recipe(tiny_gpt: Callable[..., GPT]) -> None:
+    model = tiny_gpt()
     setup = build_optimizer_setup(model, TrainConfig(optimizer="shampoo"), world_size=1)
     adamw, matrices = setup.optimizers
     assert isinstance(adamw, torch.optim.AdamW) and len(adamw.param_groups) == 3
@@ -107,16 +104,16 @@ def test_shampoo_setup_is_the_optimization_track_recipe() -> None:
     assert group["grafting_config"] == shampoo.AdamPreconditionerConfig(beta2=0.95, epsilon=1e-10)
 
 
-def test_distadam_params_are_not_all_reduced_by_the_trainer() -> None:
-    model = tiny_model()
+def test_distadam_params_are_not_all_reduced_by_the_trainer(tiny_gpt: Callable[..., GPT]) -> None:
+    model = tiny_gpt()
     setup = build_optimizer_setup(model, TrainConfig(optimizer="distadam"), world_size=1)
     assert setup.all_reduce_params == []
     assert sum(len(g["params"]) for o in setup.optimizers for g in o.param_groups) == len(
         list(model.parameters()))
 
 
-def test_soap_setup_is_the_papers_recipe() -> None:
-    model = tiny_model()
+def test_soap_setup_is_the_papers_recipe(tiny_gpt: Callable[..., GPT]) -> None:
+    model = tiny_gpt()
     setup = build_optimizer_setup(model, TrainConfig(optimizer="soap"), world_size=1)
     adamw, matrices = setup.optimizers
     assert isinstance(adamw, torch.optim.AdamW) and isinstance(matrices, shampoo.DistributedShampoo)
@@ -134,27 +131,28 @@ def test_soap_setup_is_the_papers_recipe() -> None:
     ("muon-distadam", ["DistAdam", "DistAdam", "DistAdam", "DistributedShampoo"]),
     ("muon", ["AdamW", "DistributedShampoo"]),
 ])
-def test_every_setup_builds(setup_name: str, kinds: list[str]) -> None:
+def test_every_setup_builds(tiny_gpt: Callable[..., GPT], setup_name: str, kinds: list[str]) -> None:
     # 128: no test matrix (at least 32 x 32) merges into a vector, which spectral descent refuses.
     cfg = TrainConfig(optimizer=setup_name, max_preconditioner_dim=128)
-    setup = build_optimizer_setup(tiny_model(), cfg, world_size=1)
+    setup = build_optimizer_setup(tiny_gpt(), cfg, world_size=1)
     assert [type(o).__name__ for o in setup.optimizers] == kinds
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_factor_dtype_and_distributor_fields_reach_the_optimizer(dtype: str) -> None:
+def test_factor_dtype_and_distributor_fields_reach_the_optimizer(
+        tiny_gpt: Callable[..., GPT], dtype: str) -> None:
     cfg = TrainConfig(optimizer="shampoo", factor_dtype=dtype, distributor="ddp",
                       communication_dtype="bfloat16", communicate_params=False,
                       max_preconditioner_dim=16, start_preconditioning_step=10)
-    (group,) = build_shampoo(list(tiny_model().blocks.parameters())[:1], cfg, 1).param_groups
+    (group,) = build_shampoo(list(tiny_gpt().blocks.parameters())[:1], cfg, 1).param_groups
     assert group["preconditioner_config"].factor_matrix_dtype == getattr(torch, dtype)
     assert group["distributed_config"] == shampoo.DDPDistributedConfig(
         communication_dtype=torch.bfloat16, communicate_params=False)
     assert (group["max_preconditioner_dim"], group["start_preconditioning_step"]) == (16, 10)
 
 
-def test_speed_and_memory_knobs_default_to_the_plain_optimizer() -> None:
-    (group,) = build_shampoo(list(tiny_model().blocks.parameters())[:1], TrainConfig(),
+def test_speed_and_memory_knobs_default_to_the_plain_optimizer(tiny_gpt: Callable[..., GPT]) -> None:
+    (group,) = build_shampoo(list(tiny_gpt().blocks.parameters())[:1], TrainConfig(),
                              1).param_groups
     assert group["amortize_roots"] is False and group["momentum_dtype"] is None
     assert group["preconditioner_config"].inv_factor_matrix_dtype is None
@@ -165,11 +163,11 @@ def test_speed_and_memory_knobs_default_to_the_plain_optimizer() -> None:
     assert config.large_factor_schedule() == (0, 1)
 
 
-def test_root_method_and_large_factor_fields_reach_the_optimizer() -> None:
+def test_root_method_and_large_factor_fields_reach_the_optimizer(tiny_gpt: Callable[..., GPT]) -> None:
     cfg = TrainConfig(root_method="warm-qr", warm_qr_tolerance=0.02, warm_qr_max_iterations=0,
                       large_factor_dim=32, large_factor_frequency_multiplier=3,
                       rank_deficient_stability="pseudo-inverse")
-    (group,) = build_shampoo(list(tiny_model().blocks.parameters())[:1], cfg, 1).param_groups
+    (group,) = build_shampoo(list(tiny_gpt().blocks.parameters())[:1], cfg, 1).param_groups
     config = group["preconditioner_config"]
     assert config.amortized_computation_config == shampoo.WarmStartedEigenConfig(
         max_iterations=0, tolerance=0.02,
@@ -178,11 +176,11 @@ def test_root_method_and_large_factor_fields_reach_the_optimizer() -> None:
 
 
 @pytest.mark.parametrize("setup_name", ["shampoo", "soap", "muon"])
-def test_speed_and_memory_knobs_reach_the_optimizer(setup_name: str) -> None:
+def test_speed_and_memory_knobs_reach_the_optimizer(tiny_gpt: Callable[..., GPT], setup_name: str) -> None:
     cfg = TrainConfig(optimizer=setup_name, amortize_roots=True, root_dtype="bfloat16",
                       grafting_dtype="bfloat16", momentum_dtype="bfloat16", pack_factors=True,
                       max_preconditioner_dim=64)
-    params = [p for p in tiny_model().blocks.parameters() if p.ndim == 2]
+    params = [p for p in tiny_gpt().blocks.parameters() if p.ndim == 2]
     opt = build_shampoo(params, cfg, 1)
     (group,) = opt.param_groups
     assert group["momentum_dtype"] == torch.bfloat16
@@ -246,8 +244,8 @@ def test_muon_setup_matches_a_hand_written_muon_step(monkeypatch: pytest.MonkeyP
         torch.testing.assert_close(p.detach().double(), r, rtol=0, atol=2e-5)
 
 
-def test_distadam_gradient_sync_follows_set_gradient_sync() -> None:
-    setup = build_optimizer_setup(tiny_model(), TrainConfig(optimizer="distadam"), world_size=1)
+def test_distadam_gradient_sync_follows_set_gradient_sync(tiny_gpt: Callable[..., GPT]) -> None:
+    setup = build_optimizer_setup(tiny_gpt(), TrainConfig(optimizer="distadam"), world_size=1)
     setup.set_gradient_sync(False)
     assert all(isinstance(o, DistAdam) and not o.should_sync for o in setup.optimizers)
     setup.set_gradient_sync(True)
@@ -260,9 +258,10 @@ def test_distadam_gradient_sync_follows_set_gradient_sync() -> None:
     ("pseudo-inverse", shampoo.PseudoInverseConfig, 0.0),
 ])
 def test_rank_deficient_stability_choice_reaches_the_solver(
-        setup_name: str, choice: str, config_type: type, epsilon: float | None) -> None:
+        tiny_gpt: Callable[..., GPT], setup_name: str, choice: str, config_type: type,
+        epsilon: float | None) -> None:
     cfg = TrainConfig(optimizer=setup_name, rank_deficient_stability=choice)
-    (group,) = build_shampoo(list(tiny_model().blocks.parameters())[:1], cfg, 1).param_groups
+    (group,) = build_shampoo(list(tiny_gpt().blocks.parameters())[:1], cfg, 1).param_groups
     solver = group["preconditioner_config"].amortized_computation_config
     assert isinstance(solver.rank_deficient_stability_config, config_type)
     recipe_epsilon = cfg.table(setup_name).epsilon
@@ -271,9 +270,10 @@ def test_rank_deficient_stability_choice_reaches_the_solver(
 
 @pytest.mark.parametrize("setup_name", ["shampoo", "soap"])
 @pytest.mark.parametrize("choice", ["perturbation", "pseudo-inverse"])
-def test_eigenvalue_floor_rtol_reaches_the_solver(setup_name: str, choice: str) -> None:
+def test_eigenvalue_floor_rtol_reaches_the_solver(
+        tiny_gpt: Callable[..., GPT], setup_name: str, choice: str) -> None:
     def tolerance(cfg: TrainConfig) -> float | None:
-        (group,) = build_shampoo(list(tiny_model().blocks.parameters())[:1], cfg, 1).param_groups
+        (group,) = build_shampoo(list(tiny_gpt().blocks.parameters())[:1], cfg, 1).param_groups
         stability = (group["preconditioner_config"].amortized_computation_config
                      .rank_deficient_stability_config)
         return (stability.rank_rtol if choice == "pseudo-inverse"

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 import torch
 
-from nanoshampoo.model.gpt import GPT, GPTConfig
+from nanoshampoo.model.gpt import GPT
 from nanoshampoo.train.config import TrainConfig, UserError
 from nanoshampoo.train.optimizers import build_optimizer_setup
 from nanoshampoo.train.setups import BuildContext, OptimizerPart, registry, setup_names
@@ -17,17 +19,13 @@ def _scratch_registry(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(registry, "_SETUPS", dict(registry._SETUPS))
 
 
-def tiny_model() -> GPT:
-    return GPT(GPTConfig(vocab_size=64, num_layers=2, model_dim=32, head_dim=16, max_seq_len=16))
-
-
 def test_the_builtin_setups_are_registered() -> None:
     assert set(setup_names()) == {"adamw", "distadam", "shampoo", "soap", "muon", "custom",
                                   "normuon", "muon-cwd", "soap-muon",
                                   "shampoo-distadam", "soap-distadam", "muon-distadam"}
 
 
-def test_a_setup_exists_only_with_its_builder() -> None:
+def test_a_setup_exists_only_with_its_builder(tiny_gpt: Callable[..., GPT]) -> None:
     register = registry.register_setup("half-done", tables=("adam",), matrix="sgd", rest="adamw")
     assert "half-done" not in setup_names()  # nothing registered until a builder is given
     with pytest.raises(ValueError, match="TrainConfig.optimizer must be one of"):
@@ -38,7 +36,7 @@ def test_a_setup_exists_only_with_its_builder() -> None:
         params = [p for group in ctx.groups.values() for p in group]
         return [OptimizerPart(torch.optim.SGD(params, lr=0.1))]
 
-    setup = build_optimizer_setup(tiny_model(), TrainConfig(optimizer="half-done"), world_size=1)
+    setup = build_optimizer_setup(tiny_gpt(), TrainConfig(optimizer="half-done"), world_size=1)
     assert [type(o).__name__ for o in setup.optimizers] == ["SGD"]
 
 
@@ -48,13 +46,13 @@ def test_a_setup_must_read_registered_tables() -> None:
             lambda ctx: [])
 
 
-def test_a_parameter_that_no_optimizer_owns_is_a_one_line_error() -> None:
+def test_a_parameter_that_no_optimizer_owns_is_a_one_line_error(tiny_gpt: Callable[..., GPT]) -> None:
     @registry.register_setup("no-matrix", tables=("adam",), matrix="none", rest="adamw")
     def build(ctx: BuildContext) -> list[OptimizerPart]:
         rest = [p for name in ("embed", "head", "scalar") for p in ctx.groups[name]]
         return [OptimizerPart(torch.optim.AdamW(rest, lr=0.1))]
 
-    model = tiny_model()
+    model = tiny_gpt()
     with pytest.raises(UserError) as info:
         build_optimizer_setup(model, TrainConfig(optimizer="no-matrix"), world_size=1)
     message = str(info.value)
@@ -63,7 +61,7 @@ def test_a_parameter_that_no_optimizer_owns_is_a_one_line_error() -> None:
     assert f"owned by no optimizer: {', '.join(matrices)}" in message
 
 
-def test_a_parameter_owned_twice_is_a_one_line_error() -> None:
+def test_a_parameter_owned_twice_is_a_one_line_error(tiny_gpt: Callable[..., GPT]) -> None:
     @registry.register_setup("twice", tables=("adam",), matrix="sgd", rest="sgd")
     def build(ctx: BuildContext) -> list[OptimizerPart]:
         every = [p for group in ctx.groups.values() for p in group]
@@ -71,11 +69,11 @@ def test_a_parameter_owned_twice_is_a_one_line_error() -> None:
                 OptimizerPart(torch.optim.SGD(ctx.groups["embed"], lr=0.1))]
 
     with pytest.raises(UserError, match=r"owned more than once: embed\.weight \(0:SGD, 1:SGD\)$"):
-        build_optimizer_setup(tiny_model(), TrainConfig(optimizer="twice"), world_size=1)
+        build_optimizer_setup(tiny_gpt(), TrainConfig(optimizer="twice"), world_size=1)
 
 
-def test_the_builtin_setups_own_every_parameter_once() -> None:
-    model = tiny_model()
+def test_the_builtin_setups_own_every_parameter_once(tiny_gpt: Callable[..., GPT]) -> None:
+    model = tiny_gpt()
     for name in setup_names():
         if name == "custom":
             continue

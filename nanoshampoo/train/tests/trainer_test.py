@@ -8,11 +8,9 @@ import re
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 import torch
 
-from nanoshampoo.data.shards import write_shard
 from nanoshampoo.model.gpt import gpt_preset
 from nanoshampoo.testing.distributed import run_on_gloo
 from nanoshampoo.train.cli import main as cli_main
@@ -38,24 +36,6 @@ JSONL_KEYS = {
 }
 
 
-def learnable_tokens(n: int, seed: int) -> np.ndarray:
-    """A stream where each token mostly determines the next: t' = 5 t + 3 mod V, 10% noise."""
-    rng = np.random.default_rng(seed)
-    out = np.empty(n, dtype=np.int64)
-    out[0] = 0
-    for i in range(1, n):
-        out[i] = rng.integers(VOCAB) if rng.random() < 0.1 else (5 * out[i - 1] + 3) % VOCAB
-    return out
-
-
-@pytest.fixture(scope="module")
-def shards(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    root = tmp_path_factory.mktemp("shards")
-    write_shard(root / "syn_train_000001.bin", learnable_tokens(40_000, seed=0))
-    write_shard(root / "syn_val_000000.bin", learnable_tokens(4_000, seed=1))
-    return {"train_files": str(root / "syn_train_*.bin"), "val_files": str(root / "syn_val_*.bin")}
-
-
 def tiny_config(shards: dict[str, str], out_dir: Path, **overrides: Any) -> TrainConfig:
     fields: dict[str, Any] = dict(
         preset="test", model="tiny", dataset="shards", vocab_size=VOCAB, seq_len=32,
@@ -75,9 +55,7 @@ def flat_params(trainer: Trainer) -> torch.Tensor:
     return torch.cat([p.detach().reshape(-1).float() for p in trainer.model.parameters()])
 
 
-@pytest.fixture(autouse=True)
-def _one_thread() -> None:
-    torch.set_num_threads(1)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.mark.slow
