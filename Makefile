@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 TORCH_PIN ?= torch==2.13.0
 
-.PHONY: install test test-quick train train-adamw train-soap train-muon bench clean
+.PHONY: install lint test test-quick train train-adamw train-soap train-muon bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -17,6 +17,9 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 install: $(STAMP)
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
 
 test: $(STAMP)
 	$(PY) -m pytest -q

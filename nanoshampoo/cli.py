@@ -38,19 +38,29 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from nanoshampoo.errors import UserError, run_command, user_input
-from nanoshampoo.evidence.compare import DEFAULT_SETUPS, RULES, CompareConfig, parse_setups, run_compare
-from nanoshampoo.evidence.leaderboard import build_leaderboard, format_leaderboard, write_leaderboard
-from nanoshampoo.evidence.tune_cli import (
-    add_compare_tune_options,
-    add_tune_command,
-    tuned_compare_config,
+from nanoshampoo.evidence.compare import (
+    DEFAULT_SETUPS,
+    RULES,
+    CompareConfig,
+    parse_setups,
+    run_compare,
 )
 from nanoshampoo.evidence.grouping import groups_by_directory, groups_from_specs, regroup
+from nanoshampoo.evidence.leaderboard import (
+    build_leaderboard,
+    format_leaderboard,
+    write_leaderboard,
+)
 from nanoshampoo.evidence.logs import read_run
 from nanoshampoo.evidence.repeat import RepeatConfig, run_repeats
 from nanoshampoo.evidence.report import format_report, report_to_dict, write_json
 from nanoshampoo.evidence.stats import DEFAULT_TARGET, build_report, check_target
 from nanoshampoo.evidence.traces import analyze_paths, format_overlap
+from nanoshampoo.evidence.tune_cli import (
+    add_compare_tune_options,
+    add_tune_command,
+    tuned_compare_config,
+)
 from nanoshampoo.io_utils import check_output_dir, check_output_file
 
 # Subcommands whose arguments belong to another module's own parser: name -> "module:function".

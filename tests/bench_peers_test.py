@@ -13,7 +13,6 @@ import math
 from pathlib import Path
 
 import pytest
-
 from bench_scripts_test import load_script
 
 TINY = "96x96,96x192,192x96"  # 96 * 96 > 8192: stays a matrix at max_preconditioner_dim 8192

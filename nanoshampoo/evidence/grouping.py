@@ -21,7 +21,13 @@ import glob
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
-from nanoshampoo.evidence.logs import RUN_SUFFIXES, LogFormatError, RunRecord, find_run_files, read_run
+from nanoshampoo.evidence.logs import (
+    RUN_SUFFIXES,
+    LogFormatError,
+    RunRecord,
+    find_run_files,
+    read_run,
+)
 
 RUN_FIELDS = ("optimizer", "preset", "world_size")
 

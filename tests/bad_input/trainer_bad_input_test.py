@@ -32,7 +32,6 @@ from hypothesis import strategies as st
 from nanoshampoo.train.cli import PROG, main
 from nanoshampoo.train.trainer import Trainer
 
-
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 

@@ -52,7 +52,11 @@ def _train(model: nn.Module, optimizer: torch.optim.Optimizer, steps: range, ran
 
 
 def _shampoo_from_readme(model: nn.Module, distributed_config: Any) -> torch.optim.Optimizer:
-    from nanoshampoo.optim.shampoo import AdamPreconditionerConfig, DistributedShampoo, WeightDecayType
+    from nanoshampoo.optim.shampoo import (
+        AdamPreconditionerConfig,
+        DistributedShampoo,
+        WeightDecayType,
+    )
 
     return DistributedShampoo(
         model.parameters(),

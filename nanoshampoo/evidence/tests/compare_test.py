@@ -18,8 +18,7 @@ import scipy.stats
 
 import nanoshampoo.cli as cli
 from nanoshampoo.cli import main
-from nanoshampoo.evidence import compare
-from nanoshampoo.evidence import leaderboard
+from nanoshampoo.evidence import compare, leaderboard
 from nanoshampoo.evidence.compare import (
     CompareConfig,
     Setup,

@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import scipy.stats
-
 from compare_test import FINALS, FakeTrainer, ScheduleTrainer, _config, _run, fake_resolve
+
 from nanoshampoo.evidence import leaderboard
 from nanoshampoo.evidence.compare import run_compare
 from nanoshampoo.evidence.leaderboard import build_leaderboard

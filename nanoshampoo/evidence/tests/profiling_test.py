@@ -41,7 +41,11 @@ def test_invalid_arguments(tmp_path: Path) -> None:
 
 
 def _gloo_job(rank: int, world_size: int, out_dir: str) -> int:
-    from nanoshampoo.optim.collectives import all_gather_into_tensor, reduce_scatter_tensor, wait_work
+    from nanoshampoo.optim.collectives import (
+        all_gather_into_tensor,
+        reduce_scatter_tensor,
+        wait_work,
+    )
 
     x = torch.randn(128, 128)
     grad = torch.randn(64 * 1024)

@@ -10,11 +10,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from compare_test import _flag, fake_resolve
+
 from nanoshampoo.cli import main
 from nanoshampoo.evidence.compare import Setup
 from nanoshampoo.evidence.tune import TuneConfig, parse_search, trial_points, tune
+
 
 # The fake loss: a parabola in log10(lr) with its minimum at lr = 0.02, plus 0.001 per seed.
 def fake_loss(lr: float, seed: int) -> float:

@@ -8,8 +8,8 @@ import pytest
 
 from nanoshampoo.train.cli import config_from_args, main
 from nanoshampoo.train.config import LEGACY_FIELDS, TrainConfig
-from nanoshampoo.train.setups import setup_names
 from nanoshampoo.train.presets import PRESET_DIR, load_preset, preset_names
+from nanoshampoo.train.setups import setup_names
 
 
 @pytest.mark.parametrize(

@@ -9,12 +9,12 @@ from typing import Any
 
 import pytest
 import torch
+from trainer_test import flat_params, read_jsonl, tiny_config
 
 from nanoshampoo.testing.distributed import run_on_gloo
 from nanoshampoo.train.cli import main as cli_main
 from nanoshampoo.train.config import TrainConfig, UserError
 from nanoshampoo.train.trainer import Trainer
-from trainer_test import flat_params, read_jsonl, tiny_config
 
 SGD = {"optimizer": "custom", "custom.matrix_optimizer": "torch.optim:SGD",
        "custom.matrix_kwargs": {"lr": 0.05, "momentum": 0.9}}

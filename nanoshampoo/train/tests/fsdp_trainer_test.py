@@ -19,13 +19,13 @@ from typing import Any
 
 import pytest
 import torch
+from trainer_test import read_jsonl, tiny_config
 
 from nanoshampoo.testing.distributed import run_on_gloo
 from nanoshampoo.train.cli import main as cli_main
 from nanoshampoo.train.config import TrainConfig, UserError
 from nanoshampoo.train.distributed import local_tensor
 from nanoshampoo.train.trainer import Trainer
-from trainer_test import read_jsonl, tiny_config
 
 STEPS, RESUME_AT = 6, 3
 # Room for float32 rounding of FSDP's reduce-scatter vs the trainer's all-reduce (measured: none

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from run_safety_test import flags
+from trainer_test import read_jsonl, tiny_config
 
 from nanoshampoo.train.cli import main as cli_main
 from nanoshampoo.train.trainer import Trainer
-from run_safety_test import flags
-from trainer_test import read_jsonl, tiny_config
 
 
 @pytest.fixture

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from trainer_test import VOCAB, read_jsonl, tiny_config
 
 from nanoshampoo.data.shards import write_shard
 from nanoshampoo.evidence.logs import read_run
@@ -28,7 +29,6 @@ from nanoshampoo.train.config import TrainConfig, UserError
 from nanoshampoo.train.run_log import RunLog
 from nanoshampoo.train.setups.adam import AdamConfig
 from nanoshampoo.train.trainer import Trainer, TrainingDiverged
-from trainer_test import VOCAB, read_jsonl, tiny_config
 
 REPO = Path(__file__).resolve().parents[3]
 

@@ -13,11 +13,11 @@ import torch
 
 from nanoshampoo.model.gpt import gpt_preset
 from nanoshampoo.testing.distributed import run_on_gloo
+from nanoshampoo.train import trainer as trainer_module
 from nanoshampoo.train.cli import main as cli_main
 from nanoshampoo.train.config import TrainConfig, UserError
 from nanoshampoo.train.setups import setup_names
 from nanoshampoo.train.throughput import gpt_matmul_flops_per_token
-from nanoshampoo.train import trainer as trainer_module
 from nanoshampoo.train.trainer import Trainer
 
 VOCAB = 64

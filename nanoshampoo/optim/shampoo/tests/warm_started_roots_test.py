@@ -12,6 +12,7 @@ from __future__ import annotations
 import io
 from typing import Any
 
+import float32_recipe_test as recipe  # the neighbouring test module (pytest puts its dir on sys.path)
 import numpy as np
 import pytest
 import torch
@@ -30,7 +31,6 @@ from nanoshampoo.optim.shampoo.preconditioner.matrix_roots import (
     root_error_estimate,
     warm_started_eigh_inverse_root,
 )
-import float32_recipe_test as recipe  # the neighbouring test module (pytest puts its dir on sys.path)
 
 torch.set_num_threads(1)
 
