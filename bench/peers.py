@@ -157,7 +157,7 @@ def load_package(directory: Path | None, package: str, flag: str) -> tuple[Modul
         sys.path.remove(str(directory))
 
 
-def ours_muon(compute_dtype: torch.dtype | None) -> Factory:
+def ours_muon(compute_dtype: torch.dtype | str | None) -> Factory:
     """The trainer's Muon (its ``muon`` setup) with a given Newton-Schulz dtype."""
     cfg = TrainConfig(optimizer="muon")
     muon, pre = cfg.table("muon"), cfg.table("preconditioner")
@@ -180,7 +180,7 @@ def ours_muon(compute_dtype: torch.dtype | None) -> Factory:
 def muon_rows(directory: Path | None, log: list[str]) -> list[Row]:
     muon = TrainConfig(optimizer="muon").table("muon")
     rows = []
-    for label, patch, dtype in (("bf16 NS, its default", None, None),
+    for label, patch, dtype in (("bf16 NS, its default", None, "auto"),
                                 ("fp32 NS", ("X = G.bfloat16()", "X = G.float()"), torch.float32)):
         module, message = load_file_module(directory, "muon.py", "--muon", patch)
         log.append(f"Muon ({label}): {message}")

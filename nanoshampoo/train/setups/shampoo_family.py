@@ -155,18 +155,23 @@ class SoapConfig:
 @register_table("muon")
 @dataclass
 class MuonConfig:
-    """The speedrun's Muon: Nesterov ``momentum``, ``ns_steps`` Newton-Schulz iterations."""
+    """The speedrun's Muon: Nesterov ``momentum``, ``ns_steps`` Newton-Schulz iterations whose
+    matmuls run in ``ns_dtype``: "auto" (bfloat16 where its matmuls are faster: CUDA with bf16,
+    or a CPU whose probe finds it faster; float32 elsewhere; the choice is logged), or forced
+    "float32" / "bfloat16"."""
 
     lr: float = 0.05
     momentum: float = 0.95
     weight_decay: float = 0.0
     ns_steps: int = 5
+    ns_dtype: str = "auto"
 
     def __post_init__(self) -> None:
         check_types("muon", self)
         check_finite_nonnegative("muon", self, "lr", "weight_decay")
         check_beta("muon", self, "momentum")
         check_at_least("muon", self, 1, "ns_steps")
+        check_choice("muon", self, "ns_dtype", ("auto", "float32", "bfloat16"))
 
 
 def check_ema_dtype(table: str, name: str, dtype: str, beta: float, beta_name: str) -> None:
@@ -336,7 +341,8 @@ def build_muon_matrix(ctx: BuildContext) -> torch.optim.Optimizer:
         grafting_config=None,
         preconditioner_config=SpectralDescentPreconditionerConfig(
             orthogonalization_config=NewtonSchulzOrthogonalizationConfig(
-                num_iterations=hp.ns_steps, scale_by_dims_fn=muon_shape_scale)),
+                num_iterations=hp.ns_steps, scale_by_dims_fn=muon_shape_scale,
+                compute_dtype=hp.ns_dtype if hp.ns_dtype == "auto" else getattr(torch, hp.ns_dtype))),
         **common_kwargs(ctx))
 
 

@@ -431,21 +431,25 @@ class NewtonSchulzOrthogonalizationConfig(OrthogonalizationConfig):
     Args:
         num_iterations: iterations, >= 1.
         coefficients: ``(a, b, c)`` of the quintic polynomial.
-        compute_dtype: dtype of the iteration's matmuls; None (automatic): bfloat16 for
-            float32 blocks where bf16 matmuls are fast (CUDA with bf16, or a CPU whose probe
-            finds them faster), else the block dtype. See ``resolve_newton_schulz_dtype``.
+        compute_dtype: dtype of the iteration's matmuls. None (default): the block's dtype, as
+            the reference library computes it (same numbers). ``"auto"``: bfloat16 for float32
+            blocks where bf16 matmuls are fast (CUDA with bf16, or a CPU whose probe finds them
+            faster), else the block dtype; the trainer's Muon uses it. See
+            ``resolve_newton_schulz_dtype``.
     """
 
     num_iterations: int = 5
     coefficients: tuple[float, float, float] = (3.4445, -4.7750, 2.0315)
-    compute_dtype: torch.dtype | None = None
+    compute_dtype: torch.dtype | str | None = None
 
     def __post_init__(self) -> None:
         self._check_scale_by_dims_fn()
         check_int("num_iterations", self.num_iterations, minimum=1)
-        if self.compute_dtype is not None and self.compute_dtype not in FLOAT_DTYPES:
+        if not (self.compute_dtype is None or self.compute_dtype == "auto"
+                or self.compute_dtype in FLOAT_DTYPES):
             raise ValueError(
-                f"compute_dtype must be None or one of {FLOAT_DTYPES}, got {self.compute_dtype!r}"
+                f"compute_dtype must be None, 'auto' or one of {FLOAT_DTYPES}, got "
+                f"{self.compute_dtype!r}"
             )
         coefficients = self.coefficients
         if not (

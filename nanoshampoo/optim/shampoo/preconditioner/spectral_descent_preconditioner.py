@@ -55,22 +55,25 @@ _NORMALIZATION_EPSILON = 1e-7
 
 
 def resolve_newton_schulz_dtype(
-    requested: torch.dtype | None, block_dtype: torch.dtype, device: torch.device
+    requested: torch.dtype | str | None, block_dtype: torch.dtype, device: torch.device
 ) -> tuple[torch.dtype, str]:
     """The dtype Newton-Schulz iterates in for blocks of ``block_dtype`` on ``device``, and why.
 
-    ``requested`` (``NewtonSchulzOrthogonalizationConfig.compute_dtype``) is taken as given.
-    None: float32 blocks use bfloat16 on a CUDA device that supports it, and on a CPU where
+    ``requested`` (``NewtonSchulzOrthogonalizationConfig.compute_dtype``): a dtype is taken as
+    given; None is the block dtype (the reference library's numbers); ``"auto"``: float32 blocks
+    use bfloat16 on a CUDA device that supports it, and on a CPU where
     ``nanoshampoo.matmul_speed.cpu_bf16_is_fast`` (the trainer's autocast probe, run once per
     process) finds bf16 matmuls faster than float32; other blocks (float64, bf16) keep their dtype.
 
     Example:
-        >>> resolve_newton_schulz_dtype(None, torch.float64, torch.device("cpu"))
+        >>> resolve_newton_schulz_dtype("auto", torch.float64, torch.device("cpu"))
         (torch.float64, 'auto: float64 blocks keep float64')
     """
-    if requested is not None:
-        return requested, f"compute_dtype={str(requested).removeprefix('torch.')}"
     kept = str(block_dtype).removeprefix("torch.")
+    if requested is None:
+        return block_dtype, f"compute_dtype=None: the block dtype ({kept})"
+    if requested != "auto":
+        return requested, f"compute_dtype={str(requested).removeprefix('torch.')}"
     if block_dtype != torch.float32:
         return block_dtype, f"auto: {kept} blocks keep {kept}"
     if device.type == "cuda":
@@ -241,7 +244,7 @@ class SpectralDescentPreconditioner(Preconditioner):
         >>> muon.precondition([torch.randn(1, 3, 2, dtype=torch.float64)], step=1)[0].shape
         torch.Size([1, 3, 2])
         >>> muon.compute_dtype_reasons
-        ('(2, 3) x1: float64, auto: float64 blocks keep float64',)
+        ('(2, 3) x1: float64, compute_dtype=None: the block dtype (float64)',)
     """
 
     name = "spectral_descent"
@@ -265,7 +268,7 @@ class SpectralDescentPreconditioner(Preconditioner):
         for line in self.compute_dtype_reasons:
             logger.info("spectral descent Newton-Schulz %s", line)
 
-    def _wide_stacks(self, requested: torch.dtype | None) -> list[_WideStack]:
+    def _wide_stacks(self, requested: torch.dtype | str | None) -> list[_WideStack]:
         groups: dict[tuple[int, int, torch.dtype, torch.device], list[tuple[int, bool]]] = {}
         for index, (bucket, (rows, cols)) in enumerate(zip(self._buckets, self._matrix_shapes)):
             key = (min(rows, cols), max(rows, cols), bucket.dtype, bucket.device)

@@ -114,12 +114,24 @@ def test_a_forced_compute_dtype_is_taken_as_given() -> None:
 def test_auto_on_cpu_follows_the_bf16_probe(fast: bool, expected: torch.dtype,
                                              monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(matmul_speed, "cpu_bf16_is_fast", lambda: fast)
-    dtype, reason = resolve_newton_schulz_dtype(None, torch.float32, torch.device("cpu"))
+    dtype, reason = resolve_newton_schulz_dtype("auto", torch.float32, torch.device("cpu"))
     assert dtype == expected
     assert reason.startswith("auto: bf16 matmuls are " + ("faster" if fast else "not faster"))
     # float64 and bf16 blocks keep their dtype whatever the probe says.
     for kept in (torch.float64, torch.bfloat16):
-        assert resolve_newton_schulz_dtype(None, kept, torch.device("cpu"))[0] == kept
+        assert resolve_newton_schulz_dtype("auto", kept, torch.device("cpu"))[0] == kept
+
+
+@pytest.mark.parametrize("block_dtype", [torch.float32, torch.float64, torch.bfloat16], ids=str)
+def test_the_default_iterates_in_the_block_dtype_as_the_reference(
+        block_dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch) -> None:
+    """None (the config's default) ignores the probe: a ported script gets the reference's
+    float32 numbers even where bf16 is fast."""
+    monkeypatch.setattr(matmul_speed, "cpu_bf16_is_fast", lambda: True)
+    assert NewtonSchulzOrthogonalizationConfig().compute_dtype is None
+    dtype, reason = resolve_newton_schulz_dtype(None, block_dtype, torch.device("cpu"))
+    assert dtype == block_dtype
+    assert reason == f"compute_dtype=None: the block dtype ({str(block_dtype)[6:]})"
 
 
 def test_tall_and_wide_buckets_of_one_shape_iterate_as_one_stack() -> None:
@@ -157,8 +169,9 @@ def test_float32_params_on_this_cpu_log_the_probed_choice(caplog: pytest.LogCapt
     w = torch.nn.Parameter(torch.randn(40, 30))
     with caplog.at_level("INFO", logger="nanoshampoo.optim.shampoo.preconditioner"):
         DistributedShampoo([w], max_preconditioner_dim=64,
-                           preconditioner_config=SpectralDescentPreconditionerConfig())
-    dtype, reason = resolve_newton_schulz_dtype(None, torch.float32, torch.device("cpu"))
+                           preconditioner_config=SpectralDescentPreconditionerConfig(
+                               NewtonSchulzOrthogonalizationConfig(compute_dtype="auto")))
+    dtype, reason = resolve_newton_schulz_dtype("auto", torch.float32, torch.device("cpu"))
     assert dtype == (torch.bfloat16 if matmul_speed.cpu_bf16_is_fast() else torch.float32)
     name = str(dtype).removeprefix("torch.")
     assert f"Newton-Schulz (30, 40) x1: {name}, {reason}" in caplog.text
