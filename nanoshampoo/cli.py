@@ -52,9 +52,10 @@ from nanoshampoo.evidence.leaderboard import (
     write_leaderboard,
 )
 from nanoshampoo.evidence.logs import read_run
-from nanoshampoo.evidence.repeat import RepeatConfig, run_repeats
+from nanoshampoo.evidence.repeat import MANAGED_OPTIONS as REPEAT_MANAGED
+from nanoshampoo.evidence.repeat import RepeatConfig, check_unmanaged, run_repeats
 from nanoshampoo.evidence.report import format_report, report_to_dict, write_json
-from nanoshampoo.evidence.stats import DEFAULT_TARGET, build_report, check_target
+from nanoshampoo.evidence.stats import DEFAULT_TARGET, build_report, check_confidence, check_target
 from nanoshampoo.evidence.traces import analyze_paths, format_overlap
 from nanoshampoo.evidence.tune_cli import (
     add_compare_tune_options,
@@ -169,6 +170,7 @@ def _run_stats(args: argparse.Namespace) -> int:
     if not args.paths and not args.group:
         raise UserError("give run log paths or directories, or --group NAME=GLOB")
     check_target("--target", args.target)
+    check_confidence("--confidence", args.confidence)
     if args.plot:
         check_output_dir(args.plot, "--plot")
     with user_input():
@@ -203,6 +205,7 @@ def _run_repeat(args: argparse.Namespace) -> int:
     with user_input():
         config = RepeatConfig(runs=args.runs, out_dir=args.out_dir, seed0=args.seed0,
                               nproc=args.nproc, name=args.name)
+        check_unmanaged(train_args, REPEAT_MANAGED, "repeat for each seed")
     check_output_dir(config.out_dir, "--out-dir")
     if args.json:
         check_output_file(args.json, "--json")

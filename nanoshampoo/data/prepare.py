@@ -159,6 +159,14 @@ class PrepareConfig:
             raise ValueError(
                 f"min_batch_tokens must be a positive integer, got {self.min_batch_tokens!r}"
             )
+        # The trainer reads each batch (and its shifted target) from one shard; smaller shards
+        # are unusable, and --shard-tokens 1 would write one file per token.
+        if self.shard_tokens <= self.min_batch_tokens:
+            raise ValueError(
+                f"shard_tokens (--shard-tokens) {self.shard_tokens}: a shard must hold one batch "
+                f"of --min-batch-tokens {self.min_batch_tokens} plus its shifted target "
+                f"({self.min_batch_tokens + 1} tokens)"
+            )
 
 
 @dataclass(frozen=True)
@@ -369,12 +377,19 @@ def prepare_text_files(
         raise ValueError("paths must name at least one text file")
     documents = []
     hashes = {}
+    seen: dict[str, Path] = {}
     for path in map(Path, paths):
         if path.is_dir():
             raise ValueError(f"text file {path} is a directory; name the files in it, "
                              f"e.g. --text-files {path}/*.txt")
-        if not path.is_file():
+        if not path.exists():
             raise ValueError(f"text file {path} does not exist")
+        if not path.is_file():  # a FIFO would block the read, a device never end
+            raise ValueError(f"text file {path} is not a regular file")
+        if str(path.resolve()) in seen:  # its documents would be counted twice, maybe in
+            # both splits: validation text the model trained on
+            raise ValueError(f"text file {path} is given twice (as {seen[str(path.resolve())]})")
+        seen[str(path.resolve())] = path
         try:
             text = path.read_text(encoding="utf-8")
         except UnicodeDecodeError as error:

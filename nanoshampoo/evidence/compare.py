@@ -58,7 +58,7 @@ from typing import Any
 
 from nanoshampoo.evidence.logs import LogFormatError, RunRecord, read_run
 from nanoshampoo.evidence.repeat import check_unmanaged, fresh_run_id, train_command
-from nanoshampoo.io_utils import atomic_output
+from nanoshampoo.io_utils import atomic_output, check_output_dir
 
 DEFAULT_SETUPS = "adamw,shampoo,soap,muon"
 DEFAULT_PRESET_PREFIX = "tiny-"
@@ -159,6 +159,7 @@ class CompareConfig:
         out_dir = Path(self.out_dir)
         if out_dir.exists() and not out_dir.is_dir():
             raise ValueError(f"out-dir: {out_dir} exists and is not a directory")
+        check_output_dir(out_dir, "--out-dir")  # before any run: a bad one fails no run midway
         check_unmanaged(self.train_args, MANAGED_OPTIONS, "compare for each run (use --setups NAME=PRESET "
                         "for presets)")
         object.__setattr__(self, "baseline", baseline)
@@ -186,7 +187,7 @@ def resolve_train_config(argv: Sequence[str]) -> dict[str, Any]:
     captured = io.StringIO()
     try:
         with contextlib.redirect_stderr(captured):
-            config = config_from_args(list(argv))
+            config = config_from_args(list(argv), refuse_unread_tables=True)
     except SystemExit as exc:  # argparse's usage error: keep only its message
         lines = [line for line in captured.getvalue().splitlines() if line.strip()]
         message = lines[-1].split(" error: ", 1)[-1] if lines else f"exit status {exc.code}"

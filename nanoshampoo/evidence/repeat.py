@@ -25,7 +25,8 @@ from nanoshampoo.errors import UserError
 from nanoshampoo.evidence.logs import LogFormatError, read_run
 
 # Options repeat sets per seed; giving them among the train args would be ambiguous.
-MANAGED_OPTIONS = ("--seed", "--run-id", "--out-dir")
+# (``--resume`` would start every seed from one checkpoint, so from the same weights.)
+MANAGED_OPTIONS = ("--seed", "--run-id", "--out-dir", "--resume")
 
 
 @dataclass(frozen=True)
@@ -60,10 +61,10 @@ class RepeatConfig:
 
 
 def check_unmanaged(train_args: Sequence[str], managed: Sequence[str], owner: str) -> None:
-    """Raise ``ValueError`` if ``train_args`` give an option that ``owner`` sets itself."""
+    """Raise ``UserError`` if ``train_args`` give an option that ``owner`` sets itself."""
     for arg in train_args:
         if arg.split("=", 1)[0] in managed:
-            raise ValueError(f"train_args: {arg!r} is set by {owner}; remove it")
+            raise UserError(f"train_args: {arg!r} is set by {owner}; remove it")
 
 
 def train_command(train_args: Sequence[str], run_id: str, out_dir: Path, nproc: int) -> list[str]:

@@ -259,6 +259,13 @@ def check_target(name: str, target: float) -> None:
         raise UserError(f"{name} {target}: the target must be a finite validation loss")
 
 
+def check_confidence(name: str, confidence: float) -> None:
+    """``UserError`` naming ``name`` unless ``confidence`` is in (0, 1) (checked even when one
+    group makes no comparison: a flag that means nothing is refused, not ignored)."""
+    if not (isinstance(confidence, (int, float)) and 0.0 < confidence < 1.0):
+        raise UserError(f"{name} {confidence}: the confidence level must be in (0, 1)")
+
+
 def check_same_length(name: str, runs: Sequence[RunRecord]) -> None:
     """``UserError`` if the runs of group ``name`` ran different numbers of steps."""
     lengths: dict[int, list[str]] = {}
@@ -329,6 +336,7 @@ def build_report(
     if not groups:
         raise ValueError("groups: no groups of runs to report")
     check_target("target", target)
+    check_confidence("confidence", confidence)
     if baseline is None:
         baseline = next(iter(groups))
     if baseline not in groups:

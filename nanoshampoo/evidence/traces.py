@@ -188,6 +188,11 @@ def analyze_paths(paths: Sequence[str | Path]) -> list[OverlapStats]:
             files.extend(found)
         else:
             files.append(path)
+    seen: dict[Path, Path] = {}
+    for f in files:  # one file given twice would count as two ranks
+        if f.exists() and seen.setdefault(f.resolve(), f) is not f:
+            raise TraceFormatError(f"{f}: given twice (as {seen[f.resolve()]}); each trace "
+                                   "file is one rank's and counts once")
     return [analyze_trace(f) for f in files]
 
 

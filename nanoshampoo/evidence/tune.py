@@ -31,12 +31,14 @@ import itertools
 import json
 import math
 import random
+import typing
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from nanoshampoo.evidence.compare import (
+    MANAGED_OPTIONS,
     CompareConfig,
     ConfigResolver,
     Launcher,
@@ -48,7 +50,7 @@ from nanoshampoo.evidence.compare import (
 from nanoshampoo.evidence.logs import RunRecord
 from nanoshampoo.evidence.report import json_ready, write_json
 from nanoshampoo.evidence.tables import format_markdown_table
-from nanoshampoo.io_utils import atomic_output
+from nanoshampoo.io_utils import atomic_output, check_output_dir
 
 # Train fields that set a trial's budget: equal for every trial, so never searched.
 BUDGET_FIELDS = ("num_iterations", "batch_size", "seq_len", "grad_accum_steps")
@@ -82,6 +84,8 @@ def parse_search(text: str) -> Search:
         raise ValueError(f"search: {key!r} is a field name (muon.lr), not a flag")
     if key in BUDGET_FIELDS:
         raise ValueError(f"search: {key} sets the budget, which every trial shares")
+    if "--" + key.replace("_", "-") in MANAGED_OPTIONS:
+        raise ValueError(f"search: {key} is set by tune for each run, not a hyper-parameter")
     if spec.startswith("log:"):
         parts = spec.split(":")
         try:
@@ -168,9 +172,33 @@ class TuneConfig:
             raise ValueError(f"train flags: {clash} are searched; leave them to the search")
         object.__setattr__(self, "out_dir", Path(self.out_dir))
         trial_points(self.searches, self.trials, self.sample_seed)  # validates the search
+        check_range_kinds(self.searches)
+        check_output_dir(self.out_dir, "--out-dir")
 
     def points(self) -> list[Trial]:
         return trial_points(self.searches, self.trials, self.sample_seed)
+
+
+def check_range_kinds(searches: Sequence[Search]) -> None:
+    """A log range samples real numbers: refuse one over a field that is not a float (an
+    int field's samples would not parse; give it a grid). Unknown keys are left to the run
+    config's check."""
+    from nanoshampoo.train.config import (  # imports torch: only when a range is checked
+        TrainConfig,
+        table_field_types,
+    )
+
+    run_kinds = typing.get_type_hints(TrainConfig)
+    tables = table_field_types()
+    for s in searches:
+        if not s.is_range:
+            continue
+        table, dot, name = s.key.partition(".")
+        kind = tables.get(table, {}).get(name) if dot else run_kinds.get(s.key)
+        kind = kind if kind is None or isinstance(kind, str) else kind.__name__
+        if kind is not None and kind != "float":
+            raise ValueError(f"search: {s.key}: a log range samples real numbers, but "
+                             f"{s.key} is {kind}; give it a grid ({s.key}=V1,V2,...)")
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ import argparse
 import dataclasses
 from pathlib import Path
 
+from nanoshampoo.errors import user_input
 from nanoshampoo.evidence.compare import CompareConfig, Setup, parse_setups
 from nanoshampoo.evidence.tune import Search, TuneConfig, TuneResult, parse_search, tune
 
@@ -56,14 +57,23 @@ def _train_args(args: argparse.Namespace) -> tuple[str, ...]:
 
 
 def run_tune_command(args: argparse.Namespace) -> int:
-    (setup,) = parse_setups(args.setup)
-    config = TuneConfig(setup=setup, searches=tuple(parse_search(s) for s in args.search),
-                        trials=args.trials, seeds=args.seeds, confirm_seeds=args.confirm_seeds,
-                        seed0=args.seed0, sample_seed=args.sample_seed, nproc=args.nproc,
-                        out_dir=args.out_dir or Path("runs/tune") / setup.name,
-                        train_args=_train_args(args))
-    _report(tune(config))
+    # As compare: a bad search, setup or flag is a ValueError, a failed run a RuntimeError;
+    # both are the user's to fix.
+    with user_input(RuntimeError):
+        _report(tune(_tune_config(args)))
     return 0
+
+
+def _tune_config(args: argparse.Namespace) -> TuneConfig:
+    setups = parse_setups(args.setup)
+    if len(setups) != 1:
+        raise ValueError(f"setup: tune takes one NAME[=PRESET], got {args.setup!r}")
+    (setup,) = setups
+    return TuneConfig(setup=setup, searches=tuple(parse_search(s) for s in args.search),
+                      trials=args.trials, seeds=args.seeds, confirm_seeds=args.confirm_seeds,
+                      seed0=args.seed0, sample_seed=args.sample_seed, nproc=args.nproc,
+                      out_dir=args.out_dir or Path("runs/tune") / setup.name,
+                      train_args=_train_args(args))
 
 
 def _report(result: TuneResult) -> None:

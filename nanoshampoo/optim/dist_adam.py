@@ -103,6 +103,7 @@ from nanoshampoo.optim.collectives import (
 )
 from nanoshampoo.optim.dist_adam_validation import (
     validate_gradient,
+    validate_group,
     validate_multipliers,
     validate_options,
     validate_param,
@@ -215,6 +216,7 @@ class DistAdam(torch.optim.Optimizer):
         if isinstance(params, Tensor):
             params = [params]
         validate_param_collection(params)
+        params = list(params)  # a generator is read twice below
         by_shape: dict[torch.Size, list[Any]] = {}
         for item in params:
             tensor = item[1] if isinstance(item, tuple) else item
@@ -225,6 +227,8 @@ class DistAdam(torch.optim.Optimizer):
             raise ValueError("params: a param group must hold at least one tensor")
         first_new = len(self.param_groups)
         where = f"param group {first_new}: "
+        validate_group(param_group, [item[1] if isinstance(item, tuple) else item
+                                     for item in params], where)
         validate_options({**self.defaults, **param_group}, where)
         for same_shape in by_shape.values():
             for item in same_shape:

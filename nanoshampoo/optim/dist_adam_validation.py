@@ -7,9 +7,10 @@ entry (``ValueError`` for a bad value, ``TypeError`` for a bad kind).
   ``weight_decay >= 0`` and ``eps > 0`` finite, ``betas`` a pair in ``[0, 1)``; the optional
   ``lr_mul``/``wd_mul`` of a parameter finite and ``>= 0`` (:func:`validate_multipliers`).
   Comparisons are written so that NaN fails them.
-* Parameters (:func:`validate_param_collection`, :func:`validate_param`): an ordered collection
-  of tensors (a ``set`` has no stable order, so the ranks could disagree on it); a complex
-  parameter with unit stride in its last dim.
+* Parameters (:func:`validate_param_collection`, :func:`validate_group`,
+  :func:`validate_param`): an ordered collection of tensors (a ``set`` has no stable order, so
+  the ranks could disagree on it), each listed once, requiring grad; a complex parameter with
+  unit stride in its last dim; a group holds only DistAdam's options (``GROUP_KEYS``).
 * Gradients (:func:`validate_gradient`), in ``step()`` before any gradient is synced or any
   parameter or state changes: dense, of the parameter's shape, dtype and device.
 * Per-parameter state (:func:`validate_param_state`), in ``load_state_dict`` before anything is
@@ -39,6 +40,8 @@ import torch
 from torch import Tensor
 
 STATE_KEYS = ("step", "exp_avg", "exp_avg_sq")
+# What a caller's param group may hold (torch adds ``param_names`` for named parameters).
+GROUP_KEYS = ("params", "lr", "betas", "eps", "weight_decay", "param_names")
 NONFINITE_GRAD_POLICIES: tuple[str, ...] = ("raise", "skip")
 
 
@@ -93,9 +96,27 @@ def validate_param_collection(params: object) -> None:
                         "parameters()), not a set: its order differs between processes")
 
 
+def validate_group(param_group: dict[str, Any], tensors: list[Tensor], where: str) -> None:
+    """``ValueError`` for a key DistAdam does not read (a typo such as ``learning_rate``
+    would otherwise leave the option at its default) or a tensor listed twice (it would be
+    updated twice per step)."""
+    unknown = sorted(set(param_group) - set(GROUP_KEYS))
+    if unknown:
+        raise ValueError(f"{where}unknown option(s) {unknown}; DistAdam's are "
+                         f"{[k for k in GROUP_KEYS if k != 'params']}")
+    seen: dict[int, int] = {}
+    for index, tensor in enumerate(tensors):
+        if seen.setdefault(id(tensor), index) != index:
+            raise ValueError(f"{where}params: entries {seen[id(tensor)]} and {index} are the "
+                             "same tensor (it would be updated twice per step)")
+
+
 def validate_param(param: Tensor, where: str) -> None:
     """Raise ``ValueError`` for a parameter DistAdam cannot update."""
     validate_multipliers(param, where)
+    if not param.requires_grad:
+        raise ValueError(f"{where}params: a tensor of shape {tuple(param.shape)} does not "
+                         "require grad (an integer tensor never can): it would never be updated")
     if param.is_complex() and param.dim() > 0 and param.stride(-1) != 1:
         # The update goes through torch.view_as_real, which needs a unit last stride.
         raise ValueError(

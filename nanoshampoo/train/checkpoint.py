@@ -39,7 +39,7 @@ import torch
 from torch import nn
 
 from nanoshampoo.io_utils import atomic_output
-from nanoshampoo.train.config import UserError
+from nanoshampoo.train.config import UserError, check_run_id
 
 FORMAT_VERSION = 1
 PARTIAL_SUFFIX = ".partial"
@@ -254,13 +254,18 @@ def _check_record(path: Path, record: dict[str, Any], sharded: bool, holds_model
         raise bad("train_time_ms", "a finite number >= 0")
     if not isinstance(record.get("run_id", ""), str):
         raise bad("run_id", "a string")
+    try:  # a resumed run's logs are named by it: "../x" would write outside --out-dir
+        check_run_id(f"--resume: {path}: field 'run_id'", record.get("run_id", ""))
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
     loader = record.get("loader")
     if not isinstance(loader, dict) or any(
             not isinstance(loader.get(k), t) or isinstance(loader.get(k), bool)
             for k, t in _LOADER_FIELDS.items()):
         raise bad("loader", f"the loader's state (a dict of {', '.join(_LOADER_FIELDS)})")
     rng = record.get("cpu_rng")
-    if not isinstance(rng, torch.Tensor) or rng.dtype != torch.uint8:
+    if not isinstance(rng, torch.Tensor) or rng.dtype != torch.uint8 or (
+            rng.shape != torch.get_rng_state().shape):
         raise bad("cpu_rng", "a uint8 tensor (torch.get_rng_state())")
     if record.get("cuda_rng") is not None and not isinstance(record["cuda_rng"], torch.Tensor):
         raise bad("cuda_rng", "None or a tensor")
@@ -274,6 +279,21 @@ def _check_record(path: Path, record: dict[str, Any], sharded: bool, holds_model
         raise bad("optimizers", "a list of optimizer state dicts")
     if holds_model and not isinstance(record.get("model"), dict):
         raise bad("model", "the model's state dict")
+    tensors = [(f"model[{k!r}]", v) for k, v in record.get("model", {}).items()] if holds_model else []
+    tensors += [(f"optimizers[{i}] state {k}", v) for i, o in enumerate(optimizers)
+                for k, v in _state_tensors(o.get("state"))]
+    for name, value in tensors:  # NaN weights or moments would only surface steps later
+        if isinstance(value, torch.Tensor) and value.is_floating_point() and not bool(
+                torch.isfinite(value).all()):
+            raise UserError(f"--resume: {path}: {name} holds NaN or Inf")
+
+
+def _state_tensors(state: Any) -> list[tuple[str, Any]]:
+    """``(label, value)`` of every entry of an optimizer state dict's ``state``."""
+    if not isinstance(state, dict):
+        return []
+    return [(f"[{index!r}][{key!r}]", value) for index, entry in state.items()
+            if isinstance(entry, dict) for key, value in entry.items()]
 
 
 def restore_checkpoint(

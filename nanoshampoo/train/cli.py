@@ -192,8 +192,12 @@ def flatten(values: dict[str, Any]) -> dict[str, Any]:
     return flat
 
 
-def config_from_args(argv: Sequence[str] | None = None) -> TrainConfig:
-    """Defaults <- preset <- flags, validated (``ValueError`` naming the field)."""
+def config_from_args(argv: Sequence[str] | None = None, *,
+                     refuse_unread_tables: bool = False) -> TrainConfig:
+    """Defaults <- preset <- flags, validated (``ValueError`` naming the field).
+
+    ``refuse_unread_tables`` (what a run's command line wants): a ``--TABLE.FIELD`` flag of a
+    table the setup does not read is an error (:func:`check_tables_read`), not ignored."""
     argv = list(sys.argv[1:] if argv is None else argv)
     pre = argparse.ArgumentParser(add_help=False)
     pre.add_argument("--preset", default=DEFAULT_PRESET)
@@ -215,13 +219,33 @@ def config_from_args(argv: Sequence[str] | None = None) -> TrainConfig:
         else:
             fields[key] = value
     try:
-        return TrainConfig(**fields)
+        cfg = TrainConfig(**fields)
     except ValueError as exc:
         named = [f"{flag} sets {', '.join(targets)}" for flag, targets in legacy.items()
                  if any(target in str(exc) for target in targets)]
         if not named:
             raise
         raise ValueError(f"{exc} ({'; '.join(named)})") from None
+    if refuse_unread_tables:
+        check_tables_read(cfg, [key for key in args if "." in key], legacy)
+    return cfg
+
+
+def check_tables_read(cfg: TrainConfig, table_keys: Sequence[str],
+                      legacy: dict[str, tuple[str, ...]]) -> None:
+    """``ValueError`` naming a ``--TABLE.FIELD`` flag (or a legacy flag) of a table that the
+    setup does not read: the flag would change nothing, yet a user who typed it expects it to.
+    (A preset's other tables are fine: ``--optimizer`` may switch away from them.)"""
+    read = set(cfg.setup.tables)
+    by_legacy = {target for targets in legacy.values() for target in targets}
+    unread = ["--" + key.replace("_", "-") for key in table_keys
+              if key not in by_legacy and key.split(".", 1)[0] not in read]
+    unread += [flag for flag, targets in legacy.items()
+               if not any(t.split(".", 1)[0] in read for t in targets)]
+    if unread:
+        raise ValueError(f"{', '.join(unread)}: setup {cfg.optimizer!r} (--optimizer) does not "
+                         f"read {'this table' if len(unread) == 1 else 'these tables'}; it reads "
+                         f"{', '.join(f'[{t}]' for t in cfg.setup.tables) or 'no table'}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -234,7 +258,7 @@ def _train(argv: Sequence[str] | None) -> int:
 
     argv = list(sys.argv[1:] if argv is None else argv)
     with user_input():  # a bad value or preset: a usage error, not a crash
-        cfg = config_from_args(argv)
+        cfg = config_from_args(argv, refuse_unread_tables=True)
     try:
         Trainer(cfg).run()
     except TrainingDiverged as exc:

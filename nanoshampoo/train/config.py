@@ -178,6 +178,12 @@ class TrainConfig:
                      "threads", "hsdp_shard_size"):
             if getattr(self, name) < 0:
                 raise ValueError(f"TrainConfig.{name} must be >= 0, got {getattr(self, name)}")
+        if self.seed > MAX_SEED:
+            raise ValueError(f"TrainConfig.seed (--seed) must be at most {MAX_SEED} (the random "
+                             f"generators' 64-bit seed), got {self.seed}")
+        if self.threads > MAX_THREADS:
+            raise ValueError(f"TrainConfig.threads (--threads) must be at most {MAX_THREADS}, "
+                             f"got {self.threads}")
         if not 0.0 <= self.cooldown_frac <= 1.0:
             raise ValueError(f"TrainConfig.cooldown_frac must be in [0, 1], got {self.cooldown_frac}")
         # A timeout beyond a day overflows the collectives' timer (and waits on a dead peer).
@@ -201,6 +207,11 @@ class TrainConfig:
             raise ValueError("TrainConfig.out_dir must not be empty")
         if any(s < 0 for s in self.profile_steps):
             raise ValueError(f"TrainConfig.profile_steps must be >= 0, got {self.profile_steps}")
+        late = [s for s in self.profile_steps if s >= self.num_iterations]
+        if late:
+            raise ValueError(f"TrainConfig.profile_steps (--profile-steps) {late}: the run's "
+                             f"steps are 0..{self.num_iterations - 1} (--num-iterations "
+                             f"{self.num_iterations}); these would never be profiled")
         if self.profile_steps and not self.profile_dir:
             raise ValueError("TrainConfig.profile_dir is required when profile_steps is set")
 
@@ -313,6 +324,11 @@ def split_values(values: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, A
     return run, merged
 
 
+# Largest seed: torch.manual_seed takes a 64-bit one (ranks and seeds add small offsets).
+MAX_SEED = 2**63 - 1
+# More intra-op threads than any CPU has cores only slows a run; a huge count exhausts memory
+# creating their stacks (100000 did, on a 2-core machine).
+MAX_THREADS = 1024
 # Longest run id (or preset name, which a new run id starts with): file names get suffixes
 # (``.ckpt/step_000000``, ``.compare.json``) and a file system allows 255 bytes.
 MAX_ID_LENGTH = 100

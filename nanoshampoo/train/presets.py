@@ -60,8 +60,10 @@ def resolve_preset(name_or_path: str, base: Path) -> Path:
         if path.suffix != ".toml":
             raise ValueError(f"preset path {name_or_path!r} must end in .toml")
         path = path if path.is_absolute() else base / path
-        if not path.is_file():
+        if not path.exists():
             raise ValueError(f"preset file {path} does not exist")
+        if not path.is_file():  # a directory, a FIFO (reading it would block), a device
+            raise ValueError(f"preset file {path} is not a regular file")
         return path
     if name_or_path not in preset_names():
         raise ValueError(f"unknown preset {name_or_path!r}; choose one of {preset_names()} "

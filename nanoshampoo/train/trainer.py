@@ -151,7 +151,6 @@ class Trainer:
         # Every rank must run the same numerics: rank 0's probe decides.
         self.autocast: AutocastChoice = broadcast_object(  # type: ignore[assignment]
             resolve_autocast(cfg.autocast, ctx.device) if ctx.is_main else None, ctx)
-        self.data: DataSource = resolve_data(cfg, ctx)
         checkpoint = self._read_resume_checkpoint()
         if checkpoint is not None and checkpoint.sharded != (cfg.parallel != "ddp"):
             written = checkpoint.own.get("parallel", "ddp")
@@ -166,6 +165,8 @@ class Trainer:
         self.resumed_from = None if checkpoint is None else {
             "checkpoint": str(checkpoint.directory), "run_id": checkpoint.run_id,
             "step": checkpoint.step}
+        # After the checks above: a refused resume or run id prepares no data on disk.
+        self.data: DataSource = resolve_data(cfg, ctx)
 
         torch.manual_seed(cfg.seed)
         model_config = gpt_preset(cfg.model, self.data.vocab_size, cfg.combined_linear)

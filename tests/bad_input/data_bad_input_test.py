@@ -77,7 +77,8 @@ def test_a_failure_while_writing_leaves_the_old_data(
 
     monkeypatch.setattr(prepare_output, "write_shard", fail_on_the_second)
     with pytest.raises(OSError, match="disk full"):
-        main([*argv, "--passage-chars", "300", "--shard-tokens", "500"])
+        main([*argv, "--passage-chars", "300", "--shard-tokens", "500",
+              "--min-batch-tokens", "64"])
     assert snapshot(tmp_path) == before  # no staging directory left either
 
 
@@ -195,3 +196,48 @@ def test_a_shard_that_is_a_directory_or_fifo_names_the_file(tmp_path: Path) -> N
     for name in ("dir.bin", "fifo.bin", "missing.bin"):
         with pytest.raises(ShardFormatError, match=f"{tmp_path / name}: "):
             read_shard_token_count(tmp_path / name)
+
+
+@settings(max_examples=10, deadline=None, database=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(shard_tokens=st.integers(1, 2048))
+def test_shards_smaller_than_one_batch_are_refused_before_tokenizing(
+        shard_tokens: int, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # Before: --shard-tokens 1 wrote one file per token (millions of files: a hang), and any
+    # shard smaller than a batch is one the trainer refuses to read.
+    capsys.readouterr()
+    before = snapshot(tmp_path)
+    argv = ["--out-dir", str(tmp_path / "data"), "--shard-tokens", str(shard_tokens)]
+    assert main(argv) == EXIT_USER_ERROR
+    one_error_line(capsys, PROG, "--shard-tokens", "--min-batch-tokens 2048")
+    assert snapshot(tmp_path) == before
+
+
+@pytest.mark.parametrize("second", ["same", "dotted", "link"])
+def test_a_text_file_given_twice_is_refused(second: str, tmp_path: Path,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    # Before: its documents were counted twice, so the validation split could hold text that
+    # is also in the training split.
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("A line of plain text for the corpus.\n" * 400)
+    other = {"same": corpus, "dotted": tmp_path / "." / "corpus.txt",
+             "link": tmp_path / "link.txt"}[second]
+    if second == "link":
+        os.symlink(corpus, other)
+    before = snapshot(tmp_path)
+    argv = ["--out-dir", str(tmp_path / "data"), "--vocab-size", "300", "--min-batch-tokens",
+            "16", "--text-files", str(corpus), str(other)]
+    assert main(argv) == EXIT_USER_ERROR
+    one_error_line(capsys, PROG, "given twice", "corpus.txt")
+    assert snapshot(tmp_path) == before
+
+
+def test_a_fifo_text_file_is_refused_as_not_regular(tmp_path: Path,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    fifo = tmp_path / "pipe.txt"
+    os.mkfifo(fifo)
+    before = snapshot(tmp_path)
+    assert main(["--out-dir", str(tmp_path / "data"), "--text-files", str(fifo)]) == EXIT_USER_ERROR
+    # Before: "does not exist", of a file that exists.
+    one_error_line(capsys, PROG, "pipe.txt", "not a regular file")
+    assert snapshot(tmp_path) == before

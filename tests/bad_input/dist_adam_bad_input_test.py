@@ -147,3 +147,39 @@ def test_a_set_of_parameters_is_refused() -> None:
         DistAdam(params)
     with pytest.raises(TypeError, match="not a set"):
         DistAdam([{"params": params}])
+
+
+@pytest.mark.parametrize("key", ["learning_rate", "momentum", "amsgrad", "weight_decy"])
+def test_a_param_group_key_distadam_does_not_read_is_refused(key: str) -> None:
+    # Before: accepted and ignored, so the option stayed at its default.
+    params, opt = make()
+    extra = torch.nn.Parameter(torch.randn(3, 3))
+    before, groups = everything(params, opt), len(opt.param_groups)
+    with pytest.raises(ValueError, match=f"param group {groups}: unknown option.*{key}"):
+        opt.add_param_group({"params": [extra], key: 5.0})
+    assert len(opt.param_groups) == groups and extra._post_accumulate_grad_hooks is None
+    assert_same(before, everything(params, opt))
+    with pytest.raises(ValueError, match=f"unknown option.*{key}"):
+        DistAdam([{"params": [extra], key: 5.0}])
+
+
+@settings(max_examples=15, deadline=None, database=None)
+@given(order=st.lists(st.integers(0, 2), min_size=2, max_size=6).filter(
+    lambda xs: len(set(xs)) < len(xs)))
+def test_a_parameter_listed_twice_is_refused(order: list[int]) -> None:
+    # Before: DistAdam([p, p]) accepted, and p was updated twice per step.
+    params = [torch.nn.Parameter(torch.randn(4, 2)) for _ in range(3)]
+    listed = [params[i] for i in order]
+    with pytest.raises(ValueError, match="same tensor"):
+        DistAdam(listed)
+    with pytest.raises(ValueError, match="same tensor"):
+        DistAdam(iter(listed))  # a generator too
+    assert all(p._post_accumulate_grad_hooks is None for p in params)  # no hook left behind
+
+
+@pytest.mark.parametrize("tensor", [torch.randn(3), torch.zeros(3, dtype=torch.long)],
+                         ids=["no-grad", "integer"])
+def test_a_tensor_that_does_not_require_grad_is_a_value_error(tensor: Tensor) -> None:
+    # Before: RuntimeError "cannot register a hook on a tensor that doesn't require gradient".
+    with pytest.raises(ValueError, match="does not require grad"):
+        DistAdam([torch.nn.Parameter(torch.randn(2)), tensor])

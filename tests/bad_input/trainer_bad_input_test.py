@@ -270,3 +270,38 @@ def test_a_real_sigint_exits_130_with_the_resume_command(shards: dict[str, str],
     assert resume.startswith(f"continue with: {PROG} ")
     assert checkpoint.parent == tmp_path / "R.ckpt"
     assert checkpoint.is_dir() and checkpoint == max((tmp_path / "R.ckpt").glob("step_??????"))
+
+
+def _nan_first_weight(record: dict[str, Any]) -> None:
+    next(iter(record["model"].values())).view(-1)[0] = float("nan")
+
+
+def _inf_first_moment(record: dict[str, Any]) -> None:
+    state = next(iter(record["optimizers"][0]["state"].values()))
+    state["exp_avg_sq"].view(-1)[-1] = float("inf")
+
+
+@pytest.mark.parametrize("damage, names", [
+    (_nan_first_weight, ["rank0.pt", "model[", "NaN or Inf"]),
+    (_inf_first_moment, ["rank0.pt", "optimizers[0]", "exp_avg_sq", "NaN or Inf"]),
+    (lambda r: r.__setitem__("run_id", "../escaped"), ["rank0.pt", "'run_id'", "../escaped"]),
+    (lambda r: r.__setitem__("run_id", "x" * 300), ["rank0.pt", "'run_id'", "too long"]),
+    (lambda r: r.__setitem__("cpu_rng", torch.zeros(3, dtype=torch.uint8)),
+     ["rank0.pt", "'cpu_rng'"]),
+], ids=["nan-weight", "inf-moment", "run-id-escapes", "run-id-too-long", "rng-size"])
+def test_a_damaged_checkpoint_is_refused_before_anything_is_written(
+        damage: Any, names: list[str], checkpoint: Path, shards: dict[str, str], tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    # Before: NaN weights or moments loaded and the run diverged after starting its log; a
+    # run_id "../escaped" named the resumed run's logs outside --out-dir (no --run-id given);
+    # a wrong-size RNG state was a RuntimeError traceback.
+    ckpt = tmp_path / "ckpt" / "step_000002"
+    shutil.copytree(checkpoint, ckpt)
+    record = torch.load(ckpt / "rank0.pt", weights_only=True)
+    damage(record)
+    torch.save(record, ckpt / "rank0.pt")
+    before = snapshot(tmp_path)
+    argv = train_argv(shards, tmp_path / "out", run_id="", num_iterations=4, resume=ckpt)
+    assert main(argv) == EXIT_USER_ERROR
+    one_error_line(capsys, PROG, "--resume", *names)
+    assert snapshot(tmp_path) == before

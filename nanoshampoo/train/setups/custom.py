@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import inspect
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -113,6 +114,10 @@ def _construct(spec: str, label: str, params: Any, kwargs: dict[str, Any]) -> to
         optimizer = cls(params, **kwargs)
     except (TypeError, ValueError) as exc:
         raise ValueError(f"{label} {spec!r} refused its arguments {kwargs}: {exc}") from None
+    closure = inspect.signature(optimizer.step).parameters.get("closure")
+    if closure is not None and closure.default is inspect.Parameter.empty:
+        raise ValueError(f"{label} {spec!r}: its step() requires a closure (it re-evaluates the "
+                         "loss, as LBFGS does); the trainer steps once per batch, without one")
     missing = [i for i, group in enumerate(optimizer.param_groups) if "lr" not in group]
     if missing:
         raise ValueError(f"{label} {spec!r}: param groups {missing} have no 'lr', which the "
