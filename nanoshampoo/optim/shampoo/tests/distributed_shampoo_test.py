@@ -174,6 +174,15 @@ CASES = {
     "momentum": dict(momentum=0.9, dampening=0.1, grafting_config=AdamPreconditionerConfig()),
     "nesterov": dict(momentum=0.9, use_nesterov=True, grafting_config=AdamPreconditionerConfig()),
     "exponent_override": dict(override={2: {0: 0.0}, 1: 0.25, 3: 0.2}),
+    # Preconditioning from the first steps, while every factor is still rank-deficient (the
+    # settings of the issue-19 side-by-side check): the first root uses the step-2 (or step-1)
+    # gradient, and epsilon is the only thing on the factors' null spaces.
+    "start2_frequency2_rank_deficient": dict(
+        betas=(0.9, 0.999), epsilon=1e-6, precondition_frequency=2, start_preconditioning_step=2,
+        weight_decay=0.01, grafting_config=AdamPreconditionerConfig(beta2=0.999, epsilon=1e-8)),
+    "start1_epsilon_1e-12_rank_deficient": dict(
+        betas=(0.9, 0.999), epsilon=1e-12, precondition_frequency=1, start_preconditioning_step=1,
+        weight_decay=0.01, grafting_config=AdamPreconditionerConfig(beta2=0.999, epsilon=1e-8)),
 }
 
 
