@@ -1,7 +1,7 @@
 """The package's layers point one way, and its files stay small.
 
 Layers, lowest first (``docs/architecture.md``, "Layers"): the foundation (the root package,
-``io_utils``, ``errors``, ``testing``), ``optim``, ``model``, ``data``, ``train``, ``evidence``, ``cli``
+``io_utils``, ``errors``, ``validation``, ``testing``), ``optim``, ``model``, ``data``, ``train``, ``evidence``, ``cli``
 (``nanoshampoo/cli.py`` and ``__main__.py``). A module may import from its own layer or a lower
 one. Every ``import`` statement counts, also those inside functions (a lazy import is still a
 dependency). The imports are read with ``ast``, so nothing is executed.
@@ -22,6 +22,7 @@ LAYER_OF = {
     "": "foundation",
     "io_utils": "foundation",
     "errors": "foundation",
+    "validation": "foundation",
     "testing": "foundation",
     "optim": "optim",
     "model": "model",
@@ -60,7 +61,10 @@ def layer(module: str) -> str:
 
 
 def package_files() -> list[Path]:
-    return sorted(PACKAGE.rglob("*.py"))
+    """The package's code modules. Test modules (everything in a ``tests/`` folder beside a
+    module) are exempt from both rules: a specification may drive any layer (the evidence tests
+    run the ``nanoshampoo`` command), and no module imports a test."""
+    return sorted(p for p in PACKAGE.rglob("*.py") if "tests" not in p.relative_to(PACKAGE).parts)
 
 
 def upward_imports(path: Path) -> list[str]:
