@@ -10,6 +10,8 @@ Rules shared by all checks:
   ``precondition_frequency=True`` is a mistake, not a 1);
 - a float is never an int (``2.0`` steps is refused: the caller meant something else);
 - NaN is never in range; infinities are refused unless ``finite=False``;
+- torch is imported only by the dtype check, so the commands that never load it (``prepare``,
+  the evidence tools) stay fast to start;
 - bounds: ``at_least``/``at_most`` are closed (``>=``/``<=``), ``greater_than``/``less_than``
   open (``>``/``<``); the message shows the interval as ``(0, 1]``.
 
@@ -20,6 +22,7 @@ Example:
     Traceback (most recent call last):
     ...
     ValueError: muon.ns_steps (--muon.ns-steps) must be an int >= 1, got True
+    >>> import torch
     >>> check_dtype("shampoo.root_dtype", "bfloat16", (torch.float32, torch.bfloat16))
     torch.bfloat16
 """
@@ -29,9 +32,10 @@ from __future__ import annotations
 import math
 import numbers
 from collections.abc import Collection
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 T = TypeVar("T")
 
@@ -66,8 +70,10 @@ def _within(value: float, at_least: float | None, greater_than: float | None,
             and (less_than is None or value < less_than))
 
 
-def _fail(label: str, expected: str, value: Any, optional: bool) -> ValueError:
-    return ValueError(f"{label} must be {expected}{' or None' if optional else ''}, got {value!r}")
+def _fail(label: str, expected: str, value: Any, optional: bool,
+          or_infinity: bool = False) -> ValueError:
+    alternatives = " or math.inf" * or_infinity + " or None" * optional
+    return ValueError(f"{label} must be {expected}{alternatives}, got {value!r}")
 
 
 def is_int(value: Any) -> bool:
@@ -82,13 +88,15 @@ def is_real(value: Any) -> bool:
 
 def check_int(label: str, value: Any, *, at_least: int | None = None,
               greater_than: int | None = None, at_most: int | None = None,
-              less_than: int | None = None, optional: bool = False) -> Any:
-    """``value`` if it is an int (not a bool) within the bounds (``optional``: or None)."""
-    if value is None and optional:
+              less_than: int | None = None, optional: bool = False,
+              or_infinity: bool = False) -> Any:
+    """``value`` if it is an int (not a bool) within the bounds (``optional``: or None;
+    ``or_infinity``: or ``math.inf``, the Shampoo library's "no limit" for sizes and steps)."""
+    if (value is None and optional) or (or_infinity and is_real(value) and value == math.inf):
         return value
     bounds = bounds_text(at_least, greater_than, at_most, less_than)
     if not (is_int(value) and _within(value, at_least, greater_than, at_most, less_than)):
-        raise _fail(label, f"an int {bounds}".rstrip(), value, optional)
+        raise _fail(label, f"an int {bounds}".rstrip(), value, optional, or_infinity)
     return value
 
 
@@ -136,6 +144,8 @@ def check_dtype(label: str, value: Any, allowed: Collection[torch.dtype], *,
     (``"bfloat16"``, ``"torch.bfloat16"``: how TOML files and flags spell it); ``optional``:
     None passes (returned as None).
     """
+    import torch
+
     if value is None and optional:
         return None
     dtype = value

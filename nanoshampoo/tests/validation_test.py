@@ -53,6 +53,16 @@ def test_check_int_optional_admits_none_and_says_so() -> None:
         check_int("x", 0, at_least=1, optional=True)
 
 
+def test_check_int_or_infinity_admits_math_inf_only() -> None:
+    assert check_int("split_size", math.inf, at_least=1, or_infinity=True) == math.inf
+    for value in (-math.inf, math.nan, 2.5, 0):
+        with pytest.raises(ValueError) as raised:
+            check_int("split_size", value, at_least=1, or_infinity=True)
+        assert str(raised.value) == f"split_size must be an int >= 1 or math.inf, got {value!r}"
+    with pytest.raises(ValueError, match="got inf$"):
+        check_int("split_size", math.inf, at_least=1)
+
+
 @pytest.mark.parametrize("value", [True, False, "0.1", None, torch.tensor(0.5)])
 def test_check_float_refuses_bools_strings_and_tensors(value: object) -> None:
     with pytest.raises(ValueError, match=r"^AdamPreconditionerConfig\.epsilon must be a finite"):
