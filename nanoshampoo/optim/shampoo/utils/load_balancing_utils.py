@@ -10,6 +10,7 @@ import torch
 from numpy.polynomial import polynomial
 
 from nanoshampoo.optim.shampoo.utils.abstract_dataclass import AbstractDataclass
+from nanoshampoo.validation import check_int
 
 
 @dataclass(init=False)
@@ -95,15 +96,7 @@ class AlignedMemoryCostModel(CostModel):
     alignment_bytes: int = 64
 
     def __post_init__(self) -> None:
-        if (
-            isinstance(self.alignment_bytes, bool)
-            or not isinstance(self.alignment_bytes, int)
-            or self.alignment_bytes < 1
-        ):
-            raise ValueError(
-                "AlignedMemoryCostModel.alignment_bytes must be an int >= 1, "
-                f"got {self.alignment_bytes!r}"
-            )
+        check_int("AlignedMemoryCostModel.alignment_bytes", self.alignment_bytes, at_least=1)
 
     def cost(self, tensor: torch.Tensor) -> int:
         size = tensor.numel() * tensor.element_size()
