@@ -10,7 +10,7 @@ import torch
 from numpy.polynomial import polynomial
 
 from nanoshampoo.optim.shampoo.utils.abstract_dataclass import AbstractDataclass
-from nanoshampoo.validation import check_int
+from nanoshampoo.validation import check_float, check_int
 
 
 @dataclass(init=False)
@@ -65,11 +65,7 @@ class PolynomialComputationalCostModel(CostModel):
                 "PolynomialComputationalCostModel.coefficients must be a non-empty tuple of finite "
                 f"floats, got {self.coefficients!r}"
             )
-        if not (math.isfinite(self.min_cost) and self.min_cost >= 0):
-            raise ValueError(
-                "PolynomialComputationalCostModel.min_cost must be finite and >= 0, "
-                f"got {self.min_cost!r}"
-            )
+        check_float("PolynomialComputationalCostModel.min_cost", self.min_cost, at_least=0.0)
 
     def cost(self, tensor: torch.Tensor) -> float:
         return sum(
