@@ -112,9 +112,18 @@ def check_float(label: str, value: Any, *, at_least: float | None = None,
     ok = (is_real(value) and not math.isnan(value) and (not finite or math.isfinite(value))
           and _within(value, at_least, greater_than, at_most, less_than))
     if not ok:
-        kind = "a finite number" if finite else "a number"
-        raise _fail(label, f"{kind} {bounds}".rstrip(), value, optional)
+        raise _fail(label, _float_expectation(bounds, finite), value, optional)
     return value
+
+
+def _float_expectation(bounds: str, finite: bool) -> str:
+    """``"in (0.0, 1.0]"`` (two bounds: finite goes without saying), ``"finite and > 0.0"``,
+    ``">= 0.0"`` (infinities allowed), ``"a finite number"`` or ``"a number"`` (no bounds)."""
+    if bounds.startswith("in "):
+        return bounds
+    if bounds:
+        return f"finite and {bounds}" if finite else bounds
+    return "a finite number" if finite else "a number"
 
 
 def check_bool(label: str, value: Any) -> bool:

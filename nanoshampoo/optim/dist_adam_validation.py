@@ -26,7 +26,7 @@ Example:
     >>> validate_options({"lr": 1e-3, "betas": (0.9, 1.0), "eps": 1e-8, "weight_decay": 0.0}, "")
     Traceback (most recent call last):
     ...
-    ValueError: betas must be two numbers in [0, 1), got (0.9, 1.0)
+    ValueError: betas[1] must be in [0.0, 1.0), got 1.0
 """
 
 from __future__ import annotations

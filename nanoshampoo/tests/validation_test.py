@@ -65,8 +65,8 @@ def test_check_int_or_infinity_admits_math_inf_only() -> None:
 
 @pytest.mark.parametrize("value", [True, False, "0.1", None, torch.tensor(0.5)])
 def test_check_float_refuses_bools_strings_and_tensors(value: object) -> None:
-    with pytest.raises(ValueError, match=r"^AdamPreconditionerConfig\.epsilon must be a finite"):
-        check_float("AdamPreconditionerConfig.epsilon", value)
+    with pytest.raises(ValueError, match=r"^AdamPreconditionerConfig\.epsilon must be finite and "):
+        check_float("AdamPreconditionerConfig.epsilon", value, greater_than=0.0)
 
 
 @pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf])
@@ -77,7 +77,7 @@ def test_check_float_refuses_nan_and_infinities_by_default(value: float) -> None
 
 def test_check_float_finite_false_admits_infinities_never_nan() -> None:
     assert check_float(LABEL, math.inf, finite=False, at_least=0.0) == math.inf
-    with pytest.raises(ValueError, match="must be a number >= 0.0, got -inf"):
+    with pytest.raises(ValueError, match="must be >= 0.0, got -inf"):
         check_float(LABEL, -math.inf, finite=False, at_least=0.0)
     with pytest.raises(ValueError, match="got nan"):
         check_float(LABEL, math.nan, finite=False)
@@ -96,15 +96,17 @@ def test_check_float_admits_ints_and_numpy_floats(value: float) -> None:
     (dict(at_least=0.0, less_than=1.0), "in [0.0, 1.0)", [0.0, 0.999], [1.0, -1e-300]),
     (dict(greater_than=0.0, less_than=1.0), "in (0.0, 1.0)", [0.5], [0.0, 1.0]),
     (dict(at_least=0.0, at_most=1.0), "in [0.0, 1.0]", [0.0, 1.0], [-0.1, 1.1]),
-    (dict(greater_than=0.0), "> 0.0", [1e-12], [0.0, -1.0]),
-    (dict(at_least=0.0), ">= 0.0", [0.0], [-1e-12]),
+    (dict(greater_than=0.0), "finite and > 0.0", [1e-12], [0.0, -1.0, math.inf]),
+    (dict(at_least=0.0), "finite and >= 0.0", [0.0], [-1e-12, math.nan]),
+    (dict(), "a finite number", [-1e300], [math.inf]),
+    (dict(finite=False), "a number", [math.inf], [math.nan]),
 ])
 def test_check_float_bounds_open_and_closed(kwargs: dict, text: str, inside: list,
                                             outside: list) -> None:
     for value in inside:
         assert check_float(LABEL, value, **kwargs) == value
     for value in outside:
-        message = f"{LABEL} must be a finite number {text}, got {value!r}"
+        message = f"{LABEL} must be {text}, got {value!r}"
         with pytest.raises(ValueError) as raised:
             check_float(LABEL, value, **kwargs)
         assert str(raised.value) == message
