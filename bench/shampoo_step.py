@@ -358,7 +358,7 @@ def bench_shampoo(
     ``large_factor_dim`` (0: none) get their root every ``frequency * large_factor_multiplier``
     steps; ``eigh_split`` False decomposes each stack by one batched ``eigh`` (as before
     :mod:`parallel_eigh`), by raising its size threshold for the run. ``packed``: factors as
-    lower triangles (``pack_factor_matrices``); ``bf16_state``: which of ``roots``,
+    upper triangles (``use_symmetric_packing``); ``bf16_state``: which of ``roots``,
     ``grafting``, ``momentum`` are stored in bfloat16."""
     clock = Clock(device)
     timer = PhaseTimer(clock)
@@ -389,7 +389,7 @@ def bench_shampoo(
                 amortized_computation_config=solver, factor_matrix_dtype=factor_dtype,
                 large_factor_dim=large_factor_dim,
                 large_factor_frequency_multiplier=large_factor_multiplier,
-                pack_factor_matrices=packed, inv_factor_matrix_dtype=narrow("roots"),
+                use_symmetric_packing=packed, inv_factor_matrix_dtype=narrow("roots"),
             ),
         )
         # start_preconditioning_step = frequency: warm up past the first root computation.

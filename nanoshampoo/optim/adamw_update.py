@@ -64,8 +64,3 @@ def adamw_update_(
 def real_view(tensor: Tensor) -> Tensor:
     """``tensor`` itself if real, else its ``(..., 2)`` real view (same storage)."""
     return torch.view_as_real(tensor) if tensor.is_complex() else tensor
-
-
-def real_view(tensor: Tensor) -> Tensor:
-    """``tensor`` itself if real, else its ``(..., 2)`` real view (same storage)."""
-    return torch.view_as_real(tensor) if tensor.is_complex() else tensor

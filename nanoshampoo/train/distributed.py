@@ -16,11 +16,13 @@ Example:
 from __future__ import annotations
 
 import os
+import resource
 from dataclasses import dataclass
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+from torch import nn
 
 # Gradients are averaged in flat buckets of at most this many elements: few collectives,
 # bounded extra memory.
@@ -197,3 +199,25 @@ def local_tensor(tensor: torch.Tensor) -> torch.Tensor:
     """This rank's part of ``tensor``: the local shard of a DTensor, a plain tensor as is."""
     to_local = getattr(tensor, "to_local", None)
     return to_local() if to_local is not None else tensor
+
+
+@torch.no_grad()
+def broadcast_parameters(model: nn.Module, ctx: DistributedContext) -> None:
+    """Make every rank start from rank 0's weights (seeding already agrees; this guarantees it)."""
+    if ctx.world_size > 1:
+        for p in model.parameters():
+            dist.broadcast(p, src=0)
+
+
+def synchronize_device(ctx: DistributedContext) -> None:
+    if ctx.device.type == "cuda":
+        torch.cuda.synchronize(ctx.device)
+
+
+def peak_memory_mib(ctx: DistributedContext) -> tuple[float, float]:
+    """CUDA: the caching allocator's peaks. CPU: the process's peak resident set, for both."""
+    if ctx.device.type == "cuda":
+        return (torch.cuda.max_memory_allocated(ctx.device) / 2**20,
+                torch.cuda.max_memory_reserved(ctx.device) / 2**20)
+    peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB -> MiB on Linux
+    return peak_rss, peak_rss

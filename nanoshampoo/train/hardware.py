@@ -5,7 +5,8 @@ without ``avx512_bf16`` (``bench/train_autocast_speed.py``): a bf16 matmul ran a
 against 105 GFLOP/s in float32, and the tiny-shampoo step took 4.8 s instead of 0.52 s. On an
 Intel CPU with ``avx512_bf16`` bf16 was about as fast as float32. So ``autocast="auto"`` uses
 bf16 on CUDA when the GPU supports it, and on a CPU only when :func:`probe_cpu_bf16_speedup`
-finds bf16 matmuls faster than float32 ones.
+finds bf16 matmuls faster than float32 ones (the probe lives in ``nanoshampoo/matmul_speed.py``,
+where spectral descent's Newton-Schulz dtype choice uses it too).
 
 Threads: torch's default is the machine's physical core count, which oversubscribes a process
 pinned to fewer cores (``taskset``, cgroup cpusets) and every rank of a multi-process CPU run;
@@ -29,12 +30,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-# The probe runs ``F.linear`` on a (256, 128) input and a (512, 128) weight: the tiny model's MLP
-# shape at a quarter of its rows, 33.6 MFLOP, so one bf16 product costs ~6 ms on the slow CPU
-# above. One thread: the probe compares kernels, not thread scheduling (on a loaded 2-core
-# machine two threads made a float32 product of this size 40x slower, at random).
-PROBE_SHAPE = (256, 128, 512)
-PROBE_REPEATS = 5
+from nanoshampoo.matmul_speed import PROBE_SHAPE, probe_cpu_bf16_speedup
 
 
 @dataclass(frozen=True)
@@ -47,41 +43,6 @@ class AutocastChoice:
     @property
     def name(self) -> str:
         return "bf16" if self.enabled else "off"
-
-
-def probe_cpu_bf16_speedup(shape: tuple[int, int, int] = PROBE_SHAPE,
-                           repeats: int = PROBE_REPEATS) -> float:
-    """float32 ``F.linear`` time over its bf16-autocast time on this CPU (> 1: bf16 is faster).
-
-    ``shape = (rows, in_features, out_features)``. Best of ``repeats`` timed products each,
-    after one warm-up, on one thread; the bf16 side stops early once a product is 10x slower
-    than float32's best (no point timing a hopeless case long).
-    """
-    rows, d_in, d_out = shape
-    generator = torch.Generator().manual_seed(0)
-    x = torch.randn(rows, d_in, generator=generator)
-    w = torch.randn(d_out, d_in, generator=generator)
-
-    def best_time(bf16: bool, give_up_after: float) -> float:
-        best = float("inf")
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-            F.linear(x, w)  # warm-up: kernel selection, first touch of the output
-            for _ in range(repeats):
-                start = time.perf_counter()
-                F.linear(x, w)
-                best = min(best, time.perf_counter() - start)
-                if best > give_up_after:
-                    break
-        return best
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        fp32 = best_time(False, give_up_after=float("inf"))
-        bf16 = best_time(True, give_up_after=10 * fp32)
-    finally:
-        torch.set_num_threads(threads)
-    return fp32 / bf16
 
 
 def resolve_autocast(choice: str, device: torch.device) -> AutocastChoice:

@@ -143,13 +143,14 @@ class RunLog:
         self._json(config_record)
 
     def train(self, step: int, total_steps: int, train_loss: float, train_time_ms: float,
-              tokens_per_s: float) -> None:
+              tokens_per_s: float, mfu: float) -> None:
+        """``mfu``: this step's model FLOPs utilisation (a fraction; ``train/throughput.py``)."""
         step_avg = train_time_ms / max(step, 1)
         self._line(f"step:{step}/{total_steps} train_loss:{train_loss:.4f} "
                    f"train_time:{train_time_ms:.0f}ms step_avg:{step_avg:.2f}ms")
         self._json({"kind": "train", "step": step, "total_steps": total_steps,
                     "train_loss": train_loss, "train_time_ms": train_time_ms,
-                    "step_avg_ms": step_avg, "tokens_per_s": tokens_per_s})
+                    "step_avg_ms": step_avg, "tokens_per_s": tokens_per_s, "mfu": mfu})
 
     def val(self, step: int, total_steps: int, val_loss: float, train_time_ms: float) -> str:
         step_avg = train_time_ms / max(step, 1)
@@ -162,13 +163,14 @@ class RunLog:
         return line
 
     def final(self, step: int, total_steps: int, val_loss: float, train_time_ms: float,
-              peak_allocated_mib: float, peak_reserved_mib: float) -> None:
+              peak_allocated_mib: float, peak_reserved_mib: float, mfu: float) -> None:
+        """``mfu``: model FLOPs utilisation of this run's average step (a fraction)."""
         self._line(f"peak memory allocated: {peak_allocated_mib:.0f} MiB "
                    f"reserved: {peak_reserved_mib:.0f} MiB")
         self._json({"kind": "final", "step": step, "total_steps": total_steps,
                     "val_loss": val_loss, "train_time_ms": train_time_ms,
                     "step_avg_ms": train_time_ms / max(step, 1),
-                    "peak_memory_mib": peak_allocated_mib})
+                    "peak_memory_mib": peak_allocated_mib, "mfu": mfu})
 
     def diverged(self, step: int, total_steps: int, reason: str, train_time_ms: float) -> str:
         """Record that the run stopped at ``step`` (optimizer steps completed) for ``reason``."""

@@ -28,10 +28,10 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import platform
-import resource
 import secrets
 import time
 from dataclasses import dataclass
@@ -65,11 +65,14 @@ from nanoshampoo.train.distributed import (
     any_rank_true,
     barrier,
     broadcast_object,
+    broadcast_parameters,
     first_error_on_any_rank,
     local_tensor,
     local_world_size,
+    peak_memory_mib,
     setup_distributed,
     shard_model,
+    synchronize_device,
     teardown_distributed,
 )
 from nanoshampoo.train.hardware import (
@@ -88,8 +91,12 @@ from nanoshampoo.train.optimizers import (
 from nanoshampoo.train.preflight import check_device, check_dist_timeout, check_memory
 from nanoshampoo.train.profiling import make_step_profiler
 from nanoshampoo.train.run_log import RunLog
-from nanoshampoo.train.schedule import apply_lr_multiplier, lr_multiplier, remember_peak_lrs
-
+from nanoshampoo.train.schedule import (
+    apply_lr_multiplier,
+    lr_multiplier,
+    remember_peak_lrs,
+)
+from nanoshampoo.train.throughput import mfu_meter
 
 # With ``threads=0`` on CPU the thread count is probed again every this many steps (outside the
 # timed step; ~3 ms on idle cores, ~150 ms on busy ones). Measured on 2 shared cores: a run that
@@ -164,7 +171,9 @@ class Trainer:
         model_config = gpt_preset(cfg.model, self.data.vocab_size, cfg.combined_linear)
         self._check_model_fits(model_config)
         self.model = GPT(model_config).to(ctx.device)
-        _broadcast_parameters(self.model, ctx)
+        self.mfu = mfu_meter(model_config, cfg.seq_len, cfg.tokens_per_step, ctx.device,
+                             self.autocast.enabled, ctx.world_size)
+        broadcast_parameters(self.model, ctx)
         if cfg.parallel != "ddp":
             # Each rank keeps its dim-0 shard of rank 0's weights.
             shard_model(self.model, self.model.blocks, ctx, cfg.parallel, cfg.hsdp_shard_size,
@@ -259,7 +268,7 @@ class Trainer:
             print(f"run {self.run_id}: {cfg.optimizer} on {ctx.device.type} x{ctx.world_size} "
                   f"({cfg.parallel}), "
                   f"{torch.get_num_threads()} threads ({self.threads_reason}), autocast "
-                  f"{self.autocast.name} ({self.autocast.reason})", flush=True)
+                  f"{self.autocast.name} ({self.autocast.reason}); {self.mfu.header}", flush=True)
         bar = tqdm(total=total, initial=self.start_step, disable=not (ctx.is_main and cfg.progress),
                    desc=self.run_id, unit="step", dynamic_ncols=True)
         profiler = make_step_profiler(cfg.profile_steps, cfg.profile_dir, ctx.rank)
@@ -308,17 +317,18 @@ class Trainer:
 
     def _timed_step(self, step: int, bar: tqdm) -> None:
         cfg, total = self.cfg, self.cfg.num_iterations
-        _synchronize(self.ctx)
+        synchronize_device(self.ctx)
         start = time.perf_counter()
         loss = self._train_step(step)
-        _synchronize(self.ctx)
+        synchronize_device(self.ctx)
         elapsed_ms = 1000 * (time.perf_counter() - start)
         self.train_time_ms += elapsed_ms
         done = self.steps_done = step + 1
         if done == total or (cfg.log_every > 0 and done % cfg.log_every == 0):
             train_loss = float(all_reduce_mean_(loss.float(), self.ctx).item())
             tokens_per_s = cfg.tokens_per_step / (elapsed_ms / 1000)
-            self.log.train(done, total, train_loss, self.train_time_ms, tokens_per_s)
+            self.log.train(done, total, train_loss, self.train_time_ms, tokens_per_s,
+                           self.mfu.of_step(elapsed_ms / 1000))
             bar.set_postfix(loss=f"{train_loss:.3f}", tok_s=f"{tokens_per_s:,.0f}")
         bar.update(1)
 
@@ -434,12 +444,14 @@ class Trainer:
         return directory
 
     def _finish(self, val_loss: float) -> None:
-        allocated, reserved = _peak_memory_mib(self.ctx)
+        allocated, reserved = peak_memory_mib(self.ctx)
         total = self.cfg.num_iterations
-        self.log.final(total, total, val_loss, self.train_time_ms, allocated, reserved)
+        mfu = self.mfu.of_step(self.train_time_ms / 1000 / max(total - self.start_step, 1))
+        self.log.final(total, total, val_loss, self.train_time_ms, allocated, reserved, mfu)
         if self.ctx.is_main:
             print(f"final val_loss {val_loss:.4f} after {total} steps "
-                  f"({self.train_time_ms / 1000:.1f}s training); log: {self.log.text_path}")
+                  f"({self.train_time_ms / 1000:.1f}s training, MFU {100 * mfu:.2f}%); "
+                  f"log: {self.log.text_path}")
 
     def _config_record(self) -> dict[str, object]:
         return {"kind": "config", "run_id": self.run_id, "seed": self.cfg.seed,
@@ -447,7 +459,8 @@ class Trainer:
                 "world_size": self.ctx.world_size, "autocast": self.autocast.name,
                 "autocast_reason": self.autocast.reason, "threads": torch.get_num_threads(),
                 "threads_reason": self.threads_reason,
-                "resumed_from": self.resumed_from, "config": self.cfg.to_dict()}
+                "resumed_from": self.resumed_from, "mfu": dataclasses.asdict(self.mfu),
+                "config": self.cfg.to_dict()}
 
     def _environment(self) -> str:
         device = self.ctx.device.type
@@ -469,27 +482,3 @@ def _say(line: str, ctx: DistributedContext, bar: tqdm) -> None:
             print(line, flush=True)
         else:
             bar.write(line)
-
-
-@torch.no_grad()
-def _broadcast_parameters(model: nn.Module, ctx: DistributedContext) -> None:
-    """Make every rank start from rank 0's weights (seeding already agrees; this guarantees it)."""
-    if ctx.world_size > 1:
-        import torch.distributed as dist
-
-        for p in model.parameters():
-            dist.broadcast(p, src=0)
-
-
-def _synchronize(ctx: DistributedContext) -> None:
-    if ctx.device.type == "cuda":
-        torch.cuda.synchronize(ctx.device)
-
-
-def _peak_memory_mib(ctx: DistributedContext) -> tuple[float, float]:
-    """CUDA: the caching allocator's peaks. CPU: the process's peak resident set, for both."""
-    if ctx.device.type == "cuda":
-        return (torch.cuda.max_memory_allocated(ctx.device) / 2**20,
-                torch.cuda.max_memory_reserved(ctx.device) / 2**20)
-    peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB -> MiB on Linux
-    return peak_rss, peak_rss

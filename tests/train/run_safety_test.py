@@ -90,7 +90,7 @@ def test_jsonl_writes_nonfinite_floats_as_strings(tmp_path: Path) -> None:
     log = RunLog(str(tmp_path), "r", enabled=True)
     log.start({"kind": "config", "run_id": "r", "config": {"embed_lr": math.inf}}, "env")
     log.val(3, 10, math.nan, 1.0)
-    log.train(3, 10, -math.inf, 1.0, 5.0)
+    log.train(3, 10, -math.inf, 1.0, 5.0, 0.01)
     records = [json.loads(line, parse_constant=pytest.fail)
                for line in (tmp_path / "r.jsonl").read_text().splitlines()]
     assert records[0]["config"]["embed_lr"] == "inf"

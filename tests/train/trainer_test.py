@@ -13,10 +13,12 @@ import pytest
 import torch
 
 from nanoshampoo.data.shards import write_shard
+from nanoshampoo.model.gpt import gpt_preset
 from nanoshampoo.testing.distributed import run_on_gloo
 from nanoshampoo.train.cli import main as cli_main
 from nanoshampoo.train.config import TrainConfig, UserError
 from nanoshampoo.train.setups import setup_names
+from nanoshampoo.train.throughput import gpt_matmul_flops_per_token
 from nanoshampoo.train import trainer as trainer_module
 from nanoshampoo.train.trainer import Trainer
 
@@ -27,12 +29,12 @@ STEP_LINE = re.compile(
 )
 JSONL_KEYS = {
     "config": {"kind", "run_id", "seed", "preset", "optimizer", "world_size", "autocast",
-               "autocast_reason", "threads", "threads_reason", "resumed_from", "config"},
+               "autocast_reason", "threads", "threads_reason", "resumed_from", "mfu", "config"},
     "train": {"kind", "step", "total_steps", "train_loss", "train_time_ms", "step_avg_ms",
-              "tokens_per_s"},
+              "tokens_per_s", "mfu"},
     "val": {"kind", "step", "total_steps", "val_loss", "train_time_ms", "step_avg_ms"},
     "final": {"kind", "step", "total_steps", "val_loss", "train_time_ms", "step_avg_ms",
-              "peak_memory_mib"},
+              "peak_memory_mib", "mfu"},
 }
 
 
@@ -102,6 +104,15 @@ def test_cli_run_lowers_the_loss_and_writes_both_logs(shards: dict[str, str], tm
     assert vals[-1]["val_loss"] < vals[0]["val_loss"] - 1.0  # from ~ln(64) = 4.16
     assert [r["step"] for r in records if r["kind"] == "train"] == list(range(5, 41, 5))
     assert records[-1]["kind"] == "final" and records[-1]["val_loss"] == vals[-1]["val_loss"]
+    # MFU: the model's matmul FLOPs per step (8 x 32 tokens) over the step time and the peak.
+    meter = config["mfu"]
+    flops = gpt_matmul_flops_per_token(gpt_preset("tiny", VOCAB), 32) * 8 * 32
+    assert meter["flops_per_step"] == flops and meter["peak_flops_per_second"] > 0
+    final = records[-1]
+    assert final["mfu"] == pytest.approx(
+        flops / (final["train_time_ms"] / 1000 / 40) / meter["peak_flops_per_second"])
+    for record in (r for r in records if r["kind"] == "train"):
+        assert 0 < record["mfu"] < 1
 
     text = (tmp_path / "e2e.txt").read_text()
     assert text.startswith("# ===== nanoshampoo/train/")

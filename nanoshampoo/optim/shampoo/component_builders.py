@@ -7,17 +7,23 @@ implements it, importing that object's module only when a config needs it, so th
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 from collections.abc import Sequence
 
 import torch
 
 from nanoshampoo.optim.shampoo.distributor.distributor import Distributor
-from nanoshampoo.optim.shampoo.preconditioner.preconditioner import BlockBucket, Preconditioner
+from nanoshampoo.optim.shampoo.preconditioner.preconditioner import (
+    BlockBucket,
+    Preconditioner,
+)
 from nanoshampoo.optim.shampoo.shampoo_types import (
     AdaGradPreconditionerConfig,
     AdamPreconditionerConfig,
     DDPDistributedConfig,
     DistributedConfig,
+    EigendecomposedShampooPreconditionerConfig,
     EigenvalueCorrectedShampooPreconditionerConfig,
     FSDPDistributedConfig,
     FullyShardDistributedConfig,
@@ -39,6 +45,30 @@ _FSDP1_REPLACEMENTS = (
     (FSDPDistributedConfig, "FullyShardDistributedConfig"),
 )
 
+logger = logging.getLogger(__name__)
+
+
+def _classic_shampoo(
+    config: ShampooPreconditionerConfig,
+    buckets: Sequence[BlockBucket],
+    beta2: float,
+    epsilon: float,
+    use_bias_correction: bool,
+) -> Preconditioner:
+    """Root-inverse or eigendecomposed Shampoo, each also in its KL-Shampoo form."""
+    if isinstance(config, EigendecomposedShampooPreconditionerConfig):
+        from nanoshampoo.optim.shampoo.preconditioner.eigendecomposed_shampoo_preconditioner import (
+            EigendecomposedShampooPreconditioner,
+        )
+
+        return EigendecomposedShampooPreconditioner(buckets, config, beta2, epsilon, use_bias_correction)
+    from nanoshampoo.optim.shampoo.preconditioner.shampoo_preconditioner import (
+        ShampooPreconditioner,
+    )
+
+    return ShampooPreconditioner(buckets, config, beta2, epsilon, use_bias_correction)
+
+
 def build_preconditioner(
     config: PreconditionerConfig,
     buckets: Sequence[BlockBucket],
@@ -55,11 +85,7 @@ def build_preconditioner(
     config needs it, like the distributors' (:func:`build_distributor`).
     """
     if isinstance(config, ShampooPreconditionerConfig):
-        from nanoshampoo.optim.shampoo.preconditioner.shampoo_preconditioner import (
-            ShampooPreconditioner,
-        )
-
-        return ShampooPreconditioner(buckets, config, beta2, epsilon, use_bias_correction)
+        return _classic_shampoo(config, buckets, beta2, epsilon, use_bias_correction)
     if isinstance(config, EigenvalueCorrectedShampooPreconditionerConfig):
         from nanoshampoo.optim.shampoo.preconditioner.eigenvalue_corrected_shampoo_preconditioner import (
             EigenvalueCorrectedShampooPreconditioner,
@@ -81,24 +107,41 @@ def build_preconditioner(
 
         return SignDescentPreconditioner(buckets, config)
     if isinstance(config, SGDPreconditionerConfig):
-        from nanoshampoo.optim.shampoo.preconditioner.sgd_preconditioner import SGDPreconditioner
+        from nanoshampoo.optim.shampoo.preconditioner.sgd_preconditioner import (
+            SGDPreconditioner,
+        )
 
         return SGDPreconditioner(buckets)
     from nanoshampoo.optim.shampoo.preconditioner.adagrad_preconditioner import (
         AdaGradPreconditioner,
     )
 
-    if isinstance(config, AdamPreconditionerConfig):
+    if isinstance(config, RMSpropPreconditionerConfig):  # Adam is an RMSprop with bias correction
         return AdaGradPreconditioner(
-            buckets, config.beta2, config.epsilon, True, config.second_moment_dtype
-        )
-    if isinstance(config, RMSpropPreconditionerConfig):
-        return AdaGradPreconditioner(
-            buckets, config.beta2, config.epsilon, False, config.second_moment_dtype
+            buckets,
+            config.beta2,
+            config.epsilon,
+            isinstance(config, AdamPreconditionerConfig),
+            config.second_moment_dtype,
+            drop_weighting_factor=config.drop_weighting_factor_on_gsquare,
         )
     if isinstance(config, AdaGradPreconditionerConfig):
         return AdaGradPreconditioner(buckets, 1.0, config.epsilon, False, config.second_moment_dtype)
     raise UnsupportedConfigError(f"preconditioner_config: unsupported config {config!r}")
+
+
+def target_dimensionality(config: DistributedConfig, preconditioner_config: PreconditionerConfig) -> int | float:
+    """How far the group's small dims merge: the config's ``target_parameter_dimensionality``,
+    except 2 under spectral descent, which orthogonalizes matrices (as the reference library
+    does; it logs the override, and so does this, but leaves the user's config unchanged)."""
+    target = config.target_parameter_dimensionality
+    if isinstance(preconditioner_config, SpectralDescentPreconditionerConfig) and target != 2:
+        logger.warning(
+            "target_parameter_dimensionality %r is not 2: SpectralDescentPreconditionerConfig "
+            "uses 2 (its blocks are matrices)", target
+        )
+        return 2
+    return target
 
 
 def build_distributor(
@@ -106,6 +149,7 @@ def build_distributor(
     params: Sequence[torch.Tensor],
     max_preconditioner_dim: int | float,
     first_param_index: int,
+    preconditioner_config: PreconditionerConfig,
 ) -> Distributor:
     """The distributor a config describes, for one parameter group.
 
@@ -113,14 +157,17 @@ def build_distributor(
     be tested before its parent. Whatever is built here must implement :class:`Distributor`:
     the optimizer talks to it through that interface only. Each distributor module is imported
     here, when a config needs it: a run imports (and its log records the source of) only the
-    one it uses.
+    one it uses. The blocks merge small dims up to :func:`target_dimensionality`.
     """
+    target = target_dimensionality(config, preconditioner_config)
+    if target != config.target_parameter_dimensionality:
+        config = dataclasses.replace(config, target_parameter_dimensionality=target)
     if isinstance(config, SingleDeviceDistributedConfig):
         from nanoshampoo.optim.shampoo.distributor.single_device_distributor import (
             SingleDeviceDistributor,
         )
 
-        return SingleDeviceDistributor(params, max_preconditioner_dim, first_param_index)
+        return SingleDeviceDistributor(params, max_preconditioner_dim, first_param_index, target)
     if isinstance(config, DDPDistributedConfig):
         from nanoshampoo.optim.shampoo.distributor.ddp_distributor import DDPDistributor
 

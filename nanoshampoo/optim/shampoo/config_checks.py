@@ -36,7 +36,8 @@ def check_open_closed_unit(name: str, value: float, low_open: bool, high_open: b
 
 
 def check_positive(name: str, value: float) -> None:
-    check_float(name, value, greater_than=0.0, finite=False)
+    """Finite and > 0: an infinite epsilon divides every update to zero (a step that does nothing)."""
+    check_float(name, value, greater_than=0.0)
 
 
 def check_ema_storage_dtype(name: str, dtype: object, weight: float, weight_name: str) -> None:

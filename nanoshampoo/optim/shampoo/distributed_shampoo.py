@@ -21,8 +21,11 @@ One step for a block (``t`` 1-based, ``s`` = start_preconditioning_step, ``f`` =
 5. Filtered gradient ``M <- b1 M + (1 - b1) G``; ``Gbar = M / (1 - b1^t)`` with bias
    correction (``beta3 != beta1``: ``Gbar = (b3 M_old + (1 - b3) G) / (1 - b3 b1^(t-1))``).
 6. ``t >= s``: ``P = P_s * ||P_g|| / (||P_s|| + 1e-16)`` per block (``P_s`` the
-   preconditioner's direction, ``P_g`` grafting's); no grafting: ``P = P_s``. ``t < s``:
-   ``P = P_g`` (no grafting: ``Gbar``); ``s = math.inf`` never preconditions.
+   preconditioner's direction, ``P_g`` grafting's). ``t < s``: ``P = P_g``. No grafting:
+   ``P = P_s`` at every step, before ``s`` from the preconditioner's initial state (root-inverse
+   Shampoo's identity roots give ``Gbar``; SOAP's identity basis gives diagonal Adam/AdaGrad
+   on its corrected eigenvalues, as the reference library does). ``s = math.inf`` never
+   computes a root: with grafting every step is ``P_g``.
 7. Decoupled decay ``P <- P + alpha W`` (``alpha``: ``wd``, ``CORRECTED`` ``wd lr / peak_lr``,
    ``INDEPENDENT`` ``wd / peak_lr``; see ``WeightDecayType``; under primal averaging
    ``z <- (1 - lr alpha) z`` instead, before step 8); classic momentum
@@ -68,27 +71,42 @@ step over them, state dicts); ``group_runtime.py`` one group's buckets, buffers 
 order above (``GroupRuntime.apply_step``); ``group_validation.py`` the checks of a group's
 entries and their resolution into ``Hyperparameters``; ``component_builders.py`` the
 preconditioner and distributor a config names; ``state_dict_trees.py`` the flattening of nested
-block state into checkpoint keys.
+block state into checkpoint keys; ``state_dict_checks.py`` the checks before a load writes;
+``reference_state_dict.py`` the reference library's state-dict layout; ``step_compilation.py``
+the probed ``torch.compile`` of a group's step.
 """
 
 from __future__ import annotations
 
 import logging
-import math
 import warnings
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import torch
 
 from nanoshampoo.optim.shampoo.group_runtime import GroupRuntime
 from nanoshampoo.optim.shampoo.group_validation import (
-    Hyperparameters,
-    is_int,
+    check_ordered_params,
+    validate_device_kind,
     validate_group,
+    validate_group_keys,
     validate_params,
 )
 from nanoshampoo.optim.shampoo.iterate_averaging_types import IterateAveragingConfig
+from nanoshampoo.optim.shampoo.reference_state_dict import (
+    check_distributed_shampoo_layout,
+    from_reference_layout,
+    is_reference_layout,
+    to_reference_layout,
+)
+from nanoshampoo.optim.shampoo.runtime_types import (
+    ConcurrencyConfig,
+    DefaultConcurrencyConfig,
+    DefaultShampooRuntimeConfig,
+    ShampooPT2CompileConfig,
+    ShampooRuntimeConfig,
+)
 from nanoshampoo.optim.shampoo.shampoo_types import (
     DefaultShampooConfig,
     DefaultSingleDeviceDistributedConfig,
@@ -97,7 +115,14 @@ from nanoshampoo.optim.shampoo.shampoo_types import (
     PreconditionerConfig,
     WeightDecayType,
 )
+from nanoshampoo.optim.shampoo.state_dict_checks import (
+    check_loaded_block_states,
+    expected_state,
+    group_param_indices,
+    plan_loaded_groups,
+)
 from nanoshampoo.optim.shampoo.state_dict_trees import flatten_tree, is_plain_value
+from nanoshampoo.optim.shampoo.step_compilation import compile_step
 
 logger = logging.getLogger(__name__)
 
@@ -140,14 +165,28 @@ class DistributedShampoo(torch.optim.Optimizer):
             dtype and rounded once per step, momentum in its storage dtype. A narrow dtype needs ``1 - betas[0] >= finfo(dtype).eps`` (bfloat16:
             ``betas[0] <= 0.992``). Fixed at construction.
         grafting_config: None or an SGD/AdaGrad/RMSprop/Adam config: norm of the update per block.
-        distributed_config: ``SingleDeviceDistributedConfig()`` (default) or DDP.
+        use_pin_memory: a bool group entry, accepted for the reference library's scripts and
+            without effect: there it pins the CPU copy of ``lr`` sent to the GPU each step;
+            here ``lr`` reaches the kernels as a Python float, with no copy to pin.
+        shampoo_pt2_compile_config: None (eager) or a :class:`ShampooPT2CompileConfig`:
+            ``torch.compile`` of each group's step, probed first (eager, with a logged reason,
+            when the backend cannot compile here; :attr:`step_compiled`).
+        distributed_config: ``SingleDeviceDistributedConfig()`` (default), DDP, FullyShard or
+            HybridShard.
         preconditioner_config: ``DefaultShampooConfig`` or another ``PreconditionerConfig``.
+        shampoo_runtime_config: :class:`ShampooRuntimeConfig` (``eager_nan_check``).
+        concurrency_config: :class:`ConcurrencyConfig`, accepted, no effect here (its docstring).
         momentum: deprecated (``DeprecationWarning``): with ``momentum > 0`` the group steps as
             with ``iterate_averaging_config=ClassicMomentumConfig(momentum, dampening,
             use_nesterov)``; in [0, 1), and only with ``iterate_averaging_config=None``.
         dampening: deprecated, see ``momentum``; in [0, 1).
         use_nesterov: deprecated, see ``momentum`` (needs momentum > 0).
         nonfinite_grad_policy: ``"raise"`` (default) or ``"skip"`` on NaN/Inf gradients.
+
+    Refused at construction (``add_param_group``), naming the parameter or key: a ``set`` of
+    parameters (``TypeError``: its order changes between runs), a parameter given twice, a
+    group key that is not one of the keywords above (a typo such as ``learning_rate``),
+    parameters of one group on different devices, and meta parameters mixed with real ones.
 
     Every group entry can be changed between steps (e.g. by a scheduler) and is validated again
     at the next step, except ``params``, ``max_preconditioner_dim``, ``preconditioner_config``,
@@ -179,8 +218,12 @@ class DistributedShampoo(torch.optim.Optimizer):
         use_bias_correction: bool = True,
         iterate_averaging_config: IterateAveragingConfig | None = None,
         grafting_config: PreconditionerConfig | None = None,
+        use_pin_memory: bool = False,
+        shampoo_pt2_compile_config: ShampooPT2CompileConfig | None = None,
         distributed_config: DistributedConfig = DefaultSingleDeviceDistributedConfig,
         preconditioner_config: PreconditionerConfig = DefaultShampooConfig,
+        shampoo_runtime_config: ShampooRuntimeConfig = DefaultShampooRuntimeConfig,
+        concurrency_config: ConcurrencyConfig = DefaultConcurrencyConfig,
         *,
         amortize_roots: bool = False,
         momentum_dtype: torch.dtype | None = None,
@@ -193,7 +236,19 @@ class DistributedShampoo(torch.optim.Optimizer):
             raise ValueError(
                 f"nonfinite_grad_policy must be one of {NONFINITE_GRAD_POLICIES}, got {nonfinite_grad_policy!r}"
             )
+        check_ordered_params("params", params)
+        for name, value, kind in (
+            ("shampoo_pt2_compile_config", shampoo_pt2_compile_config, ShampooPT2CompileConfig),
+            ("shampoo_runtime_config", shampoo_runtime_config, ShampooRuntimeConfig),
+            ("concurrency_config", concurrency_config, ConcurrencyConfig),
+        ):
+            if not isinstance(value, kind) and not (value is None and name == "shampoo_pt2_compile_config"):
+                raise ValueError(f"{name} must be a {kind.__name__}, got {value!r}")
         self._nonfinite_grad_policy = nonfinite_grad_policy
+        self._compile_config = shampoo_pt2_compile_config
+        self._runtime_config = shampoo_runtime_config
+        self._concurrency_config = concurrency_config
+        self._step_compiled: list[bool] = []
         self._runtimes: list[GroupRuntime] = []
         defaults = dict(
             lr=lr, betas=betas, beta3=beta3, epsilon=epsilon, momentum=momentum,
@@ -203,7 +258,7 @@ class DistributedShampoo(torch.optim.Optimizer):
             start_preconditioning_step=start_preconditioning_step,
             use_bias_correction=use_bias_correction, amortize_roots=amortize_roots,
             momentum_dtype=momentum_dtype, iterate_averaging_config=iterate_averaging_config,
-            grafting_config=grafting_config,
+            grafting_config=grafting_config, use_pin_memory=use_pin_memory,
             distributed_config=distributed_config, preconditioner_config=preconditioner_config,
         )
         if not isinstance(params, torch.Tensor):  # torch refuses a bare tensor: keep it whole
@@ -229,16 +284,22 @@ class DistributedShampoo(torch.optim.Optimizer):
         constructor's ``lr``; the two agree unless a group sets its own ``lr``).
         """
         first_param_index = sum(len(g["params"]) for g in self.param_groups)
+        check_ordered_params("param_group['params']", param_group.get("params"))
+        validate_group_keys(param_group, [*self.defaults, "peak_lr"])
         param_group.setdefault("peak_lr", param_group.get("lr", self.defaults["lr"]))
         super().add_param_group(param_group)
         group = self.param_groups[-1]
         try:
             validate_group(group)
-            validate_params(group["params"])
+            validate_params(group["params"], group.get("param_names"))
+            validate_device_kind(group["params"], self.param_groups)
             runtime = GroupRuntime(group, len(self.param_groups) - 1, first_param_index)
         except Exception:
             self.param_groups.pop()
             raise
+        device = group["params"][0].device if group["params"] else torch.device("cpu")
+        runtime.apply_step, compiled = compile_step(runtime.apply_step, self._compile_config, device)
+        self._step_compiled.append(compiled)
         self._runtimes.append(runtime)
         self._register_block_states(runtime)
 
@@ -259,7 +320,7 @@ class DistributedShampoo(torch.optim.Optimizer):
         for index, (runtime, group) in enumerate(zip(self._runtimes, self.param_groups)):
             try:
                 plans.append(runtime.plan(group))
-                runtime.check_grads()
+                runtime.check_grads(self._runtime_config.eager_nan_check)
             except ValueError as error:
                 raise ValueError(f"{error} (param_groups[{index}]; no parameter or state was changed)") from None
             runtime.check_train_mode()
@@ -283,6 +344,11 @@ class DistributedShampoo(torch.optim.Optimizer):
             runtime.apply_step(mask)
         return loss
 
+    @property
+    def step_compiled(self) -> bool:
+        """Whether every group's step runs compiled (``shampoo_pt2_compile_config`` given and its
+        probe passed; see :class:`ShampooPT2CompileConfig`)."""
+        return bool(self._step_compiled) and all(self._step_compiled)
     @torch.no_grad()
     def train(self) -> None:
         """Parameters of primal-averaging groups (GPA, Schedule-Free) to ``y``, the training point.
@@ -356,6 +422,13 @@ class DistributedShampoo(torch.optim.Optimizer):
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:  # type: ignore[override]
         """Restore a :meth:`state_dict` in place, all or nothing.
 
+        Also takes the reference library's layout (its ``state_dict()``, or
+        :meth:`reference_state_dict`), mapped first as ``reference_state_dict.py`` documents:
+        its roots are unpacked, our failure counts start at zero, its per-parameter steps become
+        the group's; its config objects in the groups are ignored (ours stay). Parts without a
+        counterpart here (SOAP eigenbases, warm-started eigenvectors, iterate averaging) are
+        refused by the key check below, naming them (``docs/compat.md``).
+
         The whole state dict is checked before anything is written: the number of groups and
         of their parameters, each group's ``step`` and hyperparameters (validated like the
         constructor's; the saved values replace the optimizer's, and entries fixed at
@@ -364,19 +437,25 @@ class DistributedShampoo(torch.optim.Optimizer):
         gradient only where they are in use), each a tensor of the block state's shape and dtype.
 
         Raises:
-            ValueError: a group, a hyperparameter, a step, or a tensor's kind, shape or dtype
-                is wrong.
+            ValueError: the state dict is another optimizer's (a group without ``step``, state
+                not keyed ``block_<j>``); a group, a hyperparameter, a step, or a tensor's kind,
+                shape or dtype is wrong; a float tensor holds NaN or Inf.
             KeyError: a block state entry is missing or unexpected.
             Either way the optimizer is left as it was.
         """
         if not isinstance(state_dict, Mapping) or not {"state", "param_groups"} <= state_dict.keys():
             raise ValueError("state_dict must be a mapping with 'state' and 'param_groups'")
-        plans = self._plan_loaded_groups(state_dict["param_groups"])
+        if is_reference_layout(state_dict):
+            state_dict = from_reference_layout(
+                state_dict, group_param_indices(self.param_groups), expected_state(self._runtimes)
+            )
+        check_distributed_shampoo_layout(state_dict)
+        plans = plan_loaded_groups(state_dict["param_groups"], self.param_groups, self._runtimes)
         try:
             saved_state = {int(k): flatten_tree(v) for k, v in state_dict["state"].items()}
         except (TypeError, ValueError, AttributeError) as error:
             raise ValueError(f"state_dict['state'] must map param indices to dicts of tensors: {error}") from None
-        self._check_loaded_block_states(saved_state, [plan[1] for plan in plans])
+        check_loaded_block_states(self._runtimes, saved_state, [plan[1] for plan in plans])
 
         # Everything checked: write.
         for plan, group, runtime in zip(plans, self.param_groups, self._runtimes):
@@ -395,76 +474,12 @@ class DistributedShampoo(torch.optim.Optimizer):
                 for key, target in flatten_tree(block_state.state_dict(), block_name).items():
                     target.copy_(entries[key])
 
-    def _plan_loaded_groups(
-        self, saved_groups: Sequence[Mapping[str, Any]]
-    ) -> list[tuple[dict[str, Any], Hyperparameters, int, tuple[float, bool] | None]]:
-        """Per group: the merged entries, their hyperparameters, the step and, under primal
-        averaging, ``(lr_sum, train_mode)`` (changes nothing)."""
-        if len(saved_groups) != len(self.param_groups):
-            raise ValueError(
-                f"state_dict has {len(saved_groups)} param groups, the optimizer has {len(self.param_groups)}"
-            )
-        plans: list[tuple[dict[str, Any], Hyperparameters, int, tuple[float, bool] | None]] = []
-        for index, (saved, group, runtime) in enumerate(zip(saved_groups, self.param_groups, self._runtimes)):
-            where = f"state_dict param_groups[{index}]"
-            if len(saved.get("params", ())) != len(group["params"]):
-                raise ValueError(
-                    f"{where} has {len(saved.get('params', ()))} params, the optimizer's group has "
-                    f"{len(group['params'])}"
-                )
-            step = saved.get("step")
-            if not is_int(step) or step < 0:
-                raise ValueError(f"{where}['step'] must be an int >= 0, got {step!r}")
-            merged = dict(group)
-            for key, value in saved.items():
-                if key not in ("params", "step", "lr_sum", "train_mode") and key in group:
-                    merged[key] = tuple(value) if isinstance(value, list) and isinstance(group[key], tuple) else value
-            try:
-                hyperparameters = runtime.plan(merged)
-            except ValueError as error:
-                raise ValueError(f"{where}: {error}") from None
-            averaging = None
-            if hyperparameters.primal_averaging is not None:
-                averaging = _loaded_averaging_state(saved, where)
-            plans.append((merged, hyperparameters, step, averaging))
-        return plans
-
-    def _check_loaded_block_states(
-        self, saved_state: Mapping[int, Mapping[str, Any]], plans: Sequence[Hyperparameters]
-    ) -> None:
-        """Raise unless ``saved_state`` holds exactly the block states of ``plans``, each a
-        tensor of the expected shape and dtype (``KeyError`` for a missing or extra key)."""
-        unexpected = {index: set(entries) for index, entries in saved_state.items()}
-        for runtime, hyperparameters in zip(self._runtimes, plans):
-            for local_index, info in enumerate(runtime.block_infos):
-                param_index = info.composable_block_ids[0]
-                entries = saved_state.get(param_index, {})
-                for key, (shape, dtype) in runtime.expected_block_state(local_index, hyperparameters).items():
-                    if key not in entries:
-                        raise KeyError(f"missing block state {param_index}.{key} in state_dict")
-                    value = entries[key]
-                    if not isinstance(value, torch.Tensor) or value.shape != shape or value.dtype != dtype:
-                        got = (
-                            f"{value.dtype} {tuple(value.shape)}" if isinstance(value, torch.Tensor)
-                            else type(value).__name__
-                        )
-                        raise ValueError(
-                            f"state_dict block state {param_index}.{key} must be a {dtype} tensor of "
-                            f"shape {tuple(shape)}, got {got}"
-                        )
-                    unexpected[param_index].discard(key)
-        leftover = sorted(f"{index}.{key}" for index, keys in unexpected.items() for key in keys)
-        if leftover:
-            raise KeyError(f"unexpected block state in state_dict: {leftover}")
-
-
-def _loaded_averaging_state(saved: Mapping[str, Any], where: str) -> tuple[float, bool]:
-    """``(lr_sum, train_mode)`` of a saved primal-averaging group; ``ValueError`` if malformed."""
-    lr_sum, train_mode = saved.get("lr_sum"), saved.get("train_mode")
-    if isinstance(lr_sum, bool) or not isinstance(lr_sum, (int, float)) or not (
-        math.isfinite(lr_sum) and lr_sum >= 0.0
-    ):
-        raise ValueError(f"{where}['lr_sum'] must be a finite number >= 0 (primal averaging), got {lr_sum!r}")
-    if not isinstance(train_mode, bool):
-        raise ValueError(f"{where}['train_mode'] must be a bool (primal averaging), got {train_mode!r}")
-    return float(lr_sum), train_mode
+    def reference_state_dict(self) -> dict[str, Any]:
+        """:meth:`state_dict` in the reference library's layout (see ``reference_state_dict.py``
+        for the mapping and the parts that differ). Its ``param_groups`` hold the plain
+        hyperparameters only; the reference's own param groups hold its config objects, so to
+        load this into a reference optimizer of the same parameters and config, keep those:
+        ``ref.load_state_dict({"state": sd["state"], "param_groups": ref.state_dict()["param_groups"]})``.
+        :meth:`load_state_dict` takes either layout."""
+        packed = [bool(getattr(g["preconditioner_config"], "use_symmetric_packing", False)) for g in self.param_groups]
+        return to_reference_layout(self.state_dict(), packed)

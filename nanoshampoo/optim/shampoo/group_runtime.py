@@ -11,10 +11,14 @@ from typing import Any
 
 import torch
 
-from nanoshampoo.optim.shampoo.component_builders import build_distributor, build_preconditioner
+from nanoshampoo.optim.shampoo.component_builders import (
+    build_distributor,
+    build_preconditioner,
+)
 from nanoshampoo.optim.shampoo.group_validation import (
     FIXED_GROUP_KEYS,
     Hyperparameters,
+    check_grads,
     step_values,
     validate_group,
 )
@@ -25,7 +29,9 @@ from nanoshampoo.optim.shampoo.iterate_averaging import (
     primal_averaging_step_,
     shrink_,
 )
-from nanoshampoo.optim.shampoo.iterate_averaging_types import PRIMAL_AVERAGING_CONFIG_TYPES
+from nanoshampoo.optim.shampoo.iterate_averaging_types import (
+    PRIMAL_AVERAGING_CONFIG_TYPES,
+)
 from nanoshampoo.optim.shampoo.preconditioner.preconditioner import (
     BlockBucket,
     BlockStateView,
@@ -66,7 +72,8 @@ class GroupRuntime:
         self._fixed = {key: group[key] for key in FIXED_GROUP_KEYS}
         self._params = tuple(group["params"])
         self.distributor = build_distributor(
-            group["distributed_config"], group["params"], group["max_preconditioner_dim"], first_param_index
+            group["distributed_config"], group["params"], group["max_preconditioner_dim"], first_param_index,
+            group["preconditioner_config"],
         )
         names = group.get("param_names")
         offsets = self.distributor.local_block_param_offsets
@@ -239,24 +246,11 @@ class GroupRuntime:
                 entries[f"{block_name}.{entry}"] = (torch.Size(bucket.shape), dtype)
         return entries
 
-    def check_grads(self) -> None:
-        """Raise ``ValueError`` naming the parameter for a gradient Shampoo cannot use.
-
-        About 1 us per parameter (torch itself refuses a ``.grad`` of another shape).
-        """
-        for label, param in zip(self.param_labels, self._params):
-            grad = param.grad
-            if grad is None:
-                continue
-            if grad.layout != torch.strided:
-                raise ValueError(
-                    f"the gradient of {label} is {grad.layout}: DistributedShampoo needs dense gradients"
-                )
-            if not grad.is_floating_point():  # complex dtypes are not floating point
-                raise ValueError(
-                    f"the gradient of {label} has dtype {grad.dtype}: DistributedShampoo needs "
-                    "real floating-point gradients"
-                )
+    def check_grads(self, eager_nan_check: bool = False) -> None:
+        """Raise naming the parameter for a gradient Shampoo cannot use (``ValueError``), or,
+        with ``eager_nan_check``, one holding NaN/Inf (``NonFiniteGradientError``); see
+        :func:`~nanoshampoo.optim.shampoo.group_validation.check_grads`."""
+        check_grads(self.param_labels, self._params, eager_nan_check)
 
     def _make_buckets(
         self, blocked_params: Sequence[torch.Tensor], offsets: Sequence[int]
@@ -385,15 +379,16 @@ class GroupRuntime:
         self._compute_roots(t)
 
         filtered = self._filtered_grads(t)
-        if t >= start:
+        if self.grafting is not None and t < start:
+            torch._foreach_copy_(self.updates, self.grafting.precondition(filtered, t))
+        else:
+            # Without grafting the preconditioner also steps before ``s``, from its initial
+            # state (identity roots: the gradient; SOAP: diagonal Adam in the identity basis).
             directions = self.preconditioner.precondition(filtered, t)
             if self.grafting is not None:
                 self._graft(directions, self.grafting.precondition(filtered, t))
             else:
                 torch._foreach_copy_(self.updates, directions)
-        else:
-            source = filtered if self.grafting is None else self.grafting.precondition(filtered, t)
-            torch._foreach_copy_(self.updates, source)
 
         self._decay_and_average(averaging_coeffs)
 

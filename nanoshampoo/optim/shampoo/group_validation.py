@@ -8,12 +8,13 @@ with the ``-1`` sentinels resolved once.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from nanoshampoo.optim.errors import NonFiniteGradientError
 from nanoshampoo.optim.shampoo.iterate_averaging_types import (
     PRIMAL_AVERAGING_CONFIG_TYPES,
     ClassicMomentumConfig,
@@ -96,6 +97,7 @@ def validate_group(group: Mapping[str, Any]) -> None:
         group, isinstance(group["distributed_config"], DistributedConfig), "distributed_config",
         "must be a DistributedConfig",
     )
+    _require(group, isinstance(group.get("use_pin_memory", False), bool), "use_pin_memory", "must be a bool")
     _validate_step_sizes(group)
     _validate_iterate_averaging(group)
     _validate_schedule(group)
@@ -182,15 +184,45 @@ def _validate_schedule(group: Mapping[str, Any]) -> None:
     _require(group, isinstance(group["amortize_roots"], bool), "amortize_roots", "must be a bool")
 
 
-def validate_params(params: Sequence[torch.Tensor]) -> None:
-    """Raise ``ValueError`` naming ``params[i]`` for a parameter Shampoo cannot step."""
+def validate_group_keys(group: Mapping[str, Any], known: Iterable[str]) -> None:
+    """Raise ``ValueError`` naming the keys of ``group`` that DistributedShampoo does not read
+    (a typo such as ``"learning_rate"`` would otherwise be ignored in silence)."""
+    unknown = sorted(set(group) - set(known) - {"params", "param_names"})
+    if unknown:
+        raise ValueError(
+            f"param group keys {unknown} are not DistributedShampoo hyperparameters (known: "
+            f"{sorted(known)})"
+        )
+
+
+def validate_params(params: Sequence[torch.Tensor], names: Sequence[str] | None = None) -> None:
+    """Raise ``ValueError`` naming ``params[i]`` (and its name, given ``names``) for a parameter
+    Shampoo cannot step: not a real dense float tensor, given twice (it would be stepped twice),
+    or on another device than ``params[0]`` (a group's blocks are stacked into buckets of one
+    device)."""
+    first_seen: dict[int, int] = {}
+
+    def label(i: int) -> str:
+        return f"params[{i}] ({names[i]!r})" if names and i < len(names) else f"params[{i}]"
+
     for index, param in enumerate(params):
+        if id(param) in first_seen:
+            raise ValueError(
+                f"{label(index)} is {label(first_seen[id(param)])} again: each parameter may "
+                "appear once (it would be stepped twice)"
+            )
+        first_seen[id(param)] = index
+        if param.device != params[0].device:
+            raise ValueError(
+                f"{label(index)} is on {param.device}, {label(0)} on {params[0].device}: a param "
+                "group's parameters must share one device"
+            )
         if param.is_complex():
-            raise ValueError(f"params[{index}] is complex ({param.dtype}): DistributedShampoo needs real parameters")
+            raise ValueError(f"{label(index)} is complex ({param.dtype}): DistributedShampoo needs real parameters")
         if not param.is_floating_point():
-            raise ValueError(f"params[{index}] must be a floating-point tensor, got {param.dtype}")
+            raise ValueError(f"{label(index)} must be a floating-point tensor, got {param.dtype}")
         if param.layout != torch.strided:
-            raise ValueError(f"params[{index}] must be a dense (strided) tensor, got {param.layout}")
+            raise ValueError(f"{label(index)} must be a dense (strided) tensor, got {param.layout}")
 
 
 def step_values(group: Mapping[str, Any]) -> tuple[Any, ...]:
@@ -295,3 +327,58 @@ def _classic_momentum(group: Mapping[str, Any]) -> ClassicMomentumConfig | None:
         momentum=float(group["momentum"]), dampening=float(group["dampening"]),
         use_nesterov=group["use_nesterov"],
     )
+def check_ordered_params(name: str, params: object) -> None:
+    """Raise ``TypeError`` for a set of parameters (torch itself lets a frozenset through)."""
+    if isinstance(params, (set, frozenset)):
+        raise TypeError(
+            f"{name} must be an ordered collection (a list, or model.parameters()), got a "
+            f"{type(params).__name__}: a set's order changes between runs, and with it the "
+            "blocks and the state dict"
+        )
+
+
+def validate_device_kind(params: Sequence[torch.Tensor], param_groups: Sequence[Mapping[str, Any]]) -> None:
+    """Raise ``ValueError`` when the newest group (``param_groups[-1]``, holding ``params``) mixes
+    meta parameters (shapes without data) with real ones of ``param_groups[0]``: a step adds up
+    every group's gradient check on one device."""
+    if not params or len(param_groups) < 2:
+        return
+    first = param_groups[0]["params"][0]
+    if params[0].is_meta != first.is_meta:
+        raise ValueError(
+            f"params[0] of param_groups[{len(param_groups) - 1}] is on {params[0].device}, "
+            f"param_groups[0]'s on {first.device}: meta and real parameters cannot be mixed"
+        )
+
+
+def check_grads(labels: Sequence[str], params: Sequence[torch.Tensor], eager_nan_check: bool = False) -> None:
+    """Raise ``ValueError`` naming the parameter (``labels[i]``) for a gradient Shampoo cannot
+    use: sparse, of another shape than its parameter (torch refuses to assign one, but
+    ``grad.data = ...`` gets through), or not real floating point. About 1 us per parameter.
+
+    With ``eager_nan_check`` (``ShampooRuntimeConfig``), also raise ``NonFiniteGradientError``
+    naming the first parameter whose gradient (its local shard under FSDP) holds NaN or Inf:
+    one host sync per parameter.
+    """
+    for label, param in zip(labels, params):
+        grad = param.grad
+        if grad is None:
+            continue
+        if grad.layout != torch.strided:
+            raise ValueError(f"the gradient of {label} is {grad.layout}: DistributedShampoo needs dense gradients")
+        if grad.shape != param.shape:
+            raise ValueError(
+                f"the gradient of {label} has shape {tuple(grad.shape)}: DistributedShampoo needs a "
+                "gradient of its parameter's shape"
+            )
+        if not grad.is_floating_point():  # complex dtypes are not floating point
+            raise ValueError(
+                f"the gradient of {label} has dtype {grad.dtype}: DistributedShampoo needs real "
+                "floating-point gradients"
+            )
+        local = grad.to_local() if hasattr(grad, "to_local") else grad
+        if eager_nan_check and not bool(torch.isfinite(local).all()):
+            raise NonFiniteGradientError(
+                f"non-finite gradient (NaN or Inf) in {label} (eager_nan_check); no parameter or "
+                "state was changed"
+            )

@@ -2,6 +2,7 @@
 
 The configs live beside the code they configure and are re-exported here:
 ``preconditioner/preconditioner_types.py`` (preconditioners and grafting),
+``preconditioner/shampoo_variant_types.py`` (eigendecomposed Shampoo, KL-Shampoo),
 ``preconditioner/matrix_functions_types.py`` (roots, eigenbases, orthogonalization, rank-deficient
 factors), ``distributor/distributor_types.py`` (distributors), ``iterate_averaging_types.py``
 (momentum, GPA, Schedule-Free), ``config_checks.py`` (the field checks and
@@ -51,8 +52,15 @@ from nanoshampoo.optim.shampoo.iterate_averaging_types import (
     IterateAveragingConfig,
     ScheduleFreeConfig,
 )
+from nanoshampoo.optim.shampoo.preconditioner.descent_types import (
+    DefaultSignDescentPreconditionerConfig,
+    DefaultSpectralDescentPreconditionerConfig,
+    SignDescentPreconditionerConfig,
+    SpectralDescentPreconditionerConfig,
+)
 from nanoshampoo.optim.shampoo.preconditioner.matrix_functions_types import (
     AmortizedComputationConfig,
+    CoupledHigherOrderConfig,
     CoupledNewtonConfig,
     DefaultEigenConfig,
     DefaultEigendecompositionConfig,
@@ -73,25 +81,34 @@ from nanoshampoo.optim.shampoo.preconditioner.matrix_functions_types import (
     WarmStartedEigenConfig,
 )
 from nanoshampoo.optim.shampoo.preconditioner.preconditioner_types import (
+    GRAFTING_CONFIG_TYPES,
     AdaGradPreconditionerConfig,
     AdamPreconditionerConfig,
     BaseShampooPreconditionerConfig,
     ClassicShampooPreconditionerConfig,
     DefaultEigenvalueCorrectedShampooConfig,
     DefaultShampooConfig,
-    DefaultSignDescentPreconditionerConfig,
     DefaultSOAPConfig,
-    DefaultSpectralDescentPreconditionerConfig,
     EigenvalueCorrectedShampooPreconditionerConfig,
-    GRAFTING_CONFIG_TYPES,
     PreconditionerConfig,
     RMSpropPreconditionerConfig,
     RootInvShampooPreconditionerConfig,
     SGDPreconditionerConfig,
     ShampooPreconditionerConfig,
-    SignDescentPreconditionerConfig,
-    SpectralDescentPreconditionerConfig,
 )
+from nanoshampoo.optim.shampoo.preconditioner.shampoo_variant_types import (
+    EigendecomposedKLShampooPreconditionerConfig,
+    EigendecomposedShampooPreconditionerConfig,
+    RootInvKLShampooPreconditionerConfig,
+)
+from nanoshampoo.optim.shampoo.runtime_types import (
+    ConcurrencyConfig,
+    DefaultConcurrencyConfig,
+    DefaultShampooRuntimeConfig,
+    ShampooPT2CompileConfig,
+    ShampooRuntimeConfig,
+)
+from nanoshampoo.optim.shampoo.utils.load_balancing_utils import LoadBalancingConfig
 
 __all__ = [
     "AdaGradPreconditionerConfig",
@@ -100,8 +117,11 @@ __all__ = [
     "BaseShampooPreconditionerConfig",
     "ClassicMomentumConfig",
     "ClassicShampooPreconditionerConfig",
+    "ConcurrencyConfig",
+    "CoupledHigherOrderConfig",
     "CoupledNewtonConfig",
     "DDPDistributedConfig",
+    "DefaultConcurrencyConfig",
     "DefaultEigenConfig",
     "DefaultEigendecompositionConfig",
     "DefaultEigenvalueCorrectedShampooConfig",
@@ -109,11 +129,14 @@ __all__ = [
     "DefaultPerturbationConfig",
     "DefaultSOAPConfig",
     "DefaultShampooConfig",
+    "DefaultShampooRuntimeConfig",
     "DefaultSignDescentPreconditionerConfig",
     "DefaultSingleDeviceDistributedConfig",
     "DefaultSpectralDescentPreconditionerConfig",
     "DistributedConfig",
     "EigenConfig",
+    "EigendecomposedKLShampooPreconditionerConfig",
+    "EigendecomposedShampooPreconditionerConfig",
     "EigendecompositionConfig",
     "EigenvalueCorrectedShampooPreconditionerConfig",
     "EighEigendecompositionConfig",
@@ -126,6 +149,7 @@ __all__ = [
     "HSDPDistributedConfig",
     "HybridShardDistributedConfig",
     "IterateAveragingConfig",
+    "LoadBalancingConfig",
     "MatrixFunctionConfig",
     "NewtonSchulzOrthogonalizationConfig",
     "NonFiniteGradientError",
@@ -137,11 +161,14 @@ __all__ = [
     "RMSpropPreconditionerConfig",
     "RankDeficientStabilityConfig",
     "RootInvConfig",
+    "RootInvKLShampooPreconditionerConfig",
     "RootInvShampooPreconditionerConfig",
     "SGDPreconditionerConfig",
     "SVDOrthogonalizationConfig",
     "ScheduleFreeConfig",
+    "ShampooPT2CompileConfig",
     "ShampooPreconditionerConfig",
+    "ShampooRuntimeConfig",
     "SignDescentPreconditionerConfig",
     "SingleDeviceDistributedConfig",
     "SpectralDescentPreconditionerConfig",

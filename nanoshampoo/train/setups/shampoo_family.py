@@ -297,13 +297,14 @@ def shampoo_kwargs(pre: PreconditionerConfig, hp: ShampooConfig) -> dict[str, An
         second_moment_dtype=storage_dtype(hp.grafting_dtype))
     preconditioner = library_config(
         RootInvShampooPreconditionerConfig,
-        labels("shampoo", inv_factor_matrix_dtype="root_dtype", pack_factor_matrices="pack_factors",
+        labels("shampoo", inv_factor_matrix_dtype="root_dtype",
+               use_symmetric_packing="pack_factors",
                large_factor_dim="large_factor_dim",
                large_factor_frequency_multiplier="large_factor_frequency_multiplier")
         | labels("preconditioner", factor_matrix_dtype="factor_dtype"),
         amortized_computation_config=root_solver,
         factor_matrix_dtype=getattr(torch, pre.factor_dtype),
-        inv_factor_matrix_dtype=storage_dtype(hp.root_dtype), pack_factor_matrices=hp.pack_factors,
+        inv_factor_matrix_dtype=storage_dtype(hp.root_dtype), use_symmetric_packing=hp.pack_factors,
         large_factor_dim=hp.large_factor_dim,
         large_factor_frequency_multiplier=hp.large_factor_frequency_multiplier)
     return dict(lr=hp.lr, betas=(hp.beta1, hp.beta2), epsilon=_epsilon(pre, hp.epsilon),

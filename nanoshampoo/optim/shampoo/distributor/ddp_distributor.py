@@ -100,11 +100,11 @@ class DDPDistributor(Distributor):
         first_param_index: int,
         config: DDPDistributedConfig,
     ) -> None:
-        super().__init__(params, max_preconditioner_dim, first_param_index)
+        super().__init__(params, max_preconditioner_dim, first_param_index, config.target_parameter_dimensionality)
         self._communicate_params = config.communicate_params
         group, group_size = new_trainer_group(config.num_trainers_per_group)
         blocks = self._global_block_views
-        assignment = distribute_buffer_sizes(blocks, group_size)
+        assignment = distribute_buffer_sizes(blocks, group_size, config.load_balancing_config)
         self._buffers = prepare_update_param_buffers(
             blocks, assignment, group=group, communication_dtype=config.communication_dtype
         )

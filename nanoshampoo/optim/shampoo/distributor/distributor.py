@@ -1,8 +1,9 @@
 """The distributor interface: which blocks this rank computes, and how their updates land.
 
 A distributor is built per parameter group. It cuts every parameter into blocks (squeeze
-size-1 dims, merge small dims from the back up to ``max_preconditioner_dim`` into one dim,
-split every dim into chunks of ``max_preconditioner_dim``), decides which blocks this rank
+size-1 dims, merge small dims from the back while the product stays within
+``max_preconditioner_dim`` and more than ``target_parameter_dimensionality`` dims remain, split
+every dim into chunks of ``max_preconditioner_dim``), decides which blocks this rank
 computes (:attr:`Distributor.local_block_indices`), hands the optimizer those blocks'
 gradients, completes the optimizer's gradient finiteness check over the ranks
 (:meth:`Distributor.all_reduce_grad_sum_`), and applies the updates ``-lr * P`` the optimizer
@@ -23,27 +24,35 @@ from collections.abc import Sequence
 import torch
 
 from nanoshampoo.optim.shampoo.utils.shampoo_block_info import BlockInfo
-from nanoshampoo.optim.shampoo.utils.shampoo_utils import merge_small_dims, multi_dim_split
+from nanoshampoo.optim.shampoo.utils.shampoo_utils import (
+    merge_small_dims,
+    multi_dim_split,
+)
 
 
-def block_shape_plan(shape: Sequence[int], max_preconditioner_dim: int | float) -> tuple[int, ...]:
-    """The shape a parameter is viewed as before splitting: ``merge_small_dims(shape, max, 1)``.
+def block_shape_plan(
+    shape: Sequence[int], max_preconditioner_dim: int | float, target_dimensionality: int | float = 1
+) -> tuple[int, ...]:
+    """The shape a parameter is viewed as before splitting:
+    ``merge_small_dims(shape, max_preconditioner_dim, target_dimensionality)``.
 
     Example:
-        >>> block_shape_plan((32, 3, 3), 1024), block_shape_plan((1, 64), 1024)
-        ((288,), (64,))
+        >>> block_shape_plan((32, 3, 3), 1024), block_shape_plan((32, 3, 3), 1024, 2)
+        ((288,), (32, 9))
     """
-    return merge_small_dims(tuple(shape), max_preconditioner_dim, 1)
+    return merge_small_dims(tuple(shape), max_preconditioner_dim, target_dimensionality)
 
 
-def split_into_blocks(tensor: torch.Tensor, max_preconditioner_dim: int | float) -> tuple[torch.Tensor, ...]:
+def split_into_blocks(
+    tensor: torch.Tensor, max_preconditioner_dim: int | float, target_dimensionality: int | float = 1
+) -> tuple[torch.Tensor, ...]:
     """Views of ``tensor`` (contiguous, or a gradient) as the blocks of its parameter.
 
     Example:
         >>> [tuple(b.shape) for b in split_into_blocks(torch.zeros(768, 3072), 1024)]
         [(768, 1024), (768, 1024), (768, 1024)]
     """
-    merged = block_shape_plan(tensor.shape, max_preconditioner_dim)
+    merged = block_shape_plan(tensor.shape, max_preconditioner_dim, target_dimensionality)
     if 0 in merged:
         return ()
     return multi_dim_split(tensor.reshape(merged), max_preconditioner_dim)
@@ -56,6 +65,8 @@ class Distributor(ABC):
         params: the group's parameters, contiguous.
         max_preconditioner_dim: largest block dim (int >= 1 or ``math.inf``).
         first_param_index: index of ``params[0]`` among all of the optimizer's parameters.
+        target_dimensionality: how far small dims merge (the distributed config's
+            ``target_parameter_dimensionality``; :func:`block_shape_plan`).
 
     Example:
         >>> from nanoshampoo.optim.shampoo.distributor.single_device_distributor import (
@@ -71,9 +82,11 @@ class Distributor(ABC):
         params: Sequence[torch.Tensor],
         max_preconditioner_dim: int | float,
         first_param_index: int,
+        target_dimensionality: int | float = 1,
     ) -> None:
         self._params = tuple(params)
         self._max_preconditioner_dim = max_preconditioner_dim
+        self._target_dimensionality = target_dimensionality
         infos: list[BlockInfo] = []
         views: list[torch.Tensor] = []
         owners: list[int] = []
@@ -84,7 +97,7 @@ class Distributor(ABC):
                     f"params[{offset}] (shape {tuple(param.shape)}) must be contiguous: Shampoo "
                     "updates its blocks through views"
                 )
-            for j, view in enumerate(split_into_blocks(param.detach(), max_preconditioner_dim)):
+            for j, view in enumerate(self._split(param.detach())):
                 infos.append(BlockInfo(param=param, composable_block_ids=(first_param_index + offset, f"block_{j}")))
                 views.append(view)
                 owners.append(offset)
@@ -93,6 +106,10 @@ class Distributor(ABC):
         self._global_block_views = tuple(views)
         self._global_block_owners = tuple(owners)
         self._global_block_positions = tuple(positions)
+
+    def _split(self, tensor: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """``tensor`` (a parameter, its gradient or a buffer of its shape) as this group's blocks."""
+        return split_into_blocks(tensor, self._max_preconditioner_dim, self._target_dimensionality)
 
     @property
     def global_block_info_list(self) -> tuple[BlockInfo, ...]:
@@ -126,9 +143,7 @@ class Distributor(ABC):
             owner = self._global_block_owners[index]
             if owner not in blocked:
                 grad = self._params[owner].grad
-                blocked[owner] = (
-                    None if grad is None else split_into_blocks(grad, self._max_preconditioner_dim)
-                )
+                blocked[owner] = None if grad is None else self._split(grad)
             grads = blocked[owner]
             result.append(None if grads is None else grads[self._global_block_positions[index]])
         return tuple(result)

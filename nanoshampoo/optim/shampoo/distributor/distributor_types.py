@@ -6,16 +6,48 @@ Every config validates its fields in ``__post_init__`` (``ValueError`` naming th
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
+import math
+from dataclasses import KW_ONLY, dataclass, field
 
 import torch
 
 from nanoshampoo.optim.shampoo.config_checks import FLOAT_DTYPES
 from nanoshampoo.optim.shampoo.utils.abstract_dataclass import AbstractDataclass
+from nanoshampoo.optim.shampoo.utils.load_balancing_utils import LoadBalancingConfig
+
 
 @dataclass(init=False)
 class DistributedConfig(AbstractDataclass):
-    """Base of the configs choosing who computes which block and how results travel."""
+    """Base of the configs choosing who computes which block and how results travel.
+
+    Args:
+        target_parameter_dimensionality (keyword only): how far a parameter's dims are merged
+            before it is cut into blocks. Size-1 dims are dropped, then adjacent dims are merged
+            from the back while the product stays ``<= max_preconditioner_dim`` and more than
+            this many dims remain: ``1`` (default) merges as far as the threshold allows (a
+            ``(4, 3, 5)`` weight becomes one 60-vector under threshold 64: full-matrix AdaGrad
+            on it), ``2`` keeps at least two dims (spectral descent needs matrices), and
+            ``math.inf`` merges nothing and keeps the shape as it is. Only with
+            ``max_preconditioner_dim=math.inf`` is every tensor of more dims guaranteed to end
+            with exactly this many. An int >= 1 or ``math.inf``.
+    """
+
+    _: KW_ONLY
+    target_parameter_dimensionality: int | float = 1
+
+    def __post_init__(self) -> None:
+        target = self.target_parameter_dimensionality
+        if isinstance(target, bool) or not (
+            (isinstance(target, int) and target >= 1) or target == math.inf
+        ):
+            raise ValueError(f"target_parameter_dimensionality must be an int >= 1 or math.inf, got {target!r}")
+
+
+def _check_load_balancing_config(config: DDPDistributedConfig | FullyShardDistributedConfig) -> None:
+    if not isinstance(config.load_balancing_config, LoadBalancingConfig):
+        raise ValueError(
+            f"load_balancing_config must be a LoadBalancingConfig, got {config.load_balancing_config!r}"
+        )
 
 
 @dataclass
@@ -31,13 +63,19 @@ class DDPDistributedConfig(DistributedConfig):
         communication_dtype: dtype the updates (or parameters) travel in; a float dtype.
         num_trainers_per_group: ranks sharing the blocks of one group; ``-1`` = world size.
         communicate_params: send updated parameters instead of updates ``-lr * P``.
+        load_balancing_config: the cost model ``distribute_buffer_sizes`` balances when it
+            assigns blocks to ranks (default: aligned bytes; ``PolynomialComputationalCostModel``
+            balances the ``n^3`` root work instead).
     """
 
     communication_dtype: torch.dtype = torch.float32
     num_trainers_per_group: int = -1
     communicate_params: bool = False
+    load_balancing_config: LoadBalancingConfig = field(default_factory=LoadBalancingConfig)
 
     def __post_init__(self) -> None:
+        super().__post_init__()
+        _check_load_balancing_config(self)
         if self.communication_dtype not in FLOAT_DTYPES:
             raise ValueError(
                 f"communication_dtype must be one of {FLOAT_DTYPES}, got {self.communication_dtype!r}"
@@ -79,6 +117,15 @@ class FSDPParamAssignmentStrategy(enum.Enum):
 def _check_sharded_exchange_fields(
     config: FullyShardDistributedConfig | HybridShardDistributedConfig,
 ) -> None:
+    _check_load_balancing_config(config)
+    sub_groups = config.num_sub_groups
+    if isinstance(sub_groups, bool) or not isinstance(sub_groups, int) or sub_groups < 1:
+        raise ValueError(f"num_sub_groups must be an int >= 1, got {sub_groups!r}")
+    if sub_groups > 1 and config.param_assignment_strategy == FSDPParamAssignmentStrategy.DEFAULT:
+        raise ValueError(
+            f"num_sub_groups {sub_groups} > 1 needs param_assignment_strategy REPLICATE or "
+            "ROUND_ROBIN (the lossless strategies, the only ones that split a group)"
+        )
     if config.communication_dtype not in FLOAT_DTYPES:
         raise ValueError(
             f"communication_dtype must be one of {FLOAT_DTYPES}, got {config.communication_dtype!r}"
@@ -101,13 +148,24 @@ class FullyShardDistributedConfig(DistributedConfig):
             dtype. A float dtype.
         communicate_params: send updated parameters instead of updates ``-lr * P`` (as in
             :class:`DDPDistributedConfig`).
+        num_sub_groups: the reference library splits a group into this many sub-groups, each
+            with its own distributor and NCCL communicator, to overlap their exchanges on CUDA
+            streams; the numbers are those of one group. Here the group stays one group (one
+            ``all_to_all`` per exchange already carries all of its parameters), so the value
+            is validated as there (an int >= 1; > 1 only with a lossless strategy, the only
+            ones that split) and changes nothing else.
+        load_balancing_config: the cost model ``ROUND_ROBIN`` balances when it assigns whole
+            parameters to owner ranks (default: aligned bytes); unused by the other strategies.
     """
 
     param_assignment_strategy: FSDPParamAssignmentStrategy = FSDPParamAssignmentStrategy.DEFAULT
     communication_dtype: torch.dtype = torch.float32
     communicate_params: bool = False
+    num_sub_groups: int = 1
+    load_balancing_config: LoadBalancingConfig = field(default_factory=LoadBalancingConfig)
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if not isinstance(self.param_assignment_strategy, FSDPParamAssignmentStrategy):
             raise ValueError(
                 "param_assignment_strategy must be an FSDPParamAssignmentStrategy, got "
@@ -132,6 +190,9 @@ class HybridShardDistributedConfig(DistributedConfig):
             other accepted value is the replicate dim's size).
         communicate_params: send updated parameters instead of updates ``-lr * P``.
         param_assignment_strategy: the strategy within a replica (shard dim).
+        num_sub_groups: as in :class:`FullyShardDistributedConfig` (validated, no split).
+        load_balancing_config: the cost model of both assignments: owners within a replica
+            (``ROUND_ROBIN``) and work blocks over the replicas.
     """
 
     device_mesh: object | None = None
@@ -139,8 +200,11 @@ class HybridShardDistributedConfig(DistributedConfig):
     num_trainers_per_group: int = -1
     communicate_params: bool = False
     param_assignment_strategy: FSDPParamAssignmentStrategy = FSDPParamAssignmentStrategy.DEFAULT
+    num_sub_groups: int = 1
+    load_balancing_config: LoadBalancingConfig = field(default_factory=LoadBalancingConfig)
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if self.device_mesh is not None and getattr(self.device_mesh, "ndim", None) != 2:
             raise ValueError(f"device_mesh must be None or a 2-D DeviceMesh, got {self.device_mesh!r}")
         _check_sharded_exchange_fields(self)
@@ -185,11 +249,12 @@ class HSDPDistributedConfig(FSDPDistributedConfig):
     Args:
         param_to_metadata: the FSDP1 parameter metadata (unused).
         device_mesh: the 2-D device mesh (unused).
-        communication_dtype, num_trainers_per_group, communicate_params: as for
-            :class:`DDPDistributedConfig` (unused).
+        communication_dtype, num_trainers_per_group, communicate_params,
+            load_balancing_config: as for :class:`DDPDistributedConfig` (unused).
     """
 
     device_mesh: object | None = None
     communication_dtype: torch.dtype = torch.float32
     num_trainers_per_group: int = -1
     communicate_params: bool = False
+    load_balancing_config: LoadBalancingConfig = field(default_factory=LoadBalancingConfig)

@@ -48,7 +48,7 @@ from collections.abc import Sequence
 import torch
 import torch.distributed as dist
 
-from nanoshampoo.optim.shampoo.distributor.distributor import Distributor, split_into_blocks
+from nanoshampoo.optim.shampoo.distributor.distributor import Distributor
 from nanoshampoo.optim.shampoo.distributor.fully_shard_plan import (
     AllToAllPlan,
     assign_owners,
@@ -99,7 +99,7 @@ class FullyShardDistributor(Distributor):
         first_param_index: int,
         config: FullyShardDistributedConfig,
     ) -> None:
-        super().__init__((), max_preconditioner_dim, first_param_index)
+        super().__init__((), max_preconditioner_dim, first_param_index, config.target_parameter_dimensionality)
         sharded, mesh = sharded_params(params, self._shard_mesh_dim, self._mesh_ndim)
         self._sharded = sharded
         self._strategy = config.param_assignment_strategy
@@ -107,10 +107,10 @@ class FullyShardDistributor(Distributor):
         self._shard_group = None if mesh is None else mesh.get_group(self._shard_mesh_dim)
         self._shard_size = 1 if mesh is None else mesh.size(self._shard_mesh_dim)
         self._shard_rank = 0 if mesh is None else mesh.get_local_rank(self._shard_mesh_dim)
-        self._owners = assign_owners(sharded, self._strategy, self._shard_size)
+        self._owners = assign_owners(sharded, self._strategy, self._shard_size, config.load_balancing_config)
         layout = plan_work(
-            sharded, self._owners, self._strategy, self._shard_rank, self._shard_size,
-            max_preconditioner_dim, first_param_index,
+            sharded, self._owners, self._strategy, self._shard_rank, self._shard_size, self._split,
+            first_param_index,
         )
         self._infos = layout.infos
         self._local_indices = layout.local_indices
@@ -123,9 +123,7 @@ class FullyShardDistributor(Distributor):
         # The updates reuse the gradient buffers: the optimizer copies the gradients into its
         # own buffers when it reads them (``local_blocked_grads``), before any update exists.
         self._work_updates = self._work_grads if lossless and not self._communicate_params else []
-        self._work_update_blocks = [
-            b for w in self._work_updates for b in split_into_blocks(w, max_preconditioner_dim)
-        ]
+        self._work_update_blocks = [b for w in self._work_updates for b in self._split(w)]
         group, me, n = self._shard_group, self._shard_rank, self._shard_size
         self._gather = (
             plan_gather(sharded, self._owners, layout, self._work_grads, me, n, group)
@@ -198,17 +196,17 @@ class FullyShardDistributor(Distributor):
             result: list[torch.Tensor | None] = []
             for o, work in zip(self._work_offsets, self._work_params):
                 grad = self._sharded[o].local_grad()
-                count = len(split_into_blocks(work, self._max_preconditioner_dim))
+                count = len(self._split(work))
                 if grad is None:
                     result.extend([None] * count)
                 else:
-                    result.extend(split_into_blocks(grad, self._max_preconditioner_dim))
+                    result.extend(self._split(grad))
             return tuple(result)
         self._all_to_all_shards_to_owners()
         gathered: list[torch.Tensor | None] = []
         for o, grad in zip(self._work_offsets, self._work_grads):
             has = self._sharded[o].param.grad is not None
-            gathered.extend(b if has else None for b in split_into_blocks(grad, self._max_preconditioner_dim))
+            gathered.extend(b if has else None for b in self._split(grad))
         return tuple(gathered)
 
     def _all_to_all_shards_to_owners(self) -> None:

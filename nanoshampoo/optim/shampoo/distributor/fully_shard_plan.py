@@ -19,14 +19,14 @@ talks to another rank (the exchanges themselves are ``fully_shard_distributor.py
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
-from nanoshampoo.optim.shampoo.distributor.distributor import split_into_blocks
 from nanoshampoo.optim.shampoo.shampoo_types import FSDPParamAssignmentStrategy
+from nanoshampoo.optim.shampoo.utils.load_balancing_utils import LoadBalancingConfig
 from nanoshampoo.optim.shampoo.utils.shampoo_block_info import BlockInfo
 from nanoshampoo.optim.shampoo.utils.shampoo_utils import distribute_buffer_sizes
 
@@ -131,12 +131,16 @@ def sharded_params(
 
 
 def assign_owners(
-    sharded: Sequence[ShardedParam], strategy: FSDPParamAssignmentStrategy, num_shards: int
+    sharded: Sequence[ShardedParam],
+    strategy: FSDPParamAssignmentStrategy,
+    num_shards: int,
+    load_balancing_config: LoadBalancingConfig | None = None,
 ) -> list[tuple[int, ...]]:
     """Per parameter, the shard ranks that compute its whole blocks (``()``: none).
 
     ``DEFAULT``: nobody (every rank computes its own shard's blocks instead). ``REPLICATE``:
-    every rank. ``ROUND_ROBIN``: one owner each, balanced over the parameters' bytes.
+    every rank. ``ROUND_ROBIN``: one owner each, balanced by ``load_balancing_config``'s cost
+    model over the whole parameters (meta tensors of their shape and dtype; default: bytes).
     """
     if strategy == FSDPParamAssignmentStrategy.DEFAULT:
         owners: list[tuple[int, ...]] = [()] * len(sharded)
@@ -145,7 +149,9 @@ def assign_owners(
     else:
         # Whole parameters are assigned, so the cost models see their full shapes.
         assignment = distribute_buffer_sizes(
-            [torch.empty(p.shape, dtype=p.local.dtype, device="meta") for p in sharded], num_shards
+            [torch.empty(p.shape, dtype=p.local.dtype, device="meta") for p in sharded],
+            num_shards,
+            load_balancing_config,
         )
         owners = [(rank,) for _, rank in assignment]
     # An empty parameter has no blocks: nobody computes it, nothing travels for it.
@@ -184,18 +190,19 @@ def plan_work(
     strategy: FSDPParamAssignmentStrategy,
     shard_rank: int,
     num_shards: int,
-    max_preconditioner_dim: int | float,
+    split: Callable[[torch.Tensor], tuple[torch.Tensor, ...]],
     first_param_index: int,
 ) -> WorkLayout:
     """Global block infos, this rank's work tensors and blocks.
 
     ``DEFAULT``: every shard's blocks, named ``shard_{r}-block_{j}``; the work tensors are the
     local shards. Otherwise: single-device blocks (``block_{j}``) of the whole parameters; the
-    work tensors are new zero full-size buffers of the parameters this rank computes.
+    work tensors are new zero full-size buffers of the parameters this rank computes. ``split``
+    cuts a tensor into the group's blocks (``Distributor._split``).
     """
 
     def count(shape: tuple[int, ...]) -> int:
-        return len(split_into_blocks(torch.empty(shape, device="meta"), max_preconditioner_dim))
+        return len(split(torch.empty(shape, device="meta")))
 
     infos: list[BlockInfo] = []
     local: list[int] = []
@@ -218,7 +225,7 @@ def plan_work(
             work_params.append(torch.zeros(p.shape, dtype=p.local.dtype, device=p.local.device))
             work_offsets.append(offset)
         infos.extend(BlockInfo(p.param, (index, f"block_{j}")) for j in range(blocks))
-    per_work = [split_into_blocks(w, max_preconditioner_dim) for w in work_params]
+    per_work = [split(w) for w in work_params]
     return WorkLayout(
         infos=tuple(infos),
         local_indices=tuple(local),

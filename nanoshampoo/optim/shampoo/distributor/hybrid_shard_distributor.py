@@ -26,7 +26,9 @@ from collections.abc import Sequence
 import torch
 import torch.distributed as dist
 
-from nanoshampoo.optim.shampoo.distributor.fully_shard_distributor import FullyShardDistributor
+from nanoshampoo.optim.shampoo.distributor.fully_shard_distributor import (
+    FullyShardDistributor,
+)
 from nanoshampoo.optim.shampoo.shampoo_types import (
     FSDPParamAssignmentStrategy,
     FullyShardDistributedConfig,
@@ -81,12 +83,15 @@ class HybridShardDistributor(FullyShardDistributor):
                 param_assignment_strategy=config.param_assignment_strategy,
                 communication_dtype=config.communication_dtype,
                 communicate_params=config.communicate_params,
+                num_sub_groups=config.num_sub_groups,
+                load_balancing_config=config.load_balancing_config,
+                target_parameter_dimensionality=config.target_parameter_dimensionality,
             ),
         )
         self._replicate_group = None if mesh is None else mesh.get_group(0)
         self._replicas = replicas
         work_blocks = self._work_param_blocks
-        assignment = distribute_buffer_sizes(work_blocks, replicas)
+        assignment = distribute_buffer_sizes(work_blocks, replicas, config.load_balancing_config)
         exchanged = (
             work_blocks
             if config.communicate_params or self._strategy == FSDPParamAssignmentStrategy.DEFAULT

@@ -79,19 +79,24 @@ def symmetric_rank_update_(
 
 
 class SymmetricPacking:
-    """Lower-triangle storage of stacked symmetric ``n x n`` matrices (one per ``(n, device)``).
+    """Packed storage of stacked symmetric ``n x n`` matrices (one per ``(n, device)``), laid out
+    as the reference library's upper triangle.
 
-    ``pack(full)`` reads ``full[:, i, j]`` for ``i >= j`` into ``(M, n (n + 1) / 2)`` in the order
-    of ``torch.tril_indices(n, n)``; ``unpack(packed)`` returns new full ``(M, n, n)`` matrices,
-    symmetric by construction (``A[i, j] = A[j, i]`` = the stored ``(max, min)`` entry).
-    ``unpack(pack(A))`` equals ``A`` wherever ``A``'s lower triangle is mirrored.
+    ``pack(full)`` stores, at the position of entry ``(i, j)``, ``i <= j``, of
+    ``torch.triu_indices(n, n)`` (row-major upper triangle), the value ``full[:, j, i]``: for a
+    symmetric matrix that is ``A[i, j]``, the reference's layout, so packed state dicts move
+    between the libraries as they are. The value is read from the lower triangle because that is
+    the triangle ``eigh`` reads, and a float ``G G^T`` need not be symmetric to the last bit: so a
+    packed factor evolves bit for bit like the lower triangle of a full one. ``unpack(packed)``
+    returns new full ``(M, n, n)`` matrices, symmetric by construction; ``unpack(pack(A))``
+    equals ``A`` wherever ``A``'s lower triangle is mirrored.
     """
 
     def __init__(self, size: int, device: torch.device) -> None:
-        rows, cols = torch.tril_indices(size, size, device=device)
-        # Flat positions of the lower triangle in an n x n matrix: index_select on the
+        rows, cols = torch.triu_indices(size, size, device=device)
+        # Flat positions of the mirrored entries (j, i) in an n x n matrix: index_select on the
         # flattened matrices packs about 2x faster than advanced indexing on a CPU.
-        self.flat_lower = rows * size + cols
+        self.flat_mirrored = cols * size + rows
         index = torch.empty(size, size, dtype=torch.int64, device=device)
         index[rows, cols] = torch.arange(rows.numel(), device=device)
         index[cols, rows] = torch.arange(rows.numel(), device=device)
@@ -102,7 +107,7 @@ class SymmetricPacking:
         return size * (size + 1) // 2
 
     def pack(self, full: torch.Tensor) -> torch.Tensor:
-        return full.flatten(1).index_select(1, self.flat_lower)
+        return full.flatten(1).index_select(1, self.flat_mirrored)
 
     def unpack(self, packed: torch.Tensor) -> torch.Tensor:
         return packed[:, self.index]

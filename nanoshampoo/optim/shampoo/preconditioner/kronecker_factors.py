@@ -11,14 +11,14 @@ else the preconditioner batches by) live in one stacked ``(N, n, n)`` tensor, a 
 A bucket's factors for one dim are a contiguous slice of a pool, so statistics are one
 ``baddbmm_`` per bucket and dim, and the amortized computation is one batched call per pool.
 
-Packed storage (``packed=True``; root-inverse Shampoo's ``pack_factor_matrices``): a factor is
-symmetric, so a pool may keep only its lower triangles, ``(N, n (n + 1) / 2)`` in the order of
-``torch.tril_indices(n, n)`` (row-major), half the bytes. Every use unpacks to full symmetric
-``(M, n, n)`` matrices first (a temporary of one bucket's factors during the update, one pool's
-during the amortized computation, which copies the factors anyway), so the statistics and the
-solves see exactly what the full layout gives them: ``eigh`` reads the lower triangle, and the
-lower triangle of a packed factor evolves bit for bit like that of a full one
-(``packed_factors_test.py``).
+Packed storage (``packed=True``; root-inverse Shampoo's ``use_symmetric_packing``): a factor is
+symmetric, so a pool may keep one triangle, ``(N, n (n + 1) / 2)`` in the reference library's
+order (the row-major upper triangle of ``torch.triu_indices(n, n)``; :class:`SymmetricPacking`),
+half the bytes. Every use unpacks to full symmetric ``(M, n, n)`` matrices first (a temporary of
+one bucket's factors during the update, one pool's during the amortized computation, which
+copies the factors anyway), so the statistics and the solves see exactly what the full layout
+gives them: ``eigh`` reads the lower triangle, and the packed values are the lower triangle's,
+which evolves bit for bit like that of a full factor (``packed_factors_test.py``).
 
 A failed amortized computation (solver error or non-finite result) keeps the previous result
 and is counted per factor; more than ``num_tolerated_failed_amortized_computations``
@@ -102,7 +102,7 @@ class KroneckerFactors:
         pool_key: ``pool_key(bucket, dim)`` is the key of the pool holding the factors of that
             dim, or None where the dim has no factor (ignored, or exponent 0). Keys must
             determine the factor size ``bucket.shape[dim]``.
-        packed: keep only the lower triangles (:class:`SymmetricPacking`; half the bytes).
+        packed: keep one triangle (:class:`SymmetricPacking`; half the bytes).
 
     Attributes:
         slots: per bucket, per dim, a :class:`FactorSlot` (None: no factor).
@@ -174,20 +174,30 @@ class KroneckerFactors:
         """The ``count`` rows of ``tensors[slot.pool_key]`` that belong to ``slot`` (a view)."""
         return tensors[slot.pool_key][slot.offset : slot.offset + count]
 
-    def update(self, grads: Sequence[torch.Tensor], beta2: float) -> None:
+    def update(
+        self,
+        grads: Sequence[torch.Tensor | Sequence[torch.Tensor | None]],
+        beta2: float,
+        weight: float | None = None,
+    ) -> None:
         """``F_i <- b2 F_i + w G_(i) G_(i)^T`` for every bucket and dim with a factor.
 
         ``grads`` is one ``(B, *shape)`` tensor per bucket, in any float dtype (cast to the
-        factor dtype). Large factors are updated one triangle of tiles at a time (see
-        :func:`symmetric_rank_update_`).
+        factor dtype), or per bucket one such tensor per dim (the dim's factor is updated from
+        its own tensor: KL-Shampoo's preconditioned gradients). ``weight`` defaults to 1 for
+        ``beta2 == 1`` and ``1 - beta2`` otherwise. Large factors are updated one triangle of
+        tiles at a time (see :func:`symmetric_rank_update_`).
         """
-        weight = 1.0 if beta2 == 1.0 else 1.0 - beta2
-        for bucket, bucket_slots, grad in zip(self._buckets, self.slots, grads):
-            grad = grad.to(self._factor_dtype)
+        if weight is None:
+            weight = 1.0 if beta2 == 1.0 else 1.0 - beta2
+        for bucket, bucket_slots, bucket_grads in zip(self._buckets, self.slots, grads):
+            per_dim = not isinstance(bucket_grads, torch.Tensor)
             count = bucket.num_blocks
             for dim, slot in enumerate(bucket_slots):
                 if slot is None:
                     continue
+                source = bucket_grads[dim] if per_dim else bucket_grads
+                grad = source.to(self._factor_dtype)
                 pool = self.pools[slot.pool_key]
                 factors = pool.factors[slot.offset : slot.offset + count]
                 if not pool.packed:

@@ -1,21 +1,23 @@
-"""Configs of the preconditioners: diagonal (also grafting), Shampoo, SOAP, Muon, sign descent.
+"""Configs of the preconditioners: diagonal (also grafting), Shampoo and SOAP.
 
 Each names the preconditioner a group uses (``preconditioner_config``) or grafts onto
 (``grafting_config``); the matrix functions they need are configured by
-:mod:`~nanoshampoo.optim.shampoo.preconditioner.matrix_functions_types`. Every config validates
+:mod:`~nanoshampoo.optim.shampoo.preconditioner.matrix_functions_types`, the spectral and sign
+descent configs live in :mod:`~nanoshampoo.optim.shampoo.preconditioner.descent_types`. Every config validates
 its fields in ``__post_init__`` (``ValueError`` naming the field).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+import warnings
 from dataclasses import dataclass, field
 
 import torch
 
 from nanoshampoo.optim.shampoo.config_checks import (
     FLOAT_DTYPES,
+    check_bool,
     check_ema_storage_dtype,
     check_int,
     check_open_closed_unit,
@@ -26,8 +28,6 @@ from nanoshampoo.optim.shampoo.preconditioner.matrix_functions_types import (
     EigenConfig,
     EigendecompositionConfig,
     EighEigendecompositionConfig,
-    NewtonSchulzOrthogonalizationConfig,
-    OrthogonalizationConfig,
     QREigendecompositionConfig,
     RootInvConfig,
 )
@@ -79,15 +79,19 @@ class RMSpropPreconditionerConfig(AdaGradPreconditionerConfig):
     Args:
         beta2: EMA factor of the second moment, in (0, 1].
         epsilon: added to ``sqrt(V)``; > 0.
+        drop_weighting_factor_on_gsquare: ``V <- b2 V + G^2`` (a discounted sum, not an
+            average) and no bias correction, also for Adam (inherited).
         second_moment_dtype: storage dtype of ``V``; None: the block's computation dtype.
             A narrow dtype needs ``1 - beta2 >= finfo(dtype).eps`` (bfloat16: beta2 <= 0.992).
     """
 
     beta2: float = 0.99
+    drop_weighting_factor_on_gsquare: bool = False
 
     def __post_init__(self) -> None:
         check_open_closed_unit("beta2", self.beta2, low_open=True, high_open=False)
         check_positive("epsilon", self.epsilon)
+        check_bool("drop_weighting_factor_on_gsquare", self.drop_weighting_factor_on_gsquare)
         check_ema_storage_dtype(
             "second_moment_dtype", self.second_moment_dtype, 1.0 - self.beta2, "1 - beta2"
         )
@@ -120,12 +124,42 @@ GRAFTING_CONFIG_TYPES = (
 # ---------------------------------------------------------------------------------------------
 
 
-@dataclass(init=False)
+@dataclass(init=False, kw_only=True)
 class BaseShampooPreconditionerConfig(PreconditionerConfig):
     """Base of the Kronecker-factored preconditioners: classic Shampoo (a root of each factor,
     :class:`ClassicShampooPreconditionerConfig`) and eigenvalue-corrected Shampoo (an EMA of the
     squared gradient in the factors' eigenbasis,
-    :class:`EigenvalueCorrectedShampooPreconditionerConfig`)."""
+    :class:`EigenvalueCorrectedShampooPreconditionerConfig`).
+
+    Args:
+        drop_weighting_factor_on_gsquare: update the statistics by ``F <- b2 F + G G^T`` (and
+            SOAP's ``D <- b2 D + R(G)^2``) instead of ``b2 F + (1 - b2) G G^T``; the sum is then
+            not an average, so there is no ``beta2`` bias correction (``bc2 = 1``).
+        use_trace_scaling: before each amortized computation, scale the bias-corrected factor
+            by ``max(tr F, eps)^(-trace_scaling_exponent)`` (``eps`` the group's epsilon, or the
+            dtype's smallest normal number when it is 0), so that factors of every size and
+            scale meet the ridge ``eps`` at a similar relative level (arXiv 2506.03595).
+        trace_scaling_exponent: in ``(0, 1]`` when ``use_trace_scaling``; 0.5 is ``1/sqrt(tr F)``.
+    """
+
+    drop_weighting_factor_on_gsquare: bool = False
+    use_trace_scaling: bool = False
+    trace_scaling_exponent: float = 0.5
+
+    def __post_init__(self) -> None:
+        check_bool("drop_weighting_factor_on_gsquare", self.drop_weighting_factor_on_gsquare)
+        check_bool("use_trace_scaling", self.use_trace_scaling)
+        exponent = self.trace_scaling_exponent
+        if isinstance(exponent, bool) or not isinstance(exponent, (int, float)):
+            raise ValueError(f"trace_scaling_exponent must be a float, got {exponent!r}")
+        if self.use_trace_scaling and not 0.0 < exponent <= 1.0:
+            raise ValueError(
+                f"trace_scaling_exponent must be in (0.0, 1.0] with use_trace_scaling, got {exponent!r}"
+            )
+
+    def statistics_weight(self, beta2: float) -> float:
+        """``w`` of ``F <- b2 F + w G G^T``: 1 for a sum (``beta2 = 1`` or dropped), else ``1 - b2``."""
+        return 1.0 if beta2 == 1.0 or self.drop_weighting_factor_on_gsquare else 1.0 - beta2
 
 
 @dataclass(init=False, kw_only=True)
@@ -152,12 +186,15 @@ class ClassicShampooPreconditionerConfig(BaseShampooPreconditionerConfig):
             and at the first preconditioned step with all the others); with ``amortize_roots``
             they are spread over ``precondition_frequency * multiplier`` shares instead of
             ``precondition_frequency``. An int >= 1; 1: the plain schedule.
-        pack_factor_matrices: keep only the lower triangle of each (symmetric) factor matrix,
-            half the factors' bytes, unpacked to full matrices for each use; the update and the
-            roots are the same numbers (``eigh`` reads one triangle). The state dict then holds
-            ``factor_matrices`` as ``n (n + 1) / 2`` vectors in ``torch.tril_indices`` order.
-            Measured cost on the GPT-small bench: docs/results/shampoo-state.md
-            "Which bf16 state costs loss?".
+        use_symmetric_packing: keep only the upper triangle of each (symmetric) factor matrix
+            (default, as in the reference library), half the factors' bytes, unpacked to full
+            matrices for each use; the update and the roots are the same numbers as unpacked.
+            The state dict then holds ``factor_matrices`` as ``n (n + 1) / 2`` vectors in
+            ``torch.triu_indices`` order, the reference's layout. The roots
+            (``inv_factor_matrices``) stay full ``n x n`` matrices here. Measured cost on the
+            GPT-small bench: docs/results/shampoo-state.md "Which bf16 state costs loss?".
+        pack_factor_matrices: deprecated alias of ``use_symmetric_packing`` (None: not given);
+            a bool given here sets ``use_symmetric_packing``, with a ``DeprecationWarning``.
     """
 
     amortized_computation_config: RootInvConfig = field(default_factory=EigenConfig)
@@ -167,15 +204,12 @@ class ClassicShampooPreconditionerConfig(BaseShampooPreconditionerConfig):
     inv_factor_matrix_dtype: torch.dtype | None = None
     large_factor_dim: int = 0
     large_factor_frequency_multiplier: int = 1
-    pack_factor_matrices: bool = False
+    use_symmetric_packing: bool = True
+    pack_factor_matrices: bool | None = None
 
     def __post_init__(self) -> None:
-        if not isinstance(self.amortized_computation_config, RootInvConfig):
-            raise ValueError(
-                "amortized_computation_config must be an EigenConfig, WarmStartedEigenConfig or "
-                "CoupledNewtonConfig, got "
-                f"{self.amortized_computation_config!r}"
-            )
+        super().__post_init__()
+        self._validate_amortized_computation_config()
         if self.factor_matrix_dtype not in FLOAT_DTYPES:
             raise ValueError(
                 f"factor_matrix_dtype must be one of {FLOAT_DTYPES}, got {self.factor_matrix_dtype!r}"
@@ -195,9 +229,27 @@ class ClassicShampooPreconditionerConfig(BaseShampooPreconditionerConfig):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
                 raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
-        if not isinstance(self.pack_factor_matrices, bool):
+        if self.pack_factor_matrices is not None:
+            if not isinstance(self.pack_factor_matrices, bool):
+                raise ValueError(
+                    f"pack_factor_matrices must be None or a bool, got {self.pack_factor_matrices!r}"
+                )
+            warnings.warn(
+                "pack_factor_matrices is deprecated: use use_symmetric_packing (the reference "
+                "library's name; same meaning, upper triangles)", DeprecationWarning, stacklevel=3,
+            )
+            self.use_symmetric_packing = self.pack_factor_matrices
+        if not isinstance(self.use_symmetric_packing, bool):
             raise ValueError(
-                f"pack_factor_matrices must be a bool, got {self.pack_factor_matrices!r}"
+                f"use_symmetric_packing must be a bool, got {self.use_symmetric_packing!r}"
+            )
+
+    def _validate_amortized_computation_config(self) -> None:
+        if not isinstance(self.amortized_computation_config, RootInvConfig):
+            raise ValueError(
+                "amortized_computation_config must be an EigenConfig, WarmStartedEigenConfig, "
+                "CoupledNewtonConfig or CoupledHigherOrderConfig, got "
+                f"{self.amortized_computation_config!r}"
             )
 
     def large_factor_schedule(self) -> tuple[int, int]:
@@ -274,6 +326,18 @@ class EigenvalueCorrectedShampooPreconditionerConfig(BaseShampooPreconditionerCo
     ``D <- b2 D + w R(G)^2`` (the corrected eigenvalues, in the basis in force for this step's
     search direction); ``P = R^-1(R(Gbar) / ((D / bc2)^e + eps))`` with ``e = 1/2`` by default.
 
+    Until the first eigenbasis (the start step) ``Q_i = I``: without grafting the step is then
+    diagonal Adam (AdaGrad with ``betas[1] = 1``) on ``D``, and ``D`` is carried into the first
+    eigenbasis as the reference library carries it: coordinate ``j`` to the eigenvector of the
+    ``j``-th smallest eigenvalue. With grafting the grafting method steps alone before the
+    start step.
+
+    Epsilon is added after the bias correction, as in Adam and the reference library.
+    nikhilvyas/SOAP adds it before (``sqrt(D) + eps``, with ``sqrt(bc2)`` folded into the step
+    size), i.e. ``eps / sqrt(bc2)`` here: to reproduce its steps pass that epsilon. Measured in
+    ``docs/results/soap-parity.md`` (one step from the same state: 1.3e-4 relative with
+    gradient entries ~1e-4, 5.1e-6 with its placement).
+
     Args:
         amortized_computation_config: eigenbasis solver (``EighEigendecompositionConfig`` or
             ``QREigendecompositionConfig``). Its ``rank_deficient_stability_config`` acts twice:
@@ -306,6 +370,7 @@ class EigenvalueCorrectedShampooPreconditionerConfig(BaseShampooPreconditionerCo
     corrected_eigenvalues_dtype: torch.dtype = torch.float32
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if not isinstance(self.amortized_computation_config, EigendecompositionConfig):
             raise ValueError(
                 "amortized_computation_config must be an EighEigendecompositionConfig or "
@@ -362,74 +427,3 @@ DefaultEigenvalueCorrectedShampooConfig = EigenvalueCorrectedShampooPrecondition
 DefaultSOAPConfig = EigenvalueCorrectedShampooPreconditionerConfig(
     amortized_computation_config=QREigendecompositionConfig()
 )
-
-
-# ---------------------------------------------------------------------------------------------
-# Spectral descent (Muon)
-# ---------------------------------------------------------------------------------------------
-
-
-@dataclass
-class SpectralDescentPreconditionerConfig(PreconditionerConfig):
-    """Spectral descent (Muon): the search direction of a 2-D block is ``orth(Gbar) ~ U V^T``.
-
-    Only for 2-D blocks: every block of a group using it must be a matrix after merging and
-    splitting (choose ``max_preconditioner_dim``, or put vectors in another param group);
-    otherwise the optimizer raises ``ValueError`` naming ``preconditioner_config``. Stateless.
-
-    Args:
-        orthogonalization_config: ``NewtonSchulzOrthogonalizationConfig`` (default) or
-            ``SVDOrthogonalizationConfig``.
-    """
-
-    orthogonalization_config: OrthogonalizationConfig = field(
-        default_factory=NewtonSchulzOrthogonalizationConfig
-    )
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.orthogonalization_config, OrthogonalizationConfig):
-            raise ValueError(
-                "orthogonalization_config must be a NewtonSchulzOrthogonalizationConfig or "
-                f"SVDOrthogonalizationConfig, got {self.orthogonalization_config!r}"
-            )
-
-
-DefaultSpectralDescentPreconditionerConfig = SpectralDescentPreconditionerConfig()
-
-
-# ---------------------------------------------------------------------------------------------
-# Sign descent (signSGD, Lion)
-# ---------------------------------------------------------------------------------------------
-
-
-def unit_scale(grad: torch.Tensor) -> float:
-    """The default ``scale_fn`` of sign descent: every block's step is ``sign(Gbar)``.
-
-    A module-level function, not a lambda, so that configs pickle (checkpoints, spawned ranks).
-    """
-    return 1.0
-
-
-@dataclass(kw_only=True)
-class SignDescentPreconditionerConfig(PreconditionerConfig):
-    """Sign descent: the search direction of a block is ``sign(Gbar) * scale_fn(Gbar)``.
-
-    ``Gbar`` is the block's filtered gradient (``betas[0]``, ``beta3``), so ``betas=(b2, ...)``
-    with ``beta3=b1`` and ``use_bias_correction=False`` is Lion. Stateless: ``betas[1]`` and
-    ``epsilon`` have no effect, and ``precondition_frequency`` is taken as 1 (as a group with
-    ``start_preconditioning_step=-1`` then starts at step 1).
-
-    Args:
-        scale_fn: ``block -> float or tensor`` (broadcast against the block), called once per
-            block and step; e.g. ``lambda g: g.abs().sum()`` is steepest descent under the
-            L-infinity norm. Prefer a named function: lambdas do not pickle.
-    """
-
-    scale_fn: Callable[[torch.Tensor], float | torch.Tensor] = unit_scale
-
-    def __post_init__(self) -> None:
-        if not callable(self.scale_fn):
-            raise ValueError(f"scale_fn must be callable (block -> float or tensor), got {self.scale_fn!r}")
-
-
-DefaultSignDescentPreconditionerConfig = SignDescentPreconditionerConfig()

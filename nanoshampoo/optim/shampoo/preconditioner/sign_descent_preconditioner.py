@@ -6,10 +6,13 @@ from collections.abc import Sequence
 
 import torch
 
-from nanoshampoo.optim.shampoo.preconditioner.preconditioner import BlockBucket, Preconditioner
-from nanoshampoo.optim.shampoo.preconditioner.preconditioner_types import (
+from nanoshampoo.optim.shampoo.preconditioner.descent_types import (
     SignDescentPreconditionerConfig,
     unit_scale,
+)
+from nanoshampoo.optim.shampoo.preconditioner.preconditioner import (
+    BlockBucket,
+    Preconditioner,
 )
 
 

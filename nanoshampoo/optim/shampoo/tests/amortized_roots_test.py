@@ -123,7 +123,7 @@ def test_each_solved_root_comes_from_the_factors_of_its_step_and_the_others_are_
                 continue
             # The same function on the same float32 factors of this step: the same bits.
             expected, ok = eigh_inverse_root(
-                pool.factors[rows] / correction, pre._exponents[key][rows], 1e-10
+                pre._factors.matrices(pool, rows, divisor=correction), pre._exponents[key][rows], 1e-10
             )
             assert bool(ok.all())
             assert torch.equal(pre._results[key][rows], expected.to(torch.float64))

@@ -210,9 +210,10 @@ def test_matches_dense_reference(case: str) -> None:
 
 
 @pytest.mark.parametrize("case", ["adam_grafting", "beta2_ema", "exponent_override", "frequency3_start5"])
-def test_packed_factors_match_dense_reference(case: str) -> None:
-    """``pack_factor_matrices`` keeps lower triangles only: the same float64 trajectory."""
-    _check_against_dense_reference(case, shampoo={"pack_factor_matrices": True})
+def test_full_factors_match_dense_reference(case: str) -> None:
+    """``use_symmetric_packing=False`` (the default packs upper triangles): the same float64
+    trajectory."""
+    _check_against_dense_reference(case, shampoo={"use_symmetric_packing": False})
 
 
 def _check_against_dense_reference(case: str, **extra: Any) -> None:
@@ -274,8 +275,14 @@ def test_block_state_keys_and_exponents(case: str) -> None:
                 if exponent is None:
                     assert key.format("factor_matrices") not in state[index], (index, j, dim)
                     continue
-                factor = state[index][key.format("factor_matrices")]
-                assert factor.shape == (block.shape[dim], block.shape[dim])
+                n = block.shape[dim]
+                packed = state[index][key.format("factor_matrices")]
+                # Packed by default, as the reference: the row-major upper triangle.
+                assert packed.shape == (n * (n + 1) // 2,)
+                rows, cols = torch.triu_indices(n, n)
+                factor = torch.zeros(n, n, dtype=packed.dtype)
+                factor[rows, cols] = packed
+                factor[cols, rows] = packed
                 expected = reference_root(factor.numpy(), h["epsilon"], exponent)
                 root = state[index][key.format("inv_factor_matrices")].numpy()
                 np.testing.assert_allclose(root, expected, rtol=1e-8, atol=1e-10, err_msg=f"{index} {j} {dim}")

@@ -226,10 +226,21 @@ def test_soap_plain_float32_fails_the_bound(qr: bool) -> None:
 @pytest.mark.parametrize("newton_schulz", [False, True], ids=["svd", "newton_schulz"])
 @pytest.mark.parametrize("case", MATRIX_CASES)
 def test_spectral_descent_matches_float64(case: str, newton_schulz: bool) -> None:
-    method = NewtonSchulzOrthogonalizationConfig() if newton_schulz else SVDOrthogonalizationConfig()
+    method = (NewtonSchulzOrthogonalizationConfig(compute_dtype=torch.float32) if newton_schulz
+              else SVDOrthogonalizationConfig())
     config = SpectralDescentPreconditionerConfig(orthogonalization_config=method)
     want = reference(case, "newton_schulz" if newton_schulz else "svd")
     assert relative_error(run_float32(case, config), want) < 1e-3
+
+
+@pytest.mark.parametrize("case", ["wide", "first_root_step"])
+def test_bf16_newton_schulz_matches_float64_on_full_rank_blocks(case: str) -> None:
+    """Measured 0.013 and 0.016 (bf16 rounding through 15 products). Not ``rank_one``: there
+    bf16 rounding noise in the null space grows by p'(0)^5 ~ 480 to an error of 1.08, as in the
+    reference Muon; ``newton_schulz_test.py`` bounds both parts."""
+    method = NewtonSchulzOrthogonalizationConfig(compute_dtype=torch.bfloat16)
+    config = SpectralDescentPreconditionerConfig(orthogonalization_config=method)
+    assert relative_error(run_float32(case, config), reference(case, "newton_schulz")) < 0.03
 
 
 # ---------------------------------------------------------------------------------------------

@@ -15,12 +15,6 @@ from typing import Any
 
 import pytest
 import torch
-
-from nanoshampoo.optim.shampoo import (
-    FSDPParamAssignmentStrategy,
-    FullyShardDistributedConfig,
-    HybridShardDistributedConfig,
-)
 from fully_shard_distributor_test import (  # the neighbouring test module (pytest puts its dir on sys.path)
     STEPS,
     ParamsModel,
@@ -30,6 +24,12 @@ from fully_shard_distributor_test import (  # the neighbouring test module (pyte
     reference_default,
     reference_lossless,
     train,
+)
+
+from nanoshampoo.optim.shampoo import (
+    FSDPParamAssignmentStrategy,
+    FullyShardDistributedConfig,
+    HybridShardDistributedConfig,
 )
 from nanoshampoo.testing.distributed import run_on_gloo
 

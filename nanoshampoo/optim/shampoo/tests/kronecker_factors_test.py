@@ -144,7 +144,9 @@ def test_both_preconditioners_keep_results_where_the_solve_failed_and_count(
     from nanoshampoo.optim.shampoo.preconditioner.eigenvalue_corrected_shampoo_preconditioner import (
         EigenvalueCorrectedShampooPreconditioner,
     )
-    from nanoshampoo.optim.shampoo.preconditioner.shampoo_preconditioner import ShampooPreconditioner
+    from nanoshampoo.optim.shampoo.preconditioner.shampoo_preconditioner import (
+        ShampooPreconditioner,
+    )
     from nanoshampoo.optim.shampoo.shampoo_types import (
         DefaultEigenvalueCorrectedShampooConfig,
         DefaultShampooConfig,

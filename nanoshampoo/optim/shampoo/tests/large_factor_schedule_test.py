@@ -24,7 +24,9 @@ from nanoshampoo.optim.shampoo import (
     WarmStartedEigenConfig,
 )
 from nanoshampoo.optim.shampoo.preconditioner.matrix_roots import eigh_inverse_root
-from nanoshampoo.optim.shampoo.preconditioner.shampoo_preconditioner import ShampooPreconditioner
+from nanoshampoo.optim.shampoo.preconditioner.shampoo_preconditioner import (
+    ShampooPreconditioner,
+)
 from nanoshampoo.testing.distributed import run_on_gloo
 
 torch.set_num_threads(1)
@@ -74,7 +76,7 @@ def _solved_per_step(amortize: bool, monkeypatch: pytest.MonkeyPatch) -> dict[in
         for size, row in solved.get(step, ()):
             pool = preconditioner._factors.pools[(size, torch.float64)]
             want, _ = eigh_inverse_root(
-                pool.factors[row : row + 1] / (1 - 0.99**step),
+                preconditioner._factors.matrices(pool, torch.tensor([row]), divisor=1 - 0.99**step),
                 torch.tensor([0.5], dtype=torch.float64), 1e-10,
             )
             root = preconditioner._results[(size, torch.float64)][row]

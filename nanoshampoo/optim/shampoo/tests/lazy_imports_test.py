@@ -30,13 +30,13 @@ print(" ".join(sorted(m.rsplit(".", 1)[1] for m in sys.modules
 
 @pytest.mark.parametrize("config, expected", [
     ("RootInvShampooPreconditionerConfig",
-     "adagrad_preconditioner distributor distributor_types factor_matrix_ops "
+     "adagrad_preconditioner descent_types distributor distributor_types factor_matrix_ops "
      "kronecker_factored_preconditioner kronecker_factors matrix_functions_types matrix_roots "
      "parallel_eigh preconditioner preconditioner_types shampoo_preconditioner "
-     "single_device_distributor"),
+     "shampoo_variant_types single_device_distributor"),
     ("SpectralDescentPreconditionerConfig",
-     "adagrad_preconditioner distributor distributor_types matrix_functions_types "
-     "preconditioner preconditioner_types single_device_distributor "
+     "adagrad_preconditioner descent_types distributor distributor_types "
+     "matrix_functions_types preconditioner preconditioner_types shampoo_variant_types single_device_distributor "
      "spectral_descent_preconditioner"),
 ])
 def test_a_single_device_run_imports_only_what_its_config_needs(config: str, expected: str) -> None:

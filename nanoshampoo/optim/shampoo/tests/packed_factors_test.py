@@ -1,5 +1,6 @@
-"""``pack_factor_matrices``: factors kept as lower triangles give the same numbers in half the
-bytes (update, roots, steps, checkpoints, DDP), at the recipe's float32 settings."""
+"""``use_symmetric_packing``: factors kept as one triangle, laid out as the reference library's
+upper triangle, give the same numbers in half the bytes (update, roots, steps, checkpoints, DDP), at the
+recipe's float32 settings; ``pack_factor_matrices`` is its deprecated alias."""
 
 from __future__ import annotations
 
@@ -33,10 +34,12 @@ def test_pack_then_unpack_restores_a_symmetric_matrix() -> None:
     symmetric = a + a.mT
     packed = packing.pack(symmetric)
     assert packed.shape == (3, 15)
-    rows, cols = torch.tril_indices(5, 5)
+    rows, cols = torch.triu_indices(5, 5)
     assert torch.equal(packed, symmetric[:, rows, cols])
+    # The reference's row-major upper triangle, written out: (0,0) (0,1) ... (0,4) (1,1) ...
+    assert torch.equal(packed[0, :6], torch.stack([symmetric[0, 0, j] for j in range(5)] + [symmetric[0, 1, 1]]))
     assert torch.equal(packing.unpack(packed), symmetric)
-    # Only the lower triangle is read: the upper one may be anything.
+    # Only the lower triangle is read (the one eigh reads): the upper one may be anything.
     assert torch.equal(packing.unpack(packing.pack(torch.tril(symmetric))), symmetric)
 
 
@@ -54,8 +57,9 @@ def test_packed_statistics_keep_the_lower_triangle_bit_for_bit(size: int) -> Non
         n = key
         assert packed.pools[key].factors.shape == (2, n * (n + 1) // 2)
         reference = full.pools[key].factors
-        rows, cols = torch.tril_indices(n, n)
-        assert torch.equal(packed.pools[key].factors, reference[:, rows, cols])
+        rows, cols = torch.triu_indices(n, n)
+        # Position (i, j) of the upper triangle holds the lower triangle's (j, i).
+        assert torch.equal(packed.pools[key].factors, reference[:, cols, rows])
         lower = torch.tril(reference)
         mirrored = lower + torch.tril(reference, -1).mT
         assert torch.equal(packed.matrices(packed.pools[key]), mirrored)
@@ -102,7 +106,7 @@ def _optimizer(
         use_bias_correction=True,
         grafting_config=AdamPreconditionerConfig(beta2=0.95, epsilon=1e-10),
         preconditioner_config=RootInvShampooPreconditionerConfig(
-            pack_factor_matrices=packed, inv_factor_matrix_dtype=roots, **solver
+            use_symmetric_packing=packed, inv_factor_matrix_dtype=roots, **solver
         ),
         distributed_config=distributed or SingleDeviceDistributedConfig(),
     )
@@ -199,9 +203,22 @@ def _leaves(tree: object, prefix: str = "") -> list[tuple[str, torch.Tensor]]:
 
 
 @pytest.mark.parametrize("value", [1, "yes", None])
-def test_pack_factor_matrices_must_be_a_bool(value: object) -> None:
-    with pytest.raises(ValueError, match="pack_factor_matrices"):
-        RootInvShampooPreconditionerConfig(pack_factor_matrices=value)  # type: ignore[arg-type]
+def test_use_symmetric_packing_must_be_a_bool(value: object) -> None:
+    with pytest.raises(ValueError, match="^use_symmetric_packing must be a bool"):
+        RootInvShampooPreconditionerConfig(use_symmetric_packing=value)  # type: ignore[arg-type]
+
+
+def test_packing_is_on_by_default_as_in_the_reference() -> None:
+    assert RootInvShampooPreconditionerConfig().use_symmetric_packing is True
+
+
+@pytest.mark.parametrize("value", [True, False])
+def test_pack_factor_matrices_is_a_deprecated_alias(value: bool) -> None:
+    with pytest.warns(DeprecationWarning, match="use use_symmetric_packing"):
+        config = RootInvShampooPreconditionerConfig(pack_factor_matrices=value)
+    assert config.use_symmetric_packing is value
+    with pytest.raises(ValueError, match="^pack_factor_matrices must be None or a bool"):
+        RootInvShampooPreconditionerConfig(pack_factor_matrices=1)  # type: ignore[arg-type]
 
 
 def _ddp_body(rank: int, world_size: int) -> list[torch.Tensor]:

@@ -8,7 +8,10 @@ import pytest
 import torch
 
 from nanoshampoo.optim.shampoo.preconditioner import parallel_eigh
-from nanoshampoo.optim.shampoo.preconditioner.matrix_roots import eigh_inverse_root, robust_eigh
+from nanoshampoo.optim.shampoo.preconditioner.matrix_roots import (
+    eigh_inverse_root,
+    robust_eigh,
+)
 from nanoshampoo.optim.shampoo.preconditioner.parallel_eigh import (
     MIN_PARALLEL_SIZE,
     parallel_width,

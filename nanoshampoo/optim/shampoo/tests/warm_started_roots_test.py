@@ -338,7 +338,7 @@ def test_a_nonfinite_factor_keeps_its_root_and_eigenvectors() -> None:
     root = shampoo.inv_factor_matrices[0].clone()
     vectors = shampoo.factor_matrices_eigenvectors[0].clone()
     other_root = shampoo.inv_factor_matrices[1].clone()
-    shampoo.factor_matrices[0][0, 0] = float("nan")
+    shampoo.factor_matrices[0].view(-1)[0] = float("nan")  # entry (0, 0), packed or not
     for p in params:
         p.grad = torch.randn_like(p)
     opt.step()

@@ -11,7 +11,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from nanoshampoo.optim.shampoo import DistributedShampoo, SGDPreconditionerConfig, WeightDecayType
+from nanoshampoo.optim.shampoo import (
+    DistributedShampoo,
+    SGDPreconditionerConfig,
+    WeightDecayType,
+)
 
 LRS = (0.1, 0.05, 0.02, 0.08, 0.1)
 WD = 0.3

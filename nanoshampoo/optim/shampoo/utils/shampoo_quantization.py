@@ -30,7 +30,10 @@ from collections.abc import Sequence
 
 import torch
 
-from nanoshampoo.optim.shampoo.utils.commons import InvalidArgumentError, InvalidStateError
+from nanoshampoo.optim.shampoo.utils.commons import (
+    InvalidArgumentError,
+    InvalidStateError,
+)
 from nanoshampoo.optim.shampoo.utils.optimizer_modules import OptimizerModule
 from nanoshampoo.optim.shampoo.utils.shampoo_block_info import BlockInfo
 from nanoshampoo.optim.shampoo.utils.shampoo_utils import (

@@ -8,7 +8,10 @@ from nanoshampoo.optim.shampoo.utils.param_redistribution import (
     prepare_update_param_buffers,
     redistribute_and_update_params,
 )
-from nanoshampoo.optim.shampoo.utils.shampoo_utils import distribute_buffer_sizes, multi_dim_split
+from nanoshampoo.optim.shampoo.utils.shampoo_utils import (
+    distribute_buffer_sizes,
+    multi_dim_split,
+)
 from nanoshampoo.testing.distributed import run_on_gloo
 
 pytestmark = [

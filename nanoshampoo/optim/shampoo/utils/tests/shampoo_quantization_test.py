@@ -4,7 +4,9 @@ import logging
 import pytest
 import torch
 
-from nanoshampoo.optim.shampoo.utils.commons import InvalidArgumentError, InvalidStateError
+from nanoshampoo.optim.shampoo.utils.commons import (
+    InvalidArgumentError,
+)
 from nanoshampoo.optim.shampoo.utils.shampoo_block_info import BlockInfo
 from nanoshampoo.optim.shampoo.utils.shampoo_quantization import (
     DequantizeQuantizedTensorListContext,
