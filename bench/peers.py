@@ -18,7 +18,7 @@ AdamW                               ``torch.optim.AdamW`` fused / foreach       
 Ours: Muon is ``DistributedShampoo`` with spectral descent at the trainer's Muon settings
 (``train/optimizers.py``: momentum 0.95, Nesterov, 5 Newton-Schulz steps, Muon's shape scale),
 its Newton-Schulz dtype automatic (bf16 where bf16 matmuls are fast) or forced to float32
-against the fp32 peer; SOAP is the trainer's ``soap`` setup (``build_soap_matrix``) and the peer gets
+against the fp32 peer; SOAP is the trainer's ``soap`` setup (``build_matrix_optimizer``) and the peer gets
 the same lr, betas, epsilon, weight decay and frequency; Shampoo is built with identical keyword
 arguments from both libraries (their public names are the same): eigh roots, Adam grafting,
 ``max_preconditioner_dim`` 1024; AdamW is DistAdam (one process). One sample is a window of
@@ -64,7 +64,7 @@ from nanoshampoo.optim.shampoo import (
 from nanoshampoo.train.config import TrainConfig
 from nanoshampoo.train.hardware import cpu_name
 from nanoshampoo.train.setups.registry import BuildContext
-from nanoshampoo.train.setups.shampoo_family import build_soap_matrix, muon_shape_scale
+from nanoshampoo.train.setups.shampoo_family import build_matrix_optimizer, muon_shape_scale
 
 GPT_SMALL_SHAPES = "768x768,768x768,768x768,768x768,768x3072,3072x768"
 ROWS = ("muon", "soap", "shampoo", "adamw")
@@ -205,7 +205,7 @@ def soap_rows(directory: Path | None, log: list[str]) -> list[Row]:
     frequency = soap.precondition_frequency
 
     def ours(params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
-        return build_soap_matrix(BuildContext({"matrix": params}, cfg, world_size=1))
+        return build_matrix_optimizer(BuildContext({"matrix": params}, cfg, world_size=1))
 
     def peer(params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
         return module.SOAP(params, lr=soap.lr, betas=(soap.beta1, soap.beta2),

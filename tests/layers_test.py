@@ -1,7 +1,7 @@
 """The package's layers point one way, and its files stay small.
 
 Layers, lowest first (``docs/architecture.md``, "Layers"): the foundation (the root package,
-``io_utils``, ``errors``, ``matmul_speed``, ``testing``), ``optim``, ``model``, ``data``, ``train``, ``evidence``, ``cli``
+``io_utils``, ``errors``, ``matmul_speed``, ``validation``, ``testing``), ``optim``, ``model``, ``data``, ``train``, ``evidence``, ``cli``
 (``nanoshampoo/cli.py`` and ``__main__.py``). A module may import from its own layer or a lower
 one. Every ``import`` statement counts, also those inside functions (a lazy import is still a
 dependency). The imports are read with ``ast``, so nothing is executed. Test modules in the
@@ -24,6 +24,7 @@ LAYER_OF = {
     "io_utils": "foundation",
     "errors": "foundation",
     "matmul_speed": "foundation",
+    "validation": "foundation",
     "testing": "foundation",
     "optim": "optim",
     "model": "model",

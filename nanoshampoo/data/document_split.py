@@ -33,6 +33,7 @@ import hashlib
 from collections.abc import Sequence
 
 from nanoshampoo.data.documents import Document
+from nanoshampoo.validation import check_float
 
 
 def _hash_key(*parts: str) -> str:
@@ -59,8 +60,7 @@ def split_documents(
     ``val_fraction`` must lie in ``(0, 1)``. A single-document source must have at least two
     characters.
     """
-    if not 0.0 < val_fraction < 1.0:
-        raise ValueError(f"val_fraction must lie in (0, 1), got {val_fraction}")
+    check_float("val_fraction", val_fraction, greater_than=0.0, less_than=1.0)
     if not documents:
         raise ValueError("documents must not be empty")
     by_source: dict[str, list[Document]] = {}

@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from nanoshampoo.data.documents import Document, read_documents
+from nanoshampoo.validation import check_choice
 
 EMBEDDED_SOURCES: tuple[str, ...] = ("shakespeare", "kjv")
 CORPUS_DIR = Path(__file__).parent / "corpus"
@@ -29,8 +30,7 @@ CORPUS_DIR = Path(__file__).parent / "corpus"
 def embedded_corpus_path(source: str) -> Path:
     """Path of one source's corpus file; ``ValueError`` for an unknown source name,
     ``FileNotFoundError`` when the file is missing from the installed package."""
-    if source not in EMBEDDED_SOURCES:
-        raise ValueError(f"source must be one of {EMBEDDED_SOURCES}, got {source!r}")
+    check_choice("source", source, EMBEDDED_SOURCES)
     path = CORPUS_DIR / f"{source}.jsonl.gz"
     if not path.is_file():
         raise FileNotFoundError(

@@ -39,6 +39,7 @@ import numpy as np
 import torch
 
 from nanoshampoo.data.shards import list_shards, read_shard, read_shard_token_count
+from nanoshampoo.validation import check_int
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 
@@ -49,10 +50,8 @@ def _check_layout(global_batch_size: int, seq_len: int, rank: int, world_size: i
         ("seq_len", seq_len),
         ("world_size", world_size),
     ):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < world_size:
-        raise ValueError(f"rank must be an integer in [0, world_size={world_size}), got {rank!r}")
+        check_int(name, value, at_least=1)
+    check_int(f"rank (world_size={world_size})", rank, at_least=0, less_than=world_size)
     if global_batch_size % world_size:
         raise ValueError(
             f"global_batch_size={global_batch_size} must be divisible by world_size={world_size}"
@@ -153,15 +152,10 @@ class DistributedTokenLoader:
                 f"tokens_per_step in the state is {state['tokens_per_step']}, but this loader "
                 f"takes global_batch_size * seq_len = {self.tokens_per_step} tokens per step"
             )
-        shard_index = int(state["shard_index"])
-        if not 0 <= shard_index < len(self.files):
-            raise ValueError(f"shard_index {shard_index} is out of range for {len(names)} shards")
-        position = int(state["position"])
-        if not 0 <= position <= self.shard_token_counts[shard_index]:
-            raise ValueError(
-                f"position {position} is outside shard {names[shard_index]} "
-                f"({self.shard_token_counts[shard_index]} tokens)"
-            )
+        shard_index = check_int(f"shard_index of {len(names)} shards", int(state["shard_index"]),
+                                at_least=0, less_than=len(self.files))
+        position = check_int(f"position in shard {names[shard_index]}", int(state["position"]),
+                             at_least=0, at_most=self.shard_token_counts[shard_index])
         self.shard_index = shard_index
         self.position = position
         self.passes = int(state["passes"])
@@ -202,8 +196,7 @@ def validation_batches(
     """
     loader = DistributedTokenLoader(filename_pattern, global_batch_size, seq_len, rank, world_size)
     step = loader.tokens_per_step
-    if isinstance(val_tokens, bool) or not isinstance(val_tokens, int) or val_tokens < 1:
-        raise ValueError(f"val_tokens must be a positive integer, got {val_tokens!r}")
+    check_int("val_tokens", val_tokens, at_least=1)
     if val_tokens % step:
         raise ValueError(
             f"val_tokens={val_tokens} must be a multiple of "

@@ -37,6 +37,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from nanoshampoo.data.documents import Document
+from nanoshampoo.validation import check_int
 
 # A one-line paragraph shorter than this is treated as a heading of the text after it.
 HEADING_MAX_CHARS = 80
@@ -58,8 +59,7 @@ def _line_starts(text: str) -> list[int]:
 def passage_cuts(text: str, min_chars: int) -> list[int]:
     """Offsets where passages start by the module's rule: ``[0, c1, c2, ...]``, increasing,
     each a line start. ``min_chars`` must be positive."""
-    if isinstance(min_chars, bool) or not isinstance(min_chars, int) or min_chars < 1:
-        raise ValueError(f"min_chars must be a positive integer, got {min_chars!r}")
+    check_int("min_chars", min_chars, at_least=1)
     starts = _line_starts(text)
     ends = starts[1:] + [len(text)]
     cuts = [0]
@@ -102,8 +102,7 @@ def split_into_passages(document: Document, min_chars: int) -> list[Document]:
 def split_all_into_passages(documents: Sequence[Document], min_chars: int) -> list[Document]:
     """Every document's passages, in document order then text order; ``min_chars == 0``
     keeps each document whole (unchanged, title included)."""
-    if isinstance(min_chars, bool) or not isinstance(min_chars, int) or min_chars < 0:
-        raise ValueError(f"min_chars must be a non-negative integer, got {min_chars!r}")
+    check_int("min_chars (0: whole documents)", min_chars, at_least=0)
     if min_chars == 0:
         return list(documents)
     return [passage for doc in documents for passage in split_into_passages(doc, min_chars)]

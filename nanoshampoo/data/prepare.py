@@ -84,6 +84,7 @@ from nanoshampoo.data.tokenizer import (
 )
 from nanoshampoo.errors import EXIT_USER_ERROR, run_command, user_input
 from nanoshampoo.io_utils import atomic_output, check_name_lengths
+from nanoshampoo.validation import check_float, check_int
 
 # The default run's batch (TrainConfig: 16 sequences of 128 tokens); a split must hold one batch
 # and its shifted targets, so at least this many tokens plus one.
@@ -124,41 +125,11 @@ class PrepareConfig:
                 f"tokenizer must be 'bpe', 'gpt2' or the path of a tokenizer.json file; "
                 f"{self.tokenizer!r} is neither"
             )
-        if isinstance(self.vocab_size, bool) or not isinstance(self.vocab_size, int):
-            raise ValueError(f"vocab_size must be an integer, got {self.vocab_size!r}")
-        if not MIN_VOCAB_SIZE <= self.vocab_size <= MAX_VOCAB_SIZE:
-            raise ValueError(
-                f"vocab_size must lie in [{MIN_VOCAB_SIZE}, {MAX_VOCAB_SIZE}], "
-                f"got {self.vocab_size}"
-            )
-        if not isinstance(self.val_fraction, float | int) or not 0.0 < self.val_fraction < 1.0:
-            raise ValueError(f"val_fraction must lie in (0, 1), got {self.val_fraction!r}")
-        if (
-            isinstance(self.shard_tokens, bool)
-            or not isinstance(self.shard_tokens, int)
-            or not 1 <= self.shard_tokens <= MAX_SHARD_TOKENS
-        ):
-            raise ValueError(
-                f"shard_tokens must be an integer in [1, {MAX_SHARD_TOKENS}], "
-                f"got {self.shard_tokens!r}"
-            )
-        if (
-            isinstance(self.passage_chars, bool)
-            or not isinstance(self.passage_chars, int)
-            or self.passage_chars < 0
-        ):
-            raise ValueError(
-                f"passage_chars must be a non-negative integer (0: whole documents), "
-                f"got {self.passage_chars!r}"
-            )
-        if (
-            isinstance(self.min_batch_tokens, bool)
-            or not isinstance(self.min_batch_tokens, int)
-            or self.min_batch_tokens < 1
-        ):
-            raise ValueError(
-                f"min_batch_tokens must be a positive integer, got {self.min_batch_tokens!r}"
-            )
+        check_int("vocab_size", self.vocab_size, at_least=MIN_VOCAB_SIZE, at_most=MAX_VOCAB_SIZE)
+        check_float("val_fraction", self.val_fraction, greater_than=0.0, less_than=1.0)
+        check_int("shard_tokens", self.shard_tokens, at_least=1, at_most=MAX_SHARD_TOKENS)
+        check_int("passage_chars (0: whole documents)", self.passage_chars, at_least=0)
+        check_int("min_batch_tokens", self.min_batch_tokens, at_least=1)
         # The trainer reads each batch (and its shifted target) from one shard; smaller shards
         # are unusable, and --shard-tokens 1 would write one file per token.
         if self.shard_tokens <= self.min_batch_tokens:

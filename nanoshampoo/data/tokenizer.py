@@ -33,6 +33,7 @@ from pathlib import Path
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from nanoshampoo.io_utils import atomic_output
+from nanoshampoo.validation import check_int
 
 EOT_TOKEN = "<|endoftext|>"
 GPT2_VOCAB_SIZE = 50257
@@ -102,13 +103,8 @@ def train_bpe_tokenizer(texts: Iterable[str], vocab_size: int = 4096) -> TextTok
     Training is deterministic for a given list of texts. A small text may learn fewer merges,
     giving a smaller vocabulary: read ``vocab_size`` from the result.
     """
-    if isinstance(vocab_size, bool) or not isinstance(vocab_size, int):
-        raise ValueError(f"vocab_size must be an integer, got {vocab_size!r}")
-    if not MIN_VOCAB_SIZE <= vocab_size <= MAX_VOCAB_SIZE:
-        raise ValueError(
-            f"vocab_size must lie in [{MIN_VOCAB_SIZE}, {MAX_VOCAB_SIZE}] "
-            f"(256 bytes + end-of-text; ids must fit in uint16), got {vocab_size}"
-        )
+    # 256 bytes + end-of-text at least; ids must fit in uint16.
+    check_int("vocab_size", vocab_size, at_least=MIN_VOCAB_SIZE, at_most=MAX_VOCAB_SIZE)
     tokenizer = _byte_level_tokenizer(models.BPE())
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size - 1,  # the end-of-text token is added after training

@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from nanoshampoo.errors import UserError
+from nanoshampoo.validation import is_int, is_real
 
 RUN_SUFFIXES = (".jsonl", ".txt")
 
@@ -314,7 +315,7 @@ def _number(path: Path, lineno: int | None, record: dict[str, Any], name: str) -
         return math.nan
     if isinstance(value, str) and value.strip().lower() in _NON_FINITE:
         return _NON_FINITE[value.strip().lower()]
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    if not is_real(value):
         raise LogFormatError(
             f"{_where(path, lineno)}: {record.get('kind')!r} field {name!r} is not a number: {value!r}"
         )
@@ -323,7 +324,7 @@ def _number(path: Path, lineno: int | None, record: dict[str, Any], name: str) -
 
 def _integer(path: Path, lineno: int | None, record: dict[str, Any], name: str) -> int:
     value = _field(path, lineno, record, name)
-    if isinstance(value, bool) or not isinstance(value, int):
+    if not is_int(value):
         raise LogFormatError(
             f"{_where(path, lineno)}: {record.get('kind')!r} field {name!r} is not an integer: {value!r}"
         )

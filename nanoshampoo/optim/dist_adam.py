@@ -78,7 +78,7 @@ Example (one process, so no collective is issued; the same code runs on every ra
     >>> DistAdam(model.parameters(), eps=0.0)
     Traceback (most recent call last):
     ...
-    ValueError: eps must be a finite number > 0, got 0.0
+    ValueError: eps must be finite and > 0.0, got 0.0
 """
 
 from __future__ import annotations

@@ -27,26 +27,22 @@ Example:
     >>> validate_options({"lr": 1e-3, "betas": (0.9, 1.0), "eps": 1e-8, "weight_decay": 0.0}, "")
     Traceback (most recent call last):
     ...
-    ValueError: betas must be two numbers in [0, 1), got (0.9, 1.0)
+    ValueError: betas[1] must be in [0.0, 1.0), got 1.0
 """
 
 from __future__ import annotations
 
-import math
-import numbers
 from typing import Any
 
 import torch
 from torch import Tensor
 
+from nanoshampoo.validation import check_choice, check_float, check_int
+
 STATE_KEYS = ("step", "exp_avg", "exp_avg_sq")
 # What a caller's param group may hold (torch adds ``param_names`` for named parameters).
 GROUP_KEYS = ("params", "lr", "betas", "eps", "weight_decay", "param_names")
 NONFINITE_GRAD_POLICIES: tuple[str, ...] = ("raise", "skip")
-
-
-def is_real_number(value: object) -> bool:
-    return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
 def validate_options(options: dict[str, Any], where: str) -> None:
@@ -57,36 +53,25 @@ def validate_options(options: dict[str, Any], where: str) -> None:
         options["eps"],
         options["weight_decay"],
     )
-    if not (is_real_number(lr) and math.isfinite(lr) and lr >= 0.0):
-        raise ValueError(f"{where}lr must be a finite number >= 0, got {lr!r}")
+    check_float(f"{where}lr", lr, at_least=0.0)
     if not (isinstance(betas, (tuple, list)) and len(betas) == 2):
         raise ValueError(f"{where}betas must be a pair (beta1, beta2), got {betas!r}")
-    if not all(is_real_number(b) and 0.0 <= b < 1.0 for b in betas):
-        raise ValueError(f"{where}betas must be two numbers in [0, 1), got {betas!r}")
-    if not (is_real_number(eps) and math.isfinite(eps) and eps > 0.0):
-        raise ValueError(f"{where}eps must be a finite number > 0, got {eps!r}")
-    if not (is_real_number(weight_decay) and math.isfinite(weight_decay) and weight_decay >= 0.0):
-        raise ValueError(f"{where}weight_decay must be a finite number >= 0, got {weight_decay!r}")
+    for index, beta in enumerate(betas):
+        check_float(f"{where}betas[{index}]", beta, at_least=0.0, less_than=1.0)
+    check_float(f"{where}eps", eps, greater_than=0.0)
+    check_float(f"{where}weight_decay", weight_decay, at_least=0.0)
 
 
 def validate_settings(shard_min_numel: object, nonfinite_grad_policy: object) -> None:
     """The constructor's own settings (not AdamW options)."""
-    if isinstance(shard_min_numel, bool) or not isinstance(shard_min_numel, int) or (
-            shard_min_numel < 0):
-        raise ValueError(f"shard_min_numel must be an int >= 0, got {shard_min_numel!r}")
-    if nonfinite_grad_policy not in NONFINITE_GRAD_POLICIES:
-        raise ValueError(
-            f"nonfinite_grad_policy must be one of {NONFINITE_GRAD_POLICIES}, "
-            f"got {nonfinite_grad_policy!r}"
-        )
+    check_int("shard_min_numel", shard_min_numel, at_least=0)
+    check_choice("nonfinite_grad_policy", nonfinite_grad_policy, NONFINITE_GRAD_POLICIES)
 
 
 def validate_multipliers(param: Tensor, where: str) -> None:
     """Raise ``ValueError`` for a non-finite or negative ``lr_mul``/``wd_mul`` of ``param``."""
     for name in ("lr_mul", "wd_mul"):
-        value = getattr(param, name, 1.0)
-        if not (is_real_number(value) and math.isfinite(value) and value >= 0.0):
-            raise ValueError(f"{where}{name} must be a finite number >= 0, got {value!r}")
+        check_float(f"{where}{name}", getattr(param, name, 1.0), at_least=0.0)
 
 
 def validate_param_collection(params: object) -> None:
@@ -148,9 +133,7 @@ def validate_param_state(state: Any, param: Tensor, local_shape: torch.Size, nam
     missing = set(STATE_KEYS) - set(state)
     if missing:
         raise ValueError(f"{name} lacks {sorted(missing)}")
-    step = state["step"]
-    if isinstance(step, bool) or not isinstance(step, int) or step < 1:
-        raise ValueError(f"{name}['step'] must be an int >= 1 (steps taken), got {step!r}")
+    check_int(f"{name}['step']", state["step"], at_least=1)  # the steps taken
     for key in ("exp_avg", "exp_avg_sq"):
         value = state[key]
         if not isinstance(value, Tensor):
@@ -199,7 +182,7 @@ def validate_state_dict(state_dict: Any, params: list[Tensor], local_shapes: lis
             raise ValueError(f"{where}lacks {sorted(missing)}")
         validate_options(saved_group, where)
     for index, saved in state.items():
-        if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < len(params):
-            raise ValueError(f"state_dict state index {index!r} is out of range")
+        check_int(f"state_dict state index (of {len(params)} params)", index, at_least=0,
+                  less_than=len(params))
         validate_param_state(saved, params[index], local_shapes[index],
                              f"state_dict state[{index}]")

@@ -28,9 +28,9 @@ Example:
 
 from __future__ import annotations
 
-import math
 import re
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,11 +40,20 @@ from torch import nn
 
 from nanoshampoo.io_utils import atomic_output
 from nanoshampoo.train.config import UserError, check_run_id
+from nanoshampoo.validation import check_float, check_int
 
 FORMAT_VERSION = 1
 PARTIAL_SUFFIX = ".partial"
 SHARDED_META = "meta.pt"
 _STEP_DIR = re.compile(r"^step_(\d+)$")
+class _Missing:
+    """A field the record lacks: shown as ``got missing``."""
+
+    def __repr__(self) -> str:
+        return "missing"
+
+
+_MISSING = _Missing()
 # The loader's state (``DistributedTokenLoader.state_dict``): field -> type.
 _LOADER_FIELDS = {"shard_index": int, "position": int, "passes": int, "tokens_per_step": int,
                   "shard_names": list}
@@ -244,14 +253,16 @@ def _check_record(path: Path, record: dict[str, Any], sharded: bool, holds_model
         shown = repr(record[name]) if name in record else "missing"
         return UserError(f"--resume: {path}: field {name!r} must be {expected}, got {shown[:60]}")
 
-    for name in ("step", "world_size"):
-        value = record.get(name)
-        if isinstance(value, bool) or not isinstance(value, int) or value < (name == "world_size"):
-            raise bad(name, "an integer >= " + ("1" if name == "world_size" else "0"))
-    time_ms = record.get("train_time_ms")
-    if isinstance(time_ms, bool) or not isinstance(time_ms, (int, float)) or not (
-            math.isfinite(time_ms) and time_ms >= 0):
-        raise bad("train_time_ms", "a finite number >= 0")
+    def check(name: str, rule: Callable[..., Any], **bounds: Any) -> None:
+        """``rule`` (a ``nanoshampoo.validation`` check) on the field, as a one-line UserError."""
+        try:
+            rule(f"field {name!r}", record.get(name, _MISSING), **bounds)
+        except ValueError as err:
+            raise UserError(f"--resume: {path}: {str(err)[:160]}") from None
+
+    check("step", check_int, at_least=0)
+    check("world_size", check_int, at_least=1)
+    check("train_time_ms", check_float, at_least=0.0)
     if not isinstance(record.get("run_id", ""), str):
         raise bad("run_id", "a string")
     try:  # a resumed run's logs are named by it: "../x" would write outside --out-dir
@@ -270,9 +281,7 @@ def _check_record(path: Path, record: dict[str, Any], sharded: bool, holds_model
     if record.get("cuda_rng") is not None and not isinstance(record["cuda_rng"], torch.Tensor):
         raise bad("cuda_rng", "None or a tensor")
     if sharded:
-        value = record.get("num_optimizers")
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise bad("num_optimizers", "an integer >= 0")
+        check("num_optimizers", check_int, at_least=0)
         return
     optimizers = record.get("optimizers")
     if not isinstance(optimizers, list) or not all(isinstance(o, dict) for o in optimizers):

@@ -1,14 +1,21 @@
 """Field checks shared by the Shampoo config dataclasses, and the error for unsupported configs.
 
 Each check raises ``ValueError`` whose message starts with the field name, so a config's
-``__post_init__`` reads as one line per field.
+``__post_init__`` reads as one line per field. The checks are the Shampoo configs' names for the
+rules of :mod:`nanoshampoo.validation`, which holds them once.
 """
 
 from __future__ import annotations
 
-import math
-
 import torch
+
+from nanoshampoo import validation
+from nanoshampoo.validation import check_bool, check_dtype, check_float
+
+__all__ = [
+    "FLOAT_DTYPES", "UnsupportedConfigError", "check_bool", "check_ema_storage_dtype", "check_int",
+    "check_open_closed_unit", "check_optional_tolerance", "check_positive",
+]
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
@@ -24,17 +31,13 @@ class UnsupportedConfigError(ValueError, NotImplementedError):
 
 def check_open_closed_unit(name: str, value: float, low_open: bool, high_open: bool) -> None:
     """Raise ``ValueError`` naming ``name`` unless ``value`` lies in the given unit interval."""
-    low_ok = value > 0.0 if low_open else value >= 0.0
-    high_ok = value < 1.0 if high_open else value <= 1.0
-    if not (isinstance(value, (int, float)) and low_ok and high_ok):
-        interval = f"{'(' if low_open else '['}0.0, 1.0{')' if high_open else ']'}"
-        raise ValueError(f"{name} must be in {interval}, got {value!r}")
+    check_float(name, value, **{"greater_than" if low_open else "at_least": 0.0,
+                                "less_than" if high_open else "at_most": 1.0})
 
 
 def check_positive(name: str, value: float) -> None:
     """Finite and > 0: an infinite epsilon divides every update to zero (a step that does nothing)."""
-    if isinstance(value, bool) or not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0.0):
-        raise ValueError(f"{name} must be finite and > 0.0, got {value!r}")
+    check_float(name, value, greater_than=0.0)
 
 
 def check_ema_storage_dtype(name: str, dtype: object, weight: float, weight_name: str) -> None:
@@ -47,10 +50,8 @@ def check_ema_storage_dtype(name: str, dtype: object, weight: float, weight_name
     (AdaGrad), which stalls too once ``t > 1 / eps``. Only dtypes narrower than float32 are
     checked.
     """
-    if dtype is None:
+    if check_dtype(name, dtype, FLOAT_DTYPES, optional=True) is None:
         return
-    if dtype not in FLOAT_DTYPES:
-        raise ValueError(f"{name} must be None or one of {FLOAT_DTYPES}, got {dtype!r}")
     eps = torch.finfo(dtype).eps
     # float32/float64 storage is what the computation uses anyway: never refused.
     if eps > torch.finfo(torch.float32).eps and not weight >= eps:
@@ -61,20 +62,8 @@ def check_ema_storage_dtype(name: str, dtype: object, weight: float, weight_name
 
 
 def check_optional_tolerance(name: str, value: object, allow_none: bool = True) -> None:
-    if value is None and allow_none:
-        return
-    if isinstance(value, bool) or not (
-        isinstance(value, (int, float)) and math.isfinite(value) and value >= 0.0
-    ):
-        expected = "a finite float >= 0" + (" or None" if allow_none else "")
-        raise ValueError(f"{name} must be {expected}, got {value!r}")
-
-
-def check_bool(name: str, value: object) -> None:
-    if not isinstance(value, bool):
-        raise ValueError(f"{name} must be a bool, got {value!r}")
+    check_float(name, value, at_least=0.0, optional=allow_none)
 
 
 def check_int(name: str, value: object, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
+    validation.check_int(name, value, at_least=minimum)

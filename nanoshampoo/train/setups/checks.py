@@ -1,5 +1,6 @@
 """Validators of hyper-parameter tables: each raises ``ValueError`` naming the table's field
-and its flag (``muon.lr (--muon.lr)``).
+and its flag (``muon.lr (--muon.lr)``). The rules are :mod:`nanoshampoo.validation`'s; this module
+only turns a table and a field name into the label.
 
 Learning rates and weight decays must be finite and >= 0; epsilons finite and > 0 (an infinite
 epsilon makes a step that changes nothing, a zero one divides by zero); betas in [0, 1).
@@ -8,8 +9,11 @@ epsilon makes a step that changes nothing, a zero one divides by zero); betas in
 from __future__ import annotations
 
 import dataclasses
-import math
+from collections.abc import Callable
 from typing import Any
+
+from nanoshampoo import validation
+from nanoshampoo.validation import check_float, check_int, is_int, is_real
 
 
 def field_label(table: str, name: str) -> str:
@@ -19,37 +23,26 @@ def field_label(table: str, name: str) -> str:
 
 def check_finite_nonnegative(table: str, obj: Any, *names: str) -> None:
     for name in names:
-        value = getattr(obj, name)
-        if not (math.isfinite(value) and value >= 0):
-            raise ValueError(f"{field_label(table, name)} must be finite and >= 0, got {value}")
+        check_float(field_label(table, name), getattr(obj, name), at_least=0.0)
 
 
 def check_epsilon(table: str, obj: Any, *names: str) -> None:
     for name in names:
-        value = getattr(obj, name)
-        if not (math.isfinite(value) and value > 0):
-            raise ValueError(f"{field_label(table, name)} must be finite and > 0, got {value}")
+        check_float(field_label(table, name), getattr(obj, name), greater_than=0.0)
 
 
 def check_beta(table: str, obj: Any, *names: str) -> None:
     for name in names:
-        value = getattr(obj, name)
-        if not 0.0 <= value < 1.0:
-            raise ValueError(f"{field_label(table, name)} must be in [0, 1), got {value}")
+        check_float(field_label(table, name), getattr(obj, name), at_least=0.0, less_than=1.0)
 
 
 def check_at_least(table: str, obj: Any, minimum: int, *names: str) -> None:
     for name in names:
-        value = getattr(obj, name)
-        if value < minimum:
-            raise ValueError(f"{field_label(table, name)} must be >= {minimum}, got {value}")
+        check_int(field_label(table, name), getattr(obj, name), at_least=minimum)
 
 
 def check_choice(table: str, obj: Any, name: str, choices: tuple[str, ...]) -> None:
-    value = getattr(obj, name)
-    if value not in choices:
-        raise ValueError(f"{field_label(table, name)} must be one of {list(choices)}, "
-                         f"got {value!r}")
+    validation.check_choice(field_label(table, name), getattr(obj, name), choices)
 
 
 def check_types(owner: str, obj: Any) -> None:
@@ -59,8 +52,10 @@ def check_types(owner: str, obj: Any) -> None:
         check_value_type(f"{owner}.{f.name}", getattr(obj, f.name), f.type)
 
 
-_TYPES: dict[str, tuple[type, ...]] = {
-    "bool": (bool,), "int": (int,), "float": (int, float), "str": (str,),
+# The type a field annotation names, as a test of the value (range checks come after it).
+_TYPES: dict[str, Callable[[Any], bool]] = {
+    "bool": lambda v: isinstance(v, bool), "int": is_int, "float": is_real,
+    "str": lambda v: isinstance(v, str),
 }
 
 
@@ -70,17 +65,14 @@ def check_value_type(label: str, value: Any, annotation: Any) -> None:
     ``"dict[str, Any]"``)."""
     kind = annotation if isinstance(annotation, str) else getattr(annotation, "__name__", "")
     if kind.startswith("tuple"):
-        if not (isinstance(value, (tuple, list)) and all(
-                isinstance(v, int) and not isinstance(v, bool) for v in value)):
+        if not (isinstance(value, (tuple, list)) and all(is_int(v) for v in value)):
             raise ValueError(f"{label} must be a list of integers, got {value!r}")
         return
     if kind.startswith("dict"):
         if not (isinstance(value, dict) and all(isinstance(k, str) for k in value)):
             raise ValueError(f"{label} must be a table of named values, got {value!r}")
         return
-    allowed = _TYPES.get(kind)
-    if allowed is None:
-        return
-    if isinstance(value, bool) and kind != "bool" or not isinstance(value, allowed):
+    fits = _TYPES.get(kind)
+    if fits is not None and not fits(value):
         raise ValueError(f"{label} must be {'an' if kind == 'int' else 'a'} {kind}, "
                          f"got {value!r} ({type(value).__name__})")

@@ -14,6 +14,13 @@ with AdamW (or DistAdam in ``*-distadam``) for the embedding, head and 1-D param
 None (the blocks' float32 computation dtype), so the defaults build the plain optimizer. The
 distributor comes from ``TrainConfig``'s ``distributor``, ``communication_dtype``,
 ``communicate_params``, ``parallel`` and ``fsdp_assignment``.
+
+Where the rules live: a table's ``__post_init__`` checks what its fields must be whatever the
+setup (types, choices, finite learning rates, betas in [0, 1)), without importing the optimizer,
+so an unused table is checked too. The optimizer's own rules (storage dtypes that cannot hold an
+EMA, the first root vs the precondition frequency, every config field) are not repeated here:
+``check_family_config`` builds the library's configs and validates the group they make, for the
+setup that runs, and the error names the trainer's flag (``library_checks``).
 """
 
 from __future__ import annotations
@@ -33,6 +40,7 @@ from nanoshampoo.train.setups.checks import (
     check_types,
     field_label,
 )
+from nanoshampoo.train.setups.library_checks import check_shampoo_group, library_config
 from nanoshampoo.train.setups.registry import (
     BuildContext,
     OptimizerPart,
@@ -88,7 +96,7 @@ class ShampooConfig:
     """The optimization-track Shampoo: root-inverse, Adam grafting, decoupled weight decay.
 
     ``root_dtype`` stores the roots, ``grafting_dtype`` the grafting's second moment;
-    ``pack_factors`` keeps the factors as lower triangles (half the bytes, the same numbers).
+    ``pack_factors`` keeps the factors as upper triangles (half the bytes, the same numbers).
     ``root_method`` "warm-qr": roots from the previous eigenvectors, accepted within
     ``warm_qr_tolerance`` after at most ``warm_qr_max_iterations`` QR iterations, else eigh.
     Factors of at least ``large_factor_dim`` (0: off) get their root every
@@ -126,8 +134,6 @@ class ShampooConfig:
         for name in ("grafting_dtype", "root_dtype"):
             check_choice("shampoo", self, name, STORAGE_DTYPES)
         check_choice("shampoo", self, "root_method", ROOT_METHODS)
-        check_ema_dtype("shampoo", "grafting_dtype", self.grafting_dtype, self.grafting_beta2,
-                        "grafting_beta2")
 
 
 @register_table("soap")
@@ -174,35 +180,33 @@ class MuonConfig:
         check_choice("muon", self, "ns_dtype", ("auto", "float32", "bfloat16"))
 
 
-def check_ema_dtype(table: str, name: str, dtype: str, beta: float, beta_name: str) -> None:
-    """A narrow EMA stalls when its new-sample weight ``1 - beta`` is below the dtype's
-    epsilon (the optimizer refuses it too, naming its own field): name ours here."""
-    eps = torch.finfo(getattr(torch, dtype)).eps
-    if dtype != "float32" and beta > 0.0 and not 1.0 - beta >= eps:
-        raise ValueError(f"{field_label(table, name)} {dtype!r} cannot hold an EMA with "
-                         f"{beta_name} {beta}: 1 - beta must be >= {eps} (each step's change "
-                         "would round away)")
-
-
-def _frequency_and_momentum(cfg: TrainConfig) -> tuple[int, float, str]:
-    spec = cfg.setup.matrix
-    if spec == "shampoo":
-        return cfg.table("shampoo").precondition_frequency, cfg.table("shampoo").beta1, "shampoo.beta1"
-    if spec == "soap":
-        return cfg.table("soap").precondition_frequency, cfg.table("soap").beta1, "soap.beta1"
-    return 1, cfg.table("muon").momentum, "muon.momentum"
-
-
 def check_family_config(cfg: TrainConfig) -> None:
-    """Across tables: the first root no earlier than the frequency; momentum storage vs beta."""
-    frequency, momentum, momentum_name = _frequency_and_momentum(cfg)
-    pre: PreconditionerConfig = cfg.table("preconditioner")
-    start = pre.start_preconditioning_step
-    if start != -1 and start < frequency:
-        raise ValueError(f"{field_label('preconditioner', 'start_preconditioning_step')} must be "
-                         f"-1 or >= the precondition frequency ({frequency}), got {start}")
-    check_ema_dtype("preconditioner", "momentum_dtype", pre.momentum_dtype, momentum,
-                    momentum_name)
+    """The setup's values by the optimizer's own rules (``library_checks``): every library
+    config is built and the group it would hold validated, errors naming the trainer's field."""
+    matrix = cfg.setup.matrix
+    kwargs = MATRIX_KWARGS[matrix](cfg.table("preconditioner"), cfg.table(matrix))
+    check_shampoo_group(kwargs, group_labels(matrix))
+
+
+def labels(table: str, **library_to_trainer: str) -> dict[str, str]:
+    """Library field -> trainer label: ``labels("shampoo", inv_factor_matrix_dtype="root_dtype")``."""
+    return {lib: field_label(table, ours) for lib, ours in library_to_trainer.items()}
+
+
+def group_labels(matrix: str) -> dict[str, str]:
+    """The trainer fields behind each ``DistributedShampoo`` group entry of setup ``matrix``."""
+    shared = labels("preconditioner", max_preconditioner_dim="max_preconditioner_dim",
+                    start_preconditioning_step="start_preconditioning_step",
+                    momentum_dtype="momentum_dtype", amortize_roots="amortize_roots")
+    if matrix == "muon":
+        # betas[0] and beta3 (its square) both come from the momentum.
+        own = labels("muon", lr="lr", weight_decay="weight_decay", beta3="momentum",
+                     **{"betas[0]": "momentum"})
+    else:
+        own = labels(matrix, lr="lr", weight_decay="weight_decay", epsilon="epsilon",
+                     precondition_frequency="precondition_frequency",
+                     **{"betas[0]": "beta1", "betas[1]": "beta2"})
+    return shared | own
 
 
 def storage_dtype(name: str) -> torch.dtype | None:
@@ -246,15 +250,13 @@ def distributed_config(ctx: BuildContext) -> Any:
         communication_dtype=communication_dtype, communicate_params=cfg.communicate_params)
 
 
-def common_kwargs(ctx: BuildContext) -> dict[str, Any]:
-    """The ``DistributedShampoo`` arguments the three setups share."""
+def common_kwargs(pre: PreconditionerConfig) -> dict[str, Any]:
+    """The ``DistributedShampoo`` arguments the three setups share, but the distributor."""
     from nanoshampoo.optim.shampoo import WeightDecayType
 
-    pre: PreconditionerConfig = ctx.cfg.table("preconditioner")
     return dict(max_preconditioner_dim=pre.max_preconditioner_dim,
                 start_preconditioning_step=pre.start_preconditioning_step,
                 weight_decay_type=WeightDecayType.DECOUPLED,
-                distributed_config=distributed_config(ctx),
                 momentum_dtype=storage_dtype(pre.momentum_dtype))
 
 
@@ -263,103 +265,122 @@ def stability_config(pre: PreconditionerConfig) -> Any:
 
     floor = None if pre.eigenvalue_floor_rtol == -1.0 else pre.eigenvalue_floor_rtol
     if pre.rank_deficient_stability == "pseudo-inverse":
-        return PseudoInverseConfig(rank_rtol=floor)
-    return PerturbationConfig(eigenvalue_floor_rtol=floor)
+        return library_config(PseudoInverseConfig, labels(
+            "preconditioner", rank_rtol="eigenvalue_floor_rtol"), rank_rtol=floor)
+    return library_config(PerturbationConfig, labels(
+        "preconditioner", eigenvalue_floor_rtol="eigenvalue_floor_rtol"), eigenvalue_floor_rtol=floor)
 
 
-def build_shampoo_matrix(ctx: BuildContext) -> torch.optim.Optimizer:
-    """``DistributedShampoo``, root-inverse with Adam grafting, for the block matrices."""
+def _epsilon(pre: PreconditionerConfig, epsilon: float) -> float:
+    # The pseudo-inverse adds no ridge: the library requires epsilon 0 with it.
+    return 0.0 if pre.rank_deficient_stability == "pseudo-inverse" else epsilon
+
+
+def shampoo_kwargs(pre: PreconditionerConfig, hp: ShampooConfig) -> dict[str, Any]:
+    """``DistributedShampoo`` arguments (no parameters, no distributor): root-inverse with
+    Adam grafting. Builds, and so validates, the library's configs."""
     from nanoshampoo.optim.shampoo import (
         AdamPreconditionerConfig,
-        DistributedShampoo,
         EigenConfig,
         RootInvShampooPreconditionerConfig,
         WarmStartedEigenConfig,
     )
 
-    pre: PreconditionerConfig = ctx.cfg.table("preconditioner")
-    hp: ShampooConfig = ctx.cfg.table("shampoo")
     stability = stability_config(pre)
-    root_solver = (WarmStartedEigenConfig(max_iterations=hp.warm_qr_max_iterations,
-                                          tolerance=hp.warm_qr_tolerance,
-                                          rank_deficient_stability_config=stability)
+    root_solver = (library_config(WarmStartedEigenConfig, labels(
+                       "shampoo", max_iterations="warm_qr_max_iterations",
+                       tolerance="warm_qr_tolerance"),
+                       max_iterations=hp.warm_qr_max_iterations, tolerance=hp.warm_qr_tolerance,
+                       rank_deficient_stability_config=stability)
                    if hp.root_method == "warm-qr"
                    else EigenConfig(rank_deficient_stability_config=stability))
-    return DistributedShampoo(
-        ctx.groups["matrix"], lr=hp.lr, betas=(hp.beta1, hp.beta2),
-        # The pseudo-inverse adds no ridge: the library requires epsilon 0 with it.
-        epsilon=0.0 if pre.rank_deficient_stability == "pseudo-inverse" else hp.epsilon,
-        weight_decay=hp.weight_decay, precondition_frequency=hp.precondition_frequency,
-        use_bias_correction=True,
-        grafting_config=AdamPreconditionerConfig(
-            beta2=hp.grafting_beta2, epsilon=hp.grafting_epsilon,
-            second_moment_dtype=storage_dtype(hp.grafting_dtype)),
-        preconditioner_config=RootInvShampooPreconditionerConfig(
-            amortized_computation_config=root_solver,
-            factor_matrix_dtype=getattr(torch, pre.factor_dtype),
-            inv_factor_matrix_dtype=storage_dtype(hp.root_dtype),
-            use_symmetric_packing=hp.pack_factors, large_factor_dim=hp.large_factor_dim,
-            large_factor_frequency_multiplier=hp.large_factor_frequency_multiplier),
-        amortize_roots=pre.amortize_roots, **common_kwargs(ctx))
+    grafting = library_config(
+        AdamPreconditionerConfig, labels("shampoo", beta2="grafting_beta2",
+                                         epsilon="grafting_epsilon",
+                                         second_moment_dtype="grafting_dtype"),
+        beta2=hp.grafting_beta2, epsilon=hp.grafting_epsilon,
+        second_moment_dtype=storage_dtype(hp.grafting_dtype))
+    preconditioner = library_config(
+        RootInvShampooPreconditionerConfig,
+        labels("shampoo", inv_factor_matrix_dtype="root_dtype",
+               use_symmetric_packing="pack_factors",
+               large_factor_dim="large_factor_dim",
+               large_factor_frequency_multiplier="large_factor_frequency_multiplier")
+        | labels("preconditioner", factor_matrix_dtype="factor_dtype"),
+        amortized_computation_config=root_solver,
+        factor_matrix_dtype=getattr(torch, pre.factor_dtype),
+        inv_factor_matrix_dtype=storage_dtype(hp.root_dtype), use_symmetric_packing=hp.pack_factors,
+        large_factor_dim=hp.large_factor_dim,
+        large_factor_frequency_multiplier=hp.large_factor_frequency_multiplier)
+    return dict(lr=hp.lr, betas=(hp.beta1, hp.beta2), epsilon=_epsilon(pre, hp.epsilon),
+                weight_decay=hp.weight_decay, precondition_frequency=hp.precondition_frequency,
+                use_bias_correction=True, grafting_config=grafting,
+                preconditioner_config=preconditioner, amortize_roots=pre.amortize_roots,
+                **common_kwargs(pre))
 
 
-def build_soap_matrix(ctx: BuildContext) -> torch.optim.Optimizer:
-    """``DistributedShampoo``, eigenvalue-corrected (SOAP), no grafting, for the block matrices."""
+def soap_kwargs(pre: PreconditionerConfig, hp: SoapConfig) -> dict[str, Any]:
+    """``DistributedShampoo`` arguments: eigenvalue-corrected (SOAP), no grafting."""
     from nanoshampoo.optim.shampoo import (
-        DistributedShampoo,
         EigenvalueCorrectedShampooPreconditionerConfig,
         QREigendecompositionConfig,
     )
 
-    pre: PreconditionerConfig = ctx.cfg.table("preconditioner")
-    hp: SoapConfig = ctx.cfg.table("soap")
-    return DistributedShampoo(
-        ctx.groups["matrix"], lr=hp.lr, betas=(hp.beta1, hp.beta2),
-        epsilon=0.0 if pre.rank_deficient_stability == "pseudo-inverse" else hp.epsilon,
-        weight_decay=hp.weight_decay, precondition_frequency=hp.precondition_frequency,
-        use_bias_correction=True, grafting_config=None,
-        preconditioner_config=EigenvalueCorrectedShampooPreconditionerConfig(
-            amortized_computation_config=QREigendecompositionConfig(
-                rank_deficient_stability_config=stability_config(pre)),
-            factor_matrix_dtype=getattr(torch, pre.factor_dtype)),
-        amortize_roots=pre.amortize_roots, **common_kwargs(ctx))
+    preconditioner = library_config(
+        EigenvalueCorrectedShampooPreconditionerConfig,
+        labels("preconditioner", factor_matrix_dtype="factor_dtype"),
+        amortized_computation_config=QREigendecompositionConfig(
+            rank_deficient_stability_config=stability_config(pre)),
+        factor_matrix_dtype=getattr(torch, pre.factor_dtype))
+    return dict(lr=hp.lr, betas=(hp.beta1, hp.beta2), epsilon=_epsilon(pre, hp.epsilon),
+                weight_decay=hp.weight_decay, precondition_frequency=hp.precondition_frequency,
+                use_bias_correction=True, grafting_config=None,
+                preconditioner_config=preconditioner, amortize_roots=pre.amortize_roots,
+                **common_kwargs(pre))
 
 
-def build_muon_matrix(ctx: BuildContext) -> torch.optim.Optimizer:
-    """``DistributedShampoo`` with spectral descent (the speedrun's Muon) for the block matrices."""
+def muon_kwargs(pre: PreconditionerConfig, hp: MuonConfig) -> dict[str, Any]:
+    """``DistributedShampoo`` arguments: spectral descent (the speedrun's Muon)."""
     from nanoshampoo.optim.shampoo import (
-        DistributedShampoo,
         NewtonSchulzOrthogonalizationConfig,
         SpectralDescentPreconditionerConfig,
     )
 
-    hp: MuonConfig = ctx.cfg.table("muon")
-    return DistributedShampoo(
-        # beta2 is unused by the stateless spectral-descent preconditioner.
-        ctx.groups["matrix"], lr=hp.lr, betas=(hp.momentum, 1.0), beta3=hp.momentum**2,
-        weight_decay=hp.weight_decay, precondition_frequency=1, use_bias_correction=False,
-        grafting_config=None,
-        preconditioner_config=SpectralDescentPreconditionerConfig(
-            orthogonalization_config=NewtonSchulzOrthogonalizationConfig(
-                num_iterations=hp.ns_steps, scale_by_dims_fn=muon_shape_scale,
-                compute_dtype=hp.ns_dtype if hp.ns_dtype == "auto" else getattr(torch, hp.ns_dtype))),
-        **common_kwargs(ctx))
+    orthogonalization = library_config(
+        NewtonSchulzOrthogonalizationConfig, labels("muon", num_iterations="ns_steps"),
+        num_iterations=hp.ns_steps, scale_by_dims_fn=muon_shape_scale,
+        compute_dtype=hp.ns_dtype if hp.ns_dtype == "auto" else getattr(torch, hp.ns_dtype))
+    # beta2 is unused by the stateless spectral-descent preconditioner.
+    return dict(lr=hp.lr, betas=(hp.momentum, 1.0), beta3=hp.momentum**2,
+                weight_decay=hp.weight_decay, precondition_frequency=1, use_bias_correction=False,
+                grafting_config=None,
+                preconditioner_config=SpectralDescentPreconditionerConfig(
+                    orthogonalization_config=orthogonalization),
+                **common_kwargs(pre))
 
 
-MATRIX_BUILDERS = {"shampoo": build_shampoo_matrix, "soap": build_soap_matrix,
-                    "muon": build_muon_matrix}
+MATRIX_KWARGS = {"shampoo": shampoo_kwargs, "soap": soap_kwargs, "muon": muon_kwargs}
+
+
+def build_matrix_optimizer(ctx: BuildContext) -> torch.optim.Optimizer:
+    """``DistributedShampoo`` for the block matrices, as the setup's ``[MATRIX]`` table says."""
+    from nanoshampoo.optim.shampoo import DistributedShampoo
+
+    matrix = ctx.cfg.setup.matrix
+    kwargs = MATRIX_KWARGS[matrix](ctx.cfg.table("preconditioner"), ctx.cfg.table(matrix))
+    return DistributedShampoo(ctx.groups["matrix"], distributed_config=distributed_config(ctx),
+                              **kwargs)
 
 
 def _register_family(matrix: str) -> None:
     """Register ``MATRIX`` (AdamW for the rest) and ``MATRIX-distadam`` (DistAdam for it)."""
-    build_matrix = MATRIX_BUILDERS[matrix]
     tables = ("adam", "preconditioner", matrix)
 
     def with_adamw(ctx: BuildContext) -> list[OptimizerPart]:
-        return [build_rest_adamw(ctx), OptimizerPart(build_matrix(ctx))]
+        return [build_rest_adamw(ctx), OptimizerPart(build_matrix_optimizer(ctx))]
 
     def with_distadam(ctx: BuildContext) -> list[OptimizerPart]:
-        return [*build_rest_distadam(ctx), OptimizerPart(build_matrix(ctx))]
+        return [*build_rest_distadam(ctx), OptimizerPart(build_matrix_optimizer(ctx))]
 
     register_setup(matrix, tables=tables, matrix=matrix, rest="adamw",
                    check=check_family_config)(with_adamw)

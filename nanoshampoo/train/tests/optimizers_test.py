@@ -18,14 +18,14 @@ from nanoshampoo.train.optimizers import (
     partition_parameters,
 )
 from nanoshampoo.train.setups import BuildContext
-from nanoshampoo.train.setups.shampoo_family import MATRIX_BUILDERS
+from nanoshampoo.train.setups.shampoo_family import build_matrix_optimizer
 
 
 def build_shampoo(params: list[torch.nn.Parameter], cfg: TrainConfig,
                   world_size: int) -> torch.optim.Optimizer:
     """The setup's DistributedShampoo alone, over ``params`` as its block matrices."""
     groups = {"embed": [], "head": [], "scalar": [], "matrix": list(params)}
-    return MATRIX_BUILDERS[cfg.setup.matrix](BuildContext(groups, cfg, world_size))
+    return build_matrix_optimizer(BuildContext(groups, cfg, world_size))
 
 
 def names_of(model: GPT, params: list[torch.nn.Parameter]) -> set[str]:

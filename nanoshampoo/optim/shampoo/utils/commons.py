@@ -4,9 +4,11 @@ there."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from itertools import islice
-from typing import TypeVar
+from typing import Any, TypeVar
+
+from nanoshampoo.validation import check_int
 
 T = TypeVar("T")
 
@@ -25,6 +27,15 @@ class InvalidArgumentError(ValueError, AssertionError):
         ...     print(type(error).__name__, isinstance(error, ValueError))
         InvalidArgumentError True
     """
+
+
+def check_argument(rule: Callable[..., T], label: str, value: Any, **bounds: Any) -> T:
+    """``rule(label, value, **bounds)``, a :mod:`nanoshampoo.validation` check, raising
+    :class:`InvalidArgumentError` (the same message) instead of its ``ValueError``."""
+    try:
+        return rule(label, value, **bounds)
+    except ValueError as err:
+        raise InvalidArgumentError(str(err)) from None
 
 
 class InvalidStateError(RuntimeError, AssertionError):
@@ -78,8 +89,11 @@ def batched(iterable: Iterable[T], n: int) -> Iterator[tuple[T, ...]]:
         >>> list(batched(range(10), 3))
         [(0, 1, 2), (3, 4, 5), (6, 7, 8), (9,)]
     """
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise ValueError(f"batched: {n=} must be at least one (n must be an int >= 1, got {n!r})")
+    try:
+        check_int("n", n, at_least=1)
+    except ValueError as err:
+        # itertools.batched's own words first, so a message match written for it still holds.
+        raise ValueError(f"batched: {n=} must be at least one ({err})") from None
     return _batched(iter(iterable), n)
 
 

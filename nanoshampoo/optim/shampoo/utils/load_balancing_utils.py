@@ -10,6 +10,7 @@ import torch
 from numpy.polynomial import polynomial
 
 from nanoshampoo.optim.shampoo.utils.abstract_dataclass import AbstractDataclass
+from nanoshampoo.validation import check_float, check_int
 
 
 @dataclass(init=False)
@@ -64,11 +65,7 @@ class PolynomialComputationalCostModel(CostModel):
                 "PolynomialComputationalCostModel.coefficients must be a non-empty tuple of finite "
                 f"floats, got {self.coefficients!r}"
             )
-        if not (math.isfinite(self.min_cost) and self.min_cost >= 0):
-            raise ValueError(
-                "PolynomialComputationalCostModel.min_cost must be finite and >= 0, "
-                f"got {self.min_cost!r}"
-            )
+        check_float("PolynomialComputationalCostModel.min_cost", self.min_cost, at_least=0.0)
 
     def cost(self, tensor: torch.Tensor) -> float:
         return sum(
@@ -95,15 +92,7 @@ class AlignedMemoryCostModel(CostModel):
     alignment_bytes: int = 64
 
     def __post_init__(self) -> None:
-        if (
-            isinstance(self.alignment_bytes, bool)
-            or not isinstance(self.alignment_bytes, int)
-            or self.alignment_bytes < 1
-        ):
-            raise ValueError(
-                "AlignedMemoryCostModel.alignment_bytes must be an int >= 1, "
-                f"got {self.alignment_bytes!r}"
-            )
+        check_int("AlignedMemoryCostModel.alignment_bytes", self.alignment_bytes, at_least=1)
 
     def cost(self, tensor: torch.Tensor) -> int:
         size = tensor.numel() * tensor.element_size()

@@ -22,6 +22,8 @@ from typing import Any, ClassVar
 
 import torch
 
+from nanoshampoo.validation import is_int
+
 logger = logging.getLogger(__name__)
 
 _CONTAINERS = (dict, list, tuple, set)
@@ -159,7 +161,7 @@ def _saved_key(key: Hashable, new: Mapping[Hashable, Any]) -> Hashable | _Skip:
     """The key of ``new`` that holds the entry for the module's ``key`` (ints may be strings)."""
     if key in new:
         return key
-    if isinstance(key, int) and not isinstance(key, bool) and str(key) in new:
+    if is_int(key) and str(key) in new:
         return str(key)
     return _SKIP
 

@@ -8,6 +8,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from nanoshampoo.validation import check_int
+
 
 class CombinedLinear(nn.Module):
     """``nn.Linear`` with weight and bias stored in ONE parameter, ``combined_weight``.
@@ -49,8 +51,7 @@ class CombinedLinear(nn.Module):
     ) -> None:
         super().__init__()
         for name, value in (("in_features", in_features), ("out_features", out_features)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ValueError(f"CombinedLinear.{name} must be an int >= 0, got {value!r}")
+            check_int(f"CombinedLinear.{name}", value, at_least=0)
         self.in_features = in_features
         self.out_features = out_features
         self.bias = bias

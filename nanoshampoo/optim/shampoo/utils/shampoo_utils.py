@@ -19,7 +19,7 @@ from typing import Generic, TypeVar
 
 import torch
 
-from nanoshampoo.optim.shampoo.utils.commons import InvalidArgumentError
+from nanoshampoo.optim.shampoo.utils.commons import InvalidArgumentError, check_argument
 from nanoshampoo.optim.shampoo.utils.load_balancing_utils import (
     DefaultCostModel,
     LoadBalancingConfig,
@@ -29,6 +29,7 @@ from nanoshampoo.optim.shampoo.utils.param_redistribution import (
     prepare_update_param_buffers,
     redistribute_and_update_params,
 )
+from nanoshampoo.validation import check_int
 
 __all__ = [
     "ParameterizeEnterExitContext",
@@ -96,18 +97,8 @@ def merge_small_dims(
         raise InvalidArgumentError(
             f"merge_small_dims: tensor_shape must have dims >= 0, got {shape}"
         )
-    target = target_tensor_dimensionality
-    if isinstance(target, float):
-        if target != math.inf:
-            raise InvalidArgumentError(
-                "merge_small_dims: target_tensor_dimensionality may be a float only when it is "
-                f"math.inf (no merging), got {target!r}"
-            )
-    elif isinstance(target, bool) or not isinstance(target, int) or target < 1:
-        raise InvalidArgumentError(
-            "merge_small_dims: target_tensor_dimensionality must be an int >= 1 or math.inf, "
-            f"got {target!r}"
-        )
+    target = check_argument(check_int, "merge_small_dims: target_tensor_dimensionality",
+                            target_tensor_dimensionality, at_least=1, or_infinity=True)
     return _merge_small_dims_cached(shape, threshold, target)
 
 
@@ -156,10 +147,8 @@ def multi_dim_split(tensor: torch.Tensor, split_size: int | float) -> tuple[torc
     """
     if split_size == math.inf:
         return (tensor,)
-    if isinstance(split_size, bool) or not isinstance(split_size, int) or split_size < 1:
-        raise InvalidArgumentError(
-            f"multi_dim_split: split_size must be an int >= 1 or math.inf, got {split_size!r}"
-        )
+    check_argument(check_int, "multi_dim_split: split_size", split_size, at_least=1,
+                   or_infinity=True)
     return reduce(
         lambda blocks, dim: tuple(
             piece
@@ -345,8 +334,7 @@ def unpack_upper_triangular(packed: torch.Tensor, dim: int) -> torch.Tensor:
         tensor([[1., 2.],
                 [2., 4.]])
     """
-    if isinstance(dim, bool) or not isinstance(dim, int) or dim < 0:
-        raise InvalidArgumentError(f"unpack_upper_triangular: dim must be an int >= 0, got {dim!r}")
+    check_argument(check_int, "unpack_upper_triangular: dim", dim, at_least=0)
     expected = dim * (dim + 1) // 2
     if packed.dim() < 1 or packed.shape[-1] != expected:
         raise InvalidArgumentError(
@@ -361,8 +349,7 @@ def unpack_upper_triangular(packed: torch.Tensor, dim: int) -> torch.Tensor:
 
 
 def _check_num_bins(name: str, value: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise InvalidArgumentError(f"{name} must be an int >= 1, got {value!r}")
+    check_argument(check_int, name, value, at_least=1)
 
 
 def _longest_first_assignment(

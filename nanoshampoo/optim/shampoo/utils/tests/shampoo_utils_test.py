@@ -91,7 +91,7 @@ def test_merge_small_dims_accepts_torch_size_and_lists() -> None:
 
 @pytest.mark.parametrize("target", [2.0, 0.5, -math.inf, math.nan])
 def test_merge_small_dims_rejects_finite_float_targets(target: float) -> None:
-    with pytest.raises(InvalidArgumentError, match=r"may be a float only when it is math.inf.*got"):
+    with pytest.raises(InvalidArgumentError, match=r"target_tensor_dimensionality must be an int >= 1 or math.inf, got"):
         merge_small_dims((2, 3), 10, target)
 
 
