@@ -72,6 +72,74 @@ class UpdateParamBuffers:
     round_outputs: tuple[tuple[torch.Tensor, ...], ...]
 
 
+def _group_size_and_rank(group: dist.ProcessGroup | None) -> tuple[int, int]:
+    """``(size, rank)`` of ``group``; ``(1, 0)`` without an initialized process group."""
+    if dist.is_available() and dist.is_initialized():
+        group_size, group_rank = dist.get_world_size(group), dist.get_rank(group)
+    elif group is not None:
+        raise ValueError(
+            "prepare_update_param_buffers: a group was given but no process group is initialized"
+        )
+    else:
+        group_size, group_rank = 1, 0
+    if group_rank < 0:
+        raise ValueError("prepare_update_param_buffers: this process is not a member of group")
+    return group_size, group_rank
+
+
+def _check_blocks(
+    blocks: Sequence[torch.Tensor],
+    owners: Sequence[int],
+    group_size: int,
+    communication_dtype: torch.dtype | None,
+) -> tuple[torch.device, torch.dtype]:
+    """The blocks' one device and the transfer dtype, after checking owners, devices, dtypes."""
+    bad = [rank for rank in owners if not 0 <= rank < group_size]
+    if bad:
+        raise ValueError(
+            "prepare_update_param_buffers: owner ranks must be in "
+            f"[0, {group_size}), got {sorted(set(bad))}"
+        )
+    devices = {block.device for block in blocks}
+    if len(devices) > 1:
+        raise ValueError(
+            "prepare_update_param_buffers: blocks must share one device, "
+            f"got {sorted(map(str, devices))}"
+        )
+    if communication_dtype is None:
+        dtypes = {block.dtype for block in blocks}
+        if len(dtypes) > 1:
+            raise ValueError(
+                "prepare_update_param_buffers: blocks have several dtypes "
+                f"{sorted(map(str, dtypes))}; pass communication_dtype"
+            )
+        communication_dtype = dtypes.pop() if dtypes else torch.float32
+    if not communication_dtype.is_floating_point:
+        raise ValueError(
+            "prepare_update_param_buffers: communication_dtype must be a floating-point dtype, "
+            f"got {communication_dtype}"
+        )
+    return (devices.pop() if devices else torch.device("cpu")), communication_dtype
+
+
+def _plan_rounds(
+    blocks: Sequence[torch.Tensor], owners: Sequence[int], group_size: int
+) -> tuple[list[list[int]], list[int], list[int]]:
+    """``(owned_by_rank, round_sizes, round_offsets)``: each rank sends its blocks largest
+    first, so that every round pairs blocks of similar size and the zero padding up to the
+    round's largest block stays small."""
+    owned_by_rank: list[list[int]] = [[] for _ in range(group_size)]
+    for index in sorted(range(len(blocks)), key=lambda i: (-blocks[i].numel(), i)):
+        owned_by_rank[owners[index]].append(index)
+    num_rounds = max((len(owned) for owned in owned_by_rank), default=0)
+    round_sizes = [
+        max((blocks[owned[k]].numel() for owned in owned_by_rank if k < len(owned)), default=0)
+        for k in range(num_rounds)
+    ]
+    round_offsets = [sum(round_sizes[:k]) for k in range(num_rounds)]
+    return owned_by_rank, round_sizes, round_offsets
+
+
 def prepare_update_param_buffers(
     blocks: Sequence[torch.Tensor],
     block_assignment: Sequence[tuple[int, int]],
@@ -113,55 +181,10 @@ def prepare_update_param_buffers(
             "prepare_update_param_buffers: block_assignment must have one entry per block, got "
             f"len(block_assignment)={len(block_assignment)} and len(blocks)={len(blocks)}"
         )
-    if dist.is_available() and dist.is_initialized():
-        group_size, group_rank = dist.get_world_size(group), dist.get_rank(group)
-    elif group is not None:
-        raise ValueError(
-            "prepare_update_param_buffers: a group was given but no process group is initialized"
-        )
-    else:
-        group_size, group_rank = 1, 0
-    if group_rank < 0:
-        raise ValueError("prepare_update_param_buffers: this process is not a member of group")
+    group_size, group_rank = _group_size_and_rank(group)
     owners = [rank for _, rank in block_assignment]
-    bad = [rank for rank in owners if not 0 <= rank < group_size]
-    if bad:
-        raise ValueError(
-            "prepare_update_param_buffers: owner ranks must be in "
-            f"[0, {group_size}), got {sorted(set(bad))}"
-        )
-    devices = {block.device for block in blocks}
-    if len(devices) > 1:
-        raise ValueError(
-            "prepare_update_param_buffers: blocks must share one device, "
-            f"got {sorted(map(str, devices))}"
-        )
-    if communication_dtype is None:
-        dtypes = {block.dtype for block in blocks}
-        if len(dtypes) > 1:
-            raise ValueError(
-                "prepare_update_param_buffers: blocks have several dtypes "
-                f"{sorted(map(str, dtypes))}; pass communication_dtype"
-            )
-        communication_dtype = dtypes.pop() if dtypes else torch.float32
-    if not communication_dtype.is_floating_point:
-        raise ValueError(
-            "prepare_update_param_buffers: communication_dtype must be a floating-point dtype, "
-            f"got {communication_dtype}"
-        )
-    device = devices.pop() if devices else torch.device("cpu")
-
-    # Each rank sends its blocks largest first, so that every round pairs blocks of similar size
-    # and the zero padding up to the round's largest block stays small.
-    owned_by_rank: list[list[int]] = [[] for _ in range(group_size)]
-    for index in sorted(range(len(blocks)), key=lambda i: (-blocks[i].numel(), i)):
-        owned_by_rank[owners[index]].append(index)
-    num_rounds = max((len(owned) for owned in owned_by_rank), default=0)
-    round_sizes = [
-        max((blocks[owned[k]].numel() for owned in owned_by_rank if k < len(owned)), default=0)
-        for k in range(num_rounds)
-    ]
-    round_offsets = [sum(round_sizes[:k]) for k in range(num_rounds)]
+    device, communication_dtype = _check_blocks(blocks, owners, group_size, communication_dtype)
+    owned_by_rank, round_sizes, round_offsets = _plan_rounds(blocks, owners, group_size)
     total = sum(round_sizes)
 
     send_buffer = torch.zeros(total, dtype=communication_dtype, device=device)
