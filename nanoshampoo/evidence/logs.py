@@ -193,32 +193,21 @@ def _read_txt(path: Path) -> RunRecord:
         raise LogFormatError(
             f"{path}: no validation lines 'step:N/M val_loss:X train_time:Yms step_avg:Zms'"
         )
+    common = dict(path=path, run_id=path.stem, total_steps=total_steps, peak_memory_mib=peak)
     if diverged is not None:
         step, train_time_ms = last_time
-        return RunRecord(
-            path=path,
-            run_id=path.stem,
-            total_steps=total_steps,
-            curve=_sorted_curve(points),
-            train_time_ms=train_time_ms,
-            step_avg_ms=train_time_ms / max(step, 1),
-            peak_memory_mib=peak,
-            diverged_step=int(diverged["step"]),
-            diverged_reason=diverged["reason"],
-        )
+        return RunRecord(**common, curve=_sorted_curve(points), train_time_ms=train_time_ms,
+                         step_avg_ms=train_time_ms / max(step, 1),
+                         diverged_step=int(diverged["step"]), diverged_reason=diverged["reason"])
     curve = _checked_curve(path, points, total_steps)
-    return _mark_non_finite(RunRecord(
-        path=path,
-        run_id=path.stem,
-        total_steps=total_steps,
-        curve=curve,
-        train_time_ms=curve[-1].train_time_ms,
-        step_avg_ms=step_avg_ms,
-        peak_memory_mib=peak,
-    ))
+    return _mark_non_finite(RunRecord(**common, curve=curve, train_time_ms=curve[-1].train_time_ms,
+                                      step_avg_ms=step_avg_ms))
 
 
-def _read_jsonl(path: Path) -> RunRecord:
+def _scan_jsonl(
+    path: Path,
+) -> tuple[dict[str, Any], dict[int, ValPoint], dict[str, Any] | None, dict[str, Any] | None]:
+    """The last segment's ``(config, val points, final, diverged)`` records, each checked."""
     config: dict[str, Any] = {}
     points: dict[int, ValPoint] = {}
     final: dict[str, Any] | None = None
@@ -245,6 +234,11 @@ def _read_jsonl(path: Path) -> RunRecord:
                 _integer(path, lineno, record, name)
             _number(path, lineno, record, "train_time_ms")
             diverged = record
+    return config, points, final, diverged
+
+
+def _read_jsonl(path: Path) -> RunRecord:
+    config, points, final, diverged = _scan_jsonl(path)
     peak = None if final is None else final.get("peak_memory_mib")
     if not isinstance(config.get("config") or {}, dict):
         raise LogFormatError(f"{path}: the config record's 'config' is not an object")

@@ -232,6 +232,7 @@ class DistributedShampoo(torch.optim.Optimizer):
         use_nesterov: bool = False,
         nonfinite_grad_policy: str = "raise",
     ) -> None:
+        # Long for its signature: the reference library's arguments, in its order, plus ours.
         if nonfinite_grad_policy not in NONFINITE_GRAD_POLICIES:
             raise ValueError(
                 f"nonfinite_grad_policy must be one of {NONFINITE_GRAD_POLICIES}, got {nonfinite_grad_policy!r}"

@@ -301,8 +301,7 @@ def coupled_higher_order_inverse_root(
         ``(roots (N, n, n), ok (N,) bool)``; ``ok`` is False where the root is not finite or
         the iteration's residual ``max |M - I|`` (``M = X^p B``) ended above 0.1.
     """
-    p, q = root.numerator, root.denominator
-    n = matrices.shape[-1]
+    p, q, n = root.numerator, root.denominator, matrices.shape[-1]
     identity = torch.eye(n, dtype=matrices.dtype, device=matrices.device)
     noise_dtype = least_precise_dtype(matrices.dtype, root_dtype or matrices.dtype)
     bound = torch.linalg.matrix_norm(matrices, ord=torch.inf).view(-1, 1, 1)
@@ -444,6 +443,8 @@ def warm_started_eigh_inverse_root(
         ``fell_back`` marks the warm matrices that needed the full ``eigh``. The host reads one
         flag per QR iteration and one before the fallback, not one per matrix.
     """
+    # Kept as one function: the warm-started solve reads as one algorithm (QR iterations with an
+    # acceptance test, then the eigh fallback for the rest); its parts share every tensor.
     perturbed = isinstance(stability, PerturbationConfig) and stability.perturb_before_computation
     if perturbed and epsilon > 0.0:
         matrices = matrices + epsilon * torch.eye(
