@@ -116,13 +116,28 @@ def files_over_the_limit() -> list[str]:
     ]
 
 
-_OVER = files_over_the_limit()
-
-
-@pytest.mark.xfail(
-    bool(_OVER),
-    reason="still over 500 lines, being split under issue 23: " + ", ".join(_OVER),
-    strict=False,
-)
 def test_no_file_in_the_package_is_over_500_lines() -> None:
     assert files_over_the_limit() == []
+
+
+# The functions allowed past 60 lines, each with a comment in its body saying why it stays long.
+LONG_FUNCTIONS = {
+    ("optim/shampoo/preconditioner/matrix_roots.py", "warm_started_eigh_inverse_root"),
+    ("optim/shampoo/distributed_shampoo.py", "__init__"),
+}
+MAX_FUNCTION_LINES = 60
+
+
+def long_functions() -> set[tuple[str, str]]:
+    found = set()
+    for path in package_files():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                if node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES:
+                    found.add((path.relative_to(PACKAGE).as_posix(), node.name))
+    return found
+
+
+def test_at_most_three_functions_are_over_60_lines_and_each_is_named_here() -> None:
+    assert len(LONG_FUNCTIONS) <= 3
+    assert long_functions() <= LONG_FUNCTIONS, sorted(long_functions() - LONG_FUNCTIONS)

@@ -168,18 +168,7 @@ class Trainer:
         # After the checks above: a refused resume or run id prepares no data on disk.
         self.data: DataSource = resolve_data(cfg, ctx)
 
-        torch.manual_seed(cfg.seed)
-        model_config = gpt_preset(cfg.model, self.data.vocab_size, cfg.combined_linear)
-        self._check_model_fits(model_config)
-        self.model = GPT(model_config).to(ctx.device)
-        self.mfu = mfu_meter(model_config, cfg.seq_len, cfg.tokens_per_step, ctx.device,
-                             self.autocast.enabled, ctx.world_size)
-        broadcast_parameters(self.model, ctx)
-        if cfg.parallel != "ddp":
-            # Each rank keeps its dim-0 shard of rank 0's weights.
-            shard_model(self.model, self.model.blocks, ctx, cfg.parallel, cfg.hsdp_shard_size,
-                        bf16_params=self.autocast.enabled)
-        self.param_names = {id(p): name for name, p in self.model.named_parameters()}
+        self._build_model()
         self.setup = build_optimizer_setup(self.model, cfg, ctx.world_size)
         # DistAdam's gradients may still be in flight (its hooks launched their reduce-scatters)
         # when the trainer checks the others; DistAdam checks its own after waiting for them.
@@ -202,6 +191,23 @@ class Trainer:
             if self.start_step > cfg.num_iterations:
                 raise UserError(f"--resume {checkpoint.directory}: the checkpoint is at step "
                                 f"{self.start_step}, beyond --num-iterations {cfg.num_iterations}")
+
+    def _build_model(self) -> None:
+        """The seeded GPT on every rank (rank 0's weights), sharded under fsdp2 / hsdp, and the
+        meter of its FLOPs."""
+        cfg, ctx = self.cfg, self.ctx
+        torch.manual_seed(cfg.seed)
+        model_config = gpt_preset(cfg.model, self.data.vocab_size, cfg.combined_linear)
+        self._check_model_fits(model_config)
+        self.model = GPT(model_config).to(ctx.device)
+        self.mfu = mfu_meter(model_config, cfg.seq_len, cfg.tokens_per_step, ctx.device,
+                             self.autocast.enabled, ctx.world_size)
+        broadcast_parameters(self.model, ctx)
+        if cfg.parallel != "ddp":
+            # Each rank keeps its dim-0 shard of rank 0's weights.
+            shard_model(self.model, self.model.blocks, ctx, cfg.parallel, cfg.hsdp_shard_size,
+                        bf16_params=self.autocast.enabled)
+        self.param_names = {id(p): name for name, p in self.model.named_parameters()}
 
     def _check_model_fits(self, model_config: GPTConfig) -> None:
         """``--seq-len`` within the model's reach, its memory within what the device has."""

@@ -140,6 +140,51 @@ def _plan_rounds(
     return owned_by_rank, round_sizes, round_offsets
 
 
+def _exchange_buffers(
+    blocks: Sequence[torch.Tensor],
+    owned_by_rank: list[list[int]],
+    round_sizes: list[int],
+    round_offsets: list[int],
+    group_rank: int,
+    communication_dtype: torch.dtype,
+    device: torch.device,
+) -> tuple[torch.Tensor, torch.Tensor, tuple[torch.Tensor, ...], list[torch.Tensor | None],
+           list[tuple[torch.Tensor, ...]], list[tuple[torch.Tensor, ...]]]:
+    """The send and receive buffers of the round plan, this rank's send views, every block's
+    view of the receive buffer, and each round's all-to-all inputs and outputs."""
+    group_size, total = len(owned_by_rank), sum(round_sizes)
+    send_buffer = torch.zeros(total, dtype=communication_dtype, device=device)
+    recv_buffer = (
+        send_buffer
+        if group_size == 1
+        else torch.zeros(group_size * total, dtype=communication_dtype, device=device)
+    )
+
+    def _view(buffer: torch.Tensor, start: int, block: torch.Tensor) -> torch.Tensor:
+        return buffer[start : start + block.numel()].view(block.shape)
+
+    mine = owned_by_rank[group_rank]
+    send_views = tuple(
+        _view(send_buffer, round_offsets[k], blocks[index]) for k, index in enumerate(mine)
+    )
+    received: list[torch.Tensor | None] = [None] * len(blocks)
+    for rank, owned in enumerate(owned_by_rank):
+        for k, index in enumerate(owned):
+            start = group_size * round_offsets[k] + rank * round_sizes[k]
+            received[index] = _view(recv_buffer, start, blocks[index])
+
+    round_inputs, round_outputs = [], []
+    for offset, size in zip(round_offsets, round_sizes, strict=True):
+        if size == 0 or group_size == 1:
+            continue  # nothing to move: all blocks of the round are empty, or we are alone
+        chunk = send_buffer[offset : offset + size]
+        round_inputs.append((chunk,) * group_size)
+        segment = recv_buffer[group_size * offset : group_size * (offset + size)]
+        round_outputs.append(tuple(segment.split(size)))
+
+    return send_buffer, recv_buffer, send_views, received, round_inputs, round_outputs
+
+
 def prepare_update_param_buffers(
     blocks: Sequence[torch.Tensor],
     block_assignment: Sequence[tuple[int, int]],
@@ -185,50 +230,16 @@ def prepare_update_param_buffers(
     owners = [rank for _, rank in block_assignment]
     device, communication_dtype = _check_blocks(blocks, owners, group_size, communication_dtype)
     owned_by_rank, round_sizes, round_offsets = _plan_rounds(blocks, owners, group_size)
-    total = sum(round_sizes)
-
-    send_buffer = torch.zeros(total, dtype=communication_dtype, device=device)
-    recv_buffer = (
-        send_buffer
-        if group_size == 1
-        else torch.zeros(group_size * total, dtype=communication_dtype, device=device)
-    )
-
-    def _view(buffer: torch.Tensor, start: int, block: torch.Tensor) -> torch.Tensor:
-        return buffer[start : start + block.numel()].view(block.shape)
-
-    mine = owned_by_rank[group_rank]
-    send_views = tuple(
-        _view(send_buffer, round_offsets[k], blocks[index]) for k, index in enumerate(mine)
-    )
-    received: list[torch.Tensor | None] = [None] * len(blocks)
-    for rank, owned in enumerate(owned_by_rank):
-        for k, index in enumerate(owned):
-            start = group_size * round_offsets[k] + rank * round_sizes[k]
-            received[index] = _view(recv_buffer, start, blocks[index])
-
-    round_inputs, round_outputs = [], []
-    for offset, size in zip(round_offsets, round_sizes, strict=True):
-        if size == 0 or group_size == 1:
-            continue  # nothing to move: all blocks of the round are empty, or we are alone
-        chunk = send_buffer[offset : offset + size]
-        round_inputs.append((chunk,) * group_size)
-        segment = recv_buffer[group_size * offset : group_size * (offset + size)]
-        round_outputs.append(tuple(segment.split(size)))
-
+    send_buffer, recv_buffer, send_views, received, round_inputs, round_outputs = (
+        _exchange_buffers(blocks, owned_by_rank, round_sizes, round_offsets, group_rank,
+                          communication_dtype, device))
     return UpdateParamBuffers(
-        group=group,
-        group_size=group_size,
-        group_rank=group_rank,
-        communication_dtype=communication_dtype,
-        local_blocks=tuple(blocks),
-        owned_block_indices=tuple(mine),
-        send_views=send_views,
-        send_buffer=send_buffer,
-        recv_buffer=recv_buffer,
+        group=group, group_size=group_size, group_rank=group_rank,
+        communication_dtype=communication_dtype, local_blocks=tuple(blocks),
+        owned_block_indices=tuple(owned_by_rank[group_rank]), send_views=send_views,
+        send_buffer=send_buffer, recv_buffer=recv_buffer,
         received_views=tuple(view for view in received if view is not None),
-        round_inputs=tuple(round_inputs),
-        round_outputs=tuple(round_outputs),
+        round_inputs=tuple(round_inputs), round_outputs=tuple(round_outputs),
     )
 
 
