@@ -189,6 +189,7 @@ class Trainer:
                                            self.loader))
             self._on_every_rank(lambda: apply_resumed_settings(
                 built, self.setup.optimizers, f"--resume {checkpoint.directory}"))
+            self.setup.resume_training_point()
             if self.start_step > cfg.num_iterations:
                 raise UserError(f"--resume {checkpoint.directory}: the checkpoint is at step "
                                 f"{self.start_step}, beyond --num-iterations {cfg.num_iterations}")
@@ -289,15 +290,19 @@ class Trainer:
         val_loss, last_checkpoint = math.nan, None
         for step in range(self.start_step, total + 1):
             last = step == total
+            # The checkpoint before the validation: a run resumed from it then repeats the
+            # validation's train()/eval() round trip of an averaging optimizer exactly.
+            periodic = cfg.checkpoint_every and step % cfg.checkpoint_every == 0
+            if step > self.start_step and (periodic or (last and cfg.save_final_checkpoint)):
+                with self.setup.evaluation_point():
+                    last_checkpoint = self._save_checkpoint(step)
             if last or (cfg.val_every and step % cfg.val_every == 0):
-                val_loss = self._validation_loss()
+                with self.setup.evaluation_point():
+                    val_loss = self._validation_loss()
                 _say(self.log.val(step, total, val_loss, self.train_time_ms), self.ctx, bar)
                 if not math.isfinite(val_loss):
                     raise TrainingDiverged(step, f"validation loss is {val_loss}"
                                            + self._culprit(gradients=False))
-            periodic = cfg.checkpoint_every and step % cfg.checkpoint_every == 0
-            if step > self.start_step and (periodic or (last and cfg.save_final_checkpoint)):
-                last_checkpoint = self._save_checkpoint(step)
             if last:
                 break
             if self._retunes_threads and step > self.start_step and step % RETUNE_STEPS == 0:
