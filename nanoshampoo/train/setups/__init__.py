@@ -1,6 +1,6 @@
 """Optimizer setups, registered by name (see ``registry``): ``adamw``, ``distadam``,
 ``shampoo``, ``soap``, ``muon`` (each also ``*-distadam``), ``normuon``, ``muon-cwd``,
-``schedule-free`` (Schedule-Free AdamW) and ``custom`` (a user's class).
+``schedule-free`` (Schedule-Free AdamW), ``lion`` and ``custom`` (a user's class).
 
 Importing the package registers the built-in setups and their hyper-parameter tables.
 """
@@ -11,6 +11,7 @@ from nanoshampoo.train.setups import (  # noqa: F401 - registers
     muon_variants,
     schedule_free,
     shampoo_family,
+    sign_descent,
 )
 from nanoshampoo.train.setups.registry import (
     BuildContext,
