@@ -18,6 +18,7 @@ from nanoshampoo.optim.shampoo.shampoo_types import (
     AdamPreconditionerConfig,
     DDPDistributedConfig,
     DistributedConfig,
+    EigendecomposedShampooPreconditionerConfig,
     EigenvalueCorrectedShampooPreconditionerConfig,
     FSDPDistributedConfig,
     FullyShardDistributedConfig,
@@ -39,6 +40,27 @@ _FSDP1_REPLACEMENTS = (
     (FSDPDistributedConfig, "FullyShardDistributedConfig"),
 )
 
+def _classic_shampoo(
+    config: ShampooPreconditionerConfig,
+    buckets: Sequence[BlockBucket],
+    beta2: float,
+    epsilon: float,
+    use_bias_correction: bool,
+) -> Preconditioner:
+    """Root-inverse or eigendecomposed Shampoo, each also in its KL-Shampoo form."""
+    if isinstance(config, EigendecomposedShampooPreconditionerConfig):
+        from nanoshampoo.optim.shampoo.preconditioner.eigendecomposed_shampoo_preconditioner import (
+            EigendecomposedShampooPreconditioner,
+        )
+
+        return EigendecomposedShampooPreconditioner(buckets, config, beta2, epsilon, use_bias_correction)
+    from nanoshampoo.optim.shampoo.preconditioner.shampoo_preconditioner import (
+        ShampooPreconditioner,
+    )
+
+    return ShampooPreconditioner(buckets, config, beta2, epsilon, use_bias_correction)
+
+
 def build_preconditioner(
     config: PreconditionerConfig,
     buckets: Sequence[BlockBucket],
@@ -55,11 +77,7 @@ def build_preconditioner(
     config needs it, like the distributors' (:func:`build_distributor`).
     """
     if isinstance(config, ShampooPreconditionerConfig):
-        from nanoshampoo.optim.shampoo.preconditioner.shampoo_preconditioner import (
-            ShampooPreconditioner,
-        )
-
-        return ShampooPreconditioner(buckets, config, beta2, epsilon, use_bias_correction)
+        return _classic_shampoo(config, buckets, beta2, epsilon, use_bias_correction)
     if isinstance(config, EigenvalueCorrectedShampooPreconditionerConfig):
         from nanoshampoo.optim.shampoo.preconditioner.eigenvalue_corrected_shampoo_preconditioner import (
             EigenvalueCorrectedShampooPreconditioner,
@@ -88,13 +106,14 @@ def build_preconditioner(
         AdaGradPreconditioner,
     )
 
-    if isinstance(config, AdamPreconditionerConfig):
+    if isinstance(config, RMSpropPreconditionerConfig):  # Adam is an RMSprop with bias correction
         return AdaGradPreconditioner(
-            buckets, config.beta2, config.epsilon, True, config.second_moment_dtype
-        )
-    if isinstance(config, RMSpropPreconditionerConfig):
-        return AdaGradPreconditioner(
-            buckets, config.beta2, config.epsilon, False, config.second_moment_dtype
+            buckets,
+            config.beta2,
+            config.epsilon,
+            isinstance(config, AdamPreconditionerConfig),
+            config.second_moment_dtype,
+            drop_weighting_factor=config.drop_weighting_factor_on_gsquare,
         )
     if isinstance(config, AdaGradPreconditionerConfig):
         return AdaGradPreconditioner(buckets, 1.0, config.epsilon, False, config.second_moment_dtype)

@@ -21,8 +21,11 @@ One step for a block (``t`` 1-based, ``s`` = start_preconditioning_step, ``f`` =
 5. Filtered gradient ``M <- b1 M + (1 - b1) G``; ``Gbar = M / (1 - b1^t)`` with bias
    correction (``beta3 != beta1``: ``Gbar = (b3 M_old + (1 - b3) G) / (1 - b3 b1^(t-1))``).
 6. ``t >= s``: ``P = P_s * ||P_g|| / (||P_s|| + 1e-16)`` per block (``P_s`` the
-   preconditioner's direction, ``P_g`` grafting's); no grafting: ``P = P_s``. ``t < s``:
-   ``P = P_g`` (no grafting: ``Gbar``); ``s = math.inf`` never preconditions.
+   preconditioner's direction, ``P_g`` grafting's). ``t < s``: ``P = P_g``. No grafting:
+   ``P = P_s`` at every step, before ``s`` from the preconditioner's initial state (root-inverse
+   Shampoo's identity roots give ``Gbar``; SOAP's identity basis gives diagonal Adam/AdaGrad
+   on its corrected eigenvalues, as the reference library does). ``s = math.inf`` never
+   computes a root: with grafting every step is ``P_g``.
 7. Decoupled decay ``P <- P + alpha W`` (``alpha``: ``wd``, ``CORRECTED`` ``wd lr / peak_lr``,
    ``INDEPENDENT`` ``wd / peak_lr``; see ``WeightDecayType``; under primal averaging
    ``z <- (1 - lr alpha) z`` instead, before step 8); classic momentum

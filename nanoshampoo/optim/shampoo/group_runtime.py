@@ -385,15 +385,16 @@ class GroupRuntime:
         self._compute_roots(t)
 
         filtered = self._filtered_grads(t)
-        if t >= start:
+        if self.grafting is not None and t < start:
+            torch._foreach_copy_(self.updates, self.grafting.precondition(filtered, t))
+        else:
+            # Without grafting the preconditioner also steps before ``s``, from its initial
+            # state (identity roots: the gradient; SOAP: diagonal Adam in the identity basis).
             directions = self.preconditioner.precondition(filtered, t)
             if self.grafting is not None:
                 self._graft(directions, self.grafting.precondition(filtered, t))
             else:
                 torch._foreach_copy_(self.updates, directions)
-        else:
-            source = filtered if self.grafting is None else self.grafting.precondition(filtered, t)
-            torch._foreach_copy_(self.updates, source)
 
         self._decay_and_average(averaging_coeffs)
 

@@ -2,6 +2,7 @@
 
 The configs live beside the code they configure and are re-exported here:
 ``preconditioner/preconditioner_types.py`` (preconditioners and grafting),
+``preconditioner/shampoo_variant_types.py`` (eigendecomposed Shampoo, KL-Shampoo),
 ``preconditioner/matrix_functions_types.py`` (roots, eigenbases, orthogonalization, rank-deficient
 factors), ``distributor/distributor_types.py`` (distributors), ``iterate_averaging_types.py``
 (momentum, GPA, Schedule-Free), ``config_checks.py`` (the field checks and
@@ -53,6 +54,7 @@ from nanoshampoo.optim.shampoo.iterate_averaging_types import (
 )
 from nanoshampoo.optim.shampoo.preconditioner.matrix_functions_types import (
     AmortizedComputationConfig,
+    CoupledHigherOrderConfig,
     CoupledNewtonConfig,
     DefaultEigenConfig,
     DefaultEigendecompositionConfig,
@@ -71,6 +73,11 @@ from nanoshampoo.optim.shampoo.preconditioner.matrix_functions_types import (
     RootInvConfig,
     SVDOrthogonalizationConfig,
     WarmStartedEigenConfig,
+)
+from nanoshampoo.optim.shampoo.preconditioner.shampoo_variant_types import (
+    EigendecomposedKLShampooPreconditionerConfig,
+    EigendecomposedShampooPreconditionerConfig,
+    RootInvKLShampooPreconditionerConfig,
 )
 from nanoshampoo.optim.shampoo.preconditioner.preconditioner_types import (
     AdaGradPreconditionerConfig,
@@ -100,6 +107,7 @@ __all__ = [
     "BaseShampooPreconditionerConfig",
     "ClassicMomentumConfig",
     "ClassicShampooPreconditionerConfig",
+    "CoupledHigherOrderConfig",
     "CoupledNewtonConfig",
     "DDPDistributedConfig",
     "DefaultEigenConfig",
@@ -114,6 +122,8 @@ __all__ = [
     "DefaultSpectralDescentPreconditionerConfig",
     "DistributedConfig",
     "EigenConfig",
+    "EigendecomposedKLShampooPreconditionerConfig",
+    "EigendecomposedShampooPreconditionerConfig",
     "EigendecompositionConfig",
     "EigenvalueCorrectedShampooPreconditionerConfig",
     "EighEigendecompositionConfig",
@@ -137,6 +147,7 @@ __all__ = [
     "RMSpropPreconditionerConfig",
     "RankDeficientStabilityConfig",
     "RootInvConfig",
+    "RootInvKLShampooPreconditionerConfig",
     "RootInvShampooPreconditionerConfig",
     "SGDPreconditionerConfig",
     "SVDOrthogonalizationConfig",

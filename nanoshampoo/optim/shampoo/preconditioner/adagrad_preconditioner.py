@@ -16,6 +16,9 @@ from nanoshampoo.optim.shampoo.preconditioner.preconditioner import (
 class AdaGradPreconditioner(Preconditioner):
     """``V <- b2 V + w G^2`` (``w = 1`` if ``b2 == 1`` else ``1 - b2``); ``P = G / (sqrt(V / bc) + eps)``.
 
+    ``drop_weighting_factor``: ``w = 1`` for any ``b2`` and no bias correction (RMSprop/Adam's
+    ``drop_weighting_factor_on_gsquare``).
+
     AdaGrad is ``b2 = 1``; RMSprop is ``b2 < 1`` without bias correction; Adam is ``b2 < 1``
     with ``bc = 1 - b2^t``. ``V`` lives in one stacked tensor per bucket, in ``state_dtype``
     (default: the computation dtype); a narrower ``V`` is updated in the computation dtype and
@@ -38,11 +41,14 @@ class AdaGradPreconditioner(Preconditioner):
         epsilon: float,
         use_bias_correction: bool,
         state_dtype: torch.dtype | None = None,
+        drop_weighting_factor: bool = False,
     ) -> None:
         super().__init__(buckets)
         self._beta2 = beta2
         self._epsilon = epsilon
-        self._use_bias_correction = use_bias_correction and beta2 < 1.0
+        # Dropping the weighting factor makes V a discounted sum: no bias correction then.
+        self._weight = 1.0 if beta2 == 1.0 or drop_weighting_factor else 1.0 - beta2
+        self._use_bias_correction = use_bias_correction and beta2 < 1.0 and not drop_weighting_factor
         self._second_moments = [
             torch.zeros(b.stacked_shape, dtype=state_dtype or b.dtype, device=b.device)
             for b in self._buckets
@@ -61,7 +67,7 @@ class AdaGradPreconditioner(Preconditioner):
             torch._foreach_addcmul_(moments, list(grads), list(grads))
         else:
             torch._foreach_mul_(moments, self._beta2)
-            torch._foreach_addcmul_(moments, list(grads), list(grads), value=1.0 - self._beta2)
+            torch._foreach_addcmul_(moments, list(grads), list(grads), value=self._weight)
         if self._narrow:
             torch._foreach_copy_(self._second_moments, moments)
 

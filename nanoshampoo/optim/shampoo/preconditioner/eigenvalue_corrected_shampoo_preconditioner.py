@@ -17,7 +17,9 @@ recomputed; before the first computation ``Q_i = I``. With the rotation
 
 When a basis is recomputed the corrected eigenvalues are kept as they are: the descending
 order, and the warm-started QR iteration that preserves it, keep column ``j`` on the same
-eigen-direction. A failed eigenbasis computation keeps the previous basis and is counted; more
+eigen-direction. The first basis of a factor receives ``D`` from the identity basis reversed
+along that dim (coordinate ``j`` to the ``j``-th smallest eigenvalue's column), the pairing of
+the reference library, whose ``eigh`` bases are ascending (``docs/results/soap-parity.md``). A failed eigenbasis computation keeps the previous basis and is counted; more
 than ``num_tolerated_failed_amortized_computations`` consecutive failures raise.
 
 Layout, as in root-inverse Shampoo: all factors of one size share one ``(N, n, n)`` pool, with
@@ -71,6 +73,7 @@ from nanoshampoo.optim.shampoo.preconditioner.factor_matrix_ops import multiply_
 from nanoshampoo.optim.shampoo.preconditioner.kronecker_factored_preconditioner import (
     KroneckerFactoredPreconditioner,
 )
+from nanoshampoo.optim.shampoo.preconditioner.kronecker_factors import KroneckerFactors
 from nanoshampoo.optim.shampoo.preconditioner.matrix_roots import least_precise_dtype
 from nanoshampoo.optim.shampoo.preconditioner.preconditioner import BlockBucket
 from nanoshampoo.optim.shampoo.shampoo_types import (
@@ -185,7 +188,8 @@ class EigenvalueCorrectedShampooPreconditioner(KroneckerFactoredPreconditioner):
             self._fold_step_into_corrected_eigenvalues(index)
 
     def _fold_step_into_corrected_eigenvalues(self, index: int) -> None:
-        """``D = b2 D_prev + w R(G)^2`` from the stashed pre-step ``D_prev`` and gradient."""
+        """``D = b2 D_prev + w R(G)^2`` from the stashed pre-step ``D_prev`` and gradient
+        (``w``: 1 for ``b2 == 1`` or a dropped weighting factor, else ``1 - b2``)."""
         rotated = self._rotate(
             index, self._step_grads[index], self._bucket_bases(index), True, self._rotated[index]
         )
@@ -194,18 +198,39 @@ class EigenvalueCorrectedShampooPreconditioner(KroneckerFactoredPreconditioner):
             torch.addcmul(self._previous_corrected[index], rotated, rotated, out=corrected)
         else:
             torch.mul(self._previous_corrected[index], self._beta2, out=corrected)
-            corrected.addcmul_(rotated, rotated, value=1.0 - self._beta2)
+            corrected.addcmul_(rotated, rotated, value=self._weight)
 
     def amortized_computation(
         self, step: int, share: int = 0, num_shares: int = 1, period: int | None = None
     ) -> None:
         """Recompute the eigenbases of the share (failed ones keep the previous basis), then
-        re-fold ``D``."""
+        re-fold ``D`` (reversed along the dims whose first basis this is)."""
+        before = {key: computed.clone() for key, computed in self._computed.items()}
         super().amortized_computation(step, share, num_shares, period)
+        first = {key: computed & ~before[key] for key, computed in self._computed.items()}
         for index in range(len(self._buckets)):
             # A bucket none of whose bases was in the share folds to the same D: skip it.
             if num_shares == 1 or index in self._share_buckets(num_shares)[share]:
+                self._reverse_identity_basis_coordinates(index, first)
                 self._fold_step_into_corrected_eigenvalues(index)
+
+    def _reverse_identity_basis_coordinates(self, index: int, first: dict[Hashable, torch.Tensor]) -> None:
+        """Reverse the pre-step ``D`` of bucket ``index`` along each dim whose basis was just
+        computed for the first time (``first``: per pool, the rows).
+
+        ``D`` accumulated in the identity basis is carried into the first eigenbasis by
+        position. The reference library pairs coordinate ``j`` with the eigenvector of the
+        ``j``-th smallest eigenvalue (``eigh``'s ascending order); our bases are descending, so
+        coordinate ``j`` goes to column ``n - 1 - j``: the same pairing, the same steps.
+        """
+        bucket = self._buckets[index]
+        previous = self._previous_corrected[index]
+        for dim, slot in enumerate(self._factors.slots[index]):
+            if slot is None:
+                continue
+            rows = KroneckerFactors.rows(slot, bucket.num_blocks, first)
+            mask = rows.view(-1, *([1] * len(bucket.shape)))
+            previous.copy_(torch.where(mask, previous.flip(dim + 1), previous))
 
     def _share_buckets(self, num_shares: int) -> list[set[int]]:
         """Per share, the buckets with a basis in it; computed on the host once per
@@ -306,14 +331,17 @@ class EigenvalueCorrectedShampooPreconditioner(KroneckerFactoredPreconditioner):
             torch.div(self._corrected[index], bias_correction, out=out)
             noise = torch.finfo(least_precise_dtype(out.dtype, self._corrected[index].dtype)).eps
             top = out.amax(dim=tuple(range(1, out.dim())), keepdim=True)
+            rotated_blocks = self._rotated_blocks(index).to(out.dtype).view(-1, *([1] * (out.dim() - 1)))
             kept = None
             if isinstance(stability, PseudoInverseConfig):
                 rtol = noise if stability.rank_rtol is None else stability.rank_rtol
-                kept = out > torch.clamp(top * rtol, min=stability.rank_atol)
+                threshold = torch.clamp(top * rtol, min=stability.rank_atol)
+                kept = out > threshold * rotated_blocks
             elif isinstance(stability, PerturbationConfig):
                 rtol = stability.eigenvalue_floor_rtol
                 if rtol is None or rtol > 0.0:
-                    torch.maximum(out, top * (noise if rtol is None else rtol), out=out)
+                    floor = top * (noise if rtol is None else rtol)
+                    torch.maximum(out, floor * rotated_blocks, out=out)
             exponent = self._config.corrected_eigenvalue_exponent(len(bucket.shape))
             if exponent == 0.5:
                 out.sqrt_()  # correctly rounded, and faster than pow(0.5)
@@ -325,6 +353,20 @@ class EigenvalueCorrectedShampooPreconditioner(KroneckerFactoredPreconditioner):
                 rotated.masked_fill_(~kept, 0.0)
             self._rotate(index, rotated, bases, False, out)
         return self._outputs
+
+    def _rotated_blocks(self, bucket_index: int) -> torch.Tensor:
+        """``(B,)`` bool, True for the blocks of the bucket with at least one computed eigenbasis.
+
+        The others are still in the identity basis, where ``D`` is exactly the EMA of the
+        squared gradient (no rotation puts rounding noise in it), so no floor is applied and
+        the step is diagonal Adam/AdaGrad to rounding, as in the reference library.
+        """
+        bucket = self._buckets[bucket_index]
+        rotated = torch.zeros(bucket.num_blocks, dtype=torch.bool, device=bucket.device)
+        for slot in self._factors.slots[bucket_index]:
+            if slot is not None:
+                rotated |= KroneckerFactors.rows(slot, bucket.num_blocks, self._computed)
+        return rotated
 
     def _extra_dim_state(self, key: Hashable, row: int) -> dict[str, torch.Tensor]:
         return {"eigenvectors_computed": self._computed[key][row]}

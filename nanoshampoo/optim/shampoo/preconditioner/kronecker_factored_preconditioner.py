@@ -48,7 +48,12 @@ class KroneckerFactoredPreconditioner(Preconditioner):
         config: the preconditioner config (factor dtype, failure tolerance, solver).
         beta2: EMA factor of the factors, in (0, 1]; ``1`` accumulates (AdaGrad-like).
         epsilon: the group's epsilon.
-        use_bias_correction: divide by ``1 - b2^t`` (when ``b2 < 1``).
+        use_bias_correction: divide by ``1 - b2^t`` (when ``b2 < 1`` and the config keeps the
+            weighting factor ``1 - b2``).
+
+    The config's ``drop_weighting_factor_on_gsquare`` and trace scaling apply here, to every
+    subclass: the statistics weight ``w`` (:meth:`BaseShampooPreconditionerConfig.statistics_weight`)
+    and the scaling of the factors each amortized computation sees (:meth:`_trace_scaled`).
     """
 
     name = "shampoo"
@@ -69,7 +74,11 @@ class KroneckerFactoredPreconditioner(Preconditioner):
         self._config = config
         self._beta2 = beta2
         self._epsilon = epsilon
-        self._use_bias_correction = use_bias_correction and beta2 < 1.0
+        # A dropped weighting factor makes the statistics a discounted sum: nothing to correct.
+        self._weight = config.statistics_weight(beta2)
+        self._use_bias_correction = (
+            use_bias_correction and beta2 < 1.0 and not config.drop_weighting_factor_on_gsquare
+        )
         self._solve_dtype = solve_dtype(config.factor_matrix_dtype)
         self._factors = KroneckerFactors(
             self._buckets,
@@ -156,7 +165,18 @@ class KroneckerFactoredPreconditioner(Preconditioner):
         return 1.0 - self._beta2**step if self._use_bias_correction else 1.0
 
     def update_statistics(self, grads: Sequence[torch.Tensor], step: int) -> None:
-        self._factors.update(grads, self._beta2)
+        self._factors.update(grads, self._beta2, self._weight)
+
+    def _trace_scaled(self, factors: torch.Tensor) -> torch.Tensor:
+        """``F max(tr F, eps)^(-a)`` per matrix of ``(M, n, n)`` with ``use_trace_scaling``
+        (``a`` its exponent; ``eps`` the group's, or the smallest normal number when 0, so a
+        zero factor stays zero), else ``factors`` unchanged."""
+        if not self._config.use_trace_scaling:
+            return factors
+        trace = factors.diagonal(dim1=-2, dim2=-1).sum(-1)
+        floor = max(self._epsilon, torch.finfo(factors.dtype).tiny)
+        scale = trace.clamp(min=floor).pow(-self._config.trace_scaling_exponent)
+        return factors * scale.view(-1, 1, 1)
 
     def amortized_computation(
         self, step: int, share: int = 0, num_shares: int = 1, period: int | None = None
@@ -171,7 +191,9 @@ class KroneckerFactoredPreconditioner(Preconditioner):
             if selected is not None and key not in selected:
                 continue
             rows = None if selected is None else selected[key]
-            factors = self._factors.matrices(pool, rows, self._solve_dtype, bias_correction)
+            factors = self._trace_scaled(
+                self._factors.matrices(pool, rows, self._solve_dtype, bias_correction)
+            )
             results, ok = self._solve(key, factors, rows)
             previous = self._results[key]
             if rows is None:

@@ -174,20 +174,30 @@ class KroneckerFactors:
         """The ``count`` rows of ``tensors[slot.pool_key]`` that belong to ``slot`` (a view)."""
         return tensors[slot.pool_key][slot.offset : slot.offset + count]
 
-    def update(self, grads: Sequence[torch.Tensor], beta2: float) -> None:
+    def update(
+        self,
+        grads: Sequence[torch.Tensor | Sequence[torch.Tensor | None]],
+        beta2: float,
+        weight: float | None = None,
+    ) -> None:
         """``F_i <- b2 F_i + w G_(i) G_(i)^T`` for every bucket and dim with a factor.
 
         ``grads`` is one ``(B, *shape)`` tensor per bucket, in any float dtype (cast to the
-        factor dtype). Large factors are updated one triangle of tiles at a time (see
-        :func:`symmetric_rank_update_`).
+        factor dtype), or per bucket one such tensor per dim (the dim's factor is updated from
+        its own tensor: KL-Shampoo's preconditioned gradients). ``weight`` defaults to 1 for
+        ``beta2 == 1`` and ``1 - beta2`` otherwise. Large factors are updated one triangle of
+        tiles at a time (see :func:`symmetric_rank_update_`).
         """
-        weight = 1.0 if beta2 == 1.0 else 1.0 - beta2
-        for bucket, bucket_slots, grad in zip(self._buckets, self.slots, grads):
-            grad = grad.to(self._factor_dtype)
+        if weight is None:
+            weight = 1.0 if beta2 == 1.0 else 1.0 - beta2
+        for bucket, bucket_slots, bucket_grads in zip(self._buckets, self.slots, grads):
+            per_dim = not isinstance(bucket_grads, torch.Tensor)
             count = bucket.num_blocks
             for dim, slot in enumerate(bucket_slots):
                 if slot is None:
                     continue
+                source = bucket_grads[dim] if per_dim else bucket_grads
+                grad = source.to(self._factor_dtype)
                 pool = self.pools[slot.pool_key]
                 factors = pool.factors[slot.offset : slot.offset + count]
                 if not pool.packed:

@@ -276,6 +276,50 @@ class CoupledNewtonConfig(RootInvConfig):
 
 
 @dataclass(kw_only=True)
+class CoupledHigherOrderConfig(RootInvConfig):
+    """Root by a coupled iteration of order ``order`` (Lakic's generalisation of coupled
+    Newton; matrix multiplications only). ``order = 2`` is Newton's; higher orders take fewer
+    iterations and more matmuls per iteration.
+
+    The root ``(A + delta I)^(-e)`` for a rational ``1 / e = p / q`` (``q > 1``: the ``p``-th
+    root is raised to the ``q``-th power). The ridge is ``delta = max(rel_epsilon * l, abs_epsilon)
+    + sqrt(n) * finfo(dtype).eps * l`` with ``l = ||A||_inf`` (an upper bound of the largest
+    eigenvalue); the optimizer's ``epsilon`` is not used, as in the well-known library, and the
+    second term (the float32 noise floor also used by :class:`CoupledNewtonConfig`) keeps a
+    rank-deficient float32 factor from stalling the iteration. A result whose iteration ends
+    with ``max |M - I| > 0.1`` (``M = X^p (A + delta I)``, kept by the coupled recursion)
+    counts as failed, and the previous root is kept.
+
+    Args:
+        rel_epsilon: ridge relative to ``||A||_inf``, >= 0.
+        abs_epsilon: absolute ridge, >= 0.
+        max_iterations: iteration cap, >= 1.
+        tolerance: stop once ``max |M - I| <= tolerance``; >= 0.
+        order: order of the iteration, an int >= 2.
+        disable_tf32: accepted for the well-known library's scripts; the iteration here runs in
+            the factor's dtype (tf32 is a CUDA matmul mode this library never turns on).
+    """
+
+    rel_epsilon: float
+    abs_epsilon: float
+    max_iterations: int = 100
+    tolerance: float = 1e-8
+    order: int = 3
+    disable_tf32: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("rel_epsilon", "abs_epsilon", "tolerance"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not (
+                isinstance(value, (int, float)) and math.isfinite(value) and value >= 0.0
+            ):
+                raise ValueError(f"{name} must be a finite float >= 0.0, got {value!r}")
+        check_int("max_iterations", self.max_iterations, minimum=1)
+        check_int("order", self.order, minimum=2)
+        check_bool("disable_tf32", self.disable_tf32)
+
+
+@dataclass(kw_only=True)
 class WarmStartedEigenConfig(RootInvConfig):
     """Root from an eigendecomposition warm-started at the factor's previous eigenvectors.
 

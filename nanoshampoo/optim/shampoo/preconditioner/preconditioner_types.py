@@ -16,6 +16,7 @@ import torch
 
 from nanoshampoo.optim.shampoo.config_checks import (
     FLOAT_DTYPES,
+    check_bool,
     check_ema_storage_dtype,
     check_int,
     check_open_closed_unit,
@@ -79,15 +80,19 @@ class RMSpropPreconditionerConfig(AdaGradPreconditionerConfig):
     Args:
         beta2: EMA factor of the second moment, in (0, 1].
         epsilon: added to ``sqrt(V)``; > 0.
+        drop_weighting_factor_on_gsquare: ``V <- b2 V + G^2`` (a discounted sum, not an
+            average) and no bias correction, also for Adam (inherited).
         second_moment_dtype: storage dtype of ``V``; None: the block's computation dtype.
             A narrow dtype needs ``1 - beta2 >= finfo(dtype).eps`` (bfloat16: beta2 <= 0.992).
     """
 
     beta2: float = 0.99
+    drop_weighting_factor_on_gsquare: bool = False
 
     def __post_init__(self) -> None:
         check_open_closed_unit("beta2", self.beta2, low_open=True, high_open=False)
         check_positive("epsilon", self.epsilon)
+        check_bool("drop_weighting_factor_on_gsquare", self.drop_weighting_factor_on_gsquare)
         check_ema_storage_dtype(
             "second_moment_dtype", self.second_moment_dtype, 1.0 - self.beta2, "1 - beta2"
         )
@@ -120,12 +125,42 @@ GRAFTING_CONFIG_TYPES = (
 # ---------------------------------------------------------------------------------------------
 
 
-@dataclass(init=False)
+@dataclass(init=False, kw_only=True)
 class BaseShampooPreconditionerConfig(PreconditionerConfig):
     """Base of the Kronecker-factored preconditioners: classic Shampoo (a root of each factor,
     :class:`ClassicShampooPreconditionerConfig`) and eigenvalue-corrected Shampoo (an EMA of the
     squared gradient in the factors' eigenbasis,
-    :class:`EigenvalueCorrectedShampooPreconditionerConfig`)."""
+    :class:`EigenvalueCorrectedShampooPreconditionerConfig`).
+
+    Args:
+        drop_weighting_factor_on_gsquare: update the statistics by ``F <- b2 F + G G^T`` (and
+            SOAP's ``D <- b2 D + R(G)^2``) instead of ``b2 F + (1 - b2) G G^T``; the sum is then
+            not an average, so there is no ``beta2`` bias correction (``bc2 = 1``).
+        use_trace_scaling: before each amortized computation, scale the bias-corrected factor
+            by ``max(tr F, eps)^(-trace_scaling_exponent)`` (``eps`` the group's epsilon, or the
+            dtype's smallest normal number when it is 0), so that factors of every size and
+            scale meet the ridge ``eps`` at a similar relative level (arXiv 2506.03595).
+        trace_scaling_exponent: in ``(0, 1]`` when ``use_trace_scaling``; 0.5 is ``1/sqrt(tr F)``.
+    """
+
+    drop_weighting_factor_on_gsquare: bool = False
+    use_trace_scaling: bool = False
+    trace_scaling_exponent: float = 0.5
+
+    def __post_init__(self) -> None:
+        check_bool("drop_weighting_factor_on_gsquare", self.drop_weighting_factor_on_gsquare)
+        check_bool("use_trace_scaling", self.use_trace_scaling)
+        exponent = self.trace_scaling_exponent
+        if isinstance(exponent, bool) or not isinstance(exponent, (int, float)):
+            raise ValueError(f"trace_scaling_exponent must be a float, got {exponent!r}")
+        if self.use_trace_scaling and not 0.0 < exponent <= 1.0:
+            raise ValueError(
+                f"trace_scaling_exponent must be in (0.0, 1.0] with use_trace_scaling, got {exponent!r}"
+            )
+
+    def statistics_weight(self, beta2: float) -> float:
+        """``w`` of ``F <- b2 F + w G G^T``: 1 for a sum (``beta2 = 1`` or dropped), else ``1 - b2``."""
+        return 1.0 if beta2 == 1.0 or self.drop_weighting_factor_on_gsquare else 1.0 - beta2
 
 
 @dataclass(init=False, kw_only=True)
@@ -170,12 +205,8 @@ class ClassicShampooPreconditionerConfig(BaseShampooPreconditionerConfig):
     pack_factor_matrices: bool = False
 
     def __post_init__(self) -> None:
-        if not isinstance(self.amortized_computation_config, RootInvConfig):
-            raise ValueError(
-                "amortized_computation_config must be an EigenConfig, WarmStartedEigenConfig or "
-                "CoupledNewtonConfig, got "
-                f"{self.amortized_computation_config!r}"
-            )
+        super().__post_init__()
+        self._validate_amortized_computation_config()
         if self.factor_matrix_dtype not in FLOAT_DTYPES:
             raise ValueError(
                 f"factor_matrix_dtype must be one of {FLOAT_DTYPES}, got {self.factor_matrix_dtype!r}"
@@ -198,6 +229,14 @@ class ClassicShampooPreconditionerConfig(BaseShampooPreconditionerConfig):
         if not isinstance(self.pack_factor_matrices, bool):
             raise ValueError(
                 f"pack_factor_matrices must be a bool, got {self.pack_factor_matrices!r}"
+            )
+
+    def _validate_amortized_computation_config(self) -> None:
+        if not isinstance(self.amortized_computation_config, RootInvConfig):
+            raise ValueError(
+                "amortized_computation_config must be an EigenConfig, WarmStartedEigenConfig, "
+                "CoupledNewtonConfig or CoupledHigherOrderConfig, got "
+                f"{self.amortized_computation_config!r}"
             )
 
     def large_factor_schedule(self) -> tuple[int, int]:
@@ -274,6 +313,18 @@ class EigenvalueCorrectedShampooPreconditionerConfig(BaseShampooPreconditionerCo
     ``D <- b2 D + w R(G)^2`` (the corrected eigenvalues, in the basis in force for this step's
     search direction); ``P = R^-1(R(Gbar) / ((D / bc2)^e + eps))`` with ``e = 1/2`` by default.
 
+    Until the first eigenbasis (the start step) ``Q_i = I``: without grafting the step is then
+    diagonal Adam (AdaGrad with ``betas[1] = 1``) on ``D``, and ``D`` is carried into the first
+    eigenbasis as the reference library carries it: coordinate ``j`` to the eigenvector of the
+    ``j``-th smallest eigenvalue. With grafting the grafting method steps alone before the
+    start step.
+
+    Epsilon is added after the bias correction, as in Adam and the reference library.
+    nikhilvyas/SOAP adds it before (``sqrt(D) + eps``, with ``sqrt(bc2)`` folded into the step
+    size), i.e. ``eps / sqrt(bc2)`` here: to reproduce its steps pass that epsilon. Measured in
+    ``docs/results/soap-parity.md`` (one step from the same state: 1.3e-4 relative with
+    gradient entries ~1e-4, 5.1e-6 with its placement).
+
     Args:
         amortized_computation_config: eigenbasis solver (``EighEigendecompositionConfig`` or
             ``QREigendecompositionConfig``). Its ``rank_deficient_stability_config`` acts twice:
@@ -306,6 +357,7 @@ class EigenvalueCorrectedShampooPreconditionerConfig(BaseShampooPreconditionerCo
     corrected_eigenvalues_dtype: torch.dtype = torch.float32
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if not isinstance(self.amortized_computation_config, EigendecompositionConfig):
             raise ValueError(
                 "amortized_computation_config must be an EighEigendecompositionConfig or "

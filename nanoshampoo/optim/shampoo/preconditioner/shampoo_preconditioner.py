@@ -11,6 +11,10 @@ With ``pack_factor_matrices`` the factors keep only their lower triangles (half 
 the same numbers: :mod:`kronecker_factors`).
 A failed root computation keeps the previous root and is counted; more than
 ``num_tolerated_failed_amortized_computations`` consecutive failures raise.
+KL-Shampoo (``RootInvKLShampooPreconditionerConfig``) differs only in the factor update: factor
+``i`` accumulates ``G`` preconditioned along every other dim by the roots in force
+(:meth:`ShampooPreconditioner.update_statistics`). ``CoupledHigherOrderConfig`` roots come from
+:func:`matrix_roots.coupled_higher_order_inverse_root`, one batched call per exponent.
 With ``WarmStartedEigenConfig`` each pool also keeps its factors' last eigenvectors (block
 state ``factor_matrices_eigenvectors``, ``eigenvectors_computed``), and the roots start from
 them (:func:`matrix_roots.warm_started_eigh_inverse_root`); :meth:`warm_start_counts` reads how
@@ -76,6 +80,7 @@ loss is a training question (``nanoshampoo stats``), not settled by this table.
 from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
+from fractions import Fraction
 
 import torch
 
@@ -84,18 +89,26 @@ from nanoshampoo.optim.shampoo.preconditioner.kronecker_factored_preconditioner 
     KroneckerFactoredPreconditioner,
 )
 from nanoshampoo.optim.shampoo.preconditioner.matrix_roots import (
+    coupled_higher_order_inverse_root,
     coupled_newton_inverse_root,
     eigh_inverse_root,
     least_precise_dtype,
     warm_started_eigh_inverse_root,
 )
 from nanoshampoo.optim.shampoo.preconditioner.preconditioner import BlockBucket
+from nanoshampoo.optim.shampoo.preconditioner.shampoo_variant_types import KL_SHAMPOO_CONFIG_TYPES
 from nanoshampoo.optim.shampoo.shampoo_types import (
+    CoupledHigherOrderConfig,
     CoupledNewtonConfig,
     EigenConfig,
     ShampooPreconditionerConfig,
     WarmStartedEigenConfig,
 )
+
+
+# Exponents are floats (1/6 is not exact); the root 1 / e of CoupledHigherOrderConfig is the
+# nearest fraction with at most this denominator (1/6 -> 6, 0.4 -> 5/2).
+_MAX_ROOT_DENOMINATOR = 64
 
 
 class ShampooPreconditioner(KroneckerFactoredPreconditioner):
@@ -133,6 +146,7 @@ class ShampooPreconditioner(KroneckerFactoredPreconditioner):
     ) -> None:
         super().__init__(buckets, config, beta2, epsilon, use_bias_correction)
         self._config: ShampooPreconditionerConfig = config
+        self._kl = isinstance(config, KL_SHAMPOO_CONFIG_TYPES)
         # The (N,) exponent of each factor, per pool.
         self._exponents = {
             key: torch.tensor(
@@ -203,6 +217,8 @@ class ShampooPreconditioner(KroneckerFactoredPreconditioner):
             return self._warm_started_roots(key, matrices, rows, exponents, solver, precision)
         if isinstance(solver, CoupledNewtonConfig):
             return self._coupled_newton_roots(matrices, exponents, solver, precision)
+        if isinstance(solver, CoupledHigherOrderConfig):
+            return self._higher_order_roots(matrices, exponents, solver, precision)
         raise TypeError(f"unsupported amortized_computation_config {solver!r}")
 
     def _warm_started_roots(
@@ -277,10 +293,62 @@ class ShampooPreconditioner(KroneckerFactoredPreconditioner):
             )
         return roots, ok
 
+    def _higher_order_roots(
+        self,
+        matrices: torch.Tensor,
+        exponents: torch.Tensor,
+        solver: CoupledHigherOrderConfig,
+        root_dtype: torch.dtype,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One batched iteration per distinct exponent ``e`` (root ``1 / e`` as a fraction)."""
+        roots = torch.empty_like(matrices)
+        ok = torch.empty(matrices.shape[0], dtype=torch.bool, device=matrices.device)
+        for exponent in exponents.unique().tolist():
+            index = (exponents == exponent).nonzero().squeeze(1)
+            roots[index], ok[index] = coupled_higher_order_inverse_root(
+                matrices[index],
+                Fraction(1.0 / exponent).limit_denominator(_MAX_ROOT_DENOMINATOR),
+                solver.rel_epsilon,
+                solver.abs_epsilon,
+                solver.max_iterations,
+                solver.tolerance,
+                solver.order,
+                root_dtype=root_dtype,
+            )
+        return roots, ok
+
+    def _bucket_roots(self, bucket_index: int) -> list[torch.Tensor | None]:
+        """Per dim, the bucket's ``(B, n, n)`` roots in its dtype (None: not preconditioned).
+
+        Roots stored narrower than the block (``inv_factor_matrix_dtype``) are cast to it.
+        """
+        dtype = self._buckets[bucket_index].dtype
+        return [None if r is None else r.to(dtype) for r in self._bucket_results(bucket_index)]
+
+    def update_statistics(self, grads: Sequence[torch.Tensor], step: int) -> None:
+        """Shampoo: the factors from ``G``. KL-Shampoo: factor ``i`` from ``G`` preconditioned
+        along every other dim by the roots in force (:mod:`shampoo_variant_types`)."""
+        if not self._kl:
+            super().update_statistics(grads, step)
+            return
+        sources: list[list[torch.Tensor | None]] = []
+        for index, grad in enumerate(grads):
+            roots = self._bucket_roots(index)
+            per_dim: list[torch.Tensor | None] = []
+            for dim, own in enumerate(roots):
+                source = None
+                if own is not None:
+                    source = grad
+                    for other, root in enumerate(roots):
+                        if other != dim and root is not None:
+                            source = multiply_along_dim(root, source, other)
+                per_dim.append(source)
+            sources.append(per_dim)
+        self._factors.update(sources, self._beta2, self._weight)
+
     def precondition(self, grads: Sequence[torch.Tensor], step: int) -> list[torch.Tensor]:
         for index, (bucket, grad) in enumerate(zip(self._buckets, grads)):
-            # Roots stored narrower than the block (inv_factor_matrix_dtype) are cast to it.
-            roots = [None if r is None else r.to(bucket.dtype) for r in self._bucket_results(index)]
+            roots = self._bucket_roots(index)
             out = self._outputs[index]
             if len(bucket.shape) == 2:
                 self._precondition_matrices(grad, roots[0], roots[1], self._scratch[index], out)

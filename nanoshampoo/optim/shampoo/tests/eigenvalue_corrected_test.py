@@ -86,9 +86,11 @@ class ReferenceSOAP:
         if (t % f == 0 and t > s) or t == s:
             for dim in range(g.ndim):
                 if self.rotated[dim]:
-                    # Descending eigenvalue order, the implementation's documented convention:
-                    # D accumulated in an earlier basis pairs with columns by position.
-                    self.bases[dim] = np.linalg.eigh(self.factors[dim])[1][:, ::-1]
+                    # Ascending eigenvalue order, the reference library's: D accumulated in an
+                    # earlier basis (the identity at first) pairs with columns by position.
+                    # (The implementation's bases are descending, with D reversed once, at
+                    # the first basis: the same pairing.)
+                    self.bases[dim] = np.linalg.eigh(self.factors[dim])[1]
         self.d = b2 * self.d + weight * self.rotate(g) ** 2  # in the basis used below
         bc2 = 1.0 - b2**t
         self.m = b1 * self.m + (1 - b1) * g
@@ -97,12 +99,13 @@ class ReferenceSOAP:
         if graft is not None:
             self.v = graft.beta2 * self.v + (1 - graft.beta2) * g * g
             p_g = gbar / (np.sqrt(self.v / (1.0 - graft.beta2**t)) + graft.epsilon)
-        if t >= s:
+        if t >= s or graft is None:
+            # Without grafting SOAP steps from step 1, in the identity basis until t == s.
             p = self.rotate(self.rotate(gbar) / (np.sqrt(self.d / bc2) + h["epsilon"]), inverse=True)
             if graft is not None:
                 p = p * np.linalg.norm(p_g) / (np.linalg.norm(p) + 1e-16)
         else:
-            p = p_g if graft is not None else gbar
+            p = p_g
         return w - h["lr"] * p
 
 

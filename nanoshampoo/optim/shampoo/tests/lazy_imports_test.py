@@ -33,10 +33,10 @@ print(" ".join(sorted(m.rsplit(".", 1)[1] for m in sys.modules
      "adagrad_preconditioner distributor distributor_types factor_matrix_ops "
      "kronecker_factored_preconditioner kronecker_factors matrix_functions_types matrix_roots "
      "parallel_eigh preconditioner preconditioner_types shampoo_preconditioner "
-     "single_device_distributor"),
+     "shampoo_variant_types single_device_distributor"),
     ("SpectralDescentPreconditionerConfig",
      "adagrad_preconditioner distributor distributor_types matrix_functions_types "
-     "preconditioner preconditioner_types single_device_distributor "
+     "preconditioner preconditioner_types shampoo_variant_types single_device_distributor "
      "spectral_descent_preconditioner"),
 ])
 def test_a_single_device_run_imports_only_what_its_config_needs(config: str, expected: str) -> None:
