@@ -74,7 +74,9 @@ class OptimizerSetup:
 
         Collective under DDP (every rank enters). ``train()`` recomputes the training point
         from the evaluation point (not bit-for-bit the one before), exactly as a run resumed
-        from a checkpoint written inside does (:meth:`resume_training_point`).
+        from a checkpoint written inside does (:meth:`resume_training_point`); so the trainer
+        saves a step's checkpoint before that step's validation, and a resumed run repeats
+        the uninterrupted run's round trips.
         """
         averaging = self._averaging_optimizers()
         for opt in averaging:

@@ -189,7 +189,7 @@ class Trainer:
                                            self.loader))
             self._on_every_rank(lambda: apply_resumed_settings(
                 built, self.setup.optimizers, f"--resume {checkpoint.directory}"))
-            self.setup.resume_training_point()
+            self.setup.resume_training_point()  # a checkpoint holds the evaluation point
             if self.start_step > cfg.num_iterations:
                 raise UserError(f"--resume {checkpoint.directory}: the checkpoint is at step "
                                 f"{self.start_step}, beyond --num-iterations {cfg.num_iterations}")
@@ -290,11 +290,9 @@ class Trainer:
         val_loss, last_checkpoint = math.nan, None
         for step in range(self.start_step, total + 1):
             last = step == total
-            # The checkpoint before the validation: a run resumed from it then repeats the
-            # validation's train()/eval() round trip of an averaging optimizer exactly.
             periodic = cfg.checkpoint_every and step % cfg.checkpoint_every == 0
             if step > self.start_step and (periodic or (last and cfg.save_final_checkpoint)):
-                with self.setup.evaluation_point():
+                with self.setup.evaluation_point():  # before the validation: see its docstring
                     last_checkpoint = self._save_checkpoint(step)
             if last or (cfg.val_every and step % cfg.val_every == 0):
                 with self.setup.evaluation_point():
@@ -415,6 +413,8 @@ class Trainer:
                 total += model(inputs, targets).float()
             count += 1
         model.train(was_training)
+        if hasattr(self.model, "reshard"):  # FSDP2 leaves the root gathered after a forward
+            self.model.reshard()  # type: ignore[operator]
         return float(all_reduce_mean_(total / count, ctx).item())
 
     def _save_checkpoint(self, step: int) -> Path:

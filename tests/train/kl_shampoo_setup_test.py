@@ -8,13 +8,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from trainer_test import shards, tiny_config  # noqa: F401 - fixture
 
 from nanoshampoo.testing.shampoo_reference import ReferenceShampoo
 from nanoshampoo.train.config import TrainConfig
 from nanoshampoo.train.setups import BuildContext
 from nanoshampoo.train.setups.kl_shampoo import build_kl_shampoo_matrix
 from nanoshampoo.train.trainer import Trainer
-from trainer_test import shards, tiny_config  # noqa: F401 - fixture
 
 HP = {"kl_shampoo.lr": 0.01, "kl_shampoo.beta1": 0.9, "kl_shampoo.beta2": 0.95,
       "kl_shampoo.weight_decay": 0.2, "kl_shampoo.epsilon": 1e-12,

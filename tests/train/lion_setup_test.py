@@ -8,13 +8,13 @@ from typing import Any
 
 import pytest
 import torch
+from trainer_test import shards, tiny_config  # noqa: F401 - fixture
 
 from nanoshampoo.model.gpt import GPT, gpt_preset
 from nanoshampoo.train.config import TrainConfig
 from nanoshampoo.train.optimizers import build_optimizer_setup
 from nanoshampoo.train.schedule import lr_multiplier, remember_peak_lrs
 from nanoshampoo.train.trainer import Trainer
-from trainer_test import shards, tiny_config  # noqa: F401 - fixture
 
 HP = {"lion.lr": 0.001, "lion.beta1": 0.9, "lion.beta2": 0.99, "lion.weight_decay": 0.6}
 

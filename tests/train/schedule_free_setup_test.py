@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from trainer_test import flat_params, read_jsonl, shards, tiny_config  # noqa: F401 - fixture
 
 from nanoshampoo.data.loader import validation_batches
 from nanoshampoo.model.gpt import GPT, gpt_preset
@@ -15,7 +16,6 @@ from nanoshampoo.train.config import TrainConfig
 from nanoshampoo.train.optimizers import build_optimizer_setup
 from nanoshampoo.train.schedule import apply_lr_multiplier, remember_peak_lrs
 from nanoshampoo.train.trainer import Trainer
-from trainer_test import flat_params, read_jsonl, shards, tiny_config  # noqa: F401 - fixture
 
 HP = {"schedule_free.lr": 0.01, "schedule_free.beta1": 0.9, "schedule_free.beta2": 0.95,
       "schedule_free.epsilon": 1e-8, "schedule_free.weight_decay": 0.2}

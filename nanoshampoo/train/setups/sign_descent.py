@@ -21,7 +21,11 @@ from dataclasses import dataclass
 import torch
 
 from nanoshampoo.train.setups.adam import build_rest_adamw
-from nanoshampoo.train.setups.checks import check_beta, check_finite_nonnegative, check_types
+from nanoshampoo.train.setups.checks import (
+    check_beta,
+    check_finite_nonnegative,
+    check_types,
+)
 from nanoshampoo.train.setups.registry import (
     BuildContext,
     OptimizerPart,
