@@ -52,7 +52,7 @@ clean:
 .PHONY: compare
 STEP_FRACTIONS ?= 0.7
 compare: $(STAMP)
-	$(PY) -m nanoshampoo compare --setups adamw,shampoo,soap,muon --seeds 3 --baseline adamw --step-fractions $(STEP_FRACTIONS) --out-dir runs/compare -- --save-final-checkpoint false $(COMPARE_ARGS)
+	$(PY) -m nanoshampoo compare --setups adamw,shampoo,soap,muon,schedule-free,lion,kl-shampoo --seeds 3 --baseline adamw --step-fractions $(STEP_FRACTIONS) --out-dir runs/compare -- --save-final-checkpoint false $(COMPARE_ARGS)
 
 # The longer task: 1300 steps (one epoch of the embedded corpus, 2.7 M tokens; about 50 min on
 # 2 cores), AdamW and Muon at the learning rates, head lr and cooldown tuned at that length

@@ -71,7 +71,14 @@ class Search:
 
     @property
     def flag(self) -> str:
-        return "--" + self.key.replace("_", "-")
+        return key_flag(self.key)
+
+
+def key_flag(key: str) -> str:
+    """The train flag of a field: ``muon_cwd.ns_steps`` -> ``--muon_cwd.ns-steps`` (a table's
+    name keeps its underscores, as ``--help`` spells it; a field's become hyphens)."""
+    table, dot, field = key.rpartition(".")
+    return f"--{table}{dot}{field.replace('_', '-')}"
 
 
 def parse_search(text: str) -> Search:
@@ -113,7 +120,7 @@ class Trial:
 
     def args(self) -> tuple[str, ...]:
         return tuple(part for key, value in self.values.items()
-                     for part in ("--" + key.replace("_", "-"), value))
+                     for part in (key_flag(key), value))
 
 
 def trial_points(searches: Sequence[Search], trials: int | None, sample_seed: int) -> list[Trial]:

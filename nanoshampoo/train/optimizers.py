@@ -22,7 +22,8 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -59,6 +60,37 @@ class OptimizerSetup:
         for opt in self.optimizers:
             if hasattr(opt, "should_sync"):
                 opt.should_sync = enabled
+
+    def _averaging_optimizers(self) -> list[torch.optim.Optimizer]:
+        """The optimizers with a training and an evaluation point (``train()`` / ``eval()``:
+        iterate averaging, e.g. Schedule-Free); for the others the two are the same."""
+        return [opt for opt in self.optimizers
+                if callable(getattr(opt, "train", None)) and callable(getattr(opt, "eval", None))]
+
+    @contextmanager
+    def evaluation_point(self) -> Iterator[None]:
+        """Inside: the parameters at the optimizers' evaluation point (``eval()``: the averaged
+        iterate), for validation and checkpoints; after: back at the training point (``train()``).
+
+        Collective under DDP (every rank enters). ``train()`` recomputes the training point
+        from the evaluation point (not bit-for-bit the one before), exactly as a run resumed
+        from a checkpoint written inside does (:meth:`resume_training_point`); so the trainer
+        saves a step's checkpoint before that step's validation, and a resumed run repeats
+        the uninterrupted run's round trips.
+        """
+        averaging = self._averaging_optimizers()
+        for opt in averaging:
+            opt.eval()  # type: ignore[attr-defined]
+        try:
+            yield
+        finally:
+            for opt in averaging:
+                opt.train()  # type: ignore[attr-defined]
+
+    def resume_training_point(self) -> None:
+        """After a restore: a checkpoint holds the evaluation point; move to the training point."""
+        for opt in self._averaging_optimizers():
+            opt.train()  # type: ignore[attr-defined]
 
 
 def partition_parameters(model: GPT) -> dict[str, list[nn.Parameter]]:

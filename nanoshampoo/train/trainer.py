@@ -188,6 +188,7 @@ class Trainer:
                                            self.loader))
             self._on_every_rank(lambda: apply_resumed_settings(
                 built, self.setup.optimizers, f"--resume {checkpoint.directory}"))
+            self.setup.resume_training_point()  # a checkpoint holds the evaluation point
             if self.start_step > cfg.num_iterations:
                 raise UserError(f"--resume {checkpoint.directory}: the checkpoint is at step "
                                 f"{self.start_step}, beyond --num-iterations {cfg.num_iterations}")
@@ -305,15 +306,17 @@ class Trainer:
         val_loss, last_checkpoint = math.nan, None
         for step in range(self.start_step, total + 1):
             last = step == total
+            periodic = cfg.checkpoint_every and step % cfg.checkpoint_every == 0
+            if step > self.start_step and (periodic or (last and cfg.save_final_checkpoint)):
+                with self.setup.evaluation_point():  # before the validation: see its docstring
+                    last_checkpoint = self._save_checkpoint(step)
             if last or (cfg.val_every and step % cfg.val_every == 0):
-                val_loss = self._validation_loss()
+                with self.setup.evaluation_point():
+                    val_loss = self._validation_loss()
                 _say(self.log.val(step, total, val_loss, self.train_time_ms), self.ctx, bar)
                 if not math.isfinite(val_loss):
                     raise TrainingDiverged(step, f"validation loss is {val_loss}"
                                            + self._culprit(gradients=False))
-            periodic = cfg.checkpoint_every and step % cfg.checkpoint_every == 0
-            if step > self.start_step and (periodic or (last and cfg.save_final_checkpoint)):
-                last_checkpoint = self._save_checkpoint(step)
             if last:
                 break
             if self._retunes_threads and step > self.start_step and step % RETUNE_STEPS == 0:
@@ -427,6 +430,8 @@ class Trainer:
                 total += model(inputs, targets).float()
             count += 1
         model.train(was_training)
+        if hasattr(self.model, "reshard"):  # FSDP2 leaves the root gathered after a forward
+            self.model.reshard()  # type: ignore[operator]
         return float(all_reduce_mean_(total / count, ctx).item())
 
     def _save_checkpoint(self, step: int) -> Path:

@@ -21,7 +21,8 @@ def _scratch_registry(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_the_builtin_setups_are_registered() -> None:
     assert set(setup_names()) == {"adamw", "distadam", "shampoo", "soap", "muon", "custom",
-                                  "normuon", "muon-cwd", "soap-muon",
+                                  "normuon", "muon-cwd", "soap-muon", "schedule-free", "lion",
+                                  "kl-shampoo",
                                   "shampoo-distadam", "soap-distadam", "muon-distadam"}
 
 
@@ -41,8 +42,8 @@ def test_a_setup_exists_only_with_its_builder(tiny_gpt: Callable[..., GPT]) -> N
 
 
 def test_a_setup_must_read_registered_tables() -> None:
-    with pytest.raises(ValueError, match=r"unregistered tables \['lion'\]"):
-        registry.register_setup("lion", tables=("lion",), matrix="lion", rest="adamw")(
+    with pytest.raises(ValueError, match=r"unregistered tables \['sophia'\]"):
+        registry.register_setup("sophia", tables=("sophia",), matrix="sophia", rest="adamw")(
             lambda ctx: [])
 
 
