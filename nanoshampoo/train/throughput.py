@@ -11,7 +11,7 @@ of the GPT, counted from its shapes (C = ``model_dim``, L layers, T = ``seq_len`
 
 Embedding lookups, norms, softmax, rotary and the optimizer are not matmuls of the model and
 count nothing. The count equals ``torch.utils.flop_counter.FlopCounterMode`` on the model
-(``tests/train/throughput_test.py``).
+(``nanoshampoo/train/tests/throughput_test.py``).
 
 Peak: ``nanoshampoo.matmul_speed.matmul_flops_per_second`` in the dtype the matmuls run in
 (bf16 under autocast, else float32; on CUDA float32 includes TF32 when torch allows it),
