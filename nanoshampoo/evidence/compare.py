@@ -59,6 +59,7 @@ from typing import Any
 from nanoshampoo.evidence.logs import LogFormatError, RunRecord, read_run
 from nanoshampoo.evidence.repeat import check_unmanaged, fresh_run_id, train_command
 from nanoshampoo.io_utils import atomic_output, check_output_dir
+from nanoshampoo.validation import check_float
 
 DEFAULT_SETUPS = "adamw,shampoo,soap,muon"
 DEFAULT_PRESET_PREFIX = "tiny-"
@@ -131,10 +132,7 @@ class CompareConfig:
             raise ValueError("setups: give at least one setup")
         fractions = tuple(self.step_fractions)
         for fraction in fractions:
-            if isinstance(fraction, bool) or not (
-                isinstance(fraction, (int, float)) and 0.0 < fraction < 1.0
-            ):
-                raise ValueError(f"step-fractions: each must be a number in (0, 1), got {fraction!r}")
+            check_float("step-fractions: each", fraction, greater_than=0.0, less_than=1.0)
         if len(set(fractions)) != len(fractions):
             raise ValueError(f"step-fractions: {list(fractions)} repeats a fraction")
         object.__setattr__(self, "step_fractions", tuple(sorted(fractions, reverse=True)))

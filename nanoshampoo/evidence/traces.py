@@ -63,6 +63,7 @@ import numpy as np
 from nanoshampoo.errors import UserError
 from nanoshampoo.evidence.intervals import difference, intersection, merge, total
 from nanoshampoo.evidence.tables import format_table
+from nanoshampoo.validation import is_real
 
 CPU_COMM_PREFIXES = ("c10d::", "_c10d_functional::", "c10d_functional::", "record_param_comms")
 GLOO_PREFIX = "gloo:"
@@ -223,7 +224,7 @@ def _complete_events(path: Path, raw: list[Any]) -> tuple[list[_Event], dict[tup
 
 
 def _finite_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    return is_real(value) and math.isfinite(value)
 
 
 def _classify_cpu(

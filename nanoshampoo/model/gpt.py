@@ -24,6 +24,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from nanoshampoo.validation import check_int
+
 # Softmax scale of the optimization-track baseline (in place of 1/sqrt(head_dim)): QK-norm fixes
 # the query and key norms, so the attention temperature is a tuned constant.
 ATTENTION_SCALE = 0.12
@@ -52,9 +54,7 @@ class GPTConfig:
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "num_layers", "model_dim", "head_dim", "max_seq_len"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"GPTConfig.{name} must be a positive int, got {value!r}")
+            check_int(f"GPTConfig.{name}", getattr(self, name), at_least=1)
         if self.head_dim % 4 != 0:
             raise ValueError(
                 f"GPTConfig.head_dim must be a multiple of 4 (rotary pairs on half the dims), "

@@ -53,6 +53,7 @@ from nanoshampoo.optim.shampoo.config_checks import (
 from nanoshampoo.optim.shampoo.preconditioner.spectral_descent_preconditioner import (
     newton_schulz_orthogonalize,
 )
+from nanoshampoo.validation import is_real
 
 # Keller Jordan's quintic Muon coefficients: singular values land in about [0.7, 1.2] in 5 steps.
 MUON_NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
@@ -113,8 +114,7 @@ class OrthogonalizedMomentum(torch.optim.Optimizer):
         if not (
             isinstance(coefficients, (tuple, list))
             and len(coefficients) == 3
-            and all(isinstance(c, (int, float)) and not isinstance(c, bool)
-                    and math.isfinite(c) for c in coefficients)
+            and all(is_real(c) and math.isfinite(c) for c in coefficients)
         ):
             raise ValueError(f"ns_coefficients must be three finite floats, got {coefficients!r}")
 

@@ -349,7 +349,7 @@ def test_cli_writes_the_leaderboard_files(tmp_path: Path, capsys: pytest.Capture
         (["--setups", "adamw", "--", "--no-such-flag", "1"], "unrecognized arguments: --no-such-flag 1"),
         (["--setups", "adamw", "--baseline", "sgd"], "baseline: 'sgd' is not one of the setups"),
         (["--step-fractions", "0.7,half"], "step-fractions: expected numbers separated by commas"),
-        (["--step-fractions", "1.2"], "step-fractions: each must be a number in (0, 1), got 1.2"),
+        (["--step-fractions", "1.2"], "step-fractions: each must be in (0.0, 1.0), got 1.2"),
     ],
 )
 def test_cli_user_errors_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str],
@@ -468,7 +468,7 @@ def test_step_fractions_train_shorter_schedules_and_find_the_shortest_that_reach
 
 
 @pytest.mark.parametrize(("fractions", "message"), [
-    ((0.0,), "step-fractions: each must be a number in \\(0, 1\\), got 0.0"),
+    ((0.0,), "step-fractions: each must be in \\(0.0, 1.0\\), got 0.0"),
     ((1.0,), "got 1.0"), ((0.7, 1.5), "got 1.5"), ((0.7, 0.7), "repeats a fraction"),
 ])
 def test_invalid_step_fractions_are_refused(tmp_path: Path, fractions: tuple[float, ...],

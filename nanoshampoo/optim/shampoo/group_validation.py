@@ -33,6 +33,7 @@ from nanoshampoo.optim.shampoo.shampoo_types import (
     WeightDecayType,
     check_ema_storage_dtype,
 )
+from nanoshampoo.validation import is_int, is_real
 
 # Group entries fixed when the group is added: they decide the blocks, which rank holds them and
 # the layout of their state. A change after construction (or from a checkpoint) is refused.
@@ -55,16 +56,8 @@ ITERATE_AVERAGING_CONFIG_TYPES = (ClassicMomentumConfig, *PRIMAL_AVERAGING_CONFI
 STATELESS_PRECONDITIONER_TYPES = (SignDescentPreconditionerConfig, SpectralDescentPreconditionerConfig)
 
 
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
 def _is_finite_number(value: Any) -> bool:
-    return _is_number(value) and math.isfinite(value)
+    return is_real(value) and math.isfinite(value)
 
 
 def uses_pseudo_inverse(config: PreconditionerConfig) -> bool:
@@ -108,10 +101,10 @@ def _validate_step_sizes(group: Mapping[str, Any]) -> None:
     lr, betas, beta3, eps = group["lr"], group["betas"], group["beta3"], group["epsilon"]
     _require(group, _is_finite_number(lr) and lr >= 0.0, "lr", "must be finite and >= 0.0")
     _require(group, isinstance(betas, (tuple, list)) and len(betas) == 2, "betas", "must be a pair (beta1, beta2)")
-    _require(group, _is_number(betas[0]) and 0.0 <= betas[0] < 1.0, "betas[0]", "must be in [0.0, 1.0)")
-    _require(group, _is_number(betas[1]) and 0.0 <= betas[1] <= 1.0, "betas[1]", "must be in [0.0, 1.0]")
+    _require(group, is_real(betas[0]) and 0.0 <= betas[0] < 1.0, "betas[0]", "must be in [0.0, 1.0)")
+    _require(group, is_real(betas[1]) and 0.0 <= betas[1] <= 1.0, "betas[1]", "must be in [0.0, 1.0]")
     _require(
-        group, _is_number(beta3) and (beta3 == -1.0 or 0.0 <= beta3 < 1.0), "beta3",
+        group, is_real(beta3) and (beta3 == -1.0 or 0.0 <= beta3 < 1.0), "beta3",
         "must be -1.0 or in [0.0, 1.0)",
     )
     _require(group, _is_finite_number(eps) and eps >= 0.0, "epsilon", "must be finite and >= 0.0")
@@ -123,8 +116,8 @@ def _validate_step_sizes(group: Mapping[str, Any]) -> None:
             "must be > 0.0 (0.0 only with a PseudoInverseConfig rank_deficient_stability_config)",
         )
     momentum, dampening = group["momentum"], group["dampening"]
-    _require(group, _is_number(momentum) and 0.0 <= momentum < 1.0, "momentum", "must be in [0.0, 1.0)")
-    _require(group, _is_number(dampening) and 0.0 <= dampening < 1.0, "dampening", "must be in [0.0, 1.0)")
+    _require(group, is_real(momentum) and 0.0 <= momentum < 1.0, "momentum", "must be in [0.0, 1.0)")
+    _require(group, is_real(dampening) and 0.0 <= dampening < 1.0, "dampening", "must be in [0.0, 1.0)")
     _require(group, isinstance(group["use_nesterov"], bool), "use_nesterov", "must be a bool")
     _require(group, not group["use_nesterov"] or momentum > 0.0, "use_nesterov", "needs momentum > 0.0")
     wd = group["weight_decay"]

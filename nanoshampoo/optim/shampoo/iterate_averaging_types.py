@@ -25,11 +25,11 @@ Example:
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from nanoshampoo.optim.shampoo.config_checks import check_bool, check_open_closed_unit
 from nanoshampoo.optim.shampoo.utils.abstract_dataclass import AbstractDataclass
+from nanoshampoo.validation import check_float
 
 
 @dataclass(init=False)
@@ -118,11 +118,7 @@ class ScheduleFreeConfig(IterateAveragingConfig):
 
     def __post_init__(self) -> None:
         check_open_closed_unit("train_interp_coeff", self.train_interp_coeff, low_open=True, high_open=False)
-        power = self.eval_coeff_lr_power
-        if isinstance(power, bool) or not isinstance(power, (int, float)) or not (
-            math.isfinite(power) and power >= 0
-        ):
-            raise ValueError(f"eval_coeff_lr_power must be a finite number >= 0, got {power!r}")
+        check_float("eval_coeff_lr_power", self.eval_coeff_lr_power, at_least=0.0)
 
 
 PRIMAL_AVERAGING_CONFIG_TYPES = (GeneralizedPrimalAveragingConfig, ScheduleFreeConfig)

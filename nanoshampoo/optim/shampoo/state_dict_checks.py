@@ -7,14 +7,14 @@ block state's keys, shapes, dtypes and finiteness (:func:`check_loaded_block_sta
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
 
 from nanoshampoo.optim.shampoo.group_runtime import GroupRuntime
-from nanoshampoo.optim.shampoo.group_validation import Hyperparameters, is_int
+from nanoshampoo.optim.shampoo.group_validation import Hyperparameters
+from nanoshampoo.validation import check_bool, check_float, check_int
 
 
 def group_param_indices(param_groups: Sequence[Mapping[str, Any]]) -> list[list[int]]:
@@ -54,9 +54,7 @@ def plan_loaded_groups(
                 f"{where} has {len(saved.get('params', ()))} params, the optimizer's group has "
                 f"{len(group['params'])}"
             )
-        step = saved.get("step")
-        if not is_int(step) or step < 0:
-            raise ValueError(f"{where}['step'] must be an int >= 0, got {step!r}")
+        step = check_int(f"{where}['step']", saved.get("step"), at_least=0)
         merged = dict(group)
         for key, value in saved.items():
             if key not in ("params", "step", "lr_sum", "train_mode") and key in group:
@@ -110,11 +108,6 @@ def check_loaded_block_states(
 
 def loaded_averaging_state(saved: Mapping[str, Any], where: str) -> tuple[float, bool]:
     """``(lr_sum, train_mode)`` of a saved primal-averaging group; ``ValueError`` if malformed."""
-    lr_sum, train_mode = saved.get("lr_sum"), saved.get("train_mode")
-    if isinstance(lr_sum, bool) or not isinstance(lr_sum, (int, float)) or not (
-        math.isfinite(lr_sum) and lr_sum >= 0.0
-    ):
-        raise ValueError(f"{where}['lr_sum'] must be a finite number >= 0 (primal averaging), got {lr_sum!r}")
-    if not isinstance(train_mode, bool):
-        raise ValueError(f"{where}['train_mode'] must be a bool (primal averaging), got {train_mode!r}")
+    lr_sum = check_float(f"{where}['lr_sum']", saved.get("lr_sum"), at_least=0.0)
+    train_mode = check_bool(f"{where}['train_mode']", saved.get("train_mode"))
     return float(lr_sum), train_mode

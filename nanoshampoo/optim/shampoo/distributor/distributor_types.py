@@ -6,11 +6,11 @@ Every config validates its fields in ``__post_init__`` (``ValueError`` naming th
 from __future__ import annotations
 
 import enum
-import math
 from dataclasses import KW_ONLY, dataclass, field
 
 import torch
 
+from nanoshampoo import validation
 from nanoshampoo.optim.shampoo.config_checks import FLOAT_DTYPES
 from nanoshampoo.optim.shampoo.utils.abstract_dataclass import AbstractDataclass
 from nanoshampoo.optim.shampoo.utils.load_balancing_utils import LoadBalancingConfig
@@ -36,11 +36,14 @@ class DistributedConfig(AbstractDataclass):
     target_parameter_dimensionality: int | float = 1
 
     def __post_init__(self) -> None:
-        target = self.target_parameter_dimensionality
-        if isinstance(target, bool) or not (
-            (isinstance(target, int) and target >= 1) or target == math.inf
-        ):
-            raise ValueError(f"target_parameter_dimensionality must be an int >= 1 or math.inf, got {target!r}")
+        validation.check_int("target_parameter_dimensionality",
+                             self.target_parameter_dimensionality, at_least=1, or_infinity=True)
+
+
+def _check_num_trainers_per_group(trainers: object) -> None:
+    """-1 (the whole world, or replicate dim) or an int >= 1."""
+    if not (validation.is_int(trainers) and trainers == -1):
+        validation.check_int("num_trainers_per_group (-1: all ranks)", trainers, at_least=1)
 
 
 def _check_load_balancing_config(config: DDPDistributedConfig | FullyShardDistributedConfig) -> None:
@@ -80,13 +83,8 @@ class DDPDistributedConfig(DistributedConfig):
             raise ValueError(
                 f"communication_dtype must be one of {FLOAT_DTYPES}, got {self.communication_dtype!r}"
             )
-        trainers = self.num_trainers_per_group
-        if isinstance(trainers, bool) or not isinstance(trainers, int) or not (
-            trainers == -1 or trainers >= 1
-        ):
-            raise ValueError(f"num_trainers_per_group must be -1 or an int >= 1, got {trainers!r}")
-        if not isinstance(self.communicate_params, bool):
-            raise ValueError(f"communicate_params must be a bool, got {self.communicate_params!r}")
+        _check_num_trainers_per_group(self.num_trainers_per_group)
+        validation.check_bool("communicate_params", self.communicate_params)
 
 
 DefaultSingleDeviceDistributedConfig = SingleDeviceDistributedConfig()
@@ -119,8 +117,7 @@ def _check_sharded_exchange_fields(
 ) -> None:
     _check_load_balancing_config(config)
     sub_groups = config.num_sub_groups
-    if isinstance(sub_groups, bool) or not isinstance(sub_groups, int) or sub_groups < 1:
-        raise ValueError(f"num_sub_groups must be an int >= 1, got {sub_groups!r}")
+    validation.check_int("num_sub_groups", sub_groups, at_least=1)
     if sub_groups > 1 and config.param_assignment_strategy == FSDPParamAssignmentStrategy.DEFAULT:
         raise ValueError(
             f"num_sub_groups {sub_groups} > 1 needs param_assignment_strategy REPLICATE or "
@@ -130,8 +127,7 @@ def _check_sharded_exchange_fields(
         raise ValueError(
             f"communication_dtype must be one of {FLOAT_DTYPES}, got {config.communication_dtype!r}"
         )
-    if not isinstance(config.communicate_params, bool):
-        raise ValueError(f"communicate_params must be a bool, got {config.communicate_params!r}")
+    validation.check_bool("communicate_params", config.communicate_params)
 
 
 @dataclass
@@ -208,11 +204,7 @@ class HybridShardDistributedConfig(DistributedConfig):
         if self.device_mesh is not None and getattr(self.device_mesh, "ndim", None) != 2:
             raise ValueError(f"device_mesh must be None or a 2-D DeviceMesh, got {self.device_mesh!r}")
         _check_sharded_exchange_fields(self)
-        trainers = self.num_trainers_per_group
-        if isinstance(trainers, bool) or not isinstance(trainers, int) or not (
-            trainers == -1 or trainers >= 1
-        ):
-            raise ValueError(f"num_trainers_per_group must be -1 or an int >= 1, got {trainers!r}")
+        _check_num_trainers_per_group(self.num_trainers_per_group)
         if not isinstance(self.param_assignment_strategy, FSDPParamAssignmentStrategy):
             raise ValueError(
                 "param_assignment_strategy must be an FSDPParamAssignmentStrategy, got "

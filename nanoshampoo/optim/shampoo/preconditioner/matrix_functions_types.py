@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from nanoshampoo import validation
 from nanoshampoo.optim.shampoo.config_checks import (
     FLOAT_DTYPES,
     check_bool,
@@ -33,8 +34,7 @@ def _check_rank_deficient_stability_config(value: object) -> None:
 
 
 def _check_unit_tolerance(value: object) -> None:
-    if isinstance(value, bool) or not (isinstance(value, (int, float)) and 0.0 <= value <= 1.0):
-        raise ValueError(f"tolerance must be in [0.0, 1.0], got {value!r}")
+    validation.check_float("tolerance", value, at_least=0.0, at_most=1.0)
 
 
 def _check_device_name(name: str, value: object) -> None:
@@ -88,11 +88,7 @@ class PerturbationConfig(RankDeficientStabilityConfig):
     eigenvalue_floor_rtol: float | None = None
 
     def __post_init__(self) -> None:
-        if not isinstance(self.perturb_before_computation, bool):
-            raise ValueError(
-                "perturb_before_computation must be a bool, got "
-                f"{self.perturb_before_computation!r}"
-            )
+        check_bool("perturb_before_computation", self.perturb_before_computation)
         check_optional_tolerance("eigenvalue_floor_rtol", self.eigenvalue_floor_rtol)
 
 
@@ -268,12 +264,8 @@ class CoupledNewtonConfig(RootInvConfig):
     tolerance: float = 1e-6
 
     def __post_init__(self) -> None:
-        if isinstance(self.max_iterations, bool) or not isinstance(self.max_iterations, int):
-            raise ValueError(f"max_iterations must be an int >= 1, got {self.max_iterations!r}")
-        if self.max_iterations < 1:
-            raise ValueError(f"max_iterations must be an int >= 1, got {self.max_iterations!r}")
-        if not (isinstance(self.tolerance, (int, float)) and self.tolerance >= 0.0):
-            raise ValueError(f"tolerance must be >= 0.0, got {self.tolerance!r}")
+        check_int("max_iterations", self.max_iterations, minimum=1)
+        validation.check_float("tolerance", self.tolerance, at_least=0.0, finite=False)
 
 
 @dataclass(kw_only=True)
@@ -310,11 +302,7 @@ class CoupledHigherOrderConfig(RootInvConfig):
 
     def __post_init__(self) -> None:
         for name in ("rel_epsilon", "abs_epsilon", "tolerance"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not (
-                isinstance(value, (int, float)) and math.isfinite(value) and value >= 0.0
-            ):
-                raise ValueError(f"{name} must be a finite float >= 0.0, got {value!r}")
+            validation.check_float(name, getattr(self, name), at_least=0.0)
         check_int("max_iterations", self.max_iterations, minimum=1)
         check_int("order", self.order, minimum=2)
         check_bool("disable_tf32", self.disable_tf32)
@@ -360,15 +348,9 @@ class WarmStartedEigenConfig(RootInvConfig):
     )
 
     def __post_init__(self) -> None:
-        if isinstance(self.max_iterations, bool) or not isinstance(self.max_iterations, int) or (
-            self.max_iterations < 0
-        ):
-            raise ValueError(f"max_iterations must be an int >= 0, got {self.max_iterations!r}")
+        check_int("max_iterations", self.max_iterations, minimum=0)
         check_optional_tolerance("tolerance", self.tolerance, allow_none=False)
-        if not isinstance(self.retry_double_precision, bool):
-            raise ValueError(
-                f"retry_double_precision must be a bool, got {self.retry_double_precision!r}"
-            )
+        check_bool("retry_double_precision", self.retry_double_precision)
         _check_rank_deficient_stability_config(self.rank_deficient_stability_config)
 
 
@@ -455,10 +437,7 @@ class NewtonSchulzOrthogonalizationConfig(OrthogonalizationConfig):
         if not (
             isinstance(coefficients, (tuple, list))
             and len(coefficients) == 3
-            and all(
-                isinstance(c, (int, float)) and not isinstance(c, bool) and math.isfinite(c)
-                for c in coefficients
-            )
+            and all(validation.is_real(c) and math.isfinite(c) for c in coefficients)
         ):
             raise ValueError(f"coefficients must be three finite floats (a, b, c), got {coefficients!r}")
         self.coefficients = tuple(float(c) for c in coefficients)

@@ -9,12 +9,12 @@ its fields in ``__post_init__`` (``ValueError`` naming the field).
 
 from __future__ import annotations
 
-import math
 import warnings
 from dataclasses import dataclass, field
 
 import torch
 
+from nanoshampoo import validation
 from nanoshampoo.optim.shampoo.config_checks import (
     FLOAT_DTYPES,
     check_bool,
@@ -150,12 +150,12 @@ class BaseShampooPreconditionerConfig(PreconditionerConfig):
         check_bool("drop_weighting_factor_on_gsquare", self.drop_weighting_factor_on_gsquare)
         check_bool("use_trace_scaling", self.use_trace_scaling)
         exponent = self.trace_scaling_exponent
-        if isinstance(exponent, bool) or not isinstance(exponent, (int, float)):
+        if self.use_trace_scaling:
+            validation.check_float("trace_scaling_exponent (with use_trace_scaling)", exponent,
+                                   greater_than=0.0, at_most=1.0)
+        elif not validation.is_real(exponent):
+            # Unused without use_trace_scaling: any number (even NaN) passes, as before.
             raise ValueError(f"trace_scaling_exponent must be a float, got {exponent!r}")
-        if self.use_trace_scaling and not 0.0 < exponent <= 1.0:
-            raise ValueError(
-                f"trace_scaling_exponent must be in (0.0, 1.0] with use_trace_scaling, got {exponent!r}"
-            )
 
     def statistics_weight(self, beta2: float) -> float:
         """``w`` of ``F <- b2 F + w G G^T``: 1 for a sum (``beta2 = 1`` or dropped), else ``1 - b2``."""
@@ -219,30 +219,20 @@ class ClassicShampooPreconditionerConfig(BaseShampooPreconditionerConfig):
                 f"inv_factor_matrix_dtype must be None or one of {FLOAT_DTYPES}, got "
                 f"{self.inv_factor_matrix_dtype!r}"
             )
-        tolerated = self.num_tolerated_failed_amortized_computations
-        if isinstance(tolerated, bool) or not isinstance(tolerated, int) or tolerated < 0:
-            raise ValueError(
-                f"num_tolerated_failed_amortized_computations must be an int >= 0, got {tolerated!r}"
-            )
+        check_int("num_tolerated_failed_amortized_computations",
+                  self.num_tolerated_failed_amortized_computations, minimum=0)
         self._validate_inverse_exponent_override()
-        for name, minimum in (("large_factor_dim", 0), ("large_factor_frequency_multiplier", 1)):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-                raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
+        check_int("large_factor_dim", self.large_factor_dim, minimum=0)
+        check_int("large_factor_frequency_multiplier", self.large_factor_frequency_multiplier,
+                  minimum=1)
         if self.pack_factor_matrices is not None:
-            if not isinstance(self.pack_factor_matrices, bool):
-                raise ValueError(
-                    f"pack_factor_matrices must be None or a bool, got {self.pack_factor_matrices!r}"
-                )
+            check_bool("pack_factor_matrices", self.pack_factor_matrices)
             warnings.warn(
                 "pack_factor_matrices is deprecated: use use_symmetric_packing (the reference "
                 "library's name; same meaning, upper triangles)", DeprecationWarning, stacklevel=3,
             )
             self.use_symmetric_packing = self.pack_factor_matrices
-        if not isinstance(self.use_symmetric_packing, bool):
-            raise ValueError(
-                f"use_symmetric_packing must be a bool, got {self.use_symmetric_packing!r}"
-            )
+        check_bool("use_symmetric_packing", self.use_symmetric_packing)
 
     def _validate_amortized_computation_config(self) -> None:
         if not isinstance(self.amortized_computation_config, RootInvConfig):
@@ -265,22 +255,13 @@ class ClassicShampooPreconditionerConfig(BaseShampooPreconditionerConfig):
             raise ValueError(f"{name} must be a dict, got {override!r}")
         coupled = isinstance(self.amortized_computation_config, CoupledNewtonConfig)
         for order, value in override.items():
-            if isinstance(order, bool) or not isinstance(order, int) or order < 1:
-                raise ValueError(f"{name} keys must be block orders (ints >= 1), got {order!r}")
+            check_int(f"{name} keys (block orders)", order, minimum=1)
             per_dim = value if isinstance(value, dict) else {None: value}
             for dim, exponent in per_dim.items():
-                if dim is not None and (
-                    isinstance(dim, bool) or not isinstance(dim, int) or not 0 <= dim < order
-                ):
-                    raise ValueError(
-                        f"{name}[{order}] keys must be dims in [0, {order}), got {dim!r}"
-                    )
-                if isinstance(exponent, bool) or not isinstance(exponent, (int, float)):
-                    raise ValueError(f"{name}[{order}] exponents must be floats, got {exponent!r}")
-                if not (exponent >= 0.0 and math.isfinite(exponent)):
-                    raise ValueError(
-                        f"{name}[{order}] exponents must be finite and >= 0, got {exponent!r}"
-                    )
+                if dim is not None:
+                    validation.check_int(f"{name}[{order}] keys (dims)", dim, at_least=0,
+                                         less_than=order)
+                validation.check_float(f"{name}[{order}] exponents", exponent, at_least=0.0)
                 if coupled and exponent > 0.0 and abs(1.0 / exponent - round(1.0 / exponent)) > 1e-9:
                     raise ValueError(
                         f"{name}[{order}] exponent {exponent!r}: CoupledNewtonConfig needs "
@@ -390,12 +371,8 @@ class EigenvalueCorrectedShampooPreconditionerConfig(BaseShampooPreconditionerCo
             raise ValueError(f"inverse_exponent_override must be a dict, got {override!r}")
         for order, exponent in override.items():
             check_int("inverse_exponent_override keys", order, minimum=0)
-            if isinstance(exponent, bool) or not (
-                isinstance(exponent, (int, float)) and exponent > 0.0 and math.isfinite(exponent)
-            ):
-                raise ValueError(
-                    f"inverse_exponent_override[{order}] must be a finite float > 0, got {exponent!r}"
-                )
+            validation.check_float(f"inverse_exponent_override[{order}]", exponent,
+                                   greater_than=0.0)
 
     def _validate_ignored_basis_change_dims(self) -> None:
         name = "ignored_basis_change_dims"
@@ -407,10 +384,8 @@ class EigenvalueCorrectedShampooPreconditionerConfig(BaseShampooPreconditionerCo
             if not isinstance(dims, (list, tuple)):
                 raise ValueError(f"{name}[{order}] must be a list of dims, got {dims!r}")
             for dim in dims:
-                if isinstance(dim, bool) or not isinstance(dim, int) or not 0 <= dim <= max(order - 1, 0):
-                    raise ValueError(
-                        f"{name}[{order}] dims must be ints in [0, {max(order - 1, 0)}], got {dim!r}"
-                    )
+                validation.check_int(f"{name}[{order}] dims", dim, at_least=0,
+                                     at_most=max(order - 1, 0))
             if len(set(dims)) != len(dims):
                 raise ValueError(f"{name}[{order}] has duplicate dims: {dims!r}")
 
