@@ -338,6 +338,11 @@ class EigenvalueCorrectedShampooPreconditionerConfig(BaseShampooPreconditionerCo
             corrected eigenvalues of blocks of that order (default ``1/2``, Adam's square root).
         factor_matrix_eigenvectors_dtype: storage dtype of the eigenbases.
         corrected_eigenvalues_dtype: storage dtype of the corrected eigenvalues.
+        use_symmetric_packing: the factors as packed upper triangles, as root-inverse
+            Shampoo's (half the bytes). Off by default here (the reference packs by default):
+            the eigh bases are the same numbers packed or not; the QR refresh multiplies by the
+            symmetrized factor, which can rotate a degenerate (rank-deficient) eigenspace
+            differently in the last bits and so differ slightly.
     """
 
     amortized_computation_config: EigendecompositionConfig = field(
@@ -349,9 +354,11 @@ class EigenvalueCorrectedShampooPreconditionerConfig(BaseShampooPreconditionerCo
     inverse_exponent_override: dict[int, float] = field(default_factory=dict)
     factor_matrix_eigenvectors_dtype: torch.dtype = torch.float32
     corrected_eigenvalues_dtype: torch.dtype = torch.float32
+    use_symmetric_packing: bool = False
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        check_bool("use_symmetric_packing", self.use_symmetric_packing)
         if not isinstance(self.amortized_computation_config, EigendecompositionConfig):
             raise ValueError(
                 "amortized_computation_config must be an EighEigendecompositionConfig or "
