@@ -38,7 +38,7 @@ from nanoshampoo.train.setups.shampoo_family import (
     PreconditionerConfig,
     common_kwargs,
     distributed_config,
-    labels,
+    group_labels,
     stability_config,
 )
 
@@ -104,14 +104,9 @@ def kl_shampoo_kwargs(pre: PreconditionerConfig, hp: KLShampooConfig) -> dict[st
 def check_kl_config(cfg: TrainConfig) -> None:
     """The setup's values by the optimizer's own group rules (``library_checks``), errors
     naming the trainer's fields."""
-    pre: PreconditionerConfig = cfg.table("preconditioner")
-    shared = labels("preconditioner", max_preconditioner_dim="max_preconditioner_dim",
-                    start_preconditioning_step="start_preconditioning_step",
-                    momentum_dtype="momentum_dtype", amortize_roots="amortize_roots")
-    own = labels("kl_shampoo", lr="lr", weight_decay="weight_decay", epsilon="epsilon",
-                 precondition_frequency="precondition_frequency",
-                 **{"betas[0]": "beta1", "betas[1]": "beta2"})
-    check_shampoo_group(kl_shampoo_kwargs(pre, cfg.table("kl_shampoo")), shared | own)
+    kwargs = kl_shampoo_kwargs(cfg.table("preconditioner"), cfg.table("kl_shampoo"))
+    # The [kl_shampoo] table names its fields as [shampoo] does, so the family's labels fit.
+    check_shampoo_group(kwargs, group_labels("kl_shampoo"))
 
 
 def build_kl_shampoo_matrix(ctx: BuildContext) -> torch.optim.Optimizer:
