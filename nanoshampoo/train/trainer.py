@@ -458,7 +458,8 @@ class Trainer:
     def _finish(self, val_loss: float) -> None:
         allocated, reserved = peak_memory_mib(self.ctx)
         total = self.cfg.num_iterations
-        mfu = self.mfu.of_step(self.train_time_ms / 1000 / max(total - self.start_step, 1))
+        # train_time_ms counts every step of the run, a resumed one included (as step_avg does).
+        mfu = self.mfu.of_step(self.train_time_ms / 1000 / max(total, 1))
         self.log.final(total, total, val_loss, self.train_time_ms, allocated, reserved, mfu)
         if self.ctx.is_main:
             print(f"final val_loss {val_loss:.4f} after {total} steps "

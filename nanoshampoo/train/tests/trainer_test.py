@@ -130,6 +130,12 @@ def test_resume_from_checkpoint_repeats_the_uninterrupted_losses(
     assert after == {key: before[key] for key in after}
     assert resumed.final_val_loss == full.final_val_loss
     assert full.last_checkpoint == tmp_path / "full.ckpt" / "step_000008"
+    # MFU of the average step over the whole run: the resumed time counts all 8 steps.
+    records = read_jsonl(resumed.jsonl_log)
+    meter, final = records[0]["mfu"], records[-1]
+    assert final["mfu"] == pytest.approx(
+        meter["flops_per_step"] / (final["train_time_ms"] / 1000 / 8)
+        / meter["peak_flops_per_second"])
 
 
 def test_resume_rejects_a_checkpoint_of_another_setup(shards: dict[str, str],
