@@ -227,8 +227,8 @@ def expand_setups(config: CompareConfig, baseline_steps: int) -> tuple[Setup, ..
     """``config.setups`` and, after each non-baseline setup, its ``--step-fractions`` variants.
 
     The variant of setup ``S`` at fraction ``f`` trains ``S``'s preset for
-    ``max(1, round(f * baseline_steps))`` steps (its whole schedule, warm-up and cooldown
-    included, shrinks with it): the speedrun's way of asking whether ``S`` reaches the
+    ``max(1, round(f * baseline_steps))`` steps (its cooldown, a fraction of the schedule,
+    shrinks with it; a ``warmup_steps`` warmup keeps its length): the speedrun's way of asking whether ``S`` reaches the
     baseline's loss in ``f`` times the baseline's steps.
     """
     setups: list[Setup] = []

@@ -375,7 +375,7 @@ def _schedule_section(board: Leaderboard) -> list[str]:
     return [
         "## Steps to the target by schedule length",
         "",
-        f"Each setup trained again with its whole schedule (warm-up and cooldown) shortened to a "
+        f"Each setup trained again with its schedule (and its cooldown) shortened to a "
         f"fraction of {board.baseline}'s steps. A schedule reaches the target when the one-sided "
         f"t-test that its mean final val loss is below the target gives p < {SIGNIFICANCE}: the "
         "speedrun's criterion, where a record is the shortest schedule that reaches the loss.",

@@ -79,7 +79,8 @@ class TrainConfig:
     """Run settings and the hyper-parameter tables; defaults are the ``tiny-shampoo`` CPU run.
 
     Learning rates are the peak values; the schedule is constant, then a linear cooldown to 0
-    over the last ``cooldown_frac`` of ``num_iterations``. ``batch_size`` counts sequences of
+    over the last ``cooldown_frac`` of ``num_iterations``, after a linear warmup over the first
+    ``warmup_steps`` steps (0: none, the speedrun's recipe). ``batch_size`` counts sequences of
     ``seq_len`` tokens per optimizer step over all ranks together; it must divide by
     ``world_size * grad_accum_steps`` (each rank runs ``grad_accum_steps`` micro-batches).
 
@@ -104,6 +105,7 @@ class TrainConfig:
     # --- schedule
     num_iterations: int = 300
     cooldown_frac: float = 0.7
+    warmup_steps: int = 0
     # --- the optimizer setup (a registered name); its hyper-parameters are in ``tables``.
     optimizer: str = "shampoo"
     # How DistributedShampoo spreads its work (the shampoo, soap and muon setups).
@@ -175,7 +177,7 @@ class TrainConfig:
             if getattr(self, name) < 1:
                 raise ValueError(f"TrainConfig.{name} must be >= 1, got {getattr(self, name)}")
         for name in ("val_every", "log_every", "checkpoint_every", "seed", "vocab_size",
-                     "threads", "hsdp_shard_size"):
+                     "threads", "hsdp_shard_size", "warmup_steps"):
             if getattr(self, name) < 0:
                 raise ValueError(f"TrainConfig.{name} must be >= 0, got {getattr(self, name)}")
         if self.seed > MAX_SEED:

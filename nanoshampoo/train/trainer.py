@@ -362,7 +362,8 @@ class Trainer:
             total += loss.detach().float()
         all_reduce_gradients(self.setup.all_reduce_params, self.ctx)
         self._check_finite_loss_and_gradients(step, total)
-        multiplier = lr_multiplier(step, self.cfg.num_iterations, self.cfg.cooldown_frac)
+        multiplier = lr_multiplier(step, self.cfg.num_iterations, self.cfg.cooldown_frac,
+                                   self.cfg.warmup_steps)
         apply_lr_multiplier(self.setup.optimizers, multiplier)
         for opt in self.setup.optimizers:
             try:

@@ -19,6 +19,7 @@ from nanoshampoo.train.setups import setup_names
         (dict(model="huge"), "model"),
         (dict(batch_size=0), "batch_size"),
         (dict(cooldown_frac=1.5), "cooldown_frac"),
+        (dict(warmup_steps=-1), "warmup_steps"),
         ({"adam.beta2": 1.0}, r"adam\.beta2 \(--adam\.beta2\)"),
         ({"shampoo.lr": -1.0}, r"shampoo\.lr"),
         ({"preconditioner.start_preconditioning_step": 2, "shampoo.precondition_frequency": 5},
