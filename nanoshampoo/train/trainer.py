@@ -12,9 +12,7 @@ the trainer's all-reduce of the others; FSDP's reduce-scatter under ``parallel``
 ``hsdp``, where the blocks and then the root are ``fully_shard``-ed); a finiteness check of the
 loss and every gradient; set the scheduled learning rates; step every optimizer.
 
-With ``threads=0`` on CPU the thread count is re-probed every ``RETUNE_STEPS`` steps (outside
-the timed step): other processes may take or free cores during a run. Fix ``threads`` for
-bitwise-reproducible runs.
+With ``threads=0`` on CPU the thread count is re-probed during the run (:mod:`thread_tuner`).
 
 A non-finite loss, gradient, parameter (checked before each checkpoint) or validation loss stops
 the run with :class:`TrainingDiverged`, after a ``diverged`` record in the logs; no checkpoint is
@@ -62,24 +60,21 @@ from nanoshampoo.train.distributed import (
     DistributedContext,
     all_reduce_gradients,
     all_reduce_mean_,
-    any_rank_true,
     barrier,
     broadcast_object,
     broadcast_parameters,
     first_error_on_any_rank,
-    local_tensor,
-    local_world_size,
     peak_memory_mib,
     setup_distributed,
     shard_model,
     synchronize_device,
     teardown_distributed,
 )
+from nanoshampoo.train.divergence import DivergenceGuard, TrainingDiverged
 from nanoshampoo.train.hardware import (
     AutocastChoice,
     available_cores,
     cpu_name,
-    cpu_threads,
     resolve_autocast,
 )
 from nanoshampoo.train.interrupt import TrainingInterrupted
@@ -96,22 +91,8 @@ from nanoshampoo.train.schedule import (
     lr_multiplier,
     remember_peak_lrs,
 )
+from nanoshampoo.train.thread_tuner import ThreadTuner
 from nanoshampoo.train.throughput import mfu_meter
-
-# With ``threads=0`` on CPU the thread count is probed again every this many steps (outside the
-# timed step; ~3 ms on idle cores, ~150 ms on busy ones). Measured on 2 shared cores: a run that
-# started on idle cores with 2 threads (0.31 s/step) slowed to 6-28 s/step when other processes
-# took the cores, and runs at ~0.7 s/step on 1 thread then.
-RETUNE_STEPS = 10
-
-
-class TrainingDiverged(RuntimeError):
-    """The loss, a gradient or a parameter became NaN/Inf; ``step`` optimizer steps were done."""
-
-    def __init__(self, step: int, reason: str) -> None:
-        super().__init__(reason)
-        self.step = step
-        self.reason = reason
 
 
 @dataclass
@@ -145,9 +126,9 @@ class Trainer:
             raise UserError(f"--batch-size {cfg.batch_size}: must be divisible by the world size "
                             f"({ctx.world_size}) times --grad-accum-steps "
                             f"({cfg.grad_accum_steps})")
-        self.threads_reason = "CUDA run"
+        self.threads = ThreadTuner(cfg.threads, ctx)
         if ctx.device.type == "cpu":
-            self._tune_threads()
+            self.threads.tune()
         # Every rank must run the same numerics: rank 0's probe decides.
         self.autocast: AutocastChoice = broadcast_object(  # type: ignore[assignment]
             resolve_autocast(cfg.autocast, ctx.device) if ctx.is_main else None, ctx)
@@ -172,7 +153,7 @@ class Trainer:
         self.setup = build_optimizer_setup(self.model, cfg, ctx.world_size)
         # DistAdam's gradients may still be in flight (its hooks launched their reduce-scatters)
         # when the trainer checks the others; DistAdam checks its own after waiting for them.
-        self._checked_params = self.setup.trainer_checked_params(self.model)
+        self.guard = DivergenceGuard(self.model, self.setup.trainer_checked_params(self.model), ctx)
         remember_peak_lrs(self.setup.optimizers)
         self.forward: nn.Module = torch.compile(self.model) if cfg.compile else self.model  # type: ignore[assignment]
         self.loader = DistributedTokenLoader(self.data.train_pattern, cfg.batch_size, cfg.seq_len,
@@ -219,13 +200,6 @@ class Trainer:
         micro_batch = cfg.batch_size // (ctx.world_size * cfg.grad_accum_steps)
         self._on_every_rank(lambda: check_memory(model_config, micro_batch, cfg.seq_len,
                                                  ctx.device))
-
-    def _tune_threads(self) -> None:
-        """Set the CPU threads (``TrainConfig.threads``, or probed when 0); rank 0 decides for
-        every rank, so that all ranks reduce in the same order."""
-        choice = cpu_threads(self.cfg.threads, local_world_size()) if self.ctx.is_main else None
-        threads, self.threads_reason = broadcast_object(choice, self.ctx)  # type: ignore[misc]
-        torch.set_num_threads(threads)
 
     def _on_every_rank(self, check: Any) -> Any:
         """Run ``check()``; if it raises ``UserError`` on any rank, raise it on every rank."""
@@ -275,7 +249,7 @@ class Trainer:
         if ctx.is_main:
             print(f"run {self.run_id}: {cfg.optimizer} on {ctx.device.type} x{ctx.world_size} "
                   f"({cfg.parallel}), "
-                  f"{torch.get_num_threads()} threads ({self.threads_reason}), autocast "
+                  f"{torch.get_num_threads()} threads ({self.threads.reason}), autocast "
                   f"{self.autocast.name} ({self.autocast.reason}); {self.mfu.header}", flush=True)
         bar = tqdm(total=total, initial=self.start_step, disable=not (ctx.is_main and cfg.progress),
                    desc=self.run_id, unit="step", dynamic_ncols=True)
@@ -297,10 +271,6 @@ class Trainer:
         return TrainResult(self.run_id, val_loss, self.log.text_path, self.log.jsonl_path,
                            last_checkpoint)
 
-    @property
-    def _retunes_threads(self) -> bool:
-        return self.ctx.device.type == "cpu" and self.cfg.threads == 0
-
     def _loop(self, bar: tqdm, profiler: Any) -> tuple[float, Path | None]:
         cfg, total = self.cfg, self.cfg.num_iterations
         val_loss, last_checkpoint = math.nan, None
@@ -314,13 +284,10 @@ class Trainer:
                 with self.setup.evaluation_point():
                     val_loss = self._validation_loss()
                 _say(self.log.val(step, total, val_loss, self.train_time_ms), self.ctx, bar)
-                if not math.isfinite(val_loss):
-                    raise TrainingDiverged(step, f"validation loss is {val_loss}"
-                                           + self._culprit(gradients=False))
+                self.guard.check_validation(step, val_loss)
             if last:
                 break
-            if self._retunes_threads and step > self.start_step and step % RETUNE_STEPS == 0:
-                self._tune_threads()  # other processes may have taken or freed cores
+            self.threads.before_step(step, self.start_step)  # others may take or free cores
             profiler.step(step)  # before the step's work: the profiler records chosen steps
             self._timed_step(step, bar)
         return val_loss, last_checkpoint
@@ -361,7 +328,7 @@ class Trainer:
             loss.backward()
             total += loss.detach().float()
         all_reduce_gradients(self.setup.all_reduce_params, self.ctx)
-        self._check_finite_loss_and_gradients(step, total)
+        self.guard.check_step(step, total)
         multiplier = lr_multiplier(step, self.cfg.num_iterations, self.cfg.cooldown_frac,
                                    self.cfg.warmup_steps)
         apply_lr_multiplier(self.setup.optimizers, multiplier)
@@ -369,8 +336,7 @@ class Trainer:
             try:
                 opt.step()
             except NonFiniteGradientError as exc:  # DistAdam's own check, on every rank
-                raise TrainingDiverged(step, "non-finite gradient"
-                                       + (self._culprit(gradients=True) or f" ({exc})")) from None
+                raise self.guard.non_finite_gradient(step, exc) from None
         for opt in self.setup.optimizers:
             opt.zero_grad(set_to_none=True)
         return total
@@ -381,34 +347,6 @@ class Trainer:
         set_fsdp_sync = getattr(self.model, "set_requires_gradient_sync", None)
         if set_fsdp_sync is not None:
             set_fsdp_sync(enabled)
-
-    def _check_finite_loss_and_gradients(self, step: int, loss: torch.Tensor) -> None:
-        """Raise ``TrainingDiverged`` (on every rank) if the loss or a gradient is NaN/Inf.
-
-        One fused pass: the norm of every gradient (NaN/Inf propagate into it), then one host
-        sync for the verdict. Sharded (DTensor) gradients are this rank's own, hence the vote
-        across ranks. DistAdam's parameters are left out: their reduce-scatter may still be
-        reading them, and DistAdam's ``step`` checks them itself (``NonFiniteGradientError``
-        on every rank, nothing changed), which ``_train_step`` reports the same way.
-        """
-        grads = [local_tensor(p.grad) for p in self._checked_params if p.grad is not None]
-        norms = torch._foreach_norm(grads) if grads else []
-        finite = torch.stack([loss.float(), *norms]).isfinite().all()
-        if not any_rank_true(not bool(finite.item()), self.ctx):
-            return
-        if bool(torch.isfinite(loss)):
-            raise TrainingDiverged(step, "non-finite gradient" + self._culprit(gradients=True))
-        culprit = self._culprit(gradients=False) or self._culprit(gradients=True)
-        raise TrainingDiverged(step, f"train loss is {loss.item()}"
-                               + (culprit or "; parameters and gradients finite on this rank"))
-
-    def _culprit(self, gradients: bool) -> str:
-        """``"; first non-finite parameter: NAME"`` (or gradient), ``""`` if all are finite."""
-        for name, p in self.model.named_parameters():
-            tensor = p.grad if gradients else p
-            if tensor is not None and not bool(torch.isfinite(local_tensor(tensor)).all()):
-                return f"; first non-finite {'gradient' if gradients else 'parameter'}: {name}"
-        return ""
 
     @torch.no_grad()
     def _validation_loss(self) -> float:
@@ -437,10 +375,7 @@ class Trainer:
 
     def _save_checkpoint(self, step: int) -> Path:
         """Save a checkpoint of the state after ``step`` steps, unless a parameter is NaN/Inf."""
-        finite = all(bool(torch.isfinite(local_tensor(p)).all()) for p in self.model.parameters())
-        if any_rank_true(not finite, self.ctx):
-            raise TrainingDiverged(step, "non-finite parameter before the checkpoint"
-                                   + self._culprit(gradients=False))
+        self.guard.check_parameters(step)
         directory = checkpoint_path(self.cfg.out_dir, self.run_id, step)
         if self.cfg.parallel == "ddp":
             save_checkpoint(directory, self.ctx.rank, self.ctx.world_size, step,
@@ -472,7 +407,7 @@ class Trainer:
                 "preset": self.cfg.preset, "optimizer": self.cfg.optimizer,
                 "world_size": self.ctx.world_size, "autocast": self.autocast.name,
                 "autocast_reason": self.autocast.reason, "threads": torch.get_num_threads(),
-                "threads_reason": self.threads_reason,
+                "threads_reason": self.threads.reason,
                 "resumed_from": self.resumed_from, "mfu": dataclasses.asdict(self.mfu),
                 "config": self.cfg.to_dict()}
 

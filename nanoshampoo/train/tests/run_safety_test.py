@@ -316,7 +316,7 @@ def test_a_nonfinite_gradient_with_a_finite_loss_stops_the_run_naming_it(
     trainer = Trainer(tiny_config(shards, tmp_path, optimizer=optimizer, val_every=0))
     head = trainer.model.lm_head.weight
     distadam_owned = optimizer.endswith("distadam")
-    assert any(p is head for p in trainer._checked_params) != distadam_owned
+    assert any(p is head for p in trainer.guard.checked_params) != distadam_owned
     matrices = [p.detach().clone() for p in trainer.setup.groups["matrix"]]
     head.register_hook(lambda grad: torch.full_like(grad, math.nan))
     with pytest.raises(TrainingDiverged) as caught:

@@ -13,7 +13,7 @@ import torch
 
 from nanoshampoo.model.gpt import gpt_preset
 from nanoshampoo.testing.distributed import run_on_gloo
-from nanoshampoo.train import trainer as trainer_module
+from nanoshampoo.train import thread_tuner
 from nanoshampoo.train.cli import main as cli_main
 from nanoshampoo.train.config import TrainConfig, UserError
 from nanoshampoo.train.setups import setup_names
@@ -286,7 +286,7 @@ def test_cpu_threads_are_reprobed_during_the_run(shards: dict[str, str], tmp_pat
         calls.append(requested)
         return 1, "probed"
 
-    monkeypatch.setattr(trainer_module, "cpu_threads", fake_cpu_threads)
+    monkeypatch.setattr(thread_tuner, "cpu_threads", fake_cpu_threads)
     Trainer(tiny_config(shards, tmp_path, optimizer="adamw", threads=0, num_iterations=21,
                         val_every=0)).run()
     assert calls == [0, 0, 0]  # at start, before steps 10 and 20
