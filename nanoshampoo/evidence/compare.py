@@ -23,7 +23,8 @@ speedrun's measure of "reaches the baseline's loss in 0.7x the steps". Steps to 
 a full-length curve understate the gain of a shorter schedule, because a run's loss falls
 fastest during its own cooldown.
 
-Reuse: a run is recognised by its setup directory, its seed, ``nproc`` and the effective
+Reuse: a run is recognised by its setup directory (or one the setup names in ``reuse_from``:
+a tuned setup's best trial), its seed, ``nproc`` and the effective
 ``TrainConfig`` that the trainer's own parser makes of preset + flags (so ``--lr=1`` and
 ``--lr 1`` are the same run, and editing a preset file retrains its setup), less the fields that
 do not change the result (``RUN_IDENTITY_IGNORED``). A field that the manifest lacks (added to
@@ -68,7 +69,10 @@ DEFAULT_PRESET_PREFIX = "tiny-"
 MANAGED_OPTIONS = ("--preset", "--optimizer", "--seed", "--run-id", "--out-dir", "--resume", "-h", "--help")
 # TrainConfig fields that do not change a run's result: two runs that differ only here are one.
 # (Checkpoints are written outside the timed steps.)
-RUN_IDENTITY_IGNORED = ("run_id", "out_dir", "progress", "save_final_checkpoint", "checkpoint_every")
+# ``preset`` too: the effective config (every field and table it sets) is the identity, so a
+# tuned preset that spells a trial's flags as a table is the same run as that trial.
+RUN_IDENTITY_IGNORED = ("run_id", "out_dir", "progress", "save_final_checkpoint", "checkpoint_every",
+                        "preset")
 _SETUP_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")
 MANIFEST_SUFFIX = ".compare.json"
 # The leaderboard's statistics (``--rule``): see ``nanoshampoo.evidence.leaderboard``.
@@ -91,6 +95,9 @@ class Setup:
     fraction: float = 1.0
     # Train flags of this setup alone, after its preset (a tuning trial's point).
     args: tuple[str, ...] = ()
+    # More directories whose ended runs of the same effective config count as this setup's
+    # (a tuned setup reuses its best trial's runs: the same computation).
+    reuse_from: tuple[Path, ...] = ()
 
     @property
     def family(self) -> str:
@@ -284,8 +291,10 @@ def plan_runs(config: CompareConfig, resolve: ConfigResolver = resolve_train_con
                 raise ValueError(f"setup {setup.name!r}: {exc}") from None
             identity = run_identity(resolved, config.nproc)
             directory = config.out_dir / setup.name
-            plans.append(PlannedRun(setup, seed, argv, resolved, identity, directory,
-                                    find_reusable(directory, resolved, config.nproc, defaults)))
+            reusable = next((run for d in (directory, *setup.reuse_from)
+                             if (run := find_reusable(d, resolved, config.nproc, defaults))),
+                            None)
+            plans.append(PlannedRun(setup, seed, argv, resolved, identity, directory, reusable))
     return plans
 
 

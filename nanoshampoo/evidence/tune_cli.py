@@ -115,5 +115,7 @@ def tuned_compare_config(config: CompareConfig, args: argparse.Namespace) -> Com
     for setup in config.setups:
         result = tune(tunes[setup.name])
         _report(result)
-        tuned.append(Setup(setup.name, result.preset_file))
+        # The best trial's seeds are the tuned setup's runs too: the same config, not re-trained.
+        tuned.append(Setup(setup.name, result.preset_file,
+                           reuse_from=(tunes[setup.name].out_dir / "trials" / result.best,)))
     return dataclasses.replace(config, setups=tuple(tuned))

@@ -153,4 +153,12 @@ def test_compare_tune_on_a_tiny_budget_end_to_end(tmp_path: Path,
         best = min(tuning["trials"], key=lambda t: t["score"])
         preset = tomllib.loads((out / "tune" / setup / f"tuned-{setup}.toml").read_text())
         assert preset[key]["lr"] == float(best["values"][f"{key}.lr"])
+        # Seed 0 at the tuned point is the best trial's run (the same config): reused, and only
+        # seed 1 trained for the comparison.
+        trial_logs = sorted((out / "tune" / setup / "trials" / best["name"]).glob("*.jsonl"))
+        assert len(trial_logs) == 1 and len(list((out / setup).glob("*.jsonl"))) == 1
+        row = next(r for r in board["rows"] if r["setup"] == setup)
+        assert row["final_val_loss"]["mean"] == pytest.approx(
+            (best["finals"][0] + json.loads(next((out / setup).glob("*.jsonl")).read_text()
+                                            .splitlines()[-1])["val_loss"]) / 2)
     assert all(row["seeds_needed"] is None or row["seeds_needed"] >= 2 for row in board["rows"])
