@@ -56,14 +56,17 @@ def regroup_by_param_names(state_dict: Mapping[str, Any], param_groups: Sequence
     """``state_dict`` re-keyed onto ``param_groups`` by parameter name (or unchanged).
 
     ``param_groups``: group dicts naming their parameters by ``param_names`` or by
-    ``(name, tensor)`` pairs in ``params``. Unchanged when a side does not name every parameter, or when both group the names alike.
+    ``(name, tensor)`` pairs in ``params``. Unchanged when a side does not name every
+    parameter, when both group the names alike, or when the names differ but the groups have
+    the same sizes (matched by position then, as torch matches them).
     Otherwise every parameter takes the state saved under its name, and every group the saved
     entries (hyperparameters, ``step``...) of the saved groups its parameters come from.
 
     Raises:
-        ValueError: the names are not the same set on both sides (naming the differences), or
-            a group gathers parameters from saved groups whose entries differ (naming the
-            group and the entries): one group has one set of hyperparameters and one step.
+        ValueError: the names are not the same set on both sides and the group sizes differ
+            (naming the differences); or a group gathers parameters from saved groups whose
+            entries differ (naming the group and the entries): one group has one set of
+            hyperparameters and one step.
     """
     saved_groups = state_dict["param_groups"]
     saved_names, our_names = _names(saved_groups), _names(param_groups)
@@ -74,6 +77,8 @@ def regroup_by_param_names(state_dict: Mapping[str, Any], param_groups: Sequence
         where.update((name, (position, index)) for name, index in zip(names, group["params"]))
     missing = sorted({n for names in our_names for n in names} - where.keys())
     extra = sorted(where.keys() - {n for names in our_names for n in names})
+    if (missing or extra) and [len(n) for n in saved_names] == [len(n) for n in our_names]:
+        return state_dict  # renamed parameters, grouped alike: matched by position, as torch does
     if missing or extra:
         raise ValueError(
             f"state_dict param_names differ from the optimizer's: missing {missing[:4]}, "
