@@ -6,8 +6,8 @@ groups over the same parameters; every other group passes through as the same ob
 reference library does this in its optimizer's constructor so that each sub-group gets its own
 distributor (and NCCL communicator) whose exchanges overlap on CUDA streams;
 :class:`DistributedShampoo` does it at the same point. Here the sub-groups step one after
-another, so the split buys no overlap; it is done for parity: the same groups, the same
-``param_groups`` and state-dict layout as the reference for the same script.
+another, so the split buys no overlap; it is done for parity: the same ``param_groups`` as the
+reference's for the same script, and so the same grouping in the state dicts.
 
 The numbers do not change: the lossless strategies (``REPLICATE``, ``ROUND_ROBIN``, the only
 ones ``num_sub_groups > 1`` is accepted with) compute every block exactly as one device does,
@@ -41,7 +41,7 @@ from nanoshampoo.optim.shampoo.distributor.distributor_types import (
 )
 from nanoshampoo.optim.shampoo.utils.shampoo_utils import greedy_bin_pack
 
-__all__ = ["split_param_groups"]
+__all__ = ["split_constructor_params", "split_param_groups"]
 
 
 def split_param_groups(param_groups: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
