@@ -73,7 +73,8 @@ entries and their resolution into ``Hyperparameters``; ``component_builders.py``
 preconditioner and distributor a config names; ``state_dict_trees.py`` the flattening of nested
 block state into checkpoint keys; ``state_dict_checks.py`` the checks before a load writes;
 ``reference_state_dict.py`` the reference library's state-dict layout; ``step_compilation.py``
-the probed ``torch.compile`` of a group's step.
+the probed ``torch.compile`` of a group's step; ``param_group_split.py`` the split of FSDP2/HSDP
+groups with ``num_sub_groups > 1`` into sub-groups, applied to the constructor's groups.
 """
 
 from __future__ import annotations
@@ -94,6 +95,7 @@ from nanoshampoo.optim.shampoo.group_validation import (
     validate_params,
 )
 from nanoshampoo.optim.shampoo.iterate_averaging_types import IterateAveragingConfig
+from nanoshampoo.optim.shampoo.param_group_split import split_constructor_params
 from nanoshampoo.optim.shampoo.reference_state_dict import (
     check_distributed_shampoo_layout,
     from_reference_layout,
@@ -121,6 +123,7 @@ from nanoshampoo.optim.shampoo.state_dict_checks import (
     group_param_indices,
     plan_loaded_groups,
 )
+from nanoshampoo.optim.shampoo.state_dict_regrouping import regroup_by_param_names
 from nanoshampoo.optim.shampoo.state_dict_trees import flatten_tree, is_plain_value
 from nanoshampoo.optim.shampoo.step_compilation import compile_step
 
@@ -276,6 +279,8 @@ class DistributedShampoo(torch.optim.Optimizer):
                 DeprecationWarning,
                 stacklevel=2,
             )
+        if isinstance(params, list):  # the reference's num_sub_groups split (param_group_split.py)
+            params = split_constructor_params(params, distributed_config)
         super().__init__(params, defaults)
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
@@ -430,7 +435,9 @@ class DistributedShampoo(torch.optim.Optimizer):
         counterpart here (SOAP eigenbases, warm-started eigenvectors, iterate averaging) are
         refused by the key check below, naming them (``docs/compat.md``).
 
-        The whole state dict is checked before anything is written: the number of groups and
+        Named parameters (``param_names`` in every group, saved and ours) are matched by name,
+        so a state dict loads into another grouping of them, such as another ``num_sub_groups``
+        (``state_dict_regrouping.py``). The whole state dict is checked before anything is written: the number of groups and
         of their parameters, each group's ``step`` and hyperparameters (validated like the
         constructor's; the saved values replace the optimizer's, and entries fixed at
         construction such as ``max_preconditioner_dim`` must agree), and every block's state:
@@ -446,6 +453,7 @@ class DistributedShampoo(torch.optim.Optimizer):
         """
         if not isinstance(state_dict, Mapping) or not {"state", "param_groups"} <= state_dict.keys():
             raise ValueError("state_dict must be a mapping with 'state' and 'param_groups'")
+        state_dict = regroup_by_param_names(state_dict, self.param_groups)
         if is_reference_layout(state_dict):
             state_dict = from_reference_layout(
                 state_dict, group_param_indices(self.param_groups), expected_state(self._runtimes)

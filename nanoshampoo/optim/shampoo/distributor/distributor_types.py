@@ -144,12 +144,12 @@ class FullyShardDistributedConfig(DistributedConfig):
             dtype. A float dtype.
         communicate_params: send updated parameters instead of updates ``-lr * P`` (as in
             :class:`DDPDistributedConfig`).
-        num_sub_groups: the reference library splits a group into this many sub-groups, each
-            with its own distributor and NCCL communicator, to overlap their exchanges on CUDA
-            streams; the numbers are those of one group. Here the group stays one group (one
-            ``all_to_all`` per exchange already carries all of its parameters), so the value
-            is validated as there (an int >= 1; > 1 only with a lossless strategy, the only
-            ones that split) and changes nothing else.
+        num_sub_groups: an int >= 1 (> 1 only with a lossless strategy): the optimizer's
+            constructor splits a group of this config into this many sub-groups of about equal
+            element counts, each with its own distributor, as the reference library does
+            (``param_group_split.split_param_groups``). The reference overlaps the sub-groups'
+            exchanges on CUDA streams; here they step one after another. The numbers are those
+            of one group.
         load_balancing_config: the cost model ``ROUND_ROBIN`` balances when it assigns whole
             parameters to owner ranks (default: aligned bytes); unused by the other strategies.
     """
@@ -186,7 +186,7 @@ class HybridShardDistributedConfig(DistributedConfig):
             other accepted value is the replicate dim's size).
         communicate_params: send updated parameters instead of updates ``-lr * P``.
         param_assignment_strategy: the strategy within a replica (shard dim).
-        num_sub_groups: as in :class:`FullyShardDistributedConfig` (validated, no split).
+        num_sub_groups: as in :class:`FullyShardDistributedConfig`.
         load_balancing_config: the cost model of both assignments: owners within a replica
             (``ROUND_ROBIN``) and work blocks over the replicas.
     """

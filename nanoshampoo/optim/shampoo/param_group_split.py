@@ -1,0 +1,168 @@
+"""``split_param_groups``: the reference library's ``num_sub_groups`` split of FSDP2/HSDP groups.
+
+A group whose ``distributed_config`` is a :class:`FullyShardDistributedConfig` or
+:class:`HybridShardDistributedConfig` with ``num_sub_groups = n > 1`` becomes up to ``n``
+groups over the same parameters; every other group passes through as the same object. The
+reference library does this in its optimizer's constructor so that each sub-group gets its own
+distributor (and NCCL communicator) whose exchanges overlap on CUDA streams;
+:class:`DistributedShampoo` does it at the same point. Here the sub-groups step one after
+another, so the split buys no overlap; it is done for parity: the same ``param_groups`` as the
+reference's for the same script, and so the same grouping in the state dicts.
+
+The numbers do not change: the lossless strategies (``REPLICATE``, ``ROUND_ROBIN``, the only
+ones ``num_sub_groups > 1`` is accepted with) compute every block exactly as one device does,
+whichever group holds it, and every sub-group keeps all of the group's other entries.
+
+How the parameters are divided (the reference's documented rule): greedy longest-first bin
+packing on ``numel`` (:func:`greedy_bin_pack`: largest first, equal sizes in decreasing
+position, each to the lightest sub-group, ties to the lower one), so the sub-groups hold about
+equal element counts; within a sub-group the parameters are in placing order (largest first).
+Sub-groups left empty (zero-size parameters can leave one) are dropped. Each sub-group gets a
+shallow copy of the config (its own object, equal fields) and, if the group names its
+parameters (``param_names``, or ``(name, tensor)`` pairs in ``params``), its parameters'
+names in the same order.
+
+Owner ranks under ``ROUND_ROBIN`` are balanced per sub-group by its own distributor; the
+reference carries each rank's load from one sub-group to the next, so the two libraries may
+pick different owners (the numbers are the same either way).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from nanoshampoo.optim.shampoo.distributor.distributor_types import (
+    FullyShardDistributedConfig,
+    HybridShardDistributedConfig,
+)
+from nanoshampoo.optim.shampoo.utils.shampoo_utils import greedy_bin_pack
+
+__all__ = ["split_constructor_params", "split_param_groups"]
+
+
+def split_param_groups(param_groups: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The groups with every FSDP2/HSDP group of ``num_sub_groups > 1`` replaced by its sub-groups.
+
+    Args:
+        param_groups: param group dicts (``"params"``: a tensor, or a list or tuple of tensors
+            or of ``(name, tensor)`` pairs; ``"distributed_config"``); groups without such a
+            config, or with another entry that torch would refuse (a set of parameters), pass
+            through unchanged for ``add_param_group`` to judge.
+
+    Returns:
+        A new list: the untouched groups (the same dict objects) and, in place of each split
+        group, its sub-groups (new dicts) in sub-group order.
+
+    Raises:
+        ValueError: naming ``num_sub_groups``, when it exceeds the group's parameter count
+            divided by the shard size (``device_mesh.size(1)`` under HSDP, 1 under FSDP2), or
+            when, under HSDP, the packing leaves a sub-group with fewer parameters than the
+            shard size (one parameter much larger than the rest). The reference refuses both
+            as degenerate sub-groups; nothing is returned half split.
+
+    Example:
+        >>> config = FullyShardDistributedConfig(
+        ...     param_assignment_strategy=FSDPParamAssignmentStrategy.REPLICATE, num_sub_groups=2)
+        >>> params = [torch.zeros(n) for n in (5, 3, 3, 1)]
+        >>> groups = split_param_groups([{"params": params, "distributed_config": config, "lr": 0.1}])
+        >>> [([p.numel() for p in g["params"]], g["lr"]) for g in groups]
+        [([5, 1], 0.1), ([3, 3], 0.1)]
+    """
+    result: list[dict[str, Any]] = []
+    for group in param_groups:
+        config = group.get("distributed_config")
+        params = _param_list(group.get("params"))
+        if params is None or not _should_split(config):
+            result.append(group)
+            continue
+        result.extend(_sub_groups(group, params, config))
+    return result
+
+
+def _should_split(config: object) -> bool:
+    return (
+        isinstance(config, (FullyShardDistributedConfig, HybridShardDistributedConfig))
+        and config.num_sub_groups > 1
+    )
+
+
+def _param_list(params: object) -> list[Any] | None:
+    """The group's parameters as a list; None for what ``add_param_group`` must refuse."""
+    if isinstance(params, torch.Tensor):
+        return [params]
+    if isinstance(params, (list, tuple)):
+        return list(params)
+    return None
+
+
+def _tensor(entry: Any) -> torch.Tensor:
+    """A ``params`` entry's tensor: the entry, or the tensor of a ``(name, tensor)`` pair."""
+    return entry[1] if isinstance(entry, tuple) else entry
+
+
+def _shard_size(config: FullyShardDistributedConfig | HybridShardDistributedConfig, params: list[Any]) -> int:
+    """Ranks per shard group under HSDP (the config's mesh, else the parameters'); 1 under FSDP2."""
+    if not isinstance(config, HybridShardDistributedConfig):
+        return 1
+    mesh = config.device_mesh
+    if mesh is None and params:
+        mesh = getattr(_tensor(params[0]), "device_mesh", None)
+    return 1 if mesh is None else int(mesh.size(1))
+
+
+def _sub_groups(
+    group: dict[str, Any], params: list[Any], config: FullyShardDistributedConfig | HybridShardDistributedConfig
+) -> list[dict[str, Any]]:
+    """Validate, then pack ``params`` into the sub-groups of ``group`` (see the module doc)."""
+    wanted = config.num_sub_groups
+    shard_size = _shard_size(config, params)
+    most = max(1, len(params) // shard_size)
+    if wanted > most:
+        raise ValueError(
+            f"num_sub_groups {wanted} is too large for a group of {len(params)} params with "
+            f"shard size {shard_size}: each sub-group needs at least {shard_size} params, so at "
+            f"most {most} sub-groups"
+        )
+    names = group.get("param_names")
+    bins, _ = greedy_bin_pack(range(len(params)), wanted, lambda i: _tensor(params[i]).numel())
+    bins = [b for b in bins if b]
+    if shard_size > 1 and (short := [len(b) for b in bins if len(b) < shard_size]):
+        raise ValueError(
+            f"num_sub_groups {wanted}: packing by numel leaves sub-groups of {short} params, fewer "
+            f"than the shard size {shard_size} (a parameter much larger than the rest); use fewer "
+            "sub-groups"
+        )
+    others = {k: v for k, v in group.items() if k not in ("params", "param_names", "distributed_config")}
+    subs = []
+    for indices in bins:
+        sub = {**others, "params": [params[i] for i in indices], "distributed_config": copy.copy(config)}
+        if names is not None:
+            sub["param_names"] = [names[i] for i in indices]
+        subs.append(sub)
+    return subs
+
+
+def split_constructor_params(params: list[Any], default_config: object) -> list[Any]:
+    """``DistributedShampoo``'s ``params`` argument with :func:`split_param_groups` applied.
+
+    The reference splits its groups after merging the constructor's defaults into them; here
+    the split comes before torch builds the groups, so a group (or a plain list of tensors, one
+    group) without its own ``distributed_config`` is split by ``default_config``. What is not
+    split is returned as given (the user's own dicts, or the plain list).
+    """
+    if not params:
+        return params
+    is_groups = isinstance(params[0], dict)
+    groups = params if is_groups else [{"params": params}]
+    result: list[Any] = []
+    for group in groups:
+        resolved = group if "distributed_config" in group else {**group, "distributed_config": default_config}
+        split = split_param_groups([resolved])
+        result.extend([group] if split[0] is resolved else split)
+    if not is_groups and result[0] is groups[0]:
+        return params
+    return result
