@@ -43,6 +43,7 @@ from nanoshampoo.evidence.compare import (
     RULES,
     CompareConfig,
     parse_setups,
+    resolve_train_config,
     run_compare,
 )
 from nanoshampoo.evidence.grouping import groups_by_directory, groups_from_specs, regroup
@@ -206,6 +207,8 @@ def _run_repeat(args: argparse.Namespace) -> int:
         config = RepeatConfig(runs=args.runs, out_dir=args.out_dir, seed0=args.seed0,
                               nproc=args.nproc, name=args.name)
         check_unmanaged(train_args, REPEAT_MANAGED, "repeat for each seed")
+        # A bad train flag fails here, before the out dir exists (not in seed 0's subprocess).
+        resolve_train_config([*train_args, "--seed", str(config.seed0)])
     check_output_dir(config.out_dir, "--out-dir")
     if args.json:
         check_output_file(args.json, "--json")

@@ -175,6 +175,21 @@ def test_repeat_out_dir_that_is_a_file_is_one_line(tmp_path: Path,
     assert snapshot(tmp_path) == before
 
 
+@pytest.mark.parametrize("flags, words", [
+    (["--num-iterations", "0"], ["num_iterations"]),
+    (["--no-such-flag", "1"], ["unrecognized", "--no-such-flag"]),
+    (["--preset", "tiny-nope"], ["tiny-nope"]),
+])
+def test_repeat_refuses_a_bad_train_flag_before_creating_anything(
+        flags: list[str], words: list[str], tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    before = snapshot(tmp_path)
+    assert main(["repeat", "-n", "2", "--out-dir", str(tmp_path / "o"), "--", *flags]) == 2
+    one_error_line(capsys, "nanoshampoo repeat", *words)
+    assert snapshot(tmp_path) == before
+    assert not (tmp_path / "o").exists()
+
+
 def test_repeat_refuses_a_nan_target_before_training(tmp_path: Path,
                                                      capsys: pytest.CaptureFixture[str]) -> None:
     before = snapshot(tmp_path)

@@ -100,7 +100,7 @@ def test_repeat_cli_reports_the_runs(tmp_path: Path, capsys: pytest.CaptureFixtu
     import nanoshampoo.cli as cli
 
     monkeypatch.setattr(cli, "run_repeats", lambda config, args: run_repeats(config, args, run=fake_train))
-    assert main(["repeat", "-n", "2", "--out-dir", str(tmp_path), "--", "--preset", "tiny"]) == 0
+    assert main(["repeat", "-n", "2", "--out-dir", str(tmp_path), "--", "--preset", "tiny-adamw"]) == 0
     assert f"== {tmp_path} (2 runs) ==" in capsys.readouterr().out
 
 
