@@ -33,6 +33,7 @@ import scipy.stats
 
 from nanoshampoo.errors import UserError
 from nanoshampoo.evidence.logs import RunRecord, ValPoint
+from nanoshampoo.validation import is_real
 
 DEFAULT_TARGET = 3.28
 # The optimization track's rule: (target - mean) * sqrt(n) must reach 0.004, which is a
@@ -255,14 +256,14 @@ COMPARED_METRICS = ("final_val_loss", "train_time_s", "step_avg_ms")
 
 def check_target(name: str, target: float) -> None:
     """``UserError`` naming ``name`` unless ``target`` is a finite number (a loss to reach)."""
-    if not (isinstance(target, (int, float)) and math.isfinite(target)):
+    if not (is_real(target) and math.isfinite(target)):
         raise UserError(f"{name} {target}: the target must be a finite validation loss")
 
 
 def check_confidence(name: str, confidence: float) -> None:
     """``UserError`` naming ``name`` unless ``confidence`` is in (0, 1) (checked even when one
     group makes no comparison: a flag that means nothing is refused, not ignored)."""
-    if not (isinstance(confidence, (int, float)) and 0.0 < confidence < 1.0):
+    if not (is_real(confidence) and 0.0 < confidence < 1.0):
         raise UserError(f"{name} {confidence}: the confidence level must be in (0, 1)")
 
 

@@ -23,6 +23,7 @@ import torch
 from nanoshampoo.errors import UserError
 from nanoshampoo.model.gpt import GPTConfig
 from nanoshampoo.model.memory import training_memory_estimate
+from nanoshampoo.validation import is_real
 
 # One year: "wait forever" in practice, and far below what timedelta and c10d's int64
 # milliseconds hold.
@@ -38,7 +39,7 @@ def check_device(device: str) -> None:
 
 def check_dist_timeout(timeout_s: float) -> None:
     """The collective timeout must be a finite positive number of seconds, at most a year."""
-    if not (isinstance(timeout_s, (int, float)) and math.isfinite(timeout_s)
+    if not (is_real(timeout_s) and math.isfinite(timeout_s)
             and 0 < timeout_s <= MAX_DIST_TIMEOUT_S):
         raise UserError(f"--dist-timeout-s {timeout_s}: must be a finite number of seconds in "
                         f"(0, {MAX_DIST_TIMEOUT_S}]")
