@@ -27,6 +27,7 @@ from nanoshampoo.optim.shampoo import (
     SingleDeviceDistributedConfig,
 )
 from nanoshampoo.testing.distributed import run_on_gloo
+from nanoshampoo.testing.toy_models import ParamsModel
 
 torch.set_num_threads(1)
 
@@ -40,24 +41,10 @@ CONFIGS = {
 }
 
 
-class SeededLossModel(torch.nn.Module):
-    """Parameters of ``SHAPES`` and a smooth loss of them that changes with the step."""
 
-    def __init__(self) -> None:
-        super().__init__()
-        generator = torch.Generator().manual_seed(0)
-        self.params = torch.nn.ParameterList(
-            torch.nn.Parameter(torch.randn(shape, generator=generator)) for shape in SHAPES
-        )
-
-    def forward(self, step: int) -> torch.Tensor:
-        generator = torch.Generator().manual_seed(100 + step)
-        loss = torch.zeros(())
-        for p in self.params:
-            weights = torch.randn(p.shape, generator=generator)
-            loss = loss + (torch.tanh(p) * weights).sum() + 0.1 * (p * p * weights.abs()).sum()
-        return loss
-
+def params_model() -> ParamsModel:
+    """Parameters of ``SHAPES`` and a smooth, non-quadratic loss of them, new each step."""
+    return ParamsModel(SHAPES, seed=0, loss_seed=100)
 
 def full(param: torch.Tensor) -> torch.Tensor:
     return (param.full_tensor() if hasattr(param, "full_tensor") else param).detach().clone()
@@ -92,7 +79,7 @@ def sharded_model(mesh: Any = None) -> torch.nn.Module:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
-    model = SeededLossModel()
+    model = params_model()
     fully_shard(model, mesh=mesh or init_device_mesh("cpu", (torch.distributed.get_world_size(),)))
     return model
 
@@ -101,13 +88,13 @@ def body(rank: int, world_size: int) -> dict[str, dict[str, list[torch.Tensor]]]
     round_robin = FullyShardDistributedConfig(param_assignment_strategy=FSDPParamAssignmentStrategy.ROUND_ROBIN)
     results = {}
     for name, config in CONFIGS.items():
-        results[f"ddp {name}"] = run(SeededLossModel(), DDPDistributedConfig(), config)
+        results[f"ddp {name}"] = run(params_model(), DDPDistributedConfig(), config)
         results[f"fsdp2 {name}"] = run(sharded_model(), round_robin, config)
     return results
 
 
 def assert_equal_to_one_process(got: dict[str, list[torch.Tensor]], config: Any, label: str) -> None:
-    want = run(SeededLossModel(), SingleDeviceDistributedConfig(), config)
+    want = run(params_model(), SingleDeviceDistributedConfig(), config)
     assert got.keys() == want.keys()
     for key in want:
         for a, b in zip(got[key], want[key]):
@@ -139,6 +126,6 @@ def test_ddp_and_fsdp2_world_size_2_equal_one_process() -> None:
         for kind in ("ddp", "fsdp2"):
             for rank, rank_result in enumerate(results):
                 assert_equal_to_one_process(rank_result[f"{kind} {name}"], config, f"{kind} {name} rank {rank}")
-        want = run(SeededLossModel(), SingleDeviceDistributedConfig(), config)
+        want = run(params_model(), SingleDeviceDistributedConfig(), config)
         # The averaged iterate differs from the training point (the switch did something).
         assert any(not torch.equal(a, b) for a, b in zip(want["eval mid-run"], want[f"step {EVAL_AFTER}"]))

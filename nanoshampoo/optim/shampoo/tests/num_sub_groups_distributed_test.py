@@ -22,6 +22,9 @@ from typing import Any
 
 import pytest
 import torch
+from param_group_split_test import (
+    FakeMesh,  # the neighbouring test module (pytest puts its dir on sys.path)
+)
 
 from nanoshampoo.optim.shampoo import (
     AdamPreconditionerConfig,
@@ -36,6 +39,7 @@ from nanoshampoo.optim.shampoo import (
 from nanoshampoo.optim.shampoo.param_group_split import split_param_groups
 from nanoshampoo.optim.shampoo.state_dict_regrouping import regroup_by_param_names
 from nanoshampoo.testing.distributed import run_on_gloo
+from nanoshampoo.testing.toy_models import ParamsModel
 
 SHAPES = ((8, 6), (7, 5), (6, 2, 3), (9, 4), (3,), (2, 6), (5,), (12, 3))
 MAX_DIM = 4
@@ -44,24 +48,10 @@ SUB_GROUPS = (1, 2, 3)
 STRATEGIES = (FSDPParamAssignmentStrategy.ROUND_ROBIN, FSDPParamAssignmentStrategy.REPLICATE)
 
 
-class ParamsModel(torch.nn.Module):
+
+def params_model(seed: int = 0) -> ParamsModel:
     """Parameters of ``SHAPES`` and a smooth, non-quadratic loss of them, new each step."""
-
-    def __init__(self, seed: int = 0) -> None:
-        super().__init__()
-        generator = torch.Generator().manual_seed(seed)
-        self.params = torch.nn.ParameterList(
-            torch.nn.Parameter(torch.randn(shape, generator=generator)) for shape in SHAPES
-        )
-
-    def forward(self, step: int) -> torch.Tensor:
-        generator = torch.Generator().manual_seed(1000 + step)
-        loss = torch.zeros(())
-        for p in self.params:
-            weights = torch.randn(p.shape, generator=generator)
-            loss = loss + (torch.tanh(p) * weights).sum() + 0.1 * (p * p * weights.abs()).sum()
-        return loss
-
+    return ParamsModel(SHAPES, seed)
 
 def make_optimizer(params: list[torch.Tensor], config: DistributedConfig) -> DistributedShampoo:
     return DistributedShampoo(
@@ -82,7 +72,7 @@ def train(model: ParamsModel, optimizer: DistributedShampoo, steps: range) -> No
 
 
 def single_device_params(steps: int) -> list[torch.Tensor]:
-    model = ParamsModel()
+    model = params_model()
     train(model, make_optimizer(list(model.parameters()), SingleDeviceDistributedConfig()), range(steps))
     return [p.detach().clone() for p in model.parameters()]
 
@@ -102,7 +92,7 @@ def sharded_run(mesh: Any, config: DistributedConfig) -> tuple[ParamsModel, Dist
     """A ``fully_shard`` model and its optimizer over the named parameters."""
     from torch.distributed.fsdp import fully_shard
 
-    model = ParamsModel()
+    model = params_model()
     fully_shard(model, mesh=mesh)
     return model, make_optimizer(list(model.named_parameters()), config)
 
@@ -177,7 +167,7 @@ def hsdp(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
 
 def expected_groups(sub_groups: int, shard_size: int) -> list[list[int]]:
     """The split of the model's parameters by :func:`split_param_groups`, as positions."""
-    params = list(ParamsModel().parameters())
+    params = list(params_model().parameters())
     config = (
         FullyShardDistributedConfig(
             param_assignment_strategy=FSDPParamAssignmentStrategy.REPLICATE, num_sub_groups=sub_groups
@@ -191,18 +181,6 @@ def expected_groups(sub_groups: int, shard_size: int) -> list[list[int]]:
     position = {id(p): i for i, p in enumerate(params)}
     groups = split_param_groups([{"params": params, "distributed_config": config}])
     return [[position[id(p)] for p in group["params"]] for group in groups]
-
-
-class FakeMesh:
-    """What the split reads of a 2-D device mesh: its rank and the shard dim's size."""
-
-    ndim = 2
-
-    def __init__(self, shard_size: int) -> None:
-        self._shard_size = shard_size
-
-    def size(self, dim: int) -> int:
-        return self._shard_size if dim == 1 else 2
 
 
 MESHES = [("fsdp", 1), ("hsdp", 2)]

@@ -34,6 +34,7 @@ from nanoshampoo.optim.shampoo import (
 )
 from nanoshampoo.optim.shampoo.distributor.fully_shard_plan import shard_row_ranges
 from nanoshampoo.testing.distributed import run_on_gloo
+from nanoshampoo.testing.toy_models import ParamsModel
 
 SHAPES = ((7, 5), (3,), (6, 2, 3), (9, 4), (2, 6), (5,), (12, 8))
 MAX_DIM = 4
@@ -47,24 +48,10 @@ LOSSLESS = [
 SINGLE_PROCESS = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 
 
-class ParamsModel(torch.nn.Module):
-    """Parameters of ``SHAPES`` and a smooth, non-quadratic loss of them."""
 
-    def __init__(self, seed: int = 0) -> None:
-        super().__init__()
-        generator = torch.Generator().manual_seed(seed)
-        self.params = torch.nn.ParameterList(
-            torch.nn.Parameter(torch.randn(shape, generator=generator)) for shape in SHAPES
-        )
-
-    def forward(self, step: torch.Tensor) -> torch.Tensor:
-        generator = torch.Generator().manual_seed(1000 + int(step))
-        loss = torch.zeros(())
-        for p in self.params:
-            weights = torch.randn(p.shape, generator=generator)
-            loss = loss + (torch.tanh(p) * weights).sum() + 0.1 * (p * p * weights.abs()).sum()
-        return loss
-
+def params_model(seed: int = 0) -> ParamsModel:
+    """Parameters of ``SHAPES`` and a smooth, non-quadratic loss of them, new each step."""
+    return ParamsModel(SHAPES, seed)
 
 def make_optimizer(params: list[torch.Tensor], config: DistributedConfig) -> DistributedShampoo:
     return DistributedShampoo(
@@ -87,14 +74,14 @@ def train(model: torch.nn.Module, optimizer: DistributedShampoo, steps: range) -
 
 
 def reference_lossless(steps: int) -> list[torch.Tensor]:
-    model = ParamsModel()
+    model = params_model()
     train(model, make_optimizer(list(model.parameters()), SingleDeviceDistributedConfig()), range(steps))
     return [p.detach().clone() for p in model.parameters()]
 
 
 def reference_default(world: int, steps: int) -> list[torch.Tensor]:
     """Single-device Shampoo on each rank's local shard as a separate parameter."""
-    model = ParamsModel()
+    model = params_model()
     shards = [
         torch.nn.Parameter(p.detach()[start:end].clone())
         for p in model.parameters()
@@ -134,7 +121,7 @@ def fsdp_model(seed: int = 0) -> torch.nn.Module:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
-    model = ParamsModel(seed)
+    model = params_model(seed)
     fully_shard(model, mesh=init_device_mesh("cpu", (torch.distributed.get_world_size(),)))
     return model
 
@@ -276,7 +263,7 @@ def test_dcp_saved_at_world_4_restores_exactly_at_world_2(
 def test_dcp_saved_at_world_4_restores_exactly_in_one_process(
     world4: list[dict[str, Any]], checkpoint: Path
 ) -> None:
-    model = ParamsModel(seed=99)
+    model = params_model(seed=99)
     optimizer = make_optimizer(list(model.parameters()), SingleDeviceDistributedConfig())
     template: dict[str, Any] = {"optim": optimizer.state_dict(), "model": model.state_dict()}
     dcp.load(template, checkpoint_id=checkpoint)
@@ -296,7 +283,7 @@ def test_dcp_saved_at_world_4_restores_exactly_in_one_process(
 def test_per_rank_memory_shrinks_with_world_size(
     world4: list[dict[str, Any]], world2: list[dict[str, Any]]
 ) -> None:
-    model = ParamsModel()
+    model = params_model()
     total_params = sum(p.numel() * p.element_size() for p in model.parameters())
     single = make_optimizer(list(model.parameters()), SingleDeviceDistributedConfig()).optimizer_state_bytes()
     largest_state = max(
@@ -346,7 +333,7 @@ def test_invalid_config_raises_naming_the_field(kwargs: dict[str, Any], field: s
 
 
 def test_plain_tensor_params_are_rejected_before_any_state_is_built() -> None:
-    model = ParamsModel()
+    model = params_model()
     config = FullyShardDistributedConfig(param_assignment_strategy=FSDPParamAssignmentStrategy.ROUND_ROBIN)
     with pytest.raises(ValueError, match=r"^params\[0\] must be a DTensor"):
         make_optimizer(list(model.parameters()), config)

@@ -17,10 +17,10 @@ import pytest
 import torch
 from fully_shard_distributor_test import (  # the neighbouring test module (pytest puts its dir on sys.path)
     STEPS,
-    ParamsModel,
     assert_close,
     full_params,
     make_optimizer,
+    params_model,
     reference_default,
     reference_lossless,
     train,
@@ -48,7 +48,7 @@ CASES = [
 def run_case(mesh: Any, config: Any) -> dict[str, Any]:
     from torch.distributed.fsdp import fully_shard
 
-    model = ParamsModel()
+    model = params_model()
     fully_shard(model, mesh=mesh)
     optimizer = make_optimizer(list(model.parameters()), config)
     train(model, optimizer, range(STEPS))
@@ -134,7 +134,7 @@ def test_hsdp_one_replica_holds_the_fully_shard_state(world4: list[dict[str, Any
 @pytest.mark.slow
 @pytest.mark.distributed
 def test_hsdp_splits_the_shard_work_over_the_replicas(world4: list[dict[str, Any]]) -> None:
-    model = ParamsModel()
+    model = params_model()
     from nanoshampoo.optim.shampoo import SingleDeviceDistributedConfig
 
     single = make_optimizer(list(model.parameters()), SingleDeviceDistributedConfig()).optimizer_state_bytes()
