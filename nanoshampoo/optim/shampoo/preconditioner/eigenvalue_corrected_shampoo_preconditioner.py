@@ -331,6 +331,9 @@ class EigenvalueCorrectedShampooPreconditioner(KroneckerFactoredPreconditioner):
         identity = torch.eye(matrices.shape[-1], dtype=matrices.dtype, device=matrices.device)
         start = torch.where(computed.view(-1, 1, 1), previous.flip(-1), identity)
         stability = solver.rank_deficient_stability_config
+        # The ridge also lifts a null column's estimate to eps, so the canonical null basis then
+        # applies only where eps is below rounding (float32 at 1e-12), where such columns are
+        # noise; in float64 at 1e-8 the ridged iteration is deterministic and kept as computed.
         if isinstance(stability, PerturbationConfig) and stability.perturb_before_computation:
             matrices = matrices + self._epsilon * identity
         return sorted_qr_eigenbasis(
