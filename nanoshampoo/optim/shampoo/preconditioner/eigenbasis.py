@@ -8,7 +8,9 @@ Pure math on tensors. Both functions take a stack ``A`` of shape ``(N, n, n)`` a
 Why descending: the warm-started QR (orthogonal) iteration ``Q <- qr(A Q)`` has the eigenbasis
 in descending order as its only stable fixed point. Starting it from a descending basis keeps
 every column on "its" eigenvector, so state kept per eigen-direction (the corrected eigenvalues
-of eigenvalue-corrected Shampoo) stays attached to the same direction across recomputations.
+of eigenvalue-corrected Shampoo) stays attached to the same direction across recomputations
+(:func:`qr_eigenbasis`). :func:`sorted_qr_eigenbasis` is the well-known library's refresh
+instead: the iteration on the ascending order, then a sort; it returns descending bases too.
 
 Example:
     >>> A = torch.diag(torch.tensor([1.0, 3.0, 2.0])).expand(2, 3, 3)
@@ -191,6 +193,59 @@ def qr_eigenbasis(
         estimates = torch.where(converged.unsqueeze(-1), diagonal,
                                 triangular.diagonal(dim1=-2, dim2=-1).abs())
     bases, canonical_ok = _canonicalize_null_columns(bases, estimates, stability)
+    return bases, canonical_ok & _finite(bases)
+
+
+def sorted_qr_eigenbasis(
+    matrices: torch.Tensor,
+    previous: torch.Tensor,
+    max_iterations: int,
+    tolerance: float,
+    stability: RankDeficientStabilityConfig | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The well-known library's QR refresh: iterate on an *ascending* basis, then re-sort it.
+
+    Per matrix: while ``off_diagonal_ratio(A, Q) > tolerance``, at most ``max_iterations``
+    times, ``Q <- qr(A Q).Q`` (the same span as the library's ``Q <- Q qr(Q^T A Q).Q``); then
+    the columns are stably sorted by ascending Rayleigh quotient ``q_j^T A q_j`` (also when no
+    iteration ran), and the result is returned flipped, in this module's descending order. So
+    column ``n - 1 - j`` of the result is the library's column ``j``, and state paired with
+    columns by position (SOAP's corrected eigenvalues) is paired as the library pairs it. The
+    iteration runs on the ascending order, where it is unstable (a column's error along a larger
+    eigenvalue grows), as the library's does: :func:`qr_eigenbasis` iterates on the stable
+    descending order instead.
+
+    Args:
+        matrices: ``(N, n, n)`` symmetric PSD, float32 or float64.
+        previous: ``(N, n, n)`` orthonormal starting bases in *ascending* order (the identity
+            for a factor without a basis yet, as in the library).
+        max_iterations: iteration cap, >= 1.
+        tolerance: convergence threshold on the off-diagonal ratio, in [0, 1].
+        stability: as for :func:`eigh_eigenbasis`, with the sorted Rayleigh quotients as the
+            eigenvalues.
+
+    Returns:
+        ``(bases (N, n, n) descending, ok (N,) bool)``; ``ok`` is False where the result is not
+        finite.
+    """
+    bases, estimates = previous, None
+    for _ in range(max_iterations):
+        product = matrices @ bases
+        projected = bases.mT @ product
+        converged = _off_diagonal_share(projected) <= tolerance
+        if bool(converged.all()):
+            estimates = projected.diagonal(dim1=-2, dim2=-1)
+            break
+        try:
+            refined = torch.linalg.qr(product).Q
+        except RuntimeError:  # LinAlgError on non-finite input: every matrix of the batch fails
+            return previous.flip(-1), torch.zeros_like(converged)
+        bases = torch.where(converged.view(-1, 1, 1), bases, refined)
+    if estimates is None:
+        estimates = (bases * (matrices @ bases)).sum(dim=-2)
+    order = torch.argsort(estimates, dim=-1, stable=True)
+    bases = bases.gather(-1, order.unsqueeze(-2).expand_as(bases)).flip(-1)
+    bases, canonical_ok = _canonicalize_null_columns(bases, estimates.gather(-1, order).flip(-1), stability)
     return bases, canonical_ok & _finite(bases)
 
 

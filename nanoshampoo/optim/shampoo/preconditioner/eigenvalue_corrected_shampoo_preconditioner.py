@@ -15,12 +15,17 @@ recomputed; before the first computation ``Q_i = I``. With the rotation
 3. ``precondition``: ``P = R^-1(R(Gbar) / ((D / bc2)^e + eps))``, ``bc2 = 1 - b2^t`` with bias
    correction (``b2 < 1``), ``e = 1/2`` by default (Adam in the rotated coordinates).
 
-When a basis is recomputed the corrected eigenvalues are kept as they are: the descending
-order, and the warm-started QR iteration that preserves it, keep column ``j`` on the same
-eigen-direction. The first basis of a factor receives ``D`` from the identity basis reversed
-along that dim (coordinate ``j`` to the ``j``-th smallest eigenvalue's column), the pairing of
-the reference library, whose ``eigh`` bases are ascending (``docs/results/soap-parity.md``). A failed eigenbasis computation keeps the previous basis and is counted; more
-than ``num_tolerated_failed_amortized_computations`` consecutive failures raise.
+When a basis is recomputed the corrected eigenvalues are kept as they are, by position, as in
+the reference library, which pairs coordinate ``j`` with the column of the ``j``-th smallest
+eigenvalue (its ``eigh`` bases ascend, and its QR refresh re-sorts its columns so). Ours
+descend, so the first basis of a factor receives ``D`` from the identity basis reversed along
+that dim, and later ones pair column ``n - 1 - j`` with the same coordinate: ``eigh`` sorts, and
+the default QR refresh (:func:`eigenbasis.sorted_qr_eigenbasis`) iterates and re-sorts as that
+library does. With ``keep_descending_order`` the QR iteration runs on the descending order,
+whose stable fixed point keeps every column on its eigen-direction without a sort
+(``docs/results/soap-parity.md``, ``docs/compat.md``). A failed eigenbasis computation keeps
+the previous basis and is counted; more than ``num_tolerated_failed_amortized_computations``
+consecutive failures raise.
 
 Layout, as in root-inverse Shampoo: all factors of one size share one ``(N, n, n)`` pool, with
 a matching stack of eigenbases, so one batched ``eigh`` (or QR iteration) per size serves every
@@ -50,8 +55,12 @@ eigh baseline (no floor, as computed)  3.47 %   2.65 %    2281 %     2.65 %   17
 **eigh default**                       3.47 %   2.71 %    0.94 %     0.001 %  3837
 eigh pseudo-inverse                    3.47 %   2.71 %    0.93 %     0.001 %  3837
 QR baseline                            3.47 %   4.41 %    2260 %     4.41 %   1743
-**QR default**                         3.47 %   4.56 %    61 %       0.001 %  3837
+**QR keep_descending_order** (*)       3.47 %   4.56 %    61 %       0.001 %  3837
 =====================================  =======  ========  =========  =======  ======
+
+(*) Measured when this was the QR default, before issue 19 made the reference library's order
+the default (``bench/shampoo_fp32_accuracy.py`` runs the default); on the float32 recipe cases
+the reference order is up to 4x further from float64 (``docs/compat.md``).
 
 The 5/20-step columns against the plain float64 run do not move: they measure the null-space
 basis that float64 picked. The canonical basis costs one more ``eigh`` per rank-deficient pool.
@@ -67,6 +76,7 @@ import torch
 from nanoshampoo.optim.shampoo.preconditioner.eigenbasis import (
     eigh_eigenbasis,
     off_diagonal_ratio,
+    sorted_qr_eigenbasis,
     warm_started_eigenbasis,
 )
 from nanoshampoo.optim.shampoo.preconditioner.factor_matrix_ops import (
@@ -306,12 +316,29 @@ class EigenvalueCorrectedShampooPreconditioner(KroneckerFactoredPreconditioner):
         rows: torch.Tensor | None,
         solver: QREigendecompositionConfig,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """QR iterations from the previous basis; a full ``eigh`` for never-computed factors
-        (each factor gets one of the two: no QR result is computed to be discarded)."""
+        """QR iterations from the previous basis. By default the well-known library's: from
+        the identity for never-computed factors, on the ascending order, re-sorted, on the
+        ridged ``F + eps I``; with ``keep_descending_order`` a full ``eigh`` for never-computed
+        factors and the stable descending iteration for the others."""
         previous, computed = self._results[size], self._computed[size]
         if rows is not None:
             previous, computed = previous[rows], computed[rows]
-        return warm_started_eigenbasis(matrices, previous.to(matrices.dtype), computed, solver)
+        previous = previous.to(matrices.dtype)
+        if solver.keep_descending_order:
+            return warm_started_eigenbasis(matrices, previous, computed, solver)
+        # The library's estimate is ascending: our stored (descending) bases reversed, and the
+        # identity itself (not reversed) where no basis was computed yet.
+        identity = torch.eye(matrices.shape[-1], dtype=matrices.dtype, device=matrices.device)
+        start = torch.where(computed.view(-1, 1, 1), previous.flip(-1), identity)
+        stability = solver.rank_deficient_stability_config
+        # The ridge also lifts a null column's estimate to eps, so the canonical null basis then
+        # applies only where eps is below rounding (float32 at 1e-12), where such columns are
+        # noise; in float64 at 1e-8 the ridged iteration is deterministic and kept as computed.
+        if isinstance(stability, PerturbationConfig) and stability.perturb_before_computation:
+            matrices = matrices + self._epsilon * identity
+        return sorted_qr_eigenbasis(
+            matrices, start, solver.max_iterations, solver.tolerance, stability
+        )
 
     def precondition(self, grads: Sequence[torch.Tensor], step: int) -> list[torch.Tensor]:
         bias_correction = self._bias_correction(step)

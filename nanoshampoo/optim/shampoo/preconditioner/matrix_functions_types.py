@@ -178,32 +178,49 @@ class EighEigendecompositionConfig(EigendecompositionConfig):
 class QREigendecompositionConfig(EigendecompositionConfig):
     """Eigenbasis by QR (orthogonal) iterations warm-started from the previous eigenbasis.
 
-    The first computation of a factor (no previous basis yet) is a full ``eigh``; later ones
-    run ``Q <- qr(F Q)`` while ``||B - diag(B)||_F > tolerance * ||B||_F`` with ``B = Q^T F Q``,
-    at most ``max_iterations`` times (zero iterations when the previous basis is still good).
-    Only for :class:`EigenvalueCorrectedShampooPreconditionerConfig`: root-inverse Shampoo
-    needs eigenvalues as well, so its ``amortized_computation_config`` is a ``RootInvConfig``
-    (its warm-started counterpart: :class:`WarmStartedEigenConfig`).
+    Each computation runs ``Q <- qr(F Q)`` while ``||B - diag(B)||_F > tolerance * ||B||_F``
+    with ``B = Q^T F Q``, at most ``max_iterations`` times (zero iterations when the previous
+    basis is still good). By default it is the well-known library's algorithm: the first
+    computation of a factor starts from the identity, the iteration runs on the basis in
+    ascending eigenvalue order, and every computation then re-sorts the columns by ascending
+    ``q_j^T F q_j``; eigenvalue-corrected Shampoo keeps its corrected eigenvalues by position
+    across the re-sort, as that library does. Only for
+    :class:`EigenvalueCorrectedShampooPreconditionerConfig` and
+    :class:`EigendecomposedShampooPreconditionerConfig`: root-inverse Shampoo needs eigenvalues
+    as well, so its ``amortized_computation_config`` is a ``RootInvConfig`` (its warm-started
+    counterpart: :class:`WarmStartedEigenConfig`).
 
     Args:
         max_iterations: iteration cap per recomputation, >= 1.
-        tolerance: relative off-diagonal mass accepted as converged, in [0, 1].
-        retry_double_precision: the first (``eigh``) computation retries in float64 on failure.
-        rank_deficient_stability_config: as for :class:`EighEigendecompositionConfig`.
+        tolerance: relative off-diagonal mass accepted as converged, in [0, 1]. 0 (default, the
+            library's): every computation iterates.
+        retry_double_precision: a full ``eigh`` (``keep_descending_order``) retries in float64
+            on failure.
+        rank_deficient_stability_config: as for :class:`EighEigendecompositionConfig`; a
+            ``PerturbationConfig`` with ``perturb_before_computation`` iterates on
+            ``F + epsilon I`` (the library's ridge; it leaves ``eigh`` bases unchanged).
+        keep_descending_order: eigenvalue-corrected Shampoo only. True: this library's robust
+            variant: the first basis of a factor is a full ``eigh``, and the iteration runs on
+            the descending order, its stable fixed point, so every column stays on its
+            eigenvector without re-sorting. One QR step from the identity is a poor first basis,
+            and on the ascending order rounding noise in a rank-deficient factor's null columns
+            leaks into the others (``docs/compat.md``). False (default): the library's.
     """
 
     max_iterations: int = 1
-    tolerance: float = 0.01
+    tolerance: float = 0.0
     retry_double_precision: bool = True
     rank_deficient_stability_config: RankDeficientStabilityConfig = field(
         default_factory=PerturbationConfig
     )
+    keep_descending_order: bool = False
 
     def __post_init__(self) -> None:
         check_int("max_iterations", self.max_iterations, minimum=1)
         _check_unit_tolerance(self.tolerance)
         check_bool("retry_double_precision", self.retry_double_precision)
         _check_rank_deficient_stability_config(self.rank_deficient_stability_config)
+        check_bool("keep_descending_order", self.keep_descending_order)
 
 
 DefaultEigendecompositionConfig = EighEigendecompositionConfig()

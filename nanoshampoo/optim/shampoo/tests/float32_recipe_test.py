@@ -166,8 +166,11 @@ def shampoo_config(solver: Any = None) -> RootInvShampooPreconditionerConfig:
 
 def soap_config(qr: bool, stability: Any = None) -> EigenvalueCorrectedShampooPreconditionerConfig:
     kwargs = {} if stability is None else dict(rank_deficient_stability_config=stability)
+    # QR: the robust order (a first eigh, then the stable descending iteration). The reference
+    # library's order, the default, iterates on the ascending order, where a rank-deficient
+    # factor's null-column noise leaks into the others: 0.40 on first_root_step (docs/compat.md).
     solver = (
-        QREigendecompositionConfig(max_iterations=200, tolerance=1e-6, **kwargs)
+        QREigendecompositionConfig(max_iterations=200, tolerance=1e-6, keep_descending_order=True, **kwargs)
         if qr
         else EighEigendecompositionConfig(**kwargs)
     )

@@ -74,6 +74,33 @@ class ReferenceSOAP:
                 x = contract(x, q if inverse else q.T, dim)
         return x
 
+    def basis(self, factor: np.ndarray, previous: np.ndarray, first: bool) -> np.ndarray:
+        """The new ascending basis of a bias-corrected factor by ``h["solver"]``: ``"eigh"``;
+        ``("qr", iterations, tolerance)``, the QR algorithm on ``B = Q^T (F + eps I) Q`` from the
+        previous basis (the identity at first), ``B = QR -> B <- RQ, Q <- Q Q_B``, then the columns
+        sorted by ``diag(B)``; ``("descending", iterations, tolerance)``: ``eigh`` at first, later
+        ``Q <- qr(F Q)`` on the descending order, unsorted."""
+        solver = self.h["solver"]
+        if solver == "eigh" or (solver[0] == "descending" and first):
+            return np.linalg.eigh(factor)[1]
+        kind, iterations, tolerance = solver
+        if kind == "descending":
+            q = previous[:, ::-1]
+            for _ in range(iterations):
+                b = q.T @ factor @ q
+                if np.linalg.norm(b - np.diag(np.diag(b))) <= tolerance * np.linalg.norm(b):
+                    break
+                q = np.linalg.qr(factor @ q)[0]
+            return q[:, ::-1]
+        q = previous
+        b = q.T @ (factor + self.h["epsilon"] * np.eye(len(factor))) @ q
+        for _ in range(iterations):
+            if np.linalg.norm(b - np.diag(np.diag(b))) <= tolerance * np.linalg.norm(b):
+                break
+            q_b, r_b = np.linalg.qr(b)
+            b, q = r_b @ q_b, q @ q_b
+        return q[:, np.argsort(np.diag(b), kind="stable")] if self.h["sort"] else q
+
     def step(self, t: int, g: np.ndarray, w: np.ndarray) -> np.ndarray:
         h = self.h
         b1, b2 = h["betas"]
@@ -90,7 +117,7 @@ class ReferenceSOAP:
                     # earlier basis (the identity at first) pairs with columns by position.
                     # (The implementation's bases are descending, with D reversed once, at
                     # the first basis: the same pairing.)
-                    self.bases[dim] = np.linalg.eigh(self.factors[dim])[1]
+                    self.bases[dim] = self.basis(self.factors[dim] / (1.0 - b2**t), self.bases[dim], t == s)
         self.d = b2 * self.d + weight * self.rotate(g) ** 2  # in the basis used below
         bc2 = 1.0 - b2**t
         self.m = b1 * self.m + (1 - b1) * g
@@ -110,7 +137,8 @@ class ReferenceSOAP:
 
 
 DEFAULTS: dict[str, Any] = dict(
-    lr=0.05, betas=(0.9, 0.95), epsilon=1e-6, precondition_frequency=1, grafting_config=None, ignored={}
+    lr=0.05, betas=(0.9, 0.95), epsilon=1e-6, precondition_frequency=1, grafting_config=None, ignored={},
+    solver="eigh", sort=True,
 )
 CASES = {
     "frequency1": {},
@@ -131,7 +159,7 @@ def _params_and_grads(seed: int, steps: int) -> tuple[list[torch.nn.Parameter], 
 
 
 def _optimizer(params: list[torch.nn.Parameter], h: dict[str, Any], **config: Any) -> DistributedShampoo:
-    kwargs = {k: v for k, v in h.items() if k != "ignored"}
+    kwargs = {k: v for k, v in h.items() if k not in ("ignored", "solver", "sort")}
     preconditioner = EigenvalueCorrectedShampooPreconditionerConfig(
         ignored_basis_change_dims=h["ignored"], **F64, **config
     )
@@ -171,6 +199,38 @@ def test_matches_float64_reference(case: str) -> None:
     opt = _optimizer(params, h)
     _run(opt, params, grads)
     _assert_close_relative(params, expected, 1e-9)
+
+
+# 30 steps, a basis at steps 10, 20 and 30: D carried through three refreshes (issue 19).
+REFRESHES = {**DEFAULTS, "precondition_frequency": 10}
+SOLVERS: dict[str, tuple[Any, Any]] = {
+    "eigh": ("eigh", EighEigendecompositionConfig()),
+    "qr": (("qr", 1, 0.0), QREigendecompositionConfig()),
+    "qr_3_iterations_tolerance_1e-3": (("qr", 3, 1e-3), QREigendecompositionConfig(max_iterations=3, tolerance=1e-3)),
+    "qr_keep_descending_order": (("descending", 1, 0.0), QREigendecompositionConfig(keep_descending_order=True)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SOLVERS))
+def test_past_several_refreshes_matches_float64_reference(name: str) -> None:
+    solver, config = SOLVERS[name]
+    h = {**REFRESHES, "solver": solver}
+    params, grads = _params_and_grads(4, 30)
+    expected = _reference(params, grads, h)
+    _run(_optimizer(params, h, amortized_computation_config=config), params, grads)
+    _assert_close_relative(params, expected, 1e-10)
+
+
+def test_qr_refresh_pairs_d_with_the_re_sorted_columns() -> None:
+    """Without the re-sort (D kept by position on the unsorted QR columns) the steps differ:
+    the test above sees the pairing, not only the span of the bases."""
+    h = {**REFRESHES, "solver": ("qr", 1, 0.0)}
+    params, grads = _params_and_grads(4, 30)
+    unsorted = _reference(params, grads, {**h, "sort": False})
+    _run(_optimizer(params, h, amortized_computation_config=QREigendecompositionConfig()), params, grads)
+    worst = max((torch.linalg.vector_norm(p.detach() - e) / torch.linalg.vector_norm(e)).item()
+                for p, e in zip(params, unsorted))
+    assert worst > 1e-3
 
 
 def test_qr_iterated_to_tolerance_matches_the_eigh_reference() -> None:
@@ -283,6 +343,7 @@ def test_failed_eigendecomposition_keeps_the_basis_and_counts(caplog: pytest.Log
          "num_tolerated_failed_amortized_computations"),
         (lambda: QREigendecompositionConfig(max_iterations=0), "max_iterations"),
         (lambda: QREigendecompositionConfig(tolerance=1.5), "tolerance"),
+        (lambda: QREigendecompositionConfig(keep_descending_order=1), "keep_descending_order"),
         (lambda: EighEigendecompositionConfig(retry_double_precision=1), "retry_double_precision"),
         # Root-inverse Shampoo needs eigenvalues too: a QR eigenbasis solver is rejected there.
         (lambda: RootInvShampooPreconditionerConfig(amortized_computation_config=QREigendecompositionConfig()),
