@@ -329,8 +329,13 @@ def soap_kwargs(pre: PreconditionerConfig, hp: SoapConfig) -> dict[str, Any]:
     preconditioner = library_config(
         EigenvalueCorrectedShampooPreconditionerConfig,
         labels("preconditioner", factor_matrix_dtype="factor_dtype"),
+        # The trainer's SOAP keeps this library's robust refresh (docs/compat.md, "SOAP's
+        # eigenbases"): the first basis by eigh, as nikhilvyas/SOAP computes it, then one QR step
+        # on the descending basis unless it is already within 1 % of diagonal. The reference
+        # library's default (a QR step from the identity first) is a poorer first basis.
         amortized_computation_config=QREigendecompositionConfig(
-            rank_deficient_stability_config=stability_config(pre)),
+            rank_deficient_stability_config=stability_config(pre), tolerance=0.01,
+            keep_descending_order=True),
         factor_matrix_dtype=getattr(torch, pre.factor_dtype))
     return dict(lr=hp.lr, betas=(hp.beta1, hp.beta2), epsilon=_epsilon(pre, hp.epsilon),
                 weight_decay=hp.weight_decay, precondition_frequency=hp.precondition_frequency,
