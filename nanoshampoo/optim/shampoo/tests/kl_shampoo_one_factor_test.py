@@ -23,9 +23,9 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from kl_shampoo_test import _steps  # the neighbouring test module (pytest puts its dir on sys.path)
 
 from nanoshampoo.optim.shampoo import (
-    DistributedShampoo,
     EigenConfig,
     EigendecomposedKLShampooPreconditionerConfig,
     EighEigendecompositionConfig,
@@ -67,26 +67,10 @@ CASES = {
 def _run(config: Any, shape: tuple[int, ...], dtype: torch.dtype, steps: int, max_dim: int,
          frequency: int, epsilon: float = 1e-12, rank_one: bool = False,
          ) -> tuple[torch.Tensor, list[torch.Tensor], torch.Tensor]:
-    """``(W_0, gradients, W_steps)`` of ``steps`` DistributedShampoo steps (no grafting)."""
-    gen = torch.Generator().manual_seed(0)
-    param = torch.nn.Parameter(torch.randn(shape, generator=gen, dtype=dtype))
-    initial = param.detach().clone()
-    grads = []
-    for _ in range(steps):
-        g = torch.randn(shape, generator=gen, dtype=dtype)
-        if rank_one:  # one direction of the flattened block, a zero first entry
-            g = g.reshape(-1)[0] * torch.linspace(0.0, 1.0, g.numel(), dtype=dtype).reshape(shape)
-        grads.append(g)
-    opt = DistributedShampoo(
-        [param], lr=0.05, betas=(0.9, 0.95), epsilon=epsilon, max_preconditioner_dim=max_dim,
-        precondition_frequency=frequency, start_preconditioning_step=frequency,
-        preconditioner_config=config, grafting_config=None,
-    )
-    for g in grads:
-        param.grad = g.clone()
-        opt.step()
-        assert torch.isfinite(param).all()
-    return initial, grads, param.detach().clone()
+    """``(W_0, gradients, W_steps)``: the KL tests' steps, ungrafted, first root at ``frequency``."""
+    return _steps(config, shape, dtype, steps, rank_one=rank_one, epsilon=epsilon,
+                  max_preconditioner_dim=max_dim, precondition_frequency=frequency,
+                  start_preconditioning_step=frequency, grafting_config=None)
 
 
 def _loop(initial: torch.Tensor, grads: list[torch.Tensor], block: tuple[int, ...], frequency: int,
@@ -150,8 +134,8 @@ def test_one_factor_kl_steps_are_classic_shampoos(case: str) -> None:
 )
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_float32_rank_one_at_epsilon_1e_12_stays_finite_and_never_fails(config: Any, case: str) -> None:
-    """Rank-1 gradients (one direction for all steps) with a zero entry, a fresh root every step:
-    the null space is the whole factor but one direction; steps finite, no failed root (any
-    failure raises: zero tolerated)."""
+    """Rank-1 gradients with a zero slice (a vector's factor gains one rank a step), a fresh
+    root every step from rank-deficient factors: steps finite, no failed root (any failure
+    raises: zero tolerated)."""
     shape, max_dim, _, _ = CASES[case]
     _run(config, shape, torch.float32, 20, max_dim, 1, rank_one=True)
