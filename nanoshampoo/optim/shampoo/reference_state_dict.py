@@ -45,10 +45,9 @@ _OURS = {reference: ours for ours, reference in REFERENCE_NAMES.items()}
 _ROOTS = "shampoo.inv_factor_matrices."
 _FAILURES = "shampoo.failure_counts."
 
-# The per-group scalars the reference saves under every parameter, and the dtypes written
-# here: its own, but float64 for lr_sum (its float32 would round ours, a Python float; its
-# load_state_dict casts a floating state tensor to the parameter's dtype anyway).
-GROUP_SCALARS = {"step": torch.int64, "lr_sum": torch.float64, "train_mode": torch.bool}
+# The per-group scalars the reference saves under every parameter, in its dtypes (its lr_sum
+# is float32: ours, a Python float, is rounded to it on the way there).
+GROUP_SCALARS = {"step": torch.int64, "lr_sum": torch.float32, "train_mode": torch.bool}
 
 # One entry of ``expected``: flat key -> (shape, dtype) of a block-state tensor.
 Expected = Mapping[int, Mapping[str, tuple[torch.Size, torch.dtype]]]

@@ -87,7 +87,7 @@ def test_reference_state_dict_writes_the_group_scalars_under_every_parameter(kin
     assert not {"step", "lr_sum", "train_mode"} & saved["param_groups"][0].keys()
     for index, entries in saved["state"].items():
         assert entries["step"].dtype == torch.int64 and int(entries["step"]) == SAVED_AT
-        assert float(entries["lr_sum"]) == group["lr_sum"]
+        assert float(entries["lr_sum"]) == pytest.approx(group["lr_sum"], rel=1e-7)
         assert entries["train_mode"].dtype == torch.bool and not bool(entries["train_mode"])
         for block in (k for k in entries if k.startswith("block_")):
             ours = optimizer.state_dict()["state"][index][f"{block}.weight_buffer"]
@@ -95,13 +95,18 @@ def test_reference_state_dict_writes_the_group_scalars_under_every_parameter(kin
 
 
 @pytest.mark.parametrize("kind", sorted(AVERAGING))
-def test_ours_through_the_reference_layout_and_back_continues_identically(kind: str) -> None:
+def test_ours_through_the_reference_layout_and_back_continues_as_before(kind: str) -> None:
+    """Exact for GPA (its lr_sum stays 0); Schedule-Free's passes the reference's float32."""
     straight_model, straight = _saved(kind)
     start = copy.deepcopy(straight_model)
     saved = copy.deepcopy(straight.reference_state_dict())
+    assert all(entries["lr_sum"].dtype == torch.float32 for entries in saved["state"].values())
     _train(straight_model, straight, range(SAVED_AT, STEPS))
     for got, want in zip(_continued(kind, saved, start), straight_model.parameters()):
-        assert torch.equal(got, want)
+        if kind == "gpa":
+            assert torch.equal(got, want)
+        else:
+            torch.testing.assert_close(got, want.detach(), rtol=1e-6, atol=0.0)
 
 
 def test_eval_mode_is_carried() -> None:
