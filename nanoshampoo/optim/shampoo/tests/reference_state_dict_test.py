@@ -162,11 +162,14 @@ def test_ours_through_the_reference_layout_and_back_continues_identically() -> N
         assert torch.equal(got, want)
 
 
-def _assert_refused(mutate: Any, match: str) -> None:
-    _, source = _saved()
+def _assert_refused(mutate: Any, match: str, saved: Any = None) -> None:
+    """Loading ``_by_hand`` of a saved run, changed by ``mutate``, raises ``match`` and changes
+    nothing; ``saved`` makes the run (default :func:`_saved`)."""
+    saved = saved or _saved
+    _, source = saved()
     bad = _by_hand(source)
     mutate(bad)
-    model, target = _saved()
+    _, target = saved()
     before = copy.deepcopy(target.state_dict())
     with pytest.raises((ValueError, KeyError), match=match):
         target.load_state_dict(bad)
