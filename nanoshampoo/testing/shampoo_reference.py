@@ -9,8 +9,10 @@ float64, dense, plain loops. Step ``t`` (1-based), ``s`` the start step, ``f`` t
    ``w = 1`` for ``b2 == 1`` or a dropped weighting factor, else ``1 - b2``;
 2. roots when ``(t % f == 0 and t > s) or t == s``: ``A = F_i / bc2`` (``bc2 = 1 - b2^t`` with
    bias correction, else 1), with trace scaling ``A <- A max(tr A, eps)^(-a)``, then
-   ``X_i = Q diag((max(lambda, 0) + eps)^(-e_i)) Q^T`` from ``A = Q diag(lambda) Q^T``;
-   before the first, ``X_i = I``;
+   ``X_i = Q diag((max(lambda, 0) + eps)^(-e_i)) Q^T`` from ``A = Q diag(lambda) Q^T``, or
+   with ``pseudo_inverse`` weight 0 where ``lambda <= 1e-10 lambda_max`` (numerically zero: the
+   exact zeros of a rank-deficient factor come out near ``1e-16 lambda_max`` in float64, the
+   others are far above); before the first, ``X_i = I``;
 3. ``M <- b1 M + (1 - b1) G``, ``Gbar = M / (1 - b1^t)``; ``W <- W - lr Gbar x_1 X_1 ... x_k X_k``.
 """
 
@@ -45,6 +47,7 @@ class ReferenceShampoo:
     kl: bool = False
     drop_weighting_factor: bool = False
     trace_scaling_exponent: float | None = None
+    pseudo_inverse: bool = False
     factors: list[np.ndarray] = field(init=False)
     roots: list[np.ndarray] = field(init=False)
     momentum: np.ndarray = field(init=False)
@@ -67,6 +70,15 @@ class ReferenceShampoo:
             sources.append(h)
         return sources
 
+    def _root(self, a: np.ndarray, exponent: float) -> np.ndarray:
+        lam, q = np.linalg.eigh(a)
+        if self.pseudo_inverse:
+            kept = lam > 1e-10 * lam[-1]
+            weights = np.where(kept, np.where(kept, lam + self.epsilon, 1.0) ** (-exponent), 0.0)
+        else:
+            weights = (np.maximum(lam, 0.0) + self.epsilon) ** (-exponent)
+        return (q * weights) @ q.T
+
     def step(self, t: int, w: np.ndarray, g: np.ndarray) -> np.ndarray:
         b1, b2 = self.betas
         weight = 1.0 if b2 == 1.0 or self.drop_weighting_factor else 1.0 - b2
@@ -81,8 +93,7 @@ class ReferenceShampoo:
                 a = factor / bc2
                 if self.trace_scaling_exponent is not None:
                     a = a * max(np.trace(a), self.epsilon) ** (-self.trace_scaling_exponent)
-                lam, q = np.linalg.eigh(a)
-                self.roots[i] = (q * (np.maximum(lam, 0.0) + self.epsilon) ** (-self.exponents[i])) @ q.T
+                self.roots[i] = self._root(a, self.exponents[i])
         self.momentum = b1 * self.momentum + (1 - b1) * g
         p = self.momentum / (1.0 - b1**t)
         for i, root in enumerate(self.roots):

@@ -430,9 +430,9 @@ class DistributedShampoo(torch.optim.Optimizer):
 
         Also takes the reference library's layout (its ``state_dict()``, or
         :meth:`reference_state_dict`), mapped first as ``reference_state_dict.py`` documents:
-        its roots are unpacked, our failure counts start at zero, its per-parameter steps become
-        the group's; its config objects in the groups are ignored (ours stay). Parts without a
-        counterpart here (SOAP eigenbases, warm-started eigenvectors, iterate averaging) are
+        its roots are unpacked, our failure counts start at zero, its per-parameter steps (and
+        primal averaging's ``lr_sum``, ``train_mode``) become the group's; its config objects in the groups are ignored (ours stay). Parts without a
+        counterpart here (SOAP eigenbases, warm-started eigenvectors) are
         refused by the key check below, naming them (``docs/compat.md``).
 
         Named parameters (``param_names`` in every group, saved and ours) are matched by name,

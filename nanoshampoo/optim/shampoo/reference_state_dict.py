@@ -16,11 +16,14 @@ the row-major upper triangle, ``n (n + 1) / 2`` values). What differs, and how i
   an eigh root's two triangles can differ in the last bit, and the lower one is dropped).
 - ``failure_counts`` (ours: consecutive failed root computations per factor) are not in the
   reference's state: from it they start at 0, to it they are dropped.
-- ``step``: the reference's per-parameter steps must agree within a group (they always do
-  there); they become the group's ``step``, and ours is written to every parameter.
+- ``step`` and, under primal averaging (GPA, Schedule-Free), ``lr_sum`` (the sum of
+  ``lr^r``) and ``train_mode``: the reference keeps each as one tensor per group aliased under
+  every parameter (``state[i]["lr_sum"]``...); the values must agree within a group (they always
+  do there) and become the group's entries, and ours are written to every parameter. The
+  averaged ``z`` is ``weight_buffer`` in a block in both.
 - Anything else (SOAP's eigenbases, warm-started eigenvectors, quantized or FSDP ``DEFAULT``
-  shard blocks, the reference's iterate averaging) is not mapped: an entry without a
-  counterpart is refused on load by the usual key check, naming it.
+  shard blocks) is not mapped: an entry without a counterpart is refused on load by the usual
+  key check, naming it.
 """
 
 from __future__ import annotations
@@ -42,13 +45,18 @@ _OURS = {reference: ours for ours, reference in REFERENCE_NAMES.items()}
 _ROOTS = "shampoo.inv_factor_matrices."
 _FAILURES = "shampoo.failure_counts."
 
+# The per-group scalars the reference saves under every parameter, in its dtypes (its lr_sum
+# is float32: ours, a Python float, is rounded to it on the way there).
+GROUP_SCALARS = {"step": torch.int64, "lr_sum": torch.float32, "train_mode": torch.bool}
+
 # One entry of ``expected``: flat key -> (shape, dtype) of a block-state tensor.
 Expected = Mapping[int, Mapping[str, tuple[torch.Size, torch.dtype]]]
 
 
 def is_reference_layout(state_dict: Mapping[str, Any]) -> bool:
     """Whether ``state_dict`` is laid out as the reference library saves it: groups without
-    ``step``, and parameter states holding a ``step`` beside nested ``block_<j>`` dicts."""
+    ``step``, and parameter states holding a ``step`` (and the other :data:`GROUP_SCALARS`)
+    beside nested ``block_<j>`` dicts."""
     groups, state = state_dict.get("param_groups"), state_dict.get("state")
     if not isinstance(groups, Sequence) or not isinstance(state, Mapping) or not state:
         return False
@@ -56,7 +64,9 @@ def is_reference_layout(state_dict: Mapping[str, Any]) -> bool:
         return False
     entries = [e for e in state.values() if isinstance(e, Mapping) and e]
     return bool(entries) and all(
-        "step" in e and all(k == "step" or (str(k).startswith("block_") and isinstance(v, Mapping)) for k, v in e.items())
+        "step" in e and all(
+            k in GROUP_SCALARS or (str(k).startswith("block_") and isinstance(v, Mapping)) for k, v in e.items()
+        )
         for e in entries
     )
 
@@ -78,11 +88,14 @@ def from_reference_layout(
     # The reference's groups also hold its config objects (and its enum): ours stay.
     groups = [{k: v for k, v in g.items() if is_plain_value(v)} for g in state_dict["param_groups"]]
     state: dict[int, dict[str, Any]] = {}
-    steps: dict[int, int] = {}
+    scalars: dict[int, dict[str, Any]] = {}
     for index, entries in state_dict["state"].items():
-        flat = flatten_tree({k: v for k, v in entries.items() if k != "step"})
-        if "step" in entries:
-            steps[int(index)] = int(torch.as_tensor(entries["step"]).item())
+        flat = flatten_tree({k: v for k, v in entries.items() if k not in GROUP_SCALARS})
+        scalars[int(index)] = {
+            k: torch.as_tensor(v).item() for k, v in entries.items() if k in GROUP_SCALARS
+        }
+        if "step" in scalars[int(index)]:  # torch.optim's own steps are float tensors
+            scalars[int(index)]["step"] = int(scalars[int(index)]["step"])
         mapped: dict[str, Any] = {}
         for key, value in flat.items():
             block, rest = _block_key(key)
@@ -100,13 +113,16 @@ def from_reference_layout(
                 mapped[key] = torch.zeros(shape, dtype=dtype)
         state[int(index)] = mapped
     for position, (group, params) in enumerate(zip(groups, group_params)):
-        group_steps = {steps[i] for i in params if i in steps}
-        if len(group_steps) > 1:
-            raise ValueError(
-                f"state_dict (reference layout): the parameters of param_groups[{position}] have "
-                f"different steps {sorted(group_steps)}; one group has one step"
-            )
-        group["step"] = group_steps.pop() if group_steps else 0
+        group["step"] = 0
+        for name in GROUP_SCALARS:
+            values = {scalars[i][name] for i in params if name in scalars.get(i, {})}
+            if len(values) > 1:
+                raise ValueError(
+                    f"state_dict (reference layout): the parameters of param_groups[{position}] "
+                    f"have different {name} values {sorted(values)}; one group has one {name}"
+                )
+            if values:
+                group[name] = values.pop()
     return {"state": state, "param_groups": groups}
 
 
@@ -117,8 +133,11 @@ def to_reference_layout(state_dict: Mapping[str, Any], packed_roots: Sequence[bo
     state: dict[int, dict[str, Any]] = {}
     groups: list[dict[str, Any]] = []
     for group, packed in zip(state_dict["param_groups"], packed_roots):
-        step = int(group["step"])
-        groups.append({k: v for k, v in group.items() if k != "step"})
+        saved = {
+            name: torch.tensor(group[name], dtype=dtype)
+            for name, dtype in GROUP_SCALARS.items() if name in group
+        }
+        groups.append({k: v for k, v in group.items() if k not in GROUP_SCALARS})
         for index in group["params"]:
             nested: dict[str, Any] = {}
             for key, value in state_dict["state"].get(index, {}).items():
@@ -132,7 +151,8 @@ def to_reference_layout(state_dict: Mapping[str, Any], packed_roots: Sequence[bo
                 for part in parents:
                     node = node.setdefault(int(part) if part.isdigit() else part, {})
                 node[int(leaf) if leaf.isdigit() else leaf] = value
-            nested["step"] = torch.tensor(step, dtype=torch.int64)
+            # One tensor per group under every parameter, as the reference aliases them.
+            nested.update(saved)
             state[index] = nested
     return {"state": state, "param_groups": groups}
 

@@ -18,7 +18,7 @@ schedule are root-inverse Shampoo's (:mod:`shampoo_preconditioner`).
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable
 
 import torch
 
@@ -32,7 +32,6 @@ from nanoshampoo.optim.shampoo.preconditioner.matrix_roots import (
     inverse_root_spectrum,
     least_precise_dtype,
 )
-from nanoshampoo.optim.shampoo.preconditioner.preconditioner import BlockBucket
 from nanoshampoo.optim.shampoo.preconditioner.shampoo_preconditioner import (
     ShampooPreconditioner,
 )
@@ -50,34 +49,36 @@ class EigendecomposedShampooPreconditioner(ShampooPreconditioner):
     Args: as :class:`ShampooPreconditioner`, with an
     :class:`EigendecomposedShampooPreconditionerConfig`.
 
-    Example:
+    Example: the spectra are block state; for ``G = [[2, 0], [0, 1], [0, 0]]``, ``R = G^T G =
+    diag(4, 1)`` and ``L = diag(4, 1, 0)``, so ``L^(-1/4) G R^(-1/4)`` is ``G`` with its nonzero
+    entries scaled to 1.
+
+        >>> from nanoshampoo.optim.shampoo.preconditioner.preconditioner import BlockBucket
         >>> from nanoshampoo.optim.shampoo.shampoo_types import (
         ...     EigendecomposedShampooPreconditionerConfig)
         >>> bucket = BlockBucket((3, 2), torch.float32, torch.device("cpu"), ("w block_0",))
         >>> shampoo = EigendecomposedShampooPreconditioner(
         ...     [bucket], EigendecomposedShampooPreconditionerConfig(), 1.0, 1e-12, True)
-        >>> g = torch.randn(1, 3, 2)
+        >>> g = torch.tensor([[[2.0, 0.0], [0.0, 1.0], [0.0, 0.0]]])
         >>> shampoo.update_statistics([g], step=1)
         >>> shampoo.amortized_computation(step=1)
-        >>> shampoo.precondition([g], step=1)[0].shape
-        torch.Size([1, 3, 2])
+        >>> shampoo.block_state(0, 0).factor_matrices_eigenvalues[1]
+        tensor([1., 4.])
+        >>> shampoo.precondition([g], step=1)[0].round(decimals=5).abs()
+        tensor([[[1., 0.],
+                 [0., 1.],
+                 [0., 0.]]])
     """
 
     computation = "eigendecomposed Shampoo: the factor eigendecomposition"
     kept = "eigendecomposition"
     result_state_name = "factor_matrices_eigenvectors"
     extra_dim_state_names = ("factor_matrices_eigenvalues",)
+    _config: EigendecomposedShampooPreconditionerConfig
 
-    def __init__(
-        self,
-        buckets: Sequence[BlockBucket],
-        config: EigendecomposedShampooPreconditionerConfig,
-        beta2: float,
-        epsilon: float,
-        use_bias_correction: bool,
-    ) -> None:
-        super().__init__(buckets, config, beta2, epsilon, use_bias_correction)
-        self._config: EigendecomposedShampooPreconditionerConfig = config
+    def _allocate_state(self) -> None:
+        super()._allocate_state()
+        config = self._config
         stability = config.amortized_computation_config.rank_deficient_stability_config
         self._stability = stability
         self._perturbed = isinstance(stability, PerturbationConfig) and stability.perturb_before_computation
@@ -89,10 +90,7 @@ class EigendecomposedShampooPreconditioner(ShampooPreconditioner):
             )
             for key, pool in self._factors.pools.items()
         }
-        self._computed = {
-            key: torch.zeros(len(pool.labels), dtype=torch.bool, device=pool.factors.device)
-            for key, pool in self._factors.pools.items()
-        }
+        self._computed = self._pool_flags()
 
     def _result_dtype(self, key: Hashable) -> torch.dtype:
         return self._config.factor_matrix_eigenvectors_dtype
@@ -118,10 +116,9 @@ class EigendecomposedShampooPreconditioner(ShampooPreconditioner):
         kept = torch.where(ok.unsqueeze(-1), values.to(stored.dtype), previous)
         if rows is None:
             stored.copy_(kept)
-            computed.logical_or_(ok)
         else:
             stored.index_copy_(0, rows, kept)
-            computed.index_copy_(0, rows, computed.index_select(0, rows) | ok)
+        self._mark_computed(computed, rows, ok)
         return bases, ok
 
     def _descending_bases(

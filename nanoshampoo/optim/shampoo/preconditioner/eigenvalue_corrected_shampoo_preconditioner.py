@@ -126,25 +126,14 @@ class EigenvalueCorrectedShampooPreconditioner(KroneckerFactoredPreconditioner):
     kept = "basis"
     result_state_name = "factor_matrices_eigenvectors"
     extra_dim_state_names = ("eigenvectors_computed",)
+    _config: EigenvalueCorrectedShampooPreconditionerConfig
 
-    def __init__(
-        self,
-        buckets: Sequence[BlockBucket],
-        config: EigenvalueCorrectedShampooPreconditionerConfig,
-        beta2: float,
-        epsilon: float,
-        use_bias_correction: bool,
-    ) -> None:
-        super().__init__(buckets, config, beta2, epsilon, use_bias_correction)
-        self._config: EigenvalueCorrectedShampooPreconditionerConfig = config
+    def _allocate_state(self) -> None:
         # num_shares -> per share, the buckets whose D is re-folded (see _share_buckets).
         self._buckets_by_share: dict[int, list[set[int]]] = {}
         # Per pool: (N,) bool "computed at least once" (QR warm-starts only from those).
-        self._computed = {
-            size: torch.zeros(len(pool.labels), dtype=torch.bool, device=pool.factors.device)
-            for size, pool in self._factors.pools.items()
-        }
-        eigenvalue_dtype = config.corrected_eigenvalues_dtype
+        self._computed = self._pool_flags()
+        eigenvalue_dtype = self._config.corrected_eigenvalues_dtype
         self._corrected = [
             torch.zeros(b.stacked_shape, dtype=eigenvalue_dtype, device=b.device) for b in self._buckets
         ]
@@ -273,11 +262,7 @@ class EigenvalueCorrectedShampooPreconditioner(KroneckerFactoredPreconditioner):
             bases, ok = self._warm_started_bases(key, matrices, rows, solver)
         else:
             raise TypeError(f"unsupported amortized_computation_config {solver!r}")
-        computed = self._computed[key]
-        if rows is None:
-            computed.logical_or_(ok)
-        else:
-            computed.index_copy_(0, rows, computed.index_select(0, rows).logical_or_(ok))
+        self._mark_computed(self._computed[key], rows, ok)
         return bases, ok
 
     def _eigh_bases(

@@ -44,7 +44,8 @@ class KroneckerFactoredPreconditioner(Preconditioner):
 
     Subclasses define ``_pool_key``, ``_result_dtype``, ``_solve`` and ``precondition``, and
     the class attributes ``computation`` / ``kept`` (for failure messages) and
-    ``result_state_name`` (the result's key in a block's state).
+    ``result_state_name`` (the result's key in a block's state); their own state is allocated
+    in ``_allocate_state`` (called last by ``__init__``), so none restates the constructor.
 
     Args:
         buckets: the group's block buckets.
@@ -106,6 +107,28 @@ class KroneckerFactoredPreconditioner(Preconditioner):
             if large_dim and pool.size >= large_dim
         )
         self._small_keys = tuple(k for k in self._factors.pools if k not in self._large_keys)
+        self._allocate_state()
+
+    def _allocate_state(self) -> None:
+        """The subclass's state beyond factors and results (nothing here); runs at the end of
+        ``__init__``, when the pools and results exist."""
+
+    def _pool_flags(self) -> dict[Hashable, torch.Tensor]:
+        """Per pool, ``(N,)`` bool zeros on the pool's device: a flag per factor, e.g.
+        "its result was computed at least once" (see :meth:`_mark_computed`)."""
+        return {
+            key: torch.zeros(len(pool.labels), dtype=torch.bool, device=pool.factors.device)
+            for key, pool in self._factors.pools.items()
+        }
+
+    @staticmethod
+    def _mark_computed(flags: torch.Tensor, rows: torch.Tensor | None, ok: torch.Tensor) -> None:
+        """``flags[rows] |= ok`` in place (``rows`` None: every row): a pool's "computed at
+        least once" after a solve of those rows, ``ok`` ``(M,)`` its successes."""
+        if rows is None:
+            flags.logical_or_(ok)
+        else:
+            flags.index_copy_(0, rows, flags.index_select(0, rows).logical_or_(ok))
 
     @abstractmethod
     def _pool_key(self, bucket: BlockBucket, dim: int) -> Hashable | None:

@@ -138,17 +138,10 @@ class ShampooPreconditioner(KroneckerFactoredPreconditioner):
     computation = "Shampoo root computation"
     kept = "root"
     result_state_name = "inv_factor_matrices"
+    _config: ShampooPreconditionerConfig
 
-    def __init__(
-        self,
-        buckets: Sequence[BlockBucket],
-        config: ShampooPreconditionerConfig,
-        beta2: float,
-        epsilon: float,
-        use_bias_correction: bool,
-    ) -> None:
-        super().__init__(buckets, config, beta2, epsilon, use_bias_correction)
-        self._config: ShampooPreconditionerConfig = config
+    def _allocate_state(self) -> None:
+        config = self._config
         self._kl = isinstance(config, KL_SHAMPOO_CONFIG_TYPES)
         # The (N,) exponent of each factor, per pool.
         self._exponents = {
@@ -169,14 +162,11 @@ class ShampooPreconditioner(KroneckerFactoredPreconditioner):
         self._warm_start_counts = torch.zeros(2, dtype=torch.int64, device=device)
         if self._warm_solver:
             self.extra_dim_state_names = ("factor_matrices_eigenvectors", "eigenvectors_computed")
+            self._eigenvectors_computed = self._pool_flags()
             for key, pool in self._factors.pools.items():
-                count, size = len(pool.labels), pool.size
                 self._eigenvectors[key] = torch.eye(
-                    size, dtype=self._solve_dtype, device=pool.factors.device
-                ).repeat(count, 1, 1)
-                self._eigenvectors_computed[key] = torch.zeros(
-                    count, dtype=torch.bool, device=pool.factors.device
-                )
+                    pool.size, dtype=self._solve_dtype, device=pool.factors.device
+                ).repeat(len(pool.labels), 1, 1)
         # Output buffers of the matrix fast path, allocated once.
         self._outputs = [bucket.zeros() for bucket in self._buckets]
         self._scratch = [
@@ -253,10 +243,9 @@ class ShampooPreconditioner(KroneckerFactoredPreconditioner):
         kept = torch.where(ok.view(-1, 1, 1), bases.to(previous.dtype), previous)
         if rows is None:
             eigenvectors.copy_(kept)
-            computed.logical_or_(ok)
         else:
             eigenvectors.index_copy_(0, rows, kept)
-            computed.index_copy_(0, rows, warm | ok)
+        self._mark_computed(computed, rows, ok)
         self._warm_start_counts.add_(torch.stack([warm.sum(), fell_back.sum()]))
         return roots, ok
 

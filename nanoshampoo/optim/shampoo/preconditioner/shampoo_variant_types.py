@@ -82,7 +82,9 @@ _KL_UPDATE = """
     amortized computation; the identity before the first), so the roots of a step's
     computation see its factors, and its factors the previous roots. For a matrix ``G`` this is
     ``L <- b2 L + w G X_R^2 G^T``, ``R <- b2 R + w G^T X_L^2 G``: with exponents 1/2
-    (``inverse_exponent_override={2: 0.5}``) the other factor's inverse, as in the paper.
+    (``inverse_exponent_override={2: 0.5}``) the other factor's inverse, as in the paper. A
+    block with one factor (a 1-D parameter, or a tensor whose dims merge into one) has no other
+    root: ``H = G``, so its steps are root-inverse Shampoo's.
 """
 
 

@@ -2,8 +2,9 @@
 
 The reference-layout dicts here are written out by hand from its documented key layout
 (``reference_state_dict.py``): per parameter ``{"block_j": {"shampoo": {"factor_matrices": {d: F},
-"inv_factor_matrices": {d: R}}, "adagrad": V, "filtered_grad": M}, "step": tensor(t)}``, factors
-and roots packed as row-major upper triangles, groups without ``step``. The reference library
+"inv_factor_matrices": {d: R}}, "adagrad": V, "filtered_grad": M}, "step": tensor(t)}`` (under
+primal averaging also ``"weight_buffer": z`` in each block and ``"lr_sum"``, ``"train_mode"``
+beside ``"step"``), factors and roots packed as row-major upper triangles, groups without ``step``. The reference library
 itself is never imported.
 """
 
@@ -74,14 +75,19 @@ def _by_hand(optimizer: DistributedShampoo) -> dict[str, Any]:
                 node["shampoo"]["inv_factor_matrices"][int(dim)] = _upper(value)
             elif rest == "grafting.second_moment":
                 node["adagrad"] = value.clone()
-            elif rest == "filtered_grad":
-                node["filtered_grad"] = value.clone()
+            elif rest in ("filtered_grad", "weight_buffer"):
+                node[rest] = value.clone()
             else:
                 assert kind == "shampoo.failure_counts", key  # not in the reference's state
         state[index] = {**blocks, "step": torch.tensor(step, dtype=torch.int64)}
-    group = {k: v for k, v in ours["param_groups"][0].items() if k != "step"}
-    # The reference's groups also carry its config objects and its own keys.
-    group.update(peak_lr=0.01, iterate_averaging_config=None, preconditioner_config=object())
+        if "lr_sum" in ours["param_groups"][0]:  # primal averaging: its scalars, per parameter
+            state[index]["lr_sum"] = torch.tensor(ours["param_groups"][0]["lr_sum"], dtype=torch.float32)
+            state[index]["train_mode"] = torch.tensor(ours["param_groups"][0]["train_mode"])
+    scalars = ("step", "lr_sum", "train_mode")
+    group = {k: v for k, v in ours["param_groups"][0].items() if k not in scalars}
+    # The reference's groups also carry its config objects and its own keys (None: no averaging).
+    averaging = object() if "lr_sum" in ours["param_groups"][0] else None
+    group.update(peak_lr=0.01, iterate_averaging_config=averaging, preconditioner_config=object())
     return {"state": state, "param_groups": [group]}
 
 
@@ -156,11 +162,14 @@ def test_ours_through_the_reference_layout_and_back_continues_identically() -> N
         assert torch.equal(got, want)
 
 
-def _assert_refused(mutate: Any, match: str) -> None:
-    _, source = _saved()
+def _assert_refused(mutate: Any, match: str, saved: Any = None) -> None:
+    """Loading ``_by_hand`` of a saved run, changed by ``mutate``, raises ``match`` and changes
+    nothing; ``saved`` makes the run (default :func:`_saved`)."""
+    saved = saved or _saved
+    _, source = saved()
     bad = _by_hand(source)
     mutate(bad)
-    model, target = _saved()
+    _, target = saved()
     before = copy.deepcopy(target.state_dict())
     with pytest.raises((ValueError, KeyError), match=match):
         target.load_state_dict(bad)
@@ -175,7 +184,7 @@ def test_steps_that_differ_within_a_group_are_refused() -> None:
     def skew(sd: dict[str, Any]) -> None:
         sd["state"][1]["step"] = torch.tensor(SAVED_AT + 1)
 
-    _assert_refused(skew, r"param_groups\[0\] have different steps \[3, 4\]")
+    _assert_refused(skew, r"param_groups\[0\] have different step values \[3, 4\]")
 
 
 def test_an_entry_without_a_counterpart_is_refused_naming_it() -> None:
