@@ -168,6 +168,9 @@ def build_parser(preset: str = DEFAULT_PRESET,
                                type=_parser_for(field.type), default=argparse.SUPPRESS,
                                metavar=_metavar(field.type),
                                help=_shown(key, default, preset, flat))
+            if "_" in field.name:  # the preset's spelling works too (not listed in --help)
+                group.add_argument(f"--{key}", dest=key, type=_parser_for(field.type),
+                                   default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     for name, targets in LEGACY_FIELDS.items():
         table, field_name = targets[0].split(".", 1)
         annotation = table_field_types()[table][field_name]

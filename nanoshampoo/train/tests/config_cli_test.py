@@ -150,6 +150,19 @@ def test_flags_override_the_preset_with_typed_values() -> None:
     assert cfg.num_iterations == TrainConfig().num_iterations
 
 
+def test_a_table_field_takes_the_presets_spelling_too(capsys: pytest.CaptureFixture[str]) -> None:
+    dashed = config_from_args(["--preset", "tiny-soap", "--soap.precondition-frequency", "7",
+                               "--preconditioner.start-preconditioning-step", "14"])
+    underscored = config_from_args(["--preset", "tiny-soap", "--soap.precondition_frequency", "7",
+                                    "--preconditioner.start_preconditioning_step", "14"])
+    assert dashed.to_dict() == underscored.to_dict()
+    assert underscored.table("soap").precondition_frequency == 7
+    assert underscored.table("preconditioner").start_preconditioning_step == 14
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    assert "--soap.precondition_frequency" not in capsys.readouterr().out  # one spelling listed
+
+
 def test_bad_flag_value_and_unknown_preset_are_rejected(tmp_path) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(SystemExit):
         config_from_args(["--autocast-bf16", "maybe"])
