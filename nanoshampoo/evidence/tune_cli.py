@@ -17,7 +17,9 @@ from pathlib import Path
 
 from nanoshampoo.errors import user_input
 from nanoshampoo.evidence.compare import CompareConfig, Setup, parse_setups
+from nanoshampoo.evidence.tables import format_markdown_table
 from nanoshampoo.evidence.tune import Search, TuneConfig, TuneResult, parse_search, tune
+from nanoshampoo.io_utils import atomic_output
 
 
 def add_tune_command(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -111,11 +113,38 @@ def tuned_compare_config(config: CompareConfig, args: argparse.Namespace) -> Com
     if len(set(counts.values())) != 1:
         raise ValueError(f"tune: every setup needs the same number of trials (an equal "
                          f"budget), got {counts}")
-    tuned = []
+    tuned, results = [], []
     for setup in config.setups:
         result = tune(tunes[setup.name])
         _report(result)
+        results.append(result)
         # The best trial's seeds are the tuned setup's runs too: the same config, not re-trained.
         tuned.append(Setup(setup.name, result.preset_file,
                            reuse_from=(tunes[setup.name].out_dir / "trials" / result.best,)))
+    summary = config.out_dir / "tuning.md"
+    with atomic_output(summary) as tmp:
+        tmp.write_text(format_tuning_summary(results), encoding="utf-8")
+    print(f"wrote {summary}")
     return dataclasses.replace(config, setups=tuple(tuned))
+
+
+def format_tuning_summary(results: list[TuneResult]) -> str:
+    """One table of every setup's trials (value: mean final val loss), its best point and any
+    grid-edge warning: what ``compare --tune`` gave each setup before comparing them."""
+    rows = [["setup", "searched", "trials: mean final val loss", "best", "edge"]]
+    for result in results:
+        keys = list(result.trials[0].values)
+        trials = ", ".join(
+            f"{'/'.join(t.values[k] for k in keys)}: "
+            + ("diverged" if t.score is None else f"{t.score:.4f}") for t in result.trials)
+        rows.append([result.setup, ", ".join(keys), trials,
+                     ", ".join(f"{k} = {v}" for k, v in result.best_values.items()),
+                     "yes" if result.edge_warnings else "-"])
+    seeds = {r.seeds for r in results}
+    lines = ["# Tuning at an equal budget", "",
+             f"{len(results[0].trials)} trials per setup, {'/'.join(map(str, sorted(seeds)))} "
+             "seed(s) each, the same train flags for every trial; each setup's own tuning.md "
+             "(under tune/SETUP/) has the per-seed losses and its tuned preset.", "",
+             *format_markdown_table(rows), ""]
+    lines += [f"**Warning** ({r.setup}): {w}" for r in results for w in r.edge_warnings]
+    return "\n".join(lines) + "\n"

@@ -162,3 +162,10 @@ def test_compare_tune_on_a_tiny_budget_end_to_end(tmp_path: Path,
             (best["finals"][0] + json.loads(next((out / setup).glob("*.jsonl")).read_text()
                                             .splitlines()[-1])["val_loss"]) / 2)
     assert all(row["seeds_needed"] is None or row["seeds_needed"] >= 2 for row in board["rows"])
+    summary = (out / "tuning.md").read_text()
+    for setup in ("adamw", "muon"):
+        tuning = json.loads((out / "tune" / setup / "tuning.json").read_text())
+        line = next(x for x in summary.splitlines() if x.startswith(f"| {setup} "))
+        for trial in tuning["trials"]:
+            assert f"{trial['values'][f'{setup}.lr']}: {trial['score']:.4f}" in line
+        assert f"{setup}.lr = {tuning['best_values'][f'{setup}.lr']}" in line
