@@ -63,14 +63,14 @@ compare: $(STAMP)
 # what the other finished).
 TUNE_SPECS := \
 	--tune 'adamw:adamw.lr=0.0013,0.002,0.003' \
-	--tune 'shampoo:shampoo.lr=0.0013,0.002,0.003' \
+	--tune 'shampoo:shampoo.lr=0.002,0.003,0.0045' \
 	--tune 'soap:soap.lr=0.0015,0.003,0.006' \
 	--tune 'muon:muon.lr=0.013,0.02,0.03' \
 	--tune 'normuon:normuon.lr=0.01,0.02,0.04' \
 	--tune 'muon-cwd:muon_cwd.lr=0.01,0.02,0.04' \
 	--tune 'soap-muon:soap_muon.lr=0.015,0.03,0.06' \
 	--tune 'schedule-free:schedule_free.lr=0.0045,0.006,0.009' \
-	--tune 'lion:lion.lr=0.00025,0.0005,0.001' \
+	--tune 'lion:lion.lr=0.0005,0.001,0.002' \
 	--tune 'kl-shampoo:kl_shampoo.lr=0.0015,0.003,0.006'
 .PHONY: compare-tuned
 compare-tuned: $(STAMP)
