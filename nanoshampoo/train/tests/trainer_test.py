@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 import torch
 
+from nanoshampoo.evidence.logs import read_run
 from nanoshampoo.model.gpt import gpt_preset
 from nanoshampoo.testing.distributed import run_on_gloo
 from nanoshampoo.train import trainer as trainer_module
@@ -91,6 +92,7 @@ def test_cli_run_lowers_the_loss_and_writes_both_logs(shards: dict[str, str], tm
         flops / (final["train_time_ms"] / 1000 / 40) / meter["peak_flops_per_second"])
     for record in (r for r in records if r["kind"] == "train"):
         assert 0 < record["mfu"] < 1
+    assert read_run(tmp_path / "e2e.jsonl").mfu == final["mfu"]  # the leaderboard's MFU column
 
     text = (tmp_path / "e2e.txt").read_text()
     assert text.startswith("# ===== nanoshampoo/train/")
