@@ -27,8 +27,8 @@ Usage:
     python bench/shampoo_floor.py [--shapes 768x768,...] [--max-preconditioner-dim 1024]
         [--rounds 5] [--steps 3] [--threads 1] [--json OUT]
 
-Measured figures and their command: ``docs/results/peers.md`` ("Shampoo at frequency 1: the
-floor").
+Measured figures and their command:
+``docs/results/peers.md`` "Shampoo at frequency 1: the floor".
 """
 
 from __future__ import annotations

@@ -9,12 +9,19 @@ step's time (differences of the cumulative ``train_time_ms``), the final MFU, an
 process's wall time (the final validation's inference graph, compiled too, is in it; the
 training time excludes it).
 
+Inductor keeps what it compiled in an on-disk cache (``TORCHINDUCTOR_CACHE_DIR``, by default
+under ``/tmp``) that later processes reuse: a user's first compiled run pays the whole
+compilation, later ones mostly load it. ``--cold-cache`` gives every compiled run a fresh,
+empty cache directory (the first run's cost); without it the runs share the machine's cache.
+
 Per preset and mode, medians over rounds of:
 
 * ``step_ms``: the median step from ``--skip`` on (the steady step);
 * ``warm_s``: the steps before ``--skip`` minus as many steady steps: the one-off cost inside
   training time (for ``--compile true`` the compilation of the training graph at step 0);
-* ``wall_s``: the process's wall time.
+* ``wall_s``: the process's wall time;
+* ``mfu``: the run's final MFU (its log's), ``step_mfu``: the steady step's, and
+  ``mfu_at_P``: a ``--pays-at`` P-step run's (P steady steps plus the warm-up).
 
 Printed: the steady speed-up (eager step / compiled step), the compile cost (the compiled
 warm-up minus the eager one) and the steps after which it is paid back (cost / the time a step
@@ -23,7 +30,8 @@ of both modes, from the steady steps and the warm-up.
 
 Usage:
     python bench/train_compile.py [--presets tiny-adamw,tiny-shampoo] [--num-iterations 60]
-        [--skip 10] [--rounds 2] [--pays-at 300] [--train-args "--threads 1"] [--json OUT]
+        [--skip 10] [--rounds 2] [--pays-at 300] [--cold-cache] [--train-args "--threads 1"]
+        [--json OUT]
 
 Measured figures and their command: ``docs/results/mfu.md`` ("torch.compile").
 """
@@ -47,8 +55,9 @@ from nanoshampoo.io_utils import atomic_output
 MODES = ("eager", "compiled")
 
 
-def step_times_s(jsonl: Path) -> tuple[list[float], float]:
-    """Every step's seconds (the log has a train record per step) and the final MFU."""
+def step_times_s(jsonl: Path) -> tuple[list[float], float, float]:
+    """Every step's seconds (the log has a train record per step), the final MFU (the whole
+    run's), and the MFU of a 1-second step (the run's FLOPs per step over its probed peak)."""
     records = [json.loads(line) for line in jsonl.read_text().splitlines() if line.strip()]
     train = [r for r in records if r["kind"] == "train"]
     steps = [r["step"] for r in train]
@@ -56,7 +65,9 @@ def step_times_s(jsonl: Path) -> tuple[list[float], float]:
         raise ValueError(f"{jsonl}: train records at steps {steps[:5]}...; run with --log-every 1")
     cumulative = [0.0, *(r["train_time_ms"] / 1000 for r in train)]
     final = next(r for r in records if r["kind"] == "final")
-    return [b - a for a, b in zip(cumulative, cumulative[1:])], float(final["mfu"])
+    meter = next(r for r in records if r["kind"] == "config")["mfu"]
+    return ([b - a for a, b in zip(cumulative, cumulative[1:])], float(final["mfu"]),
+            meter["flops_per_step"] / meter["peak_flops_per_second"])
 
 
 def run_figures(times: Sequence[float], skip: int) -> dict[str, float]:
@@ -93,11 +104,18 @@ def train_once(preset: str, mode: str, tag: str, args: argparse.Namespace, work:
                "--out-dir", str(out), "--run-id", "run",
                "--compile", "true" if mode == "compiled" else "false",
                *shlex.split(args.train_args)]
+    environment = dict(os.environ)
+    if args.cold_cache:
+        environment["TORCHINDUCTOR_CACHE_DIR"] = str(out / "inductor-cache")
     start = time.perf_counter()
-    subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
+    subprocess.run(command, check=True, stdout=subprocess.DEVNULL, env=environment)
     wall = time.perf_counter() - start
-    times, mfu = step_times_s(out / "run.jsonl")
-    return {**run_figures(times, args.skip), "wall_s": wall, "mfu": mfu}
+    times, mfu, mfu_of_1s = step_times_s(out / "run.jsonl")
+    figures = run_figures(times, args.skip)
+    return {**figures, "wall_s": wall, "mfu": mfu,
+            "step_mfu": mfu_of_1s / (figures["step_ms"] / 1000),
+            f"mfu_at_{args.pays_at}": mfu_of_1s * args.pays_at
+            / (args.pays_at * figures["step_ms"] / 1000 + figures["warm_s"])}
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -107,6 +125,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--skip", type=int, default=10)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--pays-at", type=int, default=300)
+    parser.add_argument("--cold-cache", action="store_true",
+                        help="a fresh inductor cache for every compiled run")
     parser.add_argument("--train-args", default="--threads 1")
     parser.add_argument("--json", default="")
     args = parser.parse_args(argv)
@@ -124,6 +144,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             results[preset] = summarize(runs, args.pays_at)
     print(f"load average {min(loads):.2f}-{max(loads):.2f}; {args.rounds} rounds of "
           f"{args.num_iterations} steps, steady from step {args.skip + 1}; "
+          f"inductor cache {'cold' if args.cold_cache else 'shared'}; "
           f"train args {args.train_args!r}")
     print(json.dumps(results, indent=2))
     if args.json:

@@ -18,7 +18,8 @@ def bench() -> ModuleType:
 
 
 def write_log(path: Path, cumulative_ms: list[float], mfu: float = 0.05) -> Path:
-    records = [{"kind": "config", "run_id": "run"}]
+    records = [{"kind": "config", "run_id": "run",
+                "mfu": {"flops_per_step": 2e9, "peak_flops_per_second": 1e11}}]
     records += [{"kind": "train", "step": i + 1, "train_time_ms": t} for i, t in enumerate(cumulative_ms)]
     records.append({"kind": "final", "step": len(cumulative_ms), "mfu": mfu})
     path.write_text("".join(json.dumps(r) + "\n" for r in records))
@@ -26,8 +27,9 @@ def write_log(path: Path, cumulative_ms: list[float], mfu: float = 0.05) -> Path
 
 
 def test_step_times_are_differences_of_the_cumulative_time(bench: ModuleType, tmp_path: Path) -> None:
-    times, mfu = bench.step_times_s(write_log(tmp_path / "run.jsonl", [3000.0, 3500.0, 3900.0], 0.07))
-    assert times == pytest.approx([3.0, 0.5, 0.4]) and mfu == 0.07
+    times, mfu, mfu_of_1s = bench.step_times_s(
+        write_log(tmp_path / "run.jsonl", [3000.0, 3500.0, 3900.0], 0.07))
+    assert times == pytest.approx([3.0, 0.5, 0.4]) and mfu == 0.07 and mfu_of_1s == 0.02
 
 
 def test_a_log_not_written_every_step_is_refused(bench: ModuleType, tmp_path: Path) -> None:

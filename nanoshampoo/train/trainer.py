@@ -34,7 +34,6 @@ import os
 import platform
 import secrets
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +55,7 @@ from nanoshampoo.train.checkpoint import (
     save_checkpoint,
     save_sharded_checkpoint,
 )
+from nanoshampoo.train.compile_choice import CompileChoice, resolve_compile
 from nanoshampoo.train.config import TrainConfig, UserError
 from nanoshampoo.train.data_source import DataSource, resolve_data
 from nanoshampoo.train.distributed import (
@@ -88,6 +88,7 @@ from nanoshampoo.train.optimizers import (
     build_optimizer_setup,
     param_group_settings,
 )
+from nanoshampoo.train.outcomes import TrainingDiverged, TrainResult
 from nanoshampoo.train.preflight import check_device, check_dist_timeout, check_memory
 from nanoshampoo.train.profiling import make_step_profiler
 from nanoshampoo.train.run_log import RunLog
@@ -103,24 +104,6 @@ from nanoshampoo.train.throughput import mfu_meter
 # started on idle cores with 2 threads (0.31 s/step) slowed to 6-28 s/step when other processes
 # took the cores, and runs at ~0.7 s/step on 1 thread then.
 RETUNE_STEPS = 10
-
-
-class TrainingDiverged(RuntimeError):
-    """The loss, a gradient or a parameter became NaN/Inf; ``step`` optimizer steps were done."""
-
-    def __init__(self, step: int, reason: str) -> None:
-        super().__init__(reason)
-        self.step = step
-        self.reason = reason
-
-
-@dataclass
-class TrainResult:
-    run_id: str
-    final_val_loss: float
-    text_log: Path
-    jsonl_log: Path
-    last_checkpoint: Path | None
 
 
 class Trainer:
@@ -174,7 +157,10 @@ class Trainer:
         # when the trainer checks the others; DistAdam checks its own after waiting for them.
         self._checked_params = self.setup.trainer_checked_params(self.model)
         remember_peak_lrs(self.setup.optimizers)
-        self.forward: nn.Module = torch.compile(self.model) if cfg.compile else self.model  # type: ignore[assignment]
+        self.compiled: CompileChoice = broadcast_object(  # type: ignore[assignment]
+            resolve_compile(cfg.compile, ctx.device, ctx.world_size, cfg.num_iterations)
+            if ctx.is_main else None, ctx)
+        self.forward: nn.Module = torch.compile(self.model) if self.compiled.enabled else self.model  # type: ignore[assignment]
         self.loader = DistributedTokenLoader(self.data.train_pattern, cfg.batch_size, cfg.seq_len,
                                              ctx.rank, ctx.world_size)
         self.start_step = 0
@@ -276,7 +262,8 @@ class Trainer:
             print(f"run {self.run_id}: {cfg.optimizer} on {ctx.device.type} x{ctx.world_size} "
                   f"({cfg.parallel}), "
                   f"{torch.get_num_threads()} threads ({self.threads_reason}), autocast "
-                  f"{self.autocast.name} ({self.autocast.reason}); {self.mfu.header}", flush=True)
+                  f"{self.autocast.name} ({self.autocast.reason}), compile {self.compiled.name} "
+                  f"({self.compiled.reason}); {self.mfu.header}", flush=True)
         bar = tqdm(total=total, initial=self.start_step, disable=not (ctx.is_main and cfg.progress),
                    desc=self.run_id, unit="step", dynamic_ncols=True)
         profiler = make_step_profiler(cfg.profile_steps, cfg.profile_dir, ctx.rank)
@@ -471,7 +458,8 @@ class Trainer:
         return {"kind": "config", "run_id": self.run_id, "seed": self.cfg.seed,
                 "preset": self.cfg.preset, "optimizer": self.cfg.optimizer,
                 "world_size": self.ctx.world_size, "autocast": self.autocast.name,
-                "autocast_reason": self.autocast.reason, "threads": torch.get_num_threads(),
+                "autocast_reason": self.autocast.reason, "compile": self.compiled.name,
+                "compile_reason": self.compiled.reason, "threads": torch.get_num_threads(),
                 "threads_reason": self.threads_reason,
                 "resumed_from": self.resumed_from, "mfu": dataclasses.asdict(self.mfu),
                 "config": self.cfg.to_dict()}

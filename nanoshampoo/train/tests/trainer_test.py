@@ -28,7 +28,8 @@ STEP_LINE = re.compile(
 )
 JSONL_KEYS = {
     "config": {"kind", "run_id", "seed", "preset", "optimizer", "world_size", "autocast",
-               "autocast_reason", "threads", "threads_reason", "resumed_from", "mfu", "config"},
+               "autocast_reason", "compile", "compile_reason", "threads", "threads_reason",
+               "resumed_from", "mfu", "config"},
     "train": {"kind", "step", "total_steps", "train_loss", "train_time_ms", "step_avg_ms",
               "tokens_per_s", "mfu"},
     "val": {"kind", "step", "total_steps", "val_loss", "train_time_ms", "step_avg_ms"},
