@@ -61,3 +61,26 @@ def test_payback_of_the_compile_cost(bench: ModuleType) -> None:
     assert out["compiled_train_s_at_300"] == pytest.approx(300 * 0.2 + 31.0)
     slower = {"eager": runs["compiled"], "compiled": runs["eager"]}
     assert math.isinf(bench.summarize(slower, pays_at=300)["payback_steps"])
+
+
+@pytest.fixture(scope="module")
+def steps_bench() -> ModuleType:
+    return load_script("train_compile_steps.py")
+
+
+def test_alternating_order_pairs_every_step_with_a_neighbour(steps_bench: ModuleType) -> None:
+    assert steps_bench.schedule(8) == ["eager", "compiled", "compiled", "eager",
+                                       "eager", "compiled", "compiled", "eager"]
+    for bad in (3, 7):
+        with pytest.raises(ValueError, match=f"--steps {bad}"):
+            steps_bench.schedule(bad)
+
+
+def test_alternating_figures(steps_bench: ModuleType) -> None:
+    # Eager median 0.4 s; compiled median of [0.2, 0.3, 0.25] = 0.25 s; the first compiled
+    # step 30.25 s costs 30 s, saving 0.15 s a step: paid back after 200 steps.
+    out = steps_bench.figures({"eager": [0.5, 0.4, 0.3, 0.4],
+                               "compiled": [30.25, 0.2, 0.3, 0.25]})
+    assert out == pytest.approx({"eager_step_ms": 400.0, "compiled_step_ms": 250.0,
+                                 "compiled_over_eager": 0.625, "compile_cost_s": 30.0,
+                                 "payback_steps": 200.0})
