@@ -11,11 +11,12 @@ measured to pay for itself within the run, and says why in the run header:
 Elsewhere ``"auto"`` stays eager: on CUDA nothing was measured here (the gpt2 CUDA presets
 set ``compile = true`` themselves).
 
-The measurement (``bench/train_compile.py``, ``docs/results/mfu.md`` "torch.compile"): on the
-project's 2-core Xeon (torch 2.13, 1 thread, cores shared with other jobs, load 5-11) the
-compiled tiny model's steady step took 0.54x (tiny-adamw) and 0.60x (tiny-shampoo) of the eager
-one. The compilation, inside the first training step, cost 2-4 s more than an eager first step
-from the inductor cache that later runs reuse (paid back after 10-15 steps), and 39-122 s with
+The measurement (``bench/train_compile_steps.py``, ``bench/train_compile.py``,
+``docs/results/mfu.md`` "torch.compile"): on the project's 2-core Xeon (torch 2.13, bf16
+autocast, 1 thread, cores shared with other jobs) the compiled tiny model's step took 0.55x
+(tiny-adamw) and 0.54x (tiny-shampoo) of the eager one, the two alternating in one process.
+The compilation, inside the first training step, cost 1-4 s more than an eager first step
+from the inductor cache that later runs reuse (paid back after 10-34 steps), and 39-122 s with
 an empty cache (a user's first compiled run; paid back after 89-291 steps). A 300-step
 ``make train`` trains faster compiled, on its first run too.
 
