@@ -110,10 +110,11 @@ def _backward_parts(nodes: Sequence[dict[str, Any]]) -> dict[str, list[dict[str,
     """The backward's outermost nodes by part (``PARTS`` but "other"), sorted by start."""
     names = [e["name"].removeprefix(BACKWARD_PREFIX) for e in nodes]
     linear = [i for i, name in enumerate(names) if name.startswith(_LINEAR_NODES)]
-    head = linear[0] if linear else len(nodes)
+    # No linear node (a compiled model's backward is one node): nothing marks the head.
+    head = linear[0] if linear else 0
     return {"attention": [e for e, name in zip(nodes, names) if "ScaledDotProduct" in name],
-            "block linears": [nodes[i] for i in linear[1:]], "head": list(nodes[head:head + 1]),
-            "softcap + loss": list(nodes[:head])}
+            "block linears": [nodes[i] for i in linear[1:]],
+            "head": [nodes[head]] if linear else [], "softcap + loss": list(nodes[:head])}
 
 
 def _split(phase: str, total: float, parts: dict[str, list[dict[str, Any]]]) -> dict[str, float]:

@@ -63,6 +63,15 @@ def test_hand_built_trace_phases(breakdown: ModuleType) -> None:
     assert set(ms) == {*breakdown.PHASES, *breakdown.SPLITS}
 
 
+def test_a_backward_without_linear_nodes_is_all_other(breakdown: ModuleType) -> None:
+    # A compiled model's backward: one node, no linear among them to mark the head.
+    trace = {"traceEvents": [x("ProfilerStep#0", 0, 100),
+                             x(breakdown.BACKWARD_PREFIX + "CompiledFunctionBackward", 10, 60)]}
+    _, ms = breakdown.trace_breakdown(trace)
+    assert ms["backward"] == ms["backward: other"] == 50
+    assert ms["backward: head"] == ms["backward: softcap + loss"] == 0
+
+
 def test_union_counts_overlaps_once(breakdown: ModuleType) -> None:
     assert breakdown.union_ms([(0, 1000), (500, 1500), (3000, 4000), (3100, 3200)]) == 2.5
     assert breakdown.union_ms([]) == 0.0
