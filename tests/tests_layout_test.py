@@ -25,6 +25,9 @@ WHOLE_PROJECT = {
     "bench_scripts_test.py",  # every bench/ script runs
     "bench_peers_test.py",  # bench/peers.py with absent and fake peers
     "bench_train_mfu_test.py",  # bench/train_mfu.py on a run's own logs
+    "bench_step_breakdown_test.py",  # bench/step_breakdown.py on a hand-built and a real trace
+    "bench_train_compile_test.py",  # bench/train_compile*.py figures from logs and step times
+    "bench_shampoo_floor_test.py",  # bench/shampoo_floor.py's work count and a tiny run
     "docs_references_test.py",  # references into docs/ and the README resolve
     "docstring_examples_test.py",  # the examples in every docstring run
     "layers_test.py",  # imports point down the layers; file sizes

@@ -17,6 +17,10 @@ Per setup (mean ± unbiased std over seeds):
   one-record rule against the target, the pairwise rule against the baseline (steps credited
   at 0.0045 loss per 100), and a refusal when the seeds of a setup stopped at different steps;
 * ms/step and peak memory (MiB; the process's peak RSS on CPU);
+* MFU: the model FLOPs utilisation each run's JSONL log states in its ``final`` record (its
+  matmul FLOPs / training time / the probed matmul peak, ``train/throughput.py``), averaged
+  over the finished runs that have one; "—" for a setup whose logs have none (text logs,
+  trainers from before MFU was logged), and "(k/n runs)" when only some have;
 * n runs, of which diverged: left out of every mean and test, counted as not reaching the
   target, and marked.
 
@@ -85,6 +89,8 @@ class LeaderboardRow:
     record: RecordTest | None = None
     pairwise: PairwiseTest | None = None
     seeds_for_record: int | None = None
+    # Over the finished runs whose log states an MFU (a fraction; ``mfu.n`` of them).
+    mfu: Summary = Summary(0, None, None)
 
 
 @dataclass(frozen=True)
@@ -101,6 +107,7 @@ class LeaderboardRun:
     step_avg_ms: float
     diverged_step: int | None
     diverged_reason: str
+    mfu: float | None = None
 
 
 @dataclass(frozen=True)
@@ -164,7 +171,7 @@ def build_leaderboard(groups: Mapping[str, Sequence[RunRecord]], config: Compare
             setup=group.name, seed=run.seed, run_id=run.run_id, path=run.path,
             final_val_loss=run.final_val_loss, steps_to_target=run.target_step,
             time_to_target_s=run.target_time_s, step_avg_ms=run.step_avg_ms,
-            diverged_step=run.diverged_step, diverged_reason=run.diverged_reason,
+            diverged_step=run.diverged_step, diverged_reason=run.diverged_reason, mfu=run.mfu,
         )
         for group in report.groups
         for run in group.runs
@@ -245,6 +252,7 @@ def _row(group: GroupReport, base: GroupReport, welch_p: float | None, preset: s
         record=record,
         pairwise=pairwise,
         seeds_for_record=needed_for_record,
+        mfu=group.mfu,
     )
 
 
@@ -284,7 +292,10 @@ def format_leaderboard(board: Leaderboard) -> str:
         f"Seeds for p < 0.05: seeds per side at which Welch's test against {base} would give "
         "p < 0.05 if the gap and the spreads stayed as observed. "
         "Time is training time (validation excluded); peak MiB is CUDA's peak allocation, or the "
-        "peak resident set on CPU. † Diverged runs count as not reaching the target and are left "
+        "peak resident set on CPU. MFU: model FLOPs utilisation, the run's matmul FLOPs "
+        "(forward and backward) over its training time and the matmul peak probed at its start "
+        "(the run header states both), from the logs' final records; — where the logs have "
+        "none. † Diverged runs count as not reaching the target and are left "
         "out of every other column.",
         "",
         *_track3_section(board),
@@ -300,7 +311,7 @@ def _setup_rows(board: Leaderboard) -> list[list[str]]:
     base = board.baseline
     rows = [["setup", "preset", "runs", "reached", "steps to target", f"× {base}",
              "time to target (s)", f"× {base}", "final val loss", f"Welch p vs {base}",
-             "p(loss < target)", "seeds for p < 0.05", "ms/step", "peak MiB"]]
+             "p(loss < target)", "seeds for p < 0.05", "ms/step", "peak MiB", "MFU %"]]
     for row in board.rows:
         runs = f"{row.runs}" + (f" ({row.diverged} diverged †)" if row.diverged else "")
         rows.append([
@@ -318,6 +329,7 @@ def _setup_rows(board: Leaderboard) -> list[list[str]]:
             "—" if row.seeds_needed is None else str(row.seeds_needed),
             _mean_std(row.step_avg_ms, 1),
             _mean_std(row.peak_memory_mib, 0),
+            _mfu(row.mfu, row.runs - row.diverged),
         ])
     return rows
 
@@ -389,7 +401,7 @@ def _schedule_section(board: Leaderboard) -> list[str]:
 
 def _run_rows(board: Leaderboard) -> list[list[str]]:
     rows = [["setup", "seed", "run id", "final val loss", "steps to target", "time to target (s)",
-             "ms/step", "status"]]
+             "ms/step", "MFU %", "status"]]
     for run in board.runs:
         rows.append([
             run.setup,
@@ -399,6 +411,7 @@ def _run_rows(board: Leaderboard) -> list[list[str]]:
             "not reached" if run.steps_to_target is None else f"{run.steps_to_target:.1f}",
             "—" if run.time_to_target_s is None else f"{run.time_to_target_s:.2f}",
             f"{run.step_avg_ms:.1f}",
+            "—" if run.mfu is None else f"{100 * run.mfu:.2f}",
             "finished" if run.diverged_step is None
             else f"diverged † at step {run.diverged_step}: {run.diverged_reason}",
         ])
@@ -411,6 +424,14 @@ def _mean_std(summary: Summary, digits: int) -> str:
     if summary.std is None:
         return f"{summary.mean:.{digits}f}"
     return f"{summary.mean:.{digits}f} ± {summary.std:.{digits}f}"
+
+
+def _mfu(mfu: Summary, finished: int) -> str:
+    """Mean ± std MFU in percent over the runs that state one; their count when not all do."""
+    if mfu.mean is None:
+        return "—"
+    text = f"{100 * mfu.mean:.2f}" + ("" if mfu.std is None else f" ± {100 * mfu.std:.2f}")
+    return text if mfu.n == finished else f"{text} ({mfu.n}/{finished} runs)"
 
 
 def _times(ratio: float | None) -> str:

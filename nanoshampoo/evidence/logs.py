@@ -7,7 +7,8 @@ Two formats describe the same run (the trainer writes both):
   then ``peak memory allocated: X MiB reserved: Y MiB``. Logs of the original
   modded-nanogpt records parse as well.
 * ``<run_id>.jsonl`` -- one JSON object per line with ``"kind"`` in ``config``, ``train``,
-  ``val``, ``final``, ``diverged``; it also carries the seed, preset, optimizer and world size.
+  ``val``, ``final``, ``diverged``; it also carries the seed, preset, optimizer and world size,
+  and (trainers since MFU was logged) the run's model FLOPs utilisation in its ``final`` record.
 
 Both are reduced to a :class:`RunRecord`. A run must have ended, one of two ways:
 
@@ -105,6 +106,10 @@ class RunRecord:
     # The step at which the trainer stopped a diverged run, and its message; None if finished.
     diverged_step: int | None = None
     diverged_reason: str = ""
+    # The final record's MFU (a fraction: the run's matmul FLOPs / its training time / the
+    # probed peak, ``train/throughput.py``); None for text logs, diverged runs and JSONL logs
+    # of trainers that did not write it.
+    mfu: float | None = None
 
     @property
     def diverged(self) -> bool:
@@ -275,6 +280,7 @@ def _read_jsonl(path: Path) -> RunRecord:
         curve=_checked_curve(path, points, total_steps),
         train_time_ms=_number(path, None, final, "train_time_ms"),
         step_avg_ms=_number(path, None, final, "step_avg_ms"),
+        mfu=_number(path, None, final, "mfu") if "mfu" in final else None,
     ))
 
 

@@ -212,6 +212,7 @@ class RunSummary:
     peak_memory_mib: float | None = None
     diverged_step: int | None = None
     diverged_reason: str = ""
+    mfu: float | None = None
 
     @property
     def diverged(self) -> bool:
@@ -232,6 +233,8 @@ class GroupReport:
     train_time_s: Summary
     step_avg_ms: Summary
     peak_memory_mib: Summary
+    # Over the finished runs whose log holds an MFU (``n`` says how many did).
+    mfu: Summary
     target_test: TargetTest | None
     # Over the runs that reached the target; ``reached`` of ``len(runs)`` did.
     target_step: Summary
@@ -301,6 +304,7 @@ def group_report(name: str, runs: Sequence[RunRecord], target: float = DEFAULT_T
                 peak_memory_mib=run.peak_memory_mib,
                 diverged_step=run.diverged_step,
                 diverged_reason=run.diverged_reason,
+                mfu=run.mfu,
             )
         )
     finished = [s for s in summaries if not s.diverged]
@@ -313,6 +317,7 @@ def group_report(name: str, runs: Sequence[RunRecord], target: float = DEFAULT_T
         train_time_s=summarize([s.train_time_s for s in finished]),
         step_avg_ms=summarize([s.step_avg_ms for s in finished]),
         peak_memory_mib=summarize([s.peak_memory_mib for s in finished if s.peak_memory_mib is not None]),
+        mfu=summarize([s.mfu for s in finished if s.mfu is not None]),
         target_test=compare_to_target(losses, target) if losses else None,
         target_step=summarize([s.target_step for s in reached]),
         target_time_s=summarize([s.target_time_s for s in reached]),

@@ -32,6 +32,7 @@ from typing import Any
 
 from nanoshampoo.errors import UserError  # noqa: F401 - re-exported: the trainer's modules raise it
 from nanoshampoo.model.gpt import gpt_preset_names
+from nanoshampoo.train.compile_choice import COMPILE_CHOICES
 from nanoshampoo.train.setups import SetupSpec, get_setup, table_classes
 from nanoshampoo.train.setups.checks import check_value_type
 from nanoshampoo.train.setups.shampoo_family import STORAGE_DTYPES
@@ -139,7 +140,9 @@ class TrainConfig:
     # CPU threads per process; 0: the cores this process may run on, shared by its local ranks,
     # or 1 when a probe finds the cores busy (re-probed every 10 steps).
     threads: int = 0
-    compile: bool = False
+    # torch.compile of the model: "true", "false", or "auto": where it was measured to pay for
+    # its compilation within the run (train/compile_choice.py). A boolean means "true"/"false".
+    compile: str = "auto"
     # Seconds a collective may wait for another rank before the run fails (a dead peer).
     dist_timeout_s: float = 600.0
     profile_steps: tuple[int, ...] = ()
@@ -160,6 +163,7 @@ class TrainConfig:
         self.__post_init__()
 
     def __post_init__(self) -> None:
+        self.compile = spelled_value("compile", self.compile)
         hints = typing.get_type_hints(TrainConfig)
         for f in run_fields():
             check_value_type(f"TrainConfig.{f.name}", getattr(self, f.name), hints[f.name])
@@ -171,6 +175,7 @@ class TrainConfig:
         _check_choice("distributor", self.distributor, DISTRIBUTORS)
         _check_choice("communication_dtype", self.communication_dtype, STORAGE_DTYPES)
         _check_choice("autocast", self.autocast, AUTOCAST_CHOICES)
+        _check_choice("compile", self.compile, COMPILE_CHOICES)
         _check_choice("parallel", self.parallel, PARALLEL_MODES)
         _check_choice("fsdp_assignment", self.fsdp_assignment, FSDP_ASSIGNMENTS)
         for name in ("seq_len", "batch_size", "grad_accum_steps", "num_iterations", "val_tokens"):
@@ -261,6 +266,14 @@ class TrainConfig:
             for key, value in dataclasses.asdict(self.tables[name]).items():
                 out[f"{name}.{key}"] = list(value) if isinstance(value, tuple) else value
         return out
+
+
+def spelled_value(name: str, value: Any) -> Any:
+    """A run field's value as the field spells it: a boolean ``compile`` (``compile = true`` in
+    a preset, ``compile=True`` in code, from when the field was a bool) is "true"/"false"."""
+    if name == "compile" and isinstance(value, bool):
+        return "true" if value else "false"
+    return value
 
 
 def run_fields() -> tuple[dataclasses.Field[Any], ...]:

@@ -1,5 +1,6 @@
 """Divergence checks of a training run: a NaN/Inf loss, gradient, parameter or validation loss
-stops the run with :class:`TrainingDiverged`, the same verdict on every rank.
+stops the run with :class:`~nanoshampoo.train.outcomes.TrainingDiverged`, the same verdict on
+every rank.
 
 Example:
     >>> import torch
@@ -11,7 +12,7 @@ Example:
     >>> guard.check_validation(step=0, val_loss=float("nan"))
     Traceback (most recent call last):
     ...
-    nanoshampoo.train.divergence.TrainingDiverged: validation loss is nan
+    nanoshampoo.train.outcomes.TrainingDiverged: validation loss is nan
 """
 
 from __future__ import annotations
@@ -23,15 +24,7 @@ import torch
 from torch import nn
 
 from nanoshampoo.train.distributed import DistributedContext, any_rank_true, local_tensor
-
-
-class TrainingDiverged(RuntimeError):
-    """The loss, a gradient or a parameter became NaN/Inf; ``step`` optimizer steps were done."""
-
-    def __init__(self, step: int, reason: str) -> None:
-        super().__init__(reason)
-        self.step = step
-        self.reason = reason
+from nanoshampoo.train.outcomes import TrainingDiverged
 
 
 class DivergenceGuard:

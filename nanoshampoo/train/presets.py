@@ -30,6 +30,7 @@ from nanoshampoo.train.config import (
     LEGACY_FIELDS,
     TrainConfig,
     run_fields,
+    spelled_value,
     table_field_types,
 )
 from nanoshampoo.train.setups.checks import check_value_type
@@ -113,6 +114,7 @@ def normalize(raw: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, value in raw.items():
         if key in run_names:
+            value = spelled_value(key, value)
             check_value_type(key, value, hints[key])
             out[key] = value
         elif key in tables and isinstance(value, dict):

@@ -32,7 +32,6 @@ import os
 import platform
 import secrets
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +53,7 @@ from nanoshampoo.train.checkpoint import (
     save_checkpoint,
     save_sharded_checkpoint,
 )
+from nanoshampoo.train.compile_choice import CompileChoice, resolve_compile
 from nanoshampoo.train.config import TrainConfig, UserError
 from nanoshampoo.train.data_source import DataSource, resolve_data
 from nanoshampoo.train.distributed import (
@@ -70,7 +70,7 @@ from nanoshampoo.train.distributed import (
     synchronize_device,
     teardown_distributed,
 )
-from nanoshampoo.train.divergence import DivergenceGuard, TrainingDiverged
+from nanoshampoo.train.divergence import DivergenceGuard
 from nanoshampoo.train.hardware import (
     AutocastChoice,
     available_cores,
@@ -83,6 +83,7 @@ from nanoshampoo.train.optimizers import (
     build_optimizer_setup,
     param_group_settings,
 )
+from nanoshampoo.train.outcomes import TrainingDiverged, TrainResult
 from nanoshampoo.train.preflight import check_device, check_dist_timeout, check_memory
 from nanoshampoo.train.profiling import make_step_profiler
 from nanoshampoo.train.run_log import RunLog
@@ -93,15 +94,6 @@ from nanoshampoo.train.schedule import (
 )
 from nanoshampoo.train.thread_tuner import ThreadTuner
 from nanoshampoo.train.throughput import mfu_meter
-
-
-@dataclass
-class TrainResult:
-    run_id: str
-    final_val_loss: float
-    text_log: Path
-    jsonl_log: Path
-    last_checkpoint: Path | None
 
 
 class Trainer:
@@ -155,7 +147,10 @@ class Trainer:
         # when the trainer checks the others; DistAdam checks its own after waiting for them.
         self.guard = DivergenceGuard(self.model, self.setup.trainer_checked_params(self.model), ctx)
         remember_peak_lrs(self.setup.optimizers)
-        self.forward: nn.Module = torch.compile(self.model) if cfg.compile else self.model  # type: ignore[assignment]
+        self.compiled: CompileChoice = broadcast_object(  # type: ignore[assignment]
+            resolve_compile(cfg.compile, ctx.device, ctx.world_size, cfg.num_iterations)
+            if ctx.is_main else None, ctx)
+        self.forward: nn.Module = torch.compile(self.model) if self.compiled.enabled else self.model  # type: ignore[assignment]
         self.loader = DistributedTokenLoader(self.data.train_pattern, cfg.batch_size, cfg.seq_len,
                                              ctx.rank, ctx.world_size)
         self.start_step = 0
@@ -250,7 +245,8 @@ class Trainer:
             print(f"run {self.run_id}: {cfg.optimizer} on {ctx.device.type} x{ctx.world_size} "
                   f"({cfg.parallel}), "
                   f"{torch.get_num_threads()} threads ({self.threads.reason}), autocast "
-                  f"{self.autocast.name} ({self.autocast.reason}); {self.mfu.header}", flush=True)
+                  f"{self.autocast.name} ({self.autocast.reason}), compile {self.compiled.name} "
+                  f"({self.compiled.reason}); {self.mfu.header}", flush=True)
         bar = tqdm(total=total, initial=self.start_step, disable=not (ctx.is_main and cfg.progress),
                    desc=self.run_id, unit="step", dynamic_ncols=True)
         profiler = make_step_profiler(cfg.profile_steps, cfg.profile_dir, ctx.rank)
@@ -406,7 +402,8 @@ class Trainer:
         return {"kind": "config", "run_id": self.run_id, "seed": self.cfg.seed,
                 "preset": self.cfg.preset, "optimizer": self.cfg.optimizer,
                 "world_size": self.ctx.world_size, "autocast": self.autocast.name,
-                "autocast_reason": self.autocast.reason, "threads": torch.get_num_threads(),
+                "autocast_reason": self.autocast.reason, "compile": self.compiled.name,
+                "compile_reason": self.compiled.reason, "threads": torch.get_num_threads(),
                 "threads_reason": self.threads.reason,
                 "resumed_from": self.resumed_from, "mfu": dataclasses.asdict(self.mfu),
                 "config": self.cfg.to_dict()}

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from nanoshampoo.train.distributed import DistributedContext
-from nanoshampoo.train.divergence import DivergenceGuard, TrainingDiverged
+from nanoshampoo.train.divergence import DivergenceGuard
+from nanoshampoo.train.outcomes import TrainingDiverged
 
 CTX = DistributedContext(rank=0, world_size=1, device=torch.device("cpu"), owns_process_group=False)
 

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 import torch
 
+from nanoshampoo.evidence.logs import read_run
 from nanoshampoo.model.gpt import gpt_preset
 from nanoshampoo.testing.distributed import run_on_gloo
 from nanoshampoo.train import thread_tuner
@@ -27,7 +28,8 @@ STEP_LINE = re.compile(
 )
 JSONL_KEYS = {
     "config": {"kind", "run_id", "seed", "preset", "optimizer", "world_size", "autocast",
-               "autocast_reason", "threads", "threads_reason", "resumed_from", "mfu", "config"},
+               "autocast_reason", "compile", "compile_reason", "threads", "threads_reason",
+               "resumed_from", "mfu", "config"},
     "train": {"kind", "step", "total_steps", "train_loss", "train_time_ms", "step_avg_ms",
               "tokens_per_s", "mfu"},
     "val": {"kind", "step", "total_steps", "val_loss", "train_time_ms", "step_avg_ms"},
@@ -91,6 +93,7 @@ def test_cli_run_lowers_the_loss_and_writes_both_logs(shards: dict[str, str], tm
         flops / (final["train_time_ms"] / 1000 / 40) / meter["peak_flops_per_second"])
     for record in (r for r in records if r["kind"] == "train"):
         assert 0 < record["mfu"] < 1
+    assert read_run(tmp_path / "e2e.jsonl").mfu == final["mfu"]  # the leaderboard's MFU column
 
     text = (tmp_path / "e2e.txt").read_text()
     assert text.startswith("# ===== nanoshampoo/train/")

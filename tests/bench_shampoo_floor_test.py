@@ -1,0 +1,59 @@
+"""bench/shampoo_floor.py: the blocks and the work of a frequency-1 Shampoo step, against a
+count of every product written out, and a tiny run of the whole bench so it cannot rot."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+from bench_scripts_test import load_script
+
+
+@pytest.fixture(scope="module")
+def floor() -> ModuleType:
+    return load_script("shampoo_floor.py")
+
+
+def products_of_a_step(m: int, n: int) -> list[tuple[int, int, int]]:
+    """Every GEMM ``(rows, inner, cols)`` of one block's frequency-1 step."""
+    return [(m, n, m), (n, m, n),  # L += G G^T, R += G^T G
+            (m, m, m), (n, n, n),  # the roots Q diag Q^T
+            (m, m, n), (m, n, n)]  # L^(-1/4) G, then (...) R^(-1/4)
+
+
+def test_gpt_small_block_work(floor: ModuleType) -> None:
+    shapes = floor.parse_shapes(floor.GPT_SMALL_SHAPES)
+    blocks = floor.blocks(shapes, 1024)
+    assert sorted(blocks) == sorted([(768, 768)] * 4 + [(768, 1024)] * 3 + [(1024, 768)] * 3)
+    sizes, flops = floor.floor_work(shapes, 1024)
+    assert sizes == {768: 14, 1024: 6}
+    expected = sum(2 * a * b * c for m, n in blocks for a, b, c in products_of_a_step(m, n))
+    assert flops == expected
+
+
+@pytest.mark.parametrize(("size", "max_dim", "parts"), [(3072, 1024, [1024] * 3),
+                                                        (40, 32, [32, 8]), (16, 32, [16])])
+def test_split_dim(floor: ModuleType, size: int, max_dim: int, parts: list[int]) -> None:
+    assert floor.split_dim(size, max_dim) == parts
+
+
+def test_tiny_run_reports_ours_over_its_floor(floor: ModuleType, tmp_path: Path,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "floor.json"
+    result = floor.main(["--shapes", "16x16,16x40", "--max-preconditioner-dim", "32",
+                         "--rounds", "2", "--steps", "2", "--gemm-shape", "32x32x32",
+                         "--json", str(out)])
+    assert result["factors_per_size"] == {8: 1, 16: 4, 32: 1}
+    for r in result["rounds"]:
+        assert r["floor_ms"] > 0 and r["ours_over_floor"] == pytest.approx(r["ours_ms"] / r["floor_ms"])
+    assert json.loads(out.read_text())["ours_over_floor"] == result["ours_over_floor"]
+    assert "ours / floor" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv", [["--shapes", "16x16x3"], ["--shapes", "0x4"],
+                                  ["--gemm-shape", "8x8"], ["--rounds", "0"]])
+def test_bad_arguments_are_refused(floor: ModuleType, argv: list[str]) -> None:
+    with pytest.raises(ValueError):
+        floor.main(argv)
