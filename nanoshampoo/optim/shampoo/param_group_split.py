@@ -65,6 +65,7 @@ def split_param_groups(param_groups: Sequence[dict[str, Any]]) -> list[dict[str,
             as degenerate sub-groups; nothing is returned half split.
 
     Example:
+        >>> from nanoshampoo.optim.shampoo import FSDPParamAssignmentStrategy
         >>> config = FullyShardDistributedConfig(
         ...     param_assignment_strategy=FSDPParamAssignmentStrategy.REPLICATE, num_sub_groups=2)
         >>> params = [torch.zeros(n) for n in (5, 3, 3, 1)]
