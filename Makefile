@@ -70,7 +70,7 @@ TUNE_SPECS := \
 	--tune 'muon-cwd:muon_cwd.lr=0.01,0.02,0.04' \
 	--tune 'soap-muon:soap_muon.lr=0.015,0.03,0.06' \
 	--tune 'schedule-free:schedule_free.lr=0.0045,0.006,0.009' \
-	--tune 'lion:lion.lr=0.0005,0.001,0.002' \
+	--tune 'lion:lion.lr=0.001,0.002,0.004' \
 	--tune 'kl-shampoo:kl_shampoo.lr=0.0015,0.003,0.006'
 .PHONY: compare-tuned
 compare-tuned: $(STAMP)
