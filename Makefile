@@ -57,8 +57,8 @@ compare: $(STAMP)
 # Every setup tuned at the same budget, then compared at its tuned point, in one command:
 # 3 learning rates per setup (1 seed each, 300 steps), the best at 3 seeds (its trial is seed 0);
 # the speedrun's track-3 rules next to Welch's test; tuning.md / tuned-NAME.toml per setup under
-# runs/tuned/tune/NAME. One thread per run, bf16 autocast fixed (not probed), so every run is
-# the same computation whatever else loads the machine. 50 runs: about 1h50 on 2 idle cores
+# runs/tuned/tune/NAME. One thread per run, bf16 autocast fixed (not probed) and eager (no
+# compile), so every run is the same computation whatever else loads the machine. 50 runs: about 1h50 on 2 idle cores
 # (2 runs at a time: start a second `make compare-tuned` into the same out dir; each reuses
 # what the other finished).
 TUNE_SPECS := \
@@ -74,7 +74,7 @@ TUNE_SPECS := \
 	--tune 'kl-shampoo:kl_shampoo.lr=0.0015,0.003,0.006'
 .PHONY: compare-tuned
 compare-tuned: $(STAMP)
-	$(PY) -m nanoshampoo compare --setups adamw,shampoo,soap,muon,normuon,muon-cwd,soap-muon,schedule-free,lion,kl-shampoo --seeds 3 --baseline adamw --rule track3 --out-dir runs/tuned $(TUNE_SPECS) -- --threads 1 --autocast bf16 --progress false --save-final-checkpoint false $(COMPARE_ARGS)
+	$(PY) -m nanoshampoo compare --setups adamw,shampoo,soap,muon,normuon,muon-cwd,soap-muon,schedule-free,lion,kl-shampoo --seeds 3 --baseline adamw --rule track3 --out-dir runs/tuned $(TUNE_SPECS) -- --threads 1 --autocast bf16 --compile false --progress false --save-final-checkpoint false $(COMPARE_ARGS)
 
 # The longer task: 1300 steps (one epoch of the embedded corpus, 2.7 M tokens; about 50 min on
 # 2 cores), AdamW and Muon at the learning rates, head lr and cooldown tuned at that length

@@ -335,11 +335,13 @@ def find_reusable(directory: Path, resolved: Mapping[str, Any], nproc: int,
 def upgrade_legacy_config(logged: dict[str, Any], resolved: Mapping[str, Any]) -> dict[str, Any]:
     """A manifest's config with the flat names from before the setup registry (``muon_lr``,
     ``matrix_lr``: ``TrainConfig.LEGACY_FIELDS``) as the table fields they are now, kept only
-    for the tables that ``resolved`` (the run asked for now) reads; others pass unchanged."""
-    from nanoshampoo.train.config import LEGACY_FIELDS  # imports torch: only when comparing
+    for the tables that ``resolved`` (the run asked for now) reads; others pass unchanged.
+    A run field once a bool and now spelled (``compile``: ``False`` -> ``"false"``) is spelled
+    as the config spells it now."""
+    from nanoshampoo.train.config import LEGACY_FIELDS, spelled_value  # imports torch
 
     tables = {key.split(".", 1)[0] for key in resolved if "." in key}
-    upgraded = {k: v for k, v in logged.items() if k not in LEGACY_FIELDS}
+    upgraded = {k: spelled_value(k, v) for k, v in logged.items() if k not in LEGACY_FIELDS}
     for key, value in logged.items():
         for target in LEGACY_FIELDS.get(key, ()):
             if target.split(".", 1)[0] in tables:

@@ -113,6 +113,27 @@ def test_a_run_logged_before_the_setup_registry_is_reused(tmp_path: Path) -> Non
     assert find_reusable(directory, changed, 1, compare_defaults()) is None
 
 
+@pytest.mark.parametrize("logged, flags, reused", [
+    (False, ["--compile", "false"], True), (True, ["--compile", "true"], True),
+    (False, [], False),  # the default is now "auto", which may compile: another run
+])
+def test_a_run_logged_when_compile_was_a_bool_is_reused_at_its_spelling(
+        logged: bool, flags: list[str], reused: bool, tmp_path: Path) -> None:
+    from nanoshampoo.evidence.compare import find_reusable, resolve_train_config
+
+    resolved = resolve_train_config(["--preset", "tiny-adamw", "--seed", "0", *flags])
+    old = {**resolved, "compile": logged}
+    directory = tmp_path / "adamw"
+    directory.mkdir()
+    (directory / "old.compare.json").write_text(json.dumps({"config": old, "nproc": 1}))
+    records = [{"kind": "config", "run_id": "old", "seed": 0, "world_size": 1, "config": old},
+               {"kind": "final", "step": 300, "total_steps": 300, "val_loss": 4.3,
+                "train_time_ms": 1.0, "step_avg_ms": 1.0, "peak_memory_mib": 1.0}]
+    (directory / "old.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    found = find_reusable(directory, resolved, 1, compare_defaults())
+    assert (found is not None) == reused
+
+
 def compare_defaults() -> dict[str, object]:
     from nanoshampoo.evidence.compare import train_config_defaults
 
