@@ -91,6 +91,17 @@ def test_an_unknown_rule_is_refused(tmp_path: Path) -> None:
         _config(tmp_path, rule="ttest")
 
 
+def write_ended_run(directory: Path, config: dict[str, object]) -> Path:
+    """A compare manifest and a finished JSONL log, run id ``old``, of ``config``."""
+    directory.mkdir()
+    (directory / "old.compare.json").write_text(json.dumps({"config": config, "nproc": 1}))
+    records = [{"kind": "config", "run_id": "old", "seed": 0, "world_size": 1, "config": config},
+               {"kind": "final", "step": 300, "total_steps": 300, "val_loss": 4.3,
+                "train_time_ms": 1.0, "step_avg_ms": 1.0, "peak_memory_mib": 1.0}]
+    (directory / "old.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    return directory
+
+
 def test_a_run_logged_before_the_setup_registry_is_reused(tmp_path: Path) -> None:
     """A manifest with the flat names (``muon_lr``) matches today's ``muon.lr`` config."""
     from nanoshampoo.evidence.compare import find_reusable, resolve_train_config
@@ -100,13 +111,7 @@ def test_a_run_logged_before_the_setup_registry_is_reused(tmp_path: Path) -> Non
     every_table = {**compare_defaults(), **resolved}
     old = {k: v for k, v in resolved.items() if "." not in k}
     old.update({name: every_table[targets[0]] for name, targets in LEGACY_FIELDS.items()})
-    directory = tmp_path / "muon"
-    directory.mkdir()
-    (directory / "old.compare.json").write_text(json.dumps({"config": old, "nproc": 1}))
-    records = [{"kind": "config", "run_id": "old", "seed": 0, "world_size": 1, "config": old},
-               {"kind": "final", "step": 300, "total_steps": 300, "val_loss": 4.3,
-                "train_time_ms": 1.0, "step_avg_ms": 1.0, "peak_memory_mib": 1.0}]
-    (directory / "old.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    directory = write_ended_run(tmp_path / "muon", old)
     reused = find_reusable(directory, resolved, 1, compare_defaults())
     assert reused is not None and reused.run_id == "old"
     changed = resolve_train_config(["--preset", "tiny-muon", "--seed", "0", "--muon.lr", "0.03"])
@@ -123,13 +128,7 @@ def test_a_run_logged_when_compile_was_a_bool_is_reused_at_its_spelling(
 
     resolved = resolve_train_config(["--preset", "tiny-adamw", "--seed", "0", *flags])
     old = {**resolved, "compile": logged}
-    directory = tmp_path / "adamw"
-    directory.mkdir()
-    (directory / "old.compare.json").write_text(json.dumps({"config": old, "nproc": 1}))
-    records = [{"kind": "config", "run_id": "old", "seed": 0, "world_size": 1, "config": old},
-               {"kind": "final", "step": 300, "total_steps": 300, "val_loss": 4.3,
-                "train_time_ms": 1.0, "step_avg_ms": 1.0, "peak_memory_mib": 1.0}]
-    (directory / "old.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    directory = write_ended_run(tmp_path / "adamw", old)
     found = find_reusable(directory, resolved, 1, compare_defaults())
     assert (found is not None) == reused
 
