@@ -13,6 +13,8 @@ eigh); ``--large-factor-multiplier 1,4`` adds rows where factors of at least
 root every ``f * 4`` steps (the window is then a multiple of ``f * 4``). ``--eigh-split off|both`` adds rows
 where each stack of factors is decomposed by one batched ``eigh`` with every thread instead of
 being split over the threads (``preconditioner/parallel_eigh.py``), to measure that side by side.
+``--precondition-dtype float32,bfloat16`` adds rows whose preconditioning GEMMs ``X_L G X_R`` run
+in bfloat16 (``precondition_dtype``; the preconditioning column is their cost).
 
 Every step gets fresh random gradients (untimed). Warm-up runs ``--warmup`` steps past the
 first root computation (step f), so every timed step is preconditioned. The timed window is
@@ -43,7 +45,8 @@ Usage:
         [--steps 10] [--warmup 2] [--max-dims 1024,8192] [--frequencies 1,10]
         [--amortize-roots off|on|both] [--root-method eigh,warm-qr] [--warm-tolerance 0.05]
         [--warm-max-iterations 1] [--large-factor-dim 1024] [--large-factor-multiplier 1,4]
-        [--eigh-split on|off|both] [--shapes 768x768,768x3072] [--json OUT]
+        [--eigh-split on|off|both] [--precondition-dtype float32,bfloat16]
+        [--shapes 768x768,768x3072] [--json OUT]
 
 Cost on a 2-core AMD EPYC (fp32, 2 threads): a max_dim 1024 step takes ~0.5 s without roots
 and ~2.7 s with them; the 8192 rows add eigh of 3072x3072 factors (several seconds each), so
@@ -265,6 +268,8 @@ class Result:
     fallbacks: int = 0
     # Whether eigh stacks were split over the CPU threads (parallel_eigh; False: one batched call).
     eigh_split: bool = True
+    # The dtype of the preconditioning GEMMs (precondition_dtype; float32: the blocks' own).
+    precondition_dtype: str = "float32"
 
     @property
     def fallback_rate(self) -> float | None:
@@ -352,6 +357,7 @@ def bench_shampoo(
     eigh_split: bool = True,
     packed: bool = False,
     bf16_state: Sequence[str] = (),
+    precondition_dtype: str = "float32",
 ) -> Result:
     """One Shampoo config: ``root_method`` ``eigh`` (``EigenConfig``) or ``warm-qr``
     (``warm_config``, default ``WarmStartedEigenConfig()``); factors of at least
@@ -359,7 +365,8 @@ def bench_shampoo(
     steps; ``eigh_split`` False decomposes each stack by one batched ``eigh`` (as before
     :mod:`parallel_eigh`), by raising its size threshold for the run. ``packed``: factors as
     upper triangles (``use_symmetric_packing``); ``bf16_state``: which of ``roots``,
-    ``grafting``, ``momentum`` are stored in bfloat16."""
+    ``grafting``, ``momentum`` are stored in bfloat16; ``precondition_dtype`` (a ``DTYPES``
+    name): the dtype of the preconditioning GEMMs."""
     clock = Clock(device)
     timer = PhaseTimer(clock)
     solver = EigenConfig() if root_method == "eigh" else (warm_config or WarmStartedEigenConfig())
@@ -390,6 +397,8 @@ def bench_shampoo(
                 large_factor_dim=large_factor_dim,
                 large_factor_frequency_multiplier=large_factor_multiplier,
                 use_symmetric_packing=packed, inv_factor_matrix_dtype=narrow("roots"),
+                precondition_dtype=(None if precondition_dtype == "float32"
+                                    else DTYPES[precondition_dtype]),
             ),
         )
         # start_preconditioning_step = frequency: warm up past the first root computation.
@@ -410,11 +419,14 @@ def bench_shampoo(
         name += " packed"
     if bf16_state:
         name += " bf16 " + "+".join(bf16_state)
+    if precondition_dtype != "float32":
+        name += f" {precondition_dtype} GEMMs"
     return Result(
         name + (" amortized" if amortize_roots else "") + ("" if eigh_split else " unsplit"),
         step_ms,
         shampoo.optimizer_state_bytes() / param_bytes, phase_ms, max_dim, frequency,
         root_method, large_factor_multiplier, warm_solves, fallbacks, eigh_split,
+        precondition_dtype,
     )
 
 
@@ -518,6 +530,9 @@ def main(argv: Sequence[str] | None = None) -> None:
                         help="factors as lower triangles (pack_factor_matrices); both: side by side")
     parser.add_argument("--bf16-state", default="",
                         help="comma-separated states stored in bfloat16: roots, grafting, momentum")
+    parser.add_argument("--precondition-dtype", default="float32",
+                        help="comma-separated dtypes of the preconditioning GEMMs: float32, "
+                             "bfloat16 (one row each)")
     parser.add_argument("--shapes", default=GPT_SMALL_SHAPES, help="comma-separated ROWSxCOLS parameter shapes")
     parser.add_argument("--json", type=Path, help="also write the figures as JSON here")
     args = parser.parse_args(argv)
@@ -532,6 +547,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         bf16_state = tuple(x.strip() for x in args.bf16_state.split(",") if x.strip())
         if not set(bf16_state) <= set(BF16_STATES):
             raise ValueError(f"--bf16-state: expected items of {list(BF16_STATES)}, got {args.bf16_state!r}")
+        gemm_dtypes = [d.strip() for d in args.precondition_dtype.split(",")]
+        if not set(gemm_dtypes) <= set(DTYPES):
+            raise ValueError(f"--precondition-dtype: expected items of {list(DTYPES)}, got "
+                             f"{args.precondition_dtype!r}")
         warm_config = WarmStartedEigenConfig(max_iterations=args.warm_max_iterations,
                                              tolerance=args.warm_tolerance)
     except ValueError as exc:
@@ -553,14 +572,15 @@ def main(argv: Sequence[str] | None = None) -> None:
                     f" (warm-qr tolerance {args.warm_tolerance}, max {args.warm_max_iterations} "
                     "QR iterations)" if "warm-qr" in methods else ""),
                 "large_factor_dim": args.large_factor_dim, "eigh_split": args.eigh_split,
-                "pack_factors": args.pack_factors, "bf16_state": list(bf16_state)}
+                "pack_factors": args.pack_factors, "bf16_state": list(bf16_state),
+                "precondition_dtype": gemm_dtypes}
 
     adamw = bench_adamw(shapes, device, args.steps, args.warmup)
     results = [
         bench_shampoo(
             shapes, device, DTYPES[args.dtype], max_dim, frequency, args.steps, args.warmup, amortize,
             method, warm_config, args.large_factor_dim if multiplier > 1 else 0, multiplier, split,
-            packed, bf16_state,
+            packed, bf16_state, gemm_dtype,
         )
         for max_dim in max_dims
         for frequency in frequencies
@@ -569,6 +589,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         for amortize in SWITCH[args.amortize_roots]
         for split in SWITCH[args.eigh_split]
         for packed in SWITCH[args.pack_factors]
+        for gemm_dtype in gemm_dtypes
     ]
     print(format_report(env, settings, adamw, results))
     if args.json:

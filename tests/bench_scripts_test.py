@@ -14,6 +14,7 @@ import sys
 import tarfile
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 import torch
@@ -106,6 +107,22 @@ def test_packed_factors_and_bf16_state_bytes(shampoo_step: ModuleType) -> None:
     # bf16 halves the roots (floats), the grafting second moment and the filtered gradient (one
     # float per parameter each).
     assert packed - everything == pytest.approx(2 * roots + 2 * 1536 + 2 * 1536)
+
+
+def test_bf16_gemm_rows_name_their_dtype_and_keep_the_state(shampoo_step: ModuleType) -> None:
+    """``--precondition-dtype bfloat16`` rows: labelled, recorded, and no extra state (the
+    bfloat16 buffers are work buffers, not state)."""
+    def run(dtype: str) -> Any:
+        return shampoo_step.bench_shampoo(
+            SMALL_SHAPES, torch.device("cpu"), torch.float32, max_dim=16, frequency=1,
+            steps=1, warmup=0, precondition_dtype=dtype,
+        )
+
+    full, narrow = run("float32"), run("bfloat16")
+    assert narrow.name == full.name + " bfloat16 GEMMs"
+    assert (full.precondition_dtype, narrow.precondition_dtype) == ("float32", "bfloat16")
+    assert narrow.state_bytes_per_param_byte == full.state_bytes_per_param_byte
+    assert narrow.phase_ms["preconditioning"] > 0.0
 
 
 def test_instrumentation_is_removed_afterwards(shampoo_step: ModuleType) -> None:

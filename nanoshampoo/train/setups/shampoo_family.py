@@ -97,6 +97,8 @@ class ShampooConfig:
 
     ``root_dtype`` stores the roots, ``grafting_dtype`` the grafting's second moment;
     ``pack_factors`` keeps the factors as upper triangles (half the bytes, the same numbers).
+    ``precondition_dtype`` "bfloat16" runs the preconditioning GEMMs ``X_L G X_R`` in bfloat16
+    (the library's ``precondition_dtype``; roots and factors keep their dtypes).
     ``root_method`` "warm-qr": roots from the previous eigenvectors, accepted within
     ``warm_qr_tolerance`` after at most ``warm_qr_max_iterations`` QR iterations, else eigh.
     Factors of at least ``large_factor_dim`` (0: off) get their root every
@@ -113,6 +115,7 @@ class ShampooConfig:
     grafting_epsilon: float = 1e-10
     grafting_dtype: str = "float32"
     root_dtype: str = "float32"
+    precondition_dtype: str = "float32"
     pack_factors: bool = False
     root_method: str = "eigh"
     warm_qr_tolerance: float = 0.05
@@ -131,7 +134,7 @@ class ShampooConfig:
         check_at_least("shampoo", self, 1, "precondition_frequency",
                        "large_factor_frequency_multiplier")
         check_at_least("shampoo", self, 0, "warm_qr_max_iterations", "large_factor_dim")
-        for name in ("grafting_dtype", "root_dtype"):
+        for name in ("grafting_dtype", "root_dtype", "precondition_dtype"):
             check_choice("shampoo", self, name, STORAGE_DTYPES)
         check_choice("shampoo", self, "root_method", ROOT_METHODS)
 
@@ -210,8 +213,9 @@ def group_labels(matrix: str) -> dict[str, str]:
 
 
 def storage_dtype(name: str) -> torch.dtype | None:
-    """A storage dtype (``STORAGE_DTYPES``) as an optimizer argument: None for ``"float32"``
-    (the blocks' float32 computation dtype: no extra rounding), else the torch dtype."""
+    """A dtype of ``STORAGE_DTYPES`` (a storage dtype, or the GEMM dtype ``precondition_dtype``)
+    as an optimizer argument: None for ``"float32"`` (the blocks' float32 computation dtype: no
+    extra rounding), else the torch dtype."""
     return None if name == "float32" else getattr(torch, name)
 
 
@@ -303,13 +307,16 @@ def shampoo_kwargs(pre: PreconditionerConfig, hp: ShampooConfig) -> dict[str, An
     preconditioner = library_config(
         RootInvShampooPreconditionerConfig,
         labels("shampoo", inv_factor_matrix_dtype="root_dtype",
+               precondition_dtype="precondition_dtype",
                use_symmetric_packing="pack_factors",
                large_factor_dim="large_factor_dim",
                large_factor_frequency_multiplier="large_factor_frequency_multiplier")
         | labels("preconditioner", factor_matrix_dtype="factor_dtype"),
         amortized_computation_config=root_solver,
         factor_matrix_dtype=getattr(torch, pre.factor_dtype),
-        inv_factor_matrix_dtype=storage_dtype(hp.root_dtype), use_symmetric_packing=hp.pack_factors,
+        inv_factor_matrix_dtype=storage_dtype(hp.root_dtype),
+        precondition_dtype=storage_dtype(hp.precondition_dtype),
+        use_symmetric_packing=hp.pack_factors,
         large_factor_dim=hp.large_factor_dim,
         large_factor_frequency_multiplier=hp.large_factor_frequency_multiplier)
     return dict(lr=hp.lr, betas=(hp.beta1, hp.beta2), epsilon=_epsilon(pre, hp.epsilon),

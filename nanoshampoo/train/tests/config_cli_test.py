@@ -32,6 +32,7 @@ from nanoshampoo.train.setups import setup_names
         ({"preconditioner.factor_dtype": "float16"}, "factor_dtype"),
         (dict(communication_dtype="int8"), "communication_dtype"),
         ({"shampoo.root_dtype": "float16"}, "root_dtype"),
+        ({"shampoo.precondition_dtype": "float16"}, r"shampoo\.precondition_dtype"),
         ({"shampoo.grafting_dtype": "float64"}, "grafting_dtype"),
         ({"shampoo.grafting_dtype": "bfloat16", "shampoo.grafting_beta2": 0.999},
          "grafting_dtype"),
@@ -148,6 +149,12 @@ def test_flags_override_the_preset_with_typed_values() -> None:
     assert cfg.profile_steps == (5, 6, 7)
     assert (cfg.run_id, cfg.out_dir) == ("abc", "/tmp/o")
     assert cfg.num_iterations == TrainConfig().num_iterations
+
+
+def test_precondition_dtype_flag_sets_the_shampoo_table() -> None:
+    cfg = config_from_args(["--shampoo.precondition-dtype", "bfloat16"])
+    assert cfg.table("shampoo").precondition_dtype == "bfloat16"
+    assert config_from_args([]).table("shampoo").precondition_dtype == "float32"
 
 
 def test_a_table_field_takes_the_presets_spelling_too(capsys: pytest.CaptureFixture[str]) -> None:

@@ -85,3 +85,15 @@ def test_the_builtin_setups_own_every_parameter_once(tiny_gpt: Callable[..., GPT
         self_reducing = {id(p) for p in setup.self_reducing_params}
         assert bool(self_reducing) == ("distadam" in (cfg.setup.matrix, cfg.setup.rest)), name
         assert {id(p) for p in setup.all_reduce_params} == set(owned) - self_reducing, name
+
+
+@pytest.mark.parametrize("name, expected", [("float32", None), ("bfloat16", torch.bfloat16)])
+def test_shampoo_precondition_dtype_reaches_the_optimizer(
+        tiny_gpt: Callable[..., GPT], name: str, expected: torch.dtype | None) -> None:
+    from nanoshampoo.optim.shampoo import DistributedShampoo
+
+    cfg = TrainConfig(optimizer="shampoo", **{"shampoo.precondition_dtype": name})
+    setup = build_optimizer_setup(tiny_gpt(), cfg, world_size=1)
+    (shampoo,) = [o for o in setup.optimizers if isinstance(o, DistributedShampoo)]
+    assert [g["preconditioner_config"].precondition_dtype for g in shampoo.param_groups] == [
+        expected] * len(shampoo.param_groups)

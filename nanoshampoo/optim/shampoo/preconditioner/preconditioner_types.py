@@ -174,6 +174,17 @@ class ClassicShampooPreconditionerConfig(BaseShampooPreconditionerConfig):
             None: the block's computation dtype. A narrower dtype (e.g. ``torch.bfloat16``)
             halves their memory; they are cast to the block dtype when applied, and the root's
             eigenvalue floor is relative to the least precise of this and the factor dtype.
+        precondition_dtype: dtype of the preconditioning GEMMs ``X_1 x_1 ... X_k x_k G`` (for a
+            matrix ``X_L G X_R``); None (default): the block's dtype. ``torch.bfloat16``: each
+            step the gradient and the roots are rounded into preallocated bfloat16 buffers, the
+            products are bfloat16 matmuls, and their result, rounded to bfloat16, is written
+            back into the search direction in the block dtype. The roots and factors stay in
+            their storage dtypes (``inv_factor_matrix_dtype``, ``factor_matrix_dtype``) and the
+            root computation is unchanged: only the products round, by about ``2^-8`` relative
+            per GEMM. It pays where bfloat16 matmuls beat float32 ones: CUDA, or a CPU with
+            avx512_bf16 or AMX (elsewhere it is slower). TF32 for float32 GEMMs on CUDA is
+            torch's global ``torch.backends.cuda.matmul.allow_tf32``, not this field. Cost and
+            accuracy: docs/results/shampoo-step.md "bf16 preconditioning GEMMs".
         inverse_exponent_override: ``{order: e}`` or ``{order: {dim: e}}``; the root of dim ``dim``
             of a block of order ``order`` becomes ``(A + eps I)^(-e)``. ``e = 0`` leaves that dim
             unpreconditioned (no factor is kept). Unlisted dims use ``1 / (2 * order)``.
@@ -202,6 +213,7 @@ class ClassicShampooPreconditionerConfig(BaseShampooPreconditionerConfig):
     inverse_exponent_override: dict[int, float | dict[int, float]] = field(default_factory=dict)
     num_tolerated_failed_amortized_computations: int = 3
     inv_factor_matrix_dtype: torch.dtype | None = None
+    precondition_dtype: torch.dtype | None = None
     large_factor_dim: int = 0
     large_factor_frequency_multiplier: int = 1
     use_symmetric_packing: bool = True
@@ -218,6 +230,10 @@ class ClassicShampooPreconditionerConfig(BaseShampooPreconditionerConfig):
             raise ValueError(
                 f"inv_factor_matrix_dtype must be None or one of {FLOAT_DTYPES}, got "
                 f"{self.inv_factor_matrix_dtype!r}"
+            )
+        if self.precondition_dtype is not None and self.precondition_dtype != torch.bfloat16:
+            raise ValueError(
+                f"precondition_dtype must be None or torch.bfloat16, got {self.precondition_dtype!r}"
             )
         check_int("num_tolerated_failed_amortized_computations",
                   self.num_tolerated_failed_amortized_computations, minimum=0)

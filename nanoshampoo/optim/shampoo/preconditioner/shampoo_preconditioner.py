@@ -9,6 +9,9 @@ Layout: factors are pooled by ``(size, block dtype)``; each pool has a matching 
 stack of roots (in ``inv_factor_matrix_dtype``, by default the block dtype), so all roots of one size are one batched ``eigh`` call.
 With ``use_symmetric_packing`` (the default) the factors keep only their upper triangles (half
 their bytes, the same numbers: :mod:`kronecker_factors`); the roots stay full matrices.
+With ``precondition_dtype=torch.bfloat16`` the products run in bfloat16 buffers allocated once
+per bucket (:class:`_GemmBuffers`: the rounded gradient, roots, ``X_L G`` and the product),
+and the product is copied into the block-dtype output; roots and factors keep their dtypes.
 A failed root computation keeps the previous root and is counted; more than
 ``num_tolerated_failed_amortized_computations`` consecutive failures raise.
 KL-Shampoo (``RootInvKLShampooPreconditionerConfig``) differs only in the factor update: factor
@@ -80,6 +83,7 @@ loss is a training question (``nanoshampoo stats``), not settled by this table.
 from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
 from fractions import Fraction
 
 import torch
@@ -167,11 +171,33 @@ class ShampooPreconditioner(KroneckerFactoredPreconditioner):
                 self._eigenvectors[key] = torch.eye(
                     pool.size, dtype=self._solve_dtype, device=pool.factors.device
                 ).repeat(len(pool.labels), 1, 1)
-        # Output buffers of the matrix fast path, allocated once.
+        # Output buffers of the matrix fast path, allocated once; with precondition_dtype the
+        # GEMMs run in its buffers instead (None where a bucket multiplies in its own dtype).
         self._outputs = [bucket.zeros() for bucket in self._buckets]
+        self._gemm_buffers = [self._allocate_gemm_buffers(i) for i in range(len(self._buckets))]
         self._scratch = [
-            bucket.zeros() if len(bucket.shape) == 2 else None for bucket in self._buckets
+            bucket.zeros() if len(bucket.shape) == 2 and buffers is None else None
+            for bucket, buffers in zip(self._buckets, self._gemm_buffers)
         ]
+
+    def _allocate_gemm_buffers(self, bucket_index: int) -> _GemmBuffers | None:
+        """The ``precondition_dtype`` buffers of a bucket; None when the GEMMs run in the block
+        dtype (no such dtype, the block's own, or no root to apply)."""
+        dtype = self._config.precondition_dtype
+        bucket = self._buckets[bucket_index]
+        slots = self._factors.slots[bucket_index]
+        if dtype is None or dtype == bucket.dtype or all(slot is None for slot in slots):
+            return None
+
+        def stack(*shape: int) -> torch.Tensor:
+            return torch.zeros(bucket.num_blocks, *shape, dtype=dtype, device=bucket.device)
+
+        return _GemmBuffers(
+            grad=stack(*bucket.shape),
+            out=stack(*bucket.shape),
+            scratch=stack(*bucket.shape) if len(bucket.shape) == 2 else None,
+            roots=[None if slot is None else stack(n, n) for slot, n in zip(slots, bucket.shape)],
+        )
 
     def _large_factor_schedule(self) -> tuple[int, int]:
         return self._config.large_factor_schedule()
@@ -339,30 +365,54 @@ class ShampooPreconditioner(KroneckerFactoredPreconditioner):
         self._factors.update(sources, self._beta2, self._weight)
 
     def precondition(self, grads: Sequence[torch.Tensor], step: int) -> list[torch.Tensor]:
-        for index, (bucket, grad) in enumerate(zip(self._buckets, grads)):
+        """Per bucket ``X_1 x_1 ... X_k x_k G`` into the block-dtype outputs; with
+        ``precondition_dtype`` the gradient and roots are first rounded into its buffers."""
+        for index, grad in enumerate(grads):
             roots = self._bucket_roots(index)
-            out = self._outputs[index]
-            if len(bucket.shape) == 2:
-                self._precondition_matrices(grad, roots[0], roots[1], self._scratch[index], out)
-            elif len(bucket.shape) == 1 and roots[0] is not None:
-                torch.bmm(roots[0], grad.unsqueeze(-1), out=out.unsqueeze(-1))
-            else:
-                result = grad
-                for dim, root in enumerate(roots):
-                    if root is not None:
-                        result = multiply_along_dim(root, result, dim)
-                out.copy_(result)
+            buffers = self._gemm_buffers[index]
+            if buffers is None:
+                self._apply_roots(grad, roots, self._scratch[index], self._outputs[index])
+                continue
+            gemm_roots = [
+                None if root is None else buffer.copy_(root)
+                for root, buffer in zip(roots, buffers.roots)
+            ]
+            self._apply_roots(buffers.grad.copy_(grad), gemm_roots, buffers.scratch, buffers.out)
+            self._outputs[index].copy_(buffers.out)
         return self._outputs
+
+    @classmethod
+    def _apply_roots(
+        cls,
+        grad: torch.Tensor,
+        roots: Sequence[torch.Tensor | None],
+        scratch: torch.Tensor | None,
+        out: torch.Tensor,
+    ) -> None:
+        """``out = X_1 x_1 ... X_k x_k G`` for stacked blocks ``grad`` ``(B, *shape)``, every
+        tensor in one dtype; ``roots`` per dim ``(B, n, n)`` or None (identity); ``scratch`` a
+        ``(B, *shape)`` buffer for matrix blocks (unused otherwise)."""
+        if grad.dim() == 3:
+            cls._precondition_matrices(grad, roots[0], roots[1], scratch, out)
+        elif grad.dim() == 2 and roots[0] is not None:
+            torch.bmm(roots[0], grad.unsqueeze(-1), out=out.unsqueeze(-1))
+        else:
+            result = grad
+            for dim, root in enumerate(roots):
+                if root is not None:
+                    result = multiply_along_dim(root, result, dim)
+            out.copy_(result)
 
     @staticmethod
     def _precondition_matrices(
         grad: torch.Tensor,
         left: torch.Tensor | None,
         right: torch.Tensor | None,
-        scratch: torch.Tensor,
+        scratch: torch.Tensor | None,
         out: torch.Tensor,
     ) -> None:
-        """``out = X_L G X_R`` for stacked matrices, either root possibly absent (identity)."""
+        """``out = X_L G X_R`` for stacked matrices, either root possibly absent (identity);
+        ``X_L G`` goes to ``scratch`` (None: a new tensor)."""
         if left is not None and right is not None:
             torch.bmm(torch.bmm(left, grad, out=scratch), right, out=out)
         elif left is not None:
@@ -371,3 +421,15 @@ class ShampooPreconditioner(KroneckerFactoredPreconditioner):
             torch.bmm(grad, right, out=out)
         else:
             out.copy_(grad)
+
+
+@dataclass
+class _GemmBuffers:
+    """One bucket's ``precondition_dtype`` buffers, allocated once: ``grad`` and ``out``
+    ``(B, *shape)`` (the rounded gradient, the product), ``scratch`` ``(B, m, n)`` for matrix
+    blocks (``X_L G``, else None), ``roots`` per dim ``(B, n, n)`` (None: no root)."""
+
+    grad: torch.Tensor
+    out: torch.Tensor
+    scratch: torch.Tensor | None
+    roots: list[torch.Tensor | None]
