@@ -482,6 +482,7 @@ class DistributedShampoo(torch.optim.Optimizer):
                 entries = saved_state[param_index]
                 for key, target in flatten_tree(block_state.state_dict(), block_name).items():
                     target.copy_(entries[key])
+            runtime.preconditioner.forget_filtered()
 
     def reference_state_dict(self) -> dict[str, Any]:
         """:meth:`state_dict` in the reference library's layout (see ``reference_state_dict.py``

@@ -35,6 +35,7 @@ from nanoshampoo.optim.shampoo.iterate_averaging_types import (
 from nanoshampoo.optim.shampoo.preconditioner.preconditioner import (
     BlockBucket,
     BlockStateView,
+    FilteredInput,
     Preconditioner,
 )
 from nanoshampoo.optim.shampoo.shampoo_types import WeightDecayType
@@ -196,6 +197,8 @@ class GroupRuntime:
         self.hyperparameters = hyperparameters
         if rebuilt or reallocated:
             self.block_states = [self._block_state(i) for i in range(len(self.block_infos))]
+        if reallocated:  # a new (zero) filtered gradient: nothing derived from the old one holds
+            self.preconditioner.forget_filtered()
         return rebuilt or reallocated
 
     def _allocate_buffers(self, hyperparameters: Hyperparameters) -> bool:
@@ -384,6 +387,7 @@ class GroupRuntime:
         else:
             # Without grafting the preconditioner also steps before ``s``, from its initial
             # state (identity roots: the gradient; SOAP: diagonal Adam in the identity basis).
+            self.preconditioner.expect_filtered(self._filtered_input(t), t)
             directions = self.preconditioner.precondition(filtered, t)
             if self.grafting is not None:
                 self._graft(directions, self.grafting.precondition(filtered, t))
@@ -395,6 +399,8 @@ class GroupRuntime:
         for i in missing:
             self._local_updates[i].zero_()
             self.block_states[i].load_state_dict(saved[i])
+        if missing:  # their filtered gradient went back a step
+            self.preconditioner.forget_filtered()
         self.distributor.update_params(self._local_updates)
 
     def _compute_roots(self, t: int) -> None:
@@ -480,6 +486,18 @@ class GroupRuntime:
         for out, value in zip(self.filtered_out, source):
             torch.div(value, correction, out=out)
         return self.filtered_out
+
+    def _filtered_input(self, t: int) -> FilteredInput | None:
+        """How :meth:`_filtered_grads` made step ``t``'s preconditioner input from the
+        gradients, where it is one running average kept in the computation dtype (None when
+        ``beta3 != beta1`` or ``M`` is stored narrower: the input is then not that average)."""
+        h = self.hyperparameters
+        if h.beta1 == 0.0:
+            return FilteredInput(beta=0.0)
+        if h.beta3 != h.beta1 or h.momentum_dtype is not None:
+            return None
+        divisor = 1.0 - h.beta3 * h.beta1 ** (t - 1) if h.use_bias_correction else 1.0
+        return FilteredInput(beta=h.beta1, divisor=divisor)
 
     def _graft(self, directions: Sequence[torch.Tensor], grafted: Sequence[torch.Tensor]) -> None:
         """``updates = P_s * ||P_g|| / (||P_s|| + 1e-16)``, norms per block."""

@@ -11,6 +11,12 @@ A preconditioner (optax-like) has three operations, called by the optimizer in t
   roots), on a schedule, all at once or one share of it per step;
 - ``precondition(grads, step)``: map (filtered) gradients to search directions.
 
+Before ``precondition`` the optimizer may call ``expect_filtered(FilteredInput(...), step)`` to
+say how this step's input is made from the gradients given to ``update_statistics``; a
+preconditioner that rotates its input (SOAP) uses it to update the rotated input linearly
+instead of rotating it again. ``forget_filtered()`` says the optimizer's filtered state changed
+outside the step (a loaded state dict, a block rolled back).
+
 The optimizer loop does not know which preconditioner it drives.
 
 Example:
@@ -62,6 +68,19 @@ class BlockBucket:
         return torch.zeros(self.stacked_shape, dtype=self.dtype, device=self.device)
 
 
+@dataclass(frozen=True)
+class FilteredInput:
+    """How the input of ``precondition(X, t)`` is made, as the optimizer promises it.
+
+    ``X_t = M_t / divisor`` with ``M_t = M_(t-1) + (1 - beta) (G_t - M_(t-1))``, where ``G_t`` is
+    the ``grads`` of ``update_statistics(grads, t)`` and ``M_(t-1)`` the ``M`` of step ``t - 1``
+    (``beta = 0``: ``M_t = G_t``). Per bucket, all blocks alike.
+    """
+
+    beta: float
+    divisor: float = 1.0
+
+
 class BlockStateView(OptimizerModule):
     """Named views into stacked preconditioner state, for one block.
 
@@ -111,6 +130,14 @@ class Preconditioner(ABC):
     @abstractmethod
     def precondition(self, grads: Sequence[torch.Tensor], step: int) -> list[torch.Tensor]:
         """Search directions for ``grads`` at step ``step`` (1-based)."""
+
+    def expect_filtered(self, filtered: FilteredInput | None, step: int) -> None:
+        """How step ``step``'s ``precondition`` input is made (None: unknown); see the module doc.
+        Preconditioners that cannot use it ignore it."""
+
+    def forget_filtered(self) -> None:
+        """The optimizer's filtered state was changed outside a step: drop what was derived
+        from it. Nothing by default."""
 
     def block_state(self, bucket_index: int, position: int) -> OptimizerModule | None:
         """The state of block ``position`` of bucket ``bucket_index`` (None: stateless)."""
