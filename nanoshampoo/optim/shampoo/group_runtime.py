@@ -383,6 +383,7 @@ class GroupRuntime:
 
         filtered = self._filtered_grads(t)
         if self.grafting is not None and t < start:
+            self.preconditioner.complete_statistics()
             torch._foreach_copy_(self.updates, self.grafting.precondition(filtered, t))
         else:
             # Without grafting the preconditioner also steps before ``s``, from its initial

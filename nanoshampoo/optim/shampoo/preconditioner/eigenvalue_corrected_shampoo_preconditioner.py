@@ -8,7 +8,8 @@ recomputed; before the first computation ``Q_i = I``. With the rotation
 ``R(X) = X x_1 Q_1^T ... x_k Q_k^T`` (``x_i`` contracts dim ``i``; for a matrix
 ``Q_L^T X Q_R``), one step is:
 
-1. ``update_statistics``: factors; corrected eigenvalues ``D <- b2 D + w R(G)^2``.
+1. ``update_statistics``: factors; corrected eigenvalues ``D <- b2 D + w R(G)^2`` (folded
+   once the step's basis is known: after step 2, or in step 3).
 2. ``amortized_computation`` (scheduled steps): new ``Q_i``; ``D`` of this step is then
    recomputed from its pre-step value with the new basis, so ``D`` always accumulates in the
    basis that this step's search direction uses.
@@ -156,6 +157,8 @@ class EigenvalueCorrectedShampooPreconditioner(KroneckerFactoredPreconditioner):
         self._rotated_average: list[torch.Tensor | None] = [None] * len(self._buckets)
         self._average_step = [0] * len(self._buckets)
         self._filtered: FilteredInput | None = None
+        # Per bucket: this step's gradient is stashed but not yet folded into D.
+        self._fold_pending = [False] * len(self._buckets)
         self._filtered_step = 0
         # Intermediate of the matrix fast path of _rotate, allocated once.
         self._scratch = [
@@ -196,15 +199,26 @@ class EigenvalueCorrectedShampooPreconditioner(KroneckerFactoredPreconditioner):
         return out.copy_(result)
 
     def update_statistics(self, grads: Sequence[torch.Tensor], step: int) -> None:
+        """Factors now; ``D`` of every bucket is folded later in the step, in the basis the
+        step's direction uses: by ``amortized_computation`` where it gives the bucket a new
+        basis, else by ``precondition`` or ``complete_statistics`` (so a refresh step rotates
+        ``G`` once, in the new basis, not also in the old one)."""
         super().update_statistics(grads, step)
         for index, grad in enumerate(grads):
             self._step_grads[index].copy_(grad)
             self._previous_corrected[index].copy_(self._corrected[index])
-            self._fold_step_into_corrected_eigenvalues(index)
+            self._fold_pending[index] = True
+
+    def complete_statistics(self) -> None:
+        for index, pending in enumerate(self._fold_pending):
+            if pending:
+                self._fold_step_into_corrected_eigenvalues(index)
 
     def _fold_step_into_corrected_eigenvalues(self, index: int) -> None:
         """``D = b2 D_prev + w R(G)^2`` from the stashed pre-step ``D_prev`` and gradient
-        (``w``: 1 for ``b2 == 1`` or a dropped weighting factor, else ``1 - b2``)."""
+        (``w``: 1 for ``b2 == 1`` or a dropped weighting factor, else ``1 - b2``); leaves
+        ``R(G)`` in ``self._rotated[index]``."""
+        self._fold_pending[index] = False
         rotated = self._rotate(
             index, self._step_grads[index], self._bucket_bases(index), True, self._rotated[index]
         )
@@ -378,6 +392,8 @@ class EigenvalueCorrectedShampooPreconditioner(KroneckerFactoredPreconditioner):
         bias_correction = self._bias_correction(step)
         stability = self._config.amortized_computation_config.rank_deficient_stability_config
         for index, (bucket, grad) in enumerate(zip(self._buckets, grads)):
+            if self._fold_pending[index]:
+                self._fold_step_into_corrected_eigenvalues(index)
             bases = self._bucket_bases(index)
             rotated = self._rotate_input(index, grad, bases, step)
             out = self._outputs[index]

@@ -9,7 +9,8 @@ A preconditioner (optax-like) has three operations, called by the optimizer in t
 - ``update_statistics(grads, step)``: fold this step's gradients into the statistics;
 - ``amortized_computation(step, share, num_shares, period)``: the expensive part (e.g. matrix
   roots), on a schedule, all at once or one share of it per step;
-- ``precondition(grads, step)``: map (filtered) gradients to search directions.
+- ``precondition(grads, step)``: map (filtered) gradients to search directions; a step that
+  does not call it calls ``complete_statistics()`` instead.
 
 Before ``precondition`` the optimizer may call ``expect_filtered(FilteredInput(...), step)`` to
 say how this step's input is made from the gradients given to ``update_statistics``; a
@@ -130,6 +131,10 @@ class Preconditioner(ABC):
     @abstractmethod
     def precondition(self, grads: Sequence[torch.Tensor], step: int) -> list[torch.Tensor]:
         """Search directions for ``grads`` at step ``step`` (1-based)."""
+
+    def complete_statistics(self) -> None:
+        """Finish what ``update_statistics`` deferred, for a step that calls no ``precondition``
+        (the optimizer calls it then, e.g. while grafting alone steps). Nothing by default."""
 
     def expect_filtered(self, filtered: FilteredInput | None, step: int) -> None:
         """How step ``step``'s ``precondition`` input is made (None: unknown); see the module doc.

@@ -107,7 +107,8 @@ def test_kept_rotation_equals_fresh_rotation_float32() -> None:
 
 def test_kept_rotation_saves_one_rotation_per_bucket_between_refreshes(monkeypatch: pytest.MonkeyPatch) -> None:
     """Per step, rotations into the eigenbasis: one per bucket (R(G) for D) between refreshes;
-    three at a refresh step (R(G), R_new(G), R_new(Gbar)); two without the promise."""
+    two at a refresh step (R_new(G) for D, R_new(Gbar): the fold waits for the new basis, so
+    there is no R_old(G)); two without the promise."""
     calls: list[bool] = []
     original = EigenvalueCorrectedShampooPreconditioner._rotate
 
@@ -125,8 +126,8 @@ def test_kept_rotation_saves_one_rotation_per_bucket_between_refreshes(monkeypat
         _step(opt, params, grads)
         into.append(sum(calls))
     # Steps 1..10, frequency 4: step 1 has no kept average yet, 4 and 8 refresh.
-    assert into == [2 * buckets, buckets, buckets, 3 * buckets, buckets, buckets, buckets,
-                    3 * buckets, buckets, buckets]
+    assert into == [2 * buckets, buckets, buckets, 2 * buckets, buckets, buckets, buckets,
+                    2 * buckets, buckets, buckets]
     fresh = _without_promise(_soap(_params(torch.float64)))
     calls.clear()
     _step(fresh, fresh.param_groups[0]["params"], _grads(3, 1, torch.float64)[0])
@@ -189,3 +190,20 @@ def test_changed_beta1_from_zero_reallocates_and_forgets() -> None:
         start_filtering,
     )
     assert _relative(kept, fresh) < 1e-12
+
+
+def test_grafting_only_steps_still_fold_the_corrected_eigenvalues() -> None:
+    """Steps before the start (grafting alone, no ``precondition``) fold D too: in the identity
+    basis D is the EMA of the squared gradient, read back through the state dict."""
+    shapes = [(6, 5)]
+    gen = torch.Generator().manual_seed(10)
+    param = torch.nn.Parameter(torch.randn(shapes[0], generator=gen, dtype=torch.float64))
+    opt = _soap([param], grafting_config=AdamPreconditionerConfig(beta2=0.95, epsilon=1e-8),
+                precondition_frequency=3, start_preconditioning_step=6)
+    expected = torch.zeros(shapes[0], dtype=torch.float64)
+    for _ in range(3):
+        g = torch.randn(shapes[0], generator=gen, dtype=torch.float64)
+        _step(opt, [param], [g])
+        expected = 0.95 * expected + 0.05 * g**2
+    (corrected,) = [v for k, v in opt.state_dict()["state"][0].items() if "corrected_eigenvalues" in k]
+    torch.testing.assert_close(corrected.double(), expected, rtol=1e-6, atol=0.0)  # D is float32
