@@ -15,6 +15,7 @@ from nanoshampoo.optim.shampoo.component_builders import (
     build_distributor,
     build_preconditioner,
 )
+from nanoshampoo.optim.shampoo.filtered_input import filtered_input
 from nanoshampoo.optim.shampoo.group_validation import (
     FIXED_GROUP_KEYS,
     Hyperparameters,
@@ -35,7 +36,6 @@ from nanoshampoo.optim.shampoo.iterate_averaging_types import (
 from nanoshampoo.optim.shampoo.preconditioner.preconditioner import (
     BlockBucket,
     BlockStateView,
-    FilteredInput,
     Preconditioner,
 )
 from nanoshampoo.optim.shampoo.shampoo_types import WeightDecayType
@@ -381,20 +381,7 @@ class GroupRuntime:
             self.grafting.update_statistics(grads, t)
         self._compute_roots(t)
 
-        filtered = self._filtered_grads(t)
-        if self.grafting is not None and t < start:
-            self.preconditioner.complete_statistics()
-            torch._foreach_copy_(self.updates, self.grafting.precondition(filtered, t))
-        else:
-            # Without grafting the preconditioner also steps before ``s``, from its initial
-            # state (identity roots: the gradient; SOAP: diagonal Adam in the identity basis).
-            self.preconditioner.expect_filtered(self._filtered_input(t), t)
-            directions = self.preconditioner.precondition(filtered, t)
-            if self.grafting is not None:
-                self._graft(directions, self.grafting.precondition(filtered, t))
-            else:
-                torch._foreach_copy_(self.updates, directions)
-
+        self._precondition(self._filtered_grads(t), t, start)
         self._decay_and_average(averaging_coeffs)
 
         for i in missing:
@@ -403,6 +390,21 @@ class GroupRuntime:
         if missing:  # their filtered gradient went back a step
             self.preconditioner.forget_filtered()
         self.distributor.update_params(self._local_updates)
+
+    def _precondition(self, filtered: list[torch.Tensor], t: int, start: int | float) -> None:
+        """Step 6 of the module docstring: :attr:`updates` = the (grafted) direction of ``filtered``."""
+        if self.grafting is not None and t < start:
+            self.preconditioner.complete_statistics()
+            torch._foreach_copy_(self.updates, self.grafting.precondition(filtered, t))
+            return
+        # Without grafting the preconditioner also steps before ``s``, from its initial state
+        # (identity roots: the gradient; SOAP: diagonal Adam in the identity basis).
+        self.preconditioner.expect_filtered(filtered_input(self.hyperparameters, t), t)
+        directions = self.preconditioner.precondition(filtered, t)
+        if self.grafting is not None:
+            self._graft(directions, self.grafting.precondition(filtered, t))
+        else:
+            torch._foreach_copy_(self.updates, directions)
 
     def _compute_roots(self, t: int) -> None:
         """Step 4 of the module docstring: the roots (or eigenbases) scheduled at step ``t``."""
@@ -487,18 +489,6 @@ class GroupRuntime:
         for out, value in zip(self.filtered_out, source):
             torch.div(value, correction, out=out)
         return self.filtered_out
-
-    def _filtered_input(self, t: int) -> FilteredInput | None:
-        """How :meth:`_filtered_grads` made step ``t``'s preconditioner input from the
-        gradients, where it is one running average kept in the computation dtype (None when
-        ``beta3 != beta1`` or ``M`` is stored narrower: the input is then not that average)."""
-        h = self.hyperparameters
-        if h.beta1 == 0.0:
-            return FilteredInput(beta=0.0)
-        if h.beta3 != h.beta1 or h.momentum_dtype is not None:
-            return None
-        divisor = 1.0 - h.beta3 * h.beta1 ** (t - 1) if h.use_bias_correction else 1.0
-        return FilteredInput(beta=h.beta1, divisor=divisor)
 
     def _graft(self, directions: Sequence[torch.Tensor], grafted: Sequence[torch.Tensor]) -> None:
         """``updates = P_s * ||P_g|| / (||P_s|| + 1e-16)``, norms per block."""
