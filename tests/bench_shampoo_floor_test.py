@@ -27,10 +27,12 @@ def test_gpt_small_block_work(floor: ModuleType) -> None:
     shapes = floor.parse_shapes(floor.GPT_SMALL_SHAPES)
     blocks = floor.blocks(shapes, 1024)
     assert sorted(blocks) == sorted([(768, 768)] * 4 + [(768, 1024)] * 3 + [(1024, 768)] * 3)
-    sizes, flops = floor.floor_work(shapes, 1024)
+    sizes, step_flops, root_flops = floor.floor_work(shapes, 1024)
     assert sizes == {768: 14, 1024: 6}
-    expected = sum(2 * a * b * c for m, n in blocks for a, b, c in products_of_a_step(m, n))
-    assert flops == expected
+    products = [(p, i) for m, n in blocks for i, p in enumerate(products_of_a_step(m, n))]
+    roots = sum(2 * a * b * c for (a, b, c), i in products if i in (2, 3))
+    assert root_flops == roots
+    assert step_flops == sum(2 * a * b * c for (a, b, c), i in products) - roots
 
 
 @pytest.mark.parametrize(("size", "max_dim", "parts"), [(3072, 1024, [1024] * 3),
@@ -53,7 +55,18 @@ def test_tiny_run_reports_ours_over_its_floor(floor: ModuleType, tmp_path: Path,
 
 
 @pytest.mark.parametrize("argv", [["--shapes", "16x16x3"], ["--shapes", "0x4"],
-                                  ["--gemm-shape", "8x8"], ["--rounds", "0"]])
+                                  ["--gemm-shape", "8x8"], ["--rounds", "0"],
+                                  ["--frequency", "0"]])
 def test_bad_arguments_are_refused(floor: ModuleType, argv: list[str]) -> None:
     with pytest.raises(ValueError):
         floor.main(argv)
+
+
+def test_tiny_run_at_frequency_3_spreads_the_roots(floor: ModuleType) -> None:
+    result = floor.main(["--shapes", "16x16,16x40", "--max-preconditioner-dim", "32",
+                         "--frequency", "3", "--rounds", "1", "--steps", "1",
+                         "--gemm-shape", "32x32x32"])
+    assert result["frequency"] == 3
+    assert result["eigh_ms_per_step"] == pytest.approx(sum(result["eigh_ms"].values()) / 3)
+    _, step_flops, root_flops = floor.floor_work(floor.parse_shapes("16x16,16x40"), 32)
+    assert result["gemm_gflop"] == pytest.approx((step_flops + root_flops / 3) / 1e9)
