@@ -1,4 +1,4 @@
-"""Benchmark: a stack's ``eigh`` split over the CPU threads against one batched call.
+"""Benchmark: a stack's ``eigh`` and QR split over the CPU threads against one batched call.
 
 Times, for each stack ``NxS`` (N float32 ``S x S`` random PSD matrices of rank ``S/2``, like
 early Shampoo factors):
@@ -9,6 +9,10 @@ early Shampoo factors):
   ``eigh`` per worker thread and chunk (also below ``MIN_PARALLEL_SIZE``, where Shampoo does not
   split, so that the crossover shows);
 * ``1 thread``: ``torch.linalg.eigh(stack)`` on one thread, for scale.
+
+and, in a table printed first, the same columns for the QR: batched ``torch.linalg.qr(stack)``
+against ``stacked_qr(stack)`` (``geqrf`` + ``householder_product``, split), as the SOAP refresh
+calls it on ``A Q``.
 
 Each figure is the median of ``--repeats`` timed calls after one untimed call; ``split / batched``
 is the ratio of those medians, measured side by side in one process. The default stacks are
@@ -29,7 +33,11 @@ from collections.abc import Callable
 
 import torch
 
-from nanoshampoo.optim.shampoo.preconditioner.parallel_eigh import MIN_PARALLEL_SIZE, stacked_eigh
+from nanoshampoo.optim.shampoo.preconditioner.parallel_eigh import (
+    MIN_PARALLEL_SIZE,
+    stacked_eigh,
+    stacked_qr,
+)
 
 
 def parse_stacks(text: str) -> list[tuple[int, int]]:
@@ -83,24 +91,30 @@ def report(stacks: list[tuple[int, int]], threads: int, repeats: int) -> None:
     """Print the table (see the module doc)."""
     print(f"torch {torch.__version__} | threads {threads} | repeats {repeats} (median)")
     print(f"MIN_PARALLEL_SIZE {MIN_PARALLEL_SIZE}: Shampoo splits stacks of at least that size")
-    print(f"{'stack':>10} {'width':>5} {'batched ms':>11} {'split ms':>9} {'1 thread ms':>12} "
-          f"{'split/batched':>14}")
-    totals = [0.0, 0.0]
-    for count, size in stacks:
-        stack = psd_stack(count, size)
-        torch.set_num_threads(1)
-        single = median_ms(lambda: torch.linalg.eigh(stack), repeats)
-        torch.set_num_threads(threads)
-        width = min(threads, count)  # split even below MIN_PARALLEL_SIZE, to find it
-        batched = median_ms(lambda: torch.linalg.eigh(stack), repeats)
-        split = median_ms(lambda: stacked_eigh(stack, width), repeats)
-        totals[0] += batched
-        totals[1] += split
-        print(f"{count:>4}x{size:<5} {width:>5} {batched:>11.1f} {split:>9.1f} {single:>12.1f} "
-              f"{split / batched:>13.2f}x")
-    print(f"{'total':>10} {'':>5} {totals[0]:>11.1f} {totals[1]:>9.1f} {'':>12} "
-          f"{totals[1] / totals[0]:>13.2f}x")
-
+    # The QR table first, so that the eigh table (and its total) stays the output's tail.
+    ops: dict[str, tuple[Callable[[torch.Tensor], object], Callable[..., object]]] = {
+        "qr": (torch.linalg.qr, stacked_qr),
+        "eigh": (torch.linalg.eigh, stacked_eigh),
+    }
+    stack_list = [(count, size, psd_stack(count, size)) for count, size in stacks]
+    for op, (plain, split_call) in ops.items():
+        print(f"{op}: batched torch.linalg.{op} against stacked_{op}")
+        print(f"{'stack':>10} {'width':>5} {'batched ms':>11} {'split ms':>9} "
+              f"{'1 thread ms':>12} {'split/batched':>14}")
+        totals = [0.0, 0.0]
+        for count, size, stack in stack_list:
+            width = min(threads, count)  # split even below MIN_PARALLEL_SIZE, to find it
+            torch.set_num_threads(1)
+            single = median_ms(lambda: plain(stack), repeats)
+            torch.set_num_threads(threads)
+            batched = median_ms(lambda: plain(stack), repeats)
+            split = median_ms(lambda: split_call(stack, width), repeats)
+            totals[0] += batched
+            totals[1] += split
+            print(f"{count:>4}x{size:<5} {width:>5} {batched:>11.1f} {split:>9.1f} "
+                  f"{single:>12.1f} {split / batched:>13.2f}x")
+        print(f"{'total':>10} {'':>5} {totals[0]:>11.1f} {totals[1]:>9.1f} {'':>12} "
+              f"{totals[1] / totals[0]:>13.2f}x")
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -30,6 +30,7 @@ from nanoshampoo.optim.shampoo.preconditioner.matrix_roots import (
     numerical_zero_tolerance,
     robust_eigh,
 )
+from nanoshampoo.optim.shampoo.preconditioner.parallel_eigh import stacked_qr
 from nanoshampoo.optim.shampoo.shampoo_types import (
     PerturbationConfig,
     QREigendecompositionConfig,
@@ -131,17 +132,34 @@ def off_diagonal_ratio(matrices: torch.Tensor, bases: torch.Tensor) -> torch.Ten
     """``||B - diag(B)||_F / ||B||_F`` with ``B = Q^T A Q``, per matrix: ``(N,)``.
 
     It is also ``||A - Q diag(B) Q^T||_F / ||A||_F``: the relative error of ``Q`` as an
-    eigenbasis of ``A``. A zero matrix has ratio 0 (every basis is an eigenbasis).
+    eigenbasis of ``A``. A zero matrix has ratio 0 (every basis is an eigenbasis). Computed
+    from ``A Q`` alone (one product, see :func:`_residual_share`).
     """
-    return _off_diagonal_share(bases.mT @ matrices @ bases)
+    product = matrices @ bases
+    return _residual_share(product, bases, _rayleigh_quotients(product, bases))
 
 
-def _off_diagonal_share(projected: torch.Tensor) -> torch.Tensor:
-    """:func:`off_diagonal_ratio` from ``B = Q^T A Q`` itself."""
-    total = torch.linalg.matrix_norm(projected)
-    diagonal = torch.diag_embed(projected.diagonal(dim1=-2, dim2=-1))
-    off = torch.linalg.matrix_norm(projected - diagonal)
-    return torch.where(total > 0.0, off / total.clamp(min=torch.finfo(total.dtype).tiny), 0.0)
+def _rayleigh_quotients(product: torch.Tensor, bases: torch.Tensor) -> torch.Tensor:
+    """``diag(Q^T A Q)`` ``(N, n)`` from ``P = A Q``: the column dots ``q_j^T p_j``."""
+    return (bases * product).sum(dim=-2)
+
+
+def _residual_share(
+    product: torch.Tensor, bases: torch.Tensor, quotients: torch.Tensor
+) -> torch.Tensor:
+    """:func:`off_diagonal_ratio` from ``P = A Q`` and ``d = diag(Q^T A Q)``, elementwise.
+
+    ``Q^T`` is an isometry (``Q`` square orthonormal), so ``||Q^T A Q - diag(d)||_F =
+    ||Q^T (P - Q diag(d))||_F = ||P - Q diag(d)||_F`` and ``||Q^T A Q||_F = ||P||_F``: no
+    second product. Exactly-diagonal cases (a diagonal ``A`` in the identity basis) give an
+    exactly zero residual, hence ratio 0. ``Q``'s rounding-level departure from orthonormality
+    changes the ratio at that level only.
+    """
+    total = torch.linalg.matrix_norm(product)
+    off = torch.linalg.matrix_norm(product - bases * quotients.unsqueeze(-2))
+    # total == 0 (not total > 0): a NaN total gives a NaN ratio, never "converged", so a
+    # non-finite factor reaches the QR and comes back not ok (it used to count as converged).
+    return torch.where(total == 0.0, 0.0, off / total.clamp(min=torch.finfo(total.dtype).tiny))
 
 
 def qr_eigenbasis(
@@ -155,9 +173,10 @@ def qr_eigenbasis(
 
     Per matrix: while ``off_diagonal_ratio(A, Q) > tolerance``, ``Q <- qr(A Q).Q``. Matrices
     already within the tolerance keep their basis unchanged (no iteration is spent on them).
-    Cost per iteration: two batched ``n^3`` products (``A Q`` serves both the ratio
-    ``Q^T (A Q)`` and the QR) and one batched QR, no ``eigh``; the eigenvalue estimates of the
-    new basis for ``stability`` are ``|diag(R)|`` of that QR (``A Q = Q' R``), not a third
+    Cost per iteration: one batched ``n^3`` product ``P = A Q`` (it serves both the ratio, by
+    the elementwise identity of :func:`_residual_share`, and the QR) and one QR
+    (:func:`stacked_qr`, split over the CPU threads), no ``eigh``; the eigenvalue estimates of
+    the new basis for ``stability`` are ``|diag(R)|`` of that QR (``A Q = Q' R``), not another
     product. The reference SOAP's refresh does three products and the QR.
 
     Args:
@@ -176,22 +195,20 @@ def qr_eigenbasis(
     bases = previous
     for _ in range(max_iterations):
         product = matrices @ bases
-        projected = bases.mT @ product
-        diagonal = projected.diagonal(dim1=-2, dim2=-1)
-        converged = _off_diagonal_share(projected) <= tolerance
+        diagonal = _rayleigh_quotients(product, bases)
+        converged = _residual_share(product, bases, diagonal) <= tolerance
         if bool(converged.all()):
             estimates = diagonal
             break
         try:
-            refined, triangular = torch.linalg.qr(product)
+            refined, r_diagonal = stacked_qr(product)
         except RuntimeError:  # LinAlgError on non-finite input: every matrix of the batch fails
             return previous, torch.zeros_like(converged)
         # The common case at a refresh: nothing converged, no (N, n, n) select needed.
         bases = torch.where(converged.view(-1, 1, 1), bases, refined) if bool(converged.any()) \
             else refined
         # A Q = Q' R: near an eigenbasis |r_jj| ~ lambda_j, the eigenvalue of column j of Q'.
-        estimates = torch.where(converged.unsqueeze(-1), diagonal,
-                                triangular.diagonal(dim1=-2, dim2=-1).abs())
+        estimates = torch.where(converged.unsqueeze(-1), diagonal, r_diagonal.abs())
     bases, canonical_ok = _canonicalize_null_columns(bases, estimates, stability)
     return bases, canonical_ok & _finite(bases)
 
@@ -231,18 +248,19 @@ def sorted_qr_eigenbasis(
     bases, estimates = previous, None
     for _ in range(max_iterations):
         product = matrices @ bases
-        projected = bases.mT @ product
-        converged = _off_diagonal_share(projected) <= tolerance
+        quotients = _rayleigh_quotients(product, bases)
+        converged = _residual_share(product, bases, quotients) <= tolerance
         if bool(converged.all()):
-            estimates = projected.diagonal(dim1=-2, dim2=-1)
+            estimates = quotients
             break
         try:
-            refined = torch.linalg.qr(product).Q
+            refined = stacked_qr(product)[0]
         except RuntimeError:  # LinAlgError on non-finite input: every matrix of the batch fails
             return previous.flip(-1), torch.zeros_like(converged)
-        bases = torch.where(converged.view(-1, 1, 1), bases, refined)
-    if estimates is None:
-        estimates = (bases * (matrices @ bases)).sum(dim=-2)
+        bases = torch.where(converged.view(-1, 1, 1), bases, refined) \
+            if bool(converged.any()) else refined
+    if estimates is None:  # the Rayleigh quotients of the new basis: one more product
+        estimates = _rayleigh_quotients(matrices @ bases, bases)
     order = torch.argsort(estimates, dim=-1, stable=True)
     bases = bases.gather(-1, order.unsqueeze(-2).expand_as(bases)).flip(-1)
     bases, canonical_ok = _canonicalize_null_columns(bases, estimates.gather(-1, order).flip(-1), stability)

@@ -116,5 +116,13 @@ class SymmetricPacking:
 def keep_previous_where_failed(
     previous: torch.Tensor, computed: torch.Tensor, ok: torch.Tensor
 ) -> None:
-    """``previous[i] = computed[i]`` where ``ok[i]``, in place; ``(N, n, n)`` and ``(N,)``."""
-    previous.copy_(torch.where(ok.view(-1, 1, 1), computed.to(previous.dtype), previous))
+    """``previous[i] = computed[i]`` where ``ok[i]``, in place; ``(N, n, n)`` and ``(N,)``.
+
+    No ``(N, n, n)`` temporary: all ok (the common case) is one ``copy_`` (it casts the
+    dtype), none ok leaves ``previous`` alone, and a mix copies the ok rows only.
+    """
+    if bool(ok.all()):
+        previous.copy_(computed)
+    elif bool(ok.any()):
+        rows = ok.nonzero().squeeze(1)
+        previous.index_copy_(0, rows, computed.index_select(0, rows).to(previous.dtype))

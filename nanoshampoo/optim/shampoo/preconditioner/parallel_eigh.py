@@ -1,4 +1,8 @@
-"""``torch.linalg.eigh`` of a stack, split over the CPU's intra-op threads.
+"""``torch.linalg.eigh`` and QR of a stack, split over the CPU's intra-op threads.
+
+(The module keeps its name from when it held ``eigh`` alone: :func:`stacked_eigh`, and
+:func:`stacked_qr` for the warm-started QR refresh of the eigenbases, share one splitting
+helper.)
 
 LAPACK's symmetric eigensolver (``syevd``) spends most of its time in the Householder
 tridiagonalisation, a chain of memory-bound matrix-vector products with a synchronisation per
@@ -23,20 +27,31 @@ worker runs it, so the output is repeatable and does not depend on the schedulin
 in the last bits from one batched call (MKL's kernels depend on the thread count and on each
 matrix's position in the batched workspace), as two thread counts already do.
 
+:func:`stacked_qr` splits the same way. A batched QR on CPU also factors its matrices one
+after the other with every thread, and it parallelises poorly as well: measured on a 2-core
+Intel Xeon (fp32), two 3072s split 1007 ms against 1479 ms batched, ten 768s 103 against 152 ms.
+It calls ``torch.geqrf`` and ``torch.linalg.householder_product``, the two LAPACK steps of
+``torch.linalg.qr`` without building ``R`` (only its diagonal is needed): the same ``Q``, same
+signs, up to rounding.
+
 CUDA stacks, stacks of one matrix, small matrices (below :data:`MIN_PARALLEL_SIZE`, where
 the thread hand-off costs more than it saves) and a single intra-op thread go straight to
-``torch.linalg.eigh``.
+the unsplit call.
 
 Example:
     >>> a = torch.eye(3).expand(4, 3, 3) * 2.0
     >>> evals, evecs = stacked_eigh(a)
     >>> evals.shape, evecs.shape
     (torch.Size([4, 3]), torch.Size([4, 3, 3]))
+    >>> q, r_diagonal = stacked_qr(a)
+    >>> q.shape, r_diagonal.shape
+    (torch.Size([4, 3, 3]), torch.Size([4, 3]))
 """
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 import torch
@@ -75,6 +90,30 @@ def parallel_width(matrices: torch.Tensor) -> int:
     return max(1, min(torch.get_num_threads(), matrices.shape[0]))
 
 
+def _split_over_threads(
+    solve: Callable[[torch.Tensor], tuple[torch.Tensor, ...]],
+    matrices: torch.Tensor,
+    width: int | None,
+) -> tuple[torch.Tensor, ...]:
+    """``solve(matrices)``, on CPU with ``width`` (default :func:`parallel_width`) >= 2 as
+    ``width`` contiguous chunks solved concurrently, each single-threaded, and concatenated
+    along dim 0 (``solve`` returns a tuple of tensors whose dim 0 indexes the matrices). The
+    intra-op thread count is 1 during the calls and restored afterwards, also when one raises;
+    ``solve``'s exceptions propagate."""
+    if width is None:
+        width = parallel_width(matrices)
+    if width < 2 or matrices.dim() != 3 or matrices.device.type != "cpu":
+        return tuple(solve(matrices))
+    threads = torch.get_num_threads()
+    chunks = torch.tensor_split(matrices, width)
+    torch.set_num_threads(1)
+    try:
+        results = list(_pool(width).map(solve, chunks))
+    finally:
+        torch.set_num_threads(threads)
+    return tuple(torch.cat(parts) for parts in zip(*results, strict=True))
+
+
 def stacked_eigh(
     matrices: torch.Tensor, width: int | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -87,15 +126,30 @@ def stacked_eigh(
     what ``torch.linalg.eigh`` raises (``torch.linalg.LinAlgError`` when a decomposition fails).
     ``width`` overrides the number of chunks (a CPU ``(N, n, n)`` stack; for benchmarks).
     """
-    if width is None:
-        width = parallel_width(matrices)
-    if width < 2 or matrices.dim() != 3 or matrices.device.type != "cpu":
-        return torch.linalg.eigh(matrices)
-    threads = torch.get_num_threads()
-    chunks = torch.tensor_split(matrices, width)
-    torch.set_num_threads(1)
-    try:
-        results = list(_pool(width).map(torch.linalg.eigh, chunks))
-    finally:
-        torch.set_num_threads(threads)
-    return torch.cat([r[0] for r in results]), torch.cat([r[1] for r in results])
+    # Looked up at each call (not bound at import) so that tests can patch torch.linalg.eigh.
+    evals, evecs = _split_over_threads(lambda chunk: torch.linalg.eigh(chunk), matrices, width)
+    return evals, evecs
+
+
+def _qr_with_r_diagonal(matrices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(Q, diag(R))`` of ``matrices = Q R`` from LAPACK's ``geqrf`` + ``orgqr``."""
+    reflectors, tau = torch.geqrf(matrices)
+    # geqrf keeps R in the upper triangle of its output: the diagonal is R's.
+    r_diagonal = reflectors.diagonal(dim1=-2, dim2=-1).clone()
+    return torch.linalg.householder_product(reflectors, tau), r_diagonal
+
+
+def stacked_qr(
+    matrices: torch.Tensor, width: int | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Reduced QR of each matrix: ``(Q (N, n, n), diag(R) (N, n))`` with ``matrices = Q R``.
+
+    ``matrices`` ``(N, n, n)`` (square, or any shape ``torch.geqrf`` takes), float32 or float64.
+    ``Q`` is ``torch.linalg.qr(matrices).Q`` up to rounding (the same LAPACK reflectors, so the
+    same signs: ``diag(R)`` may be negative); ``R`` itself is not formed. Split over the threads
+    as :func:`stacked_eigh` is (same rule, same ``width`` override). Raises what ``torch.geqrf``
+    raises (``RuntimeError``, e.g. ``LinAlgError``, on non-finite input in some builds); a
+    non-finite input may also just give a non-finite result.
+    """
+    q, r_diagonal = _split_over_threads(_qr_with_r_diagonal, matrices, width)
+    return q, r_diagonal
