@@ -38,8 +38,14 @@ from nanoshampoo.optim.shampoo.shampoo_types import (
 )
 
 
-def _finite(matrices: torch.Tensor) -> torch.Tensor:
-    return torch.isfinite(matrices).flatten(1).all(dim=1)
+def _finite(bases: torch.Tensor) -> torch.Tensor:
+    """``(N,)`` bool: every entry of ``bases[i]`` is finite.
+
+    By the sum of each matrix: NaN and +-Inf make it non-finite (Inf - Inf is NaN), and the
+    sum of an orthonormal basis (entries in [-1, 1]) cannot overflow; one read of the stack
+    instead of ``isfinite``'s four full-size passes (100 ms per refresh of two 3072-factors).
+    A non-orthonormal result whose sum overflows counts as failed, as it should."""
+    return torch.isfinite(bases.sum(dim=(-2, -1)))
 
 
 def canonical_null_space_basis(

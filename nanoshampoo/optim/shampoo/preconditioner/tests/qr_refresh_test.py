@@ -144,3 +144,13 @@ def test_keep_previous_where_failed(mask: list[bool]) -> None:
     storage = previous.data_ptr()
     keep_previous_where_failed(previous, computed, ok)
     assert torch.equal(previous, expected) and previous.data_ptr() == storage
+
+
+def test_finite_flags_each_matrix_with_a_nan_or_an_infinity() -> None:
+    from nanoshampoo.optim.shampoo.preconditioner.eigenbasis import _finite
+
+    bases = torch.linalg.qr(torch.randn(5, 6, 6, dtype=torch.float64)).Q
+    bases[1, 2, 3] = float("nan")
+    bases[2, 0, 0] = float("inf")
+    bases[3, 5, 1], bases[3, 4, 4] = float("inf"), float("-inf")
+    assert _finite(bases).tolist() == [True, False, False, False, True]
