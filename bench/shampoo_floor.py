@@ -35,7 +35,7 @@ Usage:
         [--frequency 1] [--rounds 5] [--steps 3] [--threads 1] [--json OUT]
 
 Measured figures and their command:
-``docs/results/peers.md`` "Shampoo at frequency 1: the floor" and "... at frequency 10".
+``docs/results/peers.md`` "Shampoo at frequency 1: the floor" and "Shampoo at frequency 10: the floor".
 """
 
 from __future__ import annotations
