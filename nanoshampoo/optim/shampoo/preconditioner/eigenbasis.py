@@ -168,6 +168,33 @@ def _residual_share(
     return torch.where(total == 0.0, 0.0, off / total.clamp(min=torch.finfo(total.dtype).tiny))
 
 
+def _orthogonal_iteration(
+    matrices: torch.Tensor, bases: torch.Tensor, tolerance: float
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """One step ``Q <- qr(A Q).Q`` of both QR refreshes, for the matrices of the stack whose
+    ``off_diagonal_ratio(A, Q)`` is above ``tolerance`` (the others keep ``Q``).
+
+    Returns ``(bases (N, n, n), d (N, n), converged (N,) bool, diag(R) (N, n) or None)``: ``d``
+    the Rayleigh quotients of the *incoming* bases, ``diag(R)`` of the QR, None when every
+    matrix had converged (no QR ran; ``bases`` is the input). Raises the QR's RuntimeError.
+    """
+    product = matrices @ bases
+    quotients = _rayleigh_quotients(product, bases)
+    converged = _residual_share(product, bases, quotients) <= tolerance
+    if bool(converged.all()):
+        return bases, quotients, converged, None
+    refined, r_diagonal = stacked_qr(product)
+    # The common case at a refresh: nothing converged, no (N, n, n) select needed.
+    if bool(converged.any()):
+        refined = torch.where(converged.view(-1, 1, 1), bases, refined)
+    return refined, quotients, converged, r_diagonal
+
+
+def _all_failed(matrices: torch.Tensor) -> torch.Tensor:
+    """``ok`` ``(N,)`` all False, for a stack whose refresh raised."""
+    return torch.zeros(matrices.shape[0], dtype=torch.bool, device=matrices.device)
+
+
 def qr_eigenbasis(
     matrices: torch.Tensor,
     previous: torch.Tensor,
@@ -200,19 +227,13 @@ def qr_eigenbasis(
     """
     bases = previous
     for _ in range(max_iterations):
-        product = matrices @ bases
-        diagonal = _rayleigh_quotients(product, bases)
-        converged = _residual_share(product, bases, diagonal) <= tolerance
-        if bool(converged.all()):
+        try:
+            bases, diagonal, converged, r_diagonal = _orthogonal_iteration(matrices, bases, tolerance)
+        except RuntimeError:  # LinAlgError on non-finite input: every matrix of the batch fails
+            return previous, _all_failed(matrices)
+        if r_diagonal is None:
             estimates = diagonal
             break
-        try:
-            refined, r_diagonal = stacked_qr(product)
-        except RuntimeError:  # LinAlgError on non-finite input: every matrix of the batch fails
-            return previous, torch.zeros_like(converged)
-        # The common case at a refresh: nothing converged, no (N, n, n) select needed.
-        bases = torch.where(converged.view(-1, 1, 1), bases, refined) if bool(converged.any()) \
-            else refined
         # A Q = Q' R: near an eigenbasis |r_jj| ~ lambda_j, the eigenvalue of column j of Q'.
         estimates = torch.where(converged.unsqueeze(-1), diagonal, r_diagonal.abs())
     bases, canonical_ok = _canonicalize_null_columns(bases, estimates, stability)
@@ -253,18 +274,13 @@ def sorted_qr_eigenbasis(
     """
     bases, estimates = previous, None
     for _ in range(max_iterations):
-        product = matrices @ bases
-        quotients = _rayleigh_quotients(product, bases)
-        converged = _residual_share(product, bases, quotients) <= tolerance
-        if bool(converged.all()):
+        try:
+            bases, quotients, _, r_diagonal = _orthogonal_iteration(matrices, bases, tolerance)
+        except RuntimeError:  # LinAlgError on non-finite input: every matrix of the batch fails
+            return previous.flip(-1), _all_failed(matrices)
+        if r_diagonal is None:
             estimates = quotients
             break
-        try:
-            refined = stacked_qr(product)[0]
-        except RuntimeError:  # LinAlgError on non-finite input: every matrix of the batch fails
-            return previous.flip(-1), torch.zeros_like(converged)
-        bases = torch.where(converged.view(-1, 1, 1), bases, refined) \
-            if bool(converged.any()) else refined
     if estimates is None:  # the Rayleigh quotients of the new basis: one more product
         estimates = _rayleigh_quotients(matrices @ bases, bases)
     order = torch.argsort(estimates, dim=-1, stable=True)
