@@ -33,5 +33,11 @@ def filtered_input(hyperparameters: Hyperparameters, t: int) -> FilteredInput | 
         return FilteredInput(beta=0.0)
     if h.beta3 != h.beta1 or h.momentum_dtype is not None:
         return None
-    divisor = 1.0 - h.beta3 * h.beta1 ** (t - 1) if h.use_bias_correction else 1.0
-    return FilteredInput(beta=h.beta1, divisor=divisor)
+    return FilteredInput(beta=h.beta1, divisor=bias_correction_divisor(h, t))
+
+
+def bias_correction_divisor(hyperparameters: Hyperparameters, t: int) -> float:
+    """What the filtered gradient of step ``t`` is divided by: ``1 - beta3 beta1^(t-1)`` with
+    bias correction (``1 - beta1^t`` when ``beta3 == beta1``), else 1."""
+    h = hyperparameters
+    return 1.0 - h.beta3 * h.beta1 ** (t - 1) if h.use_bias_correction else 1.0

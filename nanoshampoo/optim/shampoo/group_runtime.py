@@ -15,7 +15,7 @@ from nanoshampoo.optim.shampoo.component_builders import (
     build_distributor,
     build_preconditioner,
 )
-from nanoshampoo.optim.shampoo.filtered_input import filtered_input
+from nanoshampoo.optim.shampoo.filtered_input import bias_correction_divisor, filtered_input
 from nanoshampoo.optim.shampoo.group_validation import (
     FIXED_GROUP_KEYS,
     Hyperparameters,
@@ -485,7 +485,7 @@ class GroupRuntime:
         if beta3 == beta1 and not h.use_bias_correction and h.momentum_dtype is None:
             return self.filtered
         source = updated if beta3 == beta1 else self.filtered_out
-        correction = 1.0 - beta3 * beta1 ** (t - 1) if h.use_bias_correction else 1.0
+        correction = bias_correction_divisor(h, t)
         for out, value in zip(self.filtered_out, source):
             torch.div(value, correction, out=out)
         return self.filtered_out
