@@ -71,9 +71,15 @@ class GPTConfig:
         return self.model_dim // self.head_dim
 
 
+# The ladder of sizes, smallest first (a test keeps that order); the study's sizes are named by their parameters outside
+# the embedding and the head (``non_embedding_parameters``), the older names by their role.
 _PRESETS: dict[str, dict[str, int]] = {
+    # 0.22 M parameters outside the embedding and head: the small end of a 2-core study.
+    "gpt-0.2m": dict(num_layers=2, model_dim=96, head_dim=32, max_seq_len=256),
     # ~1.5 M parameters at vocab 4096: trains visibly on two CPU cores in a couple of minutes.
     "tiny": dict(num_layers=4, model_dim=128, head_dim=32, max_seq_len=256),
+    # 2.7 M parameters outside the embedding and head: between tiny (0.79 M) and small.
+    "gpt-2.7m": dict(num_layers=6, model_dim=192, head_dim=32, max_seq_len=256),
     # ~20 M parameters without embeddings: a single-GPU smoke test of the full recipe.
     "small": dict(num_layers=6, model_dim=384, head_dim=64, max_seq_len=1024),
     # The speedrun's GPT-2 small shape.
@@ -91,7 +97,18 @@ def gpt_preset(name: str, vocab_size: int, combined_linear: bool = False) -> GPT
 
 
 def gpt_preset_names() -> list[str]:
-    return sorted(_PRESETS)
+    """The named sizes, smallest first (the ladder's order)."""
+    return list(_PRESETS)
+
+
+def non_embedding_parameters(config: GPTConfig) -> int:
+    """Parameters outside the token embedding and the output head (weight and bias): the size
+    that scaling studies compare models by, since the embedding's share shrinks as models grow.
+    Independent of ``vocab_size``. Counted on a model built on the meta device (no memory)."""
+    with torch.device("meta"):
+        model = GPT(config)
+    outside = model.embed.weight.numel() + sum(p.numel() for p in model.lm_head.parameters())
+    return sum(p.numel() for p in model.parameters()) - outside
 
 
 def make_linear(in_features: int, out_features: int, combined: bool) -> nn.Module:

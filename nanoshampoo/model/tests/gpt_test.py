@@ -7,7 +7,15 @@ import math
 import pytest
 import torch
 
-from nanoshampoo.model.gpt import GPT, GPTConfig, Rotary, gpt_preset, linear_weight_and_bias
+from nanoshampoo.model.gpt import (
+    GPT,
+    GPTConfig,
+    Rotary,
+    gpt_preset,
+    gpt_preset_names,
+    linear_weight_and_bias,
+    non_embedding_parameters,
+)
 from nanoshampoo.optim.shampoo.utils.shampoo_model_utils import CombinedLinear
 
 VOCAB = 97
@@ -172,6 +180,31 @@ def test_gpt2_124m_parameter_count_matches_formula() -> None:
     with torch.device("meta"):
         model = GPT(config)
     assert sum(p.numel() for p in model.parameters()) == expected
+
+
+def _non_embedding_formula(C: int, L: int, D: int) -> int:
+    """Blocks plus the final norm, from the architecture: every linear biased, every norm gained."""
+    per_block = (C * 3 * C + 3 * C) + (C * C + C) + (C * 4 * C + 4 * C) + (4 * C * C + C)
+    return L * (per_block + 2 * C + 2 * D) + C
+
+
+@pytest.mark.parametrize("name", gpt_preset_names())
+def test_non_embedding_parameters_match_the_formula_for_every_size(name: str) -> None:
+    config = gpt_preset(name, vocab_size=VOCAB)
+    expected = _non_embedding_formula(config.model_dim, config.num_layers, config.head_dim)
+    assert non_embedding_parameters(config) == expected
+    assert non_embedding_parameters(gpt_preset(name, vocab_size=50304)) == expected
+
+
+def test_the_size_ladder_runs_smallest_first_with_a_size_below_and_above_tiny() -> None:
+    sizes = [non_embedding_parameters(gpt_preset(n, VOCAB)) for n in gpt_preset_names()]
+    assert sizes == sorted(sizes) and len(set(sizes)) == len(sizes)
+    names = gpt_preset_names()
+    assert names.index("gpt-0.2m") < names.index("tiny") < names.index("gpt-2.7m") < names.index(
+        "small")
+    # Named by size: the name's figure is the count in millions, to its shown digits.
+    assert round(non_embedding_parameters(gpt_preset("gpt-0.2m", VOCAB)) / 1e6, 1) == 0.2
+    assert round(non_embedding_parameters(gpt_preset("gpt-2.7m", VOCAB)) / 1e6, 1) == 2.7
 
 
 @pytest.mark.parametrize(
