@@ -91,22 +91,24 @@ def plot_speedups(study: ScalingStudy) -> Figure:
         _plain_log_ticks(ax)
         ax.set_xlabel("budget D (training tokens)")
         ax.set_ylabel(f"speedup: {study.baseline} tokens / D")
-        ax.set_title(f"size {fit.size}: speedup over {study.baseline}")
+        diverged = [f"{s.setup} at {format_count(s.tokens)}" for s in study.speedups
+                    if s.size == fit.size and s.kind == "diverged"]
+        ax.set_title(f"size {fit.size}: speedup over {study.baseline}"
+                     + (f"\nevery run diverged: {', '.join(diverged)}" if diverged else ""))
         ax.grid(alpha=0.3, which="major")
-        ax.legend(loc="best", fontsize="small")
-    fig.legend(handles=_bound_legend(), loc="outside lower center", ncols=3, fontsize="small")
+    # One legend for all panels, below them, where it hides no point.
+    handles = {h.get_label(): h for ax in axes[0] for h in ax.get_legend_handles_labels()[0]}
+    fig.legend(handles=[*handles.values(), *_bound_legend()], loc="outside lower center",
+               ncols=min(4, len(handles) + 3), fontsize="small")
     return fig
 
 
 def _draw_setup_speedups(ax: Axes, setup: str, cells: list[Speedup], color: str,
                          shift: float) -> None:
     """One setup's speedups on ``ax``, drawn at D·``shift``."""
-    diverged = sum(s.kind == "diverged" for s in cells)
-    label = setup + (f" (every run diverged at {diverged} of {len(cells)} budgets)"
-                     if diverged else "")
     measured = [s for s in cells if s.kind == "measured"]
     ax.plot([s.tokens * shift for s in measured], [s.value for s in measured], "o-",
-            color=color, label=label, gid=f"{setup}:measured")
+            color=color, label=setup, gid=f"{setup}:measured")
     for kind, marker in _BOUND_MARKERS.items():
         bounds = [s for s in cells if s.kind == kind]
         if bounds:
