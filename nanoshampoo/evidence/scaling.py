@@ -197,8 +197,9 @@ def fit_power_law(size: str, tokens: Sequence[int], mean_losses: Sequence[float]
     if d.size < MIN_BUDGETS:
         raise ValueError(f"size {size!r}: the baseline has {d.size} budgets; a power-law fit "
                          f"needs at least {MIN_BUDGETS}")
-    if np.any(np.diff(d) == 0) or not np.all(np.isfinite(y)) or y.min() <= 0:
-        raise ValueError(f"size {size!r}: budgets must differ and mean losses be finite and > 0")
+    if d[0] <= 0 or np.any(np.diff(d) == 0) or not np.all(np.isfinite(y)) or y.min() <= 0:
+        raise ValueError(f"size {size!r}: budgets must be > 0 and differ, and mean losses be "
+                         "finite and > 0")
     # D in units of the smallest budget: with raw token counts (1e6..1e10) a = scale·D_min^α is
     # astronomically large and its Jacobian column tiny, so the solver's steps and scaling are
     # ill-conditioned; with x = D/D_min in [1, D_max/D_min] scale is a loss gap of order c.

@@ -89,8 +89,9 @@ def test_the_fit_keeps_its_bounds() -> None:
 @pytest.mark.parametrize("tokens, losses, message", [
     ([1, 2, 4], [3.0, 2.9, 2.8], "size 's': the baseline has 3 budgets; a power-law fit needs at least 4"),
     ([1, 2, 4, 8], [2.8, 2.9, 3.0, 3.1], "size 's': the baseline's mean losses do not fall"),
-    ([1, 2, 2, 8], [3.0, 2.9, 2.8, 2.7], "size 's': budgets must differ"),
-    ([1, 2, 4, 8], [3.0, 2.9, math.nan, 2.7], "size 's': budgets must differ and mean losses be finite"),
+    ([1, 2, 2, 8], [3.0, 2.9, 2.8, 2.7], "size 's': budgets must be > 0 and differ"),
+    ([0, 2, 4, 8], [3.0, 2.9, 2.8, 2.7], "size 's': budgets must be > 0 and differ"),
+    ([1, 2, 4, 8], [3.0, 2.9, math.nan, 2.7], "size 's': .* mean losses be finite and > 0"),
 ])
 def test_a_fit_that_cannot_be_made_names_the_size(tokens: list[int], losses: list[float],
                                                    message: str) -> None:
