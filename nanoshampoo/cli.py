@@ -13,8 +13,9 @@ Subcommands:
   [--tune SETUP:KEY=SPEC ...] -- TRAIN_ARGS`` -- train every setup over the seeds (reusing
   ended runs; tuned first with ``--tune``), then write the leaderboard
   (``nanoshampoo.evidence.compare``, ``.leaderboard``);
-* ``tune --setup NAME --search KEY=V1,V2 [--trials N] [--seeds 1] [--confirm-seeds 3] --
-  TRAIN_ARGS`` -- tune one setup at an equal budget per trial (``nanoshampoo.evidence.tune``);
+* ``tune --setup NAME --search KEY=V1,V2 [--trials N] [--seeds 1] [--confirm-seeds 3]
+  [--rungs 0.25,0.5] [--storage URL] -- TRAIN_ARGS`` -- tune one setup at an equal budget per
+  trial, an Optuna study that any number of workers share (``nanoshampoo.evidence.tune``);
 * ``trace PATH... [--json OUT]`` -- communication/computation overlap in profiler traces.
 
 A user error (a bad flag, a file that cannot be read, a run that failed) prints one line

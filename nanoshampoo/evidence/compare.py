@@ -105,6 +105,12 @@ class Setup:
         return self.parent or self.name
 
 
+def check_setup_name(name: str) -> None:
+    """A setup's name labels directories and rows: ``ValueError`` unless it is a plain name."""
+    if not _SETUP_NAME.match(name):
+        raise ValueError(f"setups: {name!r} is not a plain name (letters, digits, _ . + -)")
+
+
 def parse_setups(text: str) -> tuple[Setup, ...]:
     """``"adamw,shampoo,mine=path/to.toml"`` -> setups; ``NAME`` alone means ``tiny-NAME``."""
     setups = []
@@ -145,8 +151,7 @@ class CompareConfig:
         object.__setattr__(self, "step_fractions", tuple(sorted(fractions, reverse=True)))
         names = [s.name for s in self.setups]
         for name in names:
-            if not _SETUP_NAME.match(name):
-                raise ValueError(f"setups: {name!r} is not a plain name (letters, digits, _ . + -)")
+            check_setup_name(name)
         duplicates = sorted({n for n in names if names.count(n) > 1})
         if duplicates:
             raise ValueError(f"setups: {duplicates} given twice")
@@ -367,8 +372,7 @@ def run_compare(
 ) -> dict[str, list[RunRecord]]:
     """Train (or reuse) every (setup, seed) in turn; return the runs by setup name.
 
-    Prints one line per run reused, started and ended. A run that another compare (into the
-    same out dir) ended after this one planned it is reused, not trained again. A run that exits without a finished or
+    Prints one line per run reused, started and ended. A run that exits without a finished or
     diverged log raises ``RuntimeError`` naming it and its output file; the runs before it
     stay on disk and are reused by the next invocation.
     """
@@ -385,28 +389,29 @@ def run_compare(
             say(f"[compare] reused   {plan.label}: {_outcome(plan.reused)} ({plan.reused.path})")
             groups[plan.setup.name].append(plan.reused)
     for index, plan in enumerate(to_train, start=1):
-        # Another compare into the same setup directory may have ended this run meanwhile.
-        ended = find_reusable(plan.directory, plan.config, config.nproc, defaults)
-        if ended is not None:
-            say(f"[compare] reused   {plan.label}: {_outcome(ended)} ({ended.path}), ended meanwhile")
-            groups[plan.setup.name].append(ended)
-            continue
         groups[plan.setup.name].append(_train(plan, config.nproc, launch, say, f"{index}/{len(to_train)}"))
     for runs in groups.values():
         runs.sort(key=lambda run: -1 if run.seed is None else run.seed)
     return groups
 
 
-def _train(plan: PlannedRun, nproc: int, launch: Launcher, say: Callable[[str], None],
-           position: str) -> RunRecord:
+def write_manifest(plan: PlannedRun, run_id: str, command: Sequence[str], nproc: int) -> None:
+    """Write ``run_id``'s manifest into ``plan.directory`` (created): what the run was asked
+    for. It goes before the run starts: a run without one is never reused, whatever its log
+    says."""
     plan.directory.mkdir(parents=True, exist_ok=True)
-    run_id = fresh_run_id(plan.directory, plan.base_run_id)
-    command = train_command(plan.argv, run_id, plan.directory, nproc)
     manifest = {"setup": plan.setup.name, "preset": plan.setup.preset, "seed": plan.seed,
-                "nproc": nproc, "argv": list(plan.argv), "command": command, "config": plan.config}
-    # The manifest goes first: a run without one is never reused, whatever its log says.
+                "nproc": nproc, "argv": list(plan.argv), "command": list(command),
+                "config": plan.config}
     with atomic_output(plan.directory / f"{run_id}{MANIFEST_SUFFIX}") as tmp:
         tmp.write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
+
+
+def _train(plan: PlannedRun, nproc: int, launch: Launcher, say: Callable[[str], None],
+           position: str) -> RunRecord:
+    run_id = fresh_run_id(plan.directory, plan.base_run_id)
+    command = train_command(plan.argv, run_id, plan.directory, nproc)
+    write_manifest(plan, run_id, command, nproc)
     output = plan.directory / f"{run_id}.out"
     say(f"[compare] start    {plan.label} ({position}): run {run_id}, output {output}")
     start = time.perf_counter()
@@ -415,11 +420,11 @@ def _train(plan: PlannedRun, nproc: int, launch: Launcher, say: Callable[[str], 
     try:
         run = read_run(plan.directory / f"{run_id}.jsonl")
     except LogFormatError as exc:
-        raise RuntimeError(f"{plan.label} failed (exit status {status}): {_last_line(output)}; "
+        raise RuntimeError(f"{plan.label} failed (exit status {status}): {last_output_line(output)}; "
                            f"log: {exc}; output: {output}") from None
     if status != 0 and not run.diverged:
         raise RuntimeError(f"{plan.label} exited with status {status} after finishing: "
-                           f"{_last_line(output)}; output: {output}")
+                           f"{last_output_line(output)}; output: {output}")
     say(f"[compare] finished {plan.label} in {elapsed:.1f} s: {_outcome(run)}")
     return run
 
@@ -430,7 +435,8 @@ def _outcome(run: RunRecord) -> str:
     return f"final val_loss {run.final_val_loss:.4f}"
 
 
-def _last_line(path: Path) -> str:
+def last_output_line(path: Path) -> str:
+    """The last line a run printed into ``path`` (its last redraw), for an error message."""
     try:
         text = path.read_text(encoding="utf-8", errors="replace")
     except OSError:

@@ -1,159 +1,109 @@
-"""``nanoshampoo tune``: tune one setup's hyper-parameters at an equal budget per trial.
+"""``nanoshampoo tune``: tune one setup's hyper-parameters at an equal budget per trial (Optuna).
 
-A search names train flags by their field, ``muon.lr`` (``--muon.lr``) or ``cooldown_frac``:
-``KEY=V1,V2,...`` is a grid (every combination of every grid is a trial), ``KEY=log:LO:HI`` a
-log-uniform range, sampled ``trials`` times (with ``sample_seed``; grid keys are then drawn
-from their values). Every trial trains with the same train flags, so the same budget: the
-search may not touch ``num_iterations``, ``batch_size``, ``seq_len`` or ``grad_accum_steps``.
+The searches (``nanoshampoo.evidence.tune_space``: ``muon.lr=0.01,0.02``, ``adamw.weight_decay=
+log:0.01:1``, ``custom.matrix_kwargs.lr=...``) span the trials of one Optuna study
+(``nanoshampoo.evidence.tune_study``): every point of a grid, or ``trials`` points of TPE over
+ranges. Every trial trains with the same train flags, so the same budget, at ``seeds`` seeds
+(the first also trains the rungs' decay branches: ``nanoshampoo.evidence.tune_trial``) and is
+scored by its mean final validation loss (diverged seeds are left out; a trial whose seeds all
+diverged fails). With rungs, successive halving stops a trial whose branch loss at a rung is
+not among the best ``1/eta`` there. The best complete trial is then trained up to
+``confirm_seeds`` seeds (a second study, ``STUDY.confirm-N``, so workers share that too).
 
-Trials are ``compare`` setups (one directory per point, named by its values: ``lr0.02``), so
-finished runs are reused exactly as ``compare`` reuses them. Each trial trains ``seeds`` seeds
-and is scored by its mean final validation loss (diverged seeds are left out; a trial whose
-seeds all diverged has no score). The best trial is then trained up to ``confirm_seeds`` seeds.
-
-Writes into ``out_dir``: ``tuning.md`` and ``tuning.json`` (every trial with its final loss, the
-best point, a warning for every grid key whose best value is the grid's first or last, and for
-every range key whose best value is the smallest or largest sampled), and ``tuned-SETUP.toml``, a
-preset that extends the setup's preset with the tuned values, ready for ``compare``.
+The study is named after the command (``SETUP-<digest>`` of the preset, train flags, searches,
+trials, seeds, rungs; ``study_name`` overrides), so the same command run again, or on another
+machine against the same ``storage``, works on the same study: a finished study is read back,
+and nothing trains. Runs go to ``out_dir/trials/STUDY/tNNN/`` (one directory per trial slot) as
+``compare`` runs, and an ended run of the same effective config anywhere under
+``out_dir/trials`` is reused (a grid grown by one value trains that value only); the files
+(``nanoshampoo.evidence.tune_report``) go to ``out_dir``.
 
 Example:
-    >>> search = parse_search("muon.lr=0.01,0.02,0.04")
-    >>> search.key, search.values
-    ('muon.lr', ('0.01', '0.02', '0.04'))
-    >>> [t.values for t in trial_points([search], trials=None, sample_seed=0)][:2]
-    [{'muon.lr': '0.01'}, {'muon.lr': '0.02'}]
+    >>> config = TuneConfig(Setup("muon", "tiny-muon"), (parse_search("muon.lr=0.01,0.02"),))
+    >>> config.budget, config.study_name[:5]
+    (2, 'muon-')
+    >>> result = tune(config)  # doctest: +SKIP
 """
 
 from __future__ import annotations
 
-import dataclasses
-import itertools
+import hashlib
 import json
 import math
-import random
-import typing
+import os
+import socket
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
 
 from nanoshampoo.evidence.compare import (
     MANAGED_OPTIONS,
-    CompareConfig,
-    ConfigResolver,
-    Launcher,
+    PlannedRun,
     Setup,
-    launch_subprocess,
+    check_setup_name,
     resolve_train_config,
-    run_compare,
+    run_identity,
+    train_config_defaults,
 )
-from nanoshampoo.evidence.logs import RunRecord
-from nanoshampoo.evidence.report import json_ready, write_json
-from nanoshampoo.evidence.tables import format_markdown_table
-from nanoshampoo.io_utils import atomic_output, check_output_dir
+from nanoshampoo.evidence.repeat import check_unmanaged
+from nanoshampoo.evidence.tune_report import (
+    TrialResult,
+    TuneResult,
+    best_trial,
+    edge_warnings,
+    tunability,
+    write_tuning,
+)
+from nanoshampoo.evidence.tune_space import (
+    Resolver,
+    Search,
+    SearchSpace,
+    build_space,
+    check_searches,
+    normalize_key,
+    parse_search,
+)
+from nanoshampoo.evidence.tune_study import (
+    DIVERGED,
+    HEARTBEAT_S,
+    OUTCOME,
+    SURPLUS,
+    NoResult,
+    make_pruner,
+    open_storage,
+    quiet_optuna,
+    range_sampler,
+    reduction_factor,
+    run_worker,
+    sampler_for,
+    shown_url,
+    slot,
+    storage_url,
+    study_counts,
+)
+from nanoshampoo.evidence.tune_trial import (
+    POLL_S,
+    Branch,
+    SeedResult,
+    TrainCommand,
+    branch_flags,
+    train_seed,
+    trainer_command,
+)
+from nanoshampoo.io_utils import check_output_dir
 
-# Train fields that set a trial's budget: equal for every trial, so never searched.
-BUDGET_FIELDS = ("num_iterations", "batch_size", "seq_len", "grad_accum_steps")
-
-
-@dataclass(frozen=True)
-class Search:
-    """One searched key: a grid of ``values`` (flag text), or a log range ``low``..``high``."""
-
-    key: str
-    values: tuple[str, ...] = ()
-    low: float | None = None
-    high: float | None = None
-
-    @property
-    def is_range(self) -> bool:
-        return self.low is not None
-
-    @property
-    def flag(self) -> str:
-        return key_flag(self.key)
-
-
-def key_flag(key: str) -> str:
-    """The train flag of a field: ``muon_cwd.ns_steps`` -> ``--muon_cwd.ns-steps`` (a table's
-    name keeps its underscores, as ``--help`` spells it; a field's become hyphens)."""
-    table, dot, field = key.rpartition(".")
-    return f"--{table}{dot}{field.replace('_', '-')}"
-
-
-def parse_search(text: str) -> Search:
-    """``KEY=V1,V2,...`` or ``KEY=log:LO:HI`` (``ValueError`` saying what is wrong)."""
-    key, sep, spec = text.partition("=")
-    key, spec = key.strip(), spec.strip()
-    if not sep or not key or not spec:
-        raise ValueError(f"search: expected KEY=V1,V2,... or KEY=log:LO:HI, got {text!r}")
-    if key.replace(".", "_").split("_")[0] == "" or key.lstrip("-") != key:
-        raise ValueError(f"search: {key!r} is a field name (muon.lr), not a flag")
-    if key in BUDGET_FIELDS:
-        raise ValueError(f"search: {key} sets the budget, which every trial shares")
-    if "--" + key.replace("_", "-") in MANAGED_OPTIONS:
-        raise ValueError(f"search: {key} is set by tune for each run, not a hyper-parameter")
-    if spec.startswith("log:"):
-        parts = spec.split(":")
-        try:
-            low, high = float(parts[1]), float(parts[2])
-        except (IndexError, ValueError):
-            raise ValueError(f"search: {key}: expected log:LO:HI, got {spec!r}") from None
-        if len(parts) != 3 or not (0 < low < high and math.isfinite(high)):
-            raise ValueError(f"search: {key}: a log range needs 0 < LO < HI, got {spec!r}")
-        return Search(key, low=low, high=high)
-    values = tuple(v.strip() for v in spec.split(","))
-    if any(not v for v in values) or len(set(values)) != len(values):
-        raise ValueError(f"search: {key}: empty or repeated values in {spec!r}")
-    return Search(key, values=values)
-
-
-@dataclass(frozen=True)
-class Trial:
-    """One point: flag text per searched key; ``name`` labels its directory."""
-
-    values: dict[str, str]
-
-    @property
-    def name(self) -> str:
-        return "-".join(f"{key.rsplit('.', 1)[-1]}{value}" for key, value in self.values.items())
-
-    def args(self) -> tuple[str, ...]:
-        return tuple(part for key, value in self.values.items()
-                     for part in (key_flag(key), value))
-
-
-def trial_points(searches: Sequence[Search], trials: int | None, sample_seed: int) -> list[Trial]:
-    """Every grid point (no ranges), or ``trials`` random points (ranges log-uniform)."""
-    keys = [s.key for s in searches]
-    if len(set(keys)) != len(keys):
-        raise ValueError(f"search: a key is searched twice in {keys}")
-    if not any(s.is_range for s in searches):
-        if trials is not None:
-            raise ValueError("trials: random points need a log:LO:HI range; a grid runs every point")
-        return [Trial(dict(zip(keys, point)))
-                for point in itertools.product(*(s.values for s in searches))]
-    if trials is None or trials < 1:
-        raise ValueError("trials: a log:LO:HI range needs --trials N (N >= 1)")
-    rng = random.Random(sample_seed)
-    points = []
-    for _ in range(trials):
-        point = {}
-        for s in searches:
-            if s.is_range:
-                assert s.low is not None and s.high is not None
-                value = math.exp(rng.uniform(math.log(s.low), math.log(s.high)))
-                point[s.key] = f"{value:.4g}"
-            else:
-                point[s.key] = rng.choice(s.values)
-        points.append(Trial(point))
-    return points
+__all__ = ["TuneConfig", "TuneSession", "parse_search", "tune"]
 
 
 @dataclass(frozen=True)
 class TuneConfig:
-    """What to tune: ``setup`` (a compare setup: preset), the searches, seeds per trial, the
-    seeds of the best trial's confirmation (0: none), and where the runs and files go."""
+    """What to tune: ``setup`` (a compare setup: preset), the searches, ``trials`` (ranges
+    only; a grid runs every point), seeds per trial, the best trial's seeds in all
+    (``confirm_seeds``, 0: none), ``rungs`` (fractions of the budget, see ``tune_study``), the
+    store (``storage``: a URL, ``None`` for ``out_dir/study.db``), and where the runs go."""
 
     setup: Setup
     searches: tuple[Search, ...]
@@ -165,203 +115,280 @@ class TuneConfig:
     nproc: int = 1
     out_dir: Path = Path("runs/tune")
     train_args: tuple[str, ...] = ()
+    rungs: tuple[float, ...] = ()
+    storage: str | None = None
+    study: str = ""
+    heartbeat_s: int = HEARTBEAT_S
+    poll_s: float = POLL_S
 
     def __post_init__(self) -> None:
-        if not self.searches:
-            raise ValueError("search: give at least one --search KEY=...")
-        if self.seeds < 1:
-            raise ValueError(f"seeds: must be >= 1, got {self.seeds}")
-        if self.confirm_seeds < 0:
-            raise ValueError(f"confirm-seeds: must be >= 0, got {self.confirm_seeds}")
-        searched = {s.flag for s in self.searches}
-        clash = sorted(a for a in self.train_args if a.split("=")[0] in searched)
+        object.__setattr__(self, "searches", tuple(self.searches))
+        object.__setattr__(self, "train_args", tuple(self.train_args))
+        object.__setattr__(self, "rungs", tuple(self.rungs))
+        object.__setattr__(self, "out_dir", Path(self.out_dir))
+        for name, low in (("seeds", 1), ("confirm_seeds", 0), ("seed0", 0), ("nproc", 1),
+                          ("heartbeat_s", 1)):
+            if getattr(self, name) < low:
+                raise ValueError(f"{name.replace('_', '-')}: must be >= {low}, got "
+                                 f"{getattr(self, name)}")
+        check_setup_name(self.setup.name)
+        check_searches(self.searches, self.trials)
+        check_unmanaged(self.train_args, MANAGED_OPTIONS, "tune for each run")
+        given = {normalize_key(a.lstrip("-").split("=", 1)[0]) for a in self.train_args
+                 if a.startswith("--")}
+        clash = sorted(s.field for s in self.searches if s.field in given)
         if clash:
             raise ValueError(f"train flags: {clash} are searched; leave them to the search")
-        object.__setattr__(self, "out_dir", Path(self.out_dir))
-        trial_points(self.searches, self.trials, self.sample_seed)  # validates the search
-        check_range_kinds(self.searches)
+        if self.rungs:
+            reduction_factor(self.rungs)
+            if "decay_branches" in given:
+                raise ValueError("train flags: --decay-branches is set by tune from --rungs")
+        storage_url(self.storage, self.out_dir)
         check_output_dir(self.out_dir, "--out-dir")
 
-    def points(self) -> list[Trial]:
-        return trial_points(self.searches, self.trials, self.sample_seed)
+    @property
+    def budget(self) -> int:
+        """The study's trials: the grid's size, or ``trials``."""
+        return check_searches(self.searches, self.trials)
+
+    @property
+    def seed_list(self) -> range:
+        return range(self.seed0, self.seed0 + self.seeds)
+
+    @property
+    def study_name(self) -> str:
+        """``study``, or ``SETUP-<digest>`` of what makes two commands the same study."""
+        if self.study:
+            return self.study
+        spelled = {"preset": self.setup.preset, "train_args": self.train_args,
+                   "searches": [[s.key, s.values, s.low, s.high] for s in self.searches],
+                   "trials": self.trials, "seeds": self.seeds, "seed0": self.seed0,
+                   "sample_seed": self.sample_seed, "rungs": self.rungs, "nproc": self.nproc}
+        digest = hashlib.sha256(json.dumps(spelled, sort_keys=True).encode()).hexdigest()
+        return f"{self.setup.name}-{digest[:10]}"
+
+    def base_argv(self, seed: int | None = None) -> tuple[str, ...]:
+        return (*self.train_args, "--preset", self.setup.preset, "--seed",
+                str(self.seed0 if seed is None else seed))
 
 
-def check_range_kinds(searches: Sequence[Search]) -> None:
-    """A log range samples real numbers: refuse one over a field that is not a float (an
-    int field's samples would not parse; give it a grid). Unknown keys are left to the run
-    config's check."""
-    from nanoshampoo.train.config import (  # imports torch: only when a range is checked
-        TrainConfig,
-        table_field_types,
-    )
-
-    run_kinds = typing.get_type_hints(TrainConfig)
-    tables = table_field_types()
-    for s in searches:
-        if not s.is_range:
-            continue
-        table, dot, name = s.key.partition(".")
-        kind = tables.get(table, {}).get(name) if dot else run_kinds.get(s.key)
-        kind = kind if kind is None or isinstance(kind, str) else kind.__name__
-        if kind is not None and kind != "float":
-            raise ValueError(f"search: {s.key}: a log range samples real numbers, but "
-                             f"{s.key} is {kind}; give it a grid ({s.key}=V1,V2,...)")
+def trial_dirs(out_dir: Path) -> list[Path]:
+    """Every trial directory of every study tuned into ``out_dir``."""
+    return [d for d in Path(out_dir).glob("trials/*/*") if d.is_dir()]
 
 
-@dataclass(frozen=True)
-class TrialResult:
-    """A trial's point, its seeds' final losses (NaN for a diverged seed) and its score: the
-    mean over the finished seeds (None when every seed diverged)."""
-
-    name: str
-    values: dict[str, str]
-    finals: tuple[float, ...]
-    score: float | None
+def trial_name(slot_number: int) -> str:
+    """The directory of a trial slot's runs: ``t007``."""
+    return f"t{slot_number:03d}"
 
 
-@dataclass(frozen=True)
-class TuneResult:
-    setup: str
-    preset: str
-    train_args: tuple[str, ...]
-    seeds: int
-    trials: tuple[TrialResult, ...]
-    best: str
-    best_values: dict[str, Any]
-    edge_warnings: tuple[str, ...]
-    confirm_finals: tuple[float, ...] = ()
-    preset_file: str = ""
-    typed_values: dict[str, Any] = field(default_factory=dict)
+class TuneSession:
+    """One setup's tune against its study: :meth:`work` runs trials, :meth:`finish` waits for
+    the study to end, confirms the best and writes the files.
+
+    Building it checks everything (the searches against the setup, every grid value through
+    the trainer's parser, the rungs against the budget) and writes nothing; the store opens on
+    first use of :attr:`study`.
+    """
+
+    def __init__(self, config: TuneConfig, resolve: Resolver = resolve_train_config,
+                 command: TrainCommand | None = None,
+                 say: Callable[[str], None] = lambda line: print(line, flush=True)) -> None:
+        self.config, self.resolve, self.say = config, resolve, say
+        self.command = command or trainer_command(config.nproc)
+        self.space: SearchSpace = build_space(config.searches, resolve, config.base_argv(),
+                                              config.setup.name)
+        self.num_iterations = int(resolve(config.base_argv())["num_iterations"])
+        self.pruner = make_pruner(config.rungs, self.num_iterations)
+        self.url = storage_url(config.storage, config.out_dir)
+        self._study: optuna.Study | None = None
+
+    @property
+    def study(self) -> optuna.Study:
+        """The study, opened (and its store created) on first use; says what it holds."""
+        if self._study is not None:
+            return self._study
+        config = self.config
+        if config.storage is None:
+            config.out_dir.mkdir(parents=True, exist_ok=True)
+        self.storage = open_storage(self.url, config.heartbeat_s)
+        self.defaults = train_config_defaults()
+        grid = self.space.grid() if self.space.is_grid else None
+        with quiet_optuna():
+            self._study = optuna.create_study(
+                storage=self.storage, study_name=config.study_name,
+                sampler=sampler_for(grid, config.sample_seed, config.budget),
+                pruner=self.pruner, direction="minimize", load_if_exists=True)
+        counts = study_counts(self._study.get_trials(deepcopy=False), config.budget)
+        shape = (f"grid {' x '.join(str(len(s.values)) for s in config.searches)}"
+                 if grid else "TPE")
+        rungs = (f", rungs {','.join(f'{f:g}' for f in config.rungs)} (successive halving, eta "
+                 f"{reduction_factor(config.rungs)})" if config.rungs else "")
+        self.say(f"[tune] {config.setup.name}: study {config.study_name} in "
+                 f"{shown_url(self.url)}: {config.budget} trials ({shape}), {config.seeds} "
+                 f"seed(s) each{rungs}: " + ", ".join(f"{n} {name}" for name, n in counts.items()))
+        return self._study
+
+    def work(self, wait: bool = True) -> int:
+        """Run trials while the study has one to run (``wait``: then wait for the other
+        workers' trials to end); return how many ran here."""
+        return run_worker(self.study, self.config.budget, self._objective, wait,
+                          poll_s=self.config.heartbeat_s)
+
+    def _objective(self, trial: optuna.Trial, slot_number: int) -> float:
+        config = self.config
+        if not self.space.is_grid:  # see tune_study: TPE's random stream follows the slot
+            self.study.sampler = range_sampler(config.sample_seed, slot_number, config.budget)
+        point = self.space.suggest(trial)
+        name = trial_name(slot_number)
+        trial.set_user_attr("worker", f"{socket.gethostname()}:{os.getpid()}")
+        finals = []
+        for index, seed in enumerate(config.seed_list):
+            label = (f"{config.setup.name} {name} "
+                     f"({', '.join(f'{k}={v}' for k, v in point.items())}) seed {seed}")
+            plan = self._plan(name, point, branch_flags(config.rungs) if index == 0 else (),
+                              seed)
+
+            def on_branch(branch: Branch) -> bool:
+                trial.report(branch.val_loss, step=branch.steps)
+                return trial.should_prune()
+
+            result = self._train(plan, label, on_branch)
+            if result.stopped:
+                branch = result.branches[-1]
+                self.say(f"[tune] pruned   {label} at rung {branch.steps} steps (branch val_loss "
+                         f"{branch.val_loss:.4f}): {result.log}")
+                raise optuna.TrialPruned()
+            finals.append(result.final)
+            outcome = ("diverged" if math.isnan(result.final)
+                       else f"final val_loss {result.final:.4f}")
+            self.say(f"[tune] {'reused  ' if result.reused else 'finished'} {label}: {outcome}")
+        trial.set_user_attr("finals", [None if math.isnan(f) else f for f in finals])
+        finished = [f for f in finals if not math.isnan(f)]
+        if not finished:
+            trial.set_user_attr(OUTCOME, DIVERGED)
+            raise NoResult(f"every seed of trial {name} diverged")
+        return sum(finished) / len(finished)
+
+    def _plan(self, name: str, point: dict[str, str], extra: Sequence[str],
+              seed: int) -> PlannedRun:
+        config = self.config
+        args = self.space.train_args(point)
+        argv = (*config.train_args, "--preset", config.setup.preset, *args, *extra,
+                "--seed", str(seed))
+        resolved = self.resolve(argv)
+        return PlannedRun(Setup(name, config.setup.preset, args=args), seed, argv, resolved,
+                          run_identity(resolved, config.nproc), self.trial_dir(name), None)
+
+    def trial_dir(self, name: str) -> Path:
+        """Where trial ``name``'s runs go: ``out_dir/trials/STUDY/NAME``."""
+        return self.config.out_dir / "trials" / self.config.study_name / name
+
+    def _train(self, plan: PlannedRun, label: str,
+               on_branch: Callable[[Branch], bool]) -> SeedResult:
+        """Train ``plan`` (or reuse an ended run of its config from any trial of any study in
+        this out dir: the same config is the same run)."""
+        others = [d for d in sorted(trial_dirs(self.config.out_dir)) if d != plan.directory]
+        return train_seed(plan, label, self.config.nproc, self.command, on_branch, self.say,
+                          self.defaults, self.config.poll_s, others)
+
+    def finish(self) -> TuneResult:
+        """Wait for the study to end, confirm its best trial, write the files."""
+        config = self.config
+        self.work(wait=True)
+        trials = self.study.get_trials(deepcopy=False)
+        results = tuple(_trial_result(t, trials, self.space) for t in trials
+                        if t.user_attrs.get(OUTCOME) != SURPLUS)
+        best = best_trial(results)
+        if best is None:
+            raise RuntimeError(f"tune {config.setup.name}: no trial of study "
+                               f"{config.study_name} ended with a value (every seed diverged?)")
+        confirm = self._confirm(best) if config.confirm_seeds else ()
+        best_args = self.space.train_args(best.params)
+        resolved = self.resolve((*config.base_argv(), *best_args))
+        typed = {s.field: resolved[s.field] for s in config.searches}
+        assert best.value is not None
+        sampler = "GridSampler" if self.space.is_grid else "TPE"
+        result = TuneResult(
+            setup=config.setup.name, preset=config.setup.preset, study=config.study_name,
+            storage=shown_url(self.url), sampler=sampler, train_args=config.train_args,
+            seeds=config.seeds, budget=config.budget, rungs=config.rungs, trials=results,
+            best=best.name, best_number=best.number, best_values=best.params,
+            best_value=best.value,
+            edge_warnings=tuple(edge_warnings(config.searches, results, best)),
+            tunability=tunability(results, best.value), confirm_finals=confirm,
+            typed_values=typed)
+        return write_tuning(result, config.out_dir)
+
+    def _confirm(self, best: TrialResult) -> tuple[float, ...]:
+        """The best point's final losses at ``confirm_seeds`` seeds: its own seeds' (the
+        trial's), then a study over the seeds it lacks."""
+        config = self.config
+        seeds = list(range(config.seed0, config.seed0 + config.confirm_seeds))
+        extra = seeds[config.seeds:]
+        finals = list(best.finals[:config.confirm_seeds])
+        if not extra:
+            return tuple(finals)
+        with quiet_optuna():
+            study = optuna.create_study(
+                storage=self.storage, study_name=f"{config.study_name}.confirm-{best.number}",
+                sampler=optuna.samplers.GridSampler({"seed": extra}, seed=0),
+                direction="minimize", load_if_exists=True)
+
+        def objective(trial: optuna.Trial, slot_number: int) -> float:
+            seed = int(trial.suggest_categorical("seed", extra))
+            label = f"{config.setup.name} {best.name} (best) seed {seed}"
+            result = self._train(self._plan(best.name, best.params, (), seed), label,
+                                 lambda branch: False)
+            self.say(f"[tune] confirm  {label}: " + ("diverged" if math.isnan(result.final)
+                                                    else f"final val_loss {result.final:.4f}"))
+            if math.isnan(result.final):
+                trial.set_user_attr(OUTCOME, DIVERGED)
+                raise NoResult(f"{label} diverged")
+            return result.final
+
+        run_worker(study, len(extra), objective, wait=True, poll_s=config.heartbeat_s)
+        by_seed = {t.params.get("seed"): t for t in study.get_trials(deepcopy=False)
+                   if t.state in (TrialState.COMPLETE, TrialState.FAIL)
+                   and t.user_attrs.get(OUTCOME) != SURPLUS}
+        return tuple(finals + [math.nan if (t := by_seed.get(s)) is None or t.value is None
+                               else float(t.value) for s in extra])
 
 
-def _final(run: RunRecord) -> float:
-    return math.nan if run.diverged else run.final_val_loss
+def _trial_result(trial: FrozenTrial, trials: Sequence[FrozenTrial],
+                  space: SearchSpace) -> TrialResult:
+    """A trial of the study as tuning.md lists it (its point spelled as the flags were)."""
+    states = {TrialState.COMPLETE: "complete", TrialState.PRUNED: "pruned",
+              TrialState.FAIL: "failed"}
+    notes = []
+    if "failed_trial" in trial.system_attrs:
+        notes.append(f"retry of trial {trial.system_attrs['failed_trial']}")
+    if trial.user_attrs.get(OUTCOME) == DIVERGED:
+        notes.append("every seed diverged")
+    elif trial.state == TrialState.FAIL:
+        retries = [t.number for t in trials
+                   if trial.number in t.system_attrs.get("retry_history", [])]
+        notes.append("no result (its worker stopped)"
+                     + (f"; retried as trial {retries[0]}" if retries else ""))
+    return TrialResult(
+        number=trial.number, name=trial_name(slot(trial)),
+        state=states.get(trial.state, "running"),
+        params={s.key: s.text(trial.params[s.key]) for s in space.searches
+                if s.key in trial.params},
+        value=None if trial.state != TrialState.COMPLETE or trial.value is None
+        else float(trial.value),
+        finals=tuple(math.nan if f is None else float(f)
+                     for f in trial.user_attrs.get("finals", [])),
+        rungs={int(step): float(value) for step, value in trial.intermediate_values.items()},
+        note="; ".join(notes))
 
 
-def _score(runs: Sequence[RunRecord]) -> float | None:
-    finished = [run.final_val_loss for run in runs if not run.diverged]
-    return sum(finished) / len(finished) if finished else None
-
-
-def edge_warnings(searches: Sequence[Search], trials: Sequence[TrialResult],
-                  best: TrialResult) -> list[str]:
-    """A warning per key whose best value lies on the edge of what was tried."""
-    warnings = []
-    for s in searches:
-        value = best.values[s.key]
-        if s.is_range:
-            tried = sorted({float(t.values[s.key]) for t in trials})
-            on_edge = len(tried) > 1 and float(value) in (tried[0], tried[-1])
-        else:
-            on_edge = len(s.values) > 1 and value in (s.values[0], s.values[-1])
-        if on_edge:
-            warnings.append(f"{s.key} = {value} is on the edge of the values tried: the optimum "
-                            "may lie beyond it; widen the search")
-    return warnings
-
-
-def tune(config: TuneConfig, resolve: ConfigResolver = resolve_train_config,
-         launch: Launcher = launch_subprocess,
+def tune(config: TuneConfig, resolve: Resolver = resolve_train_config,
+         command: TrainCommand | None = None,
          say: Callable[[str], None] = lambda line: print(line, flush=True)) -> TuneResult:
-    """Train (or reuse) every trial, pick the best, confirm it, write the files."""
-    points = config.points()
-    trial_setups = tuple(Setup(t.name, config.setup.preset, args=t.args()) for t in points)
-    first = resolve((*config.train_args, "--preset", config.setup.preset,
-                     *trial_setups[0].args, "--seed", str(config.seed0)))
-    unread = [s.key for s in config.searches if s.key not in first]
-    if unread:
-        raise ValueError(f"search: {unread} are not fields that setup {config.setup.name!r} "
-                         f"reads (its fields: {sorted(first)})")
-    trial_runs = run_compare(CompareConfig(
-        setups=trial_setups, seeds=config.seeds, seed0=config.seed0, nproc=config.nproc,
-        out_dir=config.out_dir / "trials", train_args=config.train_args), resolve, launch, say)
-    results = tuple(TrialResult(t.name, t.values, tuple(_final(r) for r in trial_runs[t.name]),
-                                _score(trial_runs[t.name])) for t in points)
-    scored = [r for r in results if r.score is not None]
-    if not scored:
-        raise RuntimeError(f"tune {config.setup.name}: every seed of every trial diverged")
-    best = min(scored, key=lambda r: r.score)  # type: ignore[arg-type, return-value]
-    best_setup = next(s for s in trial_setups if s.name == best.name)
-    confirm: tuple[float, ...] = ()
-    if config.confirm_seeds:
-        runs = run_compare(CompareConfig(
-            setups=(best_setup,), seeds=config.confirm_seeds, seed0=config.seed0,
-            nproc=config.nproc, out_dir=config.out_dir / "trials",
-            train_args=config.train_args), resolve, launch, say)[best.name]
-        confirm = tuple(_final(r) for r in runs)
-    resolved = resolve((*config.train_args, "--preset", config.setup.preset, *best_setup.args,
-                        "--seed", str(config.seed0)))
-    typed = {s.key: resolved[s.key] for s in config.searches}
-    result = TuneResult(setup=config.setup.name, preset=config.setup.preset,
-                        train_args=config.train_args, seeds=config.seeds, trials=results,
-                        best=best.name, best_values=best.values,
-                        edge_warnings=tuple(edge_warnings(config.searches, results, best)),
-                        confirm_finals=confirm, typed_values=typed)
-    return write_tuning(result, config.out_dir)
+    """Tune ``config.setup``: run trials of its study until none is left (with other workers
+    on the same store, if any), confirm the best, write the files; return what was found.
 
-
-def tuned_preset_text(result: TuneResult) -> str:
-    """A preset that extends the tuned setup's preset with the best values (TOML)."""
-    base = result.preset
-    if base.endswith(".toml") or "/" in base:
-        base = str(Path(base).resolve())
-    lines = [f"# {result.setup} tuned by nanoshampoo tune: best of {len(result.trials)} trials "
-             f"at {result.seeds} seed(s) each (tuning.md).",
-             f"extends = {json.dumps(base)}"]
-    tables: dict[str, list[str]] = {}
-    for key, value in result.typed_values.items():
-        table, dot, name = key.rpartition(".")
-        line = f"{name if dot else key} = {_toml_value(value)}"
-        if dot:
-            tables.setdefault(table, []).append(line)
-        else:
-            lines.append(line)
-    for table, entries in tables.items():
-        lines += ["", f"[{table}]", *entries]
-    return "\n".join(lines) + "\n"
-
-
-def _toml_value(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (int, float)):
-        return repr(value)
-    return json.dumps(value)
-
-
-def write_tuning(result: TuneResult, out_dir: Path) -> TuneResult:
-    """Write ``tuning.md``, ``tuning.json`` and ``tuned-SETUP.toml``; return the result with
-    the preset file's path."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    preset = out_dir / f"tuned-{result.setup}.toml"
-    with atomic_output(preset) as tmp:
-        tmp.write_text(tuned_preset_text(result), encoding="utf-8")
-    result = dataclasses.replace(result, preset_file=str(preset))
-    with atomic_output(out_dir / "tuning.md") as tmp:
-        tmp.write_text(format_tuning(result), encoding="utf-8")
-    write_json(out_dir / "tuning.json", json_ready(result))
-    return result
-
-
-def format_tuning(result: TuneResult) -> str:
-    keys = list(result.trials[0].values)
-    rows = [["trial", *keys, "final val loss per seed", "mean"]]
-    for trial in sorted(result.trials, key=lambda t: math.inf if t.score is None else t.score):
-        rows.append([trial.name + (" (best)" if trial.name == result.best else ""),
-                     *(trial.values[k] for k in keys),
-                     ", ".join("diverged" if math.isnan(f) else f"{f:.4f}" for f in trial.finals),
-                     "—" if trial.score is None else f"{trial.score:.4f}"])
-    flags = " ".join(result.train_args) or "(none)"
-    lines = [f"# Tuning {result.setup} (preset {result.preset})", "",
-             f"{len(result.trials)} trials, {result.seeds} seed(s) each, the same train flags "
-             f"for every trial: `{flags}`. Best: **{result.best}** "
-             f"({', '.join(f'{k} = {v}' for k, v in result.best_values.items())}).", "",
-             *format_markdown_table(rows), ""]
-    lines += [f"**Warning**: {w}" for w in result.edge_warnings]
-    if result.confirm_finals:
-        finished = [f for f in result.confirm_finals if not math.isnan(f)]
-        mean = sum(finished) / len(finished) if finished else math.nan
-        lines += ["", f"Confirmed over {len(result.confirm_finals)} seeds: "
-                      f"{', '.join(f'{f:.4f}' for f in result.confirm_finals)} (mean {mean:.4f})."]
-    lines += ["", f"Tuned preset: `{result.preset_file}`."]
-    return "\n".join(lines) + "\n"
+    ``command`` builds the trainer's command line (default ``python -m nanoshampoo.train``).
+    """
+    return TuneSession(config, resolve, command, say).finish()

@@ -1,0 +1,207 @@
+"""One training run of a tuning trial: a trainer subprocess whose decay branches feed a pruner.
+
+A trial trains its point at each of its seeds; the first seed's run also trains the rungs'
+decay branches (``--decay-branches F,...``: the trainer forks the run and decays each fork to
+its end at ``F`` x the budget, writing ``{"kind": "branch", "fraction": F, "steps": N_b,
+"val_loss": x, ...}`` to the run's JSONL once that branch is complete). :func:`train_seed`
+launches the trainer, follows its JSONL while it runs and hands every branch record to
+``on_branch``; when that says stop, the trainer's process group is killed: the run stays on
+disk without a ``final`` record, so it is never reused as a finished run. A value a pruner sees
+is therefore always a complete decayed run, never a loss read mid-schedule.
+
+Runs are ``compare`` runs (a manifest beside the logs, the same run ids): a seed whose run
+already ended in the trial's directory with the same effective config is read back, its
+branches replayed to ``on_branch``, and not trained again.
+
+The trainer is started in its own session (so the kill reaches every process of a
+``torchrun`` launch) and, on Linux, with a parent-death signal, so it does not outlive a worker
+that was killed.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from nanoshampoo.evidence.compare import (
+    PlannedRun,
+    find_reusable,
+    last_output_line,
+    write_manifest,
+)
+from nanoshampoo.evidence.logs import LogFormatError, RunRecord, read_run
+from nanoshampoo.evidence.repeat import fresh_run_id, train_command
+
+# (trainer flags, run id, out dir) -> the command line that trains them.
+TrainCommand = Callable[[Sequence[str], str, Path], list[str]]
+# Seconds between two reads of a running trainer's JSONL.
+POLL_S = 1.0
+# Seconds a killed trainer gets to exit on SIGTERM before SIGKILL.
+KILL_GRACE_S = 10.0
+# Runs the command after it (argv[2:]) once the kernel kills it with the worker (argv[1] is the
+# worker's pid: if that is gone already, the exec never happens).
+_DIE_WITH_PARENT = ("import ctypes, os, sys; ctypes.CDLL(None).prctl(1, 9); "
+                    "os.getppid() == int(sys.argv[1]) or os._exit(1); "
+                    "os.execvp(sys.argv[2], sys.argv[2:])")
+
+
+def trainer_command(nproc: int) -> TrainCommand:
+    """``python -m nanoshampoo.train`` (``torchrun`` with ``nproc`` processes when > 1)."""
+    return partial(train_command, nproc=nproc)
+
+
+def branch_flags(rungs: Sequence[float]) -> tuple[str, ...]:
+    """The trainer flags that make a run also train the decay branches at ``rungs``
+    (fractions of its steps); none without rungs. The one place tune asks for branches."""
+    return ("--decay-branches", ",".join(f"{f:g}" for f in rungs)) if rungs else ()
+
+
+@dataclass(frozen=True)
+class Branch:
+    """A decay branch's result: the run decayed to its end at ``steps`` (``fraction`` of the
+    budget). ``val_loss`` is ``inf`` for a branch that diverged or ended non-finite."""
+
+    fraction: float
+    steps: int
+    val_loss: float
+
+
+def parse_branch(record: Mapping[str, Any]) -> Branch:
+    """A ``{"kind": "branch", ...}`` record (``ValueError`` when a field is missing)."""
+    try:
+        loss = float(record["val_loss"])  # "nan", "inf" and numbers alike
+        steps, fraction = int(record["steps"]), float(record["fraction"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ValueError(f"branch record {dict(record)!r}: {exc}") from None
+    diverged = "diverged" in record or not math.isfinite(loss)
+    return Branch(fraction, steps, math.inf if diverged else loss)
+
+
+@dataclass(frozen=True)
+class SeedResult:
+    """What one seed's run gave: its ended run (``None`` when it was stopped), the branches it
+    reported, whether ``on_branch`` stopped it, and whether it was an earlier run reused."""
+
+    seed: int
+    run: RunRecord | None
+    branches: tuple[Branch, ...]
+    stopped: bool
+    reused: bool
+    log: Path
+
+    @property
+    def final(self) -> float:
+        """The final validation loss; NaN when the run diverged or was stopped."""
+        return math.nan if self.run is None else self.run.final_val_loss
+
+
+def _records(path: Path, offset: int) -> tuple[list[dict[str, Any]], int]:
+    """The complete JSONL lines of ``path`` after byte ``offset``, and the offset after them
+    (a line still being written waits for the next read)."""
+    try:
+        with path.open("rb") as handle:
+            handle.seek(offset)
+            data = handle.read()
+    except FileNotFoundError:
+        return [], offset
+    end = data.rfind(b"\n") + 1
+    records = []
+    for line in data[:end].splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # not ours to judge: read_run reports a damaged log at the end
+        if isinstance(record, dict):
+            records.append(record)
+    return records, offset + end
+
+
+def _branches(records: Sequence[Mapping[str, Any]]) -> Iterator[Branch]:
+    return (parse_branch(r) for r in records if r.get("kind") == "branch")
+
+
+def _spawn(command: Sequence[str], output: Path) -> subprocess.Popen[bytes]:
+    if sys.platform.startswith("linux"):
+        command = [sys.executable, "-c", _DIE_WITH_PARENT, str(os.getpid()), *command]
+    with output.open("x", encoding="utf-8") as out:
+        return subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+
+
+def _kill(process: subprocess.Popen[bytes]) -> None:
+    """Stop the trainer and every process it started (its session's process group)."""
+    for sig, wait_s in ((signal.SIGTERM, KILL_GRACE_S), (signal.SIGKILL, None)):
+        try:
+            os.killpg(process.pid, sig)
+        except ProcessLookupError:
+            break
+        try:
+            process.wait(wait_s)
+            break
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def train_seed(plan: PlannedRun, label: str, nproc: int, command: TrainCommand,
+               on_branch: Callable[[Branch], bool], say: Callable[[str], None],
+               defaults: Mapping[str, Any] | None = None, poll_s: float = POLL_S,
+               reuse_from: Sequence[Path] = ()) -> SeedResult:
+    """Train (or reuse) ``plan``'s run; ``on_branch`` sees each branch, True stops the run.
+
+    An ended run of the same config in ``plan.directory`` or one of ``reuse_from`` is reused.
+    Raises ``RuntimeError`` naming the run (``label``) and its output when the trainer exits
+    without a finished or diverged log (or fails after finishing).
+    """
+    reused = next((run for directory in (plan.directory, *reuse_from)
+                   if (run := find_reusable(directory, plan.config, nproc, defaults))), None)
+    if reused is not None:
+        replayed: list[Branch] = []
+        for branch in _branches(_records(reused.path, 0)[0]):
+            replayed.append(branch)
+            if on_branch(branch):
+                return SeedResult(plan.seed, None, tuple(replayed), True, True, reused.path)
+        return SeedResult(plan.seed, reused, tuple(replayed), False, True, reused.path)
+    run_id = fresh_run_id(plan.directory, plan.base_run_id)
+    argv = command(plan.argv, run_id, plan.directory)
+    write_manifest(plan, run_id, argv, nproc)
+    output, log = plan.directory / f"{run_id}.out", plan.directory / f"{run_id}.jsonl"
+    say(f"[tune] start    {label}: run {run_id}, output {output}")
+    process = _spawn(argv, output)
+    seen: list[Branch] = []
+    offset, stopped = 0, False
+    try:
+        while not stopped:
+            ended = process.poll() is not None
+            records, offset = _records(log, offset)
+            for branch in _branches(records):
+                seen.append(branch)
+                if on_branch(branch):
+                    stopped = True
+                    break
+            if ended:
+                break
+            time.sleep(poll_s)
+    finally:
+        if process.poll() is None:
+            _kill(process)
+    if stopped:
+        return SeedResult(plan.seed, None, tuple(seen), True, False, log)
+    try:
+        run = read_run(log)
+    except LogFormatError as exc:
+        raise RuntimeError(f"{label} failed (exit status {process.returncode}): "
+                           f"{last_output_line(output)}; log: {exc}; output: {output}") from None
+    if process.returncode != 0 and not run.diverged:
+        raise RuntimeError(f"{label} exited with status {process.returncode} after "
+                           f"finishing: {last_output_line(output)}; output: {output}")
+    return SeedResult(plan.seed, run, tuple(seen), False, False, log)
