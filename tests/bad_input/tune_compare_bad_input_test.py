@@ -49,11 +49,82 @@ def _refused(argv: list[str], capsys: pytest.CaptureFixture[str], root: Path,
     ("adamw.nosuch=1", ["--adamw.nosuch"]),
     ("nosuch=1", ["--nosuch"]),
     ("muon.lr=0.1", ["muon.lr", "adamw"]),
-    ("num_iterations=1,2", ["num_iterations", "budget"]),
+    ("num_iterations=1,2", ["num_iterations", "budget", "cannot be searched"]),
+    ("num-iterations=1,2", ["num_iterations", "cannot be searched"]),
+    ("batch-size=log:1:8", ["batch_size", "cannot be searched"]),
+    ("seq_len=64,128", ["seq_len", "cannot be searched"]),
+    ("grad-accum-steps=1,2", ["grad_accum_steps", "cannot be searched"]),
+    ("adamw=1,2", ["search", "adamw is a table", "adamw.FIELD"]),
+    ("adamw.lr.x=1,2", ["adamw.lr", "not a table of keyword arguments"]),
+    ('custom.matrix_kwargs={"lr": 0.1}', ["custom.matrix_kwargs", "one entry",
+                                          "custom.matrix_kwargs.lr="]),
+    ("adamw..lr=1", ["search", "empty name"]),
+    ("adamw.lr=abc,0.1", ["--adamw.lr", "abc"]),
 ])
 def test_tune_refuses_a_bad_search_in_one_line(search: str, names: list[str], tmp_path: Path,
                                                 capsys: pytest.CaptureFixture[str]) -> None:
     _refused(["tune", "--setup", "adamw", "--search", search, *TRAIN], capsys, tmp_path, *names)
+
+
+def test_tune_refuses_an_absurd_grid_at_once(tmp_path: Path,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    values = ",".join(f"{i + 1}e-4" for i in range(300))
+    _refused(["tune", "--setup", "adamw", "--search", f"adamw.lr={values}", "--search",
+              f"adamw.weight_decay={values}", *TRAIN], capsys, tmp_path,
+             "300 x 300 = 90000 trials", "more than 10000")
+
+
+def test_tune_refuses_an_absurd_trial_count(tmp_path: Path,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    search = ["tune", "--setup", "adamw", "--search", "adamw.lr=log:0.001:0.1"]
+    _refused([*search, "--trials", "1000000000", *TRAIN], capsys, tmp_path, "trials",
+             "1000000000", "more than 10000")
+    with pytest.raises(SystemExit) as refused:  # not an integer: argparse's own one line
+        main([*search, "--trials", "1e9", *TRAIN])
+    assert refused.value.code == EXIT_USER_ERROR
+    one_error_line(capsys, "nanoshampoo tune", "--trials", "1e9")
+
+
+@pytest.mark.parametrize("rungs, names", [
+    ("0.3,0.5", ["rungs", "1/eta^m"]),
+    ("0.5,0.25", ["rungs", "ascending"]),
+    ("x", ["--rungs", "fractions"]),
+    ("0.25,0.5", ["rungs", "2 steps", "step count"]),
+])
+def test_tune_refuses_bad_rungs(rungs: str, names: list[str], tmp_path: Path,
+                                capsys: pytest.CaptureFixture[str]) -> None:
+    _refused(["tune", "--setup", "adamw", "--search", "adamw.lr=0.001,0.01", "--rungs", rungs,
+              *TRAIN], capsys, tmp_path, *names)
+
+
+def test_tune_refuses_a_storage_that_is_not_a_url(tmp_path: Path,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    _refused(["tune", "--setup", "adamw", "--search", "adamw.lr=0.001,0.01", "--storage",
+              "study.db", *TRAIN], capsys, tmp_path, "--storage", "expected a URL")
+
+
+def test_tune_refuses_a_log_range_over_a_kwargs_entry_that_is_not_real(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    preset = tmp_path / "sgd.toml"
+    preset.write_text('extends = "tiny-adamw"\noptimizer = "custom"\n\n[custom]\n'
+                      'matrix_optimizer = "torch.optim:SGD"\n'
+                      'matrix_kwargs = {lr = 0.05, nesterov = false, momentum = 0.9}\n')
+    _refused(["tune", "--setup", f"sgd={preset}", "--search",
+              "custom.matrix_kwargs.nesterov=log:0.1:1", "--trials", "2", *TRAIN], capsys,
+             tmp_path, "custom.matrix_kwargs.nesterov", "real numbers", "grid")
+
+
+def test_compare_tune_checks_every_spec_before_any_trial_trains(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # Before: AdamW's trials trained before the malformed Muon spec was reached.
+    _refused(["compare", "--setups", "adamw,muon", "--tune", "adamw:adamw.lr=0.001,0.003",
+              "--tune", "muon:muon.nosuch=0.01,0.02", *TRAIN], capsys, tmp_path,
+             "--muon.nosuch")
+    _refused(["compare", "--setups", "adamw,muon", "--tune", "adamw:adamw.lr=0.001,0.003",
+              "--tune", "muon:muon.lr=0.01,x", *TRAIN], capsys, tmp_path, "--muon.lr", "'x'")
+    _refused(["compare", "--setups", "adamw,muon", "--tune", "adamw:adamw.lr=log:0.001:0.1",
+              "--tune", "muon:muon.lr=log:0.01:0.1", "--tune-trials", "1000000000", *TRAIN],
+             capsys, tmp_path, "trials", "more than 10000")
 
 
 @pytest.mark.parametrize("trials", ["0", "-1"])
@@ -63,12 +134,13 @@ def test_tune_refuses_a_range_without_positive_trials(trials: str, tmp_path: Pat
               *TRAIN], capsys, tmp_path, "trials")
 
 
-@pytest.mark.parametrize("key", ["seed", "run_id", "out_dir", "resume", "optimizer", "preset"])
+@pytest.mark.parametrize("key", ["seed", "run_id", "out_dir", "resume", "optimizer", "preset",
+                                 "decay_branches", "run-id"])
 def test_tune_refuses_to_search_a_field_it_sets_for_each_run(
         key: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     # Searching the seed "tunes" noise: the best seed is written as a tuned preset.
     _refused(["tune", "--setup", "adamw", "--search", f"{key}=1,2", *TRAIN], capsys, tmp_path,
-             "search", key, "set by tune")
+             "search", key.replace("-", "_"), "set by tune")
 
 
 def test_tune_refuses_a_log_range_over_an_integer_field(

@@ -500,24 +500,3 @@ def test_train_config_defaults_are_the_dataclass_defaults() -> None:
     # Every table's fields, not only those of the default setup's tables.
     assert defaults["muon.lr"] == 0.05 and defaults["custom.matrix_kwargs"] == {}
 
-
-def test_a_run_that_another_compare_ended_meanwhile_is_reused(tmp_path: Path) -> None:
-    config = _config(tmp_path, setups=parse_setups("adamw"), seeds=2)
-    other = FakeTrainer()
-
-    class Concurrent(FakeTrainer):
-        def __call__(self, command: list[str], output: Path) -> int:
-            if not self.launched:  # while seed 0 trains, another compare runs seed 1
-                run_compare(_config(tmp_path, setups=parse_setups("adamw"), seeds=1, seed0=1),
-                            resolve=fake_resolve, launch=other, say=lambda line: None)
-            return super().__call__(command, output)
-
-    trainer = Concurrent()
-    lines: list[str] = []
-    groups = run_compare(config, resolve=fake_resolve, launch=trainer, say=lines.append)
-    assert [_flag(c, "--seed") for c in trainer.launched] == ["0"]
-    assert [_flag(c, "--seed") for c in other.launched] == ["1"]
-    assert [run.seed for run in groups["adamw"]] == [0, 1]
-    assert any(line.startswith("[compare] reused   adamw seed 1") and line.endswith("ended meanwhile")
-               for line in lines)
-

@@ -7,13 +7,22 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import signal
+import subprocess
 import sys
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from optuna.trial import FrozenTrial
 
 HERE = Path(__file__).resolve().parent
 FAKE_TRAINER = HERE / "fake_trainer.py"
+REPO = HERE.parents[2]
+GRID_LRS = ("0.005", "0.01", "0.02", "0.04", "0.08")
 FAKE_DEFAULTS: dict[str, Any] = {
     "preset": "tiny-muon", "num_iterations": 8, "seed": 0, "out_dir": "runs", "run_id": "",
     "decay_branches": [], "muon.lr": 0.05, "muon.weight_decay": 0.0,
@@ -71,6 +80,85 @@ def worker_main(spec: dict[str, Any]) -> None:
     for key in ("train_args", "rungs"):
         fields[key] = tuple(fields.get(key, ()))
     tune(TuneConfig(**fields), fake_resolve, fake_command)
+
+
+def start_worker(spec: dict[str, Any], output: Path, step_s: float) -> subprocess.Popen[bytes]:
+    """A worker process of the tune ``spec`` describes, the fake trainer taking ``step_s``
+    seconds a step, its output into ``output``. It imports this checkout's package."""
+    env = {**os.environ, "PYTHONPATH": str(REPO), "FAKE_STEP_S": str(step_s)}
+    with output.open("x") as out:
+        return subprocess.Popen([sys.executable, str(Path(__file__).resolve()), json.dumps(spec)],
+                                env=env, stdout=out, stderr=subprocess.STDOUT)
+
+
+def wait_for(condition: Callable[[], Any], timeout_s: float, what: str) -> Any:
+    """Poll ``condition`` until it returns something true; fail naming ``what`` after
+    ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if value := condition():
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+
+
+def kill_a_worker_mid_trial(storage: str | None, tmp: Path) -> tuple[list[FrozenTrial], int]:
+    """Two workers on one study of a 5-point grid; SIGKILL one while its trainer runs; wait
+    for the other to finish the study. Returns the study's trials and the killed trial's
+    number (the checks are the caller's)."""
+    import optuna
+
+    lrs = ",".join(GRID_LRS)
+    spec = {"setup": ["muon", "tiny-muon"], "searches": [f"muon.lr={lrs}"],
+            "out_dir": str(tmp / "tune"), "train_args": ["--num-iterations", "8"],
+            "storage": storage, "study": "killed", "heartbeat_s": 2, "poll_s": 0.05}
+    url = storage or f"sqlite:///{tmp}/tune/study.db"
+    workers = [start_worker(spec, tmp / f"worker{i}.out", step_s=0.3) for i in range(2)]
+    try:
+        def busy() -> list[FrozenTrial] | None:
+            try:
+                trials = optuna.load_study(study_name="killed", storage=url).get_trials()
+            except Exception:  # not created yet
+                return None
+            running = [t for t in trials if t.state == optuna.trial.TrialState.RUNNING
+                       and any((tmp / "tune" / "trials" / "killed" / f"t{t.number:03d}")
+                               .glob("*.jsonl"))]
+            return running if len({t.user_attrs["worker"] for t in running}) == 2 else None
+
+        victim = wait_for(busy, 120, "both workers to train a trial")[0]
+        pid = int(victim.user_attrs["worker"].rsplit(":", 1)[1])
+        (killed,) = [w for w in workers if w.pid == pid]
+        killed.send_signal(signal.SIGKILL)
+        killed.wait(10)
+        (survivor,) = [w for w in workers if w is not killed]
+        assert survivor.wait(240) == 0, (tmp / "worker0.out").read_text()[-3000:]
+    finally:
+        for worker in workers:
+            if worker.poll() is None:
+                worker.kill()
+                worker.wait()
+    return optuna.load_study(study_name="killed", storage=url).get_trials(), victim.number
+
+
+def check_every_point_ran_once(trials: Sequence[FrozenTrial], victim: int, tmp: Path) -> None:
+    """Every grid point complete exactly once; the killed trial failed and retried, with its
+    point, by the other worker; on disk one finished run per point, and the killed run
+    stopped with its worker (no final record)."""
+    from optuna.trial import TrialState
+
+    complete = [t for t in trials if t.state == TrialState.COMPLETE]
+    assert sorted(t.params["muon.lr"] for t in complete) == sorted(map(float, GRID_LRS))
+    (killed,) = [t for t in trials if t.number == victim]
+    (retry,) = [t for t in trials if t.system_attrs.get("failed_trial") == victim]
+    assert killed.state == TrialState.FAIL and retry.state == TrialState.COMPLETE
+    assert retry.params == killed.params
+    assert retry.user_attrs["worker"] != killed.user_attrs["worker"]
+    for trial in trials:  # anything else was asked for beyond the budget and never trained
+        assert trial in complete or trial is killed or trial.user_attrs["outcome"] == "surplus"
+    logs = sorted((tmp / "tune" / "trials" / "killed").glob("*/*.jsonl"))
+    finished = [json.loads(log.read_text().splitlines()[0])["config"]["muon.lr"] for log in logs
+                if '"kind": "final"' in log.read_text()]
+    assert sorted(finished) == sorted(map(float, GRID_LRS)) and len(logs) == len(finished) + 1
 
 
 if __name__ == "__main__":
