@@ -55,12 +55,15 @@ compare: $(STAMP)
 	$(PY) -m nanoshampoo compare --setups adamw,shampoo,soap,muon,normuon,muon-cwd,soap-muon,schedule-free,lion,kl-shampoo --seeds 3 --baseline adamw --step-fractions $(STEP_FRACTIONS) --out-dir runs/compare -- --save-final-checkpoint false $(COMPARE_ARGS)
 
 # Every setup tuned at the same budget, then compared at its tuned point, in one command:
-# 3 learning rates per setup (1 seed each, 300 steps), the best at 3 seeds (its trial is seed 0);
-# the speedrun's track-3 rules next to Welch's test; tuning.md / tuned-NAME.toml per setup under
-# runs/tuned/tune/NAME. One thread per run, bf16 autocast fixed (not probed) and eager (no
-# compile), so every run is the same computation whatever else loads the machine. 50 runs: about 1h50 on 2 idle cores
-# (2 runs at a time: start a second `make compare-tuned` into the same out dir; each reuses
-# what the other finished).
+# 3 learning rates per setup (1 seed each, 300 steps; one Optuna grid study per setup), the best
+# at 3 seeds (its trial is seed 0); the speedrun's track-3 rules next to Welch's test;
+# tuning.md / tuned-NAME.toml / study.db per setup under runs/tuned/tune/NAME. One thread per
+# run, bf16 autocast fixed (not probed) and eager (no compile), so every run is the same
+# computation whatever else loads the machine. 50 runs: about 1h50 on 2 idle cores. More
+# workers: the same command again, in another terminal (they share the SQLite stores in the out
+# dir) or on other machines with TUNE_STORAGE=postgresql://USER@HOST:PORT/DB on every one; each
+# worker takes the next trial or seed from the store, so none trains twice.
+TUNE_STORAGE ?=
 TUNE_SPECS := \
 	--tune 'adamw:adamw.lr=0.0013,0.002,0.003' \
 	--tune 'shampoo:shampoo.lr=0.002,0.003,0.0045' \
@@ -74,7 +77,7 @@ TUNE_SPECS := \
 	--tune 'kl-shampoo:kl_shampoo.lr=0.0015,0.003,0.006'
 .PHONY: compare-tuned
 compare-tuned: $(STAMP)
-	$(PY) -m nanoshampoo compare --setups adamw,shampoo,soap,muon,normuon,muon-cwd,soap-muon,schedule-free,lion,kl-shampoo --seeds 3 --baseline adamw --rule track3 --out-dir runs/tuned $(TUNE_SPECS) -- --threads 1 --autocast bf16 --compile false --progress false --save-final-checkpoint false $(COMPARE_ARGS)
+	$(PY) -m nanoshampoo compare --setups adamw,shampoo,soap,muon,normuon,muon-cwd,soap-muon,schedule-free,lion,kl-shampoo --seeds 3 --baseline adamw --rule track3 --out-dir runs/tuned $(TUNE_SPECS) $(if $(TUNE_STORAGE),--tune-storage $(TUNE_STORAGE)) -- --threads 1 --autocast bf16 --compile false --progress false --save-final-checkpoint false $(COMPARE_ARGS)
 
 # The longer task: 1300 steps (one epoch of the embedded corpus, 2.7 M tokens; about 50 min on
 # 2 cores), AdamW and Muon at the learning rates, head lr and cooldown tuned at that length

@@ -11,7 +11,9 @@ study; run again after the study ended, it trains nothing and writes the files a
 every compared setup, each with the same number of trials (refused otherwise: an equal budget),
 into ``OUT_DIR/tune/SETUP``, then compares them at their tuned presets. Several keys of one
 setup: ``SETUP:K1=...;K2=...``. Every spec is checked before any trial trains; a worker runs
-the trials of every setup's study it can before it waits for another worker's.
+the trials of every setup's study it can before it waits for another worker's. The best point's
+``--seeds`` seeds are each tune's confirmation, so they too go through the store; the
+comparison then reuses those it finds in the out dir and trains the rest.
 """
 
 from __future__ import annotations
@@ -158,8 +160,11 @@ def tuned_compare_config(config: CompareConfig, args: argparse.Namespace) -> Com
         raise ValueError(f"tune: give every compared setup {names} a --tune spec (an equal "
                          f"tuning budget), got specs for {sorted(specs)}")
     rungs = parse_rungs(args.tune_rungs, "--tune-rungs")
+    # The comparison's seeds at the best point are the tune's confirmation: trained through
+    # the store (shared by the workers), then reused by the comparison where they are local.
     tunes = {s.name: TuneConfig(setup=s, searches=specs[s.name], trials=args.tune_trials,
-                                seeds=args.tune_seeds, seed0=config.seed0, nproc=config.nproc,
+                                seeds=args.tune_seeds, confirm_seeds=config.seeds,
+                                seed0=config.seed0, nproc=config.nproc,
                                 out_dir=config.out_dir / "tune" / s.name,
                                 train_args=config.train_args, rungs=rungs,
                                 storage=args.tune_storage) for s in config.setups}

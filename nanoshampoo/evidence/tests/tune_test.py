@@ -135,6 +135,14 @@ def test_ranges_are_searched_by_tpe_reproducibly(tmp_path: Path) -> None:
     assert len({t.params["muon.lr"] for t in a.trials}) == 5
 
 
+def test_the_trials_of_a_narrow_range_keep_names_of_their_own(tmp_path: Path) -> None:
+    # Before: names from the values rounded to 4 digits, so these were "setups given twice".
+    result = run(config(tmp_path, "muon.lr=log:0.02:0.0200001", trials=3))
+    assert sorted(t.name for t in result.trials) == ["t000", "t001", "t002"]
+    assert {t.state for t in result.trials} == {"complete"}
+    assert len({t.params["muon.lr"] for t in result.trials}) == 3
+
+
 def successive_halving(branch_values: list[list[float]], eta: int) -> list[int]:
     """The rungs each trial passes, trials in order, by the rule written out: at a rung, a
     trial goes on when its value is at most the ``max(1, n // eta)``-th smallest of the n
@@ -278,14 +286,13 @@ def test_compare_tune_on_a_tiny_budget_end_to_end(tmp_path: Path,
         assert tuning["best_number"] == best["number"] and len(tuning["trials"]) == 2
         preset = tomllib.loads((out / "tune" / setup / f"tuned-{setup}.toml").read_text())
         assert preset[setup]["lr"] == float(best["params"][f"{setup}.lr"])
-        # Seed 0 at the tuned point is the best trial's run (the same config): reused, and only
-        # seed 1 trained for the comparison.
+        # Seed 0 at the tuned point is the best trial's run, seed 1 the tune's confirmation (the
+        # same config): the comparison reuses both and trains nothing of its own.
         trial_logs = list((out / "tune" / setup / "trials").glob(f"*/{best['name']}/*.jsonl"))
-        assert len(trial_logs) == 1 and len(list((out / setup).glob("*.jsonl"))) == 1
+        assert len(trial_logs) == 2 and not list((out / setup).glob("*.jsonl"))
+        assert tuning["confirm_finals"][0] == best["finals"][0]
         row = next(r for r in board["rows"] if r["setup"] == setup)
-        seed1 = json.loads(next((out / setup).glob("*.jsonl")).read_text().splitlines()[-1])
-        assert row["final_val_loss"]["mean"] == pytest.approx(
-            (best["finals"][0] + seed1["val_loss"]) / 2)
+        assert row["final_val_loss"]["mean"] == pytest.approx(sum(tuning["confirm_finals"]) / 2)
     summary = (out / "tuning.md").read_text()
     for setup in ("adamw", "muon"):
         tuning = json.loads((out / "tune" / setup / "tuning.json").read_text())
