@@ -41,6 +41,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from nanoshampoo.evidence.compare import (
     MANAGED_OPTIONS,
+    ConfigResolver,
     PlannedRun,
     Setup,
     check_setup_name,
@@ -58,7 +59,6 @@ from nanoshampoo.evidence.tune_report import (
     write_tuning,
 )
 from nanoshampoo.evidence.tune_space import (
-    Resolver,
     Search,
     SearchSpace,
     build_space,
@@ -191,7 +191,7 @@ class TuneSession:
     first use of :attr:`study`.
     """
 
-    def __init__(self, config: TuneConfig, resolve: Resolver = resolve_train_config,
+    def __init__(self, config: TuneConfig, resolve: ConfigResolver = resolve_train_config,
                  command: TrainCommand | None = None,
                  say: Callable[[str], None] = lambda line: print(line, flush=True)) -> None:
         self.config, self.resolve, self.say = config, resolve, say
@@ -200,6 +200,8 @@ class TuneSession:
                                               config.setup.name)
         self.num_iterations = int(resolve(config.base_argv())["num_iterations"])
         self.pruner = make_pruner(config.rungs, self.num_iterations)
+        if config.rungs:  # the trainer must know the flag before a trial asks for branches
+            resolve((*config.base_argv(), *branch_flags(config.rungs)))
         self.url = storage_url(config.storage, config.out_dir)
         self._study: optuna.Study | None = None
 
@@ -383,7 +385,7 @@ def _trial_result(trial: FrozenTrial, trials: Sequence[FrozenTrial],
         note="; ".join(notes))
 
 
-def tune(config: TuneConfig, resolve: Resolver = resolve_train_config,
+def tune(config: TuneConfig, resolve: ConfigResolver = resolve_train_config,
          command: TrainCommand | None = None,
          say: Callable[[str], None] = lambda line: print(line, flush=True)) -> TuneResult:
     """Tune ``config.setup``: run trials of its study until none is left (with other workers

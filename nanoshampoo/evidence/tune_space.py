@@ -25,9 +25,11 @@ from __future__ import annotations
 import json
 import math
 import typing
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from nanoshampoo.evidence.compare import ConfigResolver
 
 # Train fields that set a trial's budget: equal for every trial, so never searched.
 BUDGET_FIELDS = ("num_iterations", "batch_size", "seq_len", "grad_accum_steps")
@@ -36,8 +38,6 @@ MANAGED_FIELDS = ("seed", "run_id", "out_dir", "resume", "optimizer", "preset", 
 # More trials than this is a typo, not a plan: every trial is a training run.
 MAX_TRIALS = 10_000
 
-# Resolves trainer flags to the effective TrainConfig as a plain dict (compare's resolver).
-Resolver = Callable[[Sequence[str]], dict[str, Any]]
 
 
 def normalize_key(key: str) -> str:
@@ -220,7 +220,7 @@ def _entry_value(text: str) -> Any:
         return text
 
 
-def build_space(searches: Sequence[Search], resolve: Resolver, base_argv: Sequence[str],
+def build_space(searches: Sequence[Search], resolve: ConfigResolver, base_argv: Sequence[str],
                 setup: str) -> SearchSpace:
     """Check every search against setup ``setup`` (trainer flags ``base_argv``) before any
     trial: the key is a field the setup reads (a kwargs field only by its entries), a range

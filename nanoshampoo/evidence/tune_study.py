@@ -243,7 +243,11 @@ def run_worker(study: optuna.Study, budget: int,
                 if asked:
                     give_back(study, asked[0])
                 raise
-            ran += 1
+            last = next(t for t in study.get_trials(deepcopy=False) if t.number == asked[0])
+            if last.user_attrs.get(OUTCOME) == SURPLUS:
+                time.sleep(poll_s * random.random())  # another worker asked at the same time
+            else:
+                ran += 1
             continue
         if wait and TrialState.RUNNING in states:
             time.sleep(poll_s)
@@ -252,12 +256,13 @@ def run_worker(study: optuna.Study, budget: int,
 
 
 def study_counts(trials: Sequence[FrozenTrial], budget: int) -> dict[str, int]:
-    """How many of the budget's slots are complete, pruned, failed, running, and still open."""
+    """How many of the budget's slots are complete, pruned, failed, running, queued again (a
+    retry), and not asked for yet."""
     held = held_slots(trials).values()
     counts = {name: sum(t.state == state for t in held) for name, state in (
         ("complete", TrialState.COMPLETE), ("pruned", TrialState.PRUNED),
         ("failed", TrialState.FAIL), ("running", TrialState.RUNNING))}
-    counts["running"] += sum(t.state == TrialState.WAITING for t in held)
+    counts["queued"] = sum(t.state == TrialState.WAITING for t in held)
     counts["to run"] = max(0, budget - len(held))
     return counts
 

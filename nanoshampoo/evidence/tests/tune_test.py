@@ -108,7 +108,7 @@ def test_a_finished_study_is_read_back_and_nothing_trains(tmp_path: Path) -> Non
     assert len(manifests(tmp_path / "tune")) == launched == 4
     assert lines == [f"[tune] muon: study {first.study} in sqlite:///{tmp_path}/tune/study.db: 4 "
                      "trials (grid 4), 1 seed(s) each: 4 complete, 0 pruned, 0 failed, "
-                     "0 running, 0 to run"]
+                     "0 running, 0 queued, 0 to run"]
     assert again == first
 
 
