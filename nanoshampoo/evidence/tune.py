@@ -31,12 +31,14 @@ import hashlib
 import json
 import math
 import os
+import re
 import socket
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import optuna
+from optuna.storages import RDBStorage
 from optuna.trial import FrozenTrial, TrialState
 
 from nanoshampoo.evidence.compare import (
@@ -132,6 +134,9 @@ class TuneConfig:
                 raise ValueError(f"{name.replace('_', '-')}: must be >= {low}, got "
                                  f"{getattr(self, name)}")
         check_setup_name(self.setup.name)
+        if self.study and not re.match(r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$", self.study):
+            raise ValueError(f"study: {self.study!r} is not a plain name (letters, digits, "
+                             "_ . + -): it names a directory")
         check_searches(self.searches, self.trials)
         check_unmanaged(self.train_args, MANAGED_OPTIONS, "tune for each run")
         given = {normalize_key(a.lstrip("-").split("=", 1)[0]) for a in self.train_args
@@ -203,6 +208,8 @@ class TuneSession:
         if config.rungs:  # the trainer must know the flag before a trial asks for branches
             resolve((*config.base_argv(), *branch_flags(config.rungs)))
         self.url = storage_url(config.storage, config.out_dir)
+        self.defaults = train_config_defaults()
+        self.storage: RDBStorage | None = None
         self._study: optuna.Study | None = None
 
     @property
@@ -214,7 +221,6 @@ class TuneSession:
         if config.storage is None:
             config.out_dir.mkdir(parents=True, exist_ok=True)
         self.storage = open_storage(self.url, config.heartbeat_s)
-        self.defaults = train_config_defaults()
         grid = self.space.grid() if self.space.is_grid else None
         with quiet_optuna():
             self._study = optuna.create_study(
@@ -365,7 +371,7 @@ def _trial_result(trial: FrozenTrial, trials: Sequence[FrozenTrial],
     notes = []
     if "failed_trial" in trial.system_attrs:
         notes.append(f"retry of trial {trial.system_attrs['failed_trial']}")
-    if trial.user_attrs.get(OUTCOME) == DIVERGED:
+    if trial.state == TrialState.FAIL and trial.user_attrs.get(OUTCOME) == DIVERGED:
         notes.append("every seed diverged")
     elif trial.state == TrialState.FAIL:
         retries = [t.number for t in trials

@@ -97,6 +97,12 @@ def test_tune_refuses_bad_rungs(rungs: str, names: list[str], tmp_path: Path,
               *TRAIN], capsys, tmp_path, *names)
 
 
+def test_tune_refuses_a_study_name_that_is_not_plain(tmp_path: Path,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    _refused(["tune", "--setup", "adamw", "--search", "adamw.lr=0.001,0.01", "--study", "a/b",
+              *TRAIN], capsys, tmp_path, "study", "'a/b'")
+
+
 def test_tune_refuses_a_storage_that_is_not_a_url(tmp_path: Path,
                                                   capsys: pytest.CaptureFixture[str]) -> None:
     _refused(["tune", "--setup", "adamw", "--search", "adamw.lr=0.001,0.01", "--storage",
