@@ -5,9 +5,10 @@ decay branches (``--decay-branches F,...``: the trainer forks the run and decays
 its end at ``F`` x the budget, writing ``{"kind": "branch", "fraction": F, "steps": N_b,
 "val_loss": x, ...}`` to the run's JSONL once that branch is complete). :func:`train_seed`
 launches the trainer, follows its JSONL while it runs and hands every branch record to
-``on_branch``; when that says stop, the trainer's process group is killed: the run stays on
-disk without a ``final`` record, so it is never reused as a finished run. A value a pruner sees
-is therefore always a complete decayed run, never a loss read mid-schedule.
+``on_branch``; when that says stop, the trainer's process group is killed and the run's
+manifest renamed ``RUN_ID.pruned.json``: the run stays on disk (without a ``final`` record, unless
+the trainer was quicker than the poll) and is never reused as a finished run. A value a pruner
+sees is therefore always a complete decayed run, never a loss read mid-schedule.
 
 Runs are ``compare`` runs (a manifest beside the logs, the same run ids): a seed whose run
 already ended in the trial's directory with the same effective config is read back, its
@@ -34,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from nanoshampoo.evidence.compare import (
+    MANIFEST_SUFFIX,
     PlannedRun,
     find_reusable,
     last_output_line,
@@ -44,6 +46,8 @@ from nanoshampoo.evidence.repeat import fresh_run_id, train_command
 
 # (trainer flags, run id, out dir) -> the command line that trains them.
 TrainCommand = Callable[[Sequence[str], str, Path], list[str]]
+# A stopped run's manifest is renamed to this, so that it is never reused.
+PRUNED_SUFFIX = ".pruned.json"
 # Seconds between two reads of a running trainer's JSONL.
 POLL_S = 1.0
 # Seconds a killed trainer gets to exit on SIGTERM before SIGKILL.
@@ -195,6 +199,10 @@ def train_seed(plan: PlannedRun, label: str, nproc: int, command: TrainCommand,
         if process.poll() is None:
             _kill(process)
     if stopped:
+        # A trainer quicker than the poll may have finished before the kill: either way the
+        # run is a pruned trial's, never one to reuse, and a run without a manifest never is.
+        manifest = plan.directory / f"{run_id}{MANIFEST_SUFFIX}"
+        manifest.rename(plan.directory / f"{run_id}{PRUNED_SUFFIX}")
         return SeedResult(plan.seed, None, tuple(seen), True, False, log)
     try:
         run = read_run(log)

@@ -40,9 +40,10 @@ def run(config: TuneConfig, lines: list[str] | None = None) -> TuneResult:
     return tune(config, fake_resolve, fake_command, (lines if lines is not None else []).append)
 
 
-def manifests(out_dir: Path) -> list[dict[str, Any]]:
-    """What every run that tune started was asked for (one manifest per launched run)."""
-    return [json.loads(p.read_text()) for p in sorted(out_dir.glob("trials/*/*/*.compare.json"))]
+def manifests(out_dir: Path, kind: str = "*") -> list[dict[str, Any]]:
+    """What every run that tune started was asked for (one manifest per launched run; kind
+    ``compare`` for the runs that may be reused, ``pruned`` for those stopped)."""
+    return [json.loads(p.read_text()) for p in sorted(out_dir.glob(f"trials/*/*/*.{kind}.json"))]
 
 
 def flag(argv: list[str], name: str) -> str:
@@ -184,6 +185,8 @@ def test_successive_halving_prunes_on_decay_branches_only(
                f"{Path(run_manifest['command'][-3]).name}.jsonl")
         kinds = [r["kind"] for r in records(log)]
         assert ("final" in kinds) == (trial.state == "complete")  # a pruned run was stopped
+        pruned = [m["argv"] for m in manifests(tmp_path / "tune", "pruned")]
+        assert (run_manifest["argv"] in pruned) == (trial.state == "pruned")
     assert expected.count(2) < len(lrs) and result.best_values == {"muon.lr": "0.02"}
     # The same command again: the study is read back; the pruned trials stay pruned.
     launched = len(manifests(tmp_path / "tune"))
