@@ -190,13 +190,13 @@ def test_tune_on_a_generated_search_refuses_in_one_line_or_is_a_valid_search(
         search = parse_search(spec)
     except ValueError:
         search = None
-    if search is not None and search.key == "adamw.lr" and not search.is_range:
+    if search is not None and search.key == "adamw.lr":
         try:
-            valid = all(0 <= float(v) < float("inf") for v in search.values)
+            valid = search.is_range or all(0 <= float(v) < float("inf") for v in search.values)
         except ValueError:
             valid = False
         if valid:
-            return  # a real grid: tune would train it
+            return  # a real grid or range: tune would train it
     capsys.readouterr()
     before = snapshot(tmp_path)
     status = main(["tune", "--setup", "adamw", f"--search={spec}", "--trials", "1", *TRAIN])
