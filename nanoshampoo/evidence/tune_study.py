@@ -31,7 +31,6 @@ rung's steps, so its rungs fall on the decay branches' steps; without, none.
 from __future__ import annotations
 
 import logging
-import math
 import random
 import time
 import warnings
@@ -265,13 +264,6 @@ def study_counts(trials: Sequence[FrozenTrial], budget: int) -> dict[str, int]:
     counts["queued"] = sum(t.state == TrialState.WAITING for t in held)
     counts["to run"] = max(0, budget - len(held))
     return counts
-
-
-def value_of(trial: FrozenTrial) -> float:
-    """A finished trial's value; NaN for one without (pruned, failed, running)."""
-    if trial.state != TrialState.COMPLETE or trial.value is None:
-        return math.nan
-    return float(trial.value)
 
 
 def sampler_for(grid: dict[str, list[Any]] | None, sample_seed: int,
