@@ -250,7 +250,7 @@ class TuneSession:
         point = self.space.suggest(trial)
         name = trial_name(slot_number)
         trial.set_user_attr("worker", f"{socket.gethostname()}:{os.getpid()}")
-        finals = []
+        finals, logs = [], []
         for index, seed in enumerate(config.seed_list):
             label = (f"{config.setup.name} {name} "
                      f"({', '.join(f'{k}={v}' for k, v in point.items())}) seed {seed}")
@@ -268,10 +268,12 @@ class TuneSession:
                          f"{branch.val_loss:.4f}): {result.log}")
                 raise optuna.TrialPruned()
             finals.append(result.final)
+            logs.append(str(result.log))
             outcome = ("diverged" if math.isnan(result.final)
                        else f"final val_loss {result.final:.4f}")
             self.say(f"[tune] {'reused  ' if result.reused else 'finished'} {label}: {outcome}")
         trial.set_user_attr("finals", [None if math.isnan(f) else f for f in finals])
+        trial.set_user_attr("logs", logs)
         finished = [f for f in finals if not math.isnan(f)]
         if not finished:
             trial.set_user_attr(OUTCOME, DIVERGED)
@@ -311,7 +313,7 @@ class TuneSession:
         if best is None:
             raise RuntimeError(f"tune {config.setup.name}: no trial of study "
                                f"{config.study_name} ended with a value (every seed diverged?)")
-        confirm = self._confirm(best) if config.confirm_seeds else ()
+        confirm, confirm_logs = self._confirm(best) if config.confirm_seeds else ((), ())
         best_args = self.space.train_args(best.params)
         resolved = self.resolve((*config.base_argv(), *best_args))
         typed = {s.field: resolved[s.field] for s in config.searches}
@@ -325,18 +327,22 @@ class TuneSession:
             best_value=best.value,
             edge_warnings=tuple(edge_warnings(config.searches, results, best)),
             tunability=tunability(results, best.value), confirm_finals=confirm,
+            confirm_logs=confirm_logs,
             typed_values=typed)
         return write_tuning(result, config.out_dir)
 
-    def _confirm(self, best: TrialResult) -> tuple[float, ...]:
-        """The best point's final losses at ``confirm_seeds`` seeds: its own seeds' (the
-        trial's), then a study over the seeds it lacks."""
+    def _confirm(self, best: TrialResult) -> tuple[tuple[float, ...], tuple[str, ...]]:
+        """The best point's final losses at ``confirm_seeds`` seeds, and their runs' logs: its
+        own seeds' (the trial's), then a study over the seeds it lacks. With rungs, every
+        confirming run trains the rungs' decay branches too (never pruned), so each seed gives
+        the loss at every budget."""
         config = self.config
         seeds = list(range(config.seed0, config.seed0 + config.confirm_seeds))
         extra = seeds[config.seeds:]
         finals = list(best.finals[:config.confirm_seeds])
+        logs = list(best.logs[:config.confirm_seeds])
         if not extra:
-            return tuple(finals)
+            return tuple(finals), tuple(logs)
         with quiet_optuna():
             study = optuna.create_study(
                 storage=self.storage, study_name=f"{config.study_name}.confirm-{best.number}",
@@ -346,8 +352,10 @@ class TuneSession:
         def objective(trial: optuna.Trial, slot_number: int) -> float:
             seed = int(trial.suggest_categorical("seed", extra))
             label = f"{config.setup.name} {best.name} (best) seed {seed}"
-            result = self._train(self._plan(best.name, best.params, (), seed), label,
-                                 lambda branch: False)
+            result = self._train(self._plan(best.name, best.params,
+                                            branch_flags(config.rungs), seed),
+                                 label, lambda branch: False)
+            trial.set_user_attr("log", str(result.log))
             self.say(f"[tune] confirm  {label}: " + ("diverged" if math.isnan(result.final)
                                                     else f"final val_loss {result.final:.4f}"))
             if math.isnan(result.final):
@@ -359,8 +367,10 @@ class TuneSession:
         by_seed = {t.params.get("seed"): t for t in study.get_trials(deepcopy=False)
                    if t.state in (TrialState.COMPLETE, TrialState.FAIL)
                    and t.user_attrs.get(OUTCOME) != SURPLUS}
-        return tuple(finals + [math.nan if (t := by_seed.get(s)) is None or t.value is None
-                               else float(t.value) for s in extra])
+        return (tuple(finals + [math.nan if (t := by_seed.get(s)) is None or t.value is None
+                                else float(t.value) for s in extra]),
+                tuple(logs + [str(by_seed[s].user_attrs.get("log", "")) if s in by_seed else ""
+                              for s in extra]))
 
 
 def _trial_result(trial: FrozenTrial, trials: Sequence[FrozenTrial],
@@ -387,6 +397,7 @@ def _trial_result(trial: FrozenTrial, trials: Sequence[FrozenTrial],
         else float(trial.value),
         finals=tuple(math.nan if f is None else float(f)
                      for f in trial.user_attrs.get("finals", [])),
+        logs=tuple(trial.user_attrs.get("logs", [])),
         rungs={int(step): float(value) for step, value in trial.intermediate_values.items()},
         note="; ".join(notes))
 

@@ -39,7 +39,8 @@ _BARE_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
 class TrialResult:
     """One trial: ``name`` its directory (``t007``, shared by its retries), ``params`` the flag
     text per key, ``value`` the mean final loss (``None`` unless complete), ``finals`` per seed
-    (NaN: diverged), ``rungs`` branch steps -> branch val loss as the pruner saw it."""
+    (NaN: diverged), ``rungs`` branch steps -> branch val loss as the pruner saw it, ``logs``
+    the JSONL log of each seed's run."""
 
     number: int
     name: str
@@ -49,6 +50,7 @@ class TrialResult:
     finals: tuple[float, ...] = ()
     rungs: dict[int, float] = field(default_factory=dict)
     note: str = ""
+    logs: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -85,6 +87,8 @@ class TuneResult:
     edge_warnings: tuple[str, ...]
     tunability: Tunability
     confirm_finals: tuple[float, ...] = ()
+    # The JSONL log of each confirming seed's run ("" where it has none: it diverged or failed).
+    confirm_logs: tuple[str, ...] = ()
     preset_file: str = ""
     typed_values: dict[str, Any] = field(default_factory=dict)
 

@@ -23,6 +23,7 @@ from tune_fixtures import fake_command, fake_loss, fake_resolve
 
 from nanoshampoo.cli import main
 from nanoshampoo.evidence.compare import Setup, resolve_train_config
+from nanoshampoo.evidence.logs import read_run
 from nanoshampoo.evidence.tune import TuneConfig, parse_search, tune
 from nanoshampoo.evidence.tune_report import TuneResult
 
@@ -78,6 +79,10 @@ def test_a_grid_trains_every_point_once_at_the_same_budget_and_picks_the_best(
     assert result.edge_warnings == ("muon.weight_decay = 0.1 is on the edge of the values tried: "
                                     "the optimum may lie beyond it; widen the search",)
     assert result.confirm_finals == (fake_loss(0.02, 0.1, 0), fake_loss(0.02, 0.1, 1))
+    # Each confirming seed's own log: seed 0 the best trial's run, seed 1 the confirmation's.
+    confirmed = [read_run(log) for log in result.confirm_logs]
+    assert [(r.seed, r.final_val_loss) for r in confirmed] == [
+        (0, fake_loss(0.02, 0.1, 0)), (1, fake_loss(0.02, 0.1, 1))]
     values = [fake_loss(float(lr), float(wd), 0) for lr, wd in itertools.product(lrs, wds)]
     within = sum(v <= 1.01 * min(values) for v in values)
     assert (result.tunability.within, result.tunability.complete) == (within, 8) and within == 2
