@@ -3,8 +3,8 @@
 A branch at fraction ``b`` of a run of ``N`` steps IS the run of ``N_b = round(b * N)`` steps
 with the same seed, data, setup, ``cooldown_frac`` and warmup. The two schedules agree up to
 the fork, the first step ``t`` at which ``lr_multiplier(t, N_b, ...)`` differs from
-``lr_multiplier(t, N, ...)`` (with a cooldown ``c``: about ``(1 - c) N_b``, inside the main
-run's stable phase), so up to the fork the main run has already trained the branch. There the
+``lr_multiplier(t, N, ...)`` (with a cooldown ``c`` and no warmup: the first step past
+``(1 - c) N_b``, inside the main run's stable phase), so up to the fork the main run has already trained the branch. There the
 trainer takes a :class:`TrainingSnapshot`, trains the branch on its own schedule to ``N_b``,
 validates it as a run's final validation, restores the snapshot, and the main run continues
 exactly as if the branch had never happened. Each branch costs ``N_b - fork`` extra steps: the
@@ -21,10 +21,9 @@ so the restored state refers to the live parameters and hooks that close over a 
 (DistAdam's) stay valid. ``state_dict`` / ``load_state_dict`` are not used: a load rebuilds
 caches some optimizers keep between steps (SOAP's rotated momentum), which changes rounding.
 
-Example:
-    >>> plan_branches((0.25, 0.5, 0.75), total_steps=16, cooldown_frac=0.5)
-    (Branch(fraction=0.25, steps=4, fork_step=2), Branch(fraction=0.5, steps=8, fork_step=4), \
-Branch(fraction=0.75, steps=12, fork_step=6))
+Example (cooldown 0.5: each branch forks at its first step past N_b / 2):
+    >>> [(b.steps, b.fork_step) for b in plan_branches((0.25, 0.5, 0.75), 16, cooldown_frac=0.5)]
+    [(4, 3), (8, 5), (12, 7)]
 """
 
 from __future__ import annotations

@@ -173,7 +173,6 @@ class TrainConfig:
         for f in run_fields():
             check_value_type(f"TrainConfig.{f.name}", getattr(self, f.name), hints[f.name])
         self.profile_steps = tuple(self.profile_steps)
-        self.decay_branches = tuple(self.decay_branches)
         _check_choice("model", self.model, tuple(gpt_preset_names()))
         _check_choice("dataset", self.dataset, DATASETS)
         spec = get_setup(self.optimizer)
@@ -230,9 +229,10 @@ class TrainConfig:
         self._check_decay_branches()
 
     def _check_decay_branches(self) -> None:
-        """Fractions strictly in (0, 1), increasing, whose lengths round(b * N) are distinct
-        and in [1, N) (``ValueError`` naming the field)."""
-        label, fractions = "TrainConfig.decay_branches (--decay-branches)", self.decay_branches
+        """A tuple of fractions strictly in (0, 1), increasing, whose lengths round(b * N) are
+        distinct and in [1, N) (``ValueError`` naming the field)."""
+        self.decay_branches = fractions = tuple(self.decay_branches)
+        label = "TrainConfig.decay_branches (--decay-branches)"
         if not all(0.0 < b < 1.0 for b in fractions):
             raise ValueError(f"{label} must be fractions strictly between 0 and 1, got "
                              f"{list(fractions)}")

@@ -35,6 +35,7 @@ from nanoshampoo.evidence.logs import read_run
 from nanoshampoo.testing.distributed import run_on_gloo
 from nanoshampoo.train import branches as branches_module
 from nanoshampoo.train.branches import Branch, branches_to_make, plan_branches
+from nanoshampoo.train.cli import config_from_args
 from nanoshampoo.train.config import TrainConfig
 from nanoshampoo.train.schedule import lr_multiplier
 from nanoshampoo.train.trainer import Trainer
@@ -102,6 +103,15 @@ def test_a_resumed_run_makes_only_the_branches_ahead_that_its_log_lacks() -> Non
 def test_bad_fractions_are_refused_naming_the_field(value: tuple[Any, ...], message: str) -> None:
     with pytest.raises(ValueError, match=r"TrainConfig\.decay_branches.*" + message):
         TrainConfig(num_iterations=STEPS, decay_branches=value)
+
+
+def test_the_flag_and_the_preset_key_set_the_fractions(tmp_path: Path) -> None:
+    preset = tmp_path / "branched.toml"
+    preset.write_text("num_iterations = 16\ndecay_branches = [0.25, 0.5, 0.75]\n")
+    assert config_from_args(["--preset", str(preset)]).decay_branches == FRACTIONS
+    assert config_from_args(["--num-iterations", "16", "--decay-branches",
+                             "0.25,0.5,0.75"]).decay_branches == FRACTIONS
+    assert config_from_args([]).decay_branches == ()
 
 
 def _flat(model: torch.nn.Module) -> torch.Tensor:
