@@ -4,11 +4,13 @@ A branch at fraction ``b`` of a run of ``N`` steps IS the run of ``N_b = round(b
 with the same seed, data, setup, ``cooldown_frac`` and warmup. The two schedules agree up to
 the fork, the first step ``t`` at which ``lr_multiplier(t, N_b, ...)`` differs from
 ``lr_multiplier(t, N, ...)`` (with a cooldown ``c`` and no warmup: the first step past
-``(1 - c) N_b``, inside the main run's stable phase), so up to the fork the main run has already trained the branch. There the
-trainer takes a :class:`TrainingSnapshot`, trains the branch on its own schedule to ``N_b``,
-validates it as a run's final validation, restores the snapshot, and the main run continues
-exactly as if the branch had never happened. Each branch costs ``N_b - fork`` extra steps: the
-run with branches takes ``N (1 + c sum(b))`` steps where separate runs take ``N (1 + sum(b))``.
+``(1 - c) N_b``, inside the main run's stable phase), so up to the fork the main run has
+already trained the branch. There the trainer takes a :class:`TrainingSnapshot`, trains the
+branch on its own schedule to ``N_b``, validates it as a run's final validation, restores the
+snapshot, and the main run continues exactly as if the branch had never happened. A branch is a
+different run: if it diverges, it is recorded as diverged and the main run goes on. Each branch
+costs ``N_b - fork`` extra steps: the run with branches takes about ``N (1 + c sum(b))`` steps
+where separate runs take ``N (1 + sum(b))``.
 
 The snapshot holds everything the main run's future depends on: parameter values, gradients
 and buffers (cloned; restored in place, so every reference to them stays valid), each
@@ -173,8 +175,9 @@ class TrainingSnapshot:
 
     @torch.no_grad()
     def restore(self) -> None:
-        """Put the state back: wait for collectives the branch left in flight (a divergence
-        inside DistAdam's step), then values in place, component state, loader, RNG, threads."""
+        """Put the state back: wait for collectives the branch left in flight (DistAdam's
+        gradient syncs, when the branch diverged after its hooks launched them), then values in
+        place, component state, loader, RNG, threads."""
         _, in_flight = _distributed_types()
         for component, _ in self.states:
             for obj in _walk(vars(component), stop={id(self.model)}):
