@@ -8,7 +8,8 @@ Specification:
   those of the separate run of its length, bit for bit, and the main run's final loss and
   parameters equal those of the run without branches, for adamw, shampoo, soap and muon (with
   Shampoo's roots and SOAP's eigenbases refreshed every 2 steps from step 2, so the forks at
-  steps 3, 5 and 7 fall between refreshes, with preconditioned steps behind them);
+  steps 3, 5 and 7 fall between refreshes, with preconditioned steps behind them), and for
+  schedule-free (iterate averaging) with a checkpoint every 2 steps;
 - a restore that forgets any part of the state (parameters, optimizer state, loader) makes the
   main run differ: the comparison above catches it;
 - each branch is one ``branch`` record and one ``branch:`` text line, written when it is done;
@@ -52,6 +53,9 @@ SETUPS = {
                 "preconditioner.start_preconditioning_step": 2},
     "soap": {"soap.precondition_frequency": 2, "preconditioner.start_preconditioning_step": 2},
     "muon": {},
+    # Iterate averaging: every checkpoint and validation is an evaluation-point round trip,
+    # which a branch replays without writing the checkpoint.
+    "schedule-free": {"checkpoint_every": 2},
 }
 BRANCH_KEYS = {"kind", "fraction", "steps", "fork_step", "val_loss", "train_time_ms", "tokens"}
 BRANCH_LINE = re.compile(r"^branch:(0\.25|0\.5|0\.75) step:(\d+)/\2 val_loss:\d+\.\d{4} "
@@ -163,7 +167,8 @@ def _assert_bit_for_bit(runs: dict[str, Any], branch_losses: dict[int, float]) -
 # Shampoo and SOAP take ~30 s each on 2 busy cores: slow; muon drives the same optimizer class.
 @pytest.mark.parametrize("optimizer", [
     "adamw", pytest.param("shampoo", marks=pytest.mark.slow),
-    pytest.param("soap", marks=pytest.mark.slow), "muon"])
+    pytest.param("soap", marks=pytest.mark.slow), "muon",
+    pytest.param("schedule-free", marks=pytest.mark.slow)])
 def test_each_branch_is_the_shorter_run_and_the_main_run_is_unchanged(
         optimizer: str, shards: dict[str, str], tmp_path: Path,
         monkeypatch: pytest.MonkeyPatch) -> None:
