@@ -73,7 +73,7 @@ def alternate(preset: str, steps: int, train_args: Sequence[str], work: Path) ->
     for step, mode in enumerate(schedule(steps)):
         trainer.forward = forwards[mode]
         start = time.perf_counter()
-        trainer._train_step(step)
+        trainer._train_step(step, steps)
         times[mode].append(time.perf_counter() - start)
     return {**figures(times), "threads": torch.get_num_threads()}
 

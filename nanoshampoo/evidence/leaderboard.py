@@ -22,7 +22,9 @@ Per setup (mean ± unbiased std over seeds):
   over the finished runs that have one; "—" for a setup whose logs have none (text logs,
   trainers from before MFU was logged), and "(k/n runs)" when only some have;
 * n runs, of which diverged: left out of every mean and test, counted as not reaching the
-  target, and marked.
+  target, and marked;
+* when the runs have decay branches (``--decay-branches``): the final val loss at each budget
+  they trained, per setup (``stats.BudgetSummary``).
 
 Example:
     >>> board = build_leaderboard(groups, config)  # doctest: +SKIP
@@ -37,7 +39,7 @@ from pathlib import Path
 
 from nanoshampoo.evidence.compare import CompareConfig, Setup, expand_setups
 from nanoshampoo.evidence.logs import RunRecord
-from nanoshampoo.evidence.report import format_p, json_ready, write_json
+from nanoshampoo.evidence.report import budget_rows, format_p, json_ready, write_json
 from nanoshampoo.evidence.speedrun_rules import (
     PairwiseTest,
     RecordTest,
@@ -47,7 +49,7 @@ from nanoshampoo.evidence.speedrun_rules import (
     seeds_for_record,
     seeds_for_significance,
 )
-from nanoshampoo.evidence.stats import GroupReport, Summary, build_report
+from nanoshampoo.evidence.stats import BudgetSummary, GroupReport, Summary, build_report
 from nanoshampoo.evidence.tables import format_markdown_table
 from nanoshampoo.io_utils import atomic_output
 
@@ -91,6 +93,8 @@ class LeaderboardRow:
     seeds_for_record: int | None = None
     # Over the finished runs whose log states an MFU (a fraction; ``mfu.n`` of them).
     mfu: Summary = Summary(0, None, None)
+    # The final loss at each budget the runs trained (decay branches; empty without them).
+    budgets: tuple[BudgetSummary, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -253,6 +257,7 @@ def _row(group: GroupReport, base: GroupReport, welch_p: float | None, preset: s
         pairwise=pairwise,
         seeds_for_record=needed_for_record,
         mfu=group.mfu,
+        budgets=group.budgets,
     )
 
 
@@ -300,6 +305,7 @@ def format_leaderboard(board: Leaderboard) -> str:
         "",
         *_track3_section(board),
         *_schedule_section(board),
+        *_budget_section(board),
         "## Runs",
         "",
         *format_markdown_table(_run_rows(board)),
@@ -395,6 +401,25 @@ def _schedule_section(board: Leaderboard) -> list[str]:
         *format_markdown_table(rows),
         "",
         *summary,
+        "",
+    ]
+
+
+def _budget_section(board: Leaderboard) -> list[str]:
+    """``## Final val loss at each budget (decay branches)`` (only when runs have branches)."""
+    rows = [["setup", *row] for row in budget_rows((), "—")]
+    for row in board.rows:
+        rows += [[row.setup, *line] for line in budget_rows(row.budgets, "—")[1:]]
+    if len(rows) == 1:
+        return []
+    return [
+        "## Final val loss at each budget (decay branches)",
+        "",
+        *format_markdown_table(rows),
+        "",
+        "Mean ± std over seeds of the final val loss of each run's decay branch of that many steps "
+        "(the run of that length, forked from the full run where its cooldown starts), and of "
+        "the full runs at their own length; diverged branches are counted, not averaged.",
         "",
     ]
 

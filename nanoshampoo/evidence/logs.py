@@ -26,6 +26,13 @@ loss and train time are not comparable with finished ones.
 A resumed run appends to its logs (JSONL: a new ``config`` record; text: a ``resumed from``
 line); the last record per step counts, and the last segment decides whether the run ended.
 
+A run trained with decay branches (``--decay-branches``, ``train/branches.py``) also holds one
+``branch`` record (text: a ``branch:`` line) per completed branch: the separate run of fewer
+steps that forked from it where its cooldown starts. They are read into
+:attr:`RunRecord.branches`, keyed by the branch's length, the last record per length counting,
+from every segment (a resume keeps the branches recorded before it); they never enter the
+run's own curve.
+
 Non-finite numbers are read in every spelling a log may hold: the JSON strings ``"nan"``,
 ``"inf"``, ``"-inf"`` (the trainer's contract), ``null`` (older trainers wrote NaN as null)
 and the bare ``NaN``/``Infinity`` tokens that Python's ``json`` writes by default.
@@ -62,6 +69,15 @@ _TRAIN_LINE = re.compile(
 _PEAK_LINE = re.compile(rf"^peak memory allocated: (?P<alloc>{_NUMBER}) MiB")
 _RESUMED_PREFIX = "resumed from "
 _DIVERGED_LINE = re.compile(r"^diverged at step:(?P<step>\d+)/(?P<total>\d+): (?P<reason>.*)$")
+_BRANCH_LINE = re.compile(
+    rf"^branch:(?P<fraction>{_NUMBER}) step:(?P<steps>\d+)/\d+ val_loss:(?P<loss>{_NUMBER}) "
+    rf"train_time:(?P<time>{_NUMBER})ms step_avg:(?:{_NUMBER})ms "
+    r"\(forked at step (?P<fork>\d+)\)$"
+)
+_BRANCH_DIVERGED_LINE = re.compile(
+    rf"^branch:(?P<fraction>{_NUMBER}) diverged at step:(?P<step>\d+)/(?P<steps>\d+): "
+    r"(?P<reason>.*) \(forked at step (?P<fork>\d+)\)$"
+)
 # JSON strings that stand for non-finite floats (the trainer's contract writes the first three).
 _NON_FINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf, "+inf": math.inf,
                "infinity": math.inf, "-infinity": -math.inf}
@@ -78,6 +94,30 @@ class ValPoint:
     step: int
     val_loss: float
     train_time_ms: float
+
+
+@dataclass(frozen=True)
+class BranchResult:
+    """A decay branch of a run: the run of ``steps`` steps (``fraction`` of the main run's) that
+    forked from it after ``fork_step`` steps and was validated at ``steps``.
+
+    ``train_time_ms`` is the training time that separate run would have had (the main run's up
+    to the fork plus the branch's own steps; NaN for a diverged branch read from a text log,
+    which does not state it); ``tokens`` its training tokens (``None`` from a text log). A
+    diverged branch has ``diverged_reason`` set and ``val_loss`` NaN; the main run went on.
+    """
+
+    fraction: float
+    steps: int
+    fork_step: int
+    val_loss: float
+    train_time_ms: float
+    tokens: int | None = None
+    diverged_reason: str | None = None
+
+    @property
+    def diverged(self) -> bool:
+        return self.diverged_reason is not None
 
 
 @dataclass(frozen=True)
@@ -110,6 +150,8 @@ class RunRecord:
     # probed peak, ``train/throughput.py``); None for text logs, diverged runs and JSONL logs
     # of trainers that did not write it.
     mfu: float | None = None
+    # The run's decay branches by their length in steps (none without --decay-branches).
+    branches: dict[int, BranchResult] = field(default_factory=dict)
 
     @property
     def diverged(self) -> bool:
@@ -119,6 +161,13 @@ class RunRecord:
     def final_val_loss(self) -> float:
         """The last validation loss of a finished run; NaN for a diverged run."""
         return math.nan if self.diverged else self.curve[-1].val_loss
+
+    def final_losses_by_steps(self) -> dict[int, float]:
+        """The final validation loss of every budget this run trained, by its steps, ascending:
+        each decay branch's and the run's own at ``total_steps``; NaN where one diverged."""
+        losses = {steps: branch.val_loss for steps, branch in self.branches.items()}
+        losses[self.total_steps] = self.final_val_loss
+        return dict(sorted(losses.items()))
 
 
 def read_run(path: str | Path) -> RunRecord:
@@ -167,6 +216,7 @@ def _read_txt(path: Path) -> RunRecord:
     peak: float | None = None
     last_time = (0, 0.0)  # (step, train_time_ms) of the latest step line, for diverged runs
     diverged: re.Match[str] | None = None
+    branches: dict[int, BranchResult] = {}
 
     def check_total(total: int, line: str) -> None:
         nonlocal total_steps
@@ -192,13 +242,22 @@ def _read_txt(path: Path) -> RunRecord:
             diverged = match
         elif line.startswith(_RESUMED_PREFIX):
             diverged = None  # the run went on from a checkpoint: its new segment decides
+        elif match := _BRANCH_LINE.match(line):
+            branches[int(match["steps"])] = BranchResult(
+                float(match["fraction"]), int(match["steps"]), int(match["fork"]),
+                float(match["loss"]), float(match["time"]))
+        elif match := _BRANCH_DIVERGED_LINE.match(line):
+            branches[int(match["steps"])] = BranchResult(
+                float(match["fraction"]), int(match["steps"]), int(match["fork"]), math.nan,
+                math.nan, diverged_reason=f"at step {match['step']}: {match['reason']}")
         elif match := _PEAK_LINE.match(line):
             peak = float(match["alloc"])
     if total_steps is None:
         raise LogFormatError(
             f"{path}: no validation lines 'step:N/M val_loss:X train_time:Yms step_avg:Zms'"
         )
-    common = dict(path=path, run_id=path.stem, total_steps=total_steps, peak_memory_mib=peak)
+    common = dict(path=path, run_id=path.stem, total_steps=total_steps, peak_memory_mib=peak,
+                  branches=dict(sorted(branches.items())))
     if diverged is not None:
         step, train_time_ms = last_time
         return RunRecord(**common, curve=_sorted_curve(points), train_time_ms=train_time_ms,
@@ -210,9 +269,10 @@ def _read_txt(path: Path) -> RunRecord:
 
 
 def _scan_jsonl(
-    path: Path,
+    path: Path, branches: dict[int, BranchResult],
 ) -> tuple[dict[str, Any], dict[int, ValPoint], dict[str, Any] | None, dict[str, Any] | None]:
-    """The last segment's ``(config, val points, final, diverged)`` records, each checked."""
+    """The last segment's ``(config, val points, final, diverged)`` records, each checked;
+    every segment's decay branches go into ``branches``."""
     config: dict[str, Any] = {}
     points: dict[int, ValPoint] = {}
     final: dict[str, Any] | None = None
@@ -239,11 +299,32 @@ def _scan_jsonl(
                 _integer(path, lineno, record, name)
             _number(path, lineno, record, "train_time_ms")
             diverged = record
+        elif kind == "branch":
+            branch = _branch(path, lineno, record)
+            branches[branch.steps] = branch
     return config, points, final, diverged
 
 
+def _branch(path: Path, lineno: int, record: dict[str, Any]) -> BranchResult:
+    """A ``branch`` record, checked (``train/run_log.py``'s ``RunLog.branch`` writes it)."""
+    reason = record.get("diverged")
+    if reason is not None and not isinstance(reason, str):
+        raise LogFormatError(f"{path}:{lineno}: 'branch' field 'diverged' is not a text: "
+                             f"{reason!r}")
+    return BranchResult(
+        fraction=_number(path, lineno, record, "fraction"),
+        steps=_integer(path, lineno, record, "steps"),
+        fork_step=_integer(path, lineno, record, "fork_step"),
+        val_loss=_number(path, lineno, record, "val_loss"),
+        train_time_ms=_number(path, lineno, record, "train_time_ms"),
+        tokens=_integer(path, lineno, record, "tokens"),
+        diverged_reason=reason,
+    )
+
+
 def _read_jsonl(path: Path) -> RunRecord:
-    config, points, final, diverged = _scan_jsonl(path)
+    branches: dict[int, BranchResult] = {}
+    config, points, final, diverged = _scan_jsonl(path, branches)
     peak = None if final is None else final.get("peak_memory_mib")
     if not isinstance(config.get("config") or {}, dict):
         raise LogFormatError(f"{path}: the config record's 'config' is not an object")
@@ -256,6 +337,7 @@ def _read_jsonl(path: Path) -> RunRecord:
         world_size=_optional_integer(path, config, "world_size"),
         peak_memory_mib=None if peak is None else _number(path, None, final, "peak_memory_mib"),
         config=dict(config.get("config") or {}),
+        branches=dict(sorted(branches.items())),
     )
     # A diverged record wins over a final one in the same segment: the contract never writes
     # both, and a run that diverged is not a finished result whatever else its log says.

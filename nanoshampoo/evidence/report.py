@@ -15,7 +15,13 @@ import math
 from pathlib import Path
 from typing import Any
 
-from nanoshampoo.evidence.stats import Comparison, EvidenceReport, GroupReport, Summary
+from nanoshampoo.evidence.stats import (
+    BudgetSummary,
+    Comparison,
+    EvidenceReport,
+    GroupReport,
+    Summary,
+)
 from nanoshampoo.evidence.tables import format_table
 from nanoshampoo.io_utils import atomic_output
 
@@ -88,7 +94,21 @@ def _format_group(group: GroupReport, target: float) -> str:
             ]
         )
     lines.extend("  " + line for line in format_table(rows))
+    if group.budgets:
+        lines.append("  final val loss at each budget (decay branches):")
+        lines.extend("  " + line for line in format_table(budget_rows(group.budgets, "-")))
     return "\n".join(lines)
+
+
+def budget_rows(budgets: tuple[BudgetSummary, ...], missing: str) -> list[list[str]]:
+    """A table of a group's budgets: steps, mean ± std of the final loss, runs, diverged."""
+    rows = [["steps", "final val loss", "runs", "diverged"]]
+    for budget in budgets:
+        loss = budget.final_val_loss
+        text = missing if loss.mean is None else f"{loss.mean:.4f}" + (
+            "" if loss.std is None else f" ± {loss.std:.4f}")
+        rows.append([str(budget.steps), text, str(budget.runs), str(budget.diverged)])
+    return rows
 
 
 def _format_comparisons(comparisons: tuple[Comparison, ...]) -> str:

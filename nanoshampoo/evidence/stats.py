@@ -15,6 +15,9 @@ Diverged runs (``RunRecord.diverged``) are counted but have no final loss: they 
 every mean, std and test, and count as not reaching the target (even when their curve crossed
 it before they diverged: a recipe that blows up has not reached anything).
 
+Runs trained with decay branches also report the final loss at every budget they trained
+(:class:`BudgetSummary`: each branch's length and the runs' own), over the runs that have it.
+
 Example:
     >>> losses = [3.2775, 3.2776, 3.2777, 3.2780, 3.2781, 3.2775, 3.2786, 3.2774, 3.2751, 3.2739]
     >>> t = compare_to_target(losses, 3.28)
@@ -220,6 +223,32 @@ class RunSummary:
 
 
 @dataclass(frozen=True)
+class BudgetSummary:
+    """One training budget of a group: the final validation loss of its runs' decay branches of
+    ``steps`` steps (or of the runs themselves at their length). ``runs`` of the group trained
+    it; ``diverged`` of those diverged and are left out of ``final_val_loss``."""
+
+    steps: int
+    final_val_loss: Summary
+    runs: int
+    diverged: int
+
+
+def budget_summaries(runs: Sequence[RunRecord]) -> tuple[BudgetSummary, ...]:
+    """Per budget, ascending: the final losses of every run's decay branches and of the runs
+    themselves (``RunRecord.final_losses_by_steps``); empty when no run has a branch."""
+    if not any(run.branches for run in runs):
+        return ()
+    by_steps: dict[int, list[float]] = {}
+    for run in runs:
+        for steps, loss in run.final_losses_by_steps().items():
+            by_steps.setdefault(steps, []).append(loss)
+    return tuple(BudgetSummary(steps, summarize([x for x in losses if math.isfinite(x)]),
+                               len(losses), sum(not math.isfinite(x) for x in losses))
+                 for steps, losses in sorted(by_steps.items()))
+
+
+@dataclass(frozen=True)
 class GroupReport:
     """All statistics of one group of runs (one configuration, several seeds).
 
@@ -242,6 +271,8 @@ class GroupReport:
     reached: int
     finished: int
     diverged: int
+    # The final loss at each budget the runs trained (decay branches); empty without branches.
+    budgets: tuple[BudgetSummary, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -324,6 +355,7 @@ def group_report(name: str, runs: Sequence[RunRecord], target: float = DEFAULT_T
         reached=len(reached),
         finished=len(finished),
         diverged=len(summaries) - len(finished),
+        budgets=budget_summaries(runs),
     )
 
 

@@ -1,9 +1,10 @@
 """Command line: ``python -m nanoshampoo.train [--preset NAME] [--<field> VALUE ...]``.
 
 Every ``TrainConfig`` run field is a flag (underscores become dashes): ``--seed 3``,
-``--num-iterations 500``, ``--autocast off``, ``--profile-steps 5,6,7``; every field of a
-setup's hyper-parameter table is ``--TABLE.FIELD``: ``--muon.lr 0.03``, ``--shampoo.epsilon
-1e-12``, ``--custom.matrix-kwargs '{"lr": 1e-4}'`` (a JSON object). The flat flags from before
+``--num-iterations 500``, ``--autocast off``, ``--profile-steps 5,6,7``, ``--decay-branches
+0.25,0.5,0.75``; every field of a setup's hyper-parameter table is ``--TABLE.FIELD``:
+``--muon.lr 0.03``, ``--shampoo.epsilon 1e-12``, ``--custom.matrix-kwargs '{"lr": 1e-4}'``
+(a JSON object). The flat flags from before
 the setup registry (``--muon-lr``, ``--matrix-lr``: ``config.LEGACY_FIELDS``) still work and
 are left out of ``--help``. Flags override the preset, which overrides the defaults;
 ``--preset NAME --help`` shows the preset's values.
@@ -73,6 +74,13 @@ def parse_int_tuple(text: str) -> tuple[int, ...]:
         raise argparse.ArgumentTypeError(f"expected comma-separated ints, got {text!r}") from exc
 
 
+def parse_float_tuple(text: str) -> tuple[float, ...]:
+    try:
+        return tuple(float(part) for part in text.split(",") if part.strip())
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from exc
+
+
 def parse_autocast_bf16(text: str) -> str:
     """The ``--autocast-bf16 true|false`` alias: ``bf16`` or ``off``."""
     return "bf16" if parse_bool(text) else "off"
@@ -94,7 +102,7 @@ def _parser_for(annotation: Any) -> Callable[[str], Any]:
     if annotation is bool or kind == "bool":
         return parse_bool
     if typing.get_origin(annotation) is tuple or kind.startswith("tuple"):
-        return parse_int_tuple
+        return parse_float_tuple if "float" in str(annotation) else parse_int_tuple
     if kind.startswith("dict"):
         return parse_json_table
     return {"int": int, "float": float, "str": str}.get(kind, annotation)

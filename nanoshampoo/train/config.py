@@ -32,6 +32,7 @@ from typing import Any
 
 from nanoshampoo.errors import UserError  # noqa: F401 - re-exported: the trainer's modules raise it
 from nanoshampoo.model.gpt import gpt_preset_names
+from nanoshampoo.train.branches import branch_steps
 from nanoshampoo.train.compile_choice import COMPILE_CHOICES
 from nanoshampoo.train.setups import SetupSpec, get_setup, table_classes
 from nanoshampoo.train.setups.checks import check_value_type
@@ -107,6 +108,10 @@ class TrainConfig:
     num_iterations: int = 300
     cooldown_frac: float = 0.7
     warmup_steps: int = 0
+    # Fractions b of num_iterations: each is also trained as the run of round(b * N) steps,
+    # branched off this run where its cooldown starts (train/branches.py; docs/training.md
+    # "Decay branches").
+    decay_branches: tuple[float, ...] = ()
     # --- the optimizer setup (a registered name); its hyper-parameters are in ``tables``.
     optimizer: str = "shampoo"
     # How DistributedShampoo spreads its work (the shampoo, soap and muon setups).
@@ -221,6 +226,24 @@ class TrainConfig:
                              f"{self.num_iterations}); these would never be profiled")
         if self.profile_steps and not self.profile_dir:
             raise ValueError("TrainConfig.profile_dir is required when profile_steps is set")
+        self._check_decay_branches()
+
+    def _check_decay_branches(self) -> None:
+        """A tuple of fractions strictly in (0, 1), increasing, whose lengths round(b * N) are
+        distinct and in [1, N) (``ValueError`` naming the field)."""
+        self.decay_branches = fractions = tuple(self.decay_branches)
+        label = "TrainConfig.decay_branches (--decay-branches)"
+        if not all(0.0 < b < 1.0 for b in fractions):
+            raise ValueError(f"{label} must be fractions strictly between 0 and 1, got "
+                             f"{list(fractions)}")
+        if any(a >= b for a, b in zip(fractions, fractions[1:])):
+            raise ValueError(f"{label} must be strictly increasing, got {list(fractions)}")
+        lengths = [branch_steps(b, self.num_iterations) for b in fractions]
+        if len(set(lengths)) < len(lengths) or not all(1 <= n < self.num_iterations
+                                                       for n in lengths):
+            raise ValueError(f"{label} {list(fractions)}: the branches' lengths round(b * N) at "
+                             f"--num-iterations {self.num_iterations} are {lengths}; they must "
+                             f"be distinct, at least 1 and below {self.num_iterations}")
 
     def _check_parallel(self, spec: SetupSpec) -> None:
         """The fields that only fit one parallel mode (``ValueError`` naming the field)."""

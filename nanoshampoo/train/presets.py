@@ -98,8 +98,9 @@ def _load(path: Path, seen: tuple[Path, ...]) -> dict[str, Any]:
             fields[key] = {**fields.get(key, {}), **value}
         else:
             fields[key] = value
-    if "profile_steps" in fields:
-        fields["profile_steps"] = tuple(fields["profile_steps"])
+    for key in ("profile_steps", "decay_branches"):
+        if key in fields:
+            fields[key] = tuple(fields[key])
     fields["preset"] = overrides.get("preset", path.stem)
     return fields
 

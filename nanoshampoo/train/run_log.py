@@ -13,9 +13,18 @@ or, for a run stopped by a non-finite loss, gradient or parameter, instead of th
 
     diverged at step:57/300: <reason>
 
+A run with decay branches (``train/branches.py``) writes one line per branch when it is done,
+where it forked (its lines never start with ``step:``, so readers of the run's own steps skip
+them)::
+
+    branch:0.25 step:75/75 val_loss:4.5123 train_time:1234ms step_avg:16.45ms (forked at step 23)
+    branch:0.5 diverged at step:97/150: <reason> (forked at step 45)
+
 ``<out_dir>/<run_id>.jsonl`` has one object per line, ``kind`` in ``config``, ``train``,
-``val``, ``final``, ``diverged`` (fields in ``RunLog``'s methods). A diverged run has a
-``diverged`` record and no ``final`` one. Non-finite floats anywhere in a record are written as
+``val``, ``final``, ``diverged``, ``branch`` (fields in ``RunLog``'s methods). A diverged run
+has a ``diverged`` record and no ``final`` one. A ``branch`` record is written only once its
+branch is complete (validated, or diverged: a branch is a run of its own, and the main run goes
+on). Non-finite floats anywhere in a record are written as
 the strings ``"nan"``, ``"inf"``, ``"-inf"`` (JSON has no such numbers).
 
 Files are never overwritten: a fresh run creates both files exclusively, and a resume that
@@ -41,6 +50,7 @@ from types import ModuleType
 from typing import Any
 
 from nanoshampoo.io_utils import check_output_dir
+from nanoshampoo.train.branches import Branch
 from nanoshampoo.train.config import UserError
 
 SEPARATOR = "=" * 100
@@ -179,6 +189,51 @@ class RunLog:
         self._json({"kind": "diverged", "step": step, "total_steps": total_steps,
                     "reason": reason, "train_time_ms": train_time_ms})
         return line
+
+    def branch(self, fraction: float, steps: int, fork_step: int, val_loss: float,
+               train_time_ms: float, tokens: int, diverged: tuple[int, str] | None) -> str:
+        """A completed decay branch: the run of ``steps`` steps that forked after ``fork_step``
+        main steps. ``train_time_ms``: the main run's up to the fork plus the branch's own
+        steps (a separate run's training time); ``tokens``: the budget, ``steps`` times the
+        tokens per step; ``diverged``: ``(step, reason)`` when the branch stopped on a
+        non-finite value (its ``val_loss`` is then NaN, written ``"nan"``)."""
+        if diverged is None:
+            line = (f"branch:{fraction:g} step:{steps}/{steps} val_loss:{val_loss:.4f} "
+                    f"train_time:{train_time_ms:.0f}ms step_avg:{train_time_ms / steps:.2f}ms "
+                    f"(forked at step {fork_step})")
+        else:
+            line = (f"branch:{fraction:g} diverged at step:{diverged[0]}/{steps}: {diverged[1]} "
+                    f"(forked at step {fork_step})")
+        self._line(line)
+        record = {"kind": "branch", "fraction": fraction, "steps": steps, "fork_step": fork_step,
+                  "val_loss": val_loss if diverged is None else math.nan,
+                  "train_time_ms": train_time_ms, "tokens": tokens}
+        if diverged is not None:
+            record["diverged"] = f"at step {diverged[0]}: {diverged[1]}"
+        self._json(record)
+        return line
+
+    def branch_not_made(self, branch: Branch, start_step: int) -> str:
+        """A branch that a resumed run cannot make (its fork is before the resumed step)."""
+        line = (f"branch:{branch.fraction:g} ({branch.steps} steps) not made: it forks at step "
+                f"{branch.fork_step}, before step {start_step} where this run resumed")
+        self._line(line)
+        return line
+
+    def recorded_branch_steps(self) -> set[int]:
+        """The lengths of the branches this run's JSONL already records (a resume appends)."""
+        if not (self.enabled and self.append and self.jsonl_path.exists()):
+            return set()
+        steps = set()
+        for line in self.jsonl_path.read_text().splitlines():
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # a line cut by a killed run: not a completed branch
+            if (isinstance(record, dict) and record.get("kind") == "branch"
+                    and isinstance(record.get("steps"), int)):
+                steps.add(record["steps"])
+        return steps
 
     def _line(self, line: str) -> None:
         if self.enabled:

@@ -14,6 +14,12 @@ loss and every gradient; set the scheduled learning rates; step every optimizer.
 
 With ``threads=0`` on CPU the thread count is re-probed during the run (:mod:`thread_tuner`).
 
+With ``decay_branches``, at each branch's fork (before that step's checkpoint and validation)
+the run snapshots its state, trains the branch as the separate run of its length would
+(validations and checkpoints become only their evaluation-point round trips; nothing is
+written but the branch's record), and restores the snapshot (:mod:`branches`). A diverged
+branch is recorded as such; the main run goes on.
+
 A non-finite loss, gradient, parameter (checked before each checkpoint) or validation loss stops
 the run with :class:`TrainingDiverged`, after a ``diverged`` record in the logs; no checkpoint is
 written after it, so the last one on disk is the last good state.
@@ -42,6 +48,7 @@ from tqdm import tqdm
 from nanoshampoo.data.loader import DistributedTokenLoader, validation_batches
 from nanoshampoo.model.gpt import GPT, GPTConfig, gpt_preset
 from nanoshampoo.optim.errors import NonFiniteGradientError
+from nanoshampoo.train.branches import Branch, TrainingSnapshot, branches_to_make, plan_branches
 from nanoshampoo.train.checkpoint import (
     CheckpointRecords,
     check_no_checkpoint_replaced,
@@ -168,6 +175,8 @@ class Trainer:
             if self.start_step > cfg.num_iterations:
                 raise UserError(f"--resume {checkpoint.directory}: the checkpoint is at step "
                                 f"{self.start_step}, beyond --num-iterations {cfg.num_iterations}")
+        self.branches = plan_branches(cfg.decay_branches, cfg.num_iterations, cfg.cooldown_frac,
+                                      cfg.warmup_steps)
 
     def _build_model(self) -> None:
         """The seeded GPT on every rank (rank 0's weights), sharded under fsdp2 / hsdp, and the
@@ -249,6 +258,11 @@ class Trainer:
                   f"({self.compiled.reason}); {self.mfu.header}", flush=True)
         bar = tqdm(total=total, initial=self.start_step, disable=not (ctx.is_main and cfg.progress),
                    desc=self.run_id, unit="step", dynamic_ncols=True)
+        recorded: set[int] = broadcast_object(  # type: ignore[assignment]
+            self.log.recorded_branch_steps() if ctx.is_main else None, ctx)
+        self.branches, missed = branches_to_make(self.branches, recorded, self.start_step)
+        for branch in missed:
+            _say(self.log.branch_not_made(branch, self.start_step), ctx, bar)
         profiler = make_step_profiler(cfg.profile_steps, cfg.profile_dir, ctx.rank)
         try:
             with profiler:
@@ -271,9 +285,10 @@ class Trainer:
         cfg, total = self.cfg, self.cfg.num_iterations
         val_loss, last_checkpoint = math.nan, None
         for step in range(self.start_step, total + 1):
+            for branch in (b for b in self.branches if b.fork_step == step):
+                self._run_branch(branch, bar)
             last = step == total
-            periodic = cfg.checkpoint_every and step % cfg.checkpoint_every == 0
-            if step > self.start_step and (periodic or (last and cfg.save_final_checkpoint)):
+            if step > self.start_step and self._checkpoint_due(step, last):
                 with self.setup.evaluation_point():  # before the validation: see its docstring
                     last_checkpoint = self._save_checkpoint(step)
             if last or (cfg.val_every and step % cfg.val_every == 0):
@@ -288,14 +303,54 @@ class Trainer:
             self._timed_step(step, bar)
         return val_loss, last_checkpoint
 
-    def _timed_step(self, step: int, bar: tqdm) -> None:
-        cfg, total = self.cfg, self.cfg.num_iterations
+    def _checkpoint_due(self, step: int, last: bool) -> bool:
+        periodic = self.cfg.checkpoint_every and step % self.cfg.checkpoint_every == 0
+        return bool(periodic or (last and self.cfg.save_final_checkpoint))
+
+    def _run_branch(self, branch: Branch, bar: tqdm) -> None:
+        """Train ``branch`` from here (the state after its fork step) as the separate run of
+        ``branch.steps`` steps would, validate and record it, then restore the main run."""
+        cfg, main_time_ms = self.cfg, self.train_time_ms
+        snapshot = TrainingSnapshot(self.model, [*self.setup.optimizers, self.guard, self.threads],
+                                    self.loader, shared=[self.ctx])
+        val_loss, diverged = math.nan, None
+        try:
+            for step in range(branch.fork_step, branch.steps + 1):
+                last = step == branch.steps
+                if step > self.start_step and self._checkpoint_due(step, last):
+                    with self.setup.evaluation_point():  # the run's checkpoint, not written
+                        self.guard.check_parameters(step)
+                if last or (cfg.val_every and step % cfg.val_every == 0):
+                    with self.setup.evaluation_point():  # only the last validation is computed
+                        val_loss = self._validation_loss() if last else math.nan
+                if last:
+                    self.guard.check_validation(step, val_loss)
+                    break
+                self.threads.before_step(step, self.start_step)
+                self._take_step(step, branch.steps)
+        except TrainingDiverged as exc:
+            diverged = (exc.step, exc.reason)
+        branch_time_ms = self.train_time_ms
+        snapshot.restore()
+        self.train_time_ms = main_time_ms
+        _say(self.log.branch(branch.fraction, branch.steps, branch.fork_step, val_loss,
+                             branch_time_ms, branch.steps * cfg.tokens_per_step, diverged),
+             self.ctx, bar)
+
+    def _take_step(self, step: int, schedule_steps: int) -> tuple[float, torch.Tensor]:
+        """One timed optimizer step on the schedule of a ``schedule_steps`` run; returns its
+        milliseconds (added to ``train_time_ms``) and its loss."""
         synchronize_device(self.ctx)
         start = time.perf_counter()
-        loss = self._train_step(step)
+        loss = self._train_step(step, schedule_steps)
         synchronize_device(self.ctx)
         elapsed_ms = 1000 * (time.perf_counter() - start)
         self.train_time_ms += elapsed_ms
+        return elapsed_ms, loss
+
+    def _timed_step(self, step: int, bar: tqdm) -> None:
+        cfg, total = self.cfg, self.cfg.num_iterations
+        elapsed_ms, loss = self._take_step(step, total)
         done = self.steps_done = step + 1
         if done == total or (cfg.log_every > 0 and done % cfg.log_every == 0):
             train_loss = float(all_reduce_mean_(loss.float(), self.ctx).item())
@@ -305,8 +360,9 @@ class Trainer:
             bar.set_postfix(loss=f"{train_loss:.3f}", tok_s=f"{tokens_per_s:,.0f}")
         bar.update(1)
 
-    def _train_step(self, step: int) -> torch.Tensor:
-        """One optimizer step over ``grad_accum_steps`` micro-batches; returns the mean loss.
+    def _train_step(self, step: int, schedule_steps: int) -> torch.Tensor:
+        """One optimizer step over ``grad_accum_steps`` micro-batches at the learning rate of a
+        ``schedule_steps`` run's step ``step``; returns the mean loss.
 
         The rank's batch is split along the batch dim into equal micro-batches, so the summed
         scaled gradients equal the gradient of the whole batch's mean loss.
@@ -325,7 +381,7 @@ class Trainer:
             total += loss.detach().float()
         all_reduce_gradients(self.setup.all_reduce_params, self.ctx)
         self.guard.check_step(step, total)
-        multiplier = lr_multiplier(step, self.cfg.num_iterations, self.cfg.cooldown_frac,
+        multiplier = lr_multiplier(step, schedule_steps, self.cfg.cooldown_frac,
                                    self.cfg.warmup_steps)
         apply_lr_multiplier(self.setup.optimizers, multiplier)
         for opt in self.setup.optimizers:

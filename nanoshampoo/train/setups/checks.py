@@ -62,11 +62,12 @@ _TYPES: dict[str, Callable[[Any], bool]] = {
 def check_value_type(label: str, value: Any, annotation: Any) -> None:
     """Raise ``ValueError`` unless ``value`` fits the field annotation (a string, as
     ``from __future__ import annotations`` leaves it: ``"float"``, ``"tuple[int, ...]"``,
-    ``"dict[str, Any]"``)."""
+    ``"tuple[float, ...]"``, ``"dict[str, Any]"``)."""
     kind = annotation if isinstance(annotation, str) else getattr(annotation, "__name__", "")
     if kind.startswith("tuple"):
-        if not (isinstance(value, (tuple, list)) and all(is_int(v) for v in value)):
-            raise ValueError(f"{label} must be a list of integers, got {value!r}")
+        fits, items = (is_real, "numbers") if "float" in str(annotation) else (is_int, "integers")
+        if not (isinstance(value, (tuple, list)) and all(fits(v) for v in value)):
+            raise ValueError(f"{label} must be a list of {items}, got {value!r}")
         return
     if kind.startswith("dict"):
         if not (isinstance(value, dict) and all(isinstance(k, str) for k in value)):

@@ -142,11 +142,12 @@ def test_flags_override_the_preset_with_typed_values() -> None:
     cfg = config_from_args([
         "--preset", "tiny-adamw", "--seed", "7", "--cooldown-frac", "0.5",
         "--autocast-bf16", "false", "--profile-steps", "5,6,7", "--profile-dir", "/tmp/p",
-        "--run-id", "abc", "--out-dir", "/tmp/o",
+        "--run-id", "abc", "--out-dir", "/tmp/o", "--decay-branches", "0.25,0.5,0.75",
     ])
     assert cfg.preset == "tiny-adamw" and cfg.optimizer == "adamw"
     assert (cfg.seed, cfg.cooldown_frac, cfg.autocast) == (7, 0.5, "off")
     assert cfg.profile_steps == (5, 6, 7)
+    assert cfg.decay_branches == (0.25, 0.5, 0.75)
     assert (cfg.run_id, cfg.out_dir) == ("abc", "/tmp/o")
     assert cfg.num_iterations == TrainConfig().num_iterations
 
@@ -232,6 +233,7 @@ def test_help_shows_the_presets_values(capsys: pytest.CaptureFixture[str]) -> No
     assert "--muon.lr FLOAT (preset tiny-muon: 0.02; default 0.05)" in text
     assert "--soap.lr FLOAT (default 0.003)" in text
     assert "--custom.matrix-kwargs JSON (default {})" in text
+    assert "--decay-branches DECAY_BRANCHES (default ())" in text
     assert "--muon-lr" not in text  # the legacy flags work but are not listed
 
 
@@ -247,6 +249,7 @@ def test_autocast_bf16_flag_is_an_alias() -> None:
     ('num_iterations = "abc"\n', "num_iterations must be an int"),
     ('matrix_lr = "0.1"\n', r"matrix_lr \(now \[shampoo\] lr\) must be a float, got '0.1'"),
     ('profile_steps = "5"\n', "profile_steps must be a list of integers"),
+    ('decay_branches = [0.5, "x"]\n', "decay_branches must be a list of numbers"),
     ("resume = 5\n", "resume must be a str"),
     ('[muon]\nlr = "0.02"\n', r"\[muon\] lr must be a float"),
     ("[muon]\nlrr = 0.02\n", r"unknown field \[muon\] lrr"),

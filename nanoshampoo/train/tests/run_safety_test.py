@@ -40,7 +40,7 @@ def flags(cfg: TrainConfig, **overrides: Any) -> list[str]:
     for name, value in fields.items():
         if name == "preset":
             continue
-        if name == "profile_steps":
+        if name in ("profile_steps", "decay_branches"):
             value = ",".join(map(str, value))  # type: ignore[arg-type]
         argv += ["--" + name.replace("_", "-"), str(value).lower() if isinstance(value, bool)
                  else str(value)]
