@@ -16,6 +16,9 @@ Subcommands:
 * ``tune --setup NAME --search KEY=V1,V2 [--trials N] [--seeds 1] [--confirm-seeds 3]
   [--rungs 0.25,0.5] [--storage URL] -- TRAIN_ARGS`` -- tune one setup at an equal budget per
   trial, an Optuna study that any number of workers share (``nanoshampoo.evidence.tune``);
+* ``study [--study cpu|gpt2|PATH.toml] [--setups ...] [--sizes ...] [--storage URL] --
+  TRAIN_ARGS`` -- setups x model sizes x budgets x seeds, each tuned at an equal budget, then
+  speedups as curves (``nanoshampoo.evidence.study``);
 * ``trace PATH... [--json OUT]`` -- communication/computation overlap in profiler traces.
 
 A user error (a bad flag, a file that cannot be read, a run that failed) prints one line
@@ -58,6 +61,7 @@ from nanoshampoo.evidence.repeat import MANAGED_OPTIONS as REPEAT_MANAGED
 from nanoshampoo.evidence.repeat import RepeatConfig, check_unmanaged, run_repeats
 from nanoshampoo.evidence.report import format_report, report_to_dict, write_json
 from nanoshampoo.evidence.stats import DEFAULT_TARGET, build_report, check_confidence, check_target
+from nanoshampoo.evidence.study_cli import add_study_command
 from nanoshampoo.evidence.traces import analyze_paths, format_overlap
 from nanoshampoo.evidence.tune_cli import (
     add_compare_tune_options,
@@ -147,6 +151,7 @@ def _parser() -> argparse.ArgumentParser:
                          help="arguments for every `python -m nanoshampoo.train` run, after `--`")
     compare.set_defaults(handler=_run_compare)
     add_tune_command(commands)
+    add_study_command(commands)
 
     trace = commands.add_parser("trace", help="communication/computation overlap in profiler traces")
     trace.add_argument("paths", nargs="+", metavar="PATH",
