@@ -98,3 +98,21 @@ SHAMPOO_CONFIGS ?= freq1 freq10 bf16-state bf16-state-floor packed-bf16 warm-qr 
 .PHONY: shampoo-configs
 shampoo-configs: $(STAMP)
 	$(PY) -m nanoshampoo compare --setups $(subst $() ,$(comma),$(foreach c,$(SHAMPOO_CONFIGS),$(c)=bench/shampoo_configs/$(c).toml)),shampoo --baseline shampoo --seeds 3 --out-dir runs/shampoo-configs -- --save-final-checkpoint false $(COMPARE_ARGS)
+
+# The study: does a matrix optimizer train faster than a tuned AdamW, and does the gain hold as
+# the model and the budget grow? `nanoshampoo study --study cpu` (nanoshampoo/evidence/studies/
+# cpu.toml): AdamW, Muon, Shampoo and SOAP at two sizes, each tuned over lr x weight decay at
+# each size, then 3 seeds at its best point, four budgets from every run (decay branches). Two
+# workers of one study (one thread each) share its trial store; the second's output goes to
+# $(STUDY_DIR)/worker-2.out. Writes study.md, study.json and the plots into $(STUDY_DIR) and
+# copies them to docs/results/study/ (the README shows its table and speedup plot).
+# Re-running trains nothing.
+STUDY_DIR ?= runs/study
+.PHONY: study
+study: $(STAMP)
+	mkdir -p $(STUDY_DIR)
+	$(PY) -m nanoshampoo study --study cpu --out-dir $(STUDY_DIR) > $(STUDY_DIR)/worker-2.out 2>&1 & \
+	worker=$$!; $(PY) -m nanoshampoo study --study cpu --out-dir $(STUDY_DIR); status=$$?; \
+	wait $$worker || status=1; exit $$status
+	mkdir -p docs/results/study
+	cp $(STUDY_DIR)/study.md $(STUDY_DIR)/study.json $(STUDY_DIR)/*.png docs/results/study/
