@@ -146,10 +146,15 @@ def run_study(plan: StudyPlan, resolve: ConfigResolver = resolve_train_config,
     say(f"[study] {len(definition.setups)} setups x {len(definition.sizes)} sizes = {cells} "
         f"tunes; budgets {', '.join(f'{b:g}' for b in definition.budgets)} of each run; "
         f"{definition.seeds} seeds at each best point; into {plan.out_dir}")
+    # Every tune's trials first, none waiting on another worker's, so workers sharing the
+    # store stay busy; then each tune ends (waiting for the other workers' trials) and confirms.
+    for index, ((size, name), session) in enumerate(sessions.items(), start=1):
+        say(f"[study] trials {index}/{cells}: {name} at {size}")
+        session.work(wait=False)
     runs = []
     for index, ((size, name), session) in enumerate(sessions.items(), start=1):
         start = time.perf_counter()
-        say(f"[study] {index}/{cells}: {name} at {size}")
+        say(f"[study] best point {index}/{cells}: {name} at {size}")
         result = session.finish()
         base = resolve(session.config.base_argv())
         runs.append(CellRuns(size, name, result, _seed_runs(result, size, name),
