@@ -122,6 +122,19 @@ def _parser() -> argparse.ArgumentParser:
                         help="arguments for `python -m nanoshampoo.train`, after `--`")
     repeat.set_defaults(handler=_run_repeat)
 
+    _add_compare_command(commands)
+    add_tune_command(commands)
+    add_study_command(commands)
+
+    trace = commands.add_parser("trace", help="communication/computation overlap in profiler traces")
+    trace.add_argument("paths", nargs="+", metavar="PATH",
+                       help="Chrome traces (.json/.json.gz) or directories of them (one per rank)")
+    trace.add_argument("--json", type=Path, help="also write the figures as JSON here")
+    trace.set_defaults(handler=_run_trace)
+    return parser
+
+
+def _add_compare_command(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     compare = commands.add_parser(
         "compare", help="train every optimizer setup over seeds, then write a leaderboard",
         description="Train every setup (NAME runs preset tiny-NAME; NAME=PRESET any preset) over "
@@ -150,15 +163,6 @@ def _parser() -> argparse.ArgumentParser:
     compare.add_argument("train_args", nargs=argparse.REMAINDER,
                          help="arguments for every `python -m nanoshampoo.train` run, after `--`")
     compare.set_defaults(handler=_run_compare)
-    add_tune_command(commands)
-    add_study_command(commands)
-
-    trace = commands.add_parser("trace", help="communication/computation overlap in profiler traces")
-    trace.add_argument("paths", nargs="+", metavar="PATH",
-                       help="Chrome traces (.json/.json.gz) or directories of them (one per rank)")
-    trace.add_argument("--json", type=Path, help="also write the figures as JSON here")
-    trace.set_defaults(handler=_run_trace)
-    return parser
 
 
 def _add_report_options(parser: argparse.ArgumentParser) -> None:

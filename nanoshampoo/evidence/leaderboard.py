@@ -24,7 +24,10 @@ Per setup (mean ± unbiased std over seeds):
 * n runs, of which diverged: left out of every mean and test, counted as not reaching the
   target, and marked;
 * when the runs have decay branches (``--decay-branches``): the final val loss at each budget
-  they trained, per setup (``stats.BudgetSummary``).
+  they trained, per setup (``stats.BudgetSummary``), and, when the baseline's runs give at least
+  four budgets, each setup's speedup read off the baseline's fitted loss-versus-budget curve
+  (``scaling``: ``D_eff / D`` with a bootstrap interval over seeds), the reading that replaces
+  steps to target, which is read inside the baseline's own decay (labelled *mid-run*).
 
 Example:
     >>> board = build_leaderboard(groups, config)  # doctest: +SKIP
@@ -37,9 +40,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from nanoshampoo.evidence.budget_readings import budget_section, fitted_section, fitted_speedups
 from nanoshampoo.evidence.compare import CompareConfig, Setup, expand_setups
 from nanoshampoo.evidence.logs import RunRecord
-from nanoshampoo.evidence.report import budget_rows, format_p, json_ready, write_json
+from nanoshampoo.evidence.report import format_p, json_ready, write_json
+from nanoshampoo.evidence.scaling import ScalingStudy
 from nanoshampoo.evidence.speedrun_rules import (
     PairwiseTest,
     RecordTest,
@@ -143,6 +148,10 @@ class Leaderboard:
     rows: tuple[LeaderboardRow, ...]
     runs: tuple[LeaderboardRun, ...]
     schedules: tuple[ScheduleRow, ...] = ()
+    # The speedups off the baseline's fitted curve (budgets in steps), or why there are none
+    # although the runs have decay branches ("" when they have none).
+    fitted: ScalingStudy | None = None
+    fitted_note: str = ""
 
 
 def build_leaderboard(groups: Mapping[str, Sequence[RunRecord]], config: CompareConfig) -> Leaderboard:
@@ -189,9 +198,12 @@ def build_leaderboard(groups: Mapping[str, Sequence[RunRecord]], config: Compare
         )
         order = {name: index for index, name in enumerate(setups)}
         schedules = tuple(sorted(schedules, key=lambda r: (order[r.setup], -r.fraction)))
+    fitted, note = fitted_speedups(groups, baseline, [row.setup for row in rows
+                                                     if not setups[row.setup].parent])
     return Leaderboard(target=target, target_rule=rule, baseline=baseline, rule=config.rule,
                        seeds=tuple(config.seed_list), train_args=config.train_args,
-                       nproc=config.nproc, rows=rows, runs=runs, schedules=schedules)
+                       nproc=config.nproc, rows=rows, runs=runs, schedules=schedules,
+                       fitted=fitted, fitted_note=note)
 
 
 def _steps(name: str, runs: Sequence[RunRecord], rule: str) -> int:
@@ -289,8 +301,10 @@ def format_leaderboard(board: Leaderboard) -> str:
         "",
         *format_markdown_table(_setup_rows(board)),
         "",
-        "Mean ± std (ddof=1) over seeds. Steps and time to target: the first validation at or below "
-        "the target, interpolated linearly between it and the validation before it; over the runs "
+        "Mean ± std (ddof=1) over seeds. Steps and time to target (mid-run): the first validation "
+        "at or below the target, interpolated linearly between it and the validation before it, "
+        "read inside each run's own learning-rate decay, so not the result of a run of that "
+        "length (runs with --decay-branches and their fitted curve give that); over the runs "
         "that reached the target (the *reached* column); × is the ratio of means to the baseline. "
         f"Welch p: two-sided Welch t-test of the final val loss against {base}. p(loss < target): "
         "one-sided one-sample t-test that the mean final val loss is below the target. "
@@ -305,7 +319,8 @@ def format_leaderboard(board: Leaderboard) -> str:
         "",
         *_track3_section(board),
         *_schedule_section(board),
-        *_budget_section(board),
+        *budget_section(board),
+        *fitted_section(board),
         "## Runs",
         "",
         *format_markdown_table(_run_rows(board)),
@@ -315,7 +330,7 @@ def format_leaderboard(board: Leaderboard) -> str:
 
 def _setup_rows(board: Leaderboard) -> list[list[str]]:
     base = board.baseline
-    rows = [["setup", "preset", "runs", "reached", "steps to target", f"× {base}",
+    rows = [["setup", "preset", "runs", "reached", "steps to target (mid-run)", f"× {base}",
              "time to target (s)", f"× {base}", "final val loss", f"Welch p vs {base}",
              "p(loss < target)", "seeds for p < 0.05", "ms/step", "peak MiB", "MFU %"]]
     for row in board.rows:
@@ -401,25 +416,6 @@ def _schedule_section(board: Leaderboard) -> list[str]:
         *format_markdown_table(rows),
         "",
         *summary,
-        "",
-    ]
-
-
-def _budget_section(board: Leaderboard) -> list[str]:
-    """``## Final val loss at each budget (decay branches)`` (only when runs have branches)."""
-    rows = [["setup", *row] for row in budget_rows((), "—")]
-    for row in board.rows:
-        rows += [[row.setup, *line] for line in budget_rows(row.budgets, "—")[1:]]
-    if len(rows) == 1:
-        return []
-    return [
-        "## Final val loss at each budget (decay branches)",
-        "",
-        *format_markdown_table(rows),
-        "",
-        "Mean ± std over seeds of the final val loss of each run's decay branch of that many steps "
-        "(the run of that length, forked from the full run where its cooldown starts), and of "
-        "the full runs at their own length; diverged branches are counted, not averaged.",
         "",
     ]
 
