@@ -47,12 +47,7 @@ from nanoshampoo.evidence.scaling import (
 )
 from nanoshampoo.evidence.scaling_plots import write_scaling_plots
 from nanoshampoo.evidence.scaling_report import format_count, format_study_markdown, study_to_dict
-from nanoshampoo.evidence.setup_scores import (
-    PerformanceProfile,
-    Tunability,
-    performance_profile,
-    tunability,
-)
+from nanoshampoo.evidence.setup_scores import PerformanceProfile, performance_profile
 from nanoshampoo.evidence.study_definition import StudyDefinition
 from nanoshampoo.evidence.tables import format_markdown_table
 from nanoshampoo.evidence.tune import TuneConfig, TuneSession
@@ -287,23 +282,12 @@ def _p(comparison: Any) -> str:
     return f", p {comparison.p_value:.2g}"
 
 
-def trial_tunability(tune: TuneResult) -> Tunability:
-    """The share of a tune's trials (one per trial slot: a retried trial counts once) whose
-    final loss is within 1 % of the best; a pruned or failed trial counts as not within."""
-    by_slot: dict[str, float] = {}
-    for trial in tune.trials:
-        value = math.nan if trial.value is None else trial.value
-        kept = by_slot.get(trial.name, math.nan)
-        by_slot[trial.name] = value if math.isnan(kept) else min(kept, value)
-    return tunability(list(by_slot.values()))
-
-
 def _tunability_table(result: StudyResult) -> list[str]:
     rows = [["size", "setup", "within 1 % of best", "trials: complete / pruned / failed",
              "best point", "best trial's final loss"]]
     for cell in result.cells:
         states = [t.state for t in cell.tune.trials]
-        share = trial_tunability(cell.tune)
+        share = cell.tune.tunability
         rows.append([cell.size, cell.setup, f"{share.within} of {share.trials} "
                      f"({100 * share.share:.0f} %)",
                      f"{states.count('complete')} / {states.count('pruned')} / "
@@ -336,7 +320,7 @@ def study_json(result: StudyResult) -> dict[str, Any]:
     budget, and each tune's best point, trials, tunability and seed runs."""
     tunes = [{"size": c.size, "setup": c.setup, "study": c.tune.study, "storage": c.tune.storage,
               "best": c.tune.best_values, "best_value": c.tune.best_value,
-              "tunability": trial_tunability(c.tune), "trials": list(c.tune.trials),
+              "tunability": c.tune.tunability, "trials": list(c.tune.trials),
               "runs": [str(r.path) for r in c.runs]} for c in result.cells]
     record = _StudyRecord(
         result.plan.definition, str(result.plan.out_dir),

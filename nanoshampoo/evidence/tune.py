@@ -57,7 +57,7 @@ from nanoshampoo.evidence.tune_report import (
     TuneResult,
     best_trial,
     edge_warnings,
-    tunability,
+    trial_tunability,
     write_tuning,
 )
 from nanoshampoo.evidence.tune_space import (
@@ -326,7 +326,7 @@ class TuneSession:
             best=best.name, best_number=best.number, best_values=best.params,
             best_value=best.value,
             edge_warnings=tuple(edge_warnings(config.searches, results, best)),
-            tunability=tunability(results, best.value), confirm_finals=confirm,
+            tunability=trial_tunability(results), confirm_finals=confirm,
             confirm_logs=confirm_logs,
             typed_values=typed)
         return write_tuning(result, config.out_dir)

@@ -127,7 +127,7 @@ def _report(result: TuneResult) -> None:
     print(f"[tune] {result.setup}: best {result.best} "
           f"({', '.join(f'{k}={v}' for k, v in result.best_values.items())}, "
           f"{result.best_value:.4f}) of {len(result.trials)} trials; {tune.within} of "
-          f"{tune.complete} complete trials within 1 % of it; tuned preset {result.preset_file}")
+          f"{tune.trials} trials within 1 % of it; tuned preset {result.preset_file}")
     for warning in result.edge_warnings:
         print(f"[tune] warning: {warning}")
 
@@ -203,7 +203,7 @@ def format_tuning_summary(results: list[TuneResult]) -> str:
         tune = result.tunability
         rows.append([result.setup, ", ".join(keys), trials,
                      ", ".join(f"{k} = {v}" for k, v in result.best_values.items()),
-                     f"{tune.within}/{tune.complete}", "yes" if result.edge_warnings else "-"])
+                     f"{tune.within}/{tune.trials}", "yes" if result.edge_warnings else "-"])
     seeds = {r.seeds for r in results}
     lines = ["# Tuning at an equal budget", "",
              f"{results[0].budget} trials per setup, {'/'.join(map(str, sorted(seeds)))} "

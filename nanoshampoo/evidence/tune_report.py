@@ -5,8 +5,8 @@ point, its state (complete, pruned, failed, running), its value (the mean final 
 loss over its seeds that did not diverge), each seed's final loss and each rung's branch loss.
 Then the best complete trial, a warning for every key whose best value lies on the edge of
 what was tried (a grid's first or last value, a range's smallest or largest sample), and the
-tunability: the share of complete trials within ``TUNABILITY_TOLERANCE`` (1 %) of the best
-value, with their count. A flat optimum (a high share) means the setup is easy to tune at this
+tunability: the share of the trials within ``TUNABILITY_TOLERANCE`` (1 %) of the best value
+(a pruned or failed trial is not; ``setup_scores.tunability``), with their count. A flat optimum (a high share) means the setup is easy to tune at this
 budget; a low share means few points are near the best.
 
 Example:
@@ -26,11 +26,12 @@ from pathlib import Path
 from typing import Any
 
 from nanoshampoo.evidence.report import json_ready, write_json
+from nanoshampoo.evidence.setup_scores import Tunability, tunability
 from nanoshampoo.evidence.tables import format_markdown_table
 from nanoshampoo.evidence.tune_space import Search
 from nanoshampoo.io_utils import atomic_output
 
-# A complete trial within this relative distance of the best value counts toward tunability.
+# A trial within this relative distance of the best value counts toward tunability.
 TUNABILITY_TOLERANCE = 0.01
 _BARE_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
 
@@ -51,19 +52,6 @@ class TrialResult:
     rungs: dict[int, float] = field(default_factory=dict)
     note: str = ""
     logs: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True)
-class Tunability:
-    """``within`` of ``complete`` trials are within ``tolerance`` of the best value."""
-
-    within: int
-    complete: int
-    tolerance: float = TUNABILITY_TOLERANCE
-
-    @property
-    def share(self) -> float:
-        return self.within / self.complete if self.complete else math.nan
 
 
 @dataclass(frozen=True)
@@ -99,10 +87,15 @@ def best_trial(trials: Sequence[TrialResult]) -> TrialResult | None:
     return min(complete, key=lambda t: (t.value, t.number)) if complete else None
 
 
-def tunability(trials: Sequence[TrialResult], best: float) -> Tunability:
-    values = [t.value for t in trials if t.value is not None]
-    within = sum(v <= best + TUNABILITY_TOLERANCE * abs(best) for v in values)
-    return Tunability(within, len(values))
+def trial_tunability(trials: Sequence[TrialResult]) -> Tunability:
+    """The share of the trial slots (a retried trial counts once, by its best value) whose
+    final loss is within 1 % of the best; a pruned or failed trial counts as not within."""
+    by_slot: dict[str, float] = {}
+    for trial in trials:
+        value = math.nan if trial.value is None else trial.value
+        kept = by_slot.get(trial.name, math.nan)
+        by_slot[trial.name] = value if math.isnan(kept) else min(kept, value)
+    return tunability(list(by_slot.values()), TUNABILITY_TOLERANCE)
 
 
 def edge_warnings(searches: Sequence[Search], trials: Sequence[TrialResult],
@@ -198,8 +191,9 @@ def format_tuning(result: TuneResult) -> str:
              f"for every trial: `{flags}`. Best: **{result.best}** "
              f"({', '.join(f'{k} = {v}' for k, v in result.best_values.items())}), "
              f"{result.best_value:.4f}.", "",
-             f"Tunability: {tune.within} of {tune.complete} complete trials "
-             f"({100 * tune.share:.0f} %) are within {100 * tune.tolerance:g} % of the best.", "",
+             f"Tunability: {tune.within} of {tune.trials} trials ({100 * tune.share:.0f} %) are "
+             f"within {100 * tune.tolerance:g} % of the best (a pruned or failed trial is not).",
+             "",
              *format_markdown_table(rows), ""]
     lines += [f"**Warning**: {w}" for w in result.edge_warnings]
     if result.confirm_finals:

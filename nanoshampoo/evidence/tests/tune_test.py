@@ -85,16 +85,17 @@ def test_a_grid_trains_every_point_once_at_the_same_budget_and_picks_the_best(
         (0, fake_loss(0.02, 0.1, 0)), (1, fake_loss(0.02, 0.1, 1))]
     values = [fake_loss(float(lr), float(wd), 0) for lr, wd in itertools.product(lrs, wds)]
     within = sum(v <= 1.01 * min(values) for v in values)
-    assert (result.tunability.within, result.tunability.complete) == (within, 8) and within == 2
+    assert (result.tunability.within, result.tunability.trials) == (within, 8) and within == 2
     preset = tomllib.loads(Path(result.preset_file).read_text())
     assert preset == {"extends": "tiny-muon", "muon": {"lr": 0.02, "weight_decay": 0.1}}
     data = json.loads((tmp_path / "tune" / "tuning.json").read_text())
     assert data["best"] == result.best and len(data["trials"]) == 8
-    assert data["tunability"] == {"within": 2, "complete": 8, "tolerance": 0.01}
+    assert data["tunability"] == {"trials": 8, "within": 2, "best": min(values),
+                                  "tolerance": 0.01}
     best_row = next(line for line in (tmp_path / "tune" / "tuning.md").read_text().splitlines()
                     if "(best)" in line)
     assert "| complete | 0.02    | 0.1               | 4.0000" in best_row
-    assert "Tunability: 2 of 8 complete trials (25 %) are within 1 % of the best." in (
+    assert "Tunability: 2 of 8 trials (25 %) are within 1 % of the best" in (
         tmp_path / "tune" / "tuning.md").read_text()
 
 
