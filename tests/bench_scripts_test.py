@@ -389,3 +389,17 @@ def test_every_shampoo_config_is_a_valid_tiny_shampoo_variant(path: Path) -> Non
     values = load_preset(str(path))
     config = TrainConfig(**values)
     assert config.optimizer == "shampoo" and config.model == "tiny"
+
+
+def test_pruning_bench_counts_a_stopped_run_to_its_last_fork(tmp_path: Path) -> None:
+    bench = load_script("pruning_vs_grid.py")
+    branch = {"kind": "branch", "fraction": 0.125, "steps": 16, "fork_step": 5, "val_loss": 6.0}
+    stopped = tmp_path / "stopped.jsonl"
+    stopped.write_text(json.dumps({"kind": "config"}) + "\n" + json.dumps(branch) + "\n")
+    # Stopped after the 16-step branch, made at its fork: 5 main steps + 11 branch steps.
+    assert bench.run_steps(stopped) == 5 + 11
+    complete = tmp_path / "complete.jsonl"
+    second = dict(branch, fraction=0.25, steps=32, fork_step=10)
+    complete.write_text("".join(json.dumps(r) + "\n" for r in (
+        {"kind": "config"}, branch, second, {"kind": "final", "step": 128, "val_loss": 5.0})))
+    assert bench.run_steps(complete) == 128 + 11 + 22
