@@ -50,7 +50,6 @@ import io
 import json
 import math
 import re
-import subprocess
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -59,6 +58,7 @@ from typing import Any
 
 from nanoshampoo.evidence.logs import LogFormatError, RunRecord, read_run
 from nanoshampoo.evidence.repeat import check_unmanaged, fresh_run_id, train_command
+from nanoshampoo.evidence.trainer_process import run_trainer
 from nanoshampoo.io_utils import atomic_output, check_output_dir
 from nanoshampoo.validation import check_float
 
@@ -359,9 +359,9 @@ def _same_json(a: Any, b: Any) -> bool:
 
 
 def launch_subprocess(command: list[str], output: Path) -> int:
-    """Run ``command`` with stdout and stderr into ``output`` (a new file); return its status."""
-    with output.open("x", encoding="utf-8") as out:
-        return subprocess.run(command, stdout=out, stderr=subprocess.STDOUT, check=False).returncode
+    """Run ``command`` with stdout and stderr into ``output`` (a new file); return its status.
+    The trainer dies with this process (``trainer_process``): a killed compare leaves none."""
+    return run_trainer(command, output)
 
 
 def run_compare(

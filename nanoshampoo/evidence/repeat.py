@@ -15,7 +15,6 @@ Example:
 from __future__ import annotations
 
 import glob
-import subprocess
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -23,6 +22,7 @@ from pathlib import Path
 
 from nanoshampoo.errors import UserError
 from nanoshampoo.evidence.logs import LogFormatError, read_run
+from nanoshampoo.evidence.trainer_process import run_trainer
 
 # Options repeat sets per seed; giving them among the train args would be ambiguous.
 # (``--resume`` would start every seed from one checkpoint, so from the same weights.)
@@ -97,7 +97,7 @@ def fresh_run_id(directory: Path, base: str) -> str:
 def run_repeats(
     config: RepeatConfig,
     train_args: Sequence[str],
-    run: Callable[[list[str]], int] = lambda cmd: subprocess.run(cmd, check=False).returncode,
+    run: Callable[[list[str]], int] = run_trainer,
 ) -> list[Path]:
     """Train every seed in turn; return their JSONL logs, one per seed.
 

@@ -23,10 +23,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import signal
-import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -43,6 +39,7 @@ from nanoshampoo.evidence.compare import (
 )
 from nanoshampoo.evidence.logs import LogFormatError, RunRecord, read_run
 from nanoshampoo.evidence.repeat import fresh_run_id, train_command
+from nanoshampoo.evidence.trainer_process import spawn_trainer, stop_trainer
 
 # (trainer flags, run id, out dir) -> the command line that trains them.
 TrainCommand = Callable[[Sequence[str], str, Path], list[str]]
@@ -50,15 +47,6 @@ TrainCommand = Callable[[Sequence[str], str, Path], list[str]]
 PRUNED_SUFFIX = ".pruned.json"
 # Seconds between two reads of a running trainer's JSONL.
 POLL_S = 1.0
-# Seconds a killed trainer gets to exit on SIGTERM before SIGKILL.
-KILL_GRACE_S = 10.0
-# Runs the command after it (argv[2:]) once the kernel kills it with the worker (argv[1] is the
-# worker's pid: if that is gone already, the exec never happens).
-_DIE_WITH_PARENT = ("import ctypes, os, sys; ctypes.CDLL(None).prctl(1, 9); "
-                    "os.getppid() == int(sys.argv[1]) or os._exit(1); "
-                    "os.execvp(sys.argv[2], sys.argv[2:])")
-
-
 def trainer_command(nproc: int) -> TrainCommand:
     """``python -m nanoshampoo.train`` (``torchrun`` with ``nproc`` processes when > 1)."""
     return partial(train_command, nproc=nproc)
@@ -134,28 +122,6 @@ def _branches(records: Sequence[Mapping[str, Any]]) -> Iterator[Branch]:
     return (parse_branch(r) for r in records if r.get("kind") == "branch")
 
 
-def _spawn(command: Sequence[str], output: Path) -> subprocess.Popen[bytes]:
-    if sys.platform.startswith("linux"):
-        command = [sys.executable, "-c", _DIE_WITH_PARENT, str(os.getpid()), *command]
-    with output.open("x", encoding="utf-8") as out:
-        return subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True)
-
-
-def _kill(process: subprocess.Popen[bytes]) -> None:
-    """Stop the trainer and every process it started (its session's process group)."""
-    for sig, wait_s in ((signal.SIGTERM, KILL_GRACE_S), (signal.SIGKILL, None)):
-        try:
-            os.killpg(process.pid, sig)
-        except ProcessLookupError:
-            break
-        try:
-            process.wait(wait_s)
-            break
-        except subprocess.TimeoutExpired:
-            continue
-
-
 def train_seed(plan: PlannedRun, label: str, nproc: int, command: TrainCommand,
                on_branch: Callable[[Branch], bool], say: Callable[[str], None],
                defaults: Mapping[str, Any] | None = None, poll_s: float = POLL_S,
@@ -180,7 +146,7 @@ def train_seed(plan: PlannedRun, label: str, nproc: int, command: TrainCommand,
     write_manifest(plan, run_id, argv, nproc)
     output, log = plan.directory / f"{run_id}.out", plan.directory / f"{run_id}.jsonl"
     say(f"[tune] start    {label}: run {run_id}, output {output}")
-    process = _spawn(argv, output)
+    process = spawn_trainer(argv, output)
     seen: list[Branch] = []
     offset, stopped = 0, False
     try:
@@ -197,7 +163,7 @@ def train_seed(plan: PlannedRun, label: str, nproc: int, command: TrainCommand,
             time.sleep(poll_s)
     finally:
         if process.poll() is None:
-            _kill(process)
+            stop_trainer(process)
     if stopped:
         # A trainer quicker than the poll may have finished before the kill: either way the
         # run is a pruned trial's, never one to reuse, and a run without a manifest never is.

@@ -1,0 +1,53 @@
+"""A trainer started by an evidence tool never outlives it: a tool (here: ``compare``'s
+launcher in a process of its own) killed with SIGKILL takes its trainer with it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+# A stand-in for the tool: it launches a long "trainer" through compare's launcher, which
+# writes its pid, then waits for it.
+TOOL = """
+import sys
+from pathlib import Path
+from nanoshampoo.evidence.compare import launch_subprocess
+out = Path(sys.argv[1])
+launch_subprocess([sys.executable, "-c",
+                   "import os, sys, time; open(sys.argv[1], 'w').write(str(os.getpid())); "
+                   "time.sleep(120)", str(out / "trainer.pid")], out / "trainer.out")
+"""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie (killed, not yet reaped by init) is not running.
+    stat = Path(f"/proc/{pid}/stat")
+    return not stat.exists() or stat.read_text().split(")")[-1].split()[0] != "Z"
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_a_tool_killed_with_sigkill_takes_its_trainer_with_it(tmp_path: Path) -> None:
+    tool = subprocess.Popen([sys.executable, "-c", TOOL, str(tmp_path)])
+    pid_file = tmp_path / "trainer.pid"
+    deadline = time.monotonic() + 60
+    while not (pid_file.exists() and pid_file.read_text()):
+        assert time.monotonic() < deadline, "the trainer never started"
+        time.sleep(0.1)
+    trainer = int(pid_file.read_text())
+    assert _alive(trainer)
+    tool.send_signal(signal.SIGKILL)
+    tool.wait()
+    deadline = time.monotonic() + 10
+    while _alive(trainer):
+        assert time.monotonic() < deadline, f"trainer {trainer} outlived the killed tool"
+        time.sleep(0.1)
