@@ -5,7 +5,8 @@ included, are stopped together by their process group) and, on Linux, asks the k
 it when the tool that started it dies (``PR_SET_PDEATHSIG``): a ``compare``, ``tune`` or
 ``repeat`` killed with SIGKILL leaves no trainer behind to write into a run that a re-run would
 start again. The wrapper checks that its parent is still the tool after arming the signal, so a
-tool killed in between leaves nothing running either.
+tool killed in between leaves nothing running either. Its Python never puts the working
+directory first on ``sys.path`` (``allocator.safe_python_environment``).
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import IO
+
+from nanoshampoo.train.allocator import safe_python_environment
 
 # Runs the command after it (argv[2:]) once the kernel kills it with its parent (argv[1] is the
 # parent's pid: if that is gone already, the exec never happens). prctl option 1 is
@@ -34,12 +37,13 @@ def spawn_trainer(command: Sequence[str], output: Path | None = None) -> subproc
     argv = list(command)
     if sys.platform.startswith("linux"):
         argv = [sys.executable, "-c", _DIE_WITH_PARENT, str(os.getpid()), *argv]
+    environment = safe_python_environment(os.environ)
     if output is None:
-        return subprocess.Popen(argv, start_new_session=True)
+        return subprocess.Popen(argv, start_new_session=True, env=environment)
     out: IO[str]
     with output.open("x", encoding="utf-8") as out:
         return subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+                                start_new_session=True, env=environment)
 
 
 def stop_trainer(process: subprocess.Popen[bytes]) -> None:

@@ -24,8 +24,10 @@ from __future__ import annotations
 
 import os
 import platform
+import site
 import sys
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 
 TUNED_MALLOC_ENV = {
     "MALLOC_MMAP_THRESHOLD_": str(256 << 20),
@@ -50,6 +52,22 @@ def tuned_environment(environ: Mapping[str, str], libc: str) -> dict[str, str] |
     return {**environ, **missing}
 
 
+def safe_python_environment(environ: Mapping[str, str]) -> dict[str, str]:
+    """The environment of a Python process this package starts (``python -m nanoshampoo...``,
+    torchrun's ranks included): ``PYTHONSAFEPATH`` set, so the working directory does not go
+    first on ``sys.path`` (a ``tqdm.py`` there would shadow the library), and, unless this
+    package is installed in a site-packages folder, the folder holding it first on
+    ``PYTHONPATH``, so the new process imports this same ``nanoshampoo`` (an editable install
+    or a source checkout)."""
+    root = str(Path(__file__).resolve().parents[2])
+    paths = [p for p in environ.get("PYTHONPATH", "").split(os.pathsep) if p and p != root]
+    installed = {str(Path(p).resolve()) for p in (*site.getsitepackages(),
+                                                   site.getusersitepackages())}
+    if root not in installed:
+        paths.insert(0, root)
+    return {**environ, "PYTHONSAFEPATH": "1", "PYTHONPATH": os.pathsep.join(paths)}
+
+
 def exec_with_tuned_malloc(module: str, args: Sequence[str]) -> None:
     """Replace this process by ``python -m module *args`` with :data:`TUNED_MALLOC_ENV` set.
 
@@ -61,4 +79,5 @@ def exec_with_tuned_malloc(module: str, args: Sequence[str]) -> None:
         return
     sys.stdout.flush()
     sys.stderr.flush()
-    os.execve(sys.executable, [sys.executable, "-m", module, *args], environment)
+    os.execve(sys.executable, [sys.executable, "-m", module, *args],
+              safe_python_environment(environment))
