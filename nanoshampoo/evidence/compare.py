@@ -50,6 +50,7 @@ import io
 import json
 import math
 import re
+import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -331,10 +332,31 @@ def find_reusable(directory: Path, resolved: Mapping[str, Any], nproc: int,
             continue
         run_id = manifest.name[: -len(MANIFEST_SUFFIX)]
         try:
-            return read_run(directory / f"{run_id}.jsonl")
+            run = read_run(directory / f"{run_id}.jsonl")
         except LogFormatError:
             continue  # crashed, killed or still running: train it again under a new id
+        disagreement = _log_disagrees(run, resolved)
+        if disagreement:
+            print(f"[compare] not reusing {run.path}: {disagreement}; training it again",
+                  file=sys.stderr, flush=True)
+            continue
+        return run
     return None
+
+
+def _log_disagrees(run: RunRecord, resolved: Mapping[str, Any]) -> str:
+    """Why a run whose manifest matches is still not the run asked for, from its own log (the
+    seed and every config field it recorded, a non-negative training time); "" when none."""
+    if run.seed is not None and str(run.seed) != str(resolved.get("seed", run.seed)):
+        return f"its log says seed {run.seed}, the manifest {resolved['seed']}"
+    for key, value in resolved.items():
+        if key in RUN_IDENTITY_IGNORED or key not in run.config:
+            continue
+        if not _same_json(run.config[key], value):
+            return f"its log says {key} {run.config[key]!r}, the manifest {value!r}"
+    if not run.train_time_ms >= 0:
+        return f"its log's training time is {run.train_time_ms} ms"
+    return ""
 
 
 def upgrade_legacy_config(logged: dict[str, Any], resolved: Mapping[str, Any]) -> dict[str, Any]:
