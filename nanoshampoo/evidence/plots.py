@@ -1,9 +1,10 @@
 """PNG figures of repeated runs: validation-loss curves (mean ± 1 std) and an A/B figure.
 
-Curves of a group are interpolated onto a common grid (steps, or training seconds) that
-spans the range every run covers, then averaged; the band is ±1 unbiased std over seeds. The
-whole curves are drawn on a log loss axis, and a zoom shows the last 30 % of the x range,
-where the target is decided. The A/B figure shows every run's final loss and train time per
+Curves of a group are averaged run by run at equal progress through each run (steps, or
+training seconds), so a mean curve ends at the group's mean final loss; the band is ±1 unbiased
+std over seeds. The whole curves are drawn on a log loss axis with plain tick labels, and a zoom
+shows the last 30 % of every setup's curve, where the target is decided (every setup stays in
+it, also one that ended early). A run validated only at its end is a point. The A/B figure shows every run's final loss and train time per
 group, with the group mean and its 95 % t confidence interval. Diverged runs are left out of
 every figure (the legend counts them).
 
@@ -30,6 +31,7 @@ import numpy as np  # noqa: E402
 import scipy.stats  # noqa: E402
 from matplotlib.axes import Axes  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
+from matplotlib.ticker import FormatStrFormatter  # noqa: E402
 
 from nanoshampoo.evidence.logs import RunRecord  # noqa: E402
 from nanoshampoo.evidence.stats import EvidenceReport  # noqa: E402
@@ -39,20 +41,29 @@ GRID_POINTS = 400
 ZOOM_FRACTION = 0.3
 
 
-def mean_std_on_grid(
+def mean_std_by_progress(
     xs: Sequence[np.ndarray], ys: Sequence[np.ndarray], points: int = GRID_POINTS
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Interpolate curves ``(xs[i], ys[i])`` onto one grid; return ``(grid, mean, std)``.
+    """Average curves ``(xs[i], ys[i])`` run by run at equal progress; return ``(x, mean,
+    std)``.
 
-    Each ``xs[i]`` must be increasing. The grid spans ``[max of starts, min of ends]`` so no
-    curve is extrapolated; ``std`` is the unbiased std over curves (zeros for one curve).
+    Each run is read at the same fractions ``u`` of its own span (``u = 0`` its first point,
+    ``u = 1`` its last), and ``x``, the loss mean and its unbiased std are taken over runs at
+    each ``u``. So the mean curve ends at the mean final loss and at the runs' mean end: seeds
+    that end at different times (the time axis) are not cut at the earliest end, where the
+    others are still mid-decay. Each ``xs[i]`` must be increasing; a one-point curve is a
+    point. ``std`` is zeros for one curve.
     """
-    start = max(float(x[0]) for x in xs)
-    end = min(float(x[-1]) for x in xs)
-    grid = np.linspace(start, end, points)
-    stacked = np.stack([np.interp(grid, x, y) for x, y in zip(xs, ys)])
-    std = stacked.std(axis=0, ddof=1) if len(xs) >= 2 else np.zeros_like(grid)
-    return grid, stacked.mean(axis=0), std
+    progress = np.linspace(0.0, 1.0, points)
+    at_x, at_y = [], []
+    for x, y in zip(xs, ys):
+        span = float(x[-1] - x[0])
+        own = (x - x[0]) / span if span > 0 else np.zeros_like(x, dtype=np.float64)
+        at_x.append(np.interp(progress, own, x) if span > 0 else np.full(points, float(x[0])))
+        at_y.append(np.interp(progress, own, y) if span > 0 else np.full(points, float(y[-1])))
+    stacked = np.stack(at_y)
+    std = stacked.std(axis=0, ddof=1) if len(xs) >= 2 else np.zeros(points)
+    return np.stack(at_x).mean(axis=0), stacked.mean(axis=0), std
 
 
 # The two x axes of a loss curve: file-name stem and axis label.
@@ -88,11 +99,12 @@ def _draw_curves(whole: Axes, zoom: Axes, groups: Mapping[str, Sequence[RunRecor
             continue
         xs = [_curve_x(run, x) for run in finished]
         ys = [np.array([p.val_loss for p in run.curve]) for run in finished]
-        grid, mean, std = mean_std_on_grid(xs, ys)
+        grid, mean, std = mean_std_by_progress(xs, ys)
         diverged = len(runs) - len(finished)
         legend = f"{name} (n={len(finished)}" + (f", {diverged} diverged)" if diverged else ")")
         for ax in (whole, zoom):
-            ax.plot(grid, mean, color=color, label=legend)
+            ax.plot(grid, mean, color=color, label=legend, marker="o" if grid[0] == grid[-1]
+                    else None, markevery=[len(grid) - 1])
             ax.fill_between(grid, mean - std, mean + std, color=color, alpha=0.25, linewidth=0)
     for ax in (whole, zoom):
         ax.axhline(target, color="black", linestyle="--", linewidth=1, label=f"target {target:g}")
@@ -100,6 +112,9 @@ def _draw_curves(whole: Axes, zoom: Axes, groups: Mapping[str, Sequence[RunRecor
         ax.set_ylabel("validation loss")
         ax.grid(alpha=0.3)
     whole.set_yscale("log")
+    # Plain numbers on the log axis ("5", "5.5"), not "5×10⁰".
+    whole.yaxis.set_major_formatter(FormatStrFormatter("%g"))
+    whole.yaxis.set_minor_formatter(FormatStrFormatter("%g"))
     whole.set_title(f"validation loss vs {label} (mean ± 1 std)")
     _zoom(zoom, target)
     zoom.set_title(f"last {ZOOM_FRACTION:.0%} of the run")
@@ -168,7 +183,8 @@ def _curve_x(run: RunRecord, x: str) -> np.ndarray:
 
 
 def _zoom(ax: Axes, target: float) -> None:
-    """Limit ``ax`` to the last part of its x range and to the y range drawn there."""
+    """Limit ``ax`` to the last ``ZOOM_FRACTION`` of every curve (from the earliest such start,
+    so a setup that ended early stays in view) and to the y range drawn there."""
     # The target line (an axhline, two points in axes coordinates) is not a curve.
     curves = [
         tuple(np.asarray(v, dtype=np.float64) for v in line.get_data())
@@ -177,10 +193,10 @@ def _zoom(ax: Axes, target: float) -> None:
     ]
     if not curves:  # every run diverged: nothing to zoom on
         return
-    lo = min(float(x[0]) for x, _ in curves)
+    start = min(float(x[-1]) - ZOOM_FRACTION * float(x[-1] - x[0]) for x, _ in curves)
     hi = max(float(x[-1]) for x, _ in curves)
-    start = hi - ZOOM_FRACTION * (hi - lo)
-    ax.set_xlim(start, hi)
+    if hi > start:  # runs validated only at their end are points: no x range to narrow
+        ax.set_xlim(start - 0.02 * (hi - start), hi + 0.02 * (hi - start))
     visible = [target]
     for x, y in curves:
         visible.extend(y[x >= start])
