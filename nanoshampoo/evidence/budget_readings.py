@@ -1,6 +1,7 @@
-"""The leaderboard's readings at more than one budget, from runs with decay branches: the final
-loss at each budget, and each setup's speedup off the baseline's fitted loss-versus-budget curve
-(the reading that a loss read mid-run, inside the baseline's own decay, cannot give)."""
+"""The leaderboard's readings of scale: the model's size and budget (non-embedding parameters,
+tokens per parameter) and, from runs with decay branches, the final loss at each budget and each
+setup's speedup off the baseline's fitted loss-versus-budget curve (the reading that a loss read
+mid-run, inside the baseline's own decay, cannot give)."""
 
 from __future__ import annotations
 
@@ -10,11 +11,31 @@ from typing import TYPE_CHECKING
 from nanoshampoo.evidence.logs import RunRecord
 from nanoshampoo.evidence.report import budget_rows
 from nanoshampoo.evidence.scaling import Observation, ScalingStudy, estimate_speedups
-from nanoshampoo.evidence.scaling_report import format_speedup
+from nanoshampoo.evidence.scaling_report import format_count, format_speedup
 from nanoshampoo.evidence.tables import format_markdown_table
 
 if TYPE_CHECKING:
     from nanoshampoo.evidence.leaderboard import Leaderboard
+
+
+def model_scale(runs: Sequence[RunRecord]) -> str:
+    """"model tiny: 792k non-embedding parameters; 300 steps x 2048 tokens = 614k tokens, 0.78
+    per parameter" for the first run whose log records its config; "" if none does."""
+    config = next((run.config for run in runs if {"model", "batch_size", "seq_len"}
+                   <= set(run.config)), None)
+    if config is None:
+        return ""
+    from nanoshampoo.model.gpt import gpt_preset, non_embedding_parameters  # imports torch
+
+    try:
+        params = non_embedding_parameters(gpt_preset(str(config["model"]), vocab_size=1))
+    except ValueError:  # a size this version does not know
+        return ""
+    steps = max(run.total_steps for run in runs)
+    per_step = int(config["batch_size"]) * int(config["seq_len"])
+    return (f"model {config['model']}: {format_count(params)} non-embedding parameters; {steps} "
+            f"steps x {per_step} tokens = {format_count(steps * per_step)} tokens, "
+            f"{steps * per_step / params:.2g} per parameter")
 
 
 # The leaderboard's one model size, as the scaling analysis names it.

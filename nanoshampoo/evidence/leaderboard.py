@@ -40,7 +40,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from nanoshampoo.evidence.budget_readings import budget_section, fitted_section, fitted_speedups
+from nanoshampoo.evidence.budget_readings import (
+    budget_section,
+    fitted_section,
+    fitted_speedups,
+    model_scale,
+)
 from nanoshampoo.evidence.compare import CompareConfig, Setup, expand_setups
 from nanoshampoo.evidence.logs import RunRecord
 from nanoshampoo.evidence.report import format_p, json_ready, write_json
@@ -152,6 +157,9 @@ class Leaderboard:
     # although the runs have decay branches ("" when they have none).
     fitted: ScalingStudy | None = None
     fitted_note: str = ""
+    # The model and budget of the baseline's runs, as their logs state them ("" for logs
+    # without a config): non-embedding parameters and tokens per parameter.
+    scale: str = ""
 
 
 def build_leaderboard(groups: Mapping[str, Sequence[RunRecord]], config: CompareConfig) -> Leaderboard:
@@ -203,7 +211,8 @@ def build_leaderboard(groups: Mapping[str, Sequence[RunRecord]], config: Compare
     return Leaderboard(target=target, target_rule=rule, baseline=baseline, rule=config.rule,
                        seeds=tuple(config.seed_list), train_args=config.train_args,
                        nproc=config.nproc, rows=rows, runs=runs, schedules=schedules,
-                       fitted=fitted, fitted_note=note)
+                       fitted=fitted, fitted_note=note, scale=model_scale(groups[baseline]))
+
 
 
 def _steps(name: str, runs: Sequence[RunRecord], rule: str) -> int:
@@ -297,7 +306,8 @@ def format_leaderboard(board: Leaderboard) -> str:
         f"Rule: **{RULE_TEXT[board.rule]}**.",
         "",
         f"Target val loss **{board.target:.4f}** ({board.target_rule}). Seeds {seeds}; "
-        f"{board.nproc} process(es) per run; train flags: `{flags}`.",
+        f"{board.nproc} process(es) per run; train flags: `{flags}`."
+        + (f" The baseline's {board.scale}." if board.scale else ""),
         "",
         *format_markdown_table(_setup_rows(board)),
         "",

@@ -46,7 +46,7 @@ from torch import nn
 from tqdm import tqdm
 
 from nanoshampoo.data.loader import DistributedTokenLoader, validation_batches
-from nanoshampoo.model.gpt import GPT, GPTConfig, gpt_preset
+from nanoshampoo.model.gpt import GPT, GPTConfig, gpt_preset, non_embedding_parameters
 from nanoshampoo.optim.errors import NonFiniteGradientError
 from nanoshampoo.train.branches import Branch, TrainingSnapshot, branches_to_make, plan_branches
 from nanoshampoo.train.checkpoint import (
@@ -186,6 +186,7 @@ class Trainer:
         model_config = gpt_preset(cfg.model, self.data.vocab_size, cfg.combined_linear)
         self._check_model_fits(model_config)
         self.model = GPT(model_config).to(ctx.device)
+        self.non_embedding_params = non_embedding_parameters(model_config)
         self.mfu = mfu_meter(model_config, cfg.seq_len, cfg.tokens_per_step, ctx.device,
                              self.autocast.enabled, ctx.world_size)
         broadcast_parameters(self.model, ctx)
@@ -251,7 +252,11 @@ class Trainer:
         self.steps_done = self.start_step  # for Ctrl-C's report; each step advances it
         self.log.start(self._config_record(), self._environment())
         if ctx.is_main:
-            print(f"run {self.run_id}: {cfg.optimizer} on {ctx.device.type} x{ctx.world_size} "
+            tokens = total * cfg.tokens_per_step
+            print(f"run {self.run_id}: {cfg.optimizer}, model {cfg.model} "
+                  f"({self.non_embedding_params:,} non-embedding parameters, {tokens:,} tokens: "
+                  f"{tokens / self.non_embedding_params:.2g} per parameter) "
+                  f"on {ctx.device.type} x{ctx.world_size} "
                   f"({cfg.parallel}), "
                   f"{torch.get_num_threads()} threads ({self.threads.reason}), autocast "
                   f"{self.autocast.name} ({self.autocast.reason}), compile {self.compiled.name} "
@@ -462,6 +467,7 @@ class Trainer:
                 "compile_reason": self.compiled.reason, "threads": torch.get_num_threads(),
                 "threads_reason": self.threads.reason,
                 "resumed_from": self.resumed_from, "mfu": dataclasses.asdict(self.mfu),
+                "non_embedding_params": self.non_embedding_params,
                 "config": self.cfg.to_dict()}
 
     def _environment(self) -> str:

@@ -10,9 +10,10 @@ from pathlib import Path
 import pytest
 from compare_test import FakeTrainer, _config, _run
 
-from nanoshampoo.evidence import leaderboard
+from nanoshampoo.evidence import budget_readings, leaderboard
 from nanoshampoo.evidence.budget_readings import FITTED_SIZE
 from nanoshampoo.evidence.leaderboard import build_leaderboard
+from nanoshampoo.evidence.logs import read_run
 
 # L(D) = A * D^-ALPHA + C in steps; each setup reaches the baseline's loss at SPEEDUP x D.
 A, ALPHA, C = 6.0, 0.5, 3.0
@@ -89,3 +90,21 @@ def test_fewer_than_four_budgets_say_why_there_is_no_fit(tmp_path: Path) -> None
     assert board.fitted is None
     assert board.fitted_note.startswith("the baseline's runs give 3 budget(s); the fit needs 4")
     assert "No fit: the baseline's runs give 3 budget(s)" in leaderboard.format_leaderboard(board)
+
+
+def test_the_model_scale_is_stated_from_the_runs_own_config(tmp_path: Path) -> None:
+    config_record = {"kind": "config", "run_id": "r", "seed": 0, "preset": "tiny-adamw",
+                     "optimizer": "adamw", "world_size": 1,
+                     "config": {"model": "tiny", "batch_size": 16, "seq_len": 128}}
+    final = {"kind": "final", "step": 300, "total_steps": 300, "val_loss": 4.3,
+             "train_time_ms": 1.0, "step_avg_ms": 1.0, "peak_memory_mib": 1.0}
+    log = tmp_path / "r.jsonl"
+    log.write_text(json.dumps(config_record) + "\n" + json.dumps(
+        dict(final, kind="val")) + "\n" + json.dumps(final) + "\n")
+    # tiny: 4 blocks of 12 * 128^2 weights + biases and gains, plus the final norm (gpt_test).
+    params = 4 * (128 * 384 + 384 + 128 * 128 + 128 + 128 * 512 + 512 + 512 * 128 + 128
+                  + 2 * 128 + 2 * 32) + 128
+    assert params == 792448
+    assert budget_readings.model_scale([read_run(log)]) == (
+        "model tiny: 792k non-embedding parameters; 300 steps x 2048 tokens = 614k tokens, "
+        f"{300 * 2048 / params:.2g} per parameter")

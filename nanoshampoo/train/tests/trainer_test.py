@@ -29,7 +29,7 @@ STEP_LINE = re.compile(
 JSONL_KEYS = {
     "config": {"kind", "run_id", "seed", "preset", "optimizer", "world_size", "autocast",
                "autocast_reason", "compile", "compile_reason", "threads", "threads_reason",
-               "resumed_from", "mfu", "config"},
+               "resumed_from", "mfu", "non_embedding_params", "config"},
     "train": {"kind", "step", "total_steps", "train_loss", "train_time_ms", "step_avg_ms",
               "tokens_per_s", "mfu"},
     "val": {"kind", "step", "total_steps", "val_loss", "train_time_ms", "step_avg_ms"},
@@ -77,6 +77,7 @@ def test_cli_run_lowers_the_loss_and_writes_both_logs(shards: dict[str, str], tm
     config = records[0]
     assert config["kind"] == "config" and config["optimizer"] == "shampoo"
     assert (config["run_id"], config["seed"], config["world_size"]) == ("e2e", 3, 1)
+    assert config["non_embedding_params"] == 792448  # tiny (gpt_test's formula)
     assert TrainConfig(**{k: tuple(v) if isinstance(v, list) else v
                           for k, v in config["config"].items()}).num_iterations == 40
     vals = [r for r in records if r["kind"] == "val"]
