@@ -59,8 +59,9 @@ Then one fused finiteness check over all gradients: with ``nonfinite_grad_policy
 logs a warning and skips the step (parameters, state and step counter unchanged).
 
 Changed hyperparameters apply from the next step. The ``-1`` sentinels (``beta3``,
-``start_preconditioning_step``) are resolved when a group is added and again only when one of
-its entries changes; ``param_groups`` and ``state_dict`` keep the user's values. State follows
+``start_preconditioning_step``) are resolved once, when a group is added, and the values are
+written into the group (as the reference library does: a later change of ``betas`` leaves
+``beta3`` as it is; a ``-1`` set later is resolved at the next step). State follows
 the hyperparameters in use: momentum (``momentum > 0``) and the filtered gradient
 (``betas[0] > 0``) start from zero when turned on and are dropped when turned off; a change of
 ``betas[1]``, ``epsilon`` or ``use_bias_correction`` rebuilds the preconditioner for the new
@@ -93,6 +94,7 @@ from nanoshampoo.optim.shampoo.group_validation import (
     validate_group,
     validate_group_keys,
     validate_params,
+    write_back_sentinels,
 )
 from nanoshampoo.optim.shampoo.iterate_averaging_types import IterateAveragingConfig
 from nanoshampoo.optim.shampoo.param_group_split import split_constructor_params
@@ -299,6 +301,7 @@ class DistributedShampoo(torch.optim.Optimizer):
             validate_group(group)
             validate_params(group["params"], group.get("param_names"))
             validate_device_kind(group["params"], self.param_groups)
+            write_back_sentinels(group)
             runtime = GroupRuntime(group, len(self.param_groups) - 1, first_param_index)
         except Exception:
             self.param_groups.pop()

@@ -110,7 +110,19 @@ from nanoshampoo.optim.shampoo.runtime_types import (
 )
 from nanoshampoo.optim.shampoo.utils.load_balancing_utils import LoadBalancingConfig
 
+# Keys of a param group and of a parameter's state, spelled as the reference library exports them.
+DISTRIBUTED_CONFIG = "distributed_config"
+LR_SUM = "lr_sum"
+PARAMS = "params"
+STEP = "step"
+TRAIN_MODE = "train_mode"
+
 __all__ = [
+    "DISTRIBUTED_CONFIG",
+    "LR_SUM",
+    "PARAMS",
+    "STEP",
+    "TRAIN_MODE",
     "AdaGradPreconditionerConfig",
     "AdamPreconditionerConfig",
     "AmortizedComputationConfig",

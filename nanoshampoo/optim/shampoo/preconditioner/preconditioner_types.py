@@ -271,7 +271,7 @@ class ClassicShampooPreconditionerConfig(BaseShampooPreconditionerConfig):
             raise ValueError(f"{name} must be a dict, got {override!r}")
         coupled = isinstance(self.amortized_computation_config, CoupledNewtonConfig)
         for order, value in override.items():
-            check_int(f"{name} keys (block orders)", order, minimum=1)
+            check_int(f"{name} keys (block orders)", order, minimum=0)
             per_dim = value if isinstance(value, dict) else {None: value}
             for dim, exponent in per_dim.items():
                 if dim is not None:

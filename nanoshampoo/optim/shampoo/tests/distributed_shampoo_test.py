@@ -428,12 +428,16 @@ def test_nonfinite_gradient_skip_policy_skips_the_step() -> None:
 
 def test_hyperparameters_changed_between_steps_match_the_reference() -> None:
     """lr, betas, epsilon, momentum, weight decay and the schedule changed between steps (momentum
-    and the filtered gradient start from zero) match the reference run with the same schedule."""
+    and the filtered gradient start from zero) match the reference run with the same schedule.
+    The group's -1 sentinels were resolved when it was added (beta3 0.0, start 1), so the later
+    phases set beta3 and start_preconditioning_step themselves."""
     phases = [
         (range(1, 4), dict(betas=(0.0, 1.0))),
-        (range(4, 7), dict(betas=(0.9, 0.95), momentum=0.5, weight_decay=0.1, lr=0.02, epsilon=1e-2)),
+        (range(4, 7), dict(betas=(0.9, 0.95), beta3=0.9, momentum=0.5, weight_decay=0.1, lr=0.02,
+                           epsilon=1e-2)),
         (range(7, 11), dict(betas=(0.8, 0.95), beta3=0.5, weight_decay_type=WeightDecayType.L2,
-                            precondition_frequency=2, lr=0.03, use_nesterov=True)),
+                            precondition_frequency=2, start_preconditioning_step=2, lr=0.03,
+                            use_nesterov=True)),
     ]
     h = {**DEFAULTS, "grafting_config": AdamPreconditionerConfig(beta2=0.99, epsilon=1e-8)}
     params = _make_params(7)

@@ -169,7 +169,7 @@ INVALID_CONFIGS = [
     ("amortized_computation_config", lambda: RootInvShampooPreconditionerConfig(amortized_computation_config=None)),
     ("factor_matrix_dtype", lambda: RootInvShampooPreconditionerConfig(factor_matrix_dtype=torch.int32)),
     ("num_tolerated_failed_amortized_computations", lambda: RootInvShampooPreconditionerConfig(num_tolerated_failed_amortized_computations=-1)),
-    ("inverse_exponent_override", lambda: RootInvShampooPreconditionerConfig(inverse_exponent_override={0: 0.5})),
+    ("inverse_exponent_override", lambda: RootInvShampooPreconditionerConfig(inverse_exponent_override={-1: 0.5})),
     ("inverse_exponent_override", lambda: RootInvShampooPreconditionerConfig(inverse_exponent_override={2: {2: 0.5}})),
     ("inverse_exponent_override", lambda: RootInvShampooPreconditionerConfig(inverse_exponent_override={2: -0.25})),
     ("inverse_exponent_override", lambda: RootInvShampooPreconditionerConfig(
@@ -184,6 +184,26 @@ INVALID_CONFIGS = [
 def test_invalid_config_names_the_field(field: str, build: Any) -> None:
     with pytest.raises(ValueError, match=rf"^{field}"):
         build()
+
+
+def test_an_order_zero_override_is_accepted_and_a_scalar_parameter_steps_as_without_it() -> None:
+    """Keys are block orders >= 0, as in the reference library. A scalar parameter is stepped as
+    a 1-element vector (one 1x1 factor ``g^2``), so an order-0 entry changes nothing:
+    ``w - lr g (g^2 + eps)^(-1/2)`` either way (eps 1e-8 against g^2 0.25: within 1e-8)."""
+    config = RootInvShampooPreconditionerConfig(inverse_exponent_override={0: 0.5, 2: 0.25})
+    assert config.inverse_exponent_override == {0: 0.5, 2: 0.25}
+    steps = []
+    for override in ({0: 0.5}, {}):
+        scalar = torch.nn.Parameter(torch.tensor(2.0, dtype=torch.float64))
+        opt = DistributedShampoo(
+            [scalar], lr=0.1, betas=(0.0, 1.0), epsilon=1e-8,
+            preconditioner_config=RootInvShampooPreconditionerConfig(inverse_exponent_override=override),
+        )
+        scalar.grad = torch.tensor(0.5, dtype=torch.float64)
+        opt.step()
+        steps.append(scalar.detach().clone())
+    assert torch.equal(steps[0], steps[1])
+    assert steps[0].item() == pytest.approx(2.0 - 0.1 * 0.5 / math.sqrt(0.25), rel=1e-8)
 
 
 def test_abstract_configs_cannot_be_built() -> None:

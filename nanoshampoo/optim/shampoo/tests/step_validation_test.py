@@ -190,11 +190,3 @@ def test_momentum_and_weight_decay_turned_on_after_construction_apply_from_the_n
     torch.testing.assert_close(w.detach(), expected, rtol=1e-12, atol=1e-14)
     momentum = opts[0].state[w]["block_0"].momentum
     torch.testing.assert_close(momentum, (w_before - w.detach()) / 0.1, rtol=1e-12, atol=1e-14)
-
-
-def test_sentinels_stay_the_users_values_in_param_groups_and_state_dict() -> None:
-    opt, params = _two_group_optimizer()
-    _set_grads(params, 1)
-    opt.step()
-    for groups in (opt.param_groups, opt.state_dict()["param_groups"]):
-        assert [(g["beta3"], g["start_preconditioning_step"]) for g in groups] == [(-1.0, -1)] * 2
