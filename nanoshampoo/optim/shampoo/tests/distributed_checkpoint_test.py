@@ -6,9 +6,10 @@ the template's tensors in place and replaces its plain entries), then call the m
 ``load_state_dict``. Resuming must continue bit-identically to the uninterrupted run.
 
 Under ``DDPDistributedConfig`` each rank's state dict holds only the blocks it owns, keyed by
-the global block name (``"<param_index>" -> "block_<j>.<path>"``), so the ranks' keys are
-disjoint and one DCP checkpoint holds every block once; loading with another world size (here
-a single process) picks each block from the checkpoint by its key.
+the global block name (``state[param_index]["block_<j>"]``), so the ranks' block keys are
+disjoint and one DCP checkpoint holds every block once (the group's ``step``, the same on every
+rank under every parameter, once too); loading with another world size (here a single process)
+picks each block from the checkpoint by its key.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
+from flat_shampoo_state import assert_same_flat_state, flat_state, group_step
 
 from nanoshampoo.optim.shampoo import (
     AdamPreconditionerConfig,
@@ -37,7 +39,7 @@ MAX_DIM = 4
 STEPS, RESUME_AT = 8, 4
 # DCP warns that it assumes a single process when no process group exists: that is the intent.
 SINGLE_PROCESS = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
-# An optimizer state dict's "state": param index -> {"block_j.<path>": tensor}.
+# An optimizer state dict's "state", flattened: param index -> {"block_j.<path>": tensor}.
 OptimizerState = dict[int, dict[str, torch.Tensor]]
 
 
@@ -77,8 +79,7 @@ def save_at_resume_step(config: DistributedConfig, checkpoint: Path) -> Optimize
     train(model, optimizer, range(RESUME_AT))
     state_dict = {"optim": optimizer.state_dict(), "model": model.state_dict()}
     dcp.save(state_dict, checkpoint_id=checkpoint)
-    state = optimizer.state_dict()["state"]
-    return {i: {k: v.clone() for k, v in entries.items()} for i, entries in state.items()}
+    return flat_state(optimizer.state_dict())
 
 
 def load_into_fresh(
@@ -97,18 +98,9 @@ def load_into_fresh(
 def resumed(config: DistributedConfig, checkpoint: Path) -> tuple[torch.nn.Module, OptimizerState]:
     saved_state = save_at_resume_step(config, checkpoint)
     model, optimizer = load_into_fresh(config, checkpoint)
-    assert optimizer.state_dict()["param_groups"][0]["step"] == RESUME_AT
+    assert group_step(optimizer) == RESUME_AT
     train(model, optimizer, range(RESUME_AT, STEPS))
     return model, saved_state
-
-
-def assert_same_state(got: OptimizerState, want: OptimizerState) -> None:
-    assert got.keys() == want.keys()
-    for index in want:
-        assert got[index].keys() == want[index].keys(), index
-        for key, value in want[index].items():
-            assert got[index][key].dtype == value.dtype, (index, key)
-            assert torch.equal(got[index][key], value), (index, key)
 
 
 @SINGLE_PROCESS
@@ -121,7 +113,7 @@ def test_dcp_resume_in_one_process_is_bit_identical(tmp_path: Path) -> None:
     # The fresh optimizer's template has every key the trained one saved (state is allocated
     # at construction), so DCP restores all of it; a reload reproduces the saved tensors.
     _, reloaded = load_into_fresh(config, tmp_path)
-    assert_same_state(reloaded.state_dict()["state"], saved_state)
+    assert_same_flat_state(flat_state(reloaded.state_dict()), saved_state)
     assert max(len(s) for s in saved_state.values()) > 1  # a parameter split into several blocks
 
 
@@ -145,7 +137,7 @@ def test_dcp_with_ddp_ranks_saves_each_block_once_and_reshards(tmp_path: Path) -
             assert torch.equal(got, want)
 
     # Each rank saved different blocks under their global names: no key is shared.
-    blocks = [{(i, k) for i, s in result["saved_state"].items() for k in s} for result in results]
+    blocks = [{(i, k) for i, s in result["saved_state"].items() for k in s if k != "step"} for result in results]
     assert blocks[0] and blocks[1] and not blocks[0] & blocks[1]
     union: OptimizerState = {}
     for result in results:
@@ -154,5 +146,5 @@ def test_dcp_with_ddp_ranks_saves_each_block_once_and_reshards(tmp_path: Path) -
 
     # One process (another world size) restores every block from the two-rank checkpoint.
     _, single = load_into_fresh(SingleDeviceDistributedConfig(), tmp_path)
-    assert_same_state(single.state_dict()["state"], union)
-    assert single.state_dict()["param_groups"][0]["step"] == RESUME_AT
+    assert_same_flat_state(flat_state(single.state_dict()), union)
+    assert group_step(single) == RESUME_AT

@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from flat_shampoo_state import flat_state
 
 from nanoshampoo.optim.shampoo import (
     DistributedShampoo,
@@ -49,7 +50,7 @@ def _run(tolerance: float) -> list[dict[str, np.ndarray]]:
     for grad in _gradients():
         param.grad = grad
         opt.step()
-        state = opt.state_dict()["state"][0]
+        state = flat_state(opt.state_dict())[0]
         history.append({
             f"{kind}.{dim}": state[f"block_0.shampoo.{key}.{dim}"].numpy().copy()
             for kind, key in (("factor", "factor_matrices"), ("basis", "factor_matrices_eigenvectors"))

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import copy
 import math
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from flat_shampoo_state import flat_state, group_step
 
 from nanoshampoo.optim.shampoo import (
     AdaGradPreconditionerConfig,
@@ -54,7 +56,7 @@ def test_nonfinite_factor_keeps_previous_root_counts_and_raises_after_tolerance(
     weight = model[0].weight  # (5, 6), max dim 4 -> blocks (4, 4), (4, 2), (1, 4), (1, 2)
     _backward(model, 1)
     opt.step()
-    shampoo = opt.state[weight]["block_0"].shampoo
+    shampoo = opt.state[weight]["block_0"]["shampoo"]
     root_after_first = shampoo.inv_factor_matrices[0].clone()
     assert not torch.equal(root_after_first, torch.eye(4))
     shampoo.factor_matrices[0].view(-1)[0] = float("nan")  # entry (0, 0), packed or not
@@ -74,7 +76,7 @@ def test_eigh_raising_keeps_roots_then_recovers(monkeypatch: pytest.MonkeyPatch)
     model = _linear_model()
     opt = _opt(model, tolerated=5)
     bias = model[2].bias  # (3,): one 3-vector block, one 3x3 factor
-    shampoo = opt.state[bias]["block_0"].shampoo
+    shampoo = opt.state[bias]["block_0"]["shampoo"]
     real_eigh = torch.linalg.eigh
 
     def broken(*args: Any, **kwargs: Any) -> Any:
@@ -251,15 +253,15 @@ def test_resume_from_checkpoint_is_bit_identical(tmp_path: Path) -> None:
     checkpoint = torch.load(path, weights_only=True)
     resumed.load_state_dict(checkpoint["model"])
     resumed_opt.load_state_dict(checkpoint["optimizer"])
-    assert resumed_opt.state_dict()["param_groups"][0]["step"] == resume_at
+    assert group_step(resumed_opt, 0) == resume_at
     for step in range(resume_at, steps):
         _backward(resumed, 100 + step)
         resumed_opt.step()
 
     for p, q in zip(reference.parameters(), resumed.parameters()):
         assert torch.equal(p, q)
-    expected_state = reference_opt.state_dict()["state"]
-    actual_state = resumed_opt.state_dict()["state"]
+    expected_state = flat_state(reference_opt.state_dict())
+    actual_state = flat_state(resumed_opt.state_dict())
     assert expected_state.keys() == actual_state.keys()
     for index in expected_state:
         assert expected_state[index].keys() == actual_state[index].keys()
@@ -271,9 +273,9 @@ def test_load_state_dict_is_strict() -> None:
     model = _linear_model()
     opt = _resume_opt(model)
     state_dict = opt.state_dict()
-    missing = {**state_dict, "state": {i: dict(s) for i, s in state_dict["state"].items()}}
-    del missing["state"][0]["block_0.shampoo.factor_matrices.0"]
-    with pytest.raises(KeyError, match="factor_matrices"):
+    missing = copy.deepcopy(state_dict)
+    del missing["state"][0]["block_0"]["shampoo"]["factor_matrices"][0]
+    with pytest.raises(KeyError, match=r"missing block state 0\.block_0\.shampoo\.factor_matrices\.0"):
         _resume_opt(_linear_model()).load_state_dict(missing)
     other_structure = DistributedShampoo(_linear_model().parameters(), max_preconditioner_dim=math.inf)
     with pytest.raises(ValueError, match="max_preconditioner_dim"):
