@@ -223,9 +223,13 @@ def muon_shape_scale(d_in: int, d_out: int) -> float:
     """The speedrun Muon's update scale for a ``(d_out, d_in)`` matrix: ``max(1, d_out/d_in)**0.5``.
 
     Tall matrices get larger steps, so that the update's RMS per entry does not shrink with the
-    aspect ratio. A named function: lambdas do not pickle.
+    aspect ratio. A named function: lambdas do not pickle. The optimizer's state dict holds it
+    (its config is in ``param_groups``), so it is registered for ``torch.load(weights_only=True)``.
     """
     return max(1.0, d_out / d_in) ** 0.5
+
+
+torch.serialization.add_safe_globals([muon_shape_scale])
 
 
 def distributed_config(ctx: BuildContext) -> Any:
