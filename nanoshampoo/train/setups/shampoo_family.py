@@ -347,7 +347,10 @@ def soap_kwargs(pre: PreconditionerConfig, hp: SoapConfig) -> dict[str, Any]:
         amortized_computation_config=QREigendecompositionConfig(
             rank_deficient_stability_config=stability_config(pre), tolerance=0.01,
             keep_descending_order=True),
-        factor_matrix_dtype=getattr(torch, pre.factor_dtype))
+        factor_matrix_dtype=getattr(torch, pre.factor_dtype),
+        # Full factors, as the trainer's SOAP has always run (the library packs by default: its
+        # QR refresh then differs in the last bits on rank-deficient factors).
+        use_symmetric_packing=False)
     return dict(lr=hp.lr, betas=(hp.beta1, hp.beta2), epsilon=_epsilon(pre, hp.epsilon),
                 weight_decay=hp.weight_decay, precondition_frequency=hp.precondition_frequency,
                 use_bias_correction=True, grafting_config=None,

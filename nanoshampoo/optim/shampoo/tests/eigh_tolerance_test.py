@@ -42,7 +42,7 @@ def _run(tolerance: float) -> list[dict[str, np.ndarray]]:
     config = EigenvalueCorrectedShampooPreconditionerConfig(
         amortized_computation_config=EighEigendecompositionConfig(tolerance=tolerance),
         factor_matrix_dtype=torch.float64, factor_matrix_eigenvectors_dtype=torch.float64,
-        corrected_eigenvalues_dtype=torch.float64,
+        corrected_eigenvalues_dtype=torch.float64, use_symmetric_packing=False,  # full factors to read
     )
     opt = DistributedShampoo([param], lr=0.01, betas=(0.0, 0.0), epsilon=1e-12, max_preconditioner_dim=5,
                              precondition_frequency=1, preconditioner_config=config)

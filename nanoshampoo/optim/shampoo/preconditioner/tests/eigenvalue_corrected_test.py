@@ -312,7 +312,7 @@ def test_failed_eigendecomposition_keeps_the_basis_and_counts(caplog: pytest.Log
     opt.step()
     block = opt.state[w]["block_0"]["shampoo"]
     basis = block.factor_matrices_eigenvectors[0].clone()
-    block.factor_matrices[0][0, 0] = float("nan")
+    block.factor_matrices[0][0] = float("nan")  # entry (0, 0) of the packed upper triangle
     with caplog.at_level(logging.WARNING):
         w.grad = torch.randn(4, 3, dtype=torch.float64)
         opt.step()
