@@ -145,12 +145,18 @@ def saved_state(state_dict: dict[str, Any], packed_roots: Sequence[bool]) -> Non
     }
 
 
+def is_block_key(key: Any) -> bool:
+    """Whether a state entry's key names a block: ``block_j``, or ``shard_r-block_j`` (FSDP2's
+    ``DEFAULT`` assignment names the blocks of each rank's shard)."""
+    return "block_" in str(key)
+
+
 def is_flat_layout(state_dict: Mapping[str, Any]) -> bool:
     """Whether ``state_dict`` is this optimizer's earlier layout: groups carrying ``step``, or
     state entries keyed ``block_j.<path>``."""
     groups, state = state_dict["param_groups"], state_dict["state"]
     return any(isinstance(g, Mapping) and STEP in g for g in groups) or any(
-        isinstance(entry, Mapping) and any(str(key).startswith("block_") and "." in str(key) for key in entry)
+        isinstance(entry, Mapping) and any(is_block_key(key) and "." in str(key) for key in entry)
         for entry in state.values()
     )
 
@@ -174,7 +180,7 @@ def from_flat_layout(state_dict: Mapping[str, Any]) -> dict[str, Any]:
                 block, _, rest = str(key).partition(".")
                 names_by_block.setdefault(block, set()).add(rest.partition(".")[0])
             for key, value in entries.items():
-                if not str(key).startswith("block_"):  # a scalar already under the parameter
+                if not is_block_key(key):  # a scalar already under the parameter
                     nested[key] = value
                     continue
                 names = names_by_block[str(key).partition(".")[0]]

@@ -51,6 +51,7 @@ from nanoshampoo.optim.shampoo.state_dict_layout import (
     GROUP_SCALARS,
     ROOTS,
     from_flat_layout,
+    is_block_key,
     is_flat_layout,
     saved_key,
 )
@@ -110,7 +111,7 @@ def _check_not_foreign(state: Mapping[Any, Mapping[Any, Any]]) -> None:
     """``ValueError`` for another optimizer's state: entries beside the scalars, none a block."""
     keys = {str(key) for entry in state.values() for key in entry}
     others = sorted(keys - set(GROUP_SCALARS))
-    if others and not any(key.startswith("block_") for key in others):
+    if others and not any(is_block_key(key) for key in others):
         raise ValueError(
             f"state_dict is from another optimizer, not DistributedShampoo: its state has keys "
             f"{others[:3]} (DistributedShampoo's state holds 'block_<j>' dicts and 'step')"

@@ -1,5 +1,9 @@
 """DistributedShampoo state through ``torch.distributed.checkpoint`` (DCP).
 
+Under FSDP2 the standard path is torch's: ``get_optimizer_state_dict`` (parameter names for
+keys) into ``dcp.save``, and ``dcp.load`` into a fresh optimizer's ``get_optimizer_state_dict``
+template, then ``set_optimizer_state_dict``, which hands the names to ``load_state_dict``.
+
 The DCP recipe: save ``{"optim": optimizer.state_dict(), "model": model.state_dict()}``; to
 resume, build a fresh model and optimizer, take their state dicts as the template (DCP fills
 the template's tensors in place and replaces its plain entries), then call the modules'
@@ -27,6 +31,8 @@ from nanoshampoo.optim.shampoo import (
     DDPDistributedConfig,
     DistributedConfig,
     DistributedShampoo,
+    FSDPParamAssignmentStrategy,
+    FullyShardDistributedConfig,
     SingleDeviceDistributedConfig,
 )
 from nanoshampoo.testing.distributed import run_on_gloo
@@ -148,3 +154,77 @@ def test_dcp_with_ddp_ranks_saves_each_block_once_and_reshards(tmp_path: Path) -
     _, single = load_into_fresh(SingleDeviceDistributedConfig(), tmp_path)
     assert_same_flat_state(flat_state(single.state_dict()), union)
     assert group_step(single) == RESUME_AT
+
+
+def fsdp2_dcp_body(rank: int, world_size: int, checkpoint: str) -> dict[str, Any]:
+    """Per FSDP2 assignment strategy: the uninterrupted run; and a run saved at RESUME_AT through
+    ``get_optimizer_state_dict`` / ``dcp.save``, restored into a fresh, differently initialized
+    model and optimizer through ``dcp.load`` / ``set_optimizer_state_dict``, and continued."""
+    from torch.distributed.checkpoint.state_dict import (
+        get_model_state_dict,
+        get_optimizer_state_dict,
+        set_model_state_dict,
+        set_optimizer_state_dict,
+    )
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    def sharded(seed: int) -> torch.nn.Module:
+        model = make_model(seed)
+        fully_shard(model, mesh=init_device_mesh("cpu", (world_size,)))
+        return model
+
+    def full(model: torch.nn.Module) -> list[torch.Tensor]:
+        return [p.full_tensor().detach().clone() for p in model.parameters()]
+
+    results: dict[str, Any] = {}
+    for strategy in (FSDPParamAssignmentStrategy.ROUND_ROBIN, FSDPParamAssignmentStrategy.DEFAULT):
+        config = FullyShardDistributedConfig(param_assignment_strategy=strategy)
+        model = sharded(seed=5)
+        train(model, make_optimizer(model, config), range(STEPS))
+        uninterrupted_params = full(model)
+
+        model = sharded(seed=5)
+        optimizer = make_optimizer(model, config)
+        train(model, optimizer, range(RESUME_AT))
+        saved = get_optimizer_state_dict(model, optimizer)
+        path = f"{checkpoint}/{strategy.name}"
+        dcp.save({"model": get_model_state_dict(model), "optim": saved}, checkpoint_id=path)
+
+        fresh = sharded(seed=99)
+        fresh_optimizer = make_optimizer(fresh, config)
+        template = {"model": get_model_state_dict(fresh), "optim": get_optimizer_state_dict(fresh, fresh_optimizer)}
+        dcp.load(template, checkpoint_id=path)
+        set_model_state_dict(fresh, template["model"])
+        set_optimizer_state_dict(fresh, fresh_optimizer, template["optim"])
+        restored = flat_state(fresh_optimizer.state_dict())
+        train(fresh, fresh_optimizer, range(RESUME_AT, STEPS))
+        results[strategy.name] = {
+            "fqn_keys": sorted(saved["state"]),
+            "saved": flat_state(optimizer.state_dict()),
+            "restored": restored,
+            "uninterrupted": uninterrupted_params,
+            "resumed": full(fresh),
+        }
+    return results
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_fsdp2_get_and_set_optimizer_state_dict_resume_bit_identically(tmp_path: Path) -> None:
+    """torch's FSDP2 checkpoint path: FQN-keyed optimizer state dicts, each rank's blocks (round
+    robin: whole blocks by owner; default: blocks of the local shard) restored exactly, the run
+    continued bit for bit; the uninterrupted run is the single-process one (float32, 1e-5)."""
+    single = make_model(seed=5)
+    train(single, make_optimizer(single, SingleDeviceDistributedConfig()), range(STEPS))
+    results = run_on_gloo(fsdp2_dcp_body, 2, str(tmp_path))
+    names = sorted(name for name, _ in single.named_parameters())
+    for strategy in ("ROUND_ROBIN", "DEFAULT"):
+        for result in (r[strategy] for r in results):
+            assert result["fqn_keys"] == names
+            assert_same_flat_state(result["restored"], result["saved"])
+            for got, want in zip(result["resumed"], result["uninterrupted"], strict=True):
+                assert torch.equal(got, want)
+        if strategy == "ROUND_ROBIN":  # lossless: the single-process optimizer's parameters
+            for got, want in zip(results[0][strategy]["uninterrupted"], single.parameters(), strict=True):
+                torch.testing.assert_close(got, want.detach(), rtol=1e-5, atol=1e-6)
