@@ -28,6 +28,8 @@ may SOAP's ``eigenvectors_computed`` (filled with ``step >= start_preconditionin
 
 from __future__ import annotations
 
+import dataclasses
+import enum
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import chain
@@ -38,6 +40,7 @@ import torch
 from nanoshampoo.optim.shampoo.group_runtime import GroupRuntime
 from nanoshampoo.optim.shampoo.group_validation import Hyperparameters
 from nanoshampoo.optim.shampoo.shampoo_types import (
+    CHECKPOINT_GLOBALS,
     DISTRIBUTED_CONFIG,
     LR_SUM,
     PARAMS,
@@ -176,11 +179,12 @@ def plan_load(
             raise ValueError(
                 f"{where} has {len(loaded.get(PARAMS, ()))} params, the optimizer's group has {len(indices)}"
             )
-        entries = _completed_entries(loaded, group)
         try:
+            entries = _completed_entries(loaded, group, where)
             hyperparameters = runtime.plan(entries)
         except ValueError as error:
-            raise ValueError(f"{where}: {error}") from None
+            message = str(error)
+            raise ValueError(message if message.startswith(where) else f"{where}: {message}") from None
         averaging = hyperparameters.primal_averaging is not None
         scalars = _group_scalars(state, originals, indices, averaging, g)
         unexpected -= {(i, name) for i in indices for name in GROUP_SCALARS if name in scalars[1]}
@@ -200,13 +204,49 @@ def plan_load(
     return plans
 
 
-def _completed_entries(loaded: Mapping[str, Any], group: Mapping[str, Any]) -> dict[str, Any]:
+_OURS_BY_NAME = {value.__name__: value for value in CHECKPOINT_GLOBALS if isinstance(value, type)}
+
+
+def as_our_config(value: Any, where: str) -> Any:
+    """``value`` as this library's config when it is another library's of the same class name
+    (the reference library's configs and ``WeightDecayType`` share our names and fields), so
+    that its state dicts load here; anything else is returned as it is.
+
+    Raises ``ValueError`` naming the field when the other config sets a field this library's
+    class lacks to a value other than that field's default (it would be dropped).
+    """
+    cls = type(value)
+    ours = _OURS_BY_NAME.get(cls.__name__)
+    if ours is None or cls is ours or isinstance(value, ours):
+        return value
+    if isinstance(value, enum.Enum) and issubclass(ours, enum.Enum):
+        return ours[value.name]
+    if not dataclasses.is_dataclass(value):
+        return value
+    known = {f.name for f in dataclasses.fields(ours) if f.init}
+    kwargs = {}
+    for field in (f for f in dataclasses.fields(value) if f.init):
+        item = getattr(value, field.name)
+        if field.name in known:
+            kwargs[field.name] = as_our_config(item, f"{where}.{field.name}")
+        elif field.default is dataclasses.MISSING or item != field.default:
+            raise ValueError(
+                f"{where}: {cls.__name__}.{field.name}={item!r} has no counterpart in this "
+                f"library's {cls.__name__}"
+            )
+    return ours(**kwargs)
+
+
+def _completed_entries(loaded: Mapping[str, Any], group: Mapping[str, Any], where: str) -> dict[str, Any]:
     """The loaded group's entries, with the ones it lacks: an extension entry takes its default
     (a saved group leaves it out there), any other the optimizer's current value; lists where
-    the optimizer holds tuples (``betas`` after a JSON round trip) become tuples. The
-    ``distributed_config`` stays the optimizer's: a checkpoint may come from another
-    distributor or world size (its blocks are matched by name and checked one by one)."""
-    entries = {k: v for k, v in loaded.items() if k not in (PARAMS, DISTRIBUTED_CONFIG)}
+    the optimizer holds tuples (``betas`` after a JSON round trip) become tuples, and another
+    library's config objects this library's (:func:`as_our_config`). The ``distributed_config``
+    stays the optimizer's: a checkpoint may come from another distributor or world size (its
+    blocks are matched by name and checked one by one)."""
+    entries = {
+        k: as_our_config(v, f"{where}[{k!r}]") for k, v in loaded.items() if k not in (PARAMS, DISTRIBUTED_CONFIG)
+    }
     for key, value in group.items():
         if key == PARAMS:
             continue

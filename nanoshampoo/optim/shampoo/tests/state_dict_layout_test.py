@@ -9,8 +9,11 @@ never imported.
 from __future__ import annotations
 
 import copy
+import dataclasses
+import enum
 import io
 from dataclasses import replace
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -419,3 +422,53 @@ def test_a_write_to_the_step_tensor_is_the_optimizer_step() -> None:
         runs.append([p.detach().clone() for p in model.parameters()])
     for a, b in zip(*runs, strict=True):
         assert torch.equal(a, b)
+
+
+def _foreign_library() -> SimpleNamespace:
+    """Configs of another library (as the reference's are): our class names and fields, other
+    classes. ``extra`` is a field this library's class lacks."""
+
+    @dataclasses.dataclass
+    class AdaGradPreconditionerConfig:
+        epsilon: float = 1e-10
+        second_moment_dtype: torch.dtype | None = None
+        extra: int = 0
+
+    @dataclasses.dataclass
+    class GeneralizedPrimalAveragingConfig:
+        eval_interp_coeff: float = 0.9
+        train_interp_coeff: float = 0.8
+
+    class WeightDecayType(enum.Enum):
+        DECOUPLED = "DECOUPLED"
+        L2 = "L2"
+
+    return SimpleNamespace(
+        grafting=AdaGradPreconditionerConfig, averaging=GeneralizedPrimalAveragingConfig, decay=WeightDecayType
+    )
+
+
+def test_another_librarys_configs_in_the_groups_load_as_ours() -> None:
+    """A reference state dict's groups hold the reference's config objects: they load as this
+    library's (same class name and fields), so the group keeps working configs."""
+    foreign = _foreign_library()
+    model = _zero_model()
+    averaging = GeneralizedPrimalAveragingConfig(eval_interp_coeff=0.5, train_interp_coeff=0.9)
+    optimizer = _small_optimizer(model, DefaultShampooConfig, iterate_averaging_config=averaging)
+    saved = copy.deepcopy(optimizer.state_dict())
+    saved["param_groups"][0].update(
+        grafting_config=foreign.grafting(epsilon=0.001),
+        iterate_averaging_config=foreign.averaging(eval_interp_coeff=0.5, train_interp_coeff=0.9),
+        weight_decay_type=foreign.decay.DECOUPLED,
+    )
+    optimizer.load_state_dict(saved)
+    group = optimizer.param_groups[0]
+    assert type(group["grafting_config"]) is AdaGradPreconditionerConfig
+    assert group["grafting_config"] == AdaGradPreconditionerConfig(epsilon=0.001)
+    assert type(group["iterate_averaging_config"]) is GeneralizedPrimalAveragingConfig
+    assert group["iterate_averaging_config"] == averaging
+    assert group["weight_decay_type"] is WeightDecayType.DECOUPLED
+
+    saved["param_groups"][0]["grafting_config"] = foreign.grafting(epsilon=0.001, extra=3)
+    with pytest.raises(ValueError, match=r"AdaGradPreconditionerConfig\.extra=3 has no counterpart"):
+        optimizer.load_state_dict(saved)
