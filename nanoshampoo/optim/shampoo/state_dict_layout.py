@@ -22,6 +22,11 @@ preconditioner and grafting keeps grafting under ``grafting``. What differs from
   reference: a loaded optimizer counts from 0 (a checkpoint that holds them still loads them).
 - ``lr_sum`` is a float64 CPU tensor (the reference's is float32), so that a resumed
   Schedule-Free run continues bit for bit; either dtype loads.
+- SOAP's bases and corrected eigenvalues ``D``: both libraries pair coordinate ``j`` with the
+  eigenvector of the ``j``-th smallest eigenvalue; the reference stores its bases ascending,
+  ours descending (coordinate ``j`` is column ``n - 1 - j``). A state dict holds them as the
+  reference does: each computed basis with its columns, and ``D`` along its dim, reversed
+  (:func:`reorder_soap_bases`; an identity basis not yet computed is the same in both).
 - SOAP also saves ``eigenvectors_computed`` per factor (QR refreshes warm-start only from
   computed bases); a checkpoint without it (the reference's) gets ``step >= start``.
 
@@ -52,6 +57,7 @@ _DIAGONAL = ("second_moment",)
 # Per-factor entries that a loaded checkpoint may lack: not saved / not in the reference's.
 FAILURE_COUNTS, EIGENVECTORS_COMPUTED = "failure_counts", "eigenvectors_computed"
 ROOTS = "inv_factor_matrices"
+BASES, CORRECTED = "factor_matrices_eigenvectors", "corrected_eigenvalues"
 # The group scalars, with their dtypes.
 GROUP_SCALARS = {STEP: torch.int64, LR_SUM: torch.float64, TRAIN_MODE: torch.bool}
 # Group entries only this optimizer has, with their defaults: left out of a saved group that
@@ -118,6 +124,24 @@ class GroupScalars:
             self.tensors[TRAIN_MODE].fill_(runtime.train_mode)
 
 
+def reorder_soap_bases(shampoo: Any, computed_by_default: bool) -> Any:
+    """SOAP's block state (``shampoo``, nested) with the columns of each computed basis, and
+    ``D`` along that basis's dim, reversed: from our descending order to the reference's
+    ascending one, and back (its own inverse). ``computed_by_default``: whether a basis is
+    computed where the state has no ``eigenvectors_computed`` (the reference's). Anything but a
+    SOAP state is returned as it is."""
+    if not (isinstance(shampoo, Mapping) and isinstance(shampoo.get(CORRECTED), torch.Tensor)
+            and isinstance(shampoo.get(BASES), Mapping)):
+        return shampoo
+    flags = shampoo.get(EIGENVECTORS_COMPUTED, {})
+    bases, corrected = dict(shampoo[BASES]), shampoo[CORRECTED]
+    for dim, basis in shampoo[BASES].items():
+        flag = flags.get(dim, computed_by_default) if isinstance(flags, Mapping) else computed_by_default
+        if bool(flag) and isinstance(basis, torch.Tensor) and basis.dim() == 2 and int(dim) < corrected.dim():
+            bases[dim], corrected = basis.flip(-1), corrected.flip(int(dim))
+    return {**shampoo, BASES: bases, CORRECTED: corrected}
+
+
 def _saved_tree(value: Any, packed: bool) -> Any:
     if isinstance(value, OptimizerModule):
         value = value.state_dict()
@@ -126,7 +150,7 @@ def _saved_tree(value: Any, packed: bool) -> Any:
     tree = {k: _saved_tree(v, packed) for k, v in value.items() if k != FAILURE_COUNTS}
     if packed and isinstance(tree.get(ROOTS), Mapping):
         tree[ROOTS] = {d: pack_upper_triangular(r) if r.dim() == 2 else r for d, r in tree[ROOTS].items()}
-    return tree
+    return reorder_soap_bases(tree, computed_by_default=False)
 
 
 def saved_state(state_dict: dict[str, Any], packed_roots: Sequence[bool]) -> None:

@@ -38,7 +38,7 @@ from typing import Any
 import torch
 
 from nanoshampoo.optim.shampoo.group_runtime import GroupRuntime
-from nanoshampoo.optim.shampoo.group_validation import Hyperparameters
+from nanoshampoo.optim.shampoo.group_validation import FIXED_GROUP_KEYS, Hyperparameters
 from nanoshampoo.optim.shampoo.shampoo_types import (
     CHECKPOINT_GLOBALS,
     DISTRIBUTED_CONFIG,
@@ -56,6 +56,7 @@ from nanoshampoo.optim.shampoo.state_dict_layout import (
     from_flat_layout,
     is_block_key,
     is_flat_layout,
+    reorder_soap_bases,
     saved_key,
 )
 from nanoshampoo.optim.shampoo.state_dict_regrouping import regroup_by_param_names
@@ -207,6 +208,12 @@ def plan_load(
 _OURS_BY_NAME = {value.__name__: value for value in CHECKPOINT_GLOBALS if isinstance(value, type)}
 
 
+def _is_foreign(value: Any) -> bool:
+    """Whether ``value`` is another library's object of one of our config class names."""
+    ours = _OURS_BY_NAME.get(type(value).__name__)
+    return ours is not None and not isinstance(value, ours)
+
+
 def as_our_config(value: Any, where: str) -> Any:
     """``value`` as this library's config when it is another library's of the same class name
     (the reference library's configs and ``WeightDecayType`` share our names and fields), so
@@ -215,10 +222,10 @@ def as_our_config(value: Any, where: str) -> Any:
     Raises ``ValueError`` naming the field when the other config sets a field this library's
     class lacks to a value other than that field's default (it would be dropped).
     """
-    cls = type(value)
-    ours = _OURS_BY_NAME.get(cls.__name__)
-    if ours is None or cls is ours or isinstance(value, ours):
+    if not _is_foreign(value):
         return value
+    cls = type(value)
+    ours = _OURS_BY_NAME[cls.__name__]
     if isinstance(value, enum.Enum) and issubclass(ours, enum.Enum):
         return ours[value.name]
     if not dataclasses.is_dataclass(value):
@@ -241,11 +248,14 @@ def _completed_entries(loaded: Mapping[str, Any], group: Mapping[str, Any], wher
     """The loaded group's entries, with the ones it lacks: an extension entry takes its default
     (a saved group leaves it out there), any other the optimizer's current value; lists where
     the optimizer holds tuples (``betas`` after a JSON round trip) become tuples, and another
-    library's config objects this library's (:func:`as_our_config`). The ``distributed_config``
-    stays the optimizer's: a checkpoint may come from another distributor or world size (its
-    blocks are matched by name and checked one by one)."""
+    library's config objects this library's (:func:`as_our_config`). The optimizer's own entry
+    stays for ``distributed_config`` (a checkpoint may come from another distributor or world
+    size) and for another library's config at an entry fixed at construction (it describes how
+    that library built the group, in its own defaults: its ``inv_factor_matrix_dtype=float32``
+    is our ``None`` for float32 blocks); the blocks' state is then checked one by one."""
     entries = {
-        k: as_our_config(v, f"{where}[{k!r}]") for k, v in loaded.items() if k not in (PARAMS, DISTRIBUTED_CONFIG)
+        k: group[k] if k in FIXED_GROUP_KEYS and _is_foreign(v) else as_our_config(v, f"{where}[{k!r}]")
+        for k, v in loaded.items() if k not in (PARAMS, DISTRIBUTED_CONFIG)
     }
     for key, value in group.items():
         if key == PARAMS:
@@ -306,8 +316,9 @@ def _block_load(
     _, block_name = runtime.block_infos[local_index].composable_block_ids
     if not isinstance(saved, Mapping):
         raise KeyError(f"missing block state {index}.{block_name} in state_dict")
-    received = flatten_tree(saved, block_name)
-    exact = flatten_tree(original, block_name) if isinstance(original, Mapping) else {}
+    computed = step >= hyperparameters.start_preconditioning_step
+    received = flatten_tree(_ours_soap_order(saved, computed), block_name)
+    exact = flatten_tree(_ours_soap_order(original, computed), block_name) if isinstance(original, Mapping) else {}
     expected = runtime.expected_block_state(local_index, hyperparameters)
     names = {key.split(".")[1] for key in expected}
     values: dict[str, torch.Tensor] = {}
@@ -319,7 +330,6 @@ def _block_load(
                 values[key] = torch.zeros(shape, dtype=dtype)
                 continue
             if f".{EIGENVECTORS_COMPUTED}." in name:
-                computed = step >= hyperparameters.start_preconditioning_step
                 values[key] = torch.full(shape, computed, dtype=dtype)
                 continue
             raise KeyError(f"missing block state {index}.{name} in state_dict")
@@ -338,6 +348,13 @@ def _block_load(
     if received:
         raise KeyError(f"unexpected block state in state_dict: {sorted(f'{index}.{k}' for k in received)[:4]}")
     return values
+
+
+def _ours_soap_order(block: Mapping[Any, Any], computed_by_default: bool) -> Mapping[Any, Any]:
+    """A saved block with SOAP's bases and ``D`` in our (descending) order."""
+    shampoo = block.get("shampoo")
+    reordered = reorder_soap_bases(shampoo, computed_by_default)
+    return block if reordered is shampoo else {**block, "shampoo": reordered}
 
 
 def apply_load(

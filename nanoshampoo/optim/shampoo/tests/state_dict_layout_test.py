@@ -431,13 +431,13 @@ def _foreign_library() -> SimpleNamespace:
     @dataclasses.dataclass
     class AdaGradPreconditionerConfig:
         epsilon: float = 1e-10
-        second_moment_dtype: torch.dtype | None = None
-        extra: int = 0
+        second_moment_dtype: torch.dtype | None = torch.float32  # ours: None, the block's dtype
 
     @dataclasses.dataclass
     class GeneralizedPrimalAveragingConfig:
         eval_interp_coeff: float = 0.9
         train_interp_coeff: float = 0.8
+        extra: int = 0
 
     class WeightDecayType(enum.Enum):
         DECOUPLED = "DECOUPLED"
@@ -449,8 +449,10 @@ def _foreign_library() -> SimpleNamespace:
 
 
 def test_another_librarys_configs_in_the_groups_load_as_ours() -> None:
-    """A reference state dict's groups hold the reference's config objects: they load as this
-    library's (same class name and fields), so the group keeps working configs."""
+    """A reference state dict's groups hold the reference's config objects. Those of entries a
+    step reads load as this library's (same class name and fields); at an entry fixed at
+    construction the optimizer keeps its own (the other library's spells the same blocks in its
+    own defaults, and the state is checked block by block)."""
     foreign = _foreign_library()
     model = _zero_model()
     averaging = GeneralizedPrimalAveragingConfig(eval_interp_coeff=0.5, train_interp_coeff=0.9)
@@ -463,12 +465,32 @@ def test_another_librarys_configs_in_the_groups_load_as_ours() -> None:
     )
     optimizer.load_state_dict(saved)
     group = optimizer.param_groups[0]
-    assert type(group["grafting_config"]) is AdaGradPreconditionerConfig
-    assert group["grafting_config"] == AdaGradPreconditionerConfig(epsilon=0.001)
+    assert group["grafting_config"] is optimizer._runtimes[0]._fixed["grafting_config"]
     assert type(group["iterate_averaging_config"]) is GeneralizedPrimalAveragingConfig
     assert group["iterate_averaging_config"] == averaging
     assert group["weight_decay_type"] is WeightDecayType.DECOUPLED
 
-    saved["param_groups"][0]["grafting_config"] = foreign.grafting(epsilon=0.001, extra=3)
-    with pytest.raises(ValueError, match=r"AdaGradPreconditionerConfig\.extra=3 has no counterpart"):
+    saved["param_groups"][0]["iterate_averaging_config"] = foreign.averaging(0.5, 0.9, extra=3)
+    with pytest.raises(ValueError, match=r"GeneralizedPrimalAveragingConfig\.extra=3 has no counterpart"):
         optimizer.load_state_dict(saved)
+
+
+def test_soap_bases_are_saved_in_ascending_order_with_their_corrected_eigenvalues() -> None:
+    """A state dict holds each computed SOAP basis as the reference stores it: columns by
+    ascending eigenvalue (``q_j^T F q_j`` increasing in ``j``, in float64 from the saved factor),
+    and ``D`` indexed by those columns (the live state keeps them descending, ``D`` reversed)."""
+    model = _mlp()
+    optimizer = _run_optimizer(model, "soap")
+    _train(model, optimizer, range(3))
+    saved = optimizer.state_dict()["state"][0]["block_0"]["shampoo"]
+    live = optimizer.state[next(model.parameters())]["block_0"]["shampoo"]
+    corrected = live.corrected_eigenvalues
+    for dim, basis in saved["factor_matrices_eigenvectors"].items():
+        assert bool(saved["eigenvectors_computed"][dim])
+        n = len(basis)
+        factor = _full(saved["factor_matrices"][dim], n).double()
+        rayleigh = torch.diagonal(basis.double().T @ factor @ basis.double())
+        assert bool((rayleigh[1:] >= rayleigh[:-1] - 1e-9 * rayleigh.abs().max()).all()), rayleigh
+        assert torch.equal(basis, live.factor_matrices_eigenvectors[dim].flip(-1))
+        corrected = corrected.flip(dim)
+    assert torch.equal(saved["corrected_eigenvalues"], corrected)
