@@ -122,7 +122,12 @@ from nanoshampoo.optim.shampoo.shampoo_types import (
     PreconditionerConfig,
     WeightDecayType,
 )
-from nanoshampoo.optim.shampoo.state_dict_layout import GroupScalars, live_block_state, saved_state
+from nanoshampoo.optim.shampoo.state_dict_layout import (
+    GroupScalars,
+    holds_lambda,
+    live_block_state,
+    saved_state,
+)
 from nanoshampoo.optim.shampoo.state_dict_loading import (
     PendingLoad,
     apply_load,
@@ -413,9 +418,19 @@ class DistributedShampoo(torch.optim.Optimizer):
 
     @staticmethod
     def _saved_state(optimizer: torch.optim.Optimizer, state_dict: dict[str, Any]) -> None:
-        """State-dict post-hook: the live state as nested dicts (``state_dict_layout.py``)."""
+        """State-dict post-hook: the live state as nested dicts (``state_dict_layout.py``); a
+        warning for a group entry holding a lambda (``torch.save`` cannot pickle it)."""
         assert isinstance(optimizer, DistributedShampoo)
         saved_state(state_dict, optimizer._packed_roots)
+        for group in state_dict["param_groups"]:
+            for key, value in group.items():
+                if holds_lambda(value):
+                    logger.warning(
+                        f"Found {key}={value!r}. Note that lambda function cannot be pickled. "
+                        "torch.save() cannot serialize lambda functions, because it relies on "
+                        "Python's pickle module for serialization, and pickle does not support "
+                        "lambda functions: give the config a named function to checkpoint it."
+                    )
 
     @staticmethod
     def _pre_load(optimizer: torch.optim.Optimizer, state_dict: Any) -> dict[str, Any]:

@@ -40,6 +40,8 @@ group) are converted on load by :func:`from_flat_layout`.
 
 from __future__ import annotations
 
+import dataclasses
+import types
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -167,6 +169,15 @@ def saved_state(state_dict: dict[str, Any], packed_roots: Sequence[bool]) -> Non
         index: {k: _saved_tree(v, packed.get(index, False)) for k, v in entry.items()}
         for index, entry in state_dict["state"].items()
     }
+
+
+def holds_lambda(value: Any) -> bool:
+    """Whether ``value`` is, or a dataclass field of it (recursively) holds, a lambda."""
+    if isinstance(value, types.LambdaType) and value.__name__ == "<lambda>":
+        return True
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return any(holds_lambda(getattr(value, f.name)) for f in dataclasses.fields(value))
+    return False
 
 
 def is_block_key(key: Any) -> bool:

@@ -12,6 +12,7 @@ import copy
 import dataclasses
 import enum
 import io
+import logging
 from dataclasses import replace
 from types import SimpleNamespace
 from typing import Any
@@ -494,3 +495,22 @@ def test_soap_bases_are_saved_in_ascending_order_with_their_corrected_eigenvalue
         assert torch.equal(basis, live.factor_matrices_eigenvectors[dim].flip(-1))
         corrected = corrected.flip(dim)
     assert torch.equal(saved["corrected_eigenvalues"], corrected)
+
+
+def test_a_group_entry_holding_a_lambda_is_warned_about_at_state_dict(caplog: pytest.LogCaptureFixture) -> None:
+    """``torch.save`` cannot pickle a lambda: ``state_dict()`` says which entry holds one."""
+    optimizer = _small_optimizer(_zero_model(), DefaultSignDescentPreconditionerConfig)
+    caplog.clear()  # the constructor's warnings about entries without effect
+    with caplog.at_level(logging.WARNING, logger="nanoshampoo.optim.shampoo.distributed_shampoo"):
+        optimizer.state_dict()
+    assert caplog.records == []
+    optimizer.param_groups[0]["preconditioner_config"] = replace(
+        DefaultSignDescentPreconditionerConfig, scale_fn=lambda grad: 1.0
+    )
+    with caplog.at_level(logging.WARNING, logger="nanoshampoo.optim.shampoo.distributed_shampoo"):
+        optimizer.state_dict()
+    assert any(
+        record.msg.startswith("Found preconditioner_config=SignDescentPreconditionerConfig(")
+        and "Note that lambda function cannot be pickled" in record.msg
+        for record in caplog.records
+    )
