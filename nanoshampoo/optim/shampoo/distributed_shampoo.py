@@ -207,6 +207,16 @@ class DistributedShampoo(torch.optim.Optimizer):
     ``ValueError``. An invalid value raises before any parameter or state changes (see the
     module docstring).
 
+    State, as in the reference library: ``optimizer.state[p]["block_j"]`` is a dict of views of
+    block ``j``'s live state (``"shampoo"``, ``"adagrad"``, ``"filtered_grad"``...), and
+    ``optimizer.state[p]["step"]`` (under primal averaging also ``"lr_sum"``, ``"train_mode"``)
+    the group's counter, one tensor aliased under every parameter. ``state_dict()`` and
+    ``load_state_dict()`` are torch's (layout: ``state_dict_layout.py``; the load's checks:
+    ``state_dict_loading.py``). Under ``DDPDistributedConfig`` a rank's state holds the blocks it
+    owns, keyed by their global names: with ``torch.save``, one file per rank; with
+    ``torch.distributed.checkpoint``, one checkpoint that loads at another world size too (each
+    rank picks its blocks by key from a fresh optimizer's ``state_dict()`` as the template).
+
     Example:
         >>> from nanoshampoo.optim.shampoo import AdamPreconditionerConfig
         >>> model = torch.nn.Linear(8, 4)

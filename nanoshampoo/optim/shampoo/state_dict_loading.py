@@ -24,6 +24,8 @@ and every local block: exactly the entries the block has under the loaded hyperp
 (momentum and filtered gradient only where in use), each a finite tensor of the block state's
 shape and dtype (roots packed or full). ``failure_counts`` may be absent (they start at 0) and so
 may SOAP's ``eigenvectors_computed`` (filled with ``step >= start_preconditioning_step``).
+Another library's config objects of our class names (the reference's) load as ours
+(:func:`as_our_config`).
 """
 
 from __future__ import annotations
@@ -236,12 +238,21 @@ def as_our_config(value: Any, where: str) -> Any:
         item = getattr(value, field.name)
         if field.name in known:
             kwargs[field.name] = as_our_config(item, f"{where}.{field.name}")
-        elif field.default is dataclasses.MISSING or item != field.default:
+        elif item != _field_default(field):
             raise ValueError(
                 f"{where}: {cls.__name__}.{field.name}={item!r} has no counterpart in this "
                 f"library's {cls.__name__}"
             )
     return ours(**kwargs)
+
+
+def _field_default(field: dataclasses.Field[Any]) -> Any:
+    """A dataclass field's default (its factory's value), or ``MISSING``."""
+    if field.default is not dataclasses.MISSING:
+        return field.default
+    if field.default_factory is not dataclasses.MISSING:
+        return field.default_factory()
+    return dataclasses.MISSING
 
 
 def _completed_entries(loaded: Mapping[str, Any], group: Mapping[str, Any], where: str) -> dict[str, Any]:
