@@ -31,6 +31,7 @@ Example:
 from __future__ import annotations
 
 import argparse
+import copy
 import importlib
 import sys
 from types import ModuleType
@@ -177,20 +178,23 @@ def our_update(
     opt = DistributedShampoo(
         [param], lr=args.lr, betas=(args.beta1, args.beta2), epsilon=epsilon,
         max_preconditioner_dim=max(SHAPE), precondition_frequency=1000, grafting_config=None,
-        preconditioner_config=EigenvalueCorrectedShampooPreconditionerConfig(amortized_computation_config=solver),
+        preconditioner_config=EigenvalueCorrectedShampooPreconditionerConfig(
+            amortized_computation_config=solver, use_symmetric_packing=False),
     )
     param.grad = torch.zeros(SHAPE)
-    opt.step()  # a zero step allocates the state; it is overwritten below (live views)
-    saved = opt.state_dict()
-    block = saved["state"][0]
+    opt.step()  # a zero step allocates the state; it is replaced below
+    saved = copy.deepcopy(opt.state_dict())
+    block = saved["state"][0]["block_0"]
     left, right = state["Q"]
+    # A state dict holds the bases ascending, D indexed by them (the reference library's order);
+    # the optimizer keeps them as the reference SOAP's descending Q: reversed here, back on load.
     for dim, (factor, basis) in enumerate(zip(state["GG"], (left, right))):
-        block[f"block_0.shampoo.factor_matrices.{dim}"].copy_(factor)
-        block[f"block_0.shampoo.factor_matrices_eigenvectors.{dim}"].copy_(basis)
-        block[f"block_0.shampoo.eigenvectors_computed.{dim}"].fill_(True)
-    block["block_0.shampoo.corrected_eigenvalues"].copy_(state["exp_avg_sq"])
-    block["block_0.filtered_grad"].copy_(left @ state["exp_avg"] @ right.T)
-    saved["param_groups"][0]["step"] = state["step"]
+        block["shampoo"]["factor_matrices"][dim] = factor.clone()
+        block["shampoo"]["factor_matrices_eigenvectors"][dim] = basis.flip(-1)
+        block["shampoo"]["eigenvectors_computed"][dim] = torch.tensor(True)
+    block["shampoo"]["corrected_eigenvalues"] = state["exp_avg_sq"].flip(0).flip(1)
+    block["filtered_grad"] = left @ state["exp_avg"] @ right.T
+    saved["state"][0]["step"] = torch.tensor(int(state["step"]))
     opt.load_state_dict(saved)
     param.grad = grad.clone()
     opt.step()

@@ -297,12 +297,12 @@ def _check_record(path: Path, record: dict[str, Any], sharded: bool, holds_model
             raise UserError(f"--resume: {path}: {name} holds NaN or Inf")
 
 
-def _state_tensors(state: Any) -> list[tuple[str, Any]]:
-    """``(label, value)`` of every entry of an optimizer state dict's ``state``."""
+def _state_tensors(state: Any, label: str = "") -> list[tuple[str, Any]]:
+    """``(label, value)`` of every leaf of an optimizer state dict's ``state`` (nested dicts,
+    such as DistributedShampoo's per-block state, walked through)."""
     if not isinstance(state, dict):
-        return []
-    return [(f"[{index!r}][{key!r}]", value) for index, entry in state.items()
-            if isinstance(entry, dict) for key, value in entry.items()]
+        return [(label, state)] if label else []
+    return [leaf for key, value in state.items() for leaf in _state_tensors(value, f"{label}[{key!r}]")]
 
 
 def restore_checkpoint(
@@ -384,6 +384,10 @@ def _create_lazy_state(opt: torch.optim.Optimizer) -> None:
 
 
 def _load(path: Path) -> dict[str, Any]:
+    # Registers the configs a DistributedShampoo state dict's param groups hold, for the
+    # weights_only load below (a resume reads its checkpoint before it builds the optimizers).
+    from nanoshampoo.optim.shampoo import shampoo_types  # noqa: F401
+
     if not path.is_file():
         raise UserError(f"--resume: checkpoint file {path} does not exist")
     try:

@@ -137,8 +137,9 @@ def target_dimensionality(config: DistributedConfig, preconditioner_config: Prec
     target = config.target_parameter_dimensionality
     if isinstance(preconditioner_config, SpectralDescentPreconditionerConfig) and target != 2:
         logger.warning(
-            "target_parameter_dimensionality %r is not 2: SpectralDescentPreconditionerConfig "
-            "uses 2 (its blocks are matrices)", target
+            f"param_group[DISTRIBUTED_CONFIG].target_parameter_dimensionality={target!r} is not "
+            "equal to 2. SpectralDescentPreconditionerConfig uses 2 (its blocks are matrices); the "
+            "config itself is left unchanged."
         )
         return 2
     return target

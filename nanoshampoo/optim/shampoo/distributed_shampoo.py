@@ -41,8 +41,8 @@ parameters change in between, e.g. a model checkpoint loaded without the optimiz
 the evaluation iterate is ``x = (y - (1 - mu_y) z) / mu_y``. :meth:`DistributedShampoo.eval`
 moves the parameters to ``x`` (``W <- W + (1 - 1/mu_y)(z - W)``) and
 :meth:`DistributedShampoo.train` back to ``y`` (``W <- W + (1 - mu_y)(z - W)``); a step in eval
-mode raises ``RuntimeError``. The mode and Schedule-Free's ``sum lr_i^r`` are checkpointed
-with the group (``lr_sum``, ``train_mode``).
+mode raises ``RuntimeError``. The mode and Schedule-Free's ``sum lr_i^r`` are in every
+parameter's state (``train_mode``, ``lr_sum``); a load keeps the mode the optimizer was in.
 
 Blocks with the same shape are stacked into buckets and processed by batched kernels
 (``baddbmm``/``bmm``/``_foreach_*``; one ``eigh`` per factor size); the buffers a group's
@@ -59,29 +59,39 @@ Then one fused finiteness check over all gradients: with ``nonfinite_grad_policy
 logs a warning and skips the step (parameters, state and step counter unchanged).
 
 Changed hyperparameters apply from the next step. The ``-1`` sentinels (``beta3``,
-``start_preconditioning_step``) are resolved when a group is added and again only when one of
-its entries changes; ``param_groups`` and ``state_dict`` keep the user's values. State follows
+``start_preconditioning_step``) are resolved once, when a group is added, and the values are
+written into the group (as the reference library does: a later change of ``betas`` leaves
+``beta3`` as it is; a ``-1`` set later is resolved at the next step). State follows
 the hyperparameters in use: momentum (``momentum > 0``) and the filtered gradient
 (``betas[0] > 0``) start from zero when turned on and are dropped when turned off; a change of
 ``betas[1]``, ``epsilon`` or ``use_bias_correction`` rebuilds the preconditioner for the new
 values and carries every block's state over, as a checkpoint round trip would.
 
+State dicts are torch's own: ``state_dict()`` and ``load_state_dict()`` are
+``torch.optim.Optimizer``'s (so their hooks run, ``torch.distributed.checkpoint``'s
+``get_optimizer_state_dict`` / ``set_optimizer_state_dict`` work, FQN keys load), in the
+reference library's layout: per parameter one nested dict per block and the group's ``step``
+(``state_dict_layout.py``). This optimizer adds a state-dict post-hook (live state to nested
+dicts), a load pre-hook, ``__setstate__`` (check everything, then write) and a load post-hook
+(the caller's train/eval mode), described in ``state_dict_loading.py``.
+
 Where the parts live: this module holds the ``torch.optim.Optimizer`` (groups, the all-or-nothing
-step over them, state dicts); ``group_runtime.py`` one group's buckets, buffers and the step
-order above (``GroupRuntime.apply_step``); ``group_validation.py`` the checks of a group's
+step over them, the state-dict hooks); ``group_runtime.py`` one group's buckets, buffers and the
+step order above (``GroupRuntime.apply_step``); ``group_validation.py`` the checks of a group's
 entries and their resolution into ``Hyperparameters``; ``component_builders.py`` the
-preconditioner and distributor a config names; ``state_dict_trees.py`` the flattening of nested
-block state into checkpoint keys; ``state_dict_checks.py`` the checks before a load writes;
-``reference_state_dict.py`` the reference library's state-dict layout; ``step_compilation.py``
-the probed ``torch.compile`` of a group's step; ``param_group_split.py`` the split of FSDP2/HSDP
-groups with ``num_sub_groups > 1`` into sub-groups, applied to the constructor's groups.
+preconditioner and distributor a config names; ``state_dict_layout.py`` the layout of
+``optimizer.state`` and of a state dict; ``state_dict_loading.py`` the checks and writes of a
+load; ``state_dict_regrouping.py`` a state dict of named parameters onto another grouping;
+``step_compilation.py`` the probed ``torch.compile`` of a group's step; ``param_group_split.py``
+the split of FSDP2/HSDP groups with ``num_sub_groups > 1`` into sub-groups, applied to the
+constructor's groups.
 """
 
 from __future__ import annotations
 
 import logging
 import warnings
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
@@ -93,15 +103,10 @@ from nanoshampoo.optim.shampoo.group_validation import (
     validate_group,
     validate_group_keys,
     validate_params,
+    write_back_sentinels,
 )
 from nanoshampoo.optim.shampoo.iterate_averaging_types import IterateAveragingConfig
 from nanoshampoo.optim.shampoo.param_group_split import split_constructor_params
-from nanoshampoo.optim.shampoo.reference_state_dict import (
-    check_distributed_shampoo_layout,
-    from_reference_layout,
-    is_reference_layout,
-    to_reference_layout,
-)
 from nanoshampoo.optim.shampoo.runtime_types import (
     ConcurrencyConfig,
     DefaultConcurrencyConfig,
@@ -117,14 +122,19 @@ from nanoshampoo.optim.shampoo.shampoo_types import (
     PreconditionerConfig,
     WeightDecayType,
 )
-from nanoshampoo.optim.shampoo.state_dict_checks import (
-    check_loaded_block_states,
-    expected_state,
-    group_param_indices,
-    plan_loaded_groups,
+from nanoshampoo.optim.shampoo.state_dict_layout import (
+    GroupScalars,
+    holds_lambda,
+    live_block_state,
+    saved_state,
 )
-from nanoshampoo.optim.shampoo.state_dict_regrouping import regroup_by_param_names
-from nanoshampoo.optim.shampoo.state_dict_trees import flatten_tree, is_plain_value
+from nanoshampoo.optim.shampoo.state_dict_loading import (
+    PendingLoad,
+    apply_load,
+    originals_by_position,
+    plan_load,
+    prepare_load,
+)
 from nanoshampoo.optim.shampoo.step_compilation import compile_step
 
 logger = logging.getLogger(__name__)
@@ -197,6 +207,16 @@ class DistributedShampoo(torch.optim.Optimizer):
     ``ValueError``. An invalid value raises before any parameter or state changes (see the
     module docstring).
 
+    State, as in the reference library: ``optimizer.state[p]["block_j"]`` is a dict of views of
+    block ``j``'s live state (``"shampoo"``, ``"adagrad"``, ``"filtered_grad"``...), and
+    ``optimizer.state[p]["step"]`` (under primal averaging also ``"lr_sum"``, ``"train_mode"``)
+    the group's counter, one tensor aliased under every parameter. ``state_dict()`` and
+    ``load_state_dict()`` are torch's (layout: ``state_dict_layout.py``; the load's checks:
+    ``state_dict_loading.py``). Under ``DDPDistributedConfig`` a rank's state holds the blocks it
+    owns, keyed by their global names: with ``torch.save``, one file per rank; with
+    ``torch.distributed.checkpoint``, one checkpoint that loads at another world size too (each
+    rank picks its blocks by key from a fresh optimizer's ``state_dict()`` as the template).
+
     Example:
         >>> from nanoshampoo.optim.shampoo import AdamPreconditionerConfig
         >>> model = torch.nn.Linear(8, 4)
@@ -254,6 +274,9 @@ class DistributedShampoo(torch.optim.Optimizer):
         self._concurrency_config = concurrency_config
         self._step_compiled: list[bool] = []
         self._runtimes: list[GroupRuntime] = []
+        self._scalars: list[GroupScalars] = []
+        self._packed_roots: list[bool] = []  # per group: its state dict packs the roots
+        self._pending_load: PendingLoad | None = None
         defaults = dict(
             lr=lr, betas=betas, beta3=beta3, epsilon=epsilon, momentum=momentum,
             dampening=dampening, use_nesterov=use_nesterov, weight_decay=weight_decay,
@@ -282,6 +305,10 @@ class DistributedShampoo(torch.optim.Optimizer):
         if isinstance(params, list):  # the reference's num_sub_groups split (param_group_split.py)
             params = split_constructor_params(params, distributed_config)
         super().__init__(params, defaults)
+        # Registered first, so that a user's hooks see the nested layout (state_dict_loading.py).
+        self.register_state_dict_post_hook(DistributedShampoo._saved_state)
+        self.register_load_state_dict_pre_hook(DistributedShampoo._pre_load)
+        self.register_load_state_dict_post_hook(DistributedShampoo._restore_modes)
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         """Add a group (validated; its blocks, buffers and preconditioners are built now).
@@ -299,6 +326,7 @@ class DistributedShampoo(torch.optim.Optimizer):
             validate_group(group)
             validate_params(group["params"], group.get("param_names"))
             validate_device_kind(group["params"], self.param_groups)
+            write_back_sentinels(group)
             runtime = GroupRuntime(group, len(self.param_groups) - 1, first_param_index)
         except Exception:
             self.param_groups.pop()
@@ -307,12 +335,19 @@ class DistributedShampoo(torch.optim.Optimizer):
         runtime.apply_step, compiled = compile_step(runtime.apply_step, self._compile_config, device)
         self._step_compiled.append(compiled)
         self._runtimes.append(runtime)
-        self._register_block_states(runtime)
+        self._scalars.append(GroupScalars(runtime.hyperparameters.primal_averaging is not None))
+        self._packed_roots.append(bool(getattr(group["preconditioner_config"], "use_symmetric_packing", False)))
+        self._register_state(len(self._runtimes) - 1)
 
-    def _register_block_states(self, runtime: GroupRuntime) -> None:
-        """``self.state[param]["block_j"]``: the live state of each local block."""
+    def _register_state(self, g: int) -> None:
+        """``self.state[param]``: each local block's live state under ``"block_j"``, and group
+        ``g``'s scalar tensors (``step``...) aliased under every parameter of the group
+        (layout: ``state_dict_layout.py``)."""
+        runtime = self._runtimes[g]
+        for param in self.param_groups[g]["params"]:
+            self.state[param].update(self._scalars[g].tensors)
         for info, state in zip(runtime.block_infos, runtime.block_states):
-            self.state[info.param][info.composable_block_ids[1]] = state
+            self.state[info.param][info.composable_block_ids[1]] = live_block_state(state)
 
     @torch.no_grad()
     def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]
@@ -321,6 +356,8 @@ class DistributedShampoo(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        for runtime, scalars in zip(self._runtimes, self._scalars):
+            scalars.read_into(runtime)
         # Everything that can refuse the step runs before anything moves (see the module doc).
         plans = []
         for index, (runtime, group) in enumerate(zip(self._runtimes, self.param_groups)):
@@ -343,11 +380,13 @@ class DistributedShampoo(torch.optim.Optimizer):
                     raise NonFiniteGradientError(message + "; no parameter or state was changed")
                 logger.warning("%s; skipping this step", message)
                 return loss
-        for runtime, hyperparameters in zip(self._runtimes, plans):
+        for g, (runtime, hyperparameters) in enumerate(zip(self._runtimes, plans)):
             if runtime.configure(hyperparameters):
-                self._register_block_states(runtime)
+                self._register_state(g)
         for runtime, mask in active:
             runtime.apply_step(mask)
+        for runtime, scalars in zip(self._runtimes, self._scalars):
+            scalars.write_from(runtime)
         return loss
 
     @property
@@ -362,8 +401,9 @@ class DistributedShampoo(torch.optim.Optimizer):
         ``W <- W + (1 - mu_y)(z - W)`` from the evaluation iterate; no-op for other groups and
         for groups already in train mode. Collective under DDP (every rank calls it).
         """
-        for runtime in self._runtimes:
+        for runtime, scalars in zip(self._runtimes, self._scalars):
             runtime.switch_mode(to_train=True)
+            scalars.write_from(runtime)
 
     @torch.no_grad()
     def eval(self) -> None:
@@ -373,8 +413,9 @@ class DistributedShampoo(torch.optim.Optimizer):
         groups and for groups already in eval mode. :meth:`step` refuses to run until
         :meth:`train`. Collective under DDP (every rank calls it).
         """
-        for runtime in self._runtimes:
+        for runtime, scalars in zip(self._runtimes, self._scalars):
             runtime.switch_mode(to_train=False)
+            scalars.write_from(runtime)
 
     def optimizer_state_bytes(self) -> int:
         """Bytes of this rank's optimizer state: the tensors :meth:`state_dict` returns.
@@ -385,111 +426,71 @@ class DistributedShampoo(torch.optim.Optimizer):
         """
         return sum(runtime.state_bytes() for runtime in self._runtimes)
 
-    def state_dict(self) -> dict[str, Any]:  # type: ignore[override]
-        """``{"state": {param_index: {"block_j.<path>": tensor}}, "param_groups": [...]}``.
+    @staticmethod
+    def _saved_state(optimizer: torch.optim.Optimizer, state_dict: dict[str, Any]) -> None:
+        """State-dict post-hook: the live state as nested dicts (``state_dict_layout.py``); a
+        warning for a group entry holding a lambda (``torch.save`` cannot pickle it)."""
+        assert isinstance(optimizer, DistributedShampoo)
+        saved_state(state_dict, optimizer._packed_roots)
+        for group in state_dict["param_groups"]:
+            for key, value in group.items():
+                if holds_lambda(value):
+                    logger.warning(
+                        f"Found {key}={value!r}. Note that lambda function cannot be pickled. "
+                        "torch.save() cannot serialize lambda functions, because it relies on "
+                        "Python's pickle module for serialization, and pickle does not support "
+                        "lambda functions: give the config a named function to checkpoint it."
+                    )
 
-        Tensors are views of the live state (like ``torch.optim``); ``param_groups`` keep the
-        plain hyperparameters, the param indices and the group's ``step``. Loadable with
-        ``torch.load(weights_only=True)``. Under ``DDPDistributedConfig`` the state is per rank:
-        it holds only the blocks this rank owns (with ``torch.save``: one file per rank, loaded
-        on the same rank with the same world size and ``num_trainers_per_group``).
+    @staticmethod
+    def _pre_load(optimizer: torch.optim.Optimizer, state_dict: Any) -> dict[str, Any]:
+        """Load pre-hook: the dict in the nested layout, keyed onto our grouping; remembers the
+        saved tensors before torch's cast and each group's train/eval mode
+        (``state_dict_loading.py``)."""
+        assert isinstance(optimizer, DistributedShampoo)
+        prepared = prepare_load(state_dict, optimizer.param_groups)
+        optimizer._pending_load = PendingLoad(
+            originals_by_position(prepared, optimizer.param_groups),
+            [runtime.train_mode for runtime in optimizer._runtimes],
+        )
+        return prepared
 
-        With ``torch.distributed.checkpoint`` every rank saves into one checkpoint: block keys
-        are global (param index, ``block_j``), so ranks' keys are disjoint and replicas (when
-        ``num_trainers_per_group`` < world size) hold identical copies; to load, pass a fresh
-        optimizer's ``state_dict()`` as the template to ``dcp.load`` (it holds every key the
-        rank owns, as state is allocated at construction), then :meth:`load_state_dict` it.
-        Such a checkpoint loads at another world size too (each rank picks its blocks by key;
-        tested from two DDP ranks into one single-device process).
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        """Load ``state`` (what ``torch.optim.Optimizer.load_state_dict`` hands over: groups,
+        and state keyed by parameter) all or nothing: everything is checked, then written
+        (``state_dict_loading.py``). Raises ``ValueError`` or ``KeyError`` naming the group,
+        entry or block, and leaves the optimizer as it was."""
+        if "_runtimes" not in self.__dict__:  # unpickling: nothing is built to load into
+            super().__setstate__(state)
+            return
+        pending, self._pending_load = self._pending_load, None
+        positions = {id(p): i for i, p in enumerate(p for g in self.param_groups for p in g["params"])}
 
-        Example:
-            >>> dcp.save({"optim": opt.state_dict()}, checkpoint_id=path)  # doctest: +SKIP
-            >>> template = {"optim": fresh_opt.state_dict()}  # doctest: +SKIP
-            >>> dcp.load(template, checkpoint_id=path)  # doctest: +SKIP
-            >>> fresh_opt.load_state_dict(template["optim"])  # doctest: +SKIP
-        """
-        state: dict[int, dict[str, torch.Tensor]] = {}
-        for runtime in self._runtimes:
-            for info, block_state in zip(runtime.block_infos, runtime.block_states):
-                param_index, block_name = info.composable_block_ids
-                state.setdefault(param_index, {}).update(flatten_tree(block_state.state_dict(), block_name))
-        groups = []
-        first = 0
-        for group, runtime in zip(self.param_groups, self._runtimes):
-            entry = {k: v for k, v in group.items() if k != "params" and is_plain_value(v)}
-            entry["params"] = list(range(first, first + len(group["params"])))
-            entry["step"] = runtime.step
-            if runtime.hyperparameters.primal_averaging is not None:
-                entry["lr_sum"], entry["train_mode"] = runtime.lr_power_sum, runtime.train_mode
-            first += len(group["params"])
-            groups.append(entry)
-        return {"state": state, "param_groups": groups}
+        def index_of(key: Any) -> int | None:
+            if isinstance(key, torch.Tensor):
+                return positions.get(id(key))
+            return key if isinstance(key, int) and 0 <= key < len(positions) else None
 
-    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:  # type: ignore[override]
-        """Restore a :meth:`state_dict` in place, all or nothing.
+        plans = plan_load(
+            self._runtimes, self.param_groups, state["param_groups"], state["state"], index_of,
+            pending.originals if pending is not None else {},
+        )
+        if pending is not None:
+            pending.originals.clear()
+            self._pending_load = pending  # the post-hook restores its train modes
+        apply_load(self._runtimes, self.param_groups, plans, self._register_written)
 
-        Also takes the reference library's layout (its ``state_dict()``, or
-        :meth:`reference_state_dict`), mapped first as ``reference_state_dict.py`` documents:
-        its roots are unpacked, our failure counts start at zero, its per-parameter steps (and
-        primal averaging's ``lr_sum``, ``train_mode``) become the group's; its config objects in the groups are ignored (ours stay). Parts without a
-        counterpart here (SOAP eigenbases, warm-started eigenvectors) are
-        refused by the key check below, naming them (``docs/compat.md``).
+    def _register_written(self, g: int) -> None:
+        self._scalars[g].write_from(self._runtimes[g])
+        self._register_state(g)
 
-        Named parameters (``param_names`` in every group, saved and ours) are matched by name,
-        so a state dict loads into another grouping of them, such as another ``num_sub_groups``
-        (``state_dict_regrouping.py``). The whole state dict is checked before anything is written: the number of groups and
-        of their parameters, each group's ``step`` and hyperparameters (validated like the
-        constructor's; the saved values replace the optimizer's, and entries fixed at
-        construction such as ``max_preconditioner_dim`` must agree), and every block's state:
-        exactly the keys the blocks have under the loaded hyperparameters (momentum and filtered
-        gradient only where they are in use), each a tensor of the block state's shape and dtype.
-
-        Raises:
-            ValueError: the state dict is another optimizer's (a group without ``step``, state
-                not keyed ``block_<j>``); a group, a hyperparameter, a step, or a tensor's kind,
-                shape or dtype is wrong; a float tensor holds NaN or Inf.
-            KeyError: a block state entry is missing or unexpected.
-            Either way the optimizer is left as it was.
-        """
-        if not isinstance(state_dict, Mapping) or not {"state", "param_groups"} <= state_dict.keys():
-            raise ValueError("state_dict must be a mapping with 'state' and 'param_groups'")
-        state_dict = regroup_by_param_names(state_dict, self.param_groups)
-        if is_reference_layout(state_dict):
-            state_dict = from_reference_layout(
-                state_dict, group_param_indices(self.param_groups), expected_state(self._runtimes)
-            )
-        check_distributed_shampoo_layout(state_dict)
-        plans = plan_loaded_groups(state_dict["param_groups"], self.param_groups, self._runtimes)
-        try:
-            saved_state = {int(k): flatten_tree(v) for k, v in state_dict["state"].items()}
-        except (TypeError, ValueError, AttributeError) as error:
-            raise ValueError(f"state_dict['state'] must map param indices to dicts of tensors: {error}") from None
-        check_loaded_block_states(self._runtimes, saved_state, [plan[1] for plan in plans])
-
-        # Everything checked: write.
-        for plan, group, runtime in zip(plans, self.param_groups, self._runtimes):
-            merged, hyperparameters, step, averaging = plan
-            for key in group:
-                if key != "params":
-                    group[key] = merged[key]
-            if runtime.configure(hyperparameters):
-                self._register_block_states(runtime)
-            runtime.step = step
-            if averaging is not None:
-                runtime.lr_power_sum, runtime.train_mode = averaging
-            for info, block_state in zip(runtime.block_infos, runtime.block_states):
-                param_index, block_name = info.composable_block_ids
-                entries = saved_state[param_index]
-                for key, target in flatten_tree(block_state.state_dict(), block_name).items():
-                    target.copy_(entries[key])
-            runtime.preconditioner.forget_filtered()
-
-    def reference_state_dict(self) -> dict[str, Any]:
-        """:meth:`state_dict` in the reference library's layout (see ``reference_state_dict.py``
-        for the mapping and the parts that differ). Its ``param_groups`` hold the plain
-        hyperparameters only; the reference's own param groups hold its config objects, so to
-        load this into a reference optimizer of the same parameters and config, keep those:
-        ``ref.load_state_dict({"state": sd["state"], "param_groups": ref.state_dict()["param_groups"]})``.
-        :meth:`load_state_dict` takes either layout."""
-        packed = [bool(getattr(g["preconditioner_config"], "use_symmetric_packing", False)) for g in self.param_groups]
-        return to_reference_layout(self.state_dict(), packed)
+    @staticmethod
+    def _restore_modes(optimizer: torch.optim.Optimizer) -> None:
+        """Load post-hook: each group back in the train/eval mode it had before the load."""
+        assert isinstance(optimizer, DistributedShampoo)
+        pending, optimizer._pending_load = optimizer._pending_load, None
+        if pending is None:
+            return
+        for runtime, scalars, train_mode in zip(optimizer._runtimes, optimizer._scalars, pending.train_modes):
+            runtime.switch_mode(to_train=train_mode)
+            scalars.write_from(runtime)

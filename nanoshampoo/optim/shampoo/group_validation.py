@@ -1,12 +1,14 @@
 """Validation of a parameter group's entries, and their resolution into :class:`Hyperparameters`.
 
 :func:`validate_group` and :func:`validate_params` raise ``ValueError`` naming the field (or
-``params[i]``); :meth:`Hyperparameters.resolve` turns a valid group into the values a step uses,
-with the ``-1`` sentinels resolved once.
+``params[i]``); :func:`write_back_sentinels` writes what the ``-1`` sentinels stand for into a
+new group, once; :meth:`Hyperparameters.resolve` turns a valid group into the values a step
+uses (resolving a ``-1`` set after construction too).
 """
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -34,6 +36,8 @@ from nanoshampoo.optim.shampoo.shampoo_types import (
     check_ema_storage_dtype,
 )
 from nanoshampoo.validation import is_int, is_real
+
+logger = logging.getLogger(__name__)
 
 # Group entries fixed when the group is added: they decide the blocks, which rank holds them and
 # the layout of their state. A change after construction (or from a checkpoint) is refused.
@@ -332,16 +336,38 @@ def check_ordered_params(name: str, params: object) -> None:
 
 def validate_device_kind(params: Sequence[torch.Tensor], param_groups: Sequence[Mapping[str, Any]]) -> None:
     """Raise ``ValueError`` when the newest group (``param_groups[-1]``, holding ``params``) mixes
-    meta parameters (shapes without data) with real ones of ``param_groups[0]``: a step adds up
-    every group's gradient check on one device."""
-    if not params or len(param_groups) < 2:
+    meta parameters (shapes without data) with real ones of the first group that has parameters
+    (groups may be empty): a step adds up every group's gradient check on one device."""
+    if not params:
         return
-    first = param_groups[0]["params"][0]
+    index, first = next((i, g["params"][0]) for i, g in enumerate(param_groups) if g["params"])
     if params[0].is_meta != first.is_meta:
         raise ValueError(
             f"params[0] of param_groups[{len(param_groups) - 1}] is on {params[0].device}, "
-            f"param_groups[0]'s on {first.device}: meta and real parameters cannot be mixed"
+            f"param_groups[{index}]'s on {first.device}: meta and real parameters cannot be mixed"
         )
+
+
+def write_back_sentinels(group: dict[str, Any]) -> None:
+    """Write into a new, validated ``group`` the values its sentinels stand for, as the reference
+    library does when a group is added: ``beta3`` -1 becomes ``betas[0]`` and
+    ``start_preconditioning_step`` -1 becomes ``precondition_frequency``; under sign or spectral
+    descent (stateless: ``betas[1]``, ``epsilon`` and ``precondition_frequency`` have no effect, and
+    each is logged as a warning) ``precondition_frequency`` becomes 1 first."""
+    config = group["preconditioner_config"]
+    if isinstance(config, STATELESS_PRECONDITIONER_TYPES):
+        name = type(config).__name__
+        for entry, value in (("BETAS][1", group["betas"][1]), ("EPSILON", group["epsilon"])):
+            logger.warning(f"param_group[{entry}]={value!r} does not have any effect when {name} is used.")
+        logger.warning(
+            f"param_group[PRECONDITION_FREQUENCY]={group['precondition_frequency']!r} does not have "
+            f"any effect when {name} is used. Setting precondition_frequency to 1..."
+        )
+        group["precondition_frequency"] = 1
+    if group["beta3"] == -1.0:
+        group["beta3"] = group["betas"][0]
+    if group["start_preconditioning_step"] == -1:
+        group["start_preconditioning_step"] = group["precondition_frequency"]
 
 
 def check_grads(labels: Sequence[str], params: Sequence[torch.Tensor], eager_nan_check: bool = False) -> None:

@@ -27,7 +27,12 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 import enum
+import inspect
+from typing import Any
+
+import torch
 
 from nanoshampoo.optim.errors import NonFiniteGradientError
 from nanoshampoo.optim.shampoo.config_checks import (
@@ -57,6 +62,7 @@ from nanoshampoo.optim.shampoo.preconditioner.descent_types import (
     DefaultSpectralDescentPreconditionerConfig,
     SignDescentPreconditionerConfig,
     SpectralDescentPreconditionerConfig,
+    unit_scale,
 )
 from nanoshampoo.optim.shampoo.preconditioner.matrix_functions_types import (
     AmortizedComputationConfig,
@@ -79,6 +85,7 @@ from nanoshampoo.optim.shampoo.preconditioner.matrix_functions_types import (
     RootInvConfig,
     SVDOrthogonalizationConfig,
     WarmStartedEigenConfig,
+    _unit_scale_by_dims,
 )
 from nanoshampoo.optim.shampoo.preconditioner.preconditioner_types import (
     GRAFTING_CONFIG_TYPES,
@@ -108,9 +115,25 @@ from nanoshampoo.optim.shampoo.runtime_types import (
     ShampooPT2CompileConfig,
     ShampooRuntimeConfig,
 )
-from nanoshampoo.optim.shampoo.utils.load_balancing_utils import LoadBalancingConfig
+from nanoshampoo.optim.shampoo.utils.load_balancing_utils import (
+    AlignedMemoryCostModel,
+    LoadBalancingConfig,
+    PolynomialComputationalCostModel,
+)
+
+# Keys of a param group and of a parameter's state, spelled as the reference library exports them.
+DISTRIBUTED_CONFIG = "distributed_config"
+LR_SUM = "lr_sum"
+PARAMS = "params"
+STEP = "step"
+TRAIN_MODE = "train_mode"
 
 __all__ = [
+    "DISTRIBUTED_CONFIG",
+    "LR_SUM",
+    "PARAMS",
+    "STEP",
+    "TRAIN_MODE",
     "AdaGradPreconditionerConfig",
     "AdamPreconditionerConfig",
     "AmortizedComputationConfig",
@@ -197,3 +220,22 @@ class WeightDecayType(enum.Enum):
     DECOUPLED = "DECOUPLED"
     CORRECTED = "CORRECTED"
     INDEPENDENT = "INDEPENDENT"
+
+
+def _checkpoint_globals() -> list[Any]:
+    """Everything a saved param group may reference by name: every config class and enum
+    exported here, the cost models inside ``LoadBalancingConfig``, and the default functions
+    of the descent configs."""
+    exported = [globals()[name] for name in __all__]
+    types = [
+        value for value in exported
+        if inspect.isclass(value) and (dataclasses.is_dataclass(value) or issubclass(value, enum.Enum))
+    ]
+    return [*types, AlignedMemoryCostModel, PolynomialComputationalCostModel, unit_scale, _unit_scale_by_dims]
+
+
+# ``state_dict()["param_groups"]`` holds these configs (as the reference library's does), so a
+# checkpoint loads with ``torch.load(weights_only=True)`` once this module is imported. A config
+# type or function of a user's own must be registered the same way.
+CHECKPOINT_GLOBALS = _checkpoint_globals()
+torch.serialization.add_safe_globals(CHECKPOINT_GLOBALS)

@@ -1,4 +1,4 @@
-"""Nested block-state dicts: flattened to checkpoint keys, cloned, and checked as plain data."""
+"""Nested block-state dicts: flattened to dotted keys, and cloned."""
 
 from __future__ import annotations
 
@@ -21,10 +21,3 @@ def flatten_tree(tree: Mapping[Any, Any], prefix: str = "") -> dict[str, Any]:
         else:
             flat[name] = value
     return flat
-
-
-def is_plain_value(value: Any) -> bool:
-    """Values a checkpoint stores for a param group (loadable with ``weights_only=True``)."""
-    if isinstance(value, (tuple, list)):
-        return all(is_plain_value(v) for v in value)
-    return value is None or isinstance(value, (bool, int, float, str))

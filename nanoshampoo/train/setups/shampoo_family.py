@@ -223,9 +223,13 @@ def muon_shape_scale(d_in: int, d_out: int) -> float:
     """The speedrun Muon's update scale for a ``(d_out, d_in)`` matrix: ``max(1, d_out/d_in)**0.5``.
 
     Tall matrices get larger steps, so that the update's RMS per entry does not shrink with the
-    aspect ratio. A named function: lambdas do not pickle.
+    aspect ratio. A named function: lambdas do not pickle. The optimizer's state dict holds it
+    (its config is in ``param_groups``), so it is registered for ``torch.load(weights_only=True)``.
     """
     return max(1.0, d_out / d_in) ** 0.5
+
+
+torch.serialization.add_safe_globals([muon_shape_scale])
 
 
 def distributed_config(ctx: BuildContext) -> Any:
@@ -343,7 +347,10 @@ def soap_kwargs(pre: PreconditionerConfig, hp: SoapConfig) -> dict[str, Any]:
         amortized_computation_config=QREigendecompositionConfig(
             rank_deficient_stability_config=stability_config(pre), tolerance=0.01,
             keep_descending_order=True),
-        factor_matrix_dtype=getattr(torch, pre.factor_dtype))
+        factor_matrix_dtype=getattr(torch, pre.factor_dtype),
+        # Full factors, as the trainer's SOAP has always run (the library packs by default: its
+        # QR refresh then differs in the last bits on rank-deficient factors).
+        use_symmetric_packing=False)
     return dict(lr=hp.lr, betas=(hp.beta1, hp.beta2), epsilon=_epsilon(pre, hp.epsilon),
                 weight_decay=hp.weight_decay, precondition_frequency=hp.precondition_frequency,
                 use_bias_correction=True, grafting_config=None,

@@ -271,7 +271,7 @@ class ClassicShampooPreconditionerConfig(BaseShampooPreconditionerConfig):
             raise ValueError(f"{name} must be a dict, got {override!r}")
         coupled = isinstance(self.amortized_computation_config, CoupledNewtonConfig)
         for order, value in override.items():
-            check_int(f"{name} keys (block orders)", order, minimum=1)
+            check_int(f"{name} keys (block orders)", order, minimum=0)
             per_dim = value if isinstance(value, dict) else {None: value}
             for dim, exponent in per_dim.items():
                 if dim is not None:
@@ -355,10 +355,10 @@ class EigenvalueCorrectedShampooPreconditionerConfig(BaseShampooPreconditionerCo
         factor_matrix_eigenvectors_dtype: storage dtype of the eigenbases.
         corrected_eigenvalues_dtype: storage dtype of the corrected eigenvalues.
         use_symmetric_packing: the factors as packed upper triangles, as root-inverse
-            Shampoo's (half the bytes). Off by default here (the reference packs by default):
-            the eigh bases are the same numbers packed or not; the QR refresh multiplies by the
+            Shampoo's (half the bytes), on by default as in the reference library. The eigh
+            bases are the same numbers packed or not; the QR refresh multiplies by the
             symmetrized factor, which can rotate a degenerate (rank-deficient) eigenspace
-            differently in the last bits and so differ slightly.
+            differently in the last bits, so packed and unpacked runs can differ slightly.
     """
 
     amortized_computation_config: EigendecompositionConfig = field(
@@ -370,7 +370,7 @@ class EigenvalueCorrectedShampooPreconditionerConfig(BaseShampooPreconditionerCo
     inverse_exponent_override: dict[int, float] = field(default_factory=dict)
     factor_matrix_eigenvectors_dtype: torch.dtype = torch.float32
     corrected_eigenvalues_dtype: torch.dtype = torch.float32
-    use_symmetric_packing: bool = False
+    use_symmetric_packing: bool = True
 
     def __post_init__(self) -> None:
         super().__post_init__()

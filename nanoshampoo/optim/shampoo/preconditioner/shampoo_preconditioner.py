@@ -8,7 +8,8 @@ block: ``X_L G X_R``.
 Layout: factors are pooled by ``(size, block dtype)``; each pool has a matching ``(N, n, n)``
 stack of roots (in ``inv_factor_matrix_dtype``, by default the block dtype), so all roots of one size are one batched ``eigh`` call.
 With ``use_symmetric_packing`` (the default) the factors keep only their upper triangles (half
-their bytes, the same numbers: :mod:`kronecker_factors`); the roots stay full matrices.
+their bytes, the same numbers: :mod:`kronecker_factors`); the roots stay full matrices, exactly
+symmetric (:meth:`ShampooPreconditioner._solve`), and a state dict holds their upper triangles.
 With ``precondition_dtype=torch.bfloat16`` the products run in bfloat16 buffers allocated once
 per bucket (:class:`_GemmBuffers`: the rounded gradient, roots, ``X_L G`` and the product),
 and the product is copied into the block-dtype output; roots and factors keep their dtypes.
@@ -213,6 +214,17 @@ class ShampooPreconditioner(KroneckerFactoredPreconditioner):
         return self._config.inv_factor_matrix_dtype or key[1]
 
     def _solve(
+        self, key: Hashable, matrices: torch.Tensor, rows: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The roots, made exactly symmetric, ``(X + X^T) / 2``: each solver's result differs
+        from its transpose (an eigh product ``Q W Q^T`` in the last bits, a float32 coupled
+        Newton iterate on a rank-deficient factor by about 0.5 %), and the symmetric part is the
+        nearest symmetric matrix. A checkpoint with ``use_symmetric_packing`` keeps the upper
+        triangle, so a resume from it continues bit for bit."""
+        roots, ok = self._unsymmetric_roots(key, matrices, rows)
+        return (roots + roots.mT).mul_(0.5), ok
+
+    def _unsymmetric_roots(
         self, key: Hashable, matrices: torch.Tensor, rows: torch.Tensor | None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         solver = self._config.amortized_computation_config

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 import torch
+from flat_shampoo_state import assert_same_flat_state, flat_state
 
 from nanoshampoo.optim.shampoo import (
     AdaGradPreconditionerConfig,
@@ -46,7 +47,7 @@ def _snapshot(model: torch.nn.Module, optimizer: DistributedShampoo) -> dict[str
     state = optimizer.state_dict()
     return {
         "params": [p.detach().clone() for p in model.parameters()],
-        "state": {i: clone_tree(s) for i, s in state["state"].items()},
+        "state": flat_state(state),
         "groups": [dict(g) for g in state["param_groups"]],
         "num_groups": len(optimizer.param_groups),
     }
@@ -58,11 +59,7 @@ def _assert_unchanged(before: dict[str, Any], model: torch.nn.Module, optimizer:
     assert after["groups"] == before["groups"]
     for got, want in zip(after["params"], before["params"]):
         assert torch.equal(got, want)
-    assert after["state"].keys() == before["state"].keys()
-    for index, entries in before["state"].items():
-        assert after["state"][index].keys() == entries.keys()
-        for key, value in entries.items():
-            assert torch.equal(after["state"][index][key], value), (index, key)
+    assert_same_flat_state(after["state"], before["state"])
 
 
 def _refused(
@@ -128,11 +125,10 @@ def test_a_loaded_state_with_nonfinite_tensors_is_refused(value: float) -> None:
         poisoned = optimizer.state_dict()
         poisoned = {"state": {i: clone_tree(s) for i, s in poisoned["state"].items()},
                     "param_groups": poisoned["param_groups"]}
-        key = next(k for k in poisoned["state"][0] if "factor_matrices" in k)
-        poisoned["state"][0][key].fill_(value)
+        poisoned["state"][0]["block_0"]["shampoo"]["factor_matrices"][0].fill_(value)
         optimizer.load_state_dict(poisoned)
 
-    _refused(load_poisoned, ValueError, r"^state_dict block state 0\.block_0\..*factor_matrices.* holds NaN or Inf")
+    _refused(load_poisoned, ValueError, r"^state_dict block state 0\.block_0\.shampoo\.factor_matrices\.0 holds NaN or Inf")
 
 
 def test_cpu_and_meta_parameters_mixed_are_refused_naming_the_parameter() -> None:

@@ -1,14 +1,19 @@
 """DistributedShampoo state through ``torch.distributed.checkpoint`` (DCP).
 
+Under FSDP2 the standard path is torch's: ``get_optimizer_state_dict`` (parameter names for
+keys) into ``dcp.save``, and ``dcp.load`` into a fresh optimizer's ``get_optimizer_state_dict``
+template, then ``set_optimizer_state_dict``, which hands the names to ``load_state_dict``.
+
 The DCP recipe: save ``{"optim": optimizer.state_dict(), "model": model.state_dict()}``; to
 resume, build a fresh model and optimizer, take their state dicts as the template (DCP fills
 the template's tensors in place and replaces its plain entries), then call the modules'
 ``load_state_dict``. Resuming must continue bit-identically to the uninterrupted run.
 
 Under ``DDPDistributedConfig`` each rank's state dict holds only the blocks it owns, keyed by
-the global block name (``"<param_index>" -> "block_<j>.<path>"``), so the ranks' keys are
-disjoint and one DCP checkpoint holds every block once; loading with another world size (here
-a single process) picks each block from the checkpoint by its key.
+the global block name (``state[param_index]["block_<j>"]``), so the ranks' block keys are
+disjoint and one DCP checkpoint holds every block once (the group's ``step``, the same on every
+rank under every parameter, once too); loading with another world size (here a single process)
+picks each block from the checkpoint by its key.
 """
 
 from __future__ import annotations
@@ -19,12 +24,15 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
+from flat_shampoo_state import assert_same_flat_state, flat_state, group_step
 
 from nanoshampoo.optim.shampoo import (
     AdamPreconditionerConfig,
     DDPDistributedConfig,
     DistributedConfig,
     DistributedShampoo,
+    FSDPParamAssignmentStrategy,
+    FullyShardDistributedConfig,
     SingleDeviceDistributedConfig,
 )
 from nanoshampoo.testing.distributed import run_on_gloo
@@ -37,7 +45,7 @@ MAX_DIM = 4
 STEPS, RESUME_AT = 8, 4
 # DCP warns that it assumes a single process when no process group exists: that is the intent.
 SINGLE_PROCESS = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
-# An optimizer state dict's "state": param index -> {"block_j.<path>": tensor}.
+# An optimizer state dict's "state", flattened: param index -> {"block_j.<path>": tensor}.
 OptimizerState = dict[int, dict[str, torch.Tensor]]
 
 
@@ -77,8 +85,7 @@ def save_at_resume_step(config: DistributedConfig, checkpoint: Path) -> Optimize
     train(model, optimizer, range(RESUME_AT))
     state_dict = {"optim": optimizer.state_dict(), "model": model.state_dict()}
     dcp.save(state_dict, checkpoint_id=checkpoint)
-    state = optimizer.state_dict()["state"]
-    return {i: {k: v.clone() for k, v in entries.items()} for i, entries in state.items()}
+    return flat_state(optimizer.state_dict())
 
 
 def load_into_fresh(
@@ -97,18 +104,9 @@ def load_into_fresh(
 def resumed(config: DistributedConfig, checkpoint: Path) -> tuple[torch.nn.Module, OptimizerState]:
     saved_state = save_at_resume_step(config, checkpoint)
     model, optimizer = load_into_fresh(config, checkpoint)
-    assert optimizer.state_dict()["param_groups"][0]["step"] == RESUME_AT
+    assert group_step(optimizer) == RESUME_AT
     train(model, optimizer, range(RESUME_AT, STEPS))
     return model, saved_state
-
-
-def assert_same_state(got: OptimizerState, want: OptimizerState) -> None:
-    assert got.keys() == want.keys()
-    for index in want:
-        assert got[index].keys() == want[index].keys(), index
-        for key, value in want[index].items():
-            assert got[index][key].dtype == value.dtype, (index, key)
-            assert torch.equal(got[index][key], value), (index, key)
 
 
 @SINGLE_PROCESS
@@ -121,7 +119,7 @@ def test_dcp_resume_in_one_process_is_bit_identical(tmp_path: Path) -> None:
     # The fresh optimizer's template has every key the trained one saved (state is allocated
     # at construction), so DCP restores all of it; a reload reproduces the saved tensors.
     _, reloaded = load_into_fresh(config, tmp_path)
-    assert_same_state(reloaded.state_dict()["state"], saved_state)
+    assert_same_flat_state(flat_state(reloaded.state_dict()), saved_state)
     assert max(len(s) for s in saved_state.values()) > 1  # a parameter split into several blocks
 
 
@@ -145,7 +143,7 @@ def test_dcp_with_ddp_ranks_saves_each_block_once_and_reshards(tmp_path: Path) -
             assert torch.equal(got, want)
 
     # Each rank saved different blocks under their global names: no key is shared.
-    blocks = [{(i, k) for i, s in result["saved_state"].items() for k in s} for result in results]
+    blocks = [{(i, k) for i, s in result["saved_state"].items() for k in s if k != "step"} for result in results]
     assert blocks[0] and blocks[1] and not blocks[0] & blocks[1]
     union: OptimizerState = {}
     for result in results:
@@ -154,5 +152,79 @@ def test_dcp_with_ddp_ranks_saves_each_block_once_and_reshards(tmp_path: Path) -
 
     # One process (another world size) restores every block from the two-rank checkpoint.
     _, single = load_into_fresh(SingleDeviceDistributedConfig(), tmp_path)
-    assert_same_state(single.state_dict()["state"], union)
-    assert single.state_dict()["param_groups"][0]["step"] == RESUME_AT
+    assert_same_flat_state(flat_state(single.state_dict()), union)
+    assert group_step(single) == RESUME_AT
+
+
+def fsdp2_dcp_body(rank: int, world_size: int, checkpoint: str) -> dict[str, Any]:
+    """Per FSDP2 assignment strategy: the uninterrupted run; and a run saved at RESUME_AT through
+    ``get_optimizer_state_dict`` / ``dcp.save``, restored into a fresh, differently initialized
+    model and optimizer through ``dcp.load`` / ``set_optimizer_state_dict``, and continued."""
+    from torch.distributed.checkpoint.state_dict import (
+        get_model_state_dict,
+        get_optimizer_state_dict,
+        set_model_state_dict,
+        set_optimizer_state_dict,
+    )
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    def sharded(seed: int) -> torch.nn.Module:
+        model = make_model(seed)
+        fully_shard(model, mesh=init_device_mesh("cpu", (world_size,)))
+        return model
+
+    def full(model: torch.nn.Module) -> list[torch.Tensor]:
+        return [p.full_tensor().detach().clone() for p in model.parameters()]
+
+    results: dict[str, Any] = {}
+    for strategy in (FSDPParamAssignmentStrategy.ROUND_ROBIN, FSDPParamAssignmentStrategy.DEFAULT):
+        config = FullyShardDistributedConfig(param_assignment_strategy=strategy)
+        model = sharded(seed=5)
+        train(model, make_optimizer(model, config), range(STEPS))
+        uninterrupted_params = full(model)
+
+        model = sharded(seed=5)
+        optimizer = make_optimizer(model, config)
+        train(model, optimizer, range(RESUME_AT))
+        saved = get_optimizer_state_dict(model, optimizer)
+        path = f"{checkpoint}/{strategy.name}"
+        dcp.save({"model": get_model_state_dict(model), "optim": saved}, checkpoint_id=path)
+
+        fresh = sharded(seed=99)
+        fresh_optimizer = make_optimizer(fresh, config)
+        template = {"model": get_model_state_dict(fresh), "optim": get_optimizer_state_dict(fresh, fresh_optimizer)}
+        dcp.load(template, checkpoint_id=path)
+        set_model_state_dict(fresh, template["model"])
+        set_optimizer_state_dict(fresh, fresh_optimizer, template["optim"])
+        restored = flat_state(fresh_optimizer.state_dict())
+        train(fresh, fresh_optimizer, range(RESUME_AT, STEPS))
+        results[strategy.name] = {
+            "fqn_keys": sorted(saved["state"]),
+            "saved": flat_state(optimizer.state_dict()),
+            "restored": restored,
+            "uninterrupted": uninterrupted_params,
+            "resumed": full(fresh),
+        }
+    return results
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_fsdp2_get_and_set_optimizer_state_dict_resume_bit_identically(tmp_path: Path) -> None:
+    """torch's FSDP2 checkpoint path: FQN-keyed optimizer state dicts, each rank's blocks (round
+    robin: whole blocks by owner; default: blocks of the local shard) restored exactly, the run
+    continued bit for bit; the uninterrupted run is the single-process one (float32, 1e-5)."""
+    single = make_model(seed=5)
+    train(single, make_optimizer(single, SingleDeviceDistributedConfig()), range(STEPS))
+    results = run_on_gloo(fsdp2_dcp_body, 2, str(tmp_path))
+    names = sorted(name for name, _ in single.named_parameters())
+    for strategy in ("ROUND_ROBIN", "DEFAULT"):
+        for result in (r[strategy] for r in results):
+            assert result["fqn_keys"] == names
+            assert_same_flat_state(result["restored"], result["saved"])
+            for got, want in zip(result["resumed"], result["uninterrupted"], strict=True):
+                assert torch.equal(got, want)
+        if strategy == "ROUND_ROBIN":  # lossless: the single-process optimizer's parameters
+            for got, want in zip(results[0][strategy]["uninterrupted"], single.parameters(), strict=True):
+                torch.testing.assert_close(got, want.detach(), rtol=1e-5, atol=1e-6)

@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from flat_shampoo_state import flat_state, group_step
 
 from nanoshampoo.optim.shampoo import (
     AdaGradPreconditionerConfig,
@@ -264,6 +265,16 @@ EXPECTED_EXPONENTS = {
 }
 
 
+def _symmetric_from_packed(packed: torch.Tensor, n: int) -> torch.Tensor:
+    """The symmetric ``n x n`` matrix whose row-major upper triangle is ``packed``."""
+    assert packed.shape == (n * (n + 1) // 2,)
+    rows, cols = torch.triu_indices(n, n)
+    full = torch.zeros(n, n, dtype=packed.dtype)
+    full[rows, cols] = packed
+    full[cols, rows] = packed
+    return full
+
+
 @pytest.mark.parametrize("case", sorted(EXPECTED_EXPONENTS))
 def test_block_state_keys_and_exponents(case: str) -> None:
     """Every block has one factor per dim with a nonzero exponent, and its root after step 1 is
@@ -271,11 +282,11 @@ def test_block_state_keys_and_exponents(case: str) -> None:
     h = {**DEFAULTS, **CASES.get(case, {})}
     params = _make_params(0)
     opt = _optimizer(params, h)
-    state = opt.state_dict()["state"]
+    state = flat_state(opt.state_dict())
     assert "block_1.shampoo.factor_matrices.1" in state[4]  # (16, 5): two blocks
     assert state[0]["block_0.shampoo.factor_matrices.1"].dtype == torch.float64
     _run(opt, params, _grad_sequence(0, 1))  # b2 = 1, frequency 1: roots at step 1, no bias correction
-    state = opt.state_dict()["state"]
+    state = flat_state(opt.state_dict())
     checked = 0
     for index, param in enumerate(params):
         for j, block in enumerate(reference_blocks(param.detach(), MAX_DIM)):
@@ -285,15 +296,11 @@ def test_block_state_keys_and_exponents(case: str) -> None:
                     assert key.format("factor_matrices") not in state[index], (index, j, dim)
                     continue
                 n = block.shape[dim]
-                packed = state[index][key.format("factor_matrices")]
-                # Packed by default, as the reference: the row-major upper triangle.
-                assert packed.shape == (n * (n + 1) // 2,)
-                rows, cols = torch.triu_indices(n, n)
-                factor = torch.zeros(n, n, dtype=packed.dtype)
-                factor[rows, cols] = packed
-                factor[cols, rows] = packed
+                # Factors and roots packed by default, as the reference: the row-major upper
+                # triangle (the roots are exactly symmetric, so nothing is lost).
+                factor = _symmetric_from_packed(state[index][key.format("factor_matrices")], n)
                 expected = reference_root(factor.numpy(), h["epsilon"], exponent)
-                root = state[index][key.format("inv_factor_matrices")].numpy()
+                root = _symmetric_from_packed(state[index][key.format("inv_factor_matrices")], n).numpy()
                 np.testing.assert_allclose(root, expected, rtol=1e-8, atol=1e-10, err_msg=f"{index} {j} {dim}")
                 checked += 1
             assert f"block_{j}.shampoo.factor_matrices.{block.dim()}" not in state[index]
@@ -315,7 +322,7 @@ def test_kronecker_form_of_the_matrix_preconditioner() -> None:
         w.grad = g.clone()
         before = w.detach().clone()
         opt.step()
-    block = opt.state[w]["block_0"].shampoo
+    block = opt.state[w]["block_0"]["shampoo"]
     x_l, x_r = block.inv_factor_matrices[0], block.inv_factor_matrices[1]
     left = sum(g @ g.T for g in history)
     right = sum(g.T @ g for g in history)
@@ -357,15 +364,16 @@ def test_parameter_without_gradient_is_left_untouched() -> None:
     grads = _grad_sequence(4, 3)
     _run(opt, params, grads[:2])
     frozen = params[2].detach().clone()
-    frozen_state = {k: v.clone() for k, v in opt.state_dict()["state"][2].items()}
+    frozen_state = {k: v.clone() for k, v in flat_state(opt.state_dict())[2].items()}
     for p, g in zip(params, grads[2]):
         p.grad = g.clone()
     params[2].grad = None
     other = params[0].detach().clone()
     opt.step()
     assert torch.equal(params[2].detach(), frozen)
-    for key, value in opt.state_dict()["state"][2].items():
-        assert torch.equal(value, frozen_state[key]), key
+    for key, value in flat_state(opt.state_dict())[2].items():
+        # The step is the group's (one tensor aliased under every parameter): it moves on.
+        assert torch.equal(value, frozen_state[key] + (key == "step")), key
     assert not torch.equal(params[0].detach(), other)
 
 
@@ -394,7 +402,7 @@ def test_per_group_overrides() -> None:
         opt.step()
     for param, e in zip((a, b), expected):
         torch.testing.assert_close(param.detach(), e, rtol=1e-10, atol=1e-12)
-    assert opt.state_dict()["param_groups"][1]["step"] == 3
+    assert group_step(opt, 1) == 3
     assert "block_1" not in opt.state[b]
 
 
@@ -404,17 +412,17 @@ def test_nonfinite_gradient_raises_naming_the_parameter_and_changes_nothing() ->
     model(torch.randn(2, 4)).sum().backward()
     opt.step()
     before = [p.detach().clone() for p in model.parameters()]
-    state_before = {i: {k: v.clone() for k, v in s.items()} for i, s in opt.state_dict()["state"].items()}
+    state_before = {i: {k: v.clone() for k, v in s.items()} for i, s in flat_state(opt.state_dict()).items()}
     model.zero_grad()
     model(torch.randn(2, 4)).sum().backward()
     model[1].weight.grad[0, 0] = float("nan")
     with pytest.raises(NonFiniteGradientError, match=r"'1\.weight'"):
         opt.step()
     assert all(torch.equal(p.detach(), b) for p, b in zip(model.parameters(), before))
-    for i, s in opt.state_dict()["state"].items():
+    for i, s in flat_state(opt.state_dict()).items():
         for k, v in s.items():
             assert torch.equal(v, state_before[i][k]), k
-    assert opt.state_dict()["param_groups"][0]["step"] == 1
+    assert group_step(opt, 0) == 1
 
 
 def test_nonfinite_gradient_skip_policy_skips_the_step() -> None:
@@ -423,17 +431,21 @@ def test_nonfinite_gradient_skip_policy_skips_the_step() -> None:
     w.grad = torch.full((3, 3), float("inf"))
     opt.step()
     assert torch.equal(w.detach(), torch.ones(3, 3))
-    assert opt.state_dict()["param_groups"][0]["step"] == 0
+    assert group_step(opt, 0) == 0
 
 
 def test_hyperparameters_changed_between_steps_match_the_reference() -> None:
     """lr, betas, epsilon, momentum, weight decay and the schedule changed between steps (momentum
-    and the filtered gradient start from zero) match the reference run with the same schedule."""
+    and the filtered gradient start from zero) match the reference run with the same schedule.
+    The group's -1 sentinels were resolved when it was added (beta3 0.0, start 1), so the later
+    phases set beta3 and start_preconditioning_step themselves."""
     phases = [
         (range(1, 4), dict(betas=(0.0, 1.0))),
-        (range(4, 7), dict(betas=(0.9, 0.95), momentum=0.5, weight_decay=0.1, lr=0.02, epsilon=1e-2)),
+        (range(4, 7), dict(betas=(0.9, 0.95), beta3=0.9, momentum=0.5, weight_decay=0.1, lr=0.02,
+                           epsilon=1e-2)),
         (range(7, 11), dict(betas=(0.8, 0.95), beta3=0.5, weight_decay_type=WeightDecayType.L2,
-                            precondition_frequency=2, lr=0.03, use_nesterov=True)),
+                            precondition_frequency=2, start_preconditioning_step=2, lr=0.03,
+                            use_nesterov=True)),
     ]
     h = {**DEFAULTS, "grafting_config": AdamPreconditionerConfig(beta2=0.99, epsilon=1e-8)}
     params = _make_params(7)
@@ -453,5 +465,5 @@ def test_hyperparameters_changed_between_steps_match_the_reference() -> None:
     for p, e in zip(params, expected):
         relative = (torch.linalg.vector_norm(p.detach() - e) / torch.linalg.vector_norm(e)).item()
         assert relative < 1e-9, (tuple(p.shape), relative)
-    keys = opt.state_dict()["state"][0]
-    assert "block_0.momentum" in keys and "block_0.filtered_grad" in keys
+    keys = flat_state(opt.state_dict())[0]
+    assert "block_0.momentum_buffer" in keys and "block_0.filtered_grad" in keys

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from flat_shampoo_state import flat_state
 
 from nanoshampoo.optim.shampoo import (
     DistributedShampoo,
@@ -144,7 +145,7 @@ def test_state_holds_eigenvectors_and_eigenvalues_and_round_trips() -> None:
     for g in grads[:3]:
         params[0].grad = g.clone()
         opt.step()
-    state = opt.state_dict()["state"][0]
+    state = flat_state(opt.state_dict())[0]
     assert state["block_0.shampoo.factor_matrices_eigenvalues.0"].dtype == torch.float64
     assert state["block_0.shampoo.factor_matrices_eigenvalues.0"].shape == (6,)
     assert state["block_0.shampoo.factor_matrices_eigenvectors.1"].shape == (5, 5)
@@ -187,12 +188,12 @@ def test_eigh_tolerance_keeps_the_basis_and_re_estimates_the_eigenvalues() -> No
     for _ in range(4):
         param.grad = torch.randn(6, 5, generator=gen, dtype=torch.float64)
         opt.step()
-        bases.append(opt.state_dict()["state"][0]["block_0.shampoo.factor_matrices_eigenvectors.0"].clone())
+        bases.append(flat_state(opt.state_dict())[0]["block_0.shampoo.factor_matrices_eigenvectors.0"].clone())
     # The kept columns are only re-ordered (ascending by the new estimates): a permutation.
     overlap = (bases[3].T @ bases[1]).abs()
     assert torch.allclose(overlap.amax(dim=1), torch.ones(6, dtype=torch.float64), atol=1e-12)
     assert not torch.equal(bases[0], bases[1])
-    state = opt.state_dict()["state"][0]
+    state = flat_state(opt.state_dict())[0]
     # Factors are stored as packed upper triangles (use_symmetric_packing, on by default).
     stored = unpack_upper_triangular(state["block_0.shampoo.factor_matrices.0"], 6)
     factor = stored / (1 - 0.9**4) + 1e-3 * torch.eye(6, dtype=torch.float64)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from flat_shampoo_state import flat_state
 
 from nanoshampoo.optim.shampoo import (
     DistributedShampoo,
@@ -41,7 +42,7 @@ def _run(tolerance: float) -> list[dict[str, np.ndarray]]:
     config = EigenvalueCorrectedShampooPreconditionerConfig(
         amortized_computation_config=EighEigendecompositionConfig(tolerance=tolerance),
         factor_matrix_dtype=torch.float64, factor_matrix_eigenvectors_dtype=torch.float64,
-        corrected_eigenvalues_dtype=torch.float64,
+        corrected_eigenvalues_dtype=torch.float64, use_symmetric_packing=False,  # full factors to read
     )
     opt = DistributedShampoo([param], lr=0.01, betas=(0.0, 0.0), epsilon=1e-12, max_preconditioner_dim=5,
                              precondition_frequency=1, preconditioner_config=config)
@@ -49,7 +50,7 @@ def _run(tolerance: float) -> list[dict[str, np.ndarray]]:
     for grad in _gradients():
         param.grad = grad
         opt.step()
-        state = opt.state_dict()["state"][0]
+        state = flat_state(opt.state_dict())[0]
         history.append({
             f"{kind}.{dim}": state[f"block_0.shampoo.{key}.{dim}"].numpy().copy()
             for kind, key in (("factor", "factor_matrices"), ("basis", "factor_matrices_eigenvectors"))

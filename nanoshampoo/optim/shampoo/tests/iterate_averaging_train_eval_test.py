@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 import torch
+from flat_shampoo_state import flat_state
 from iterate_averaging_test import (  # the neighbouring test module (pytest puts its dir on sys.path)
     ADAM,
     STEPS,
@@ -78,24 +79,24 @@ def test_a_step_in_eval_mode_raises_and_changes_nothing() -> None:
     params, optimizer = run_shampoo(2, **SCHEDULE_FREE)
     optimizer.eval()
     before = [p.detach().clone() for p in params]
-    state = {k: v.clone() for k, v in optimizer.state_dict()["state"][0].items()}
+    state = {k: v.clone() for k, v in flat_state(optimizer.state_dict())[0].items()}
     loss_of(params).backward()
     with pytest.raises(RuntimeError, match=r"call optimizer.train\(\) before optimizer.step\(\)"):
         optimizer.step()
     assert all(torch.equal(p, q) for p, q in zip(params, before))
-    assert all(torch.equal(optimizer.state_dict()["state"][0][k], v) for k, v in state.items())
+    assert all(torch.equal(flat_state(optimizer.state_dict())[0][k], v) for k, v in state.items())
 
 
 def test_a_parameter_without_gradient_keeps_its_point_and_its_z() -> None:
     params, optimizer = run_shampoo(2, **SCHEDULE_FREE)
     before = params[2].detach().clone()
-    z_before = optimizer.state_dict()["state"][2]["block_0.weight_buffer"].clone()
+    z_before = flat_state(optimizer.state_dict())[2]["block_0.weight_buffer"].clone()
     optimizer.zero_grad()
     loss_of(params).backward()
     params[2].grad = None
     optimizer.step()
     assert torch.equal(params[2].detach(), before)
-    assert torch.equal(optimizer.state_dict()["state"][2]["block_0.weight_buffer"], z_before)
+    assert torch.equal(flat_state(optimizer.state_dict())[2]["block_0.weight_buffer"], z_before)
     assert not torch.equal(params[0].detach(), initial_params()[0])
 
 
@@ -146,7 +147,7 @@ def test_a_checkpoint_mid_run_resumes_bit_identically(save_in_eval_mode: bool) -
     want = second_half(*first_half())
     params, optimizer = first_half()
     checkpoint = _round_trip({"model": [p.detach() for p in params], "optim": optimizer.state_dict()})
-    assert checkpoint["optim"]["param_groups"][0]["train_mode"] is not save_in_eval_mode
+    assert all(entry["train_mode"].item() is not save_in_eval_mode for entry in checkpoint["optim"]["state"].values())
     fresh_params = [torch.nn.Parameter(p.clone()) for p in checkpoint["model"]]
     fresh = DistributedShampoo(fresh_params, **{"epsilon": 1e-12, **SCHEDULE_FREE, "weight_decay": 0.01})
     fresh.load_state_dict(checkpoint["optim"])
@@ -156,14 +157,21 @@ def test_a_checkpoint_mid_run_resumes_bit_identically(save_in_eval_mode: bool) -
 
 
 @pytest.mark.parametrize(
-    "entry, value", [("lr_sum", -1.0), ("lr_sum", None), ("train_mode", 1)], ids=["negative", "missing", "int"]
+    "entry, value, error, match",
+    [("lr_sum", -1.0, ValueError, r"state\[0\]\['lr_sum'\] must be"),
+     ("lr_sum", None, KeyError, r"missing state 0\.lr_sum"),
+     ("train_mode", 1, ValueError, r"state\[0\]\['train_mode'\] must be")],
+    ids=["negative", "missing", "int"],
 )
-def test_a_malformed_averaging_entry_in_a_checkpoint_raises(entry: str, value: Any) -> None:
+def test_a_malformed_averaging_entry_in_a_checkpoint_raises(
+    entry: str, value: Any, error: type[Exception], match: str
+) -> None:
     _, optimizer = run_shampoo(2, **SCHEDULE_FREE)
     state_dict = _round_trip(optimizer.state_dict())
-    if value is None:
-        del state_dict["param_groups"][0][entry]
-    else:
-        state_dict["param_groups"][0][entry] = value
-    with pytest.raises(ValueError, match=rf"\['{entry}'\] must be"):
+    for param_state in state_dict["state"].values():  # one value per group, under every parameter
+        if value is None:
+            del param_state[entry]
+        else:
+            param_state[entry] = torch.tensor(value)
+    with pytest.raises(error, match=match):
         optimizer.load_state_dict(state_dict)

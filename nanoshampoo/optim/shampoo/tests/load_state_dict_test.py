@@ -1,4 +1,5 @@
-"""DistributedShampoo.load_state_dict checks the whole state dict before it writes anything."""
+"""DistributedShampoo.load_state_dict (torch's own, through the optimizer's hooks and
+``__setstate__``) checks the whole state dict before it writes anything."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from typing import Any
 
 import pytest
 import torch
+from flat_shampoo_state import assert_same_flat_state, flat_state
 
 from nanoshampoo.optim.shampoo import AdamPreconditionerConfig, DistributedShampoo
 
@@ -41,46 +43,40 @@ def _train(opt: DistributedShampoo, params: list[torch.nn.Parameter], seed: int,
 
 
 def _snapshot(opt: DistributedShampoo) -> dict[str, Any]:
-    return copy.deepcopy(opt.state_dict())
+    state_dict = opt.state_dict()
+    return {"state": flat_state(state_dict), "param_groups": copy.deepcopy(state_dict["param_groups"])}
 
 
 def _assert_same(a: dict[str, Any], b: dict[str, Any]) -> None:
     assert a["param_groups"] == b["param_groups"]
-    assert a["state"].keys() == b["state"].keys()
-    for index in a["state"]:
-        assert a["state"][index].keys() == b["state"][index].keys()
-        for key, value in a["state"][index].items():
-            assert torch.equal(value, b["state"][index][key]), (index, key)
+    assert_same_flat_state(a["state"], b["state"])
 
 
-def _last_key(state_dict: dict[str, Any]) -> tuple[int, str]:
-    index = max(state_dict["state"])
-    return index, sorted(state_dict["state"][index])[-1]
+def _last_block(state_dict: dict[str, Any]) -> dict[str, Any]:
+    """The last parameter's last block (``block_0`` of the (3, 4, 5) parameter)."""
+    entry = state_dict["state"][max(state_dict["state"])]
+    return entry[max(k for k in entry if k.startswith("block_"))]
 
 
 def _missing_key(sd: dict[str, Any]) -> None:
-    index, key = _last_key(sd)
-    del sd["state"][index][key]
+    del _last_block(sd)["filtered_grad"]
 
 
 def _unexpected_key(sd: dict[str, Any]) -> None:
-    index, key = _last_key(sd)
-    sd["state"][index][key.split(".")[0] + ".extra"] = torch.zeros(1)
+    _last_block(sd)["extra"] = torch.zeros(1)
 
 
 def _wrong_shape(sd: dict[str, Any]) -> None:
-    index, key = _last_key(sd)
-    sd["state"][index][key] = torch.zeros(sd["state"][index][key].numel() + 1)
+    block = _last_block(sd)
+    block["momentum_buffer"] = torch.zeros(block["momentum_buffer"].numel() + 1)
 
 
 def _wrong_dtype(sd: dict[str, Any]) -> None:
-    index, key = _last_key(sd)
-    sd["state"][index][key] = sd["state"][index][key].double()
+    _last_block(sd)["adagrad"] = _last_block(sd)["adagrad"].double()
 
 
 def _not_a_tensor(sd: dict[str, Any]) -> None:
-    index, key = _last_key(sd)
-    sd["state"][index][key] = 1.0
+    _last_block(sd)["filtered_grad"] = 1.0
 
 
 def _nan_lr(sd: dict[str, Any]) -> None:
@@ -92,7 +88,8 @@ def _scalar_betas(sd: dict[str, Any]) -> None:
 
 
 def _negative_step(sd: dict[str, Any]) -> None:
-    sd["param_groups"][0]["step"] = -1
+    for entry in sd["state"].values():
+        entry["step"] = torch.tensor(-1)
 
 
 def _other_blocking(sd: dict[str, Any]) -> None:
@@ -105,16 +102,16 @@ def _momentum_off(sd: dict[str, Any]) -> None:
 
 
 CORRUPTIONS: list[tuple[Callable[[dict[str, Any]], None], type[Exception], str]] = [
-    (_missing_key, KeyError, "missing block state 3.block_0"),
-    (_unexpected_key, KeyError, "unexpected block state"),
-    (_wrong_shape, ValueError, "shape"),
-    (_wrong_dtype, ValueError, "torch.float32"),
+    (_missing_key, KeyError, r"missing block state 3\.block_0\.filtered_grad"),
+    (_unexpected_key, KeyError, r"unexpected block state in state_dict: \['3\.block_0\.extra'\]"),
+    (_wrong_shape, ValueError, r"3\.block_0\.momentum_buffer must be a torch.float32 tensor of shape \(3, 4, 5\)"),
+    (_wrong_dtype, ValueError, r"3\.block_0\.adagrad must be a torch.float32 tensor"),
     (_not_a_tensor, ValueError, "got float"),
     (_nan_lr, ValueError, "lr must be finite"),
     (_scalar_betas, ValueError, "betas must be a pair"),
-    (_negative_step, ValueError, r"\['step'\]"),
+    (_negative_step, ValueError, r"state\[0\]\['step'\] must be"),
     (_other_blocking, ValueError, "max_preconditioner_dim"),
-    (_momentum_off, KeyError, "unexpected block state.*momentum"),
+    (_momentum_off, KeyError, "unexpected block state.*momentum_buffer"),
 ]
 
 
@@ -125,7 +122,7 @@ def test_a_bad_state_dict_raises_and_leaves_every_block_bit_identical(
     source_params = _params(0)
     source = _optimizer(source_params, lr=0.02)  # another lr: a loader that writes groups early shows
     _train(source, source_params, seed=1, steps=3)
-    saved = _snapshot(source)
+    saved = copy.deepcopy(source.state_dict())
     corrupt(saved)
 
     target_params = _params(0)
@@ -154,8 +151,8 @@ def test_checkpoint_after_hyperparameter_changes_resumes_bit_identically() -> No
     first_params = _params(0)
     first = _optimizer(first_params, momentum=0.0, betas=(0.0, 0.99))
     run(first_params, first, 0, 4)
-    checkpoint = _snapshot(first)
-    assert "block_0.momentum" in checkpoint["state"][0]
+    checkpoint = copy.deepcopy(first.state_dict())
+    assert "momentum_buffer" in checkpoint["state"][0]["block_0"]
 
     resumed_params = [torch.nn.Parameter(p.detach().clone()) for p in first_params]
     resumed = _optimizer(resumed_params, momentum=0.0, betas=(0.0, 0.99))

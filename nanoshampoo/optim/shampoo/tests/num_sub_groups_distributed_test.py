@@ -38,6 +38,7 @@ from nanoshampoo.optim.shampoo import (
 )
 from nanoshampoo.optim.shampoo.param_group_split import split_param_groups
 from nanoshampoo.optim.shampoo.state_dict_regrouping import regroup_by_param_names
+from nanoshampoo.optim.shampoo.state_dict_trees import flatten_tree
 from nanoshampoo.testing.distributed import run_on_gloo
 from nanoshampoo.testing.toy_models import ParamsModel
 
@@ -102,7 +103,7 @@ def state_by_param(model: ParamsModel, optimizer: DistributedShampoo) -> dict[in
     position = {id(p): i for i, p in enumerate(model.parameters())}
     optimizer_params = [p for group in optimizer.param_groups for p in group["params"]]
     return {
-        position[id(optimizer_params[index])]: {k: v.clone() for k, v in entries.items()}
+        position[id(optimizer_params[index])]: {k: v.clone() for k, v in flatten_tree(entries).items()}
         for index, entries in optimizer.state_dict()["state"].items()
     }
 

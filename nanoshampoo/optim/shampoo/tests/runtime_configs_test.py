@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 import torch
+from flat_shampoo_state import flat_state
 
 from nanoshampoo.optim.shampoo import (
     AdamPreconditionerConfig,
@@ -182,12 +183,12 @@ def test_eager_nan_check_raises_naming_the_parameter_even_when_the_policy_skips(
         model, shampoo_runtime_config=ShampooRuntimeConfig(eager_nan_check=True), nonfinite_grad_policy="skip"
     )
     _train(model, optimizer, steps=2)
-    before = ([p.detach().clone() for p in model.parameters()], copy.deepcopy(optimizer.state_dict()["state"]))
+    before = ([p.detach().clone() for p in model.parameters()], copy.deepcopy(flat_state(optimizer.state_dict())))
     model[2].bias.grad[1] = float("nan")
     with pytest.raises(NonFiniteGradientError, match=r"in param_groups\[0\]\['params'\]\[3\] \(shape \(3,\)\) \(eager_nan_check\)"):
         optimizer.step()
     for got, want in zip(model.parameters(), before[0]):
         assert torch.equal(got, want)
-    for index, entries in optimizer.state_dict()["state"].items():
+    for index, entries in flat_state(optimizer.state_dict()).items():
         for key, value in entries.items():
             assert torch.equal(value, before[1][index][key])

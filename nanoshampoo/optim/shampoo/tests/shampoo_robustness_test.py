@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import copy
 import math
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from flat_shampoo_state import flat_state, group_step
 
 from nanoshampoo.optim.shampoo import (
     AdaGradPreconditionerConfig,
@@ -54,7 +56,7 @@ def test_nonfinite_factor_keeps_previous_root_counts_and_raises_after_tolerance(
     weight = model[0].weight  # (5, 6), max dim 4 -> blocks (4, 4), (4, 2), (1, 4), (1, 2)
     _backward(model, 1)
     opt.step()
-    shampoo = opt.state[weight]["block_0"].shampoo
+    shampoo = opt.state[weight]["block_0"]["shampoo"]
     root_after_first = shampoo.inv_factor_matrices[0].clone()
     assert not torch.equal(root_after_first, torch.eye(4))
     shampoo.factor_matrices[0].view(-1)[0] = float("nan")  # entry (0, 0), packed or not
@@ -74,7 +76,7 @@ def test_eigh_raising_keeps_roots_then_recovers(monkeypatch: pytest.MonkeyPatch)
     model = _linear_model()
     opt = _opt(model, tolerated=5)
     bias = model[2].bias  # (3,): one 3-vector block, one 3x3 factor
-    shampoo = opt.state[bias]["block_0"].shampoo
+    shampoo = opt.state[bias]["block_0"]["shampoo"]
     real_eigh = torch.linalg.eigh
 
     def broken(*args: Any, **kwargs: Any) -> Any:
@@ -169,7 +171,7 @@ INVALID_CONFIGS = [
     ("amortized_computation_config", lambda: RootInvShampooPreconditionerConfig(amortized_computation_config=None)),
     ("factor_matrix_dtype", lambda: RootInvShampooPreconditionerConfig(factor_matrix_dtype=torch.int32)),
     ("num_tolerated_failed_amortized_computations", lambda: RootInvShampooPreconditionerConfig(num_tolerated_failed_amortized_computations=-1)),
-    ("inverse_exponent_override", lambda: RootInvShampooPreconditionerConfig(inverse_exponent_override={0: 0.5})),
+    ("inverse_exponent_override", lambda: RootInvShampooPreconditionerConfig(inverse_exponent_override={-1: 0.5})),
     ("inverse_exponent_override", lambda: RootInvShampooPreconditionerConfig(inverse_exponent_override={2: {2: 0.5}})),
     ("inverse_exponent_override", lambda: RootInvShampooPreconditionerConfig(inverse_exponent_override={2: -0.25})),
     ("inverse_exponent_override", lambda: RootInvShampooPreconditionerConfig(
@@ -184,6 +186,26 @@ INVALID_CONFIGS = [
 def test_invalid_config_names_the_field(field: str, build: Any) -> None:
     with pytest.raises(ValueError, match=rf"^{field}"):
         build()
+
+
+def test_an_order_zero_override_is_accepted_and_a_scalar_parameter_steps_as_without_it() -> None:
+    """Keys are block orders >= 0, as in the reference library. A scalar parameter is stepped as
+    a 1-element vector (one 1x1 factor ``g^2``), so an order-0 entry changes nothing:
+    ``w - lr g (g^2 + eps)^(-1/2)`` either way (eps 1e-8 against g^2 0.25: within 1e-8)."""
+    config = RootInvShampooPreconditionerConfig(inverse_exponent_override={0: 0.5, 2: 0.25})
+    assert config.inverse_exponent_override == {0: 0.5, 2: 0.25}
+    steps = []
+    for override in ({0: 0.5}, {}):
+        scalar = torch.nn.Parameter(torch.tensor(2.0, dtype=torch.float64))
+        opt = DistributedShampoo(
+            [scalar], lr=0.1, betas=(0.0, 1.0), epsilon=1e-8,
+            preconditioner_config=RootInvShampooPreconditionerConfig(inverse_exponent_override=override),
+        )
+        scalar.grad = torch.tensor(0.5, dtype=torch.float64)
+        opt.step()
+        steps.append(scalar.detach().clone())
+    assert torch.equal(steps[0], steps[1])
+    assert steps[0].item() == pytest.approx(2.0 - 0.1 * 0.5 / math.sqrt(0.25), rel=1e-8)
 
 
 def test_abstract_configs_cannot_be_built() -> None:
@@ -231,15 +253,15 @@ def test_resume_from_checkpoint_is_bit_identical(tmp_path: Path) -> None:
     checkpoint = torch.load(path, weights_only=True)
     resumed.load_state_dict(checkpoint["model"])
     resumed_opt.load_state_dict(checkpoint["optimizer"])
-    assert resumed_opt.state_dict()["param_groups"][0]["step"] == resume_at
+    assert group_step(resumed_opt, 0) == resume_at
     for step in range(resume_at, steps):
         _backward(resumed, 100 + step)
         resumed_opt.step()
 
     for p, q in zip(reference.parameters(), resumed.parameters()):
         assert torch.equal(p, q)
-    expected_state = reference_opt.state_dict()["state"]
-    actual_state = resumed_opt.state_dict()["state"]
+    expected_state = flat_state(reference_opt.state_dict())
+    actual_state = flat_state(resumed_opt.state_dict())
     assert expected_state.keys() == actual_state.keys()
     for index in expected_state:
         assert expected_state[index].keys() == actual_state[index].keys()
@@ -251,9 +273,9 @@ def test_load_state_dict_is_strict() -> None:
     model = _linear_model()
     opt = _resume_opt(model)
     state_dict = opt.state_dict()
-    missing = {**state_dict, "state": {i: dict(s) for i, s in state_dict["state"].items()}}
-    del missing["state"][0]["block_0.shampoo.factor_matrices.0"]
-    with pytest.raises(KeyError, match="factor_matrices"):
+    missing = copy.deepcopy(state_dict)
+    del missing["state"][0]["block_0"]["shampoo"]["factor_matrices"][0]
+    with pytest.raises(KeyError, match=r"missing block state 0\.block_0\.shampoo\.factor_matrices\.0"):
         _resume_opt(_linear_model()).load_state_dict(missing)
     other_structure = DistributedShampoo(_linear_model().parameters(), max_preconditioner_dim=math.inf)
     with pytest.raises(ValueError, match="max_preconditioner_dim"):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from flat_shampoo_state import flat_state
 
 from nanoshampoo.optim.shampoo import (
     DistributedShampoo,
@@ -25,7 +26,7 @@ def run_soap(packed: bool, qr: bool) -> tuple[torch.Tensor, dict]:
     for _ in range(7):
         w.grad = torch.randn(6, 5, generator=gen, dtype=torch.float64)
         opt.step()
-    return w.detach().clone(), opt.state_dict()["state"][0]
+    return w.detach().clone(), flat_state(opt.state_dict())[0]
 
 
 def test_packed_factors_hold_the_upper_triangle_and_eigh_steps_are_identical() -> None:

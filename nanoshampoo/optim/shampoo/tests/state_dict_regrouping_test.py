@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 import torch
+from flat_shampoo_state import assert_same_flat_state, flat_state, group_step
 
 from nanoshampoo.optim.shampoo import AdamPreconditionerConfig, DistributedShampoo
 from nanoshampoo.optim.shampoo.state_dict_regrouping import regroup_by_param_names
@@ -64,7 +65,7 @@ def test_a_run_resumed_under_another_grouping_continues_bit_for_bit(
     train(named, optimizer, range(RESUME_AT))
     resumed = make_optimizer(named, loaded)
     resumed.load_state_dict(round_trip(optimizer.state_dict()))
-    assert [g["step"] for g in resumed.state_dict()["param_groups"]] == [RESUME_AT] * len(loaded)
+    assert [group_step(resumed, g) for g in range(len(loaded))] == [RESUME_AT] * len(loaded)
     train(named, resumed, range(RESUME_AT, STEPS))
     for (_, got), (_, want) in zip(named, uninterrupted, strict=True):
         assert got.dtype == torch.float32 and torch.equal(got, want)
@@ -114,9 +115,7 @@ def test_renamed_parameters_grouped_alike_load_by_position() -> None:
     renamed = make_optimizer([(f"x{i}", p) for i, (_, p) in enumerate(named)], TWO_GROUPS)
     assert regroup_by_param_names(saved, renamed.param_groups) is saved
     renamed.load_state_dict(saved)
-    for index, entries in saved["state"].items():
-        for key, value in entries.items():
-            assert torch.equal(renamed.state_dict()["state"][index][key], value)
+    assert_same_flat_state(flat_state(renamed.state_dict()), flat_state(saved))
 
 
 def test_a_group_gathering_saved_groups_of_other_hyperparameters_raises_and_loads_nothing() -> None:
@@ -125,8 +124,8 @@ def test_a_group_gathering_saved_groups_of_other_hyperparameters_raises_and_load
     source.param_groups[1]["lr"] = 0.01
     train(named, source, range(2))
     target = make_optimizer(named, ONE_GROUP)
-    before = {k: v.clone() for k, v in target.state_dict()["state"][0].items()}
+    before = {k: v.clone() for k, v in flat_state(target.state_dict())[0].items()}
     with pytest.raises(ValueError, match=r"^param_groups\[0\] takes parameters from saved param groups \[0, 1\], whose entries \['lr'\] differ"):
         target.load_state_dict(source.state_dict())
-    for key, value in target.state_dict()["state"][0].items():
+    for key, value in flat_state(target.state_dict())[0].items():
         assert torch.equal(value, before[key])

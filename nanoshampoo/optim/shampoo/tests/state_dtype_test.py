@@ -4,10 +4,12 @@ momentum): dtypes, checkpoint round trip, bytes, validation, and accuracy agains
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import pytest
 import torch
+from flat_shampoo_state import flat_state
 
 from nanoshampoo.optim.shampoo import (
     AdaGradPreconditionerConfig,
@@ -16,6 +18,7 @@ from nanoshampoo.optim.shampoo import (
     RMSpropPreconditionerConfig,
     RootInvShampooPreconditionerConfig,
 )
+from nanoshampoo.optim.shampoo.state_dict_trees import flatten_tree
 
 torch.set_num_threads(1)
 
@@ -66,35 +69,36 @@ def test_each_state_tensor_has_its_storage_dtype() -> None:
     expected = {
         "factor_matrices": BF16,
         "inv_factor_matrices": BF16,
-        "failure_counts": torch.int64,
-        "second_moment": BF16,
+        "adagrad": BF16,
         "filtered_grad": BF16,
-        "momentum": BF16,
+        "momentum_buffer": BF16,
+        "step": torch.int64,
     }
     seen = set()
-    for entries in opt.state_dict()["state"].values():
+    for entries in flat_state(opt.state_dict()).values():
         for key, value in entries.items():
-            name = next(part for part in key.split(".")[1:] if part in expected)
+            name = next(part for part in key.split(".") if part in expected)
             assert value.dtype == expected[name], key
             seen.add(name)
     assert seen == set(expected)
+    counts = [s.shampoo.failure_counts for r in opt._runtimes for s in r.block_states]
+    assert all(c.dtype == torch.int64 for entry in counts for c in entry.values())
 
 
 def test_default_dtypes_are_the_block_dtype() -> None:
     params = _params()
     opt = _optimizer(params)
     _run(opt, params, range(3))
-    for entries in opt.state_dict()["state"].values():
+    for entries in flat_state(opt.state_dict()).values():
         for key, value in entries.items():
-            assert value.dtype == (torch.int64 if "failure_counts" in key else torch.float32), key
+            assert value.dtype == (torch.int64 if key == "step" else torch.float32), key
 
 
 def test_a_narrow_state_round_trips_through_a_checkpoint_bit_for_bit() -> None:
     params = _params()
     opt = _optimizer(params, BF16, BF16, BF16, BF16)
     _run(opt, params, range(3))
-    saved = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in opt.state_dict().items()}
-    saved["state"] = {i: {k: v.clone() for k, v in e.items()} for i, e in opt.state_dict()["state"].items()}
+    saved = copy.deepcopy(opt.state_dict())
     snapshot = [p.detach().clone() for p in params]
     _run(opt, params, range(3, 7))
     resumed_params = [torch.nn.Parameter(w.clone()) for w in snapshot]
@@ -109,8 +113,13 @@ def test_a_checkpoint_of_another_state_dtype_is_refused_naming_the_entry() -> No
     narrow = _optimizer(params, BF16, BF16, BF16, BF16)
     _run(narrow, params, range(2))
     wide = _optimizer(_params())
-    with pytest.raises(ValueError, match=r"must be a torch.float32 tensor"):
+    # The groups name the storage dtypes, so the first difference is a group entry...
+    with pytest.raises(ValueError, match=r"preconditioner_config cannot change"):
         wide.load_state_dict(narrow.state_dict())
+    # ...and under the optimizer's own groups, the first narrow tensor.
+    narrow_state = {"state": narrow.state_dict()["state"], "param_groups": wide.state_dict()["param_groups"]}
+    with pytest.raises(ValueError, match=r"block_0\.shampoo\.factor_matrices\.0 must be a torch.float32 tensor"):
+        wide.load_state_dict(narrow_state)
 
 
 def test_all_narrow_options_take_half_the_float32_state_bytes() -> None:
@@ -120,7 +129,7 @@ def test_all_narrow_options_take_half_the_float32_state_bytes() -> None:
         params = _params()
         opt = _optimizer(params, *dtypes)
         _run(opt, params, range(1))
-        entries = [v for e in opt.state_dict()["state"].values() for v in e.values()]
+        entries = [v for r in opt._runtimes for s in r.block_states for v in flatten_tree(s.state_dict()).values()]
         totals.append(opt.optimizer_state_bytes())
         count_bytes.append(sum(8 * v.numel() for v in entries if v.dtype == torch.int64))
         assert totals[-1] == sum(v.numel() * v.element_size() for v in entries)

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from flat_shampoo_state import flat_state
 
 from nanoshampoo.optim.shampoo import (
     AdamPreconditionerConfig,
@@ -96,7 +97,7 @@ def test_trace_scaling_statistics_are_unscaled_in_the_state() -> None:
         param.grad = g.clone()
         opt.step()
     expected = sum(0.95 ** (3 - t) * 0.05 * (g @ g.T) for t, g in enumerate(grads, start=1))
-    state = opt.state_dict()["state"][0]
+    state = flat_state(opt.state_dict())[0]
     # Factors are stored as packed upper triangles (use_symmetric_packing, on by default).
     stored = unpack_upper_triangular(state["block_0.shampoo.factor_matrices.0"], expected.shape[-1])
     assert torch.allclose(stored, expected, rtol=1e-12)

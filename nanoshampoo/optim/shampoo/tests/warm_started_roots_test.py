@@ -16,6 +16,7 @@ import float32_recipe_test as recipe  # the neighbouring test module (pytest put
 import numpy as np
 import pytest
 import torch
+from flat_shampoo_state import flat_state
 
 from nanoshampoo.optim.shampoo import (
     AdamPreconditionerConfig,
@@ -269,7 +270,7 @@ def test_training_with_a_zero_tolerance_equals_eigh() -> None:
 def test_eigenvectors_are_state_and_survive_a_checkpoint() -> None:
     params, opt = _train(WarmStartedEigenConfig(), 4)
     state = opt.state_dict()
-    keys = [k for entries in state["state"].values() for k in entries]
+    keys = [k for entries in flat_state(state).values() for k in entries]
     assert any(k.endswith("factor_matrices_eigenvectors.0") for k in keys)
     assert any(k.endswith("eigenvectors_computed.1") for k in keys)
     buffer = io.BytesIO()
@@ -295,18 +296,18 @@ def test_eigenvectors_are_state_and_survive_a_checkpoint() -> None:
 def test_load_state_dict_validates_the_eigenvectors(breakage: str) -> None:
     _, opt = _train(WarmStartedEigenConfig(), 2)
     state = opt.state_dict()
-    entries = state["state"][0]
-    key = next(k for k in entries if k.endswith("factor_matrices_eigenvectors.0"))
-    before = entries[key].clone()
+    eigenvectors = state["state"][0]["block_0"]["shampoo"]["factor_matrices_eigenvectors"]
+    key = "block_0.shampoo.factor_matrices_eigenvectors.0"
+    before = eigenvectors[0].clone()
     if breakage == "missing":
-        del entries[key]
-        with pytest.raises(KeyError, match="factor_matrices_eigenvectors"):
+        del eigenvectors[0]
+        with pytest.raises(KeyError, match=r"missing block state 0\.block_0\.shampoo\.factor_matrices_eigenvectors\.0"):
             opt.load_state_dict(state)
     else:
-        entries[key] = entries[key].double()
-        with pytest.raises(ValueError, match="factor_matrices_eigenvectors"):
+        eigenvectors[0] = eigenvectors[0].double()
+        with pytest.raises(ValueError, match=r"0\.block_0\.shampoo\.factor_matrices_eigenvectors\.0 must be"):
             opt.load_state_dict(state)
-    live = opt.state_dict()["state"][0][key]
+    live = flat_state(opt.state_dict())[0][key]
     assert torch.equal(live, before)
 
 
@@ -334,7 +335,7 @@ def test_a_nonfinite_factor_keeps_its_root_and_eigenvectors() -> None:
     """A NaN factor fails its warm solve and its eigh fallback: the previous root and
     eigenvectors stay, the failure is counted, the other factors are solved."""
     params, opt = _train(WarmStartedEigenConfig(), 3)
-    shampoo = opt.state[params[0]]["block_0"].shampoo
+    shampoo = opt.state[params[0]]["block_0"]["shampoo"]
     root = shampoo.inv_factor_matrices[0].clone()
     vectors = shampoo.factor_matrices_eigenvectors[0].clone()
     other_root = shampoo.inv_factor_matrices[1].clone()

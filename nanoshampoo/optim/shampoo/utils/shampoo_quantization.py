@@ -16,8 +16,8 @@ and writes the result back afterwards::
 Only float formats (fp16, bf16, fp32, fp64) are supported; conversion is a rounding ``copy_``,
 so the per-element relative round-trip error is at most the format's unit roundoff (2^-11 for
 fp16, 2^-8 for bf16 on normal values; exact for fp32 stored and computed in fp32, and for fp64).
-Other formats (int8, fp8, ...) raise ``NotImplementedError`` when the storage is built (the
-reference library raises it at the first conversion instead).
+Storage in another format (int64, int8, fp8, ...) can be built, as in the reference library, and
+raises ``NotImplementedError`` at the first conversion (``quantize`` / ``dequantize``).
 
 The lifecycle follows the reference library: calling ``dequantize_()`` twice or ``quantize_()``
 without a cache logs a warning (in the reference's words) instead of raising.
@@ -83,7 +83,6 @@ class QuantizedTensor(OptimizerModule):
         min_value: torch.Tensor | None = None,
         max_value: torch.Tensor | None = None,
     ) -> None:
-        _check_format(quantized_values.dtype, "QuantizedTensor storage dtype")
         self.quantized_values = quantized_values
         self.min_value = min_value
         self.max_value = max_value
@@ -99,9 +98,9 @@ class QuantizedTensor(OptimizerModule):
         """Allocate ``quantized_dtype`` storage via ``block_info``; quantize the values into it.
 
         Raises:
-            NotImplementedError: ``quantized_dtype`` or the values' dtype is not a float format.
+            NotImplementedError: ``quantized_dtype`` or the values' dtype is not a float format
+                (raised by :meth:`quantize`).
         """
-        _check_format(quantized_dtype, "quantized_dtype")
         storage = block_info.allocate_zeros_tensor(
             tuple(dequantized_values.shape), quantized_dtype, dequantized_values.device
         )
@@ -117,8 +116,9 @@ class QuantizedTensor(OptimizerModule):
         that no memory is spent on a copy; writing to it writes the state.
 
         Raises:
-            NotImplementedError: ``dequantized_dtype`` is not a float format.
+            NotImplementedError: the storage or ``dequantized_dtype`` is not a float format.
         """
+        _check_format(self.quantized_values.dtype, "QuantizedTensor storage dtype")
         _check_format(dequantized_dtype, "dequantize dtype")
         storage = self.block_info.get_tensor(self.quantized_values)
         return storage if storage.dtype == dequantized_dtype else storage.to(dequantized_dtype)
@@ -127,9 +127,10 @@ class QuantizedTensor(OptimizerModule):
         """Round ``dequantized_tensor`` (same shape, any float format) into the storage, in place.
 
         Raises:
-            NotImplementedError: ``dequantized_tensor`` is not in a float format.
+            NotImplementedError: the storage or ``dequantized_tensor`` is not in a float format.
             InvalidArgumentError (a ``ValueError`` and ``AssertionError``): the shapes differ.
         """
+        _check_format(self.quantized_values.dtype, "QuantizedTensor storage dtype")
         _check_format(dequantized_tensor.dtype, "quantize input dtype")
         storage = self.block_info.get_tensor(self.quantized_values)
         if dequantized_tensor.shape != storage.shape:
@@ -148,7 +149,9 @@ class QuantizedTensorList(OptimizerModule):
 
     Build it from ``(tensor, min, max)`` tuples or from :class:`QuantizedTensor`s. A tuple whose
     tensor is in ``quantized_dtype`` is stored as it is (no copy); one in another float format
-    is rounded into new ``quantized_dtype`` storage. Min/max are all ``None`` or all set.
+    is rounded into new ``quantized_dtype`` storage. Min/max are all ``None`` or all set. Storage
+    in a format other than the four floats is kept, and :meth:`dequantize` / :meth:`quantize`
+    (and the cached forms) raise ``NotImplementedError``, as in the reference library.
 
     Two ways to compute in ``computation_dtype`` (both the reference library's API):
 
@@ -164,14 +167,14 @@ class QuantizedTensorList(OptimizerModule):
 
     Args:
         quantized_data: the tensors, as described above; may be empty.
-        quantized_dtype: the storage format (fp16, bf16, fp32 or fp64).
-        computation_dtype: the format of the dequantized tensors, one of the same four.
+        quantized_dtype: the storage format (fp16, bf16, fp32 or fp64 to convert).
+        computation_dtype: the format of the dequantized tensors, one of the four floats.
 
     Raises:
-        NotImplementedError: ``quantized_dtype`` or an input tensor is not a float format.
         InvalidArgumentError (a ``ValueError`` and ``AssertionError``): a ``computation_dtype``
             that is not one of the four; mixed tuple / ``QuantizedTensor`` items, a
-            ``QuantizedTensor`` stored in another dtype, or mixed ``None`` / set min-max.
+            ``QuantizedTensor`` stored in another dtype, a tuple tensor that would have to
+            convert to or from a non-float format, or mixed ``None`` / set min-max.
 
     Example:
         >>> tensors = [torch.randn(50, 50) for _ in range(3)]
@@ -192,7 +195,6 @@ class QuantizedTensorList(OptimizerModule):
         quantized_dtype: torch.dtype,
         computation_dtype: torch.dtype = torch.float32,
     ) -> None:
-        _check_format(quantized_dtype, "quantized_dtype")
         if computation_dtype not in FLOAT_DTYPES:
             raise InvalidArgumentError(
                 f"QuantizedTensorList: {computation_dtype=} is not supported! "
@@ -243,10 +245,11 @@ class QuantizedTensorList(OptimizerModule):
     def dequantize(self) -> tuple[torch.Tensor, ...]:
         """The values in ``computation_dtype``: new tensors, or the storage when formats match.
 
-        Does not touch the cache.
+        Does not touch the cache. Raises ``NotImplementedError`` for non-float storage.
         """
         if self.quantized_dtype == self.computation_dtype:
             return self.quantized_values
+        _check_format(self.quantized_dtype, "QuantizedTensorList storage dtype")
         return tuple(t.to(self.computation_dtype) for t in self.quantized_values)
 
     def quantize(self, tensor_list: Sequence[torch.Tensor]) -> None:
@@ -256,9 +259,11 @@ class QuantizedTensorList(OptimizerModule):
         stale; ``quantize_()`` would later overwrite these values with it).
 
         Raises:
+            NotImplementedError: the storage is not in a float format.
             InvalidArgumentError (a ``ValueError`` and ``AssertionError``): another number of
                 tensors than entries, or a shape that differs from its entry's.
         """
+        _check_format(self.quantized_dtype, "QuantizedTensorList storage dtype")
         if tensor_list is not self.dequantized_value_list and self.is_dequantized_stored():
             logger.warning(
                 "Existing stored dequantized values.\nWriting quantized values with input "
@@ -368,7 +373,11 @@ def _validated_items(
             "QuantizedTensorList.quantized_data: min/max must be all None or all set, got a mix"
         )
     for tensor, _, _ in items:
-        _check_format(tensor.dtype, "QuantizedTensorList input dtype")
+        if tensor.dtype != quantized_dtype and not {tensor.dtype, quantized_dtype} <= set(FLOAT_DTYPES):
+            raise InvalidArgumentError(
+                f"QuantizedTensorList.quantized_data: a {tensor.dtype} tensor cannot be stored as "
+                f"{quantized_dtype} (only the float formats {list(FLOAT_DTYPES)} convert)"
+            )
     return items
 
 

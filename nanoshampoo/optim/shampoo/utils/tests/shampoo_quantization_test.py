@@ -99,22 +99,46 @@ def test_quantized_tensor_state_dict_excludes_block_info() -> None:
     assert set(quantized.state_dict()) == {"quantized_values"}
 
 
-@pytest.mark.parametrize("dtype", [torch.int8, torch.uint8, torch.float8_e4m3fn, torch.complex64])
-def test_unsupported_formats_raise_not_implemented(dtype: torch.dtype) -> None:
-    # Our message names the argument and also holds the reference's "Quantization for ... !".
+@pytest.mark.parametrize(
+    "dtype", [torch.int64, torch.int8, torch.uint8, torch.float8_e4m3fn, torch.complex64]
+)
+def test_unsupported_storage_builds_and_raises_not_implemented_at_conversion(
+    dtype: torch.dtype,
+) -> None:
+    """As in the reference library: storage in another format is built, and the first
+    quantize or dequantize raises (the message holds the reference's "Quantization for ... !")."""
     unsupported = rf"Quantization for {dtype} is not yet supported! Supported formats"
-    with pytest.raises(NotImplementedError, match=rf"quantized_dtype: {unsupported}"):
+    with pytest.raises(NotImplementedError, match=rf"QuantizedTensor storage dtype: {unsupported}"):
         QuantizedTensor.init_from_dequantized_tensor(torch.ones(3), dtype, _info())
-    with pytest.raises(NotImplementedError, match=rf"quantized_dtype: {unsupported}"):
-        QuantizedTensorList([(torch.ones(3), None, None)], dtype)
+    quantized = QuantizedTensor(torch.zeros(3, dtype=dtype), _info())
+    assert quantized.quantized_values.dtype == dtype
+    with pytest.raises(NotImplementedError, match=rf"QuantizedTensor storage dtype: {unsupported}"):
+        quantized.dequantize(torch.float16)
+    with pytest.raises(NotImplementedError, match=rf"QuantizedTensor storage dtype: {unsupported}"):
+        quantized.quantize(torch.ones(3))
+    qlist = QuantizedTensorList([(torch.zeros(3, dtype=dtype), None, None)] * 2, dtype, torch.float64)
+    assert len(qlist) == 2
+    storage = rf"QuantizedTensorList storage dtype: {unsupported}"
+    with pytest.raises(NotImplementedError, match=storage):
+        qlist.dequantize()
+    with pytest.raises(NotImplementedError, match=storage):
+        qlist.quantize((torch.ones(3), torch.ones(3)))
+    with pytest.raises(NotImplementedError, match=storage):
+        qlist.dequantize_()
+    assert not qlist.is_dequantized_stored()
+
+
+def test_unsupported_dequantize_dtype_raises_not_implemented() -> None:
     quantized = QuantizedTensor.init_from_dequantized_tensor(torch.ones(3), torch.float16, _info())
-    with pytest.raises(NotImplementedError, match=rf"dequantize dtype: {unsupported}"):
-        quantized.dequantize(dtype)
-
-
-def test_non_float_inputs_raise_not_implemented() -> None:
     with pytest.raises(
-        NotImplementedError, match="QuantizedTensorList input dtype: Quantization for torch.int64"
+        NotImplementedError, match=r"dequantize dtype: Quantization for torch.int8 is not yet"
+    ):
+        quantized.dequantize(torch.int8)
+
+
+def test_non_float_inputs_are_refused() -> None:
+    with pytest.raises(
+        InvalidArgumentError, match=r"a torch.int64 tensor cannot be stored as torch.bfloat16"
     ):
         QuantizedTensorList([(torch.ones(3, dtype=torch.int64), None, None)], torch.bfloat16)
     quantized = QuantizedTensor.init_from_dequantized_tensor(torch.ones(3), torch.float16, _info())
