@@ -349,11 +349,12 @@ def _log_disagrees(run: RunRecord, resolved: Mapping[str, Any]) -> str:
     seed and every config field it recorded, a non-negative training time); "" when none."""
     if run.seed is not None and str(run.seed) != str(resolved.get("seed", run.seed)):
         return f"its log says seed {run.seed}, the manifest {resolved['seed']}"
+    logged = upgrade_legacy_config(dict(run.config), resolved)  # spelled as fields are now
     for key, value in resolved.items():
-        if key in RUN_IDENTITY_IGNORED or key not in run.config:
+        if key in RUN_IDENTITY_IGNORED or key not in logged:
             continue
-        if not _same_json(run.config[key], value):
-            return f"its log says {key} {run.config[key]!r}, the manifest {value!r}"
+        if not _same_json(logged[key], value):
+            return f"its log says {key} {logged[key]!r}, the manifest {value!r}"
     if not run.train_time_ms >= 0:
         return f"its log's training time is {run.train_time_ms} ms"
     return ""
