@@ -58,6 +58,9 @@ from nanoshampoo.io_utils import check_output_dir  # noqa: E402
 # Tick values for a log speedup axis: enough that a panel spanning a factor of two has three.
 _SPEEDUP_TICKS = (0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 1, 1.5, 2, 2.5, 3, 4, 5, 7, 10, 15, 20, 30,
                   50, 70, 100, 150, 200, 300, 500, 1000)
+# For the narrow ranges speedups usually span (0.8x-1.3x): the coarse ticks would leave one.
+_FINE_SPEEDUP_TICKS = (0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1, 1.1, 1.2, 1.3, 1.4, 1.5, 1.7, 2,
+                       2.5, 3)
 _BOUND_MARKERS = {"above": "^", "below": "v"}
 PANEL = (5.5, 4.5)
 # Setups at one budget are drawn side by side so that their markers and error bars do not hide
@@ -225,9 +228,13 @@ def _budget_ticks(ax: Axes, budgets: list[int]) -> None:
 
 
 def _plain_log_ticks(ax: Axes) -> None:
-    """Plain-number ticks on a log y axis, chosen from ``_SPEEDUP_TICKS`` within its limits."""
+    """Plain-number ticks on a log y axis, chosen from ``_SPEEDUP_TICKS`` within its limits
+    (from ``_FINE_SPEEDUP_TICKS`` when that would leave fewer than three)."""
     low, high = ax.get_ylim()
-    ax.yaxis.set_major_locator(FixedLocator([t for t in _SPEEDUP_TICKS if low <= t <= high]))
+    ticks = [t for t in _SPEEDUP_TICKS if low <= t <= high]
+    if len(ticks) < 3:
+        ticks = [t for t in _FINE_SPEEDUP_TICKS if low <= t <= high]
+    ax.yaxis.set_major_locator(FixedLocator(ticks))
     ax.yaxis.set_major_formatter(FormatStrFormatter("%g"))
     ax.yaxis.set_minor_formatter(NullFormatter())
 
