@@ -13,7 +13,7 @@ naming the file and the key).
 
 Example:
     >>> sorted(preset_names())[:2]
-    ['gpt2-124m-adamw', 'gpt2-124m-shampoo']
+    ['gpt2-124m-adamw', 'gpt2-124m-muon']
     >>> load_preset("tiny-adamw")["optimizer"], load_preset("tiny-adamw")["adamw"]
     ('adamw', {'lr': 0.003})
 """
