@@ -48,6 +48,7 @@ from nanoshampoo.evidence.scaling import (
 from nanoshampoo.evidence.scaling_plots import write_scaling_plots
 from nanoshampoo.evidence.scaling_report import format_count, format_study_markdown, study_to_dict
 from nanoshampoo.evidence.setup_scores import PerformanceProfile, performance_profile
+from nanoshampoo.evidence.stats import summarize
 from nanoshampoo.evidence.study_definition import StudyDefinition
 from nanoshampoo.evidence.tables import format_markdown_table
 from nanoshampoo.evidence.tune import TuneConfig, TuneSession
@@ -269,10 +270,9 @@ def _mean_std(losses: Sequence[float]) -> str:
     diverged = len(losses) - len(finite)
     if not finite:
         return f"diverged ({diverged} of {len(losses)})"
-    mean = sum(finite) / len(finite)
-    std = (sum((x - mean) ** 2 for x in finite) / (len(finite) - 1)) ** 0.5 if len(finite) > 1 \
-        else math.nan
-    text = f"{mean:.4f} ± {std:.4f}" if math.isfinite(std) else f"{mean:.4f}"
+    summary = summarize(finite)
+    text = (f"{summary.mean:.4f}" if summary.std is None
+            else f"{summary.mean:.4f} ± {summary.std:.4f}")
     return text + (f" ({diverged} diverged)" if diverged else "")
 
 
