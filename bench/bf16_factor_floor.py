@@ -69,20 +69,30 @@ def storage_noise(size: int, cols: int, steps: int = 200, beta: float = 0.95) ->
     return (noise / top).item() / UNIT_ROUNDOFF_BF16
 
 
-def parameters_after(steps: int, factors: torch.dtype, floor: float | None,
-                     dtype: torch.dtype) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+def parameters_after(
+    steps: int, factors: torch.dtype, floor: float | None, dtype: torch.dtype
+) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """``(W after steps, W_0)`` in float64, for one factor dtype and floor (module doc, 2)."""
     gen = torch.Generator().manual_seed(0)
-    params = [torch.nn.Parameter(torch.randn(s, generator=gen, dtype=torch.float64).to(dtype))
-              for s in SHAPES]
+    params = [
+        torch.nn.Parameter(torch.randn(s, generator=gen, dtype=torch.float64).to(dtype))
+        for s in SHAPES
+    ]
     start = [p.detach().double().clone() for p in params]
     optimizer = DistributedShampoo(
-        params, lr=1e-2, betas=(0.9, 0.99), epsilon=1e-12, max_preconditioner_dim=64,
-        precondition_frequency=5, grafting_config=AdamPreconditionerConfig(beta2=0.99),
+        params,
+        lr=1e-2,
+        betas=(0.9, 0.99),
+        epsilon=1e-12,
+        max_preconditioner_dim=64,
+        precondition_frequency=5,
+        grafting_config=AdamPreconditionerConfig(beta2=0.99),
         preconditioner_config=RootInvShampooPreconditionerConfig(
             factor_matrix_dtype=factors,
             amortized_computation_config=EigenConfig(
-                rank_deficient_stability_config=PerturbationConfig(eigenvalue_floor_rtol=floor))),
+                rank_deficient_stability_config=PerturbationConfig(eigenvalue_floor_rtol=floor)
+            ),
+        ),
     )
     for step in range(steps):
         grads = torch.Generator().manual_seed(1000 + step)
@@ -92,16 +102,21 @@ def parameters_after(steps: int, factors: torch.dtype, floor: float | None,
     return [p.detach().double() for p in params], start
 
 
-def relative_error(params: list[torch.Tensor], reference: list[torch.Tensor],
-                   start: list[torch.Tensor]) -> float:
-    return max(((w - r).norm() / (r - w0).norm()).item()
-               for w, r, w0 in zip(params, reference, start))
+def relative_error(
+    params: list[torch.Tensor], reference: list[torch.Tensor], start: list[torch.Tensor]
+) -> float:
+    return max(
+        ((w - r).norm() / (r - w0).norm()).item() for w, r, w0 in zip(params, reference, start)
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--floors", default="2^-7,2^-8,2^-9,2^-11",
-                        help="eigenvalue_floor_rtol values for the bfloat16 rows")
+    parser.add_argument(
+        "--floors",
+        default="2^-7,2^-8,2^-9,2^-11",
+        help="eigenvalue_floor_rtol values for the bfloat16 rows",
+    )
     parser.add_argument("--steps", default="20,200", help="comma-separated step counts")
     args = parser.parse_args(argv)
     try:
@@ -116,7 +131,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         print("noise of a bfloat16 EMA factor, |L_bf16 - L_64|_2 / lambda_max, in units of 2^-8:")
         for size, cols in ((128, 512), (512, 128), (128, 128)):
-            print(f"  {size}x{size} factor of {size}x{cols} gradients: {storage_noise(size, cols):.2f}")
+            print(
+                f"  {size}x{size} factor of {size}x{cols} gradients: {storage_noise(size, cols):.2f}"
+            )
         rows: list[tuple[str, torch.dtype, float | None]] = [
             ("float32 factors, default floor", torch.float32, None),
             ("bfloat16 factors, default floor", torch.bfloat16, None),

@@ -47,20 +47,49 @@ def expected_steps(steps: int, fractions: Sequence[float], cooldown: float) -> d
     plan = plan_branches(fractions, steps, cooldown)
     branched = steps + sum(b.steps - b.fork_step for b in plan)
     separate = steps + sum(b.steps for b in plan)
-    return {"branched_steps": branched, "separate_steps": separate,
-            "expected_ratio": branched / separate,
-            "formula_ratio": (1 + cooldown * sum(fractions)) / (1 + sum(fractions))}
+    return {
+        "branched_steps": branched,
+        "separate_steps": separate,
+        "expected_ratio": branched / separate,
+        "formula_ratio": (1 + cooldown * sum(fractions)) / (1 + sum(fractions)),
+    }
 
 
-def train(out_dir: Path, run_id: str, steps: int, cooldown: float, args: argparse.Namespace,
-          fractions: Sequence[float] = ()) -> dict[str, Any]:
+def train(
+    out_dir: Path,
+    run_id: str,
+    steps: int,
+    cooldown: float,
+    args: argparse.Namespace,
+    fractions: Sequence[float] = (),
+) -> dict[str, Any]:
     """One trainer process; its wall time, its log's training time and final losses."""
-    command = [sys.executable, "-m", "nanoshampoo.train", "--preset", args.preset,
-               "--num-iterations", str(steps), "--cooldown-frac", str(cooldown),
-               "--val-every", "0", "--log-every", "1", "--save-final-checkpoint", "false",
-               "--compile", "false",
-               "--progress", "false", "--out-dir", str(out_dir), "--run-id", run_id,
-               *shlex.split(args.train_args)]
+    command = [
+        sys.executable,
+        "-m",
+        "nanoshampoo.train",
+        "--preset",
+        args.preset,
+        "--num-iterations",
+        str(steps),
+        "--cooldown-frac",
+        str(cooldown),
+        "--val-every",
+        "0",
+        "--log-every",
+        "1",
+        "--save-final-checkpoint",
+        "false",
+        "--compile",
+        "false",
+        "--progress",
+        "false",
+        "--out-dir",
+        str(out_dir),
+        "--run-id",
+        run_id,
+        *shlex.split(args.train_args),
+    ]
     if fractions:
         command += ["--decay-branches", ",".join(map(str, fractions))]
     start = time.perf_counter()
@@ -71,8 +100,11 @@ def train(out_dir: Path, run_id: str, steps: int, cooldown: float, args: argpars
     records = [json.loads(line) for line in log.read_text().splitlines()]
     at_step = {0: 0.0, **{r["step"]: r["train_time_ms"] for r in records if r["kind"] == "train"}}
     branch_ms = sum(b.train_time_ms - at_step[b.fork_step] for b in run.branches.values())
-    return {"wall_s": wall, "train_time_s": (run.train_time_ms + branch_ms) / 1000,
-            "final_losses": {str(k): v for k, v in run.final_losses_by_steps().items()}}
+    return {
+        "wall_s": wall,
+        "train_time_s": (run.train_time_ms + branch_ms) / 1000,
+        "final_losses": {str(k): v for k, v in run.final_losses_by_steps().items()},
+    }
 
 
 def compare(cooldown: float, first: str, args: argparse.Namespace, work: Path) -> dict[str, Any]:
@@ -93,15 +125,22 @@ def compare(cooldown: float, first: str, args: argparse.Namespace, work: Path) -
         alone, one = separate(), branched()
     separate_wall = sum(r["wall_s"] for r in alone)
     separate_train = sum(r["train_time_s"] for r in alone)
-    same = {str(n): one["final_losses"][str(n)] == r["final_losses"][str(n)]
-            for n, r in zip(lengths, alone)}
-    return {**expected_steps(steps, fractions, cooldown), "first": first,
-            "branched_wall_s": one["wall_s"], "separate_wall_s": separate_wall,
-            "measured_ratio": one["wall_s"] / separate_wall,
-            "branched_train_time_s": one["train_time_s"],
-            "separate_train_time_s": separate_train,
-            "measured_train_time_ratio": one["train_time_s"] / separate_train,
-            "final_losses": one["final_losses"], "same_final_loss": same}
+    same = {
+        str(n): one["final_losses"][str(n)] == r["final_losses"][str(n)]
+        for n, r in zip(lengths, alone)
+    }
+    return {
+        **expected_steps(steps, fractions, cooldown),
+        "first": first,
+        "branched_wall_s": one["wall_s"],
+        "separate_wall_s": separate_wall,
+        "measured_ratio": one["wall_s"] / separate_wall,
+        "branched_train_time_s": one["train_time_s"],
+        "separate_train_time_s": separate_train,
+        "measured_train_time_ratio": one["train_time_s"] / separate_train,
+        "final_losses": one["final_losses"],
+        "same_final_loss": same,
+    }
 
 
 def _floats(text: str) -> tuple[float, ...]:
@@ -123,21 +162,34 @@ def main(argv: Sequence[str] | None = None) -> None:
         for index, cooldown in enumerate(args.cooldowns):
             first = "branched" if index % 2 == 0 else "separate"
             results[f"{cooldown:g}"] = compare(cooldown, first, args, Path(work))
-    print(f"load average {load:.2f} at the start; {args.preset}, N = {args.steps}, fractions "
-          f"{list(args.fractions)}, train args {args.train_args!r}")
+    print(
+        f"load average {load:.2f} at the start; {args.preset}, N = {args.steps}, fractions "
+        f"{list(args.fractions)}, train args {args.train_args!r}"
+    )
     for cooldown, r in results.items():
-        print(f"cooldown {cooldown}: branched {r['branched_wall_s']:.1f} s "
-              f"({r['branched_steps']} steps) vs separate {r['separate_wall_s']:.1f} s "
-              f"({r['separate_steps']} steps): measured {r['measured_ratio']:.3f} (training "
-              f"time {r['measured_train_time_ratio']:.3f}), expected "
-              f"{r['expected_ratio']:.3f} (N(1 + c sum b) / N(1 + sum b) = "
-              f"{r['formula_ratio']:.3f}); same final losses: {r['same_final_loss']}")
+        print(
+            f"cooldown {cooldown}: branched {r['branched_wall_s']:.1f} s "
+            f"({r['branched_steps']} steps) vs separate {r['separate_wall_s']:.1f} s "
+            f"({r['separate_steps']} steps): measured {r['measured_ratio']:.3f} (training "
+            f"time {r['measured_train_time_ratio']:.3f}), expected "
+            f"{r['expected_ratio']:.3f} (N(1 + c sum b) / N(1 + sum b) = "
+            f"{r['formula_ratio']:.3f}); same final losses: {r['same_final_loss']}"
+        )
     if args.json:
         with atomic_output(Path(args.json)) as tmp:
-            tmp.write_text(json.dumps({"load": load, "preset": args.preset, "steps": args.steps,
-                                       "fractions": list(args.fractions),
-                                       "train_args": args.train_args, "results": results},
-                                      indent=2))
+            tmp.write_text(
+                json.dumps(
+                    {
+                        "load": load,
+                        "preset": args.preset,
+                        "steps": args.steps,
+                        "fractions": list(args.fractions),
+                        "train_args": args.train_args,
+                        "results": results,
+                    },
+                    indent=2,
+                )
+            )
 
 
 if __name__ == "__main__":

@@ -100,9 +100,7 @@ def _bench_rank(rank: int, world_size: int, config: BenchConfig) -> None:
     timings = torch.zeros(total_steps, 2, dtype=torch.float64)
     for step in range(total_steps):
         dist.barrier()  # start every step together, outside the timed region
-        timings[step] = torch.tensor(
-            _train_step(model, opt, SCHEDULES[step % 2], idx, targets)
-        )
+        timings[step] = torch.tensor(_train_step(model, opt, SCHEDULES[step % 2], idx, targets))
     dist.all_reduce(timings, op=dist.ReduceOp.MAX)  # a step lasts as long as its slowest rank
 
     if config.trace_dir is not None:

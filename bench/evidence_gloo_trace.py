@@ -41,11 +41,15 @@ def _job(rank: int, world_size: int, out_dir: str, size: int) -> int:
 
 def _event_inventory(path: Path) -> list[tuple[int, str, str, str]]:
     events = load_trace(path)["traceEvents"]
-    names = {(e.get("pid"), e.get("tid")): (e.get("args") or {}).get("name", "")
-             for e in events if e.get("ph") == "M" and e.get("name") == "thread_name"}
+    names = {
+        (e.get("pid"), e.get("tid")): (e.get("args") or {}).get("name", "")
+        for e in events
+        if e.get("ph") == "M" and e.get("name") == "thread_name"
+    }
     counts = collections.Counter(
         (names.get((e.get("pid"), e.get("tid")), "?"), e.get("cat", ""), e.get("name", ""))
-        for e in events if e.get("ph") == "X"
+        for e in events
+        if e.get("ph") == "X"
     )
     return sorted((n, *key) for key, n in counts.items())
 

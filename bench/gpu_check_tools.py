@@ -54,7 +54,9 @@ ARCHIVE_SKIPPED = ("shards", "profile")
 
 def cpu_model_name() -> str:
     try:
-        listing = subprocess.run(["lscpu"], capture_output=True, text=True, check=True, timeout=10).stdout
+        listing = subprocess.run(
+            ["lscpu"], capture_output=True, text=True, check=True, timeout=10
+        ).stdout
     except (OSError, subprocess.SubprocessError):
         return platform.processor() or "unknown"
     for line in listing.splitlines():
@@ -86,7 +88,9 @@ def environment() -> dict[str, Any]:
     return record
 
 
-def write_synthetic_shards(out_dir: Path, train_tokens: int, val_tokens: int, vocab: int) -> list[Path]:
+def write_synthetic_shards(
+    out_dir: Path, train_tokens: int, val_tokens: int, vocab: int
+) -> list[Path]:
     """Random-token train and val shards; returns their paths."""
     rng = np.random.default_rng(0)
     paths = [out_dir / "fineweb_train_000001.bin", out_dir / "fineweb_val_000000.bin"]
@@ -105,8 +109,15 @@ def read_steps(work: Path) -> list[dict[str, Any]]:
         else:
             rc = int(code)
             status = "pass" if rc == 0 else "timeout" if rc in TIMEOUT_CODES else "fail"
-        steps.append({"name": name, "status": status, "rc": rc, "seconds": float(seconds),
-                      "limit_s": int(limit)})
+        steps.append(
+            {
+                "name": name,
+                "status": status,
+                "rc": rc,
+                "seconds": float(seconds),
+                "limit_s": int(limit),
+            }
+        )
     return steps
 
 
@@ -114,11 +125,17 @@ def junit_figures(path: Path) -> dict[str, Any]:
     """Counts of a pytest junit XML report."""
     root = ET.parse(path).getroot()
     suites = [root] if root.tag == "testsuite" else list(root.iter("testsuite"))
-    totals = {key: sum(int(s.get(key, 0)) for s in suites) for key in ("tests", "failures", "errors", "skipped")}
+    totals = {
+        key: sum(int(s.get(key, 0)) for s in suites)
+        for key in ("tests", "failures", "errors", "skipped")
+    }
     totals["passed"] = totals["tests"] - totals["failures"] - totals["errors"] - totals["skipped"]
-    failed = [f"{case.get('classname')}::{case.get('name')}"
-              for suite in suites for case in suite.iter("testcase")
-              if case.find("failure") is not None or case.find("error") is not None]
+    failed = [
+        f"{case.get('classname')}::{case.get('name')}"
+        for suite in suites
+        for case in suite.iter("testcase")
+        if case.find("failure") is not None or case.find("error") is not None
+    ]
     return {**totals, "failed_tests": failed}
 
 
@@ -146,20 +163,28 @@ def run_figures(path: Path) -> dict[str, Any]:
     """
     records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     train = sorted((r for r in records if r["kind"] == "train"), key=lambda r: r["step"])
-    step_ms = [b["train_time_ms"] - a["train_time_ms"] for a, b in zip(train, train[1:], strict=False)
-               if b["step"] == a["step"] + 1 and a["step"] >= STEADY_AFTER_STEP]
+    step_ms = [
+        b["train_time_ms"] - a["train_time_ms"]
+        for a, b in zip(train, train[1:], strict=False)
+        if b["step"] == a["step"] + 1 and a["step"] >= STEADY_AFTER_STEP
+    ]
     figures: dict[str, Any] = {"steps_logged": len(train)}
     if step_ms:
-        figures.update(steady_median_step_ms=round(statistics.median(step_ms), 2),
-                       steady_mean_step_ms=round(statistics.fmean(step_ms), 2),
-                       steady_max_step_ms=round(max(step_ms), 2))
+        figures.update(
+            steady_median_step_ms=round(statistics.median(step_ms), 2),
+            steady_mean_step_ms=round(statistics.fmean(step_ms), 2),
+            steady_max_step_ms=round(max(step_ms), 2),
+        )
     if train:
         figures["first_step_ms"] = round(train[0]["train_time_ms"], 1)
         figures["median_tokens_per_s"] = round(statistics.median(r["tokens_per_s"] for r in train))
     for record in records:
         if record["kind"] == "final":
-            figures.update(final_val_loss=record["val_loss"], step_avg_ms=round(record["step_avg_ms"], 2),
-                           peak_memory_mib=round(record["peak_memory_mib"]))
+            figures.update(
+                final_val_loss=record["val_loss"],
+                step_avg_ms=round(record["step_avg_ms"], 2),
+                peak_memory_mib=round(record["peak_memory_mib"]),
+            )
         elif record["kind"] == "diverged":
             figures["diverged"] = record["reason"]
     return figures
@@ -170,12 +195,17 @@ def trace_figures(path: Path) -> dict[str, Any]:
     ranks = []
     for stats in json.loads(path.read_text()):
         window = stats["window_ms"]
-        ranks.append({
-            "rank": stats["rank"], "device": stats["device"], "steps": stats["steps"],
-            "window_ms": round(window, 2), "computation_ms": round(stats["computation_ms"], 2),
-            "communication_ms": round(stats["communication_ms"], 2),
-            "busy_pct": round(100 * stats["computation_ms"] / window, 1) if window else None,
-        })
+        ranks.append(
+            {
+                "rank": stats["rank"],
+                "device": stats["device"],
+                "steps": stats["steps"],
+                "window_ms": round(window, 2),
+                "computation_ms": round(stats["computation_ms"], 2),
+                "communication_ms": round(stats["communication_ms"], 2),
+                "busy_pct": round(100 * stats["computation_ms"] / window, 1) if window else None,
+            }
+        )
     return {"ranks": ranks}
 
 
@@ -218,12 +248,23 @@ def log_tail(work: Path, name: str, lines: int = LOG_TAIL_LINES) -> str:
 
 def format_markdown(summary: dict[str, Any], work: Path) -> str:
     head = summary["environment"] or {}
-    where = ", ".join(f"{k} {head[k]}" for k in ("gpu", "torch", "cuda", "python", "cpu") if head.get(k))
-    lines = [f"# GPU check ({summary['device']})", "", where or "environment not recorded", "",
-             f"Total {summary['total_seconds']:.0f} s; {summary['passed']}/{len(summary['steps'])} steps passed.",
-             "", "| step | status | seconds | limit s |", "|---|---|---|---|"]
+    where = ", ".join(
+        f"{k} {head[k]}" for k in ("gpu", "torch", "cuda", "python", "cpu") if head.get(k)
+    )
+    lines = [
+        f"# GPU check ({summary['device']})",
+        "",
+        where or "environment not recorded",
+        "",
+        f"Total {summary['total_seconds']:.0f} s; {summary['passed']}/{len(summary['steps'])} steps passed.",
+        "",
+        "| step | status | seconds | limit s |",
+        "|---|---|---|---|",
+    ]
     for step in summary["steps"]:
-        lines.append(f"| {step['name']} | {step['status']} | {step['seconds']:.1f} | {step['limit_s']} |")
+        lines.append(
+            f"| {step['name']} | {step['status']} | {step['seconds']:.1f} | {step['limit_s']} |"
+        )
     for step in summary["steps"]:
         lines += ["", f"## {step['name']}: {step['status']}"]
         if step["name"] in VERBATIM_STEPS and step["status"] == "pass":
@@ -268,7 +309,9 @@ def _archive_filter(info: tarfile.TarInfo) -> tarfile.TarInfo | None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     commands = parser.add_subparsers(dest="command", required=True)
     env = commands.add_parser("environment", help="record where the check runs")
     env.add_argument("--json", type=Path, required=True)
@@ -292,12 +335,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     elif args.command == "synthetic-shards":
         if args.train_tokens < 1 or args.val_tokens < 1 or not 1 <= args.vocab <= 2**16:
             parser.error("--train-tokens and --val-tokens must be >= 1, --vocab in [1, 65536]")
-        for path in write_synthetic_shards(args.out_dir, args.train_tokens, args.val_tokens, args.vocab):
+        for path in write_synthetic_shards(
+            args.out_dir, args.train_tokens, args.val_tokens, args.vocab
+        ):
             print(f"wrote {path} ({path.stat().st_size} bytes)")
     else:
         result = summarize(args.work, args.out_dir, args.device, args.total_seconds)
-        print(f"{result['passed']}/{len(result['steps'])} steps passed; wrote "
-              f"{args.out_dir / 'summary.md'}, summary.json, logs.tar.gz")
+        print(
+            f"{result['passed']}/{len(result['steps'])} steps passed; wrote "
+            f"{args.out_dir / 'summary.md'}, summary.json, logs.tar.gz"
+        )
         return 0 if result["passed"] == len(result["steps"]) else 1
     return 0
 

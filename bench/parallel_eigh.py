@@ -99,8 +99,10 @@ def report(stacks: list[tuple[int, int]], threads: int, repeats: int) -> None:
     stack_list = [(count, size, psd_stack(count, size)) for count, size in stacks]
     for op, (plain, split_call) in ops.items():
         print(f"{op}: batched torch.linalg.{op} against stacked_{op}")
-        print(f"{'stack':>10} {'width':>5} {'batched ms':>11} {'split ms':>9} "
-              f"{'1 thread ms':>12} {'split/batched':>14}")
+        print(
+            f"{'stack':>10} {'width':>5} {'batched ms':>11} {'split ms':>9} "
+            f"{'1 thread ms':>12} {'split/batched':>14}"
+        )
         totals = [0.0, 0.0]
         for count, size, stack in stack_list:
             width = min(threads, count)  # split even below MIN_PARALLEL_SIZE, to find it
@@ -111,10 +113,15 @@ def report(stacks: list[tuple[int, int]], threads: int, repeats: int) -> None:
             split = median_ms(lambda: split_call(stack, width), repeats)
             totals[0] += batched
             totals[1] += split
-            print(f"{count:>4}x{size:<5} {width:>5} {batched:>11.1f} {split:>9.1f} "
-                  f"{single:>12.1f} {split / batched:>13.2f}x")
-        print(f"{'total':>10} {'':>5} {totals[0]:>11.1f} {totals[1]:>9.1f} {'':>12} "
-              f"{totals[1] / totals[0]:>13.2f}x")
+            print(
+                f"{count:>4}x{size:<5} {width:>5} {batched:>11.1f} {split:>9.1f} "
+                f"{single:>12.1f} {split / batched:>13.2f}x"
+            )
+        print(
+            f"{'total':>10} {'':>5} {totals[0]:>11.1f} {totals[1]:>9.1f} {'':>12} "
+            f"{totals[1] / totals[0]:>13.2f}x"
+        )
+
 
 if __name__ == "__main__":
     sys.exit(main())

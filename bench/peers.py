@@ -121,8 +121,9 @@ def parse_shapes(text: str) -> list[tuple[int, ...]]:
     return shapes
 
 
-def load_file_module(directory: Path | None, filename: str, flag: str,
-                     patch: tuple[str, str] | None = None) -> tuple[ModuleType | None, str]:
+def load_file_module(
+    directory: Path | None, filename: str, flag: str, patch: tuple[str, str] | None = None
+) -> tuple[ModuleType | None, str]:
     """Import ``directory/filename`` as a fresh module, or say why not: ``(module, message)``.
 
     ``patch = (old, new)`` replaces one exact source text first (the fp32 variant of a peer
@@ -164,15 +165,23 @@ def ours_muon(compute_dtype: torch.dtype | str | None) -> Factory:
 
     def build(params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
         method = NewtonSchulzOrthogonalizationConfig(
-            num_iterations=muon.ns_steps, scale_by_dims_fn=muon_shape_scale,
-            compute_dtype=compute_dtype)
+            num_iterations=muon.ns_steps,
+            scale_by_dims_fn=muon_shape_scale,
+            compute_dtype=compute_dtype,
+        )
         return DistributedShampoo(
-            params, lr=muon.lr, betas=(muon.momentum, 1.0), beta3=muon.momentum**2,
-            weight_decay=muon.weight_decay, precondition_frequency=1,
-            use_bias_correction=False, grafting_config=None,
+            params,
+            lr=muon.lr,
+            betas=(muon.momentum, 1.0),
+            beta3=muon.momentum**2,
+            weight_decay=muon.weight_decay,
+            precondition_frequency=1,
+            use_bias_correction=False,
+            grafting_config=None,
             max_preconditioner_dim=pre.max_preconditioner_dim,
             weight_decay_type=WeightDecayType.DECOUPLED,
-            preconditioner_config=SpectralDescentPreconditionerConfig(method))
+            preconditioner_config=SpectralDescentPreconditionerConfig(method),
+        )
 
     return build
 
@@ -180,18 +189,27 @@ def ours_muon(compute_dtype: torch.dtype | str | None) -> Factory:
 def muon_rows(directory: Path | None, log: list[str]) -> list[Row]:
     muon = TrainConfig(optimizer="muon").table("muon")
     rows = []
-    for label, patch, dtype in (("bf16 NS, its default", None, "auto"),
-                                ("fp32 NS", ("X = G.bfloat16()", "X = G.float()"), torch.float32)):
+    for label, patch, dtype in (
+        ("bf16 NS, its default", None, "auto"),
+        ("fp32 NS", ("X = G.bfloat16()", "X = G.float()"), torch.float32),
+    ):
         module, message = load_file_module(directory, "muon.py", "--muon", patch)
         log.append(f"Muon ({label}): {message}")
         if module is None:
             continue
         peer = module.SingleDeviceMuon
-        rows.append(Row(
-            f"KellerJordan/Muon ({label})", ours_muon(dtype),
-            lambda ps, peer=peer: peer(ps, lr=muon.lr, weight_decay=muon.weight_decay,
-                                       momentum=muon.momentum),
-            window=1, warmup=2, figures=(Figure(f"Muon, {label.split(',')[0]}", "mean", 0.8),)))
+        rows.append(
+            Row(
+                f"KellerJordan/Muon ({label})",
+                ours_muon(dtype),
+                lambda ps, peer=peer: peer(
+                    ps, lr=muon.lr, weight_decay=muon.weight_decay, momentum=muon.momentum
+                ),
+                window=1,
+                warmup=2,
+                figures=(Figure(f"Muon, {label.split(',')[0]}", "mean", 0.8),),
+            )
+        )
     return rows
 
 
@@ -208,16 +226,24 @@ def soap_rows(directory: Path | None, log: list[str]) -> list[Row]:
         return build_matrix_optimizer(BuildContext({"matrix": params}, cfg, world_size=1))
 
     def peer(params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
-        return module.SOAP(params, lr=soap.lr, betas=(soap.beta1, soap.beta2),
-                           eps=soap.epsilon, weight_decay=soap.weight_decay,
-                           precondition_frequency=frequency)
+        return module.SOAP(
+            params,
+            lr=soap.lr,
+            betas=(soap.beta1, soap.beta2),
+            eps=soap.epsilon,
+            weight_decay=soap.weight_decay,
+            precondition_frequency=frequency,
+        )
 
     # Warm-up past both first bases (ours at step `frequency`, the peer's eigh at step 1) and
     # the peer's first QR refresh (its step frequency + 1).
-    figures = (Figure(f"SOAP, mean of {frequency} steps", "mean", 0.7),
-               Figure("SOAP, refresh step", "max", 0.8))
-    return [Row("nikhilvyas/SOAP", ours, peer, window=frequency, warmup=frequency + 2,
-                figures=figures)]
+    figures = (
+        Figure(f"SOAP, mean of {frequency} steps", "mean", 0.7),
+        Figure("SOAP, refresh step", "max", 0.8),
+    )
+    return [
+        Row("nikhilvyas/SOAP", ours, peer, window=frequency, warmup=frequency + 2, figures=figures)
+    ]
 
 
 def shampoo_rows(directory: Path | None, log: list[str]) -> list[Row]:
@@ -230,34 +256,61 @@ def shampoo_rows(directory: Path | None, log: list[str]) -> list[Row]:
     def factory(library: ModuleType, frequency: int) -> Factory:
         def build(params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
             return library.DistributedShampoo(
-                params, lr=0.01, betas=(0.9, 0.999), epsilon=1e-12,
-                weight_decay=0.0, max_preconditioner_dim=1024,
-                precondition_frequency=frequency, start_preconditioning_step=frequency,
+                params,
+                lr=0.01,
+                betas=(0.9, 0.999),
+                epsilon=1e-12,
+                weight_decay=0.0,
+                max_preconditioner_dim=1024,
+                precondition_frequency=frequency,
+                start_preconditioning_step=frequency,
                 use_bias_correction=True,
                 grafting_config=library.AdamPreconditionerConfig(beta2=0.999, epsilon=1e-8),
                 preconditioner_config=library.RootInvShampooPreconditionerConfig(
-                    amortized_computation_config=library.EigenConfig()))
+                    amortized_computation_config=library.EigenConfig()
+                ),
+            )
+
         return build
 
-    return [Row("reference Distributed Shampoo", factory(ours, f), factory(reference, f),
-                window=f, warmup=f + 1, figures=(Figure(f"Shampoo, freq {f}", "mean", 0.6),))
-            for f in (1, 10)]
+    return [
+        Row(
+            "reference Distributed Shampoo",
+            factory(ours, f),
+            factory(reference, f),
+            window=f,
+            warmup=f + 1,
+            figures=(Figure(f"Shampoo, freq {f}", "mean", 0.6),),
+        )
+        for f in (1, 10)
+    ]
 
 
 def adamw_rows(device: torch.device, log: list[str]) -> list[Row]:
     cfg = TrainConfig(optimizer="adamw")
     adamw = cfg.table("adamw")
-    options = dict(lr=adamw.lr, betas=(adamw.beta1, adamw.beta2), eps=cfg.table("adam").eps,
-                   weight_decay=adamw.weight_decay)
+    options = dict(
+        lr=adamw.lr,
+        betas=(adamw.beta1, adamw.beta2),
+        eps=cfg.table("adam").eps,
+        weight_decay=adamw.weight_decay,
+    )
 
     def ours(params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
         return DistAdam(params, launch="step", **options)
 
     log.append("AdamW: torch.optim.AdamW")
-    return [Row(f"torch.optim.AdamW({impl}=True)", ours,
-                lambda ps, impl=impl: torch.optim.AdamW(ps, **options, **{impl: True}),
-                window=1, warmup=2, figures=(Figure(f"AdamW (DistAdam) vs {impl}", "mean", None),))
-            for impl in ("fused", "foreach")]
+    return [
+        Row(
+            f"torch.optim.AdamW({impl}=True)",
+            ours,
+            lambda ps, impl=impl: torch.optim.AdamW(ps, **options, **{impl: True}),
+            window=1,
+            warmup=2,
+            figures=(Figure(f"AdamW (DistAdam) vs {impl}", "mean", None),),
+        )
+        for impl in ("fused", "foreach")
+    ]
 
 
 def synchronize(device: torch.device) -> None:
@@ -265,8 +318,12 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def time_window(opt: torch.optim.Optimizer, params: Sequence[torch.nn.Parameter],
-                grads: Sequence[Sequence[torch.Tensor]], device: torch.device) -> list[float]:
+def time_window(
+    opt: torch.optim.Optimizer,
+    params: Sequence[torch.nn.Parameter],
+    grads: Sequence[Sequence[torch.Tensor]],
+    device: torch.device,
+) -> list[float]:
     """Seconds of each ``opt.step()`` over ``grads`` (one list of gradients per step)."""
     times = []
     for step_grads in grads:
@@ -280,8 +337,9 @@ def time_window(opt: torch.optim.Optimizer, params: Sequence[torch.nn.Parameter]
     return times
 
 
-def run_row(row: Row, shapes: Sequence[tuple[int, ...]], device: torch.device,
-            rounds: int) -> list[Result]:
+def run_row(
+    row: Row, shapes: Sequence[tuple[int, ...]], device: torch.device, rounds: int
+) -> list[Result]:
     """Warm both up, then ``rounds`` interleaved windows each; per figure, the medians over
     rounds of its window statistic."""
     gen = torch.Generator().manual_seed(0)
@@ -307,20 +365,34 @@ def run_row(row: Row, shapes: Sequence[tuple[int, ...]], device: torch.device,
     results = []
     for figure in row.figures:
         reduce = statistics.fmean if figure.statistic == "mean" else max
-        ours_s, peer_s = (statistics.median(reduce(w) for w in windows[side])
-                          for side in ("ours", "peer"))
-        results.append(Result(figure.name, row.peer_name, 1e3 * peer_s, 1e3 * ours_s,
-                              ours_s / peer_s, figure.goal, rounds))
+        ours_s, peer_s = (
+            statistics.median(reduce(w) for w in windows[side]) for side in ("ours", "peer")
+        )
+        results.append(
+            Result(
+                figure.name,
+                row.peer_name,
+                1e3 * peer_s,
+                1e3 * ours_s,
+                ours_s / peer_s,
+                figure.goal,
+                rounds,
+            )
+        )
     return results
 
 
 def format_table(results: Sequence[Result]) -> str:
-    lines = ["| optimizer | peer | peer ms | ours ms | ours / peer | goal | |",
-             "|---|---|---|---|---|---|---|"]
+    lines = [
+        "| optimizer | peer | peer ms | ours ms | ours / peer | goal | |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for r in results:
         goal = "-" if r.goal is None else f"<= {r.goal}x"
-        lines.append(f"| {r.name} | {r.peer_name} | {r.peer_ms:.1f} | {r.ours_ms:.1f} | "
-                     f"{r.ratio:.2f}x | {goal} | {r.verdict} |")
+        lines.append(
+            f"| {r.name} | {r.peer_name} | {r.peer_ms:.1f} | {r.ours_ms:.1f} | "
+            f"{r.ratio:.2f}x | {goal} | {r.verdict} |"
+        )
     return "\n".join(lines)
 
 
@@ -338,13 +410,17 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--muon", type=Path, help="directory holding KellerJordan/Muon's muon.py")
     parser.add_argument("--soap", type=Path, help="directory holding nikhilvyas/SOAP's soap.py")
-    parser.add_argument("--distributed-shampoo", type=Path,
-                        help="directory holding the reference distributed_shampoo package")
+    parser.add_argument(
+        "--distributed-shampoo",
+        type=Path,
+        help="directory holding the reference distributed_shampoo package",
+    )
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--threads", type=int, default=0, help="intra-op threads (0: torch's)")
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--rows", default=",".join(ROWS),
-                        help=f"comma-separated subset of {','.join(ROWS)}")
+    parser.add_argument(
+        "--rows", default=",".join(ROWS), help=f"comma-separated subset of {','.join(ROWS)}"
+    )
     parser.add_argument("--shapes", default=GPT_SMALL_SHAPES)
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args(argv)
@@ -364,22 +440,33 @@ def main(argv: Sequence[str] | None = None) -> list[Result]:
     log: list[str] = []
     rows = build_rows(args, device, log)
     name = cpu_name() if device.type == "cpu" else torch.cuda.get_device_name(device)
-    header = (f"device {device}: {name}, {torch.get_num_threads()} threads, torch {torch.__version__}, "
-              f"shapes {args.shapes}, {args.rounds} rounds")
+    header = (
+        f"device {device}: {name}, {torch.get_num_threads()} threads, torch {torch.__version__}, "
+        f"shapes {args.shapes}, {args.rounds} rounds"
+    )
     print(header)
     print("\n".join(log), flush=True)
     results = []
     for row in rows:
         for result in run_row(row, args.shapes, device, args.rounds):
             results.append(result)
-            print(f"{result.name}: ours {result.ours_ms:.1f} ms, peer {result.peer_ms:.1f} ms",
-                  flush=True)
+            print(
+                f"{result.name}: ours {result.ours_ms:.1f} ms, peer {result.peer_ms:.1f} ms",
+                flush=True,
+            )
     print(format_table(results))
     if args.json is not None:
         with atomic_output(args.json) as tmp:
-            tmp.write_text(json.dumps({
-                "header": header, "log": log,
-                "results": [asdict(r) | {"verdict": r.verdict} for r in results]}, indent=2))
+            tmp.write_text(
+                json.dumps(
+                    {
+                        "header": header,
+                        "log": log,
+                        "results": [asdict(r) | {"verdict": r.verdict} for r in results],
+                    },
+                    indent=2,
+                )
+            )
     return results
 
 

@@ -41,8 +41,9 @@ def run_steps(jsonl: Path) -> int:
     records = [json.loads(line) for line in jsonl.read_text().splitlines() if line.strip()]
     branches = [r for r in records if r["kind"] == "branch"]
     final = next((r for r in records if r["kind"] == "final"), None)
-    main = final["step"] if final is not None else max((b["fork_step"] for b in branches),
-                                                         default=0)
+    main = (
+        final["step"] if final is not None else max((b["fork_step"] for b in branches), default=0)
+    )
     return int(main) + sum(int(b["steps"]) - int(b["fork_step"]) for b in branches)
 
 
@@ -51,13 +52,23 @@ def study_steps(out_dir: Path) -> int:
     return sum(run_steps(path) for path in sorted((out_dir / "trials").rglob("*.jsonl")))
 
 
-def measure(name: str, searches: tuple[Any, ...], rungs: tuple[float, ...],
-            train_args: tuple[str, ...], out_dir: Path) -> dict[str, Any]:
+def measure(
+    name: str,
+    searches: tuple[Any, ...],
+    rungs: tuple[float, ...],
+    train_args: tuple[str, ...],
+    out_dir: Path,
+) -> dict[str, Any]:
     """The grid and the pruned grid of one setup; their best points and compute."""
     results: dict[str, TuneResult] = {}
     for label, with_rungs in (("grid", ()), ("pruned", rungs)):
-        config = TuneConfig(Setup(name, f"tiny-{name}"), searches, train_args=train_args,
-                            rungs=with_rungs, out_dir=out_dir / name / label)
+        config = TuneConfig(
+            Setup(name, f"tiny-{name}"),
+            searches,
+            train_args=train_args,
+            rungs=with_rungs,
+            out_dir=out_dir / name / label,
+        )
         results[label] = tune(config)
     grid, pruned = results["grid"], results["pruned"]
     by_point = {json.dumps(t.params, sort_keys=True): t.value for t in grid.trials}
@@ -65,42 +76,69 @@ def measure(name: str, searches: tuple[Any, ...], rungs: tuple[float, ...],
     grid_steps = study_steps(out_dir / name / "grid")
     pruned_steps = study_steps(out_dir / name / "pruned")
     states = [t.state for t in pruned.trials]
-    return {"grid_best": grid.best_values, "grid_best_value": grid.best_value,
-            "pruned_best": pruned.best_values, "pruned_best_value": pruned.best_value,
-            "pruned_best_in_grid": pruned_best_in_grid,
-            "gap": pruned_best_in_grid - grid.best_value,
-            "grid_steps": grid_steps, "pruned_steps": pruned_steps,
-            "compute_share": pruned_steps / grid_steps,
-            "trials": len(states), "pruned_trials": states.count("pruned")}
+    return {
+        "grid_best": grid.best_values,
+        "grid_best_value": grid.best_value,
+        "pruned_best": pruned.best_values,
+        "pruned_best_value": pruned.best_value,
+        "pruned_best_in_grid": pruned_best_in_grid,
+        "gap": pruned_best_in_grid - grid.best_value,
+        "grid_steps": grid_steps,
+        "pruned_steps": pruned_steps,
+        "compute_share": pruned_steps / grid_steps,
+        "trials": len(states),
+        "pruned_trials": states.count("pruned"),
+    }
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tune", action="append", required=True, metavar="SETUP:KEY=SPEC[;...]")
     parser.add_argument("--rungs", default="0.125,0.25,0.5")
-    parser.add_argument("--noise", type=float, default=0.0,
-                        help="the final loss's std over seeds: a gap below it is seed noise")
+    parser.add_argument(
+        "--noise",
+        type=float,
+        default=0.0,
+        help="the final loss's std over seeds: a gap below it is seed noise",
+    )
     parser.add_argument("--out-dir", type=Path, default=Path("runs/pruning"))
     parser.add_argument("--json", default="", help="write the results here")
     parser.add_argument("train_args", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     train_args = tuple(args.train_args[1:] if args.train_args[:1] == ["--"] else args.train_args)
     rungs = parse_rungs(args.rungs, "--rungs")
-    results = {name: measure(name, searches, rungs, train_args, args.out_dir)
-               for name, searches in parse_tune_specs(args.tune).items()}
+    results = {
+        name: measure(name, searches, rungs, train_args, args.out_dir)
+        for name, searches in parse_tune_specs(args.tune).items()
+    }
     for name, r in results.items():
-        verdict = ("the same point" if r["grid_best"] == r["pruned_best"] else
-                   f"within seed noise ({r['gap']:.4f} < {args.noise})" if r["gap"] < args.noise
-                   else f"NOT within seed noise ({r['gap']:.4f} >= {args.noise})")
-        print(f"{name}: grid best {r['grid_best']} {r['grid_best_value']:.4f} "
-              f"({r['grid_steps']} steps); pruned best {r['pruned_best']} "
-              f"{r['pruned_best_value']:.4f}, {r['pruned_best_in_grid']:.4f} in the grid "
-              f"({r['pruned_steps']} steps, {r['pruned_trials']} of {r['trials']} trials "
-              f"pruned): {verdict}; compute {100 * r['compute_share']:.0f} % of the grid's")
+        verdict = (
+            "the same point"
+            if r["grid_best"] == r["pruned_best"]
+            else f"within seed noise ({r['gap']:.4f} < {args.noise})"
+            if r["gap"] < args.noise
+            else f"NOT within seed noise ({r['gap']:.4f} >= {args.noise})"
+        )
+        print(
+            f"{name}: grid best {r['grid_best']} {r['grid_best_value']:.4f} "
+            f"({r['grid_steps']} steps); pruned best {r['pruned_best']} "
+            f"{r['pruned_best_value']:.4f}, {r['pruned_best_in_grid']:.4f} in the grid "
+            f"({r['pruned_steps']} steps, {r['pruned_trials']} of {r['trials']} trials "
+            f"pruned): {verdict}; compute {100 * r['compute_share']:.0f} % of the grid's"
+        )
     if args.json:
         with atomic_output(Path(args.json)) as tmp:
-            tmp.write_text(json.dumps({"rungs": rungs, "train_args": train_args,
-                                       "noise": args.noise, "results": results}, indent=2))
+            tmp.write_text(
+                json.dumps(
+                    {
+                        "rungs": rungs,
+                        "train_args": train_args,
+                        "noise": args.noise,
+                        "results": results,
+                    },
+                    indent=2,
+                )
+            )
 
 
 if __name__ == "__main__":

@@ -85,10 +85,14 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=3)
     args = parser.parse_args()
     param_bytes = sum(4 * a * b for a, b in GPT_SMALL_SHAPES)
-    print(f"parameters: {param_bytes / 2**20:.1f} MiB fp32; torch {torch.__version__}; "
-          f"{torch.get_num_threads()} threads in this process, 1 per rank")
-    print("| world | comm | blocks/rank | step (ms) | root step (ms) | sent/rank/step (MiB) "
-          "| exchange buffers/rank (MiB) | state/rank (MiB) |")
+    print(
+        f"parameters: {param_bytes / 2**20:.1f} MiB fp32; torch {torch.__version__}; "
+        f"{torch.get_num_threads()} threads in this process, 1 per rank"
+    )
+    print(
+        "| world | comm | blocks/rank | step (ms) | root step (ms) | sent/rank/step (MiB) "
+        "| exchange buffers/rank (MiB) | state/rank (MiB) |"
+    )
     print("|---|---|---|---|---|---|---|---|")
     for world_size in (int(w) for w in args.world_sizes.split(",")):
         for dtype_name in DTYPES:
@@ -99,9 +103,12 @@ def main() -> None:
             sent = max(r["bytes_sent"] for r in results) / 2**20
             buffers = max(r["exchange_buffer_bytes"] for r in results) / 2**20
             state = max(r["state_bytes"] for r in results) / 2**20
-            print(f"| {world_size} | {dtype_name} | {blocks} | {1e3 * slowest:.0f} "
-                  f"| {1e3 * root:.0f} "
-                  f"| {sent:.2f} | {buffers:.2f} | {state:.2f} |", flush=True)
+            print(
+                f"| {world_size} | {dtype_name} | {blocks} | {1e3 * slowest:.0f} "
+                f"| {1e3 * root:.0f} "
+                f"| {sent:.2f} | {buffers:.2f} | {state:.2f} |",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

@@ -81,11 +81,17 @@ def split_dim(size: int, max_dim: int) -> list[int]:
 
 def blocks(shapes: Sequence[tuple[int, int]], max_dim: int) -> list[tuple[int, int]]:
     """Every ``(m, n)`` block of the matrices."""
-    return [(m, n) for rows, cols in shapes
-            for m in split_dim(rows, max_dim) for n in split_dim(cols, max_dim)]
+    return [
+        (m, n)
+        for rows, cols in shapes
+        for m in split_dim(rows, max_dim)
+        for n in split_dim(cols, max_dim)
+    ]
 
 
-def floor_work(shapes: Sequence[tuple[int, int]], max_dim: int) -> tuple[Counter[int], float, float]:
+def floor_work(
+    shapes: Sequence[tuple[int, int]], max_dim: int
+) -> tuple[Counter[int], float, float]:
     """``(factors per size, GEMM FLOPs of every step, GEMM FLOPs of the roots)`` (see the
     module docstring): the factor updates and the preconditioning, then ``Q diag Q^T``."""
     sizes: Counter[int] = Counter()
@@ -122,23 +128,37 @@ def gemm_flops_per_second(shape: tuple[int, int, int], generator: torch.Generato
     return 2.0 * m * k * n / _seconds(lambda: a @ b)
 
 
-def ours(shapes: Sequence[tuple[int, int]], max_dim: int,
-         frequency: int = 1) -> tuple[DistributedShampoo, list[torch.nn.Parameter]]:
+def ours(
+    shapes: Sequence[tuple[int, int]], max_dim: int, frequency: int = 1
+) -> tuple[DistributedShampoo, list[torch.nn.Parameter]]:
     """Our optimizer at ``frequency``, ``bench/peers.py``'s Shampoo settings."""
     generator = torch.Generator().manual_seed(0)
     params = [torch.nn.Parameter(torch.randn(s, generator=generator) * 0.02) for s in shapes]
     optimizer = DistributedShampoo(
-        params, lr=0.01, betas=(0.9, 0.999), epsilon=1e-12, weight_decay=0.0,
-        max_preconditioner_dim=max_dim, precondition_frequency=frequency,
+        params,
+        lr=0.01,
+        betas=(0.9, 0.999),
+        epsilon=1e-12,
+        weight_decay=0.0,
+        max_preconditioner_dim=max_dim,
+        precondition_frequency=frequency,
         start_preconditioning_step=frequency,
-        use_bias_correction=True, grafting_config=AdamPreconditionerConfig(beta2=0.999, epsilon=1e-8),
+        use_bias_correction=True,
+        grafting_config=AdamPreconditionerConfig(beta2=0.999, epsilon=1e-8),
         preconditioner_config=RootInvShampooPreconditionerConfig(
-            amortized_computation_config=EigenConfig()))
+            amortized_computation_config=EigenConfig()
+        ),
+    )
     return optimizer, params
 
 
-def our_step_seconds(optimizer: DistributedShampoo, params: Sequence[torch.nn.Parameter],
-                     windows: int, generator: torch.Generator, frequency: int = 1) -> float:
+def our_step_seconds(
+    optimizer: DistributedShampoo,
+    params: Sequence[torch.nn.Parameter],
+    windows: int,
+    generator: torch.Generator,
+    frequency: int = 1,
+) -> float:
     """Median over ``windows`` windows of ``frequency`` steps of their mean step, on fresh
     random gradients (set outside the timing)."""
     means = []
@@ -168,36 +188,54 @@ def measure(args: argparse.Namespace) -> dict[str, object]:
         rate = gemm_flops_per_second(args.gemm_shape, generator)
         step = our_step_seconds(optimizer, params, args.steps, generator, frequency)
         floor = (sum(eigh.values()) + root_flops / rate) / frequency + step_flops / rate
-        rounds.append({"eigh_ms": {s: 1000 * t for s, t in eigh.items()},
-                       "gemm_gflop_s": rate / 1e9, "floor_ms": 1000 * floor,
-                       "ours_ms": 1000 * step, "ours_over_floor": step / floor})
-    median = {key: statistics.median(r[key] for r in rounds)
-              for key in ("gemm_gflop_s", "floor_ms", "ours_ms", "ours_over_floor")}
+        rounds.append(
+            {
+                "eigh_ms": {s: 1000 * t for s, t in eigh.items()},
+                "gemm_gflop_s": rate / 1e9,
+                "floor_ms": 1000 * floor,
+                "ours_ms": 1000 * step,
+                "ours_over_floor": step / floor,
+            }
+        )
+    median = {
+        key: statistics.median(r[key] for r in rounds)
+        for key in ("gemm_gflop_s", "floor_ms", "ours_ms", "ours_over_floor")
+    }
     eigh_ms = {s: statistics.median(r["eigh_ms"][s] for r in rounds) for s in sorted(sizes)}
     flops = root_flops / frequency + step_flops  # per step, the roots' share included
-    return {"shapes": args.shapes, "frequency": frequency,
-            "factors_per_size": dict(sorted(sizes.items())),
-            "gemm_gflop": flops / 1e9, "eigh_ms": eigh_ms,
-            "eigh_ms_per_step": sum(eigh_ms.values()) / frequency,
-            "gemm_ms_at_rate": flops / (median["gemm_gflop_s"] * 1e9) * 1000,
-            **median, "rounds": rounds, "threads": torch.get_num_threads(),
-            "load_average": os.getloadavg()[0]}
+    return {
+        "shapes": args.shapes,
+        "frequency": frequency,
+        "factors_per_size": dict(sorted(sizes.items())),
+        "gemm_gflop": flops / 1e9,
+        "eigh_ms": eigh_ms,
+        "eigh_ms_per_step": sum(eigh_ms.values()) / frequency,
+        "gemm_ms_at_rate": flops / (median["gemm_gflop_s"] * 1e9) * 1000,
+        **median,
+        "rounds": rounds,
+        "threads": torch.get_num_threads(),
+        "load_average": os.getloadavg()[0],
+    }
 
 
 def report(result: dict[str, object]) -> str:
-    eigh = ", ".join(f"{n} of {s}: {result['eigh_ms'][s]:.1f} ms"  # type: ignore[index]
-                     for s, n in result["factors_per_size"].items())  # type: ignore[union-attr]
-    return "\n".join([
-        f"shapes {result['shapes']}; frequency {result['frequency']}; "
-        f"{result['threads']} threads; load average "
-        f"{result['load_average']:.2f}",
-        f"eigh (per size, every root computation): {eigh}; per step "
-        f"{result['eigh_ms_per_step']:.1f} ms",
-        f"GEMMs per step: {result['gemm_gflop']:.2f} GFLOP at {result['gemm_gflop_s']:.1f} GFLOP/s = "
-        f"{result['gemm_ms_at_rate']:.1f} ms",
-        f"floor {result['floor_ms']:.1f} ms; ours {result['ours_ms']:.1f} ms; "
-        f"ours / floor {result['ours_over_floor']:.2f}x (medians over rounds)",
-    ])
+    eigh = ", ".join(
+        f"{n} of {s}: {result['eigh_ms'][s]:.1f} ms"  # type: ignore[index]
+        for s, n in result["factors_per_size"].items()
+    )  # type: ignore[union-attr]
+    return "\n".join(
+        [
+            f"shapes {result['shapes']}; frequency {result['frequency']}; "
+            f"{result['threads']} threads; load average "
+            f"{result['load_average']:.2f}",
+            f"eigh (per size, every root computation): {eigh}; per step "
+            f"{result['eigh_ms_per_step']:.1f} ms",
+            f"GEMMs per step: {result['gemm_gflop']:.2f} GFLOP at {result['gemm_gflop_s']:.1f} GFLOP/s = "
+            f"{result['gemm_ms_at_rate']:.1f} ms",
+            f"floor {result['floor_ms']:.1f} ms; ours {result['ours_ms']:.1f} ms; "
+            f"ours / floor {result['ours_over_floor']:.2f}x (medians over rounds)",
+        ]
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, object]:
@@ -207,8 +245,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, object]:
     parser.add_argument("--gemm-shape", default="1024x1024x1024", help="MxKxN of the rate probe")
     parser.add_argument("--frequency", type=int, default=1, help="precondition frequency F")
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--steps", type=int, default=3,
-                        help="our timed windows of F steps per round")
+    parser.add_argument(
+        "--steps", type=int, default=3, help="our timed windows of F steps per round"
+    )
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--json", default="")
     args = parser.parse_args(argv)

@@ -98,10 +98,17 @@ def _epsilon(config: PreconditionerConfig) -> float:
 def trajectory(config: PreconditionerConfig, dtype: torch.dtype, steps: int) -> list[torch.Tensor]:
     """Parameters after ``steps`` steps on seeded random gradients (float64 values, cast)."""
     gen = torch.Generator().manual_seed(0)
-    params = [torch.nn.Parameter(torch.randn(s, generator=gen, dtype=F64).to(dtype)) for s in SHAPES]
+    params = [
+        torch.nn.Parameter(torch.randn(s, generator=gen, dtype=F64).to(dtype)) for s in SHAPES
+    ]
     opt = DistributedShampoo(
-        params, lr=0.01, betas=(0.9, 0.999), epsilon=_epsilon(config), max_preconditioner_dim=64,
-        precondition_frequency=3, start_preconditioning_step=3,
+        params,
+        lr=0.01,
+        betas=(0.9, 0.999),
+        epsilon=_epsilon(config),
+        max_preconditioner_dim=64,
+        precondition_frequency=3,
+        start_preconditioning_step=3,
         grafting_config=AdamPreconditionerConfig(beta2=0.999, epsilon=1e-8),
         preconditioner_config=config,
     )
@@ -136,8 +143,14 @@ def last_direction(
     """The search direction of step 3 (fresh root every step, no grafting, lr 1)."""
     p = torch.nn.Parameter(torch.zeros(shape, dtype=dtype))
     opt = DistributedShampoo(
-        [p], lr=1.0, betas=(0.0, 0.999), epsilon=_epsilon(config), max_preconditioner_dim=64,
-        precondition_frequency=1, start_preconditioning_step=1, preconditioner_config=config,
+        [p],
+        lr=1.0,
+        betas=(0.0, 0.999),
+        epsilon=_epsilon(config),
+        max_preconditioner_dim=64,
+        precondition_frequency=1,
+        start_preconditioning_step=1,
+        preconditioner_config=config,
     )
     for step in range(3):
         before = p.detach().to(F64).clone()
@@ -197,7 +210,9 @@ def symmetrized_root(factor: torch.Tensor, exponent: torch.Tensor) -> torch.Tens
 
 def rescaled_root(factor: torch.Tensor, exponent: torch.Tensor) -> torch.Tensor:
     scale = factor.trace()
-    root, _ = eigh_inverse_root((factor / scale)[None], exponent, EPSILON / float(scale), stability=NO_FLOOR)
+    root, _ = eigh_inverse_root(
+        (factor / scale)[None], exponent, EPSILON / float(scale), stability=NO_FLOOR
+    )
     return root[0] * scale.pow(-exponent)
 
 
@@ -230,11 +245,16 @@ def gpt_small_cost_ms(solve: Callable[[torch.Tensor], object], scale: float = 1.
     return 1000.0 * total * scale
 
 
-def eigh_cost(stability: RankDeficientStabilityConfig, double: bool = False) -> Callable[[torch.Tensor], object]:
+def eigh_cost(
+    stability: RankDeficientStabilityConfig, double: bool = False
+) -> Callable[[torch.Tensor], object]:
     def solve(factor: torch.Tensor) -> object:
         matrices = factor.double() if double else factor
         exponents = torch.full((1,), 0.25, dtype=matrices.dtype)
-        return eigh_inverse_root(matrices, exponents, EPSILON, stability=stability, root_dtype=torch.float32)
+        return eigh_inverse_root(
+            matrices, exponents, EPSILON, stability=stability, root_dtype=torch.float32
+        )
+
     return solve
 
 
@@ -291,32 +311,60 @@ def main() -> None:
         Row("floor 1e-6", shampoo(floor_1e6), stable_root(floor_1e6), eigh32),
         Row("DEFAULT: floor sqrt(n) eps", shampoo(default), stable_root(default), eigh32),
         Row("pseudo-inverse (epsilon 0)", shampoo(pinv), stable_root(pinv), eigh32),
-        Row("coupled Newton (ridge sqrt(n) eps)", RootInvShampooPreconditionerConfig(
-            amortized_computation_config=CoupledNewtonConfig()), newton_root, Cost(newton_cost, 10.0)),
+        Row(
+            "coupled Newton (ridge sqrt(n) eps)",
+            RootInvShampooPreconditionerConfig(amortized_computation_config=CoupledNewtonConfig()),
+            newton_root,
+            Cost(newton_cost, 10.0),
+        ),
     ]
-    print(f"root-inverse Shampoo: float32 vs float64 plain (epsilon={EPSILON}); cpu ms at GPT-small, 1 thread")
-    print(f"{'option':40s} {'5 steps':>8s} {'20 steps':>9s} {'one step':>9s} {'3 steps':>9s} {'cpu ms':>7s}")
+    print(
+        f"root-inverse Shampoo: float32 vs float64 plain (epsilon={EPSILON}); cpu ms at GPT-small, 1 thread"
+    )
+    print(
+        f"{'option':40s} {'5 steps':>8s} {'20 steps':>9s} {'one step':>9s} {'3 steps':>9s} {'cpu ms':>7s}"
+    )
     references = {steps: trajectory(shampoo(factor_dtype=F64), F64, steps) for steps in (5, 20)}
     for row in rows:
-        one_step = f"{'-':>9s}" if row.root is None else f"{100 * transformed_direction_error(row.root):8.3f}%"
+        one_step = (
+            f"{'-':>9s}"
+            if row.root is None
+            else f"{100 * transformed_direction_error(row.root):8.3f}%"
+        )
         if row.config is None:
             cells = f"{'-':>8s} {'-':>9s} {one_step} {'-':>9s}"
         else:
-            errors = [relative(trajectory(row.config, torch.float32, s), references[s], start) for s in (5, 20)]
+            errors = [
+                relative(trajectory(row.config, torch.float32, s), references[s], start)
+                for s in (5, 20)
+            ]
             direction = direction_error(row.config, shampoo(factor_dtype=F64))
             cells = f"{100 * errors[0]:7.2f}% {100 * errors[1]:8.2f}% {one_step} {100 * direction:8.3f}%"
         print(f"{row.name:40s} {cells} {row.cost():7.0f}", flush=True)
 
-    print("\nSOAP: float32 vs float64 (epsilon=1e-12); 'vs same' compares with float64 of the same option")
-    print(f"{'option':40s} {'5 steps':>8s} {'20 steps':>9s} {'3 steps':>9s} {'vs same':>9s} {'cpu ms':>7s}")
+    print(
+        "\nSOAP: float32 vs float64 (epsilon=1e-12); 'vs same' compares with float64 of the same option"
+    )
+    print(
+        f"{'option':40s} {'5 steps':>8s} {'20 steps':>9s} {'3 steps':>9s} {'vs same':>9s} {'cpu ms':>7s}"
+    )
     soap_costs = {False: Cost(soap_cost(NO_FLOOR)), True: Cost(soap_cost(default))}
     for qr in (False, True):
         plain64 = soap(qr, dtype=F64)
         plain_refs = {steps: trajectory(plain64, F64, steps) for steps in (5, 20)}
-        for name, stability in (("baseline", NO_FLOOR), ("DEFAULT floor, canonical null", default), ("pseudo-inverse", pinv)):
+        for name, stability in (
+            ("baseline", NO_FLOOR),
+            ("DEFAULT floor, canonical null", default),
+            ("pseudo-inverse", pinv),
+        ):
             config, same64 = soap(qr, stability), soap(qr, stability, F64)
-            errors = [relative(trajectory(config, torch.float32, s), plain_refs[s], start) for s in (5, 20)]
-            same_error = relative(trajectory(config, torch.float32, 20), trajectory(same64, F64, 20), start)
+            errors = [
+                relative(trajectory(config, torch.float32, s), plain_refs[s], start)
+                for s in (5, 20)
+            ]
+            same_error = relative(
+                trajectory(config, torch.float32, 20), trajectory(same64, F64, 20), start
+            )
             print(
                 f"{('QR ' if qr else 'eigh ') + name:40s} {100 * errors[0]:7.2f}% {100 * errors[1]:8.2f}% "
                 f"{100 * direction_error(config, plain64):8.3f}% {100 * same_error:8.3f}% "

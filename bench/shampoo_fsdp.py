@@ -79,7 +79,11 @@ def make_optimizer(
     params: list[torch.Tensor], config: DistributedConfig, frequency: int
 ) -> DistributedShampoo:
     return DistributedShampoo(
-        params, lr=1e-3, betas=(0.9, 0.999), epsilon=1e-12, max_preconditioner_dim=MAX_DIM,
+        params,
+        lr=1e-3,
+        betas=(0.9, 0.999),
+        epsilon=1e-12,
+        max_preconditioner_dim=MAX_DIM,
         precondition_frequency=frequency,
         grafting_config=AdamPreconditionerConfig(beta2=0.999, epsilon=1e-8),
         distributed_config=config,
@@ -127,8 +131,10 @@ def bench_rank(rank: int, world_size: int, mode: str, steps: int) -> dict[str, f
     else:
         fsdp = FullyShardDistributor(params, MAX_DIM, 0, config)
         sent, buffers = fsdp.bytes_sent_per_step, fsdp.buffer_bytes
+
     def local(t: torch.Tensor) -> torch.Tensor:
         return t.to_local() if isinstance(t, DTensor) else t
+
     held = sum(local(t).numel() * local(t).element_size() for p in params for t in (p, p.grad))
     return {
         "preconditioned_s": statistics.median(times[frequency:]),
@@ -145,7 +151,8 @@ def preset_costs(name: str, vocab: int) -> dict[str, float]:
     with torch.device("meta"):
         model = GPT(gpt_preset(name, vocab))
     matrices = [
-        p for n, p in model.named_parameters()
+        p
+        for n, p in model.named_parameters()
         if p.ndim >= 2 and not n.startswith(("embed", "lm_head"))
     ]
     ids = {id(p) for p in matrices}
@@ -179,10 +186,14 @@ def main() -> None:
     worlds = [int(w) for w in args.world_sizes.split(",")]
     mib = 2**20
     param_bytes = sum(4 * a * b for a, b in GPT_SMALL_SHAPES)
-    print(f"part 1: {param_bytes / mib:.1f} MiB of fp32 matrices; torch {torch.__version__}; "
-          "1 thread per rank")
-    print("| world | mode | step (ms) | root step (ms) | sent/rank/step (MiB) | params+grads/rank (MiB) "
-          "| state/rank (MiB) | buffers/rank (MiB) |")
+    print(
+        f"part 1: {param_bytes / mib:.1f} MiB of fp32 matrices; torch {torch.__version__}; "
+        "1 thread per rank"
+    )
+    print(
+        "| world | mode | step (ms) | root step (ms) | sent/rank/step (MiB) | params+grads/rank (MiB) "
+        "| state/rank (MiB) | buffers/rank (MiB) |"
+    )
     print("|---|---|---|---|---|---|---|---|")
     ratios: dict[tuple[int, str], float] = {}
     for world in worlds:
@@ -190,25 +201,36 @@ def main() -> None:
             results: list[dict[str, Any]] = run_on_gloo(bench_rank, world, mode, args.steps)
             worst = {key: max(r[key] for r in results) for key in results[0]}
             ratios[(world, mode)] = worst["buffer_bytes"] / param_bytes
-            print(f"| {world} | {mode} | {1e3 * worst['preconditioned_s']:.0f} "
-                  f"| {1e3 * worst['root_step_s']:.0f} "
-                  f"| {worst['bytes_sent'] / mib:.2f} | {worst['held_bytes'] / mib:.2f} "
-                  f"| {worst['state_bytes'] / mib:.2f} | {worst['buffer_bytes'] / mib:.2f} |", flush=True)
+            print(
+                f"| {world} | {mode} | {1e3 * worst['preconditioned_s']:.0f} "
+                f"| {1e3 * worst['root_step_s']:.0f} "
+                f"| {worst['bytes_sent'] / mib:.2f} | {worst['held_bytes'] / mib:.2f} "
+                f"| {worst['state_bytes'] / mib:.2f} | {worst['buffer_bytes'] / mib:.2f} |",
+                flush=True,
+            )
 
     budget = args.budget_gib * 2**30
     costs = {name: preset_costs(name, args.vocab) for name in gpt_preset_names()}
     names = sorted(costs, key=lambda n: costs[n]["params"])
-    print(f"\npart 2: per-rank GiB (no activations), vocab {args.vocab}; "
-          f"budget {args.budget_gib} GiB per rank")
-    print("| world | mode | " + " | ".join(f"{n} ({costs[n]['params'] / 1e6:.0f}M)" for n in names)
-          + " | largest within budget |")
+    print(
+        f"\npart 2: per-rank GiB (no activations), vocab {args.vocab}; "
+        f"budget {args.budget_gib} GiB per rank"
+    )
+    print(
+        "| world | mode | "
+        + " | ".join(f"{n} ({costs[n]['params'] / 1e6:.0f}M)" for n in names)
+        + " | largest within budget |"
+    )
     print("|---|---|" + "---|" * (len(names) + 1))
     for world in worlds:
         for mode in ("ddp", "fsdp2-round_robin"):
             sizes = [per_rank_bytes(costs[n], world, mode, ratios[(world, mode)]) for n in names]
             fits = [n for n, size in zip(names, sizes) if size <= budget]
-            print(f"| {world} | {mode} | " + " | ".join(f"{s / 2**30:.2f}" for s in sizes)
-                  + f" | {fits[-1] if fits else 'none'} |")
+            print(
+                f"| {world} | {mode} | "
+                + " | ".join(f"{s / 2**30:.2f}" for s in sizes)
+                + f" | {fits[-1] if fits else 'none'} |"
+            )
 
 
 if __name__ == "__main__":

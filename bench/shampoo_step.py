@@ -165,7 +165,9 @@ def parse_positive_ints(text: str, flag: str) -> list[int]:
     return [int(item) for item in items]
 
 
-def make_params(shapes: Sequence[tuple[int, int]], device: torch.device) -> list[torch.nn.Parameter]:
+def make_params(
+    shapes: Sequence[tuple[int, int]], device: torch.device
+) -> list[torch.nn.Parameter]:
     """Float32 parameters of ``shapes`` (scaled normal, seed 0), on ``device``."""
     gen = torch.Generator(device="cpu").manual_seed(0)
     return [torch.nn.Parameter((torch.randn(s, generator=gen) * 0.02).to(device)) for s in shapes]
@@ -289,9 +291,14 @@ class Result:
 
     def to_dict(self, adamw_mean_ms: float) -> dict[str, Any]:
         record = asdict(self)
-        record.update(median_ms=self.median_ms, mean_ms=self.mean_ms, max_ms=self.max_ms,
-                      max_over_median=self.max_ms / self.median_ms,
-                      x_adamw=self.mean_ms / adamw_mean_ms, fallback_rate=self.fallback_rate)
+        record.update(
+            median_ms=self.median_ms,
+            mean_ms=self.mean_ms,
+            max_ms=self.max_ms,
+            max_over_median=self.max_ms / self.median_ms,
+            x_adamw=self.mean_ms / adamw_mean_ms,
+            fallback_rate=self.fallback_rate,
+        )
         return record
 
 
@@ -332,7 +339,9 @@ def time_steps(
     return step_ms, {phase: total / steps for phase, total in phase_sums.items()}
 
 
-def bench_adamw(shapes: Sequence[tuple[int, int]], device: torch.device, steps: int, warmup: int) -> Result:
+def bench_adamw(
+    shapes: Sequence[tuple[int, int]], device: torch.device, steps: int, warmup: int
+) -> Result:
     params = make_params(shapes, device)
     param_bytes = sum(p.numel() * p.element_size() for p in params)
     optimizer = torch.optim.AdamW(params, lr=1e-3)
@@ -382,28 +391,38 @@ def bench_shampoo(
         params = make_params(shapes, device)
         param_bytes = sum(p.numel() * p.element_size() for p in params)
         shampoo = DistributedShampoo(
-            params, lr=1e-3, betas=(0.9, 0.999), epsilon=1e-12,
-            max_preconditioner_dim=max_dim, precondition_frequency=frequency,
+            params,
+            lr=1e-3,
+            betas=(0.9, 0.999),
+            epsilon=1e-12,
+            max_preconditioner_dim=max_dim,
+            precondition_frequency=frequency,
             amortize_roots=amortize_roots,
             momentum_dtype=narrow("momentum"),
             # A bfloat16 EMA needs 1 - beta2 >= 2^-7 (the library refuses 0.999): the recipe's
             # 0.95 then; the cost and the bytes do not depend on beta2.
             grafting_config=AdamPreconditionerConfig(
-                beta2=0.95 if narrow("grafting") else 0.999, epsilon=1e-8,
+                beta2=0.95 if narrow("grafting") else 0.999,
+                epsilon=1e-8,
                 second_moment_dtype=narrow("grafting"),
             ),
             preconditioner_config=RootInvShampooPreconditionerConfig(
-                amortized_computation_config=solver, factor_matrix_dtype=factor_dtype,
+                amortized_computation_config=solver,
+                factor_matrix_dtype=factor_dtype,
                 large_factor_dim=large_factor_dim,
                 large_factor_frequency_multiplier=large_factor_multiplier,
-                use_symmetric_packing=packed, inv_factor_matrix_dtype=narrow("roots"),
-                precondition_dtype=(None if precondition_dtype == "float32"
-                                    else DTYPES[precondition_dtype]),
+                use_symmetric_packing=packed,
+                inv_factor_matrix_dtype=narrow("roots"),
+                precondition_dtype=(
+                    None if precondition_dtype == "float32" else DTYPES[precondition_dtype]
+                ),
             ),
         )
         # start_preconditioning_step = frequency: warm up past the first root computation.
         step_ms, phase_ms = time_steps(shampoo, params, window, warmup + frequency, clock, timer)
-    never_called = [p for p in ("statistics", "roots", "preconditioning", "grafting") if phase_ms[p] == 0.0]
+    never_called = [
+        p for p in ("statistics", "roots", "preconditioning", "grafting") if phase_ms[p] == 0.0
+    ]
     if never_called:
         raise RuntimeError(
             f"breakdown: no timed call for {never_called}; the optimizer no longer calls "
@@ -424,8 +443,15 @@ def bench_shampoo(
     return Result(
         name + (" amortized" if amortize_roots else "") + ("" if eigh_split else " unsplit"),
         step_ms,
-        shampoo.optimizer_state_bytes() / param_bytes, phase_ms, max_dim, frequency,
-        root_method, large_factor_multiplier, warm_solves, fallbacks, eigh_split,
+        shampoo.optimizer_state_bytes() / param_bytes,
+        phase_ms,
+        max_dim,
+        frequency,
+        root_method,
+        large_factor_multiplier,
+        warm_solves,
+        fallbacks,
+        eigh_split,
         precondition_dtype,
     )
 
@@ -445,7 +471,9 @@ def eigh_split_threshold(split: bool) -> Iterator[None]:
 def cpu_model_name() -> str:
     """``lscpu``'s model name (falls back to /proc/cpuinfo, then ``platform``)."""
     try:
-        listing = subprocess.run(["lscpu"], capture_output=True, text=True, check=True, timeout=10).stdout
+        listing = subprocess.run(
+            ["lscpu"], capture_output=True, text=True, check=True, timeout=10
+        ).stdout
         for line in listing.splitlines():
             if line.startswith("Model name:"):
                 return line.split(":", 1)[1].strip()
@@ -471,7 +499,9 @@ def environment(device: torch.device) -> dict[str, Any]:
     }
 
 
-def format_report(env: dict[str, Any], settings: dict[str, Any], adamw: Result, results: Sequence[Result]) -> str:
+def format_report(
+    env: dict[str, Any], settings: dict[str, Any], adamw: Result, results: Sequence[Result]
+) -> str:
     """The x AdamW table and the breakdown table, as printed."""
     where = f"cpu: {env['cpu']}" + (f" | gpu: {env['gpu']}" if env["gpu"] else "")
     lines = [
@@ -492,48 +522,105 @@ def format_report(env: dict[str, Any], settings: dict[str, Any], adamw: Result, 
             f"{result.mean_ms / adamw.mean_ms:>8.2f} {result.state_bytes_per_param_byte:>16.2f} "
             + (f"{100 * rate:>8.1f}%" if rate is not None else f"{'-':>9}")
         )
-    lines += ["", "breakdown: ms per step (window mean) and % of the mean step; fallback: share of "
-              "warm-started root solves (whole run) that fell back to eigh",
-              f"{'optimizer':<{NAME_WIDTH}} " + " ".join(f"{p:>17}" for p in PHASES)]
+    lines += [
+        "",
+        "breakdown: ms per step (window mean) and % of the mean step; fallback: share of "
+        "warm-started root solves (whole run) that fell back to eigh",
+        f"{'optimizer':<{NAME_WIDTH}} " + " ".join(f"{p:>17}" for p in PHASES),
+    ]
     for result in results:
-        cells = [f"{result.phase_ms[p]:>9.2f} ({100 * result.phase_ms[p] / result.mean_ms:>4.1f}%)" for p in PHASES]
+        cells = [
+            f"{result.phase_ms[p]:>9.2f} ({100 * result.phase_ms[p] / result.mean_ms:>4.1f}%)"
+            for p in PHASES
+        ]
         lines.append(f"{result.name:<{NAME_WIDTH}} " + " ".join(cells))
     return "\n".join(lines)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
-    parser.add_argument("--dtype", default="float32", choices=tuple(DTYPES), help="factor matrix dtype")
-    parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch default)")
-    parser.add_argument("--steps", type=int, default=10, help="timed steps (rounded up to whole root periods)")
-    parser.add_argument("--warmup", type=int, default=2, help="untimed steps after the first root computation")
-    parser.add_argument("--max-dims", default="1024", help="comma-separated max_preconditioner_dim values")
-    parser.add_argument("--frequencies", default="1,10", help="comma-separated precondition_frequency values")
-    parser.add_argument("--amortize-roots", default="off", choices=("off", "on", "both"),
-                        help="amortize_roots of the Shampoo runs (both: one row each)")
-    parser.add_argument("--root-method", default="eigh",
-                        help="comma-separated root methods: eigh, warm-qr (WarmStartedEigenConfig)")
-    parser.add_argument("--warm-tolerance", type=float, default=WarmStartedEigenConfig().tolerance,
-                        help="warm-qr: accepted estimated direction error")
-    parser.add_argument("--warm-max-iterations", type=int,
-                        default=WarmStartedEigenConfig().max_iterations,
-                        help="warm-qr: QR iterations before the eigh fallback")
-    parser.add_argument("--large-factor-dim", type=int, default=1024,
-                        help="factors of at least this size get the multiplied root period")
-    parser.add_argument("--large-factor-multiplier", default="1",
-                        help="comma-separated multipliers of their root period (1: off)")
-    parser.add_argument("--eigh-split", default="on", choices=("on", "off", "both"),
-                        help="split each eigh stack over the CPU threads (parallel_eigh; off: one "
-                             "batched call; both: one row each)")
-    parser.add_argument("--pack-factors", default="off", choices=("on", "off", "both"),
-                        help="factors as lower triangles (pack_factor_matrices); both: side by side")
-    parser.add_argument("--bf16-state", default="",
-                        help="comma-separated states stored in bfloat16: roots, grafting, momentum")
-    parser.add_argument("--precondition-dtype", default="float32",
-                        help="comma-separated dtypes of the preconditioning GEMMs: float32, "
-                             "bfloat16 (one row each)")
-    parser.add_argument("--shapes", default=GPT_SMALL_SHAPES, help="comma-separated ROWSxCOLS parameter shapes")
+    parser.add_argument(
+        "--dtype", default="float32", choices=tuple(DTYPES), help="factor matrix dtype"
+    )
+    parser.add_argument(
+        "--threads", type=int, default=0, help="torch CPU threads (0: torch default)"
+    )
+    parser.add_argument(
+        "--steps", type=int, default=10, help="timed steps (rounded up to whole root periods)"
+    )
+    parser.add_argument(
+        "--warmup", type=int, default=2, help="untimed steps after the first root computation"
+    )
+    parser.add_argument(
+        "--max-dims", default="1024", help="comma-separated max_preconditioner_dim values"
+    )
+    parser.add_argument(
+        "--frequencies", default="1,10", help="comma-separated precondition_frequency values"
+    )
+    parser.add_argument(
+        "--amortize-roots",
+        default="off",
+        choices=("off", "on", "both"),
+        help="amortize_roots of the Shampoo runs (both: one row each)",
+    )
+    parser.add_argument(
+        "--root-method",
+        default="eigh",
+        help="comma-separated root methods: eigh, warm-qr (WarmStartedEigenConfig)",
+    )
+    parser.add_argument(
+        "--warm-tolerance",
+        type=float,
+        default=WarmStartedEigenConfig().tolerance,
+        help="warm-qr: accepted estimated direction error",
+    )
+    parser.add_argument(
+        "--warm-max-iterations",
+        type=int,
+        default=WarmStartedEigenConfig().max_iterations,
+        help="warm-qr: QR iterations before the eigh fallback",
+    )
+    parser.add_argument(
+        "--large-factor-dim",
+        type=int,
+        default=1024,
+        help="factors of at least this size get the multiplied root period",
+    )
+    parser.add_argument(
+        "--large-factor-multiplier",
+        default="1",
+        help="comma-separated multipliers of their root period (1: off)",
+    )
+    parser.add_argument(
+        "--eigh-split",
+        default="on",
+        choices=("on", "off", "both"),
+        help="split each eigh stack over the CPU threads (parallel_eigh; off: one "
+        "batched call; both: one row each)",
+    )
+    parser.add_argument(
+        "--pack-factors",
+        default="off",
+        choices=("on", "off", "both"),
+        help="factors as lower triangles (pack_factor_matrices); both: side by side",
+    )
+    parser.add_argument(
+        "--bf16-state",
+        default="",
+        help="comma-separated states stored in bfloat16: roots, grafting, momentum",
+    )
+    parser.add_argument(
+        "--precondition-dtype",
+        default="float32",
+        help="comma-separated dtypes of the preconditioning GEMMs: float32, "
+        "bfloat16 (one row each)",
+    )
+    parser.add_argument(
+        "--shapes", default=GPT_SMALL_SHAPES, help="comma-separated ROWSxCOLS parameter shapes"
+    )
     parser.add_argument("--json", type=Path, help="also write the figures as JSON here")
     args = parser.parse_args(argv)
     try:
@@ -543,16 +630,23 @@ def main(argv: Sequence[str] | None = None) -> None:
         multipliers = parse_positive_ints(args.large_factor_multiplier, "--large-factor-multiplier")
         methods = [m.strip() for m in args.root_method.split(",")]
         if not set(methods) <= set(ROOT_METHODS):
-            raise ValueError(f"--root-method: expected items of {list(ROOT_METHODS)}, got {args.root_method!r}")
+            raise ValueError(
+                f"--root-method: expected items of {list(ROOT_METHODS)}, got {args.root_method!r}"
+            )
         bf16_state = tuple(x.strip() for x in args.bf16_state.split(",") if x.strip())
         if not set(bf16_state) <= set(BF16_STATES):
-            raise ValueError(f"--bf16-state: expected items of {list(BF16_STATES)}, got {args.bf16_state!r}")
+            raise ValueError(
+                f"--bf16-state: expected items of {list(BF16_STATES)}, got {args.bf16_state!r}"
+            )
         gemm_dtypes = [d.strip() for d in args.precondition_dtype.split(",")]
         if not set(gemm_dtypes) <= set(DTYPES):
-            raise ValueError(f"--precondition-dtype: expected items of {list(DTYPES)}, got "
-                             f"{args.precondition_dtype!r}")
-        warm_config = WarmStartedEigenConfig(max_iterations=args.warm_max_iterations,
-                                             tolerance=args.warm_tolerance)
+            raise ValueError(
+                f"--precondition-dtype: expected items of {list(DTYPES)}, got "
+                f"{args.precondition_dtype!r}"
+            )
+        warm_config = WarmStartedEigenConfig(
+            max_iterations=args.warm_max_iterations, tolerance=args.warm_tolerance
+        )
     except ValueError as exc:
         parser.error(str(exc))
     if args.large_factor_dim < 0:
@@ -566,21 +660,46 @@ def main(argv: Sequence[str] | None = None) -> None:
     torch.manual_seed(0)
     device = torch.device(args.device)
     env = environment(device)
-    settings = {"device": args.device, "dtype": args.dtype, "steps": args.steps, "warmup": args.warmup,
-                "shapes": args.shapes, "amortize_roots": args.amortize_roots,
-                "roots": args.root_method + (
-                    f" (warm-qr tolerance {args.warm_tolerance}, max {args.warm_max_iterations} "
-                    "QR iterations)" if "warm-qr" in methods else ""),
-                "large_factor_dim": args.large_factor_dim, "eigh_split": args.eigh_split,
-                "pack_factors": args.pack_factors, "bf16_state": list(bf16_state),
-                "precondition_dtype": gemm_dtypes}
+    settings = {
+        "device": args.device,
+        "dtype": args.dtype,
+        "steps": args.steps,
+        "warmup": args.warmup,
+        "shapes": args.shapes,
+        "amortize_roots": args.amortize_roots,
+        "roots": args.root_method
+        + (
+            f" (warm-qr tolerance {args.warm_tolerance}, max {args.warm_max_iterations} "
+            "QR iterations)"
+            if "warm-qr" in methods
+            else ""
+        ),
+        "large_factor_dim": args.large_factor_dim,
+        "eigh_split": args.eigh_split,
+        "pack_factors": args.pack_factors,
+        "bf16_state": list(bf16_state),
+        "precondition_dtype": gemm_dtypes,
+    }
 
     adamw = bench_adamw(shapes, device, args.steps, args.warmup)
     results = [
         bench_shampoo(
-            shapes, device, DTYPES[args.dtype], max_dim, frequency, args.steps, args.warmup, amortize,
-            method, warm_config, args.large_factor_dim if multiplier > 1 else 0, multiplier, split,
-            packed, bf16_state, gemm_dtype,
+            shapes,
+            device,
+            DTYPES[args.dtype],
+            max_dim,
+            frequency,
+            args.steps,
+            args.warmup,
+            amortize,
+            method,
+            warm_config,
+            args.large_factor_dim if multiplier > 1 else 0,
+            multiplier,
+            split,
+            packed,
+            bf16_state,
+            gemm_dtype,
         )
         for max_dim in max_dims
         for frequency in frequencies
@@ -593,8 +712,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     ]
     print(format_report(env, settings, adamw, results))
     if args.json:
-        record = {"environment": env, "settings": settings, "adamw": adamw.to_dict(adamw.mean_ms),
-                  "shampoo": [r.to_dict(adamw.mean_ms) for r in results]}
+        record = {
+            "environment": env,
+            "settings": settings,
+            "adamw": adamw.to_dict(adamw.mean_ms),
+            "shampoo": [r.to_dict(adamw.mean_ms) for r in results],
+        }
         with atomic_output(args.json) as tmp:
             tmp.write_text(json.dumps(record, indent=2) + "\n")
         print(f"\nwrote {args.json}", file=sys.stderr)

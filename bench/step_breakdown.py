@@ -101,9 +101,12 @@ def _forward_parts(ops: Sequence[dict[str, Any]]) -> dict[str, list[dict[str, An
     """The forward's outermost ops by part (``PARTS`` but "other"); ``ops``: sorted by start."""
     linears = [e for e in ops if e["name"] == "aten::linear"]
     head_end = linears[-1]["ts"] + linears[-1]["dur"] if linears else float("inf")
-    return {"attention": [e for e in ops if e["name"] == "aten::scaled_dot_product_attention"],
-            "block linears": linears[:-1], "head": linears[-1:],
-            "softcap + loss": [e for e in ops if e["ts"] >= head_end]}
+    return {
+        "attention": [e for e in ops if e["name"] == "aten::scaled_dot_product_attention"],
+        "block linears": linears[:-1],
+        "head": linears[-1:],
+        "softcap + loss": [e for e in ops if e["ts"] >= head_end],
+    }
 
 
 def _backward_parts(nodes: Sequence[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
@@ -112,9 +115,12 @@ def _backward_parts(nodes: Sequence[dict[str, Any]]) -> dict[str, list[dict[str,
     linear = [i for i, name in enumerate(names) if name.startswith(_LINEAR_NODES)]
     # No linear node (a compiled model's backward is one node): nothing marks the head.
     head = linear[0] if linear else 0
-    return {"attention": [e for e, name in zip(nodes, names) if "ScaledDotProduct" in name],
-            "block linears": [nodes[i] for i in linear[1:]],
-            "head": [nodes[head]] if linear else [], "softcap + loss": list(nodes[:head])}
+    return {
+        "attention": [e for e, name in zip(nodes, names) if "ScaledDotProduct" in name],
+        "block linears": [nodes[i] for i in linear[1:]],
+        "head": [nodes[head]] if linear else [],
+        "softcap + loss": list(nodes[:head]),
+    }
 
 
 def _split(phase: str, total: float, parts: dict[str, list[dict[str, Any]]]) -> dict[str, float]:
@@ -138,8 +144,9 @@ def step_phases(events: Sequence[dict[str, Any]], step: dict[str, Any]) -> dict[
     }
     out = {phase: union_ms(_spans(found)) for phase, found in named.items()}
     out["rest"] = step["dur"] / 1000 - sum(out.values())
-    forward_ops = outermost([e for span in named["forward"] for e in _within(inside, span)
-                             if e is not span])
+    forward_ops = outermost(
+        [e for span in named["forward"] for e in _within(inside, span) if e is not span]
+    )
     out.update(_split("forward", out["forward"], _forward_parts(forward_ops)))
     out.update(_split("backward", out["backward"], _backward_parts(outermost(named["backward"]))))
     return out
@@ -175,20 +182,41 @@ def _labelled_call(function: Callable[[], Any], label: str) -> Callable[[], Any]
     def call() -> Any:
         with record_function(label):
             return function()
+
     return call
 
 
-def profile_preset(preset: str, num_iterations: int, steps: range, train_args: Sequence[str],
-                   work_dir: Path) -> dict[str, Any]:
+def profile_preset(
+    preset: str, num_iterations: int, steps: range, train_args: Sequence[str], work_dir: Path
+) -> dict[str, Any]:
     """Train ``preset`` with ``steps`` profiled; its breakdown and unprofiled step time."""
     from nanoshampoo.train.cli import config_from_args
     from nanoshampoo.train.trainer import Trainer
 
     out = work_dir / preset
-    argv = ["--preset", preset, "--num-iterations", str(num_iterations), "--val-every", "0",
-            "--save-final-checkpoint", "false", "--log-every", "1", "--progress", "false",
-            "--out-dir", str(out), "--run-id", preset, "--profile-dir", str(out / "profile"),
-            "--profile-steps", ",".join(map(str, steps)), *train_args]
+    argv = [
+        "--preset",
+        preset,
+        "--num-iterations",
+        str(num_iterations),
+        "--val-every",
+        "0",
+        "--save-final-checkpoint",
+        "false",
+        "--log-every",
+        "1",
+        "--progress",
+        "false",
+        "--out-dir",
+        str(out),
+        "--run-id",
+        preset,
+        "--profile-dir",
+        str(out / "profile"),
+        "--profile-steps",
+        ",".join(map(str, steps)),
+        *train_args,
+    ]
     trainer = Trainer(config_from_args(argv, refuse_unread_tables=True))
     trainer.loader.next_batch = _labelled_call(trainer.loader.next_batch, DATA)  # type: ignore[method-assign]
     trainer.forward = _Labelled(trainer.forward, FORWARD)
@@ -200,9 +228,14 @@ def profile_preset(preset: str, num_iterations: int, steps: range, train_args: S
     # Unprofiled steps after warm-up: those before the window, from its first quarter on.
     first, last = steps[0] // 4, steps[0]
     unprofiled = (times[last] - times[first]) / (last - first)
-    return {"preset": preset, "steps": count, "unprofiled_step_ms": unprofiled,
-            "profiled_step_ms": sum(phases[p] for p in PHASES), "ms": phases,
-            "threads": torch.get_num_threads()}
+    return {
+        "preset": preset,
+        "steps": count,
+        "unprofiled_step_ms": unprofiled,
+        "profiled_step_ms": sum(phases[p] for p in PHASES),
+        "ms": phases,
+        "threads": torch.get_num_threads(),
+    }
 
 
 def format_table(results: Sequence[dict[str, Any]]) -> str:
@@ -210,13 +243,21 @@ def format_table(results: Sequence[dict[str, Any]]) -> str:
     rule = "|---|" + "---:|---:|" * len(results)
     lines = [header, rule]
     for name in (*PHASES, *SPLITS):
-        cells = [f"{r['ms'][name]:.1f} | {100 * r['ms'][name] / r['profiled_step_ms']:.1f}"
-                 for r in results]
+        cells = [
+            f"{r['ms'][name]:.1f} | {100 * r['ms'][name] / r['profiled_step_ms']:.1f}"
+            for r in results
+        ]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
-    lines.append("| profiled step | " + " | ".join(
-        f"{r['profiled_step_ms']:.1f} | 100" for r in results) + " |")
-    lines.append("| unprofiled step (same run) | " + " | ".join(
-        f"{r['unprofiled_step_ms']:.1f} | " for r in results) + " |")
+    lines.append(
+        "| profiled step | "
+        + " | ".join(f"{r['profiled_step_ms']:.1f} | 100" for r in results)
+        + " |"
+    )
+    lines.append(
+        "| unprofiled step (same run) | "
+        + " | ".join(f"{r['unprofiled_step_ms']:.1f} | " for r in results)
+        + " |"
+    )
     return "\n".join(lines)
 
 
@@ -224,8 +265,10 @@ def _parse_steps(text: str) -> range:
     first, _, last = text.partition("-")
     steps = range(int(first), int(last or first) + 1)
     if not steps or steps[0] < 4:
-        raise ValueError(f"--profile-steps {text}: a window FIRST-LAST with FIRST >= 4 (the "
-                         "steps before it give the unprofiled step time)")
+        raise ValueError(
+            f"--profile-steps {text}: a window FIRST-LAST with FIRST >= 4 (the "
+            "steps before it give the unprofiled step time)"
+        )
     return steps
 
 
@@ -241,13 +284,18 @@ def main(argv: Sequence[str] | None = None) -> None:
         _reexec_with_tuned_malloc()
     steps = _parse_steps(args.profile_steps)
     if steps[-1] >= args.num_iterations:
-        raise ValueError(f"--profile-steps {args.profile_steps}: beyond --num-iterations "
-                         f"{args.num_iterations}")
+        raise ValueError(
+            f"--profile-steps {args.profile_steps}: beyond --num-iterations {args.num_iterations}"
+        )
     with tempfile.TemporaryDirectory() as work:
-        results = [profile_preset(p, args.num_iterations, steps, shlex.split(args.train_args),
-                                  Path(work)) for p in args.presets.split(",")]
-    print(f"load average {os.getloadavg()[0]:.2f}; steps {args.profile_steps} profiled; "
-          f"train args {args.train_args!r}")
+        results = [
+            profile_preset(p, args.num_iterations, steps, shlex.split(args.train_args), Path(work))
+            for p in args.presets.split(",")
+        ]
+    print(
+        f"load average {os.getloadavg()[0]:.2f}; steps {args.profile_steps} profiled; "
+        f"train args {args.train_args!r}"
+    )
     print(format_table(results))
     if args.json:
         with atomic_output(Path(args.json)) as tmp:

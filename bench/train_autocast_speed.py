@@ -45,8 +45,12 @@ def main() -> None:
     tokens = args.batch_size * args.seq_len
     for bf16, ts in times.items():
         med = statistics.median(ts)
-        print(f"autocast {'bf16' if bf16 else 'off'}: median step {1000 * med:.1f} ms, {tokens / med:,.0f} tok/s")
-    print(f"speedup of bf16: {statistics.median(times[False]) / statistics.median(times[True]):.2f}x")
+        print(
+            f"autocast {'bf16' if bf16 else 'off'}: median step {1000 * med:.1f} ms, {tokens / med:,.0f} tok/s"
+        )
+    print(
+        f"speedup of bf16: {statistics.median(times[False]) / statistics.median(times[True]):.2f}x"
+    )
     choice = resolve_autocast("auto", torch.device("cpu"))
     print(f"trainer's autocast=auto: {choice.name} ({choice.reason})")
 

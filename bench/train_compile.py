@@ -66,8 +66,11 @@ def step_times_s(jsonl: Path) -> tuple[list[float], float, float]:
     cumulative = [0.0, *(r["train_time_ms"] / 1000 for r in train)]
     final = next(r for r in records if r["kind"] == "final")
     meter = next(r for r in records if r["kind"] == "config")["mfu"]
-    return ([b - a for a, b in zip(cumulative, cumulative[1:])], float(final["mfu"]),
-            meter["flops_per_step"] / meter["peak_flops_per_second"])
+    return (
+        [b - a for a, b in zip(cumulative, cumulative[1:])],
+        float(final["mfu"]),
+        meter["flops_per_step"] / meter["peak_flops_per_second"],
+    )
 
 
 def run_figures(times: Sequence[float], skip: int) -> dict[str, float]:
@@ -81,8 +84,10 @@ def run_figures(times: Sequence[float], skip: int) -> dict[str, float]:
 
 def summarize(runs: dict[str, list[dict[str, float]]], pays_at: int) -> dict[str, float]:
     """The comparison of one preset's eager and compiled runs (medians over rounds)."""
-    med = {mode: {key: statistics.median(r[key] for r in runs[mode]) for key in runs[mode][0]}
-           for mode in MODES}
+    med = {
+        mode: {key: statistics.median(r[key] for r in runs[mode]) for key in runs[mode][0]}
+        for mode in MODES
+    }
     eager, compiled = med["eager"], med["compiled"]
     saved_s = (eager["step_ms"] - compiled["step_ms"]) / 1000
     cost_s = compiled["warm_s"] - eager["warm_s"]
@@ -96,14 +101,34 @@ def summarize(runs: dict[str, list[dict[str, float]]], pays_at: int) -> dict[str
     }
 
 
-def train_once(preset: str, mode: str, tag: str, args: argparse.Namespace, work: Path) -> dict[str, float]:
+def train_once(
+    preset: str, mode: str, tag: str, args: argparse.Namespace, work: Path
+) -> dict[str, float]:
     out = work / f"{preset}-{mode}-{tag}"
-    command = [sys.executable, "-m", "nanoshampoo.train", "--preset", preset,
-               "--num-iterations", str(args.num_iterations), "--val-every", "0",
-               "--log-every", "1", "--save-final-checkpoint", "false", "--progress", "false",
-               "--out-dir", str(out), "--run-id", "run",
-               "--compile", "true" if mode == "compiled" else "false",
-               *shlex.split(args.train_args)]
+    command = [
+        sys.executable,
+        "-m",
+        "nanoshampoo.train",
+        "--preset",
+        preset,
+        "--num-iterations",
+        str(args.num_iterations),
+        "--val-every",
+        "0",
+        "--log-every",
+        "1",
+        "--save-final-checkpoint",
+        "false",
+        "--progress",
+        "false",
+        "--out-dir",
+        str(out),
+        "--run-id",
+        "run",
+        "--compile",
+        "true" if mode == "compiled" else "false",
+        *shlex.split(args.train_args),
+    ]
     environment = dict(os.environ)
     if args.cold_cache:
         environment["TORCHINDUCTOR_CACHE_DIR"] = str(out / "inductor-cache")
@@ -112,10 +137,15 @@ def train_once(preset: str, mode: str, tag: str, args: argparse.Namespace, work:
     wall = time.perf_counter() - start
     times, mfu, mfu_of_1s = step_times_s(out / "run.jsonl")
     figures = run_figures(times, args.skip)
-    return {**figures, "wall_s": wall, "mfu": mfu,
-            "step_mfu": mfu_of_1s / (figures["step_ms"] / 1000),
-            f"mfu_at_{args.pays_at}": mfu_of_1s * args.pays_at
-            / (args.pays_at * figures["step_ms"] / 1000 + figures["warm_s"])}
+    return {
+        **figures,
+        "wall_s": wall,
+        "mfu": mfu,
+        "step_mfu": mfu_of_1s / (figures["step_ms"] / 1000),
+        f"mfu_at_{args.pays_at}": mfu_of_1s
+        * args.pays_at
+        / (args.pays_at * figures["step_ms"] / 1000 + figures["warm_s"]),
+    }
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -125,8 +155,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--skip", type=int, default=10)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--pays-at", type=int, default=300)
-    parser.add_argument("--cold-cache", action="store_true",
-                        help="a fresh inductor cache for every compiled run")
+    parser.add_argument(
+        "--cold-cache", action="store_true", help="a fresh inductor cache for every compiled run"
+    )
     parser.add_argument("--train-args", default="--threads 1")
     parser.add_argument("--json", default="")
     args = parser.parse_args(argv)
@@ -142,10 +173,12 @@ def main(argv: Sequence[str] | None = None) -> None:
                     runs[mode].append(train_once(preset, mode, str(round_index), args, Path(work)))
                     loads.append(os.getloadavg()[0])
             results[preset] = summarize(runs, args.pays_at)
-    print(f"load average {min(loads):.2f}-{max(loads):.2f}; {args.rounds} rounds of "
-          f"{args.num_iterations} steps, steady from step {args.skip + 1}; "
-          f"inductor cache {'cold' if args.cold_cache else 'shared'}; "
-          f"train args {args.train_args!r}")
+    print(
+        f"load average {min(loads):.2f}-{max(loads):.2f}; {args.rounds} rounds of "
+        f"{args.num_iterations} steps, steady from step {args.skip + 1}; "
+        f"inductor cache {'cold' if args.cold_cache else 'shared'}; "
+        f"train args {args.train_args!r}"
+    )
     print(json.dumps(results, indent=2))
     if args.json:
         with atomic_output(Path(args.json)) as tmp:

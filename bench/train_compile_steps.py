@@ -55,18 +55,36 @@ def figures(times: dict[str, list[float]]) -> dict[str, float]:
     compiled = statistics.median(times["compiled"][1:])
     cost = times["compiled"][0] - compiled
     saved = eager - compiled
-    return {"eager_step_ms": 1000 * eager, "compiled_step_ms": 1000 * compiled,
-            "compiled_over_eager": compiled / eager, "compile_cost_s": cost,
-            "payback_steps": cost / saved if saved > 0 else float("inf")}
+    return {
+        "eager_step_ms": 1000 * eager,
+        "compiled_step_ms": 1000 * compiled,
+        "compiled_over_eager": compiled / eager,
+        "compile_cost_s": cost,
+        "payback_steps": cost / saved if saved > 0 else float("inf"),
+    }
 
 
 def alternate(preset: str, steps: int, train_args: Sequence[str], work: Path) -> dict[str, float]:
     from nanoshampoo.train.cli import config_from_args
     from nanoshampoo.train.trainer import Trainer
 
-    argv = ["--preset", preset, "--num-iterations", str(steps), "--compile", "false",
-            "--val-every", "0", "--save-final-checkpoint", "false", "--progress", "false",
-            "--out-dir", str(work / preset), *train_args]
+    argv = [
+        "--preset",
+        preset,
+        "--num-iterations",
+        str(steps),
+        "--compile",
+        "false",
+        "--val-every",
+        "0",
+        "--save-final-checkpoint",
+        "false",
+        "--progress",
+        "false",
+        "--out-dir",
+        str(work / preset),
+        *train_args,
+    ]
     trainer = Trainer(config_from_args(argv, refuse_unread_tables=True))
     forwards = {"eager": trainer.model, "compiled": torch.compile(trainer.model)}
     times: dict[str, list[float]] = {"eager": [], "compiled": []}
@@ -93,10 +111,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     results = {}
     with tempfile.TemporaryDirectory() as work:
         for preset in args.presets.split(","):
-            results[preset] = alternate(preset, args.steps, shlex.split(args.train_args), Path(work))
+            results[preset] = alternate(
+                preset, args.steps, shlex.split(args.train_args), Path(work)
+            )
             loads.append(os.getloadavg()[0])
-    print(f"load average {min(loads):.2f}-{max(loads):.2f}; {args.steps} steps alternating "
-          f"E C C E ...; train args {args.train_args!r}")
+    print(
+        f"load average {min(loads):.2f}-{max(loads):.2f}; {args.steps} steps alternating "
+        f"E C C E ...; train args {args.train_args!r}"
+    )
     print(json.dumps(results, indent=2))
     if args.json:
         with atomic_output(Path(args.json)) as tmp:

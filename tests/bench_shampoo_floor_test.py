@@ -18,9 +18,14 @@ def floor() -> ModuleType:
 
 def products_of_a_step(m: int, n: int) -> list[tuple[int, int, int]]:
     """Every GEMM ``(rows, inner, cols)`` of one block's frequency-1 step."""
-    return [(m, n, m), (n, m, n),  # L += G G^T, R += G^T G
-            (m, m, m), (n, n, n),  # the roots Q diag Q^T
-            (m, m, n), (m, n, n)]  # L^(-1/4) G, then (...) R^(-1/4)
+    return [
+        (m, n, m),
+        (n, m, n),  # L += G G^T, R += G^T G
+        (m, m, m),
+        (n, n, n),  # the roots Q diag Q^T
+        (m, m, n),
+        (m, n, n),
+    ]  # L^(-1/4) G, then (...) R^(-1/4)
 
 
 def test_gpt_small_block_work(floor: ModuleType) -> None:
@@ -35,37 +40,74 @@ def test_gpt_small_block_work(floor: ModuleType) -> None:
     assert step_flops == sum(2 * a * b * c for (a, b, c), i in products) - roots
 
 
-@pytest.mark.parametrize(("size", "max_dim", "parts"), [(3072, 1024, [1024] * 3),
-                                                        (40, 32, [32, 8]), (16, 32, [16])])
+@pytest.mark.parametrize(
+    ("size", "max_dim", "parts"), [(3072, 1024, [1024] * 3), (40, 32, [32, 8]), (16, 32, [16])]
+)
 def test_split_dim(floor: ModuleType, size: int, max_dim: int, parts: list[int]) -> None:
     assert floor.split_dim(size, max_dim) == parts
 
 
-def test_tiny_run_reports_ours_over_its_floor(floor: ModuleType, tmp_path: Path,
-                                              capsys: pytest.CaptureFixture[str]) -> None:
+def test_tiny_run_reports_ours_over_its_floor(
+    floor: ModuleType, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     out = tmp_path / "floor.json"
-    result = floor.main(["--shapes", "16x16,16x40", "--max-preconditioner-dim", "32",
-                         "--rounds", "2", "--steps", "2", "--gemm-shape", "32x32x32",
-                         "--json", str(out)])
+    result = floor.main(
+        [
+            "--shapes",
+            "16x16,16x40",
+            "--max-preconditioner-dim",
+            "32",
+            "--rounds",
+            "2",
+            "--steps",
+            "2",
+            "--gemm-shape",
+            "32x32x32",
+            "--json",
+            str(out),
+        ]
+    )
     assert result["factors_per_size"] == {8: 1, 16: 4, 32: 1}
     for r in result["rounds"]:
-        assert r["floor_ms"] > 0 and r["ours_over_floor"] == pytest.approx(r["ours_ms"] / r["floor_ms"])
+        assert r["floor_ms"] > 0 and r["ours_over_floor"] == pytest.approx(
+            r["ours_ms"] / r["floor_ms"]
+        )
     assert json.loads(out.read_text())["ours_over_floor"] == result["ours_over_floor"]
     assert "ours / floor" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("argv", [["--shapes", "16x16x3"], ["--shapes", "0x4"],
-                                  ["--gemm-shape", "8x8"], ["--rounds", "0"],
-                                  ["--frequency", "0"]])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--shapes", "16x16x3"],
+        ["--shapes", "0x4"],
+        ["--gemm-shape", "8x8"],
+        ["--rounds", "0"],
+        ["--frequency", "0"],
+    ],
+)
 def test_bad_arguments_are_refused(floor: ModuleType, argv: list[str]) -> None:
     with pytest.raises(ValueError):
         floor.main(argv)
 
 
 def test_tiny_run_at_frequency_3_spreads_the_roots(floor: ModuleType) -> None:
-    result = floor.main(["--shapes", "16x16,16x40", "--max-preconditioner-dim", "32",
-                         "--frequency", "3", "--rounds", "1", "--steps", "1",
-                         "--gemm-shape", "32x32x32"])
+    result = floor.main(
+        [
+            "--shapes",
+            "16x16,16x40",
+            "--max-preconditioner-dim",
+            "32",
+            "--frequency",
+            "3",
+            "--rounds",
+            "1",
+            "--steps",
+            "1",
+            "--gemm-shape",
+            "32x32x32",
+        ]
+    )
     assert result["frequency"] == 3
     assert result["eigh_ms_per_step"] == pytest.approx(sum(result["eigh_ms"].values()) / 3)
     _, step_flops, root_flops = floor.floor_work(floor.parse_shapes("16x16,16x40"), 32)

@@ -16,8 +16,14 @@ def train_mfu():
 
 def write_logs(tmp_path: Path, steps: list[int], times_ms: list[float]) -> tuple[Path, Path]:
     jsonl, text = tmp_path / "run.jsonl", tmp_path / "run.txt"
-    records = [{"kind": "config", "threads": 2, "autocast": "off",
-                "config": {"model": "tiny", "seq_len": 128, "batch_size": 16}}]
+    records = [
+        {
+            "kind": "config",
+            "threads": 2,
+            "autocast": "off",
+            "config": {"model": "tiny", "seq_len": 128, "batch_size": 16},
+        }
+    ]
     records += [{"kind": "train", "step": s, "train_time_ms": t} for s, t in zip(steps, times_ms)]
     jsonl.write_text("\n".join(json.dumps(r) for r in records) + "\n")
     text.write_text("source...\npython 3.11 torch 2.13 parameters 10 vocab_size 4096 train x\n")
@@ -25,7 +31,9 @@ def write_logs(tmp_path: Path, steps: list[int], times_ms: list[float]) -> tuple
 
 
 def test_step_times_are_differences_of_the_cumulative_train_time(train_mfu, tmp_path: Path) -> None:
-    config, times, vocab = train_mfu.read_run(*write_logs(tmp_path, [1, 2, 3], [100.0, 350.0, 450.0]))
+    config, times, vocab = train_mfu.read_run(
+        *write_logs(tmp_path, [1, 2, 3], [100.0, 350.0, 450.0])
+    )
     assert config["threads"] == 2 and vocab == 4096
     assert times == pytest.approx([0.25, 0.1])
 

@@ -18,7 +18,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 # `docs/...` not preceded by a word, slash or dot (so no URL like https://pytorch.org/docs/...).
 REFERENCE = re.compile(
-    r'(?<![\w/.])(README(?:\.md)?|docs/[\w./-]*[\w/])'
+    r"(?<![\w/.])(README(?:\.md)?|docs/[\w./-]*[\w/])"
     r'(?:[ \t]*\n?[ \t]*#?[ \t]*"([^"\n]+)")?'
 )
 MARKDOWN_LINK = re.compile(r"\]\(([^)\s]+)\)")
@@ -91,7 +91,7 @@ def test_every_relative_link_of_the_documentation_resolves(page: Path) -> None:
 def test_the_references_the_code_uses_are_found() -> None:
     text = (
         '# tuned (docs/results/leaderboard.md "Tuning"): 0.003\n'
-        '# see docs/results/shampoo-state.md\n'
+        "# see docs/results/shampoo-state.md\n"
         '# "Which bf16 state costs loss?".\n'
         '    Measured: README "Performance of a Shampoo step".\n'
         "    See the corpus README here; https://pytorch.org/docs/stable/ is not ours.\n"

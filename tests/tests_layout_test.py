@@ -83,7 +83,9 @@ def repeated_names(root: Path) -> list[str]:
         in_test_dir = rel.parts[0] == "tests" or "tests" in rel.parts[:-1]
         if (in_test_dir or is_test_file(path)) and path.name not in {"conftest.py", "__init__.py"}:
             by_name[path.name].append(str(rel))
-    return [f"{name}: {', '.join(paths)}" for name, paths in sorted(by_name.items()) if len(paths) > 1]
+    return [
+        f"{name}: {', '.join(paths)}" for name, paths in sorted(by_name.items()) if len(paths) > 1
+    ]
 
 
 def test_every_test_file_sits_in_the_layout() -> None:
@@ -102,17 +104,26 @@ def test_pytest_collects_exactly_the_two_test_roots() -> None:
 
 
 def test_the_package_ships_no_tests() -> None:
-    find = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]
+    find = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"][
+        "find"
+    ]
     assert {"*.tests", "*.tests.*"} <= set(find["exclude"])
 
 
 @pytest.fixture
 def tree(tmp_path: Path) -> Path:
     """A repository in the layout: a package with a module and its test, one whole-project test."""
-    for rel in ("nanoshampoo/__init__.py", "nanoshampoo/optim/__init__.py", "nanoshampoo/optim/adam.py",
-                "nanoshampoo/optim/tests/adam_test.py", "nanoshampoo/optim/tests/conftest.py",
-                "tests/layers_test.py", "tests/bad_input/bad_input_fixtures.py",
-                "tests/bad_input/config_bad_input_test.py", "bench/step.py"):
+    for rel in (
+        "nanoshampoo/__init__.py",
+        "nanoshampoo/optim/__init__.py",
+        "nanoshampoo/optim/adam.py",
+        "nanoshampoo/optim/tests/adam_test.py",
+        "nanoshampoo/optim/tests/conftest.py",
+        "tests/layers_test.py",
+        "tests/bad_input/bad_input_fixtures.py",
+        "tests/bad_input/config_bad_input_test.py",
+        "bench/step.py",
+    ):
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / rel).write_text("")
     return tmp_path
@@ -122,16 +133,19 @@ def test_the_checks_pass_a_tree_in_the_layout(tree: Path) -> None:
     assert misplaced(tree) == [] and repeated_names(tree) == []
 
 
-@pytest.mark.parametrize("rel, why", [
-    ("tests/optim/adam_test.py", "not a whole-project check"),
-    ("tests/adam_test.py", "not a whole-project check"),
-    ("nanoshampoo/optim/adam_test.py", "tests/ folder of its package"),
-    ("nanoshampoo/optim/tests/unit/adam_step_test.py", "tests/ folder of its package"),
-    ("nanoshampoo/shampoo_tests/test_roots.py", "tests/ folder of its package"),
-    ("nanoshampoo/optim/tests/__init__.py", "has no __init__.py"),
-    ("tests/compat/__init__.py", "has no __init__.py"),
-    ("bench/step_test.py", "tests sit in"),
-])
+@pytest.mark.parametrize(
+    "rel, why",
+    [
+        ("tests/optim/adam_test.py", "not a whole-project check"),
+        ("tests/adam_test.py", "not a whole-project check"),
+        ("nanoshampoo/optim/adam_test.py", "tests/ folder of its package"),
+        ("nanoshampoo/optim/tests/unit/adam_step_test.py", "tests/ folder of its package"),
+        ("nanoshampoo/shampoo_tests/test_roots.py", "tests/ folder of its package"),
+        ("nanoshampoo/optim/tests/__init__.py", "has no __init__.py"),
+        ("tests/compat/__init__.py", "has no __init__.py"),
+        ("bench/step_test.py", "tests sit in"),
+    ],
+)
 def test_a_test_file_outside_the_layout_is_named(tree: Path, rel: str, why: str) -> None:
     (tree / rel).parent.mkdir(parents=True, exist_ok=True)
     (tree / rel).write_text("")
@@ -139,10 +153,13 @@ def test_a_test_file_outside_the_layout_is_named(tree: Path, rel: str, why: str)
     assert problem.startswith(rel) and why in problem
 
 
-@pytest.mark.parametrize("rel", [
-    "nanoshampoo/tests/adam_test.py",  # a test file
-    "tests/compat/bad_input_fixtures.py",  # a helper module
-])
+@pytest.mark.parametrize(
+    "rel",
+    [
+        "nanoshampoo/tests/adam_test.py",  # a test file
+        "tests/compat/bad_input_fixtures.py",  # a helper module
+    ],
+)
 def test_a_repeated_test_module_name_is_named(tree: Path, rel: str) -> None:
     (tree / rel).parent.mkdir(parents=True, exist_ok=True)
     (tree / rel).write_text("")

@@ -41,9 +41,11 @@ class Document:
 
 def write_documents(path: str | os.PathLike[str], documents: Sequence[Document]) -> None:
     """Write ``documents`` as gzip JSON lines at ``path`` atomically and reproducibly."""
-    with atomic_output(path) as tmp, open(tmp, "wb") as raw, gzip.GzipFile(
-        filename="", mode="wb", fileobj=raw, compresslevel=9, mtime=0
-    ) as f:
+    with (
+        atomic_output(path) as tmp,
+        open(tmp, "wb") as raw,
+        gzip.GzipFile(filename="", mode="wb", fileobj=raw, compresslevel=9, mtime=0) as f,
+    ):
         for document in documents:
             f.write(json.dumps(asdict(document), ensure_ascii=False).encode("utf-8"))
             f.write(b"\n")

@@ -152,10 +152,18 @@ class DistributedTokenLoader:
                 f"tokens_per_step in the state is {state['tokens_per_step']}, but this loader "
                 f"takes global_batch_size * seq_len = {self.tokens_per_step} tokens per step"
             )
-        shard_index = check_int(f"shard_index of {len(names)} shards", int(state["shard_index"]),
-                                at_least=0, less_than=len(self.files))
-        position = check_int(f"position in shard {names[shard_index]}", int(state["position"]),
-                             at_least=0, at_most=self.shard_token_counts[shard_index])
+        shard_index = check_int(
+            f"shard_index of {len(names)} shards",
+            int(state["shard_index"]),
+            at_least=0,
+            less_than=len(self.files),
+        )
+        position = check_int(
+            f"position in shard {names[shard_index]}",
+            int(state["position"]),
+            at_least=0,
+            at_most=self.shard_token_counts[shard_index],
+        )
         self.shard_index = shard_index
         self.position = position
         self.passes = int(state["passes"])
@@ -199,8 +207,7 @@ def validation_batches(
     check_int("val_tokens", val_tokens, at_least=1)
     if val_tokens % step:
         raise ValueError(
-            f"val_tokens={val_tokens} must be a multiple of "
-            f"global_batch_size * seq_len = {step}"
+            f"val_tokens={val_tokens} must be a multiple of global_batch_size * seq_len = {step}"
         )
     capacity = loader.steps_in_one_pass() * step
     if val_tokens > capacity:

@@ -202,8 +202,9 @@ def _load_tokenizer_file(config: PrepareConfig) -> TextTokenizer:
         return load_tokenizer(config.tokenizer)
     except Exception as error:  # noqa: BLE001 - the tokenizers library raises its own types
         first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        raise ValueError(f"--tokenizer {config.tokenizer}: not a usable tokenizer file "
-                         f"({first})") from error
+        raise ValueError(
+            f"--tokenizer {config.tokenizer}: not a usable tokenizer file ({first})"
+        ) from error
 
 
 def _check_split_sizes(train_tokens: int, val_tokens: int, config: PrepareConfig) -> None:
@@ -274,8 +275,9 @@ def _prepare(
     given_tokenizer = _given_tokenizer(config)
     documents = split_all_into_passages(load_documents(), config.passage_chars)
     train_docs, val_docs = split_documents(documents, float(config.val_fraction))
-    tokenizer = given_tokenizer or train_bpe_tokenizer([d.text for d in train_docs],
-                                                       config.vocab_size)
+    tokenizer = given_tokenizer or train_bpe_tokenizer(
+        [d.text for d in train_docs], config.vocab_size
+    )
     val_stream = _token_stream(tokenizer, val_docs)
     train_stream = _token_stream(tokenizer, train_docs)
     _check_split_sizes(len(train_stream), len(val_stream), config)
@@ -294,8 +296,9 @@ def _prepare(
             "train_documents": len(train_docs),
             "val_documents": len(val_docs),
             "val_titles": [d.title for d in val_docs],
-            "shard_token_counts": {name: read_shard_token_count(staging / name)
-                                   for name in val_files + train_files},
+            "shard_token_counts": {
+                name: read_shard_token_count(staging / name) for name in val_files + train_files
+            },
         }
         with atomic_output(staging / MANIFEST_NAME) as tmp:
             tmp.write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
@@ -315,8 +318,9 @@ def prepare_embedded(
     """Prepare the embedded corpus (``embedded_corpus``) into ``out_dir``; see the module
     docstring for the layout and caching. With the defaults: about 3,300 passages, 2.7 M
     training and 0.15 M validation tokens, vocabulary 4096."""
-    config = PrepareConfig(tokenizer, vocab_size, val_fraction, shard_tokens, passage_chars,
-                           min_batch_tokens)
+    config = PrepareConfig(
+        tokenizer, vocab_size, val_fraction, shard_tokens, passage_chars, min_batch_tokens
+    )
     sources = tuple(sources)
     identity = {
         "embedded": {source: _file_sha256(embedded_corpus_path(source)) for source in sources}
@@ -342,8 +346,9 @@ def prepare_text_files(
     A missing, empty or non-UTF-8 file raises ``ValueError`` naming it, and so does a corpus
     whose splits are smaller than one batch of ``min_batch_tokens`` (naming the sizes).
     """
-    config = PrepareConfig(tokenizer, vocab_size, val_fraction, shard_tokens, passage_chars,
-                           min_batch_tokens)
+    config = PrepareConfig(
+        tokenizer, vocab_size, val_fraction, shard_tokens, passage_chars, min_batch_tokens
+    )
     if not paths:
         raise ValueError("paths must name at least one text file")
     documents = []
@@ -351,8 +356,10 @@ def prepare_text_files(
     seen: dict[str, Path] = {}
     for path in map(Path, paths):
         if path.is_dir():
-            raise ValueError(f"text file {path} is a directory; name the files in it, "
-                             f"e.g. --text-files {path}/*.txt")
+            raise ValueError(
+                f"text file {path} is a directory; name the files in it, "
+                f"e.g. --text-files {path}/*.txt"
+            )
         if not path.exists():
             raise ValueError(f"text file {path} does not exist")
         if not path.is_file():  # a FIFO would block the read, a device never end
@@ -402,7 +409,9 @@ def _parser() -> argparse.ArgumentParser:
         "boundaries, each its own document; 0 keeps whole documents",
     )
     parser.add_argument(
-        "--min-batch-tokens", type=int, default=DEFAULT_MIN_BATCH_TOKENS,
+        "--min-batch-tokens",
+        type=int,
+        default=DEFAULT_MIN_BATCH_TOKENS,
         help="refuse a corpus whose train or validation split cannot fill one batch of this "
         "many tokens (batch_size * seq_len) plus its target",
     )

@@ -82,13 +82,19 @@ def check_out_dir(out_dir: Path, manifest: dict[str, Any] | None) -> None:
     check_output_dir(out_dir, "--out-dir")
     cwd = Path.cwd().resolve()
     if out_dir.resolve() in (cwd, *cwd.parents):
-        raise ValueError(f"--out-dir {out_dir}: is the working directory or above it, which the "
-                         "swap to the new data would move away; give a directory below it")
+        raise ValueError(
+            f"--out-dir {out_dir}: is the working directory or above it, which the "
+            "swap to the new data would move away; give a directory below it"
+        )
     if not out_dir.is_dir():
         return
     listed = listed_files(manifest)
-    foreign = sorted(p.name for prefix in (TRAIN_PREFIX, VAL_PREFIX)
-                     for p in out_dir.glob(f"{prefix}*.bin") if p.name not in listed)
+    foreign = sorted(
+        p.name
+        for prefix in (TRAIN_PREFIX, VAL_PREFIX)
+        for p in out_dir.glob(f"{prefix}*.bin")
+        if p.name not in listed
+    )
     if foreign:
         raise ValueError(
             f"--out-dir {out_dir}: holds shard files not listed in a manifest of this tool "
@@ -97,8 +103,9 @@ def check_out_dir(out_dir: Path, manifest: dict[str, Any] | None) -> None:
         )
 
 
-def write_shards(stream: np.ndarray, directory: Path, prefix: str, first_index: int,
-                 shard_tokens: int) -> list[str]:
+def write_shards(
+    stream: np.ndarray, directory: Path, prefix: str, first_index: int, shard_tokens: int
+) -> list[str]:
     """Cut ``stream`` into shards of at most ``shard_tokens``, numbered from ``first_index``."""
     names = []
     for k, start in enumerate(range(0, len(stream), shard_tokens)):

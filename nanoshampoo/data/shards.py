@@ -83,8 +83,7 @@ def read_shard_token_count(path: str | os.PathLike[str]) -> int:
         )
     if size > expected:
         raise ShardFormatError(
-            f"{path}: {size - expected} trailing bytes after the {count} tokens "
-            f"the header promises"
+            f"{path}: {size - expected} trailing bytes after the {count} tokens the header promises"
         )
     return count
 

@@ -19,10 +19,11 @@ if TYPE_CHECKING:
 
 
 def model_scale(runs: Sequence[RunRecord]) -> str:
-    """"model tiny: 792k non-embedding parameters; 300 steps x 2048 tokens = 614k tokens, 0.78
+    """ "model tiny: 792k non-embedding parameters; 300 steps x 2048 tokens = 614k tokens, 0.78
     per parameter" for the first run whose log records its config; "" if none does."""
-    config = next((run.config for run in runs if {"model", "batch_size", "seq_len"}
-                   <= set(run.config)), None)
+    config = next(
+        (run.config for run in runs if {"model", "batch_size", "seq_len"} <= set(run.config)), None
+    )
     if config is None:
         return ""
     from nanoshampoo.model.gpt import gpt_preset, non_embedding_parameters  # imports torch
@@ -33,31 +34,39 @@ def model_scale(runs: Sequence[RunRecord]) -> str:
         return ""
     steps = max(run.total_steps for run in runs)
     per_step = int(config["batch_size"]) * int(config["seq_len"])
-    return (f"model {config['model']}: {format_count(params)} non-embedding parameters; {steps} "
-            f"steps x {per_step} tokens = {format_count(steps * per_step)} tokens, "
-            f"{steps * per_step / params:.2g} per parameter")
+    return (
+        f"model {config['model']}: {format_count(params)} non-embedding parameters; {steps} "
+        f"steps x {per_step} tokens = {format_count(steps * per_step)} tokens, "
+        f"{steps * per_step / params:.2g} per parameter"
+    )
 
 
 # The leaderboard's one model size, as the scaling analysis names it.
 FITTED_SIZE = "this model"
 
 
-def fitted_speedups(groups: Mapping[str, Sequence[RunRecord]], baseline: str,
-                    setups: Sequence[str]) -> tuple[ScalingStudy | None, str]:
+def fitted_speedups(
+    groups: Mapping[str, Sequence[RunRecord]], baseline: str, setups: Sequence[str]
+) -> tuple[ScalingStudy | None, str]:
     """Every setup's speedup off the baseline's fitted ``L(D)``, with budgets ``D`` in steps
     (the ratio ``D_eff / D`` has no unit), from the runs' decay branches and final losses.
 
     ``(None, "")`` when no run has branches; ``(None, why)`` when the baseline's runs give
     fewer than four budgets or its losses admit no fit."""
-    found = [Observation(name, FITTED_SIZE, steps, 0 if run.seed is None else run.seed, loss)
-             for name in setups for run in groups[name]
-             for steps, loss in run.final_losses_by_steps().items()]
+    found = [
+        Observation(name, FITTED_SIZE, steps, 0 if run.seed is None else run.seed, loss)
+        for name in setups
+        for run in groups[name]
+        for steps, loss in run.final_losses_by_steps().items()
+    ]
     if not any(run.branches for name in setups for run in groups[name]):
         return None, ""
     budgets = {o.tokens for o in found if o.setup == baseline}
     if len(budgets) < 4:
-        return None, (f"the baseline's runs give {len(budgets)} budget(s); the fit needs 4 "
-                      f"(--decay-branches with at least 3 fractions)")
+        return None, (
+            f"the baseline's runs give {len(budgets)} budget(s); the fit needs 4 "
+            f"(--decay-branches with at least 3 fractions)"
+        )
     try:
         return estimate_speedups(found, baseline), ""
     except ValueError as exc:

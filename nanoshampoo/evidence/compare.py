@@ -67,13 +67,28 @@ DEFAULT_SETUPS = "adamw,shampoo,soap,muon"
 DEFAULT_PRESET_PREFIX = "tiny-"
 # Options compare sets per run; among the train flags they would be ambiguous or unsafe
 # (``--optimizer`` would silently make every setup the same optimizer).
-MANAGED_OPTIONS = ("--preset", "--optimizer", "--seed", "--run-id", "--out-dir", "--resume", "-h", "--help")
+MANAGED_OPTIONS = (
+    "--preset",
+    "--optimizer",
+    "--seed",
+    "--run-id",
+    "--out-dir",
+    "--resume",
+    "-h",
+    "--help",
+)
 # TrainConfig fields that do not change a run's result: two runs that differ only here are one.
 # (Checkpoints are written outside the timed steps.)
 # ``preset`` too: the effective config (every field and table it sets) is the identity, so a
 # tuned preset that spells a trial's flags as a table is the same run as that trial.
-RUN_IDENTITY_IGNORED = ("run_id", "out_dir", "progress", "save_final_checkpoint", "checkpoint_every",
-                        "preset")
+RUN_IDENTITY_IGNORED = (
+    "run_id",
+    "out_dir",
+    "progress",
+    "save_final_checkpoint",
+    "checkpoint_every",
+    "preset",
+)
 _SETUP_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")
 MANIFEST_SUFFIX = ".compare.json"
 # The leaderboard's statistics (``--rule``): see ``nanoshampoo.evidence.leaderboard``.
@@ -171,8 +186,11 @@ class CompareConfig:
         if out_dir.exists() and not out_dir.is_dir():
             raise ValueError(f"out-dir: {out_dir} exists and is not a directory")
         check_output_dir(out_dir, "--out-dir")  # before any run: a bad one fails no run midway
-        check_unmanaged(self.train_args, MANAGED_OPTIONS, "compare for each run (use --setups NAME=PRESET "
-                        "for presets)")
+        check_unmanaged(
+            self.train_args,
+            MANAGED_OPTIONS,
+            "compare for each run (use --setups NAME=PRESET for presets)",
+        )
         object.__setattr__(self, "baseline", baseline)
         object.__setattr__(self, "out_dir", out_dir)
         object.__setattr__(self, "train_args", tuple(self.train_args))
@@ -251,8 +269,16 @@ def expand_setups(config: CompareConfig, baseline_steps: int) -> tuple[Setup, ..
             continue
         for fraction in config.step_fractions:
             steps = max(1, round(fraction * baseline_steps))
-            setups.append(Setup(f"{setup.name}@{fraction:g}", setup.preset, num_iterations=steps,
-                                parent=setup.name, fraction=fraction, args=setup.args))
+            setups.append(
+                Setup(
+                    f"{setup.name}@{fraction:g}",
+                    setup.preset,
+                    num_iterations=steps,
+                    parent=setup.name,
+                    fraction=fraction,
+                    args=setup.args,
+                )
+            )
     return tuple(setups)
 
 
@@ -268,8 +294,11 @@ def train_config_defaults() -> dict[str, Any]:
     return json.loads(json.dumps(defaults))
 
 
-def plan_runs(config: CompareConfig, resolve: ConfigResolver = resolve_train_config,
-              defaults: Mapping[str, Any] | None = None) -> list[PlannedRun]:
+def plan_runs(
+    config: CompareConfig,
+    resolve: ConfigResolver = resolve_train_config,
+    defaults: Mapping[str, Any] | None = None,
+) -> list[PlannedRun]:
     """Resolve every (setup, seed) and find its reusable run; launches nothing, writes nothing.
 
     Every setup's flags are checked here, so a bad flag fails before any training starts.
@@ -279,33 +308,57 @@ def plan_runs(config: CompareConfig, resolve: ConfigResolver = resolve_train_con
     if defaults is None:
         defaults = train_config_defaults()
     base = next(s for s in config.setups if s.name == config.baseline)
-    base_argv = (*config.train_args, "--preset", base.preset, *base.args, "--seed",
-                 str(config.seed0))
+    base_argv = (
+        *config.train_args,
+        "--preset",
+        base.preset,
+        *base.args,
+        "--seed",
+        str(config.seed0),
+    )
     try:
         baseline_steps = int(resolve(base_argv)["num_iterations"])
     except ValueError as exc:
         raise ValueError(f"setup {base.name!r}: {exc}") from None
     plans = []
     for setup in expand_setups(config, baseline_steps):
-        schedule = () if setup.num_iterations is None else ("--num-iterations", str(setup.num_iterations))
+        schedule = (
+            () if setup.num_iterations is None else ("--num-iterations", str(setup.num_iterations))
+        )
         for seed in config.seed_list:
-            argv = (*config.train_args, "--preset", setup.preset, *setup.args, *schedule,
-                    "--seed", str(seed))
+            argv = (
+                *config.train_args,
+                "--preset",
+                setup.preset,
+                *setup.args,
+                *schedule,
+                "--seed",
+                str(seed),
+            )
             try:
                 resolved = resolve(argv)
             except ValueError as exc:
                 raise ValueError(f"setup {setup.name!r}: {exc}") from None
             identity = run_identity(resolved, config.nproc)
             directory = config.out_dir / setup.name
-            reusable = next((run for d in (directory, *setup.reuse_from)
-                             if (run := find_reusable(d, resolved, config.nproc, defaults))),
-                            None)
+            reusable = next(
+                (
+                    run
+                    for d in (directory, *setup.reuse_from)
+                    if (run := find_reusable(d, resolved, config.nproc, defaults))
+                ),
+                None,
+            )
             plans.append(PlannedRun(setup, seed, argv, resolved, identity, directory, reusable))
     return plans
 
 
-def find_reusable(directory: Path, resolved: Mapping[str, Any], nproc: int,
-                  defaults: Mapping[str, Any] | None = None) -> RunRecord | None:
+def find_reusable(
+    directory: Path,
+    resolved: Mapping[str, Any],
+    nproc: int,
+    defaults: Mapping[str, Any] | None = None,
+) -> RunRecord | None:
     """The first run in ``directory`` (by run id) of this config whose log says it ended.
 
     A manifest written before a config field existed lacks that field: the run counts as the
@@ -337,8 +390,11 @@ def find_reusable(directory: Path, resolved: Mapping[str, Any], nproc: int,
             continue  # crashed, killed or still running: train it again under a new id
         disagreement = _log_disagrees(run, resolved)
         if disagreement:
-            print(f"[compare] not reusing {run.path}: {disagreement}; training it again",
-                  file=sys.stderr, flush=True)
+            print(
+                f"[compare] not reusing {run.path}: {disagreement}; training it again",
+                file=sys.stderr,
+                flush=True,
+            )
             continue
         return run
     return None
@@ -403,8 +459,10 @@ def run_compare(
     plans = plan_runs(config, resolve, defaults)
     to_train = [p for p in plans if p.reused is None]
     setups = len({plan.setup.name for plan in plans})
-    say(f"[compare] {len(plans)} runs ({setups} setups x {config.seeds} seeds): "
-        f"{len(plans) - len(to_train)} reused, {len(to_train)} to train, in {config.out_dir}")
+    say(
+        f"[compare] {len(plans)} runs ({setups} setups x {config.seeds} seeds): "
+        f"{len(plans) - len(to_train)} reused, {len(to_train)} to train, in {config.out_dir}"
+    )
     groups: dict[str, list[RunRecord]] = {}
     for plan in plans:
         groups.setdefault(plan.setup.name, [])
@@ -412,7 +470,9 @@ def run_compare(
             say(f"[compare] reused   {plan.label}: {_outcome(plan.reused)} ({plan.reused.path})")
             groups[plan.setup.name].append(plan.reused)
     for index, plan in enumerate(to_train, start=1):
-        groups[plan.setup.name].append(_train(plan, config.nproc, launch, say, f"{index}/{len(to_train)}"))
+        groups[plan.setup.name].append(
+            _train(plan, config.nproc, launch, say, f"{index}/{len(to_train)}")
+        )
     for runs in groups.values():
         runs.sort(key=lambda run: -1 if run.seed is None else run.seed)
     return groups
@@ -423,15 +483,22 @@ def write_manifest(plan: PlannedRun, run_id: str, command: Sequence[str], nproc:
     for. It goes before the run starts: a run without one is never reused, whatever its log
     says."""
     plan.directory.mkdir(parents=True, exist_ok=True)
-    manifest = {"setup": plan.setup.name, "preset": plan.setup.preset, "seed": plan.seed,
-                "nproc": nproc, "argv": list(plan.argv), "command": list(command),
-                "config": plan.config}
+    manifest = {
+        "setup": plan.setup.name,
+        "preset": plan.setup.preset,
+        "seed": plan.seed,
+        "nproc": nproc,
+        "argv": list(plan.argv),
+        "command": list(command),
+        "config": plan.config,
+    }
     with atomic_output(plan.directory / f"{run_id}{MANIFEST_SUFFIX}") as tmp:
         tmp.write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
 
 
-def _train(plan: PlannedRun, nproc: int, launch: Launcher, say: Callable[[str], None],
-           position: str) -> RunRecord:
+def _train(
+    plan: PlannedRun, nproc: int, launch: Launcher, say: Callable[[str], None], position: str
+) -> RunRecord:
     run_id = fresh_run_id(plan.directory, plan.base_run_id)
     command = train_command(plan.argv, run_id, plan.directory, nproc)
     write_manifest(plan, run_id, command, nproc)
@@ -443,11 +510,15 @@ def _train(plan: PlannedRun, nproc: int, launch: Launcher, say: Callable[[str], 
     try:
         run = read_run(plan.directory / f"{run_id}.jsonl")
     except LogFormatError as exc:
-        raise RuntimeError(f"{plan.label} failed (exit status {status}): {last_output_line(output)}; "
-                           f"log: {exc}; output: {output}") from None
+        raise RuntimeError(
+            f"{plan.label} failed (exit status {status}): {last_output_line(output)}; "
+            f"log: {exc}; output: {output}"
+        ) from None
     if status != 0 and not run.diverged:
-        raise RuntimeError(f"{plan.label} exited with status {status} after finishing: "
-                           f"{last_output_line(output)}; output: {output}")
+        raise RuntimeError(
+            f"{plan.label} exited with status {status} after finishing: "
+            f"{last_output_line(output)}; output: {output}"
+        )
     say(f"[compare] finished {plan.label} in {elapsed:.1f} s: {_outcome(run)}")
     return run
 

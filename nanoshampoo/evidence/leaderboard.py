@@ -65,10 +65,10 @@ from nanoshampoo.io_utils import atomic_output
 
 RULE_TEXT = {
     "welch": "welch: Welch's two-sided t-test against the baseline, one-sided t-test against "
-             "the target",
+    "the target",
     "track3": "track3: the optimization track's fixed-sigma rules (σ = 0.0013; a record needs "
-              "(target − mean)·√n ≥ 0.004; pairwise: steps credited at 0.0045 loss per 100 "
-              "steps; every seed stops at the same step), next to Welch's test",
+    "(target − mean)·√n ≥ 0.004; pairwise: steps credited at 0.0045 loss per 100 "
+    "steps; every seed stops at the same step), next to Welch's test",
 }
 
 
@@ -162,7 +162,9 @@ class Leaderboard:
     scale: str = ""
 
 
-def build_leaderboard(groups: Mapping[str, Sequence[RunRecord]], config: CompareConfig) -> Leaderboard:
+def build_leaderboard(
+    groups: Mapping[str, Sequence[RunRecord]], config: CompareConfig
+) -> Leaderboard:
     """Statistics of every setup against the baseline (see the module docstring).
 
     Under ``config.rule == "track3"`` a setup whose finished seeds stopped at different steps
@@ -176,8 +178,10 @@ def build_leaderboard(groups: Mapping[str, Sequence[RunRecord]], config: Compare
         target = sum(base_losses) / len(base_losses)
         rule = f"auto: mean final val loss of the baseline {baseline} (n={len(base_losses)})"
     else:
-        raise ValueError(f"target: every run of the baseline {baseline!r} diverged, so there is no "
-                         "auto target; give --target X")
+        raise ValueError(
+            f"target: every run of the baseline {baseline!r} diverged, so there is no "
+            "auto target; give --target X"
+        )
     report = build_report(groups, target, baseline)
     by_name = {group.name: group for group in report.groups}
     welch = {c.candidate: c.p_value for c in report.comparisons if c.metric == "final_val_loss"}
@@ -185,14 +189,31 @@ def build_leaderboard(groups: Mapping[str, Sequence[RunRecord]], config: Compare
     baseline_steps = max((run.total_steps for run in groups[baseline]), default=0)
     setups = {setup.name: setup for setup in expand_setups(config, baseline_steps)}
     steps = {name: _steps(name, runs, config.rule) for name, runs in groups.items()}
-    rows = tuple(_row(group, base, welch.get(group.name), setups[group.name].preset,
-                      steps, config.rule, target) for group in report.groups)
+    rows = tuple(
+        _row(
+            group,
+            base,
+            welch.get(group.name),
+            setups[group.name].preset,
+            steps,
+            config.rule,
+            target,
+        )
+        for group in report.groups
+    )
     runs = tuple(
         LeaderboardRun(
-            setup=group.name, seed=run.seed, run_id=run.run_id, path=run.path,
-            final_val_loss=run.final_val_loss, steps_to_target=run.target_step,
-            time_to_target_s=run.target_time_s, step_avg_ms=run.step_avg_ms,
-            diverged_step=run.diverged_step, diverged_reason=run.diverged_reason, mfu=run.mfu,
+            setup=group.name,
+            seed=run.seed,
+            run_id=run.run_id,
+            path=run.path,
+            final_val_loss=run.final_val_loss,
+            steps_to_target=run.target_step,
+            time_to_target_s=run.target_time_s,
+            step_avg_ms=run.step_avg_ms,
+            diverged_step=run.diverged_step,
+            diverged_reason=run.diverged_reason,
+            mfu=run.mfu,
         )
         for group in report.groups
         for run in group.runs
@@ -200,19 +221,34 @@ def build_leaderboard(groups: Mapping[str, Sequence[RunRecord]], config: Compare
     schedules = ()
     if config.step_fractions:
         schedules = tuple(
-            _schedule_row(setups[row.setup], row,
-                          max((run.total_steps for run in groups[row.setup]), default=0))
-            for row in rows if row.setup != baseline
+            _schedule_row(
+                setups[row.setup],
+                row,
+                max((run.total_steps for run in groups[row.setup]), default=0),
+            )
+            for row in rows
+            if row.setup != baseline
         )
         order = {name: index for index, name in enumerate(setups)}
         schedules = tuple(sorted(schedules, key=lambda r: (order[r.setup], -r.fraction)))
-    fitted, note = fitted_speedups(groups, baseline, [row.setup for row in rows
-                                                     if not setups[row.setup].parent])
-    return Leaderboard(target=target, target_rule=rule, baseline=baseline, rule=config.rule,
-                       seeds=tuple(config.seed_list), train_args=config.train_args,
-                       nproc=config.nproc, rows=rows, runs=runs, schedules=schedules,
-                       fitted=fitted, fitted_note=note, scale=model_scale(groups[baseline]))
-
+    fitted, note = fitted_speedups(
+        groups, baseline, [row.setup for row in rows if not setups[row.setup].parent]
+    )
+    return Leaderboard(
+        target=target,
+        target_rule=rule,
+        baseline=baseline,
+        rule=config.rule,
+        seeds=tuple(config.seed_list),
+        train_args=config.train_args,
+        nproc=config.nproc,
+        rows=rows,
+        runs=runs,
+        schedules=schedules,
+        fitted=fitted,
+        fitted_note=note,
+        scale=model_scale(groups[baseline]),
+    )
 
 
 def _steps(name: str, runs: Sequence[RunRecord], rule: str) -> int:
@@ -228,9 +264,15 @@ SIGNIFICANCE = 0.05
 
 
 def _schedule_row(setup: Setup, row: LeaderboardRow, steps: int) -> ScheduleRow:
-    return ScheduleRow(setup=setup.family, row=row.setup, fraction=setup.fraction, steps=steps,
-                       final_val_loss=row.final_val_loss, target_p=row.target_p,
-                       reaches=row.target_p is not None and row.target_p < SIGNIFICANCE)
+    return ScheduleRow(
+        setup=setup.family,
+        row=row.setup,
+        fraction=setup.fraction,
+        steps=steps,
+        final_val_loss=row.final_val_loss,
+        target_p=row.target_p,
+        reaches=row.target_p is not None and row.target_p < SIGNIFICANCE,
+    )
 
 
 def shortest_schedules(board: Leaderboard) -> dict[str, ScheduleRow | None]:
@@ -245,8 +287,15 @@ def shortest_schedules(board: Leaderboard) -> dict[str, ScheduleRow | None]:
     return shortest
 
 
-def _row(group: GroupReport, base: GroupReport, welch_p: float | None, preset: str,
-         steps: Mapping[str, int], rule: str, target: float) -> LeaderboardRow:
+def _row(
+    group: GroupReport,
+    base: GroupReport,
+    welch_p: float | None,
+    preset: str,
+    steps: Mapping[str, int],
+    rule: str,
+    target: float,
+) -> LeaderboardRow:
     test = group.target_test
     losses = [run.final_val_loss for run in group.runs if not run.diverged]
     base_losses = [run.final_val_loss for run in base.runs if not run.diverged]
@@ -272,7 +321,8 @@ def _row(group: GroupReport, base: GroupReport, welch_p: float | None, preset: s
         step_avg_ms=group.step_avg_ms,
         peak_memory_mib=group.peak_memory_mib,
         seeds_needed=_seeds_needed(group.final_val_loss, base.final_val_loss)
-        if group.name != base.name else None,
+        if group.name != base.name
+        else None,
         steps=steps[group.name],
         record=record,
         pairwise=pairwise,
@@ -340,28 +390,46 @@ def format_leaderboard(board: Leaderboard) -> str:
 
 def _setup_rows(board: Leaderboard) -> list[list[str]]:
     base = board.baseline
-    rows = [["setup", "preset", "runs", "reached", "steps to target (mid-run)", f"× {base}",
-             "time to target (s)", f"× {base}", "final val loss", f"Welch p vs {base}",
-             "p(loss < target)", "seeds for p < 0.05", "ms/step", "peak MiB", "MFU %"]]
+    rows = [
+        [
+            "setup",
+            "preset",
+            "runs",
+            "reached",
+            "steps to target (mid-run)",
+            f"× {base}",
+            "time to target (s)",
+            f"× {base}",
+            "final val loss",
+            f"Welch p vs {base}",
+            "p(loss < target)",
+            "seeds for p < 0.05",
+            "ms/step",
+            "peak MiB",
+            "MFU %",
+        ]
+    ]
     for row in board.rows:
         runs = f"{row.runs}" + (f" ({row.diverged} diverged †)" if row.diverged else "")
-        rows.append([
-            row.setup + (" (baseline)" if row.setup == base else ""),
-            row.preset,
-            runs,
-            f"{row.reached}/{row.runs}",
-            _mean_std(row.steps_to_target, 1),
-            _times(row.steps_ratio),
-            _mean_std(row.time_to_target_s, 2),
-            _times(row.time_ratio),
-            _mean_std(row.final_val_loss, 4),
-            "—" if row.setup == base else _p(row.welch_p),
-            _p(row.target_p),
-            "—" if row.seeds_needed is None else str(row.seeds_needed),
-            _mean_std(row.step_avg_ms, 1),
-            _mean_std(row.peak_memory_mib, 0),
-            _mfu(row.mfu, row.runs - row.diverged),
-        ])
+        rows.append(
+            [
+                row.setup + (" (baseline)" if row.setup == base else ""),
+                row.preset,
+                runs,
+                f"{row.reached}/{row.runs}",
+                _mean_std(row.steps_to_target, 1),
+                _times(row.steps_ratio),
+                _mean_std(row.time_to_target_s, 2),
+                _times(row.time_ratio),
+                _mean_std(row.final_val_loss, 4),
+                "—" if row.setup == base else _p(row.welch_p),
+                _p(row.target_p),
+                "—" if row.seeds_needed is None else str(row.seeds_needed),
+                _mean_std(row.step_avg_ms, 1),
+                _mean_std(row.peak_memory_mib, 0),
+                _mfu(row.mfu, row.runs - row.diverged),
+            ]
+        )
     return rows
 
 
@@ -369,22 +437,41 @@ def _track3_section(board: Leaderboard) -> list[str]:
     """``## Track-3 verdicts`` (only under ``--rule track3``)."""
     if board.rule != "track3":
         return []
-    rows = [["setup", "steps", "n", "(target − mean)·√n", "z", "p (z)", "record",
-             "seeds for a record", f"pairwise vs {board.baseline}: credit", "statistic",
-             "beats it"]]
+    rows = [
+        [
+            "setup",
+            "steps",
+            "n",
+            "(target − mean)·√n",
+            "z",
+            "p (z)",
+            "record",
+            "seeds for a record",
+            f"pairwise vs {board.baseline}: credit",
+            "statistic",
+            "beats it",
+        ]
+    ]
     for row in board.rows:
         record, pair = row.record, row.pairwise
         if record is None:
             rows.append([row.setup, str(row.steps), "0", *["—"] * 8])
             continue
-        rows.append([
-            row.setup, str(row.steps), str(record.n), f"{record.statistic:.5f}",
-            f"{record.z:.2f}", format_p(record.p_value), "yes" if record.passed else "no",
-            "—" if row.seeds_for_record is None else str(row.seeds_for_record),
-            "—" if pair is None else f"{pair.credit:+.4f}",
-            "—" if pair is None else f"{pair.statistic:.5f}",
-            "—" if pair is None else ("yes" if pair.passed else "no"),
-        ])
+        rows.append(
+            [
+                row.setup,
+                str(row.steps),
+                str(record.n),
+                f"{record.statistic:.5f}",
+                f"{record.z:.2f}",
+                format_p(record.p_value),
+                "yes" if record.passed else "no",
+                "—" if row.seeds_for_record is None else str(row.seeds_for_record),
+                "—" if pair is None else f"{pair.credit:+.4f}",
+                "—" if pair is None else f"{pair.statistic:.5f}",
+                "—" if pair is None else ("yes" if pair.passed else "no"),
+            ]
+        )
     return [
         "## Track-3 verdicts",
         "",
@@ -403,18 +490,38 @@ def _schedule_section(board: Leaderboard) -> list[str]:
     """``## Steps to the target by schedule length`` (only with ``--step-fractions``)."""
     if not board.schedules:
         return []
-    rows = [["setup", "row", f"steps (× {board.baseline})", "final val loss", "p(loss < target)",
-             "reaches target"]]
+    rows = [
+        [
+            "setup",
+            "row",
+            f"steps (× {board.baseline})",
+            "final val loss",
+            "p(loss < target)",
+            "reaches target",
+        ]
+    ]
     for row in board.schedules:
-        rows.append([row.setup, row.row, f"{row.steps} ({row.fraction:.2f}×)",
-                     _mean_std(row.final_val_loss, 4), _p(row.target_p),
-                     "yes" if row.reaches else "no"])
+        rows.append(
+            [
+                row.setup,
+                row.row,
+                f"{row.steps} ({row.fraction:.2f}×)",
+                _mean_std(row.final_val_loss, 4),
+                _p(row.target_p),
+                "yes" if row.reaches else "no",
+            ]
+        )
     summary = []
     for setup, best in shortest_schedules(board).items():
-        summary.append(f"- **{setup}**: " + (
-            f"reaches {board.target:.4f} in {best.fraction:.2f}× {board.baseline}'s steps "
-            f"({best.steps}; p = {format_p(best.target_p)})" if best is not None
-            else "no schedule tried reaches the target with p < 0.05"))
+        summary.append(
+            f"- **{setup}**: "
+            + (
+                f"reaches {board.target:.4f} in {best.fraction:.2f}× {board.baseline}'s steps "
+                f"({best.steps}; p = {format_p(best.target_p)})"
+                if best is not None
+                else "no schedule tried reaches the target with p < 0.05"
+            )
+        )
     return [
         "## Steps to the target by schedule length",
         "",
@@ -431,21 +538,35 @@ def _schedule_section(board: Leaderboard) -> list[str]:
 
 
 def _run_rows(board: Leaderboard) -> list[list[str]]:
-    rows = [["setup", "seed", "run id", "final val loss", "steps to target", "time to target (s)",
-             "ms/step", "MFU %", "status"]]
+    rows = [
+        [
+            "setup",
+            "seed",
+            "run id",
+            "final val loss",
+            "steps to target",
+            "time to target (s)",
+            "ms/step",
+            "MFU %",
+            "status",
+        ]
+    ]
     for run in board.runs:
-        rows.append([
-            run.setup,
-            "-" if run.seed is None else str(run.seed),
-            run.run_id,
-            "—" if run.diverged_step is not None else f"{run.final_val_loss:.4f}",
-            "not reached" if run.steps_to_target is None else f"{run.steps_to_target:.1f}",
-            "—" if run.time_to_target_s is None else f"{run.time_to_target_s:.2f}",
-            f"{run.step_avg_ms:.1f}",
-            "—" if run.mfu is None else f"{100 * run.mfu:.2f}",
-            "finished" if run.diverged_step is None
-            else f"diverged † at step {run.diverged_step}: {run.diverged_reason}",
-        ])
+        rows.append(
+            [
+                run.setup,
+                "-" if run.seed is None else str(run.seed),
+                run.run_id,
+                "—" if run.diverged_step is not None else f"{run.final_val_loss:.4f}",
+                "not reached" if run.steps_to_target is None else f"{run.steps_to_target:.1f}",
+                "—" if run.time_to_target_s is None else f"{run.time_to_target_s:.2f}",
+                f"{run.step_avg_ms:.1f}",
+                "—" if run.mfu is None else f"{100 * run.mfu:.2f}",
+                "finished"
+                if run.diverged_step is None
+                else f"diverged † at step {run.diverged_step}: {run.diverged_reason}",
+            ]
+        )
     return rows
 
 
@@ -474,8 +595,9 @@ def _p(p: float | None) -> str:
     return "—" if text == "-" else text
 
 
-def write_leaderboard(board: Leaderboard, groups: Mapping[str, Sequence[RunRecord]],
-                      out_dir: str | Path) -> list[Path]:
+def write_leaderboard(
+    board: Leaderboard, groups: Mapping[str, Sequence[RunRecord]], out_dir: str | Path
+) -> list[Path]:
     """Write ``leaderboard.md``, ``leaderboard.json`` and the two loss-curve PNGs; return paths."""
     from nanoshampoo.evidence.plots import write_curve_plots  # matplotlib loads only here
 

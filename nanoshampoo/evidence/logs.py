@@ -79,8 +79,14 @@ _BRANCH_DIVERGED_LINE = re.compile(
     r"(?P<reason>.*) \(forked at step (?P<fork>\d+)\)$"
 )
 # JSON strings that stand for non-finite floats (the trainer's contract writes the first three).
-_NON_FINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf, "+inf": math.inf,
-               "infinity": math.inf, "-infinity": -math.inf}
+_NON_FINITE = {
+    "nan": math.nan,
+    "inf": math.inf,
+    "-inf": -math.inf,
+    "+inf": math.inf,
+    "infinity": math.inf,
+    "-infinity": -math.inf,
+}
 
 
 class LogFormatError(UserError):
@@ -244,32 +250,55 @@ def _read_txt(path: Path) -> RunRecord:
             diverged = None  # the run went on from a checkpoint: its new segment decides
         elif match := _BRANCH_LINE.match(line):
             branches[int(match["steps"])] = BranchResult(
-                float(match["fraction"]), int(match["steps"]), int(match["fork"]),
-                float(match["loss"]), float(match["time"]))
+                float(match["fraction"]),
+                int(match["steps"]),
+                int(match["fork"]),
+                float(match["loss"]),
+                float(match["time"]),
+            )
         elif match := _BRANCH_DIVERGED_LINE.match(line):
             branches[int(match["steps"])] = BranchResult(
-                float(match["fraction"]), int(match["steps"]), int(match["fork"]), math.nan,
-                math.nan, diverged_reason=f"at step {match['step']}: {match['reason']}")
+                float(match["fraction"]),
+                int(match["steps"]),
+                int(match["fork"]),
+                math.nan,
+                math.nan,
+                diverged_reason=f"at step {match['step']}: {match['reason']}",
+            )
         elif match := _PEAK_LINE.match(line):
             peak = float(match["alloc"])
     if total_steps is None:
         raise LogFormatError(
             f"{path}: no validation lines 'step:N/M val_loss:X train_time:Yms step_avg:Zms'"
         )
-    common = dict(path=path, run_id=path.stem, total_steps=total_steps, peak_memory_mib=peak,
-                  branches=dict(sorted(branches.items())))
+    common = dict(
+        path=path,
+        run_id=path.stem,
+        total_steps=total_steps,
+        peak_memory_mib=peak,
+        branches=dict(sorted(branches.items())),
+    )
     if diverged is not None:
         step, train_time_ms = last_time
-        return RunRecord(**common, curve=_sorted_curve(points), train_time_ms=train_time_ms,
-                         step_avg_ms=train_time_ms / max(step, 1),
-                         diverged_step=int(diverged["step"]), diverged_reason=diverged["reason"])
+        return RunRecord(
+            **common,
+            curve=_sorted_curve(points),
+            train_time_ms=train_time_ms,
+            step_avg_ms=train_time_ms / max(step, 1),
+            diverged_step=int(diverged["step"]),
+            diverged_reason=diverged["reason"],
+        )
     curve = _checked_curve(path, points, total_steps)
-    return _mark_non_finite(RunRecord(**common, curve=curve, train_time_ms=curve[-1].train_time_ms,
-                                      step_avg_ms=step_avg_ms))
+    return _mark_non_finite(
+        RunRecord(
+            **common, curve=curve, train_time_ms=curve[-1].train_time_ms, step_avg_ms=step_avg_ms
+        )
+    )
 
 
 def _scan_jsonl(
-    path: Path, branches: dict[int, BranchResult],
+    path: Path,
+    branches: dict[int, BranchResult],
 ) -> tuple[dict[str, Any], dict[int, ValPoint], dict[str, Any] | None, dict[str, Any] | None]:
     """The last segment's ``(config, val points, final, diverged)`` records, each checked;
     every segment's decay branches go into ``branches``."""
@@ -309,8 +338,9 @@ def _branch(path: Path, lineno: int, record: dict[str, Any]) -> BranchResult:
     """A ``branch`` record, checked (``train/run_log.py``'s ``RunLog.branch`` writes it)."""
     reason = record.get("diverged")
     if reason is not None and not isinstance(reason, str):
-        raise LogFormatError(f"{path}:{lineno}: 'branch' field 'diverged' is not a text: "
-                             f"{reason!r}")
+        raise LogFormatError(
+            f"{path}:{lineno}: 'branch' field 'diverged' is not a text: {reason!r}"
+        )
     return BranchResult(
         fraction=_number(path, lineno, record, "fraction"),
         steps=_integer(path, lineno, record, "steps"),
@@ -356,14 +386,16 @@ def _read_jsonl(path: Path) -> RunRecord:
     if final is None:
         raise LogFormatError(f"{path}: no 'final' or 'diverged' record (the run did not finish)")
     total_steps = _integer(path, None, final, "total_steps")
-    return _mark_non_finite(RunRecord(
-        **common,
-        total_steps=total_steps,
-        curve=_checked_curve(path, points, total_steps),
-        train_time_ms=_number(path, None, final, "train_time_ms"),
-        step_avg_ms=_number(path, None, final, "step_avg_ms"),
-        mfu=_number(path, None, final, "mfu") if "mfu" in final else None,
-    ))
+    return _mark_non_finite(
+        RunRecord(
+            **common,
+            total_steps=total_steps,
+            curve=_checked_curve(path, points, total_steps),
+            train_time_ms=_number(path, None, final, "train_time_ms"),
+            step_avg_ms=_number(path, None, final, "step_avg_ms"),
+            mfu=_number(path, None, final, "mfu") if "mfu" in final else None,
+        )
+    )
 
 
 def _json_record(path: Path, lineno: int, line: str) -> dict[str, Any]:
@@ -373,8 +405,9 @@ def _json_record(path: Path, lineno: int, line: str) -> dict[str, Any]:
     except json.JSONDecodeError as exc:
         raise LogFormatError(f"{path}:{lineno}: invalid JSON ({exc.msg})") from None
     except RecursionError:
-        raise LogFormatError(f"{path}:{lineno}: JSON nested too deeply to be a run log "
-                             "record") from None
+        raise LogFormatError(
+            f"{path}:{lineno}: JSON nested too deeply to be a run log record"
+        ) from None
     if not isinstance(record, dict) or "kind" not in record:
         raise LogFormatError(f"{path}:{lineno}: expected an object with a 'kind' field")
     return record
@@ -382,7 +415,9 @@ def _json_record(path: Path, lineno: int, line: str) -> dict[str, Any]:
 
 def _field(path: Path, lineno: int | None, record: dict[str, Any], name: str) -> Any:
     if name not in record:
-        raise LogFormatError(f"{_where(path, lineno)}: {record.get('kind')!r} record lacks field {name!r}")
+        raise LogFormatError(
+            f"{_where(path, lineno)}: {record.get('kind')!r} record lacks field {name!r}"
+        )
     return record[name]
 
 
@@ -427,11 +462,15 @@ def _mark_non_finite(run: RunRecord) -> RunRecord:
     if bad is None:
         return run
     return dataclasses.replace(
-        run, diverged_step=bad.step, diverged_reason=f"validation loss {bad.val_loss} at step {bad.step}"
+        run,
+        diverged_step=bad.step,
+        diverged_reason=f"validation loss {bad.val_loss} at step {bad.step}",
     )
 
 
-def _checked_curve(path: Path, points: dict[int, ValPoint], total_steps: int) -> tuple[ValPoint, ...]:
+def _checked_curve(
+    path: Path, points: dict[int, ValPoint], total_steps: int
+) -> tuple[ValPoint, ...]:
     curve = _sorted_curve(points)
     if not curve or curve[-1].step != total_steps:
         raise LogFormatError(

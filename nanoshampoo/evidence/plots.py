@@ -89,8 +89,9 @@ def plot_curve(groups: Mapping[str, Sequence[RunRecord]], target: float, x: str)
     return fig
 
 
-def _draw_curves(whole: Axes, zoom: Axes, groups: Mapping[str, Sequence[RunRecord]],
-                 target: float, x: str) -> None:
+def _draw_curves(
+    whole: Axes, zoom: Axes, groups: Mapping[str, Sequence[RunRecord]], target: float, x: str
+) -> None:
     """Mean ± 1 std of every group's finished runs on ``whole`` and on ``zoom``."""
     label = CURVE_AXES[x]
     for color, (name, runs) in zip(_colors(), groups.items()):
@@ -103,8 +104,14 @@ def _draw_curves(whole: Axes, zoom: Axes, groups: Mapping[str, Sequence[RunRecor
         diverged = len(runs) - len(finished)
         legend = f"{name} (n={len(finished)}" + (f", {diverged} diverged)" if diverged else ")")
         for ax in (whole, zoom):
-            ax.plot(grid, mean, color=color, label=legend, marker="o" if grid[0] == grid[-1]
-                    else None, markevery=[len(grid) - 1])
+            ax.plot(
+                grid,
+                mean,
+                color=color,
+                label=legend,
+                marker="o" if grid[0] == grid[-1] else None,
+                markevery=[len(grid) - 1],
+            )
             ax.fill_between(grid, mean - std, mean + std, color=color, alpha=0.25, linewidth=0)
     for ax in (whole, zoom):
         ax.axhline(target, color="black", linestyle="--", linewidth=1, label=f"target {target:g}")
@@ -140,8 +147,13 @@ def plot_ab(report: EvidenceReport) -> Figure:
             else:
                 ax.plot(i + 0.3, mean, "o", color=color)
         if metric == "final_val_loss":
-            ax.axhline(report.target, color="black", linestyle="--", linewidth=1,
-                       label=f"target {report.target:g}")
+            ax.axhline(
+                report.target,
+                color="black",
+                linestyle="--",
+                linewidth=1,
+                label=f"target {report.target:g}",
+            )
             ax.legend(loc="best")
         ax.set_xticks(range(len(names)), names, rotation=15, ha="right")
         ax.set_xlim(-0.6, len(names) - 0.4)
@@ -173,7 +185,9 @@ def write_curve_plots(
     groups: Mapping[str, Sequence[RunRecord]], target: float, out_dir: str | Path
 ) -> list[Path]:
     """Write ``loss_vs_step.png`` and ``loss_vs_time.png`` into ``out_dir``."""
-    return [_save(plot_curve(groups, target, x), Path(out_dir) / f"loss_vs_{x}.png") for x in CURVE_AXES]
+    return [
+        _save(plot_curve(groups, target, x), Path(out_dir) / f"loss_vs_{x}.png") for x in CURVE_AXES
+    ]
 
 
 def _curve_x(run: RunRecord, x: str) -> np.ndarray:

@@ -73,16 +73,29 @@ def train_command(train_args: Sequence[str], run_id: str, out_dir: Path, nproc: 
     launcher = [sys.executable]
     if nproc > 1:
         launcher += ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
-    return [*launcher, "-m", "nanoshampoo.train", *train_args, "--run-id", run_id,
-            "--out-dir", str(out_dir)]
+    return [
+        *launcher,
+        "-m",
+        "nanoshampoo.train",
+        *train_args,
+        "--run-id",
+        run_id,
+        "--out-dir",
+        str(out_dir),
+    ]
 
 
-def seed_command(config: RepeatConfig, seed: int, train_args: Sequence[str],
-                 run_id: str | None = None) -> list[str]:
+def seed_command(
+    config: RepeatConfig, seed: int, train_args: Sequence[str], run_id: str | None = None
+) -> list[str]:
     """The command line that trains seed ``seed`` (as ``run_id``, default ``config.run_id``)."""
     check_unmanaged(train_args, MANAGED_OPTIONS, "repeat for each seed")
-    return train_command([*train_args, "--seed", str(seed)], run_id or config.run_id(seed),
-                         config.out_dir, config.nproc)
+    return train_command(
+        [*train_args, "--seed", str(seed)],
+        run_id or config.run_id(seed),
+        config.out_dir,
+        config.nproc,
+    )
 
 
 def fresh_run_id(directory: Path, base: str) -> str:
@@ -114,7 +127,9 @@ def run_repeats(
         returncode = run(command)
         log = config.out_dir / f"{run_id}.jsonl"
         if returncode != 0 and not _diverged(log):
-            raise UserError(f"seed {seed} failed with exit status {returncode}: {' '.join(command)}")
+            raise UserError(
+                f"seed {seed} failed with exit status {returncode}: {' '.join(command)}"
+            )
         logs.append(log)
     return logs
 

@@ -56,8 +56,10 @@ def _format_group(group: GroupReport, target: float) -> str:
     diverged = f", {group.diverged} diverged" if group.diverged else ""
     lines = [f"== {group.name} ({len(group.runs)} runs{diverged}) =="]
     if group.diverged:
-        lines.append(f"  diverged runs    {group.diverged} of {len(group.runs)}: left out of the"
-                     " statistics, counted as not reaching the target")
+        lines.append(
+            f"  diverged runs    {group.diverged} of {len(group.runs)}: left out of the"
+            " statistics, counted as not reaching the target"
+        )
     if test is None:
         lines.append(f"  vs target {target:g}   every run diverged: no final loss to test")
     else:
@@ -80,13 +82,17 @@ def _format_group(group: GroupReport, target: float) -> str:
         f"  ({group.reached} of {len(group.runs)} reached)",
         f"  time to target   {_mean_std(group.target_time_s, 3, ' s')}",
     ]
-    rows = [["run", "seed", "val_loss", "train_time_s", "step_avg_ms", "target_step", "target_time_s"]]
+    rows = [
+        ["run", "seed", "val_loss", "train_time_s", "step_avg_ms", "target_step", "target_time_s"]
+    ]
     for run in group.runs:
         rows.append(
             [
                 run.run_id,
                 "-" if run.seed is None else str(run.seed),
-                f"diverged at step {run.diverged_step}" if run.diverged else f"{run.final_val_loss:.4f}",
+                f"diverged at step {run.diverged_step}"
+                if run.diverged
+                else f"{run.final_val_loss:.4f}",
                 f"{run.train_time_s:.3f}",
                 f"{run.step_avg_ms:.2f}",
                 "not reached" if run.target_step is None else f"{run.target_step:.1f}",
@@ -105,8 +111,11 @@ def budget_rows(budgets: tuple[BudgetSummary, ...], missing: str) -> list[list[s
     rows = [["steps", "final val loss", "runs", "diverged"]]
     for budget in budgets:
         loss = budget.final_val_loss
-        text = missing if loss.mean is None else f"{loss.mean:.4f}" + (
-            "" if loss.std is None else f" ± {loss.std:.4f}")
+        text = (
+            missing
+            if loss.mean is None
+            else f"{loss.mean:.4f}" + ("" if loss.std is None else f" ± {loss.std:.4f}")
+        )
         rows.append([str(budget.steps), text, str(budget.runs), str(budget.diverged)])
     return rows
 
@@ -114,7 +123,20 @@ def budget_rows(budgets: tuple[BudgetSummary, ...], missing: str) -> list[list[s
 def _format_comparisons(comparisons: tuple[Comparison, ...]) -> str:
     confidence = comparisons[0].confidence
     header = f"{confidence:.0%} CI"
-    rows = [["baseline", "candidate", "metric", "baseline", "candidate", "diff", header, "t", "dof", "p"]]
+    rows = [
+        [
+            "baseline",
+            "candidate",
+            "metric",
+            "baseline",
+            "candidate",
+            "diff",
+            header,
+            "t",
+            "dof",
+            "p",
+        ]
+    ]
     for c in comparisons:
         has_test = c.p_value is not None
         rows.append(

@@ -86,7 +86,9 @@ class Observation:
         if not is_int(self.seed):
             raise ValueError(f"seed: must be an int, got {self.seed!r}")
         if not is_real(self.loss) or self.loss < 0:
-            raise ValueError(f"loss: must be a number >= 0 (NaN or inf: diverged), got {self.loss!r}")
+            raise ValueError(
+                f"loss: must be a number >= 0 (NaN or inf: diverged), got {self.loss!r}"
+            )
 
 
 @dataclass(frozen=True)
@@ -110,8 +112,10 @@ def group_observations(observations: Sequence[Observation]) -> dict[Key, CellLos
     for obs in observations:
         seeds = runs.setdefault((obs.setup, obs.size, obs.tokens), {})
         if obs.seed in seeds:
-            raise ValueError(f"observations: setup {obs.setup!r}, size {obs.size!r}, "
-                             f"{obs.tokens} tokens, seed {obs.seed} appears twice")
+            raise ValueError(
+                f"observations: setup {obs.setup!r}, size {obs.size!r}, "
+                f"{obs.tokens} tokens, seed {obs.seed} appears twice"
+            )
         seeds[obs.seed] = float(obs.loss)
     cells = {}
     for key, seeds in runs.items():
@@ -144,7 +148,9 @@ class BaselineFit:
 
     def loss(self, tokens: float | np.ndarray) -> float | np.ndarray:
         """L(D) at ``tokens`` (a number or a float64 array)."""
-        return self.scale * (np.asarray(tokens, dtype=np.float64) / self.d_ref) ** -self.alpha + self.c
+        return (
+            self.scale * (np.asarray(tokens, dtype=np.float64) / self.d_ref) ** -self.alpha + self.c
+        )
 
     def effective_tokens(self, loss: float) -> float:
         """L⁻¹(``loss``) = d_ref·(scale/(loss − c))^(1/α); ``inf`` at or below the floor ``c``."""
@@ -176,13 +182,19 @@ def _starting_point(x: np.ndarray, y: np.ndarray, size: str) -> tuple[float, flo
         if error < best_error:
             best, best_error = params, error
     if best is None:
-        raise ValueError(f"size {size!r}: the baseline's mean losses do not fall with the budget; "
-                         "no power law with a > 0, alpha > 0 fits them")
+        raise ValueError(
+            f"size {size!r}: the baseline's mean losses do not fall with the budget; "
+            "no power law with a > 0, alpha > 0 fits them"
+        )
     return best
 
 
-def fit_power_law(size: str, tokens: Sequence[int], mean_losses: Sequence[float],
-                  start: tuple[float, float, float] | None = None) -> BaselineFit:
+def fit_power_law(
+    size: str,
+    tokens: Sequence[int],
+    mean_losses: Sequence[float],
+    start: tuple[float, float, float] | None = None,
+) -> BaselineFit:
     """Least-squares fit of L(D) = a·D^(−α) + c to ``mean_losses`` at ``tokens``.
 
     Bounds: a > 0, α > 0, 0 <= c < min(mean_losses) (a cross-entropy is >= 0, and without a
@@ -195,11 +207,14 @@ def fit_power_law(size: str, tokens: Sequence[int], mean_losses: Sequence[float]
     d = np.asarray(tokens, dtype=np.int64)[order]
     y = np.asarray(mean_losses, dtype=np.float64)[order]
     if d.size < MIN_BUDGETS:
-        raise ValueError(f"size {size!r}: the baseline has {d.size} budgets; a power-law fit "
-                         f"needs at least {MIN_BUDGETS}")
+        raise ValueError(
+            f"size {size!r}: the baseline has {d.size} budgets; a power-law fit "
+            f"needs at least {MIN_BUDGETS}"
+        )
     if d[0] <= 0 or np.any(np.diff(d) == 0) or not np.all(np.isfinite(y)) or y.min() <= 0:
-        raise ValueError(f"size {size!r}: budgets must be > 0 and differ, and mean losses be "
-                         "finite and > 0")
+        raise ValueError(
+            f"size {size!r}: budgets must be > 0 and differ, and mean losses be finite and > 0"
+        )
     # D in units of the smallest budget: with raw token counts (1e6..1e10) a = scale·D_min^α is
     # astronomically large and its Jacobian column tiny, so the solver's steps and scaling are
     # ill-conditioned; with x = D/D_min in [1, D_max/D_min] scale is a loss gap of order c.
@@ -211,15 +226,27 @@ def fit_power_law(size: str, tokens: Sequence[int], mean_losses: Sequence[float]
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", scipy.optimize.OptimizeWarning)
             params, _ = scipy.optimize.curve_fit(
-                _power_law, x, y, p0=start, bounds=([0.0, 0.0, 0.0], [np.inf, np.inf, floor]),
-                method="trf", jac=_power_law_jacobian, ftol=_TOLERANCE, xtol=_TOLERANCE,
-                gtol=_TOLERANCE)
+                _power_law,
+                x,
+                y,
+                p0=start,
+                bounds=([0.0, 0.0, 0.0], [np.inf, np.inf, floor]),
+                method="trf",
+                jac=_power_law_jacobian,
+                ftol=_TOLERANCE,
+                xtol=_TOLERANCE,
+                gtol=_TOLERANCE,
+            )
     except (RuntimeError, ValueError) as exc:
         raise ValueError(f"size {size!r}: the power-law fit failed ({exc})") from exc
     scale, alpha, c = (float(p) for p in params)
-    if not (math.isfinite(scale) and scale > 0 and math.isfinite(alpha) and alpha > 0 and c < floor):
-        raise ValueError(f"size {size!r}: the power-law fit failed (a = {scale:g}, "
-                         f"alpha = {alpha:g}, c = {c:g} reach a bound)")
+    if not (
+        math.isfinite(scale) and scale > 0 and math.isfinite(alpha) and alpha > 0 and c < floor
+    ):
+        raise ValueError(
+            f"size {size!r}: the power-law fit failed (a = {scale:g}, "
+            f"alpha = {alpha:g}, c = {c:g} reach a bound)"
+        )
     fitted = _power_law(x, scale, alpha, c)
     return BaselineFit(
         size=size,
@@ -235,14 +262,18 @@ def fit_power_law(size: str, tokens: Sequence[int], mean_losses: Sequence[float]
     )
 
 
-def _baseline_cells(cells: dict[Key, CellLosses], baseline: str, size: str) -> dict[int, CellLosses]:
+def _baseline_cells(
+    cells: dict[Key, CellLosses], baseline: str, size: str
+) -> dict[int, CellLosses]:
     found = {t: cell for (s, z, t), cell in cells.items() if s == baseline and z == size}
     if not found:
         raise ValueError(f"size {size!r}: no runs of the baseline {baseline!r}")
     for tokens, cell in found.items():
         if not cell.losses.size:
-            raise ValueError(f"size {size!r}: every run of the baseline {baseline!r} at {tokens} "
-                             "tokens diverged; there is no mean loss to fit")
+            raise ValueError(
+                f"size {size!r}: every run of the baseline {baseline!r} at {tokens} "
+                "tokens diverged; there is no mean loss to fit"
+            )
     return dict(sorted(found.items()))
 
 
@@ -343,9 +374,14 @@ class ScalingStudy:
         raise KeyError(size)
 
 
-def estimate_speedups(observations: Sequence[Observation], baseline: str, *,
-                      resamples: int = DEFAULT_RESAMPLES, confidence: float = DEFAULT_CONFIDENCE,
-                      seed: int = 0) -> ScalingStudy:
+def estimate_speedups(
+    observations: Sequence[Observation],
+    baseline: str,
+    *,
+    resamples: int = DEFAULT_RESAMPLES,
+    confidence: float = DEFAULT_CONFIDENCE,
+    seed: int = 0,
+) -> ScalingStudy:
     """Fit the baseline at every size and estimate every other setup's speedups with intervals.
 
     The bootstrap draws from ``numpy.random.default_rng(seed)`` in a fixed order, so that a
@@ -367,37 +403,63 @@ def estimate_speedups(observations: Sequence[Observation], baseline: str, *,
         base = _baseline_cells(cells, baseline, size)
         fit = fit_power_law(size, list(base), [float(c.losses.mean()) for c in base.values()])
         fits.append(fit)
-        others = sorted(((key, cell) for key, cell in cells.items()
-                         if key[1] == size and key[0] != baseline),
-                        key=lambda item: (setups.index(item[0][0]), item[0][2]))
+        others = sorted(
+            ((key, cell) for key, cell in cells.items() if key[1] == size and key[0] != baseline),
+            key=lambda item: (setups.index(item[0][0]), item[0][2]),
+        )
         intervals = _bootstrap(fit, base, others, resamples, confidence, rng)
         for (setup, _, tokens), cell in others:
             speedups.append(_speedup(fit, setup, tokens, cell, intervals.get((setup, tokens))))
-    return ScalingStudy(baseline=baseline, fits=tuple(fits), speedups=tuple(speedups),
-                        resamples=resamples, confidence=float(confidence), seed=seed)
+    return ScalingStudy(
+        baseline=baseline,
+        fits=tuple(fits),
+        speedups=tuple(speedups),
+        resamples=resamples,
+        confidence=float(confidence),
+        seed=seed,
+    )
 
 
-def _speedup(fit: BaselineFit, setup: str, tokens: int, cell: CellLosses,
-             interval: SpeedupInterval | None) -> Speedup:
-    common = dict(setup=setup, size=fit.size, tokens=tokens, seeds=int(cell.losses.size),
-                  diverged=cell.diverged)
+def _speedup(
+    fit: BaselineFit, setup: str, tokens: int, cell: CellLosses, interval: SpeedupInterval | None
+) -> Speedup:
+    common = dict(
+        setup=setup,
+        size=fit.size,
+        tokens=tokens,
+        seeds=int(cell.losses.size),
+        diverged=cell.diverged,
+    )
     if not cell.losses.size:
-        return Speedup(kind="diverged", value=math.nan, extrapolated=math.nan, loss=math.nan,
-                       interval=None, **common)
+        return Speedup(
+            kind="diverged",
+            value=math.nan,
+            extrapolated=math.nan,
+            loss=math.nan,
+            interval=None,
+            **common,
+        )
     loss = float(cell.losses.mean())
     kind, value, extrapolated = speedup_at(fit, loss, tokens)
-    return Speedup(kind=kind, value=value, extrapolated=extrapolated, loss=loss,
-                   interval=interval, **common)
+    return Speedup(
+        kind=kind, value=value, extrapolated=extrapolated, loss=loss, interval=interval, **common
+    )
 
 
-def _bootstrap(fit: BaselineFit, base: dict[int, CellLosses],
-               others: list[tuple[Key, CellLosses]], resamples: int, confidence: float,
-               rng: np.random.Generator) -> dict[tuple[str, int], SpeedupInterval]:
+def _bootstrap(
+    fit: BaselineFit,
+    base: dict[int, CellLosses],
+    others: list[tuple[Key, CellLosses]],
+    resamples: int,
+    confidence: float,
+    rng: np.random.Generator,
+) -> dict[tuple[str, int], SpeedupInterval]:
     """Percentile intervals of the censored speedups of ``others`` (see the module docstring)."""
     if resamples == 0 or any(c.losses.size < 2 for c in base.values()):
         return {}
-    drawn = [(setup, tokens, cell.losses) for (setup, _, tokens), cell in others
-             if cell.losses.size >= 2]
+    drawn = [
+        (setup, tokens, cell.losses) for (setup, _, tokens), cell in others if cell.losses.size >= 2
+    ]
     values: list[list[float]] = [[] for _ in drawn]
     above, below = [0] * len(drawn), [0] * len(drawn)
     failed = 0
@@ -422,9 +484,16 @@ def _bootstrap(fit: BaselineFit, base: dict[int, CellLosses],
             continue
         low, high = (float(v) for v in np.percentile(values[i], [tail, 100.0 - tail]))
         intervals[(setup, tokens)] = SpeedupInterval(
-            low=low, high=high, low_kind=_end_kind(fit, low, tokens),
-            high_kind=_end_kind(fit, high, tokens), confidence=confidence,
-            resamples=len(values[i]), above=above[i], below=below[i], failed_fits=failed)
+            low=low,
+            high=high,
+            low_kind=_end_kind(fit, low, tokens),
+            high_kind=_end_kind(fit, high, tokens),
+            confidence=confidence,
+            resamples=len(values[i]),
+            above=above[i],
+            below=below[i],
+            failed_fits=failed,
+        )
     return intervals
 
 
@@ -451,8 +520,9 @@ class BudgetComparison:
     comparison: Comparison
 
 
-def budget_comparisons(observations: Sequence[Observation], baseline: str,
-                       confidence: float = DEFAULT_CONFIDENCE) -> tuple[BudgetComparison, ...]:
+def budget_comparisons(
+    observations: Sequence[Observation], baseline: str, confidence: float = DEFAULT_CONFIDENCE
+) -> tuple[BudgetComparison, ...]:
     """Every (setup, size, budget) the baseline also ran, compared by Welch's t-test on the
     finite final losses (``welch_compare``, metric ``"final_val_loss"``); cells where either
     side has no finished run are left out. In the order the cells first appear."""
@@ -462,7 +532,8 @@ def budget_comparisons(observations: Sequence[Observation], baseline: str,
         base = cells.get((baseline, size, tokens))
         if setup == baseline or base is None or not base.losses.size or not cell.losses.size:
             continue
-        comparison = welch_compare("final_val_loss", (baseline, list(base.losses)),
-                                   (setup, list(cell.losses)), confidence)
+        comparison = welch_compare(
+            "final_val_loss", (baseline, list(base.losses)), (setup, list(cell.losses)), confidence
+        )
         found.append(BudgetComparison(size=size, tokens=tokens, comparison=comparison))
     return tuple(found)

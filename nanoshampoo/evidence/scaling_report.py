@@ -50,8 +50,11 @@ def format_speedup(speedup: Speedup) -> str:
         text = f"{speedup.value:.2f}×"
     else:
         sign = ">" if speedup.kind == "above" else "<"
-        curve = ("beyond the fitted floor" if math.isinf(speedup.extrapolated)
-                 else f"{speedup.extrapolated:.2f}×")
+        curve = (
+            "beyond the fitted floor"
+            if math.isinf(speedup.extrapolated)
+            else f"{speedup.extrapolated:.2f}×"
+        )
         text = f"{sign} {speedup.value:.2f}× (extrapolated {curve})"
     if speedup.interval is not None:
         text += f" {_format_interval(speedup.interval)}"
@@ -65,8 +68,10 @@ def _format_interval(interval: SpeedupInterval) -> str:
         count = interval.above if interval.low_kind == "above" else interval.below
         share = "all" if count == interval.resamples else f"{count} of"
         return f"[{share} {interval.resamples} resamples {interval.low_kind}]"
-    return f"[{_format_end(interval.low, interval.low_kind)}, " \
-           f"{_format_end(interval.high, interval.high_kind)}]"
+    return (
+        f"[{_format_end(interval.low, interval.low_kind)}, "
+        f"{_format_end(interval.high, interval.high_kind)}]"
+    )
 
 
 def _format_end(value: float, kind: str) -> str:
@@ -78,25 +83,31 @@ def _check_params(study: ScalingStudy, non_embedding_params: Mapping[str, int]) 
     for fit in study.fits:
         params = non_embedding_params.get(fit.size)
         if not is_int(params) or params <= 0:
-            raise ValueError(f"non_embedding_params[{fit.size!r}]: must be an int > 0, "
-                             f"got {params!r}")
+            raise ValueError(
+                f"non_embedding_params[{fit.size!r}]: must be an int > 0, got {params!r}"
+            )
 
 
 def _budgets(study: ScalingStudy, size: str) -> list[int]:
     return sorted({s.tokens for s in study.speedups if s.size == size})
 
 
-def format_study_markdown(study: ScalingStudy, non_embedding_params: Mapping[str, int],
-                          profile: PerformanceProfile | None = None) -> str:
+def format_study_markdown(
+    study: ScalingStudy,
+    non_embedding_params: Mapping[str, int],
+    profile: PerformanceProfile | None = None,
+) -> str:
     """The study as Markdown: speedup table, baseline fits, and the profile's scores.
 
     ``non_embedding_params`` maps every size to its non-embedding parameter count
     (``ValueError`` naming a size that is missing or not an int > 0).
     """
     _check_params(study, non_embedding_params)
-    blocks = [f"### Speedup over {study.baseline}: {study.baseline} tokens to reach the setup's "
-              f"mean final loss, per token ({study.confidence:.0%} bootstrap interval over seeds, "
-              f"{study.resamples} resamples)"]
+    blocks = [
+        f"### Speedup over {study.baseline}: {study.baseline} tokens to reach the setup's "
+        f"mean final loss, per token ({study.confidence:.0%} bootstrap interval over seeds, "
+        f"{study.resamples} resamples)"
+    ]
     for fit in study.fits:
         if _budgets(study, fit.size):
             rows = _speedup_rows(study, fit.size, non_embedding_params[fit.size])
@@ -106,17 +117,25 @@ def format_study_markdown(study: ScalingStudy, non_embedding_params: Mapping[str
         "\n".join(format_markdown_table(_fit_rows(study))),
     ]
     if profile is not None:
-        blocks += [f"### Performance profile over {len(profile.cells)} (size, budget) cells, "
-                   f"τ_max = {profile.tau_max:g}",
-                   "\n".join(format_markdown_table(_profile_rows(profile)))]
+        blocks += [
+            f"### Performance profile over {len(profile.cells)} (size, budget) cells, "
+            f"τ_max = {profile.tau_max:g}",
+            "\n".join(format_markdown_table(_profile_rows(profile))),
+        ]
     return "\n\n".join(blocks) + "\n"
 
 
 def _speedup_rows(study: ScalingStudy, size: str, params: int) -> list[list[str]]:
     budgets = _budgets(study, size)
     cells = {(s.setup, s.tokens): s for s in study.speedups if s.size == size}
-    rows = [["size", "N (non-emb.)", "setup",
-             *(f"D = {format_count(d)} ({d / params:.3g}/param)" for d in budgets)]]
+    rows = [
+        [
+            "size",
+            "N (non-emb.)",
+            "setup",
+            *(f"D = {format_count(d)} ({d / params:.3g}/param)" for d in budgets),
+        ]
+    ]
     for setup in dict.fromkeys(setup for setup, _ in cells):
         row = [size, format_count(params), setup]
         for tokens in budgets:
@@ -129,15 +148,17 @@ def _speedup_rows(study: ScalingStudy, size: str, params: int) -> list[list[str]
 def _fit_rows(study: ScalingStudy) -> list[list[str]]:
     rows = [["size", "budgets", "a", "α", "c", "L(D_min) − c", "residuals (mean − fit)"]]
     for fit in study.fits:
-        rows.append([
-            fit.size,
-            ", ".join(format_count(d) for d in fit.tokens),
-            f"{fit.a:.4g}",
-            f"{fit.alpha:.4f}",
-            f"{fit.c:.4f}",
-            f"{fit.scale:.4f}",
-            ", ".join(f"{r:+.5f}" for r in fit.residuals),
-        ])
+        rows.append(
+            [
+                fit.size,
+                ", ".join(format_count(d) for d in fit.tokens),
+                f"{fit.a:.4g}",
+                f"{fit.alpha:.4f}",
+                f"{fit.c:.4f}",
+                f"{fit.scale:.4f}",
+                ", ".join(f"{r:+.5f}" for r in fit.residuals),
+            ]
+        )
     return rows
 
 
@@ -147,13 +168,17 @@ def _profile_rows(profile: PerformanceProfile) -> list[list[str]]:
     for setup, ratios in profile.ratios.items():
         best = sum(r == 1.0 for r in ratios)
         within = sum(r <= profile.tau_max for r in ratios)
-        rows.append([setup, f"{profile.scores[setup]:.3f}", f"{best} of {total}",
-                     f"{within} of {total}"])
+        rows.append(
+            [setup, f"{profile.scores[setup]:.3f}", f"{best} of {total}", f"{within} of {total}"]
+        )
     return rows
 
 
-def study_to_dict(study: ScalingStudy, non_embedding_params: Mapping[str, int],
-                  profile: PerformanceProfile | None = None) -> dict[str, Any]:
+def study_to_dict(
+    study: ScalingStudy,
+    non_embedding_params: Mapping[str, int],
+    profile: PerformanceProfile | None = None,
+) -> dict[str, Any]:
     """The study as strict-JSON-ready data: ``json_ready(study)`` plus ``sizes`` (N and D/N at
     each budget, keyed by the budget as a string) and ``performance_profile`` (or ``None``)."""
     _check_params(study, non_embedding_params)
@@ -161,8 +186,10 @@ def study_to_dict(study: ScalingStudy, non_embedding_params: Mapping[str, int],
     data["sizes"] = {
         fit.size: {
             "non_embedding_params": non_embedding_params[fit.size],
-            "tokens_per_param": {str(d): d / non_embedding_params[fit.size]
-                                 for d in sorted({*_budgets(study, fit.size), *fit.tokens})},
+            "tokens_per_param": {
+                str(d): d / non_embedding_params[fit.size]
+                for d in sorted({*_budgets(study, fit.size), *fit.tokens})
+            },
         }
         for fit in study.fits
     }

@@ -63,8 +63,9 @@ class PerformanceProfile:
         return float(np.mean(np.asarray(self.ratios[setup]) <= tau))
 
 
-def performance_profile(observations: Sequence[Observation],
-                        tau_max: float = DEFAULT_TAU_MAX) -> PerformanceProfile:
+def performance_profile(
+    observations: Sequence[Observation], tau_max: float = DEFAULT_TAU_MAX
+) -> PerformanceProfile:
     """The profile of every setup in ``observations`` over every (size, budget) they ran.
 
     ``ValueError`` naming the setup and cell when a setup has no runs in a cell another setup
@@ -75,15 +76,19 @@ def performance_profile(observations: Sequence[Observation],
     groups = group_observations(observations)
     setups = list(dict.fromkeys(setup for setup, _, _ in groups))
     sizes = list(dict.fromkeys(size for _, size, _ in groups))
-    cells = sorted({(size, tokens) for _, size, tokens in groups},
-                   key=lambda cell: (sizes.index(cell[0]), cell[1]))
+    cells = sorted(
+        {(size, tokens) for _, size, tokens in groups},
+        key=lambda cell: (sizes.index(cell[0]), cell[1]),
+    )
     means = np.empty((len(setups), len(cells)))
     for i, setup in enumerate(setups):
         for w, (size, tokens) in enumerate(cells):
             group = groups.get((setup, size, tokens))
             if group is None:
-                raise ValueError(f"setup {setup!r} has no runs at size {size!r}, {tokens} tokens; "
-                                 "a performance profile compares every setup on the same cells")
+                raise ValueError(
+                    f"setup {setup!r} has no runs at size {size!r}, {tokens} tokens; "
+                    "a performance profile compares every setup on the same cells"
+                )
             means[i, w] = group.losses.mean() if group.losses.size else math.inf
     best = means.min(axis=0)
     with np.errstate(invalid="ignore"):  # inf / inf where no setup finished: no one solved it
@@ -125,8 +130,9 @@ def tunability(trial_losses: Sequence[float], tolerance: float = DEFAULT_TOLERAN
         raise ValueError("trial_losses: need at least one trial")
     for i, loss in enumerate(trial_losses):
         if not is_real(loss) or loss < 0:
-            raise ValueError(f"trial_losses[{i}]: must be a number >= 0 (NaN or inf: diverged), "
-                             f"got {loss!r}")
+            raise ValueError(
+                f"trial_losses[{i}]: must be a number >= 0 (NaN or inf: diverged), got {loss!r}"
+            )
     losses = np.asarray(trial_losses, dtype=np.float64)
     finite = losses[np.isfinite(losses)]
     if not finite.size:

@@ -60,9 +60,15 @@ def record_test(losses: Sequence[float], target: float) -> RecordTest:
     n, mean = len(losses), float(np.mean(np.asarray(losses, dtype=np.float64)))
     statistic = (target - mean) * math.sqrt(n)
     z = statistic / RECORD_SIGMA
-    return RecordTest(n=n, mean=mean, target=target, statistic=statistic, z=z,
-                      p_value=float(scipy.stats.norm.sf(z)),
-                      passed=statistic >= RECORD_THRESHOLD)
+    return RecordTest(
+        n=n,
+        mean=mean,
+        target=target,
+        statistic=statistic,
+        z=z,
+        p_value=float(scipy.stats.norm.sf(z)),
+        passed=statistic >= RECORD_THRESHOLD,
+    )
 
 
 @dataclass(frozen=True)
@@ -82,34 +88,45 @@ class PairwiseTest:
     passed: bool
 
 
-def pairwise_test(baseline: Sequence[float], baseline_steps: int, candidate: Sequence[float],
-                  candidate_steps: int) -> PairwiseTest:
+def pairwise_test(
+    baseline: Sequence[float], baseline_steps: int, candidate: Sequence[float], candidate_steps: int
+) -> PairwiseTest:
     """The two-record rule (see the module docstring)."""
     if not baseline or not candidate:
         raise ValueError("pairwise: both records need at least one final loss")
     base_mean = float(np.mean(np.asarray(baseline, dtype=np.float64)))
     cand_mean = float(np.mean(np.asarray(candidate, dtype=np.float64)))
     credit = LOSS_PER_100_STEPS * (baseline_steps - candidate_steps) / 100
-    statistic = (base_mean - (cand_mean - credit)) / math.sqrt(1 / len(baseline)
-                                                              + 1 / len(candidate))
+    statistic = (base_mean - (cand_mean - credit)) / math.sqrt(
+        1 / len(baseline) + 1 / len(candidate)
+    )
     z = statistic / RECORD_SIGMA
-    return PairwiseTest(baseline_mean=base_mean, candidate_mean=cand_mean,
-                        baseline_steps=baseline_steps, candidate_steps=candidate_steps,
-                        credit=credit, statistic=statistic, z=z,
-                        p_value=float(scipy.stats.norm.sf(z)), passed=statistic >= RECORD_THRESHOLD)
+    return PairwiseTest(
+        baseline_mean=base_mean,
+        candidate_mean=cand_mean,
+        baseline_steps=baseline_steps,
+        candidate_steps=candidate_steps,
+        credit=credit,
+        statistic=statistic,
+        z=z,
+        p_value=float(scipy.stats.norm.sf(z)),
+        passed=statistic >= RECORD_THRESHOLD,
+    )
 
 
 def check_same_steps(name: str, steps: Sequence[int]) -> int:
     """The one step every seed of ``name`` stopped at (``ValueError`` naming the steps if not)."""
     distinct = sorted(set(steps))
     if len(distinct) != 1:
-        raise ValueError(f"{name}: every seed of a record must stop at the same step, got "
-                         f"steps {distinct}")
+        raise ValueError(
+            f"{name}: every seed of a record must stop at the same step, got steps {distinct}"
+        )
     return distinct[0]
 
 
-def seeds_for_significance(gap: float, std_a: float, std_b: float,
-                           alpha: float = SIGNIFICANCE) -> int | None:
+def seeds_for_significance(
+    gap: float, std_a: float, std_b: float, alpha: float = SIGNIFICANCE
+) -> int | None:
     """The smallest ``n >= 2`` seeds per side at which two groups ``gap`` apart in mean, with
     stds ``std_a`` and ``std_b``, give Welch's two-sided p < ``alpha``; None for no gap, or
     when more than ``MAX_SEEDS`` would be needed."""

@@ -243,9 +243,15 @@ def budget_summaries(runs: Sequence[RunRecord]) -> tuple[BudgetSummary, ...]:
     for run in runs:
         for steps, loss in run.final_losses_by_steps().items():
             by_steps.setdefault(steps, []).append(loss)
-    return tuple(BudgetSummary(steps, summarize([x for x in losses if math.isfinite(x)]),
-                               len(losses), sum(not math.isfinite(x) for x in losses))
-                 for steps, losses in sorted(by_steps.items()))
+    return tuple(
+        BudgetSummary(
+            steps,
+            summarize([x for x in losses if math.isfinite(x)]),
+            len(losses),
+            sum(not math.isfinite(x) for x in losses),
+        )
+        for steps, losses in sorted(by_steps.items())
+    )
 
 
 @dataclass(frozen=True)
@@ -307,14 +313,19 @@ def check_same_length(name: str, runs: Sequence[RunRecord]) -> None:
     for run in runs:
         lengths.setdefault(run.total_steps, []).append(str(run.path))
     if len(lengths) > 1:
-        described = "; ".join(f"{steps} steps: {', '.join(paths[:2])}"
-                              + (", ..." if len(paths) > 2 else "")
-                              for steps, paths in sorted(lengths.items()))
-        raise UserError(f"group {name!r} mixes runs of different lengths ({described}); their "
-                        "final losses are not comparable: put each length in its own group")
+        described = "; ".join(
+            f"{steps} steps: {', '.join(paths[:2])}" + (", ..." if len(paths) > 2 else "")
+            for steps, paths in sorted(lengths.items())
+        )
+        raise UserError(
+            f"group {name!r} mixes runs of different lengths ({described}); their "
+            "final losses are not comparable: put each length in its own group"
+        )
 
 
-def group_report(name: str, runs: Sequence[RunRecord], target: float = DEFAULT_TARGET) -> GroupReport:
+def group_report(
+    name: str, runs: Sequence[RunRecord], target: float = DEFAULT_TARGET
+) -> GroupReport:
     """Summarize one group of runs against ``target``; diverged runs are counted, not averaged."""
     if not runs:
         raise ValueError(f"group {name!r}: no runs")
@@ -347,7 +358,9 @@ def group_report(name: str, runs: Sequence[RunRecord], target: float = DEFAULT_T
         final_val_loss=summarize(losses),
         train_time_s=summarize([s.train_time_s for s in finished]),
         step_avg_ms=summarize([s.step_avg_ms for s in finished]),
-        peak_memory_mib=summarize([s.peak_memory_mib for s in finished if s.peak_memory_mib is not None]),
+        peak_memory_mib=summarize(
+            [s.peak_memory_mib for s in finished if s.peak_memory_mib is not None]
+        ),
         mfu=summarize([s.mfu for s in finished if s.mfu is not None]),
         target_test=compare_to_target(losses, target) if losses else None,
         target_step=summarize([s.target_step for s in reached]),
@@ -396,4 +409,6 @@ def build_report(
                     confidence,
                 )
             )
-    return EvidenceReport(target=target, groups=tuple(reports.values()), comparisons=tuple(comparisons))
+    return EvidenceReport(
+        target=target, groups=tuple(reports.values()), comparisons=tuple(comparisons)
+    )

@@ -73,8 +73,9 @@ class StudyPlan:
         if self.nproc < 1:
             raise ValueError(f"nproc: must be >= 1, got {self.nproc}")
         if self.resamples < 100:
-            raise ValueError(f"resamples: at least 100 for 2.5-97.5 percentiles, got "
-                             f"{self.resamples}")
+            raise ValueError(
+                f"resamples: at least 100 for 2.5-97.5 percentiles, got {self.resamples}"
+            )
         check_output_dir(self.out_dir, "--out-dir")
 
     def tune_config(self, size: str, setup_name: str) -> TuneConfig:
@@ -85,11 +86,17 @@ class StudyPlan:
         storage = self.storage
         return TuneConfig(
             setup=Setup(setup.name, setup.preset),
-            searches=tuple(parse_search(s) for s in setup.search), trials=setup.trials,
-            seeds=1, confirm_seeds=definition.seeds, nproc=self.nproc,
+            searches=tuple(parse_search(s) for s in setup.search),
+            trials=setup.trials,
+            seeds=1,
+            confirm_seeds=definition.seeds,
+            nproc=self.nproc,
             out_dir=self.out_dir / size / setup.name,
-            train_args=(*definition.train_args, "--model", size), rungs=definition.branches,
-            storage=storage, study=f"{size}.{setup.name}")
+            train_args=(*definition.train_args, "--model", size),
+            rungs=definition.branches,
+            storage=storage,
+            study=f"{size}.{setup.name}",
+        )
 
 
 @dataclass(frozen=True)
@@ -115,9 +122,11 @@ class StudyResult:
     files: list[Path] = field(default_factory=list)
 
 
-def check_study(plan: StudyPlan, resolve: ConfigResolver = resolve_train_config,
-                build: Callable[[TuneConfig], TuneSession] | None = None
-                ) -> dict[tuple[str, str], TuneSession]:
+def check_study(
+    plan: StudyPlan,
+    resolve: ConfigResolver = resolve_train_config,
+    build: Callable[[TuneConfig], TuneSession] | None = None,
+) -> dict[tuple[str, str], TuneSession]:
     """Build every (size, setup)'s tune session: each checks its search against the setup, every
     grid value and the rungs through the trainer's parser, and writes nothing. So a malformed
     setup fails the study before any trial trains."""
@@ -132,16 +141,21 @@ def check_study(plan: StudyPlan, resolve: ConfigResolver = resolve_train_config,
     return sessions
 
 
-def run_study(plan: StudyPlan, resolve: ConfigResolver = resolve_train_config,
-              say: Callable[[str], None] = lambda line: print(line, flush=True),
-              build: Callable[[TuneConfig], TuneSession] | None = None) -> StudyResult:
+def run_study(
+    plan: StudyPlan,
+    resolve: ConfigResolver = resolve_train_config,
+    say: Callable[[str], None] = lambda line: print(line, flush=True),
+    build: Callable[[TuneConfig], TuneSession] | None = None,
+) -> StudyResult:
     """Tune and train every (size, setup) (or read them back), then analyse and write."""
     definition = plan.definition
     sessions = check_study(plan, resolve, build)
     cells = len(sessions)
-    say(f"[study] {len(definition.setups)} setups x {len(definition.sizes)} sizes = {cells} "
+    say(
+        f"[study] {len(definition.setups)} setups x {len(definition.sizes)} sizes = {cells} "
         f"tunes; budgets {', '.join(f'{b:g}' for b in definition.budgets)} of each run; "
-        f"{definition.seeds} seeds at each best point; into {plan.out_dir}")
+        f"{definition.seeds} seeds at each best point; into {plan.out_dir}"
+    )
     # Every tune's trials first, none waiting on another worker's, so workers sharing the
     # store stay busy; then each tune ends (waiting for the other workers' trials) and confirms.
     for index, ((size, name), session) in enumerate(sessions.items(), start=1):
@@ -153,10 +167,19 @@ def run_study(plan: StudyPlan, resolve: ConfigResolver = resolve_train_config,
         say(f"[study] best point {index}/{cells}: {name} at {size}")
         result = session.finish()
         base = resolve(session.config.base_argv())
-        runs.append(CellRuns(size, name, result, _seed_runs(result, size, name),
-                             int(base["batch_size"]) * int(base["seq_len"])))
-        say(f"[study] {index}/{cells}: {name} at {size} done in {time.perf_counter() - start:.0f}"
-            f" s: best {result.best_values}, final val_loss {result.best_value:.4f}")
+        runs.append(
+            CellRuns(
+                size,
+                name,
+                result,
+                _seed_runs(result, size, name),
+                int(base["batch_size"]) * int(base["seq_len"]),
+            )
+        )
+        say(
+            f"[study] {index}/{cells}: {name} at {size} done in {time.perf_counter() - start:.0f}"
+            f" s: best {result.best_values}, final val_loss {result.best_value:.4f}"
+        )
     return analyse(plan, runs)
 
 
@@ -178,8 +201,9 @@ def observations(cells: Sequence[CellRuns]) -> list[Observation]:
         for run in cell.runs:
             seed = 0 if run.seed is None else run.seed
             for steps, loss in run.final_losses_by_steps().items():
-                found.append(Observation(cell.setup, cell.size, steps * cell.tokens_per_step,
-                                         seed, loss))
+                found.append(
+                    Observation(cell.setup, cell.size, steps * cell.tokens_per_step, seed, loss)
+                )
     return found
 
 
@@ -189,12 +213,19 @@ def analyse(plan: StudyPlan, cells: Sequence[CellRuns]) -> StudyResult:
 
     definition = plan.definition
     found = observations(cells)
-    params = {size: non_embedding_parameters(gpt_preset(size, vocab_size=1))
-              for size in definition.sizes}
+    params = {
+        size: non_embedding_parameters(gpt_preset(size, vocab_size=1)) for size in definition.sizes
+    }
     scaling = estimate_speedups(found, definition.baseline, resamples=plan.resamples)
-    result = StudyResult(plan, list(cells), found, scaling,
-                         budget_comparisons(found, definition.baseline),
-                         performance_profile(found), params)
+    result = StudyResult(
+        plan,
+        list(cells),
+        found,
+        scaling,
+        budget_comparisons(found, definition.baseline),
+        performance_profile(found),
+        params,
+    )
     plan.out_dir.mkdir(parents=True, exist_ok=True)
     result.files = write_scaling_plots(scaling, found, plan.out_dir, result.profile)
     with atomic_output(plan.out_dir / "study.md") as tmp:
@@ -207,20 +238,38 @@ def analyse(plan: StudyPlan, cells: Sequence[CellRuns]) -> StudyResult:
 def format_study(result: StudyResult) -> str:
     """``study.md``: what was asked, the speedups, Welch per budget, tunability, the plots."""
     definition = result.plan.definition
-    lines = [f"# Study: {', '.join(s.name for s in definition.setups)} against "
-             f"{definition.baseline}", ""]
+    lines = [
+        f"# Study: {', '.join(s.name for s in definition.setups)} against {definition.baseline}",
+        "",
+    ]
     lines += _definition_lines(result)
-    lines += ["", format_study_markdown(result.scaling, result.non_embedding_params,
-                                        result.profile).rstrip(), ""]
-    lines += ["### Final validation loss at each budget (mean ± std over seeds; Welch's p "
-              "against the baseline)", ""]
+    lines += [
+        "",
+        format_study_markdown(result.scaling, result.non_embedding_params, result.profile).rstrip(),
+        "",
+    ]
+    lines += [
+        "### Final validation loss at each budget (mean ± std over seeds; Welch's p "
+        "against the baseline)",
+        "",
+    ]
     lines += _loss_table(result)
-    lines += ["", "### Tunability: the share of a setup's trials within 1 % of its best "
-              "(pruned trials count as not within)", ""]
+    lines += [
+        "",
+        "### Tunability: the share of a setup's trials within 1 % of its best "
+        "(pruned trials count as not within)",
+        "",
+    ]
     lines += _tunability_table(result)
-    lines += ["", "![speedup against budget](speedups.png)", "",
-              "![the baseline's fitted curves](baseline_fits.png)", "",
-              "![performance profile](performance_profile.png)", ""]
+    lines += [
+        "",
+        "![speedup against budget](speedups.png)",
+        "",
+        "![the baseline's fitted curves](baseline_fits.png)",
+        "",
+        "![performance profile](performance_profile.png)",
+        "",
+    ]
     return "\n".join(lines)
 
 
@@ -229,37 +278,66 @@ def _definition_lines(result: StudyResult) -> list[str]:
     tokens = {cell.size: cell.tokens_per_step for cell in result.cells}
     rows = [["size", "N (non-emb.)", "budgets (steps)", "budgets (tokens)", "tokens / N"]]
     for size in definition.sizes:
-        steps = sorted({s for cell in result.cells if cell.size == size
-                        for run in cell.runs for s in run.final_losses_by_steps()})
+        steps = sorted(
+            {
+                s
+                for cell in result.cells
+                if cell.size == size
+                for run in cell.runs
+                for s in run.final_losses_by_steps()
+            }
+        )
         n = result.non_embedding_params[size]
-        rows.append([size, format_count(n), ", ".join(str(s) for s in steps),
-                     ", ".join(format_count(s * tokens[size]) for s in steps),
-                     ", ".join(f"{s * tokens[size] / n:.2g}" for s in steps)])
+        rows.append(
+            [
+                size,
+                format_count(n),
+                ", ".join(str(s) for s in steps),
+                ", ".join(format_count(s * tokens[size]) for s in steps),
+                ", ".join(f"{s * tokens[size] / n:.2g}" for s in steps),
+            ]
+        )
     searches = [["setup", "preset", "search", "trials", "sampler"]]
     for cell in result.cells:
         if cell.size == definition.sizes[0]:
             setup = definition.setup(cell.setup)
-            searches.append([setup.name, setup.preset, "; ".join(setup.search),
-                             str(cell.tune.budget), cell.tune.sampler])
-    return ([f"{definition.seeds} seeds per (setup, size) at its best point; every budget "
-             f"from one run per seed (decay branches: {', '.join(f'{b:g}' for b in definition.branches)} "
-             f"of the full run). Definition: {definition.source}; train flags: "
-             f"`{' '.join(definition.train_args)}`.", ""]
-            + format_markdown_table(rows) + [""] + format_markdown_table(searches))
+            searches.append(
+                [
+                    setup.name,
+                    setup.preset,
+                    "; ".join(setup.search),
+                    str(cell.tune.budget),
+                    cell.tune.sampler,
+                ]
+            )
+    return (
+        [
+            f"{definition.seeds} seeds per (setup, size) at its best point; every budget "
+            f"from one run per seed (decay branches: {', '.join(f'{b:g}' for b in definition.branches)} "
+            f"of the full run). Definition: {definition.source}; train flags: "
+            f"`{' '.join(definition.train_args)}`.",
+            "",
+        ]
+        + format_markdown_table(rows)
+        + [""]
+        + format_markdown_table(searches)
+    )
 
 
 def _loss_table(result: StudyResult) -> list[str]:
     definition = result.plan.definition
-    by_cell = {(c.size, c.tokens, c.comparison.candidate): c.comparison
-               for c in result.comparisons}
+    by_cell = {(c.size, c.tokens, c.comparison.candidate): c.comparison for c in result.comparisons}
     rows = [["size", "setup", *[f"{b:g}" for b in definition.budgets]]]
     for size in definition.sizes:
         budgets = sorted({o.tokens for o in result.observations if o.size == size})
         for setup in definition.setups:
             cells = []
             for tokens in budgets:
-                losses = [o.loss for o in result.observations
-                          if (o.size, o.setup, o.tokens) == (size, setup.name, tokens)]
+                losses = [
+                    o.loss
+                    for o in result.observations
+                    if (o.size, o.setup, o.tokens) == (size, setup.name, tokens)
+                ]
                 cells.append(_mean_std(losses) + _p(by_cell.get((size, tokens, setup.name))))
             rows.append([size, setup.name, *cells])
     return format_markdown_table(rows)
@@ -271,8 +349,9 @@ def _mean_std(losses: Sequence[float]) -> str:
     if not finite:
         return f"diverged ({diverged} of {len(losses)})"
     summary = summarize(finite)
-    text = (f"{summary.mean:.4f}" if summary.std is None
-            else f"{summary.mean:.4f} ± {summary.std:.4f}")
+    text = (
+        f"{summary.mean:.4f}" if summary.std is None else f"{summary.mean:.4f} ± {summary.std:.4f}"
+    )
     return text + (f" ({diverged} diverged)" if diverged else "")
 
 
@@ -283,24 +362,37 @@ def _p(comparison: Any) -> str:
 
 
 def _tunability_table(result: StudyResult) -> list[str]:
-    rows = [["size", "setup", "within 1 % of best", "trials: complete / pruned / failed",
-             "best point", "best trial's final loss"]]
+    rows = [
+        [
+            "size",
+            "setup",
+            "within 1 % of best",
+            "trials: complete / pruned / failed",
+            "best point",
+            "best trial's final loss",
+        ]
+    ]
     for cell in result.cells:
         states = [t.state for t in cell.tune.trials]
         share = cell.tune.tunability
-        rows.append([cell.size, cell.setup, f"{share.within} of {share.trials} "
-                     f"({100 * share.share:.0f} %)",
-                     f"{states.count('complete')} / {states.count('pruned')} / "
-                     f"{states.count('failed')}",
-                     ", ".join(f"{k}={v}" for k, v in cell.tune.best_values.items()),
-                     f"{cell.tune.best_value:.4f}"])
+        rows.append(
+            [
+                cell.size,
+                cell.setup,
+                f"{share.within} of {share.trials} ({100 * share.share:.0f} %)",
+                f"{states.count('complete')} / {states.count('pruned')} / {states.count('failed')}",
+                ", ".join(f"{k}={v}" for k, v in cell.tune.best_values.items()),
+                f"{cell.tune.best_value:.4f}",
+            ]
+        )
     return format_markdown_table(rows)
 
 
 def format_summary(result: StudyResult) -> str:
     """The console's summary: the speedup table (study.md has the rest)."""
-    return format_study_markdown(result.scaling, result.non_embedding_params,
-                                 result.profile).rstrip()
+    return format_study_markdown(
+        result.scaling, result.non_embedding_params, result.profile
+    ).rstrip()
 
 
 @dataclass(frozen=True)
@@ -318,12 +410,26 @@ class _StudyRecord:
 def study_json(result: StudyResult) -> dict[str, Any]:
     """study.json: the definition, the scaling analysis, every observation, Welch at every
     budget, and each tune's best point, trials, tunability and seed runs."""
-    tunes = [{"size": c.size, "setup": c.setup, "study": c.tune.study, "storage": c.tune.storage,
-              "best": c.tune.best_values, "best_value": c.tune.best_value,
-              "tunability": c.tune.tunability, "trials": list(c.tune.trials),
-              "runs": [str(r.path) for r in c.runs]} for c in result.cells]
+    tunes = [
+        {
+            "size": c.size,
+            "setup": c.setup,
+            "study": c.tune.study,
+            "storage": c.tune.storage,
+            "best": c.tune.best_values,
+            "best_value": c.tune.best_value,
+            "tunability": c.tune.tunability,
+            "trials": list(c.tune.trials),
+            "runs": [str(r.path) for r in c.runs],
+        }
+        for c in result.cells
+    ]
     record = _StudyRecord(
-        result.plan.definition, str(result.plan.out_dir),
+        result.plan.definition,
+        str(result.plan.out_dir),
         study_to_dict(result.scaling, result.non_embedding_params, result.profile),
-        result.observations, result.comparisons, tunes)
+        result.observations,
+        result.comparisons,
+        tunes,
+    )
     return json_ready(record)  # type: ignore[no-any-return]

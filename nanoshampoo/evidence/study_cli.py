@@ -20,27 +20,59 @@ from nanoshampoo.evidence.study_definition import StudyDefinition, load_definiti
 
 def add_study_command(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     parser = commands.add_parser(
-        "study", help="setups x sizes x budgets x seeds, tuned fairly: speedups as curves",
-        description=__doc__.split("\n\n")[1])
-    parser.add_argument("--study", default="cpu", metavar="NAME|PATH.toml",
-                        help="a packaged study definition (cpu: the embedded default; gpt2: the "
-                             "GPT-2 sizes on GPUs) or your own .toml")
-    parser.add_argument("--setups", default="", metavar="NAME,...",
-                        help="only these of the definition's setups (the baseline always runs)")
-    parser.add_argument("--sizes", default="", metavar="SIZE,...",
-                        help="only these model sizes (--model values) instead of the definition's")
-    parser.add_argument("--seeds", type=int, default=None,
-                        help="seeds at each best point (default: the definition's)")
-    parser.add_argument("--storage", default=None, metavar="URL",
-                        help="the trial store of every tune (default: a SQLite file per tune "
-                             "in the out dir); postgresql://... shares the study between machines")
-    parser.add_argument("--out-dir", type=Path, default=Path("runs/study"),
-                        help="where the tunes, runs, study.md, study.json and plots go")
-    parser.add_argument("--nproc", type=int, default=1, help="processes per run (torchrun when > 1)")
-    parser.add_argument("--resamples", type=int, default=1000,
-                        help="bootstrap resamples of the speedup intervals")
-    parser.add_argument("train_args", nargs=argparse.REMAINDER,
-                        help="more arguments for every `python -m nanoshampoo.train` run, after `--`")
+        "study",
+        help="setups x sizes x budgets x seeds, tuned fairly: speedups as curves",
+        description=__doc__.split("\n\n")[1],
+    )
+    parser.add_argument(
+        "--study",
+        default="cpu",
+        metavar="NAME|PATH.toml",
+        help="a packaged study definition (cpu: the embedded default; gpt2: the "
+        "GPT-2 sizes on GPUs) or your own .toml",
+    )
+    parser.add_argument(
+        "--setups",
+        default="",
+        metavar="NAME,...",
+        help="only these of the definition's setups (the baseline always runs)",
+    )
+    parser.add_argument(
+        "--sizes",
+        default="",
+        metavar="SIZE,...",
+        help="only these model sizes (--model values) instead of the definition's",
+    )
+    parser.add_argument(
+        "--seeds",
+        type=int,
+        default=None,
+        help="seeds at each best point (default: the definition's)",
+    )
+    parser.add_argument(
+        "--storage",
+        default=None,
+        metavar="URL",
+        help="the trial store of every tune (default: a SQLite file per tune "
+        "in the out dir); postgresql://... shares the study between machines",
+    )
+    parser.add_argument(
+        "--out-dir",
+        type=Path,
+        default=Path("runs/study"),
+        help="where the tunes, runs, study.md, study.json and plots go",
+    )
+    parser.add_argument(
+        "--nproc", type=int, default=1, help="processes per run (torchrun when > 1)"
+    )
+    parser.add_argument(
+        "--resamples", type=int, default=1000, help="bootstrap resamples of the speedup intervals"
+    )
+    parser.add_argument(
+        "train_args",
+        nargs=argparse.REMAINDER,
+        help="more arguments for every `python -m nanoshampoo.train` run, after `--`",
+    )
     parser.set_defaults(handler=run_study_command)
 
 
@@ -72,8 +104,13 @@ def run_study_command(args: argparse.Namespace) -> int:
     with user_input(RuntimeError):
         from nanoshampoo.evidence.study import StudyPlan, format_summary, run_study  # Optuna
 
-        plan = StudyPlan(chosen_definition(args), args.out_dir, storage=args.storage,
-                         nproc=args.nproc, resamples=args.resamples)
+        plan = StudyPlan(
+            chosen_definition(args),
+            args.out_dir,
+            storage=args.storage,
+            nproc=args.nproc,
+            resamples=args.resamples,
+        )
         result = run_study(plan)
         print()
         print(format_summary(result))

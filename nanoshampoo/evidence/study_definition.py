@@ -73,28 +73,36 @@ class StudyDefinition:
         if len(set(names)) != len(names):
             raise ValueError(f"{where}: setups: {names} repeats a name")
         if self.baseline not in names:
-            raise ValueError(f"{where}: baseline: {self.baseline!r} is not one of the setups "
-                             f"{names}")
+            raise ValueError(
+                f"{where}: baseline: {self.baseline!r} is not one of the setups {names}"
+            )
         if not self.sizes or len(set(self.sizes)) != len(self.sizes):
             raise ValueError(f"{where}: sizes: give distinct model sizes, got {list(self.sizes)}")
         budgets = list(self.budgets)
         if len(budgets) < 4:
             # The baseline's L(D) = a D^-alpha + c has three parameters: four points at least.
-            raise ValueError(f"{where}: budgets: give at least 4 (the fit has 3 parameters), "
-                             f"got {budgets}")
+            raise ValueError(
+                f"{where}: budgets: give at least 4 (the fit has 3 parameters), got {budgets}"
+            )
         if budgets != sorted(set(budgets)) or budgets[-1] != 1.0 or budgets[0] <= 0:
-            raise ValueError(f"{where}: budgets: strictly increasing fractions in (0, 1] "
-                             f"ending at 1.0, got {budgets}")
+            raise ValueError(
+                f"{where}: budgets: strictly increasing fractions in (0, 1] "
+                f"ending at 1.0, got {budgets}"
+            )
         if self.seeds < 2:
-            raise ValueError(f"{where}: seeds: at least 2 (intervals need a spread), got "
-                             f"{self.seeds}")
+            raise ValueError(
+                f"{where}: seeds: at least 2 (intervals need a spread), got {self.seeds}"
+            )
         for setup in self.setups:
             if not setup.search:
-                raise ValueError(f"{where}: setups.{setup.name}.search: give at least one "
-                                 f"searched key (an equal budget of trials for every setup)")
+                raise ValueError(
+                    f"{where}: setups.{setup.name}.search: give at least one "
+                    f"searched key (an equal budget of trials for every setup)"
+                )
             if setup.trials is not None and setup.trials < 1:
-                raise ValueError(f"{where}: setups.{setup.name}.trials: must be >= 1, got "
-                                 f"{setup.trials}")
+                raise ValueError(
+                    f"{where}: setups.{setup.name}.trials: must be >= 1, got {setup.trials}"
+                )
 
     @property
     def branches(self) -> tuple[float, ...]:
@@ -126,8 +134,10 @@ def load_definition(name_or_path: str) -> StudyDefinition:
         source = str(path)
     else:
         if name_or_path not in packaged_studies():
-            raise UserError(f"--study {name_or_path!r}: no such study; packaged: "
-                            f"{packaged_studies()} (or give a .toml path)")
+            raise UserError(
+                f"--study {name_or_path!r}: no such study; packaged: "
+                f"{packaged_studies()} (or give a .toml path)"
+            )
         source = f"study {name_or_path!r}"
         text = (STUDY_DIR / f"{name_or_path}.toml").read_text(encoding="utf-8")
     try:
@@ -155,7 +165,9 @@ def _definition(raw: dict[str, Any], source: str) -> StudyDefinition:
             raise ValueError(f"{where}: unknown keys {extra}; a setup has {sorted(_SETUP_KEYS)}")
         search = _typed(body, "search", list, where)
         if not all(isinstance(s, str) for s in search):
-            raise ValueError(f"{where}.search: must be a list of strings like 'adamw.lr=0.002,0.004'")
+            raise ValueError(
+                f"{where}.search: must be a list of strings like 'adamw.lr=0.002,0.004'"
+            )
         trials = body.get("trials")
         if trials is not None and (not isinstance(trials, int) or isinstance(trials, bool)):
             raise ValueError(f"{where}.trials: must be an integer, got {trials!r}")
@@ -168,9 +180,15 @@ def _definition(raw: dict[str, Any], source: str) -> StudyDefinition:
     if not isinstance(train_args, list) or not all(isinstance(a, str) for a in train_args):
         raise ValueError(f"{source}: train_args: must be a list of strings")
     seeds = _typed(raw, "seeds", int, source)
-    return StudyDefinition(tuple(setups), tuple(str(s) for s in sizes),
-                           tuple(float(b) for b in budgets), seeds,
-                           _typed(raw, "baseline", str, source), tuple(train_args), source)
+    return StudyDefinition(
+        tuple(setups),
+        tuple(str(s) for s in sizes),
+        tuple(float(b) for b in budgets),
+        seeds,
+        _typed(raw, "baseline", str, source),
+        tuple(train_args),
+        source,
+    )
 
 
 def _typed(raw: dict[str, Any], key: str, kind: type, where: str) -> Any:

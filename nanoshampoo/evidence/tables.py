@@ -30,4 +30,8 @@ def format_markdown_table(rows: list[list[str]]) -> list[str]:
     def line(row: list[str]) -> str:
         return "| " + " | ".join(cell.ljust(w) for cell, w in zip(row, widths)) + " |"
 
-    return [line(cells[0]), "|" + "|".join("-" * (w + 2) for w in widths) + "|", *map(line, cells[1:])]
+    return [
+        line(cells[0]),
+        "|" + "|".join("-" * (w + 2) for w in widths) + "|",
+        *map(line, cells[1:]),
+    ]

@@ -137,7 +137,9 @@ def analyze_trace(path: str | Path) -> OverlapStats:
         device = "cuda"
         comm_events = [e for e in events if e.cat == "kernel" and _is_nccl(e.name)]
         comm = merge([(e.start, e.end) for e in comm_events])
-        compute = merge([(e.start, e.end) for e in events if e.cat == "kernel" and not _is_nccl(e.name)])
+        compute = merge(
+            [(e.start, e.end) for e in events if e.cat == "kernel" and not _is_nccl(e.name)]
+        )
     else:
         device = "cpu"
         comm_events, comm, compute = _classify_cpu(events, thread_names)
@@ -171,7 +173,9 @@ def find_trace_files(directory: str | Path) -> list[Path]:
     """Trace files (``*.json``, ``*.json.gz``) directly inside ``directory``, sorted."""
     directory = Path(directory)
     files = [p for p in directory.iterdir() if p.is_file() and p.name.endswith(TRACE_SUFFIXES)]
-    return sorted(files, key=lambda p: (_rank_from_name(p) is None, _rank_from_name(p) or 0, p.name))
+    return sorted(
+        files, key=lambda p: (_rank_from_name(p) is None, _rank_from_name(p) or 0, p.name)
+    )
 
 
 def analyze_paths(paths: Sequence[str | Path]) -> list[OverlapStats]:
@@ -185,15 +189,19 @@ def analyze_paths(paths: Sequence[str | Path]) -> list[OverlapStats]:
         if is_dir:
             found = find_trace_files(path)
             if not found:
-                raise TraceFormatError(f"{path}: no trace files (*.json, *.json.gz) in this directory")
+                raise TraceFormatError(
+                    f"{path}: no trace files (*.json, *.json.gz) in this directory"
+                )
             files.extend(found)
         else:
             files.append(path)
     seen: dict[Path, Path] = {}
     for f in files:  # one file given twice would count as two ranks
         if f.exists() and seen.setdefault(f.resolve(), f) is not f:
-            raise TraceFormatError(f"{f}: given twice (as {seen[f.resolve()]}); each trace "
-                                   "file is one rank's and counts once")
+            raise TraceFormatError(
+                f"{f}: given twice (as {seen[f.resolve()]}); each trace "
+                "file is one rank's and counts once"
+            )
     return [analyze_trace(f) for f in files]
 
 
@@ -217,8 +225,13 @@ def _complete_events(path: Path, raw: list[Any]) -> tuple[list[_Event], dict[tup
                 f"'dur' >= 0, got ts={ts!r} dur={dur!r}"
             )
         events.append(
-            _Event(str(e.get("name", "")), str(e.get("cat", "")), (e.get("pid"), e.get("tid")),
-                   float(ts), float(ts) + float(dur))
+            _Event(
+                str(e.get("name", "")),
+                str(e.get("cat", "")),
+                (e.get("pid"), e.get("tid")),
+                float(ts),
+                float(ts) + float(dur),
+            )
         )
     return events, thread_names
 
@@ -267,25 +280,40 @@ def _rank_from_name(path: Path) -> int | None:
 
 def format_overlap(stats: Sequence[OverlapStats]) -> str:
     """Text table: one row per rank, then each rank's time per communication event name."""
-    header = ["rank", "device", "steps", "window_ms", "comm_ms", "compute_ms", "overlap_ms",
-              "overlap_%", "exposed_comm_ms", "file"]
+    header = [
+        "rank",
+        "device",
+        "steps",
+        "window_ms",
+        "comm_ms",
+        "compute_ms",
+        "overlap_ms",
+        "overlap_%",
+        "exposed_comm_ms",
+        "file",
+    ]
     rows = [header]
     for s in stats:
-        rows.append([
-            "-" if s.rank is None else str(s.rank),
-            s.device,
-            str(s.steps),
-            f"{s.window_ms:.3f}",
-            f"{s.communication_ms:.3f}",
-            f"{s.computation_ms:.3f}",
-            f"{s.overlap_ms:.3f}",
-            "-" if s.overlap_pct is None else f"{s.overlap_pct:.1f}",
-            f"{s.exposed_communication_ms:.3f}",
-            Path(s.path).name,
-        ])
+        rows.append(
+            [
+                "-" if s.rank is None else str(s.rank),
+                s.device,
+                str(s.steps),
+                f"{s.window_ms:.3f}",
+                f"{s.communication_ms:.3f}",
+                f"{s.computation_ms:.3f}",
+                f"{s.overlap_ms:.3f}",
+                "-" if s.overlap_pct is None else f"{s.overlap_pct:.1f}",
+                f"{s.exposed_communication_ms:.3f}",
+                Path(s.path).name,
+            ]
+        )
     lines = format_table(rows)
     for s in stats:
         if s.by_collective:
             lines.append(f"rank {s.rank} communication by event (ms, exposed ms):")
-            lines.extend(f"  {name}: {comm:.3f}, {exposed:.3f}" for name, (comm, exposed) in s.by_collective.items())
+            lines.extend(
+                f"  {name}: {comm:.3f}, {exposed:.3f}"
+                for name, (comm, exposed) in s.by_collective.items()
+            )
     return "\n".join(lines)

@@ -24,9 +24,11 @@ from nanoshampoo.train.allocator import safe_python_environment
 # Runs the command after it (argv[2:]) once the kernel kills it with its parent (argv[1] is the
 # parent's pid: if that is gone already, the exec never happens). prctl option 1 is
 # PR_SET_PDEATHSIG, signal 9 SIGKILL; the signal survives exec.
-_DIE_WITH_PARENT = ("import ctypes, os, sys; ctypes.CDLL(None).prctl(1, 9); "
-                    "os.getppid() == int(sys.argv[1]) or os._exit(1); "
-                    "os.execvp(sys.argv[2], sys.argv[2:])")
+_DIE_WITH_PARENT = (
+    "import ctypes, os, sys; ctypes.CDLL(None).prctl(1, 9); "
+    "os.getppid() == int(sys.argv[1]) or os._exit(1); "
+    "os.execvp(sys.argv[2], sys.argv[2:])"
+)
 # Seconds a stopped trainer gets to exit on SIGTERM before SIGKILL.
 KILL_GRACE_S = 10.0
 
@@ -42,8 +44,9 @@ def spawn_trainer(command: Sequence[str], output: Path | None = None) -> subproc
         return subprocess.Popen(argv, start_new_session=True, env=environment)
     out: IO[str]
     with output.open("x", encoding="utf-8") as out:
-        return subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True, env=environment)
+        return subprocess.Popen(
+            argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=environment
+        )
 
 
 def stop_trainer(process: subprocess.Popen[bytes]) -> None:

@@ -128,19 +128,30 @@ class TuneConfig:
         object.__setattr__(self, "train_args", tuple(self.train_args))
         object.__setattr__(self, "rungs", tuple(self.rungs))
         object.__setattr__(self, "out_dir", Path(self.out_dir))
-        for name, low in (("seeds", 1), ("confirm_seeds", 0), ("seed0", 0), ("nproc", 1),
-                          ("heartbeat_s", 1)):
+        for name, low in (
+            ("seeds", 1),
+            ("confirm_seeds", 0),
+            ("seed0", 0),
+            ("nproc", 1),
+            ("heartbeat_s", 1),
+        ):
             if getattr(self, name) < low:
-                raise ValueError(f"{name.replace('_', '-')}: must be >= {low}, got "
-                                 f"{getattr(self, name)}")
+                raise ValueError(
+                    f"{name.replace('_', '-')}: must be >= {low}, got {getattr(self, name)}"
+                )
         check_setup_name(self.setup.name)
         if self.study and not re.match(r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$", self.study):
-            raise ValueError(f"study: {self.study!r} is not a plain name (letters, digits, "
-                             "_ . + -): it names a directory")
+            raise ValueError(
+                f"study: {self.study!r} is not a plain name (letters, digits, "
+                "_ . + -): it names a directory"
+            )
         check_searches(self.searches, self.trials)
         check_unmanaged(self.train_args, MANAGED_OPTIONS, "tune for each run")
-        given = {normalize_key(a.lstrip("-").split("=", 1)[0]) for a in self.train_args
-                 if a.startswith("--")}
+        given = {
+            normalize_key(a.lstrip("-").split("=", 1)[0])
+            for a in self.train_args
+            if a.startswith("--")
+        }
         clash = sorted(s.field for s in self.searches if s.field in given)
         if clash:
             raise ValueError(f"train flags: {clash} are searched; leave them to the search")
@@ -165,16 +176,28 @@ class TuneConfig:
         """``study``, or ``SETUP-<digest>`` of what makes two commands the same study."""
         if self.study:
             return self.study
-        spelled = {"preset": self.setup.preset, "train_args": self.train_args,
-                   "searches": [[s.key, s.values, s.low, s.high] for s in self.searches],
-                   "trials": self.trials, "seeds": self.seeds, "seed0": self.seed0,
-                   "sample_seed": self.sample_seed, "rungs": self.rungs, "nproc": self.nproc}
+        spelled = {
+            "preset": self.setup.preset,
+            "train_args": self.train_args,
+            "searches": [[s.key, s.values, s.low, s.high] for s in self.searches],
+            "trials": self.trials,
+            "seeds": self.seeds,
+            "seed0": self.seed0,
+            "sample_seed": self.sample_seed,
+            "rungs": self.rungs,
+            "nproc": self.nproc,
+        }
         digest = hashlib.sha256(json.dumps(spelled, sort_keys=True).encode()).hexdigest()
         return f"{self.setup.name}-{digest[:10]}"
 
     def base_argv(self, seed: int | None = None) -> tuple[str, ...]:
-        return (*self.train_args, "--preset", self.setup.preset, "--seed",
-                str(self.seed0 if seed is None else seed))
+        return (
+            *self.train_args,
+            "--preset",
+            self.setup.preset,
+            "--seed",
+            str(self.seed0 if seed is None else seed),
+        )
 
 
 def trial_dirs(out_dir: Path) -> list[Path]:
@@ -196,13 +219,18 @@ class TuneSession:
     first use of :attr:`study`.
     """
 
-    def __init__(self, config: TuneConfig, resolve: ConfigResolver = resolve_train_config,
-                 command: TrainCommand | None = None,
-                 say: Callable[[str], None] = lambda line: print(line, flush=True)) -> None:
+    def __init__(
+        self,
+        config: TuneConfig,
+        resolve: ConfigResolver = resolve_train_config,
+        command: TrainCommand | None = None,
+        say: Callable[[str], None] = lambda line: print(line, flush=True),
+    ) -> None:
         self.config, self.resolve, self.say = config, resolve, say
         self.command = command or trainer_command(config.nproc)
-        self.space: SearchSpace = build_space(config.searches, resolve, config.base_argv(),
-                                              config.setup.name)
+        self.space: SearchSpace = build_space(
+            config.searches, resolve, config.base_argv(), config.setup.name
+        )
         self.num_iterations = int(resolve(config.base_argv())["num_iterations"])
         self.pruner = make_pruner(config.rungs, self.num_iterations)
         if config.rungs:  # the trainer must know the flag before a trial asks for branches
@@ -224,24 +252,34 @@ class TuneSession:
         grid = self.space.grid() if self.space.is_grid else None
         with quiet_optuna():
             self._study = optuna.create_study(
-                storage=self.storage, study_name=config.study_name,
+                storage=self.storage,
+                study_name=config.study_name,
                 sampler=sampler_for(grid, config.sample_seed, config.budget),
-                pruner=self.pruner, direction="minimize", load_if_exists=True)
+                pruner=self.pruner,
+                direction="minimize",
+                load_if_exists=True,
+            )
         counts = study_counts(self._study.get_trials(deepcopy=False), config.budget)
-        shape = (f"grid {' x '.join(str(len(s.values)) for s in config.searches)}"
-                 if grid else "TPE")
-        rungs = (f", rungs {','.join(f'{f:g}' for f in config.rungs)} (successive halving, eta "
-                 f"{reduction_factor(config.rungs)})" if config.rungs else "")
-        self.say(f"[tune] {config.setup.name}: study {config.study_name} in "
-                 f"{shown_url(self.url)}: {config.budget} trials ({shape}), {config.seeds} "
-                 f"seed(s) each{rungs}: " + ", ".join(f"{n} {name}" for name, n in counts.items()))
+        shape = f"grid {' x '.join(str(len(s.values)) for s in config.searches)}" if grid else "TPE"
+        rungs = (
+            f", rungs {','.join(f'{f:g}' for f in config.rungs)} (successive halving, eta "
+            f"{reduction_factor(config.rungs)})"
+            if config.rungs
+            else ""
+        )
+        self.say(
+            f"[tune] {config.setup.name}: study {config.study_name} in "
+            f"{shown_url(self.url)}: {config.budget} trials ({shape}), {config.seeds} "
+            f"seed(s) each{rungs}: " + ", ".join(f"{n} {name}" for name, n in counts.items())
+        )
         return self._study
 
     def work(self, wait: bool = True) -> int:
         """Run trials while the study has one to run (``wait``: then wait for the other
         workers' trials to end); return how many ran here."""
-        return run_worker(self.study, self.config.budget, self._objective, wait,
-                          poll_s=self.config.heartbeat_s)
+        return run_worker(
+            self.study, self.config.budget, self._objective, wait, poll_s=self.config.heartbeat_s
+        )
 
     def _objective(self, trial: optuna.Trial, slot_number: int) -> float:
         config = self.config
@@ -252,10 +290,11 @@ class TuneSession:
         trial.set_user_attr("worker", f"{socket.gethostname()}:{os.getpid()}")
         finals, logs = [], []
         for index, seed in enumerate(config.seed_list):
-            label = (f"{config.setup.name} {name} "
-                     f"({', '.join(f'{k}={v}' for k, v in point.items())}) seed {seed}")
-            plan = self._plan(name, point, branch_flags(config.rungs) if index == 0 else (),
-                              seed)
+            label = (
+                f"{config.setup.name} {name} "
+                f"({', '.join(f'{k}={v}' for k, v in point.items())}) seed {seed}"
+            )
+            plan = self._plan(name, point, branch_flags(config.rungs) if index == 0 else (), seed)
 
             def on_branch(branch: Branch) -> bool:
                 trial.report(branch.val_loss, step=branch.steps)
@@ -264,13 +303,16 @@ class TuneSession:
             result = self._train(plan, label, on_branch)
             if result.stopped:
                 branch = result.branches[-1]
-                self.say(f"[tune] pruned   {label} at rung {branch.steps} steps (branch val_loss "
-                         f"{branch.val_loss:.4f}): {result.log}")
+                self.say(
+                    f"[tune] pruned   {label} at rung {branch.steps} steps (branch val_loss "
+                    f"{branch.val_loss:.4f}): {result.log}"
+                )
                 raise optuna.TrialPruned()
             finals.append(result.final)
             logs.append(str(result.log))
-            outcome = ("diverged" if math.isnan(result.final)
-                       else f"final val_loss {result.final:.4f}")
+            outcome = (
+                "diverged" if math.isnan(result.final) else f"final val_loss {result.final:.4f}"
+            )
             self.say(f"[tune] {'reused  ' if result.reused else 'finished'} {label}: {outcome}")
         trial.set_user_attr("finals", [None if math.isnan(f) else f for f in finals])
         trial.set_user_attr("logs", logs)
@@ -280,39 +322,69 @@ class TuneSession:
             raise NoResult(f"every seed of trial {name} diverged")
         return sum(finished) / len(finished)
 
-    def _plan(self, name: str, point: dict[str, str], extra: Sequence[str],
-              seed: int) -> PlannedRun:
+    def _plan(
+        self, name: str, point: dict[str, str], extra: Sequence[str], seed: int
+    ) -> PlannedRun:
         config = self.config
         args = self.space.train_args(point)
-        argv = (*config.train_args, "--preset", config.setup.preset, *args, *extra,
-                "--seed", str(seed))
+        argv = (
+            *config.train_args,
+            "--preset",
+            config.setup.preset,
+            *args,
+            *extra,
+            "--seed",
+            str(seed),
+        )
         resolved = self.resolve(argv)
-        return PlannedRun(Setup(name, config.setup.preset, args=args), seed, argv, resolved,
-                          run_identity(resolved, config.nproc), self.trial_dir(name), None)
+        return PlannedRun(
+            Setup(name, config.setup.preset, args=args),
+            seed,
+            argv,
+            resolved,
+            run_identity(resolved, config.nproc),
+            self.trial_dir(name),
+            None,
+        )
 
     def trial_dir(self, name: str) -> Path:
         """Where trial ``name``'s runs go: ``out_dir/trials/STUDY/NAME``."""
         return self.config.out_dir / "trials" / self.config.study_name / name
 
-    def _train(self, plan: PlannedRun, label: str,
-               on_branch: Callable[[Branch], bool]) -> SeedResult:
+    def _train(
+        self, plan: PlannedRun, label: str, on_branch: Callable[[Branch], bool]
+    ) -> SeedResult:
         """Train ``plan`` (or reuse an ended run of its config from any trial of any study in
         this out dir: the same config is the same run)."""
         others = [d for d in sorted(trial_dirs(self.config.out_dir)) if d != plan.directory]
-        return train_seed(plan, label, self.config.nproc, self.command, on_branch, self.say,
-                          self.defaults, self.config.poll_s, others)
+        return train_seed(
+            plan,
+            label,
+            self.config.nproc,
+            self.command,
+            on_branch,
+            self.say,
+            self.defaults,
+            self.config.poll_s,
+            others,
+        )
 
     def finish(self) -> TuneResult:
         """Wait for the study to end, confirm its best trial, write the files."""
         config = self.config
         self.work(wait=True)
         trials = self.study.get_trials(deepcopy=False)
-        results = tuple(_trial_result(t, trials, self.space) for t in trials
-                        if t.user_attrs.get(OUTCOME) != SURPLUS)
+        results = tuple(
+            _trial_result(t, trials, self.space)
+            for t in trials
+            if t.user_attrs.get(OUTCOME) != SURPLUS
+        )
         best = best_trial(results)
         if best is None:
-            raise RuntimeError(f"tune {config.setup.name}: no trial of study "
-                               f"{config.study_name} ended with a value (every seed diverged?)")
+            raise RuntimeError(
+                f"tune {config.setup.name}: no trial of study "
+                f"{config.study_name} ended with a value (every seed diverged?)"
+            )
         confirm, confirm_logs = self._confirm(best) if config.confirm_seeds else ((), ())
         best_args = self.space.train_args(best.params)
         resolved = self.resolve((*config.base_argv(), *best_args))
@@ -320,15 +392,26 @@ class TuneSession:
         assert best.value is not None
         sampler = "GridSampler" if self.space.is_grid else "TPE"
         result = TuneResult(
-            setup=config.setup.name, preset=config.setup.preset, study=config.study_name,
-            storage=shown_url(self.url), sampler=sampler, train_args=config.train_args,
-            seeds=config.seeds, budget=config.budget, rungs=config.rungs, trials=results,
-            best=best.name, best_number=best.number, best_values=best.params,
+            setup=config.setup.name,
+            preset=config.setup.preset,
+            study=config.study_name,
+            storage=shown_url(self.url),
+            sampler=sampler,
+            train_args=config.train_args,
+            seeds=config.seeds,
+            budget=config.budget,
+            rungs=config.rungs,
+            trials=results,
+            best=best.name,
+            best_number=best.number,
+            best_values=best.params,
             best_value=best.value,
             edge_warnings=tuple(edge_warnings(config.searches, results, best)),
-            tunability=trial_tunability(results), confirm_finals=confirm,
+            tunability=trial_tunability(results),
+            confirm_finals=confirm,
             confirm_logs=confirm_logs,
-            typed_values=typed)
+            typed_values=typed,
+        )
         return write_tuning(result, config.out_dir)
 
     def _confirm(self, best: TrialResult) -> tuple[tuple[float, ...], tuple[str, ...]]:
@@ -338,73 +421,107 @@ class TuneSession:
         the loss at every budget."""
         config = self.config
         seeds = list(range(config.seed0, config.seed0 + config.confirm_seeds))
-        extra = seeds[config.seeds:]
-        finals = list(best.finals[:config.confirm_seeds])
-        logs = list(best.logs[:config.confirm_seeds])
+        extra = seeds[config.seeds :]
+        finals = list(best.finals[: config.confirm_seeds])
+        logs = list(best.logs[: config.confirm_seeds])
         if not extra:
             return tuple(finals), tuple(logs)
         with quiet_optuna():
             study = optuna.create_study(
-                storage=self.storage, study_name=f"{config.study_name}.confirm-{best.number}",
+                storage=self.storage,
+                study_name=f"{config.study_name}.confirm-{best.number}",
                 sampler=optuna.samplers.GridSampler({"seed": extra}, seed=0),
-                direction="minimize", load_if_exists=True)
+                direction="minimize",
+                load_if_exists=True,
+            )
 
         def objective(trial: optuna.Trial, slot_number: int) -> float:
             seed = int(trial.suggest_categorical("seed", extra))
             label = f"{config.setup.name} {best.name} (best) seed {seed}"
-            result = self._train(self._plan(best.name, best.params,
-                                            branch_flags(config.rungs), seed),
-                                 label, lambda branch: False)
+            result = self._train(
+                self._plan(best.name, best.params, branch_flags(config.rungs), seed),
+                label,
+                lambda branch: False,
+            )
             trial.set_user_attr("log", str(result.log))
-            self.say(f"[tune] confirm  {label}: " + ("diverged" if math.isnan(result.final)
-                                                    else f"final val_loss {result.final:.4f}"))
+            self.say(
+                f"[tune] confirm  {label}: "
+                + ("diverged" if math.isnan(result.final) else f"final val_loss {result.final:.4f}")
+            )
             if math.isnan(result.final):
                 trial.set_user_attr(OUTCOME, DIVERGED)
                 raise NoResult(f"{label} diverged")
             return result.final
 
         run_worker(study, len(extra), objective, wait=True, poll_s=config.heartbeat_s)
-        by_seed = {t.params.get("seed"): t for t in study.get_trials(deepcopy=False)
-                   if t.state in (TrialState.COMPLETE, TrialState.FAIL)
-                   and t.user_attrs.get(OUTCOME) != SURPLUS}
-        return (tuple(finals + [math.nan if (t := by_seed.get(s)) is None or t.value is None
-                                else float(t.value) for s in extra]),
-                tuple(logs + [str(by_seed[s].user_attrs.get("log", "")) if s in by_seed else ""
-                              for s in extra]))
+        by_seed = {
+            t.params.get("seed"): t
+            for t in study.get_trials(deepcopy=False)
+            if t.state in (TrialState.COMPLETE, TrialState.FAIL)
+            and t.user_attrs.get(OUTCOME) != SURPLUS
+        }
+        return (
+            tuple(
+                finals
+                + [
+                    math.nan if (t := by_seed.get(s)) is None or t.value is None else float(t.value)
+                    for s in extra
+                ]
+            ),
+            tuple(
+                logs
+                + [str(by_seed[s].user_attrs.get("log", "")) if s in by_seed else "" for s in extra]
+            ),
+        )
 
 
-def _trial_result(trial: FrozenTrial, trials: Sequence[FrozenTrial],
-                  space: SearchSpace) -> TrialResult:
+def _trial_result(
+    trial: FrozenTrial, trials: Sequence[FrozenTrial], space: SearchSpace
+) -> TrialResult:
     """A trial of the study as tuning.md lists it (its point spelled as the flags were)."""
-    states = {TrialState.COMPLETE: "complete", TrialState.PRUNED: "pruned",
-              TrialState.FAIL: "failed"}
+    states = {
+        TrialState.COMPLETE: "complete",
+        TrialState.PRUNED: "pruned",
+        TrialState.FAIL: "failed",
+    }
     notes = []
     if "failed_trial" in trial.system_attrs:
         notes.append(f"retry of trial {trial.system_attrs['failed_trial']}")
     if trial.state == TrialState.FAIL and trial.user_attrs.get(OUTCOME) == DIVERGED:
         notes.append("every seed diverged")
     elif trial.state == TrialState.FAIL:
-        retries = [t.number for t in trials
-                   if trial.number in t.system_attrs.get("retry_history", [])]
-        notes.append("no result (its worker stopped)"
-                     + (f"; retried as trial {retries[0]}" if retries else ""))
+        retries = [
+            t.number for t in trials if trial.number in t.system_attrs.get("retry_history", [])
+        ]
+        notes.append(
+            "no result (its worker stopped)"
+            + (f"; retried as trial {retries[0]}" if retries else "")
+        )
     return TrialResult(
-        number=trial.number, name=trial_name(slot(trial)),
+        number=trial.number,
+        name=trial_name(slot(trial)),
         state=states.get(trial.state, "running"),
-        params={s.key: s.text(trial.params[s.key]) for s in space.searches
-                if s.key in trial.params},
-        value=None if trial.state != TrialState.COMPLETE or trial.value is None
+        params={
+            s.key: s.text(trial.params[s.key]) for s in space.searches if s.key in trial.params
+        },
+        value=None
+        if trial.state != TrialState.COMPLETE or trial.value is None
         else float(trial.value),
-        finals=tuple(math.nan if f is None else float(f)
-                     for f in trial.user_attrs.get("finals", [])),
+        finals=tuple(
+            math.nan if f is None else float(f) for f in trial.user_attrs.get("finals", [])
+        ),
         logs=tuple(trial.user_attrs.get("logs", [])),
         rungs={int(step): float(value) for step, value in trial.intermediate_values.items()},
-        note="; ".join(notes))
+        note="; ".join(notes),
+    )
 
 
-def tune(config: TuneConfig, resolve: ConfigResolver = resolve_train_config,
-         command: TrainCommand | None = None,
-         say: Callable[[str], None] = lambda line: print(line, flush=True)) -> TuneResult:
+def tune(
+    config: TuneConfig,
+    resolve: ConfigResolver = resolve_train_config,
+    command: TrainCommand | None = None,
+    say: Callable[[str], None] = lambda line: print(line, flush=True),
+) -> TuneResult:
     """Tune ``config.setup``: run trials of its study until none is left (with other workers
     on the same store, if any), confirm the best, write the files; return what was found.
 

@@ -98,8 +98,9 @@ def trial_tunability(trials: Sequence[TrialResult]) -> Tunability:
     return tunability(list(by_slot.values()), TUNABILITY_TOLERANCE)
 
 
-def edge_warnings(searches: Sequence[Search], trials: Sequence[TrialResult],
-                  best: TrialResult) -> list[str]:
+def edge_warnings(
+    searches: Sequence[Search], trials: Sequence[TrialResult], best: TrialResult
+) -> list[str]:
     """A warning per key whose best value lies on the edge of what was tried."""
     warnings = []
     for s in searches:
@@ -110,8 +111,10 @@ def edge_warnings(searches: Sequence[Search], trials: Sequence[TrialResult],
         else:
             on_edge = len(s.values) > 1 and value in (s.values[0], s.values[-1])
         if on_edge:
-            warnings.append(f"{s.key} = {value} is on the edge of the values tried: the optimum "
-                            "may lie beyond it; widen the search")
+            warnings.append(
+                f"{s.key} = {value} is on the edge of the values tried: the optimum "
+                "may lie beyond it; widen the search"
+            )
     return warnings
 
 
@@ -120,9 +123,11 @@ def tuned_preset_text(result: TuneResult) -> str:
     base = result.preset
     if base.endswith(".toml") or "/" in base:
         base = str(Path(base).resolve())
-    lines = [f"# {result.setup} tuned by nanoshampoo tune: best of {len(result.trials)} trials "
-             f"at {result.seeds} seed(s) each, study {result.study} (tuning.md).",
-             f"extends = {json.dumps(base)}"]
+    lines = [
+        f"# {result.setup} tuned by nanoshampoo tune: best of {len(result.trials)} trials "
+        f"at {result.seeds} seed(s) each, study {result.study} (tuning.md).",
+        f"extends = {json.dumps(base)}",
+    ]
     tables: dict[str, list[str]] = {}
     for key, value in result.typed_values.items():
         table, dot, name = key.rpartition(".")
@@ -143,8 +148,10 @@ def _toml_value(value: Any) -> str:
     if isinstance(value, (int, float)):
         return repr(value)
     if isinstance(value, dict):
-        items = (f"{k if _BARE_KEY.match(k) else json.dumps(k)} = {_toml_value(v)}"
-                 for k, v in value.items())
+        items = (
+            f"{k if _BARE_KEY.match(k) else json.dumps(k)} = {_toml_value(v)}"
+            for k, v in value.items()
+        )
         return "{" + ", ".join(items) + "}"
     if isinstance(value, (list, tuple)):
         return "[" + ", ".join(_toml_value(v) for v in value) + "]"
@@ -172,34 +179,63 @@ def _loss(value: float | None) -> str:
 def format_tuning(result: TuneResult) -> str:
     keys = list(result.best_values)
     steps = sorted({s for t in result.trials for s in t.rungs})
-    rows = [["trial", "state", *keys, *(f"rung {s} steps" for s in steps),
-             "final val loss per seed", "value", "note"]]
-    order = sorted(result.trials, key=lambda t: (math.inf if t.value is None else t.value,
-                                                 t.number))
+    rows = [
+        [
+            "trial",
+            "state",
+            *keys,
+            *(f"rung {s} steps" for s in steps),
+            "final val loss per seed",
+            "value",
+            "note",
+        ]
+    ]
+    order = sorted(
+        result.trials, key=lambda t: (math.inf if t.value is None else t.value, t.number)
+    )
     for t in order:
-        rows.append([t.name + (" (best)" if t.number == result.best_number else ""), t.state,
-                     *(t.params.get(k, "—") for k in keys),
-                     *(_loss(t.rungs[s]) if s in t.rungs else "—" for s in steps),
-                     ", ".join(_loss(f) for f in t.finals) or "—", _loss(t.value), t.note])
+        rows.append(
+            [
+                t.name + (" (best)" if t.number == result.best_number else ""),
+                t.state,
+                *(t.params.get(k, "—") for k in keys),
+                *(_loss(t.rungs[s]) if s in t.rungs else "—" for s in steps),
+                ", ".join(_loss(f) for f in t.finals) or "—",
+                _loss(t.value),
+                t.note,
+            ]
+        )
     flags = " ".join(result.train_args) or "(none)"
-    rungs = (f"rungs {', '.join(f'{f:g}' for f in result.rungs)} of the budget (decay branches, "
-             "successive halving)" if result.rungs else "no rungs (every trial trains fully)")
+    rungs = (
+        f"rungs {', '.join(f'{f:g}' for f in result.rungs)} of the budget (decay branches, "
+        "successive halving)"
+        if result.rungs
+        else "no rungs (every trial trains fully)"
+    )
     tune = result.tunability
-    lines = [f"# Tuning {result.setup} (preset {result.preset})", "",
-             f"Study `{result.study}` in `{result.storage}`: {result.budget} trials "
-             f"({result.sampler}), {result.seeds} seed(s) each, {rungs}; the same train flags "
-             f"for every trial: `{flags}`. Best: **{result.best}** "
-             f"({', '.join(f'{k} = {v}' for k, v in result.best_values.items())}), "
-             f"{result.best_value:.4f}.", "",
-             f"Tunability: {tune.within} of {tune.trials} trials ({100 * tune.share:.0f} %) are "
-             f"within {100 * tune.tolerance:g} % of the best (a pruned or failed trial is not).",
-             "",
-             *format_markdown_table(rows), ""]
+    lines = [
+        f"# Tuning {result.setup} (preset {result.preset})",
+        "",
+        f"Study `{result.study}` in `{result.storage}`: {result.budget} trials "
+        f"({result.sampler}), {result.seeds} seed(s) each, {rungs}; the same train flags "
+        f"for every trial: `{flags}`. Best: **{result.best}** "
+        f"({', '.join(f'{k} = {v}' for k, v in result.best_values.items())}), "
+        f"{result.best_value:.4f}.",
+        "",
+        f"Tunability: {tune.within} of {tune.trials} trials ({100 * tune.share:.0f} %) are "
+        f"within {100 * tune.tolerance:g} % of the best (a pruned or failed trial is not).",
+        "",
+        *format_markdown_table(rows),
+        "",
+    ]
     lines += [f"**Warning**: {w}" for w in result.edge_warnings]
     if result.confirm_finals:
         finished = [f for f in result.confirm_finals if not math.isnan(f)]
         mean = sum(finished) / len(finished) if finished else math.nan
-        lines += ["", f"Confirmed over {len(result.confirm_finals)} seeds: "
-                      f"{', '.join(_loss(f) for f in result.confirm_finals)} (mean {mean:.4f})."]
+        lines += [
+            "",
+            f"Confirmed over {len(result.confirm_finals)} seeds: "
+            f"{', '.join(_loss(f) for f in result.confirm_finals)} (mean {mean:.4f}).",
+        ]
     lines += ["", f"Tuned preset: `{result.preset_file}`."]
     return "\n".join(lines) + "\n"

@@ -39,7 +39,6 @@ MANAGED_FIELDS = ("seed", "run_id", "out_dir", "resume", "optimizer", "preset", 
 MAX_TRIALS = 10_000
 
 
-
 def normalize_key(key: str) -> str:
     """``muon-cwd.weight-decay`` -> ``muon_cwd.weight_decay``; a kwargs entry keeps its name."""
     parts = key.split(".")
@@ -120,8 +119,9 @@ def parse_search(text: str) -> Search:
     key = normalize_key(key)
     field = ".".join(key.split(".")[:2])
     if field in BUDGET_FIELDS:
-        raise ValueError(f"search: {field} sets the budget, which every trial shares: it cannot "
-                         "be searched")
+        raise ValueError(
+            f"search: {field} sets the budget, which every trial shares: it cannot be searched"
+        )
     if field in MANAGED_FIELDS:
         raise ValueError(f"search: {field} is set by tune for each run, not a hyper-parameter")
     if spec.startswith("log:"):
@@ -150,13 +150,16 @@ def check_searches(searches: Sequence[Search], trials: int | None) -> int:
         raise ValueError(f"search: a key is searched twice in {keys}")
     if not any(s.is_range for s in searches):
         if trials is not None:
-            raise ValueError("trials: sampled trials need a log:LO:HI range; a grid runs every "
-                             "point")
+            raise ValueError(
+                "trials: sampled trials need a log:LO:HI range; a grid runs every point"
+            )
         size = math.prod(len(s.values) for s in searches)
         if size > MAX_TRIALS:
             shape = " x ".join(str(len(s.values)) for s in searches)
-            raise ValueError(f"search: a grid of {shape} = {size} trials is more than "
-                             f"{MAX_TRIALS}; narrow it, or give a log:LO:HI range and --trials")
+            raise ValueError(
+                f"search: a grid of {shape} = {size} trials is more than "
+                f"{MAX_TRIALS}; narrow it, or give a log:LO:HI range and --trials"
+            )
         return size
     if trials is None or trials < 1:
         raise ValueError("trials: a log:LO:HI range needs --trials N (N >= 1)")
@@ -220,8 +223,9 @@ def _entry_value(text: str) -> Any:
         return text
 
 
-def build_space(searches: Sequence[Search], resolve: ConfigResolver, base_argv: Sequence[str],
-                setup: str) -> SearchSpace:
+def build_space(
+    searches: Sequence[Search], resolve: ConfigResolver, base_argv: Sequence[str], setup: str
+) -> SearchSpace:
     """Check every search against setup ``setup`` (trainer flags ``base_argv``) before any
     trial: the key is a field the setup reads (a kwargs field only by its entries), a range
     is over real numbers, and every grid value is one the trainer accepts. ``ValueError``
@@ -238,16 +242,19 @@ def build_space(searches: Sequence[Search], resolve: ConfigResolver, base_argv: 
     for s in searches:
         table, _, name = s.field.partition(".")
         if not name and table in tables:
-            raise ValueError(f"search: {table} is a table; search one of its fields "
-                             f"({table}.FIELD=...)")
+            raise ValueError(
+                f"search: {table} is a table; search one of its fields ({table}.FIELD=...)"
+            )
         kind = tables.get(table, {}).get(name) if name else run_types.get(table)
         # A table's annotations are strings (postponed evaluation), the run fields' types.
         kind_name = kind if isinstance(kind, str) else getattr(kind, "__name__", str(kind))
         is_kwargs = kind_name.startswith("dict")
         if is_kwargs and not s.entry:
-            raise ValueError(f"search: {s.field} is a table of keyword arguments (JSON); search "
-                             f"one entry of it at a time: {s.field}.lr=V1,V2 or "
-                             f"{s.field}.lr=log:LO:HI")
+            raise ValueError(
+                f"search: {s.field} is a table of keyword arguments (JSON); search "
+                f"one entry of it at a time: {s.field}.lr=V1,V2 or "
+                f"{s.field}.lr=log:LO:HI"
+            )
         if s.entry and kind is not None and not is_kwargs:
             raise ValueError(f"search: {s.key}: {s.field} is not a table of keyword arguments")
         probe = [s.text(s.low)] if s.is_range else list(s.values)
@@ -255,16 +262,22 @@ def build_space(searches: Sequence[Search], resolve: ConfigResolver, base_argv: 
             bases[s.field] = dict(base.get(s.field) or {})
             current = bases[s.field].get(s.entry)
             if s.is_range and current is not None and not isinstance(current, float):
-                raise ValueError(f"search: {s.key}: a log range samples real numbers, but the "
-                                 f"setup's {s.key} is {current!r}; give it a grid")
+                raise ValueError(
+                    f"search: {s.key}: a log range samples real numbers, but the "
+                    f"setup's {s.key} is {current!r}; give it a grid"
+                )
         elif s.is_range and kind is not None and kind_name != "float":
-            raise ValueError(f"search: {s.key}: a log range samples real numbers, but {s.key} "
-                             f"is {kind_name}; give it a grid ({s.key}=V1,V2,...)")
+            raise ValueError(
+                f"search: {s.key}: a log range samples real numbers, but {s.key} "
+                f"is {kind_name}; give it a grid ({s.key}=V1,V2,...)"
+            )
         for text in probe:  # every grid value through the trainer's own parser
             flags = SearchSpace((s,), bases).train_args({s.key: text})
             resolve((*base_argv, *flags))
         if s.field not in base:
             read = sorted({k.split(".")[0] for k in base if "." in k})
-            raise ValueError(f"search: {s.field} is not a field that setup {setup!r} reads "
-                             f"(its tables: {', '.join(read) or 'none'})")
+            raise ValueError(
+                f"search: {s.field} is not a field that setup {setup!r} reads "
+                f"(its tables: {', '.join(read) or 'none'})"
+            )
     return SearchSpace(tuple(searches), bases)

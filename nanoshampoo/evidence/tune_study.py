@@ -67,8 +67,10 @@ def storage_url(text: str | None, out_dir: Path) -> str:
         return f"sqlite:///{(Path(out_dir) / STORE_FILE).resolve()}"
     scheme, sep, rest = text.partition("://")
     if not sep or not scheme or not rest:
-        raise ValueError(f"--storage: expected a URL (postgresql://USER@HOST:PORT/DB or "
-                         f"sqlite:///PATH), got {text!r}")
+        raise ValueError(
+            f"--storage: expected a URL (postgresql://USER@HOST:PORT/DB or "
+            f"sqlite:///PATH), got {text!r}"
+        )
     if scheme in ("postgresql", "postgres"):
         return f"postgresql+psycopg://{rest}"
     return text
@@ -101,23 +103,32 @@ def quiet_optuna() -> Iterator[None]:
 def open_storage(url: str, heartbeat_s: int = HEARTBEAT_S, attempts: int = 5) -> RDBStorage:
     """The store at ``url`` with heartbeats; ``ValueError`` naming ``--storage`` when it cannot
     be opened. Workers that start together may race to create the tables: retried."""
-    engine = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {
-        "pool_pre_ping": True}
+    engine = (
+        {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {"pool_pre_ping": True}
+    )
     for attempt in range(1, attempts + 1):
         try:
             with quiet_optuna():
-                return RDBStorage(url, engine_kwargs=engine, heartbeat_interval=heartbeat_s,
-                                  grace_period=GRACE_FACTOR * heartbeat_s,
-                                  heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(
-                                      max_retry=MAX_RETRIES))
+                return RDBStorage(
+                    url,
+                    engine_kwargs=engine,
+                    heartbeat_interval=heartbeat_s,
+                    grace_period=GRACE_FACTOR * heartbeat_s,
+                    heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(
+                        max_retry=MAX_RETRIES
+                    ),
+                )
         except ModuleNotFoundError as exc:
-            raise ValueError(f"--storage {shown_url(url)}: its driver is not installed ({exc}); "
-                             "for PostgreSQL: pip install 'nanoshampoo[postgres]'") from None
+            raise ValueError(
+                f"--storage {shown_url(url)}: its driver is not installed ({exc}); "
+                "for PostgreSQL: pip install 'nanoshampoo[postgres]'"
+            ) from None
         except Exception as exc:  # the database's own errors: SQLAlchemy's, Optuna's
             if attempt == attempts:
                 message = " ".join(str(exc).split())[:300]
-                raise ValueError(f"--storage {shown_url(url)}: cannot open it: "
-                                 f"{type(exc).__name__}: {message}") from None
+                raise ValueError(
+                    f"--storage {shown_url(url)}: cannot open it: {type(exc).__name__}: {message}"
+                ) from None
             time.sleep(0.5 + random.random())
     raise AssertionError("unreachable")
 
@@ -129,9 +140,11 @@ def reduction_factor(rungs: Sequence[float]) -> int:
     eta = round(1 / rungs[-1])
     expected = [eta ** -(len(rungs) - k) for k in range(len(rungs))]
     if eta < 2 or any(abs(f / e - 1) > RUNG_TOLERANCE for f, e in zip(rungs, expected)):
-        raise ValueError(f"rungs: successive halving keeps 1 of eta trials at each rung, so the "
-                         f"rungs are 1/eta^m, ..., 1/eta of the budget (0.25,0.5 for eta 2; "
-                         f"0.111,0.333 for eta 3), got {list(rungs)}")
+        raise ValueError(
+            f"rungs: successive halving keeps 1 of eta trials at each rung, so the "
+            f"rungs are 1/eta^m, ..., 1/eta of the budget (0.25,0.5 for eta 2; "
+            f"0.111,0.333 for eta 3), got {list(rungs)}"
+        )
     return eta
 
 
@@ -140,8 +153,10 @@ def rung_steps(rungs: Sequence[float], num_iterations: int) -> list[int]:
     rounds them (``round(f * N)``)."""
     steps = [round(f * num_iterations) for f in rungs]
     if steps[0] < 1 or len(set(steps)) != len(steps):
-        raise ValueError(f"rungs: {list(rungs)} of {num_iterations} steps are {steps} steps; "
-                         "each rung needs its own step count >= 1 (a longer budget or fewer rungs)")
+        raise ValueError(
+            f"rungs: {list(rungs)} of {num_iterations} steps are {steps} steps; "
+            "each rung needs its own step count >= 1 (a longer budget or fewer rungs)"
+        )
     return steps
 
 
@@ -152,19 +167,21 @@ def make_pruner(rungs: Sequence[float], num_iterations: int) -> optuna.pruners.B
     eta, steps = reduction_factor(rungs), rung_steps(rungs, num_iterations)
     # Rung k decides at min_resource * eta^k steps, which must not pass branch k's steps
     # (round(f * N) need not be exactly geometric) nor reach branch k + 1's.
-    min_resource = max(1, min(s // eta ** k for k, s in enumerate(steps)))
+    min_resource = max(1, min(s // eta**k for k, s in enumerate(steps)))
     if any(s >= min_resource * eta ** (k + 1) for k, s in enumerate(steps)):
-        raise ValueError(f"rungs: {list(rungs)} of {num_iterations} steps are {steps} steps, too "
-                         "few to tell the rungs apart; a longer budget or fewer rungs")
-    return optuna.pruners.SuccessiveHalvingPruner(min_resource=min_resource,
-                                                  reduction_factor=eta)
+        raise ValueError(
+            f"rungs: {list(rungs)} of {num_iterations} steps are {steps} steps, too "
+            "few to tell the rungs apart; a longer budget or fewer rungs"
+        )
+    return optuna.pruners.SuccessiveHalvingPruner(min_resource=min_resource, reduction_factor=eta)
 
 
 def range_sampler(sample_seed: int, slot: int, budget: int) -> optuna.samplers.TPESampler:
     """TPE for the trial in ``slot``: random for the first third of the budget (2 to 10
     trials), then drawn toward the best results so far."""
-    return optuna.samplers.TPESampler(seed=(sample_seed * 1_000_003 + slot) % 2**32,
-                                      n_startup_trials=max(2, min(10, budget // 3)))
+    return optuna.samplers.TPESampler(
+        seed=(sample_seed * 1_000_003 + slot) % 2**32, n_startup_trials=max(2, min(10, budget // 3))
+    )
 
 
 def slot(trial: FrozenTrial) -> int:
@@ -178,8 +195,9 @@ def held_slots(trials: Sequence[FrozenTrial]) -> dict[int, FrozenTrial]:
     retried = {n for t in trials for n in t.system_attrs.get("retry_history", [])}
     held: dict[int, FrozenTrial] = {}
     for t in sorted(trials, key=lambda t: t.number):
-        if t.state == TrialState.FAIL and (t.user_attrs.get(OUTCOME) == SURPLUS
-                                           or t.number in retried):
+        if t.state == TrialState.FAIL and (
+            t.user_attrs.get(OUTCOME) == SURPLUS or t.number in retried
+        ):
             continue
         held[slot(t)] = t
     return held
@@ -193,7 +211,8 @@ def is_surplus(trial: FrozenTrial, trials: Sequence[FrozenTrial], budget: int) -
     below = [s for s, t in held.items() if s < slot(trial) and t.number != trial.number]
     grid_id = trial.system_attrs.get("grid_id")
     taken = grid_id is not None and any(
-        t.system_attrs.get("grid_id") == grid_id and s < slot(trial) for s, t in held.items())
+        t.system_attrs.get("grid_id") == grid_id and s < slot(trial) for s, t in held.items()
+    )
     return len(below) >= budget or taken
 
 
@@ -206,9 +225,13 @@ def give_back(study: optuna.Study, number: int) -> None:
             RetryHeartbeatStaleTrialCallback()(study, trial)
 
 
-def run_worker(study: optuna.Study, budget: int,
-               objective: Callable[[optuna.Trial, int], float], wait: bool = True,
-               poll_s: float = float(HEARTBEAT_S)) -> int:
+def run_worker(
+    study: optuna.Study,
+    budget: int,
+    objective: Callable[[optuna.Trial, int], float],
+    wait: bool = True,
+    poll_s: float = float(HEARTBEAT_S),
+) -> int:
     """Run trials of ``study`` while a slot is free or a retry waits; return how many ran here.
 
     ``objective(trial, slot)`` trains a trial. A trial asked for beyond the budget is failed
@@ -258,16 +281,23 @@ def study_counts(trials: Sequence[FrozenTrial], budget: int) -> dict[str, int]:
     """How many of the budget's slots are complete, pruned, failed, running, queued again (a
     retry), and not asked for yet."""
     held = held_slots(trials).values()
-    counts = {name: sum(t.state == state for t in held) for name, state in (
-        ("complete", TrialState.COMPLETE), ("pruned", TrialState.PRUNED),
-        ("failed", TrialState.FAIL), ("running", TrialState.RUNNING))}
+    counts = {
+        name: sum(t.state == state for t in held)
+        for name, state in (
+            ("complete", TrialState.COMPLETE),
+            ("pruned", TrialState.PRUNED),
+            ("failed", TrialState.FAIL),
+            ("running", TrialState.RUNNING),
+        )
+    }
     counts["queued"] = sum(t.state == TrialState.WAITING for t in held)
     counts["to run"] = max(0, budget - len(held))
     return counts
 
 
-def sampler_for(grid: dict[str, list[Any]] | None, sample_seed: int,
-                budget: int) -> optuna.samplers.BaseSampler:
+def sampler_for(
+    grid: dict[str, list[Any]] | None, sample_seed: int, budget: int
+) -> optuna.samplers.BaseSampler:
     """``GridSampler`` over ``grid``; TPE (re-seeded per trial by the objective) without."""
     if grid is not None:
         return optuna.samplers.GridSampler(grid, seed=sample_seed)

@@ -47,6 +47,8 @@ TrainCommand = Callable[[Sequence[str], str, Path], list[str]]
 PRUNED_SUFFIX = ".pruned.json"
 # Seconds between two reads of a running trainer's JSONL.
 POLL_S = 1.0
+
+
 def trainer_command(nproc: int) -> TrainCommand:
     """``python -m nanoshampoo.train`` (``torchrun`` with ``nproc`` processes when > 1)."""
     return partial(train_command, nproc=nproc)
@@ -122,18 +124,31 @@ def _branches(records: Sequence[Mapping[str, Any]]) -> Iterator[Branch]:
     return (parse_branch(r) for r in records if r.get("kind") == "branch")
 
 
-def train_seed(plan: PlannedRun, label: str, nproc: int, command: TrainCommand,
-               on_branch: Callable[[Branch], bool], say: Callable[[str], None],
-               defaults: Mapping[str, Any] | None = None, poll_s: float = POLL_S,
-               reuse_from: Sequence[Path] = ()) -> SeedResult:
+def train_seed(
+    plan: PlannedRun,
+    label: str,
+    nproc: int,
+    command: TrainCommand,
+    on_branch: Callable[[Branch], bool],
+    say: Callable[[str], None],
+    defaults: Mapping[str, Any] | None = None,
+    poll_s: float = POLL_S,
+    reuse_from: Sequence[Path] = (),
+) -> SeedResult:
     """Train (or reuse) ``plan``'s run; ``on_branch`` sees each branch, True stops the run.
 
     An ended run of the same config in ``plan.directory`` or one of ``reuse_from`` is reused.
     Raises ``RuntimeError`` naming the run (``label``) and its output when the trainer exits
     without a finished or diverged log (or fails after finishing).
     """
-    reused = next((run for directory in (plan.directory, *reuse_from)
-                   if (run := find_reusable(directory, plan.config, nproc, defaults))), None)
+    reused = next(
+        (
+            run
+            for directory in (plan.directory, *reuse_from)
+            if (run := find_reusable(directory, plan.config, nproc, defaults))
+        ),
+        None,
+    )
     if reused is not None:
         replayed: list[Branch] = []
         for branch in _branches(_records(reused.path, 0)[0]):
@@ -173,9 +188,13 @@ def train_seed(plan: PlannedRun, label: str, nproc: int, command: TrainCommand,
     try:
         run = read_run(log)
     except LogFormatError as exc:
-        raise RuntimeError(f"{label} failed (exit status {process.returncode}): "
-                           f"{last_output_line(output)}; log: {exc}; output: {output}") from None
+        raise RuntimeError(
+            f"{label} failed (exit status {process.returncode}): "
+            f"{last_output_line(output)}; log: {exc}; output: {output}"
+        ) from None
     if process.returncode != 0 and not run.diverged:
-        raise RuntimeError(f"{label} exited with status {process.returncode} after "
-                           f"finishing: {last_output_line(output)}; output: {output}")
+        raise RuntimeError(
+            f"{label} exited with status {process.returncode} after "
+            f"finishing: {last_output_line(output)}; output: {output}"
+        )
     return SeedResult(plan.seed, run, tuple(seen), False, False, log)

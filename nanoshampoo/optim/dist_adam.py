@@ -227,8 +227,9 @@ class DistAdam(torch.optim.Optimizer):
             raise ValueError("params: a param group must hold at least one tensor")
         first_new = len(self.param_groups)
         where = f"param group {first_new}: "
-        validate_group(param_group, [item[1] if isinstance(item, tuple) else item
-                                     for item in params], where)
+        validate_group(
+            param_group, [item[1] if isinstance(item, tuple) else item for item in params], where
+        )
         validate_options({**self.defaults, **param_group}, where)
         for same_shape in by_shape.values():
             for item in same_shape:
@@ -258,8 +259,12 @@ class DistAdam(torch.optim.Optimizer):
                 if param.grad is not None and param not in self._pending:
                     validate_gradient(param, param.grad, self._describe(param))
                 if self.state.get(param):
-                    validate_param_state(self.state[param], param, self.local_shape(param),
-                                         f"DistAdam: state of {self._describe(param)}")
+                    validate_param_state(
+                        self.state[param],
+                        param,
+                        self.local_shape(param),
+                        f"DistAdam: state of {self._describe(param)}",
+                    )
 
     def remove_hooks(self) -> None:
         """Detach the backward hooks (e.g. before building another optimizer on these params)."""
@@ -294,8 +299,7 @@ class DistAdam(torch.optim.Optimizer):
             for param_index, candidate in enumerate(group["params"]):
                 if candidate is param:
                     return (
-                        f"param {param_index} of group {group_index} "
-                        f"(shape {tuple(param.shape)})"
+                        f"param {param_index} of group {group_index} (shape {tuple(param.shape)})"
                     )
         return f"a parameter of shape {tuple(param.shape)}"
 
@@ -321,9 +325,7 @@ class DistAdam(torch.optim.Optimizer):
         # dtypes, and dim 0 (the sharded dim) is unchanged by the view.
         if self.is_sharded(param):
             source = grad.contiguous()
-            local = torch.empty(
-                self.local_shape(param), dtype=grad.dtype, device=grad.device
-            )
+            local = torch.empty(self.local_shape(param), dtype=grad.dtype, device=grad.device)
             work = reduce_scatter_tensor(
                 real_view(local),
                 real_view(source),
@@ -382,9 +384,8 @@ class DistAdam(torch.optim.Optimizer):
             for pending in self._pending.values():
                 wait_work(pending.work)
             self._pending.clear()
-            message = (
-                f"DistAdam: non-finite gradient (NaN or Inf) in {', '.join(nonfinite)}"
-                + (f" on at least one of {self._world_size} ranks" if self._world_size > 1 else "")
+            message = f"DistAdam: non-finite gradient (NaN or Inf) in {', '.join(nonfinite)}" + (
+                f" on at least one of {self._world_size} ranks" if self._world_size > 1 else ""
             )
             if self._nonfinite_grad_policy == "raise":
                 raise NonFiniteGradientError(message + "; no parameter or state was changed")
@@ -472,6 +473,7 @@ class DistAdam(torch.optim.Optimizer):
         tag, every saved group's options, and every saved entry's step, shapes, kind and values.
         """
         params = [param for group in self.param_groups for param in group["params"]]
-        validate_state_dict(state_dict, params, [self.local_shape(p) for p in params],
-                            self._world_size, self._rank)
+        validate_state_dict(
+            state_dict, params, [self.local_shape(p) for p in params], self._world_size, self._rank
+        )
         super().load_state_dict({k: v for k, v in state_dict.items() if k != "dist_adam"})

@@ -77,8 +77,10 @@ def validate_multipliers(param: Tensor, where: str) -> None:
 def validate_param_collection(params: object) -> None:
     """``TypeError`` for a ``set`` of parameters (or of param groups): it has no stable order."""
     if isinstance(params, (set, frozenset)):
-        raise TypeError("params must be an ordered collection (a list or a model's "
-                        "parameters()), not a set: its order differs between processes")
+        raise TypeError(
+            "params must be an ordered collection (a list or a model's "
+            "parameters()), not a set: its order differs between processes"
+        )
 
 
 def validate_group(param_group: dict[str, Any], tensors: list[Tensor], where: str) -> None:
@@ -87,21 +89,27 @@ def validate_group(param_group: dict[str, Any], tensors: list[Tensor], where: st
     updated twice per step)."""
     unknown = sorted(set(param_group) - set(GROUP_KEYS))
     if unknown:
-        raise ValueError(f"{where}unknown option(s) {unknown}; DistAdam's are "
-                         f"{[k for k in GROUP_KEYS if k != 'params']}")
+        raise ValueError(
+            f"{where}unknown option(s) {unknown}; DistAdam's are "
+            f"{[k for k in GROUP_KEYS if k != 'params']}"
+        )
     seen: dict[int, int] = {}
     for index, tensor in enumerate(tensors):
         if seen.setdefault(id(tensor), index) != index:
-            raise ValueError(f"{where}params: entries {seen[id(tensor)]} and {index} are the "
-                             "same tensor (it would be updated twice per step)")
+            raise ValueError(
+                f"{where}params: entries {seen[id(tensor)]} and {index} are the "
+                "same tensor (it would be updated twice per step)"
+            )
 
 
 def validate_param(param: Tensor, where: str) -> None:
     """Raise ``ValueError`` for a parameter DistAdam cannot update."""
     validate_multipliers(param, where)
     if not param.requires_grad:
-        raise ValueError(f"{where}params: a tensor of shape {tuple(param.shape)} does not "
-                         "require grad (an integer tensor never can): it would never be updated")
+        raise ValueError(
+            f"{where}params: a tensor of shape {tuple(param.shape)} does not "
+            "require grad (an integer tensor never can): it would never be updated"
+        )
     if param.is_complex() and param.dim() > 0 and param.stride(-1) != 1:
         # The update goes through torch.view_as_real, which needs a unit last stride.
         raise ValueError(
@@ -113,14 +121,20 @@ def validate_param(param: Tensor, where: str) -> None:
 def validate_gradient(param: Tensor, grad: Tensor, name: str) -> None:
     """``TypeError`` for a sparse gradient, ``ValueError`` for one unlike its parameter."""
     if grad.is_sparse or grad.layout != torch.strided:
-        raise TypeError(f"DistAdam: {name} has a {grad.layout} gradient; DistAdam takes dense "
-                        "gradients only (use a dense embedding, sparse=False)")
+        raise TypeError(
+            f"DistAdam: {name} has a {grad.layout} gradient; DistAdam takes dense "
+            "gradients only (use a dense embedding, sparse=False)"
+        )
     if grad.shape != param.shape:
-        raise ValueError(f"DistAdam: {name} has a gradient of shape {tuple(grad.shape)}, "
-                         f"expected the parameter's {tuple(param.shape)}")
+        raise ValueError(
+            f"DistAdam: {name} has a gradient of shape {tuple(grad.shape)}, "
+            f"expected the parameter's {tuple(param.shape)}"
+        )
     if grad.dtype != param.dtype or grad.device != param.device:
-        raise ValueError(f"DistAdam: {name} has a {grad.dtype} gradient on {grad.device}, "
-                         f"expected {param.dtype} on {param.device} like the parameter")
+        raise ValueError(
+            f"DistAdam: {name} has a {grad.dtype} gradient on {grad.device}, "
+            f"expected {param.dtype} on {param.device} like the parameter"
+        )
 
 
 def validate_param_state(state: Any, param: Tensor, local_shape: torch.Size, name: str) -> None:
@@ -150,13 +164,21 @@ def validate_param_state(state: Any, param: Tensor, local_shape: torch.Size, nam
             )
         if not bool(torch.isfinite(value).all()):
             raise ValueError(f"{name}[{key!r}] holds NaN or Inf")
-    if not bool((torch.view_as_real(state["exp_avg_sq"]) if param.is_complex()
-                 else state["exp_avg_sq"]).ge(0).all()):
+    if not bool(
+        (torch.view_as_real(state["exp_avg_sq"]) if param.is_complex() else state["exp_avg_sq"])
+        .ge(0)
+        .all()
+    ):
         raise ValueError(f"{name}['exp_avg_sq'] holds negative values (a mean of squares)")
 
 
-def validate_state_dict(state_dict: Any, params: list[Tensor], local_shapes: list[torch.Size],
-                        world_size: int, rank: int) -> None:
+def validate_state_dict(
+    state_dict: Any,
+    params: list[Tensor],
+    local_shapes: list[torch.Size],
+    world_size: int,
+    rank: int,
+) -> None:
     """Check a DistAdam state dict for ``params`` (whose local shapes are ``local_shapes``) on
     rank ``rank`` of ``world_size``: each rank loads the shard state it saved."""
     if not isinstance(state_dict, dict):
@@ -182,7 +204,12 @@ def validate_state_dict(state_dict: Any, params: list[Tensor], local_shapes: lis
             raise ValueError(f"{where}lacks {sorted(missing)}")
         validate_options(saved_group, where)
     for index, saved in state.items():
-        check_int(f"state_dict state index (of {len(params)} params)", index, at_least=0,
-                  less_than=len(params))
-        validate_param_state(saved, params[index], local_shapes[index],
-                             f"state_dict state[{index}]")
+        check_int(
+            f"state_dict state index (of {len(params)} params)",
+            index,
+            at_least=0,
+            less_than=len(params),
+        )
+        validate_param_state(
+            saved, params[index], local_shapes[index], f"state_dict state[{index}]"
+        )

@@ -59,9 +59,7 @@ from nanoshampoo.validation import is_real
 MUON_NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
 
 
-def orthogonalize(
-    updates: Tensor, coefficients: Sequence[float], num_iterations: int
-) -> Tensor:
+def orthogonalize(updates: Tensor, coefficients: Sequence[float], num_iterations: int) -> Tensor:
     """``NS(U)`` for a ``(B, m, n)`` stack, in the stack's dtype (a new tensor).
 
     ``X_0 = U / ||U||_F``, then ``X <- a X + b (X X^T) X + c (X X^T)^2 X`` on the wide
@@ -122,8 +120,9 @@ class OrthogonalizedMomentum(torch.optim.Optimizer):
         """Parameters of a group with equal keys are stacked and stepped together."""
         return (tuple(param.shape), param.dtype, param.device)
 
-    def direction(self, group: dict[str, Any], params: list[Tensor], updates: Tensor,
-                  grads: Tensor) -> Tensor:
+    def direction(
+        self, group: dict[str, Any], params: list[Tensor], updates: Tensor, grads: Tensor
+    ) -> Tensor:
         """The ``(B, m, n)`` step direction ``O`` (subtracted, times ``lr``) from ``U``."""
         raise NotImplementedError
 
@@ -161,7 +160,8 @@ class OrthogonalizedMomentum(torch.optim.Optimizer):
             state = self.state[p]
             if "momentum_buffer" not in state:
                 state["momentum_buffer"] = torch.zeros_like(
-                    p, memory_format=torch.contiguous_format)
+                    p, memory_format=torch.contiguous_format
+                )
             buffers.append(state["momentum_buffer"])
         mu = group["momentum"]
         torch._foreach_lerp_(buffers, grads, 1.0 - mu)
@@ -169,13 +169,15 @@ class OrthogonalizedMomentum(torch.optim.Optimizer):
         updates = torch._foreach_lerp(grads, buffers, mu) if group["nesterov"] else buffers
         stacked_grads = torch.stack(grads)
         direction = self.direction(group, params, torch.stack(updates), stacked_grads)
-        apply_update(params, direction, group["lr"], group["weight_decay"],
-                     group["cautious_weight_decay"])
+        apply_update(
+            params, direction, group["lr"], group["weight_decay"], group["cautious_weight_decay"]
+        )
         self.after_update(group, params, stacked_grads)
 
 
-def apply_update(params: list[Tensor], direction: Tensor, lr: float, weight_decay: float,
-                 cautious: bool) -> None:
+def apply_update(
+    params: list[Tensor], direction: Tensor, lr: float, weight_decay: float, cautious: bool
+) -> None:
     """``W <- W - lr (O + wd W)``, or with the decay masked to ``O * W >= 0`` when ``cautious``.
 
     ``direction`` is the ``(B, m, n)`` stack of ``O`` for ``params`` (each ``(m, n)``), in place.
@@ -216,19 +218,31 @@ class Muon(OrthogonalizedMomentum):
             that is not a 2-D floating-point tensor.
     """
 
-    def __init__(self, params: Iterable[Any], lr: float = 0.02, momentum: float = 0.95,
-                 nesterov: bool = True, weight_decay: float = 0.0,
-                 cautious_weight_decay: bool = False, ns_steps: int = 5,
-                 ns_coefficients: Sequence[float] = MUON_NS_COEFFICIENTS) -> None:
+    def __init__(
+        self,
+        params: Iterable[Any],
+        lr: float = 0.02,
+        momentum: float = 0.95,
+        nesterov: bool = True,
+        weight_decay: float = 0.0,
+        cautious_weight_decay: bool = False,
+        ns_steps: int = 5,
+        ns_coefficients: Sequence[float] = MUON_NS_COEFFICIENTS,
+    ) -> None:
         defaults = {
-            "lr": lr, "momentum": momentum, "nesterov": nesterov, "weight_decay": weight_decay,
-            "cautious_weight_decay": cautious_weight_decay, "ns_steps": ns_steps,
+            "lr": lr,
+            "momentum": momentum,
+            "nesterov": nesterov,
+            "weight_decay": weight_decay,
+            "cautious_weight_decay": cautious_weight_decay,
+            "ns_steps": ns_steps,
             "ns_coefficients": ns_coefficients,
         }
         super().__init__(params, defaults)
 
-    def direction(self, group: dict[str, Any], params: list[Tensor], updates: Tensor,
-                  grads: Tensor) -> Tensor:
+    def direction(
+        self, group: dict[str, Any], params: list[Tensor], updates: Tensor, grads: Tensor
+    ) -> Tensor:
         rows, cols = updates.shape[-2:]
         out = orthogonalize(updates, group["ns_coefficients"], group["ns_steps"])
         return out.mul_(muon_shape_scale(rows, cols))

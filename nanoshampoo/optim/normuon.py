@@ -61,8 +61,7 @@ ADAM_MATCHED_RMS = 0.2
 _NORM_FLOOR = 1e-10
 
 
-def normalize_rows(directions: Tensor, second_moment: Tensor, beta2: float,
-                   eps: float) -> Tensor:
+def normalize_rows(directions: Tensor, second_moment: Tensor, beta2: float, eps: float) -> Tensor:
     """``O / (sqrt(v) + eps)`` after ``v <- beta2 v + (1 - beta2) mean_j O[:, j]^2``.
 
     ``directions`` is ``(B, m, n)``; ``second_moment`` is the ``(B, m, 1)`` stack of ``v``,
@@ -91,15 +90,30 @@ class NorMuon(OrthogonalizedMomentum):
         ValueError: naming the argument that is out of range.
     """
 
-    def __init__(self, params: Iterable[Any], lr: float = 0.02, momentum: float = 0.95,
-                 nesterov: bool = True, beta2: float = 0.95, eps: float = 1e-10,
-                 update_scale: str = "muon", weight_decay: float = 0.0,
-                 cautious_weight_decay: bool = False, ns_steps: int = 5,
-                 ns_coefficients: Sequence[float] = MUON_NS_COEFFICIENTS) -> None:
+    def __init__(
+        self,
+        params: Iterable[Any],
+        lr: float = 0.02,
+        momentum: float = 0.95,
+        nesterov: bool = True,
+        beta2: float = 0.95,
+        eps: float = 1e-10,
+        update_scale: str = "muon",
+        weight_decay: float = 0.0,
+        cautious_weight_decay: bool = False,
+        ns_steps: int = 5,
+        ns_coefficients: Sequence[float] = MUON_NS_COEFFICIENTS,
+    ) -> None:
         defaults = {
-            "lr": lr, "momentum": momentum, "nesterov": nesterov, "beta2": beta2, "eps": eps,
-            "update_scale": update_scale, "weight_decay": weight_decay,
-            "cautious_weight_decay": cautious_weight_decay, "ns_steps": ns_steps,
+            "lr": lr,
+            "momentum": momentum,
+            "nesterov": nesterov,
+            "beta2": beta2,
+            "eps": eps,
+            "update_scale": update_scale,
+            "weight_decay": weight_decay,
+            "cautious_weight_decay": cautious_weight_decay,
+            "ns_steps": ns_steps,
             "ns_coefficients": ns_coefficients,
         }
         super().__init__(params, defaults)
@@ -113,8 +127,9 @@ class NorMuon(OrthogonalizedMomentum):
                 f"update_scale must be one of {UPDATE_SCALES}, got {group['update_scale']!r}"
             )
 
-    def direction(self, group: dict[str, Any], params: list[Tensor], updates: Tensor,
-                  grads: Tensor) -> Tensor:
+    def direction(
+        self, group: dict[str, Any], params: list[Tensor], updates: Tensor, grads: Tensor
+    ) -> Tensor:
         rows, cols = updates.shape[-2:]
         orthogonal = orthogonalize(updates, group["ns_coefficients"], group["ns_steps"])
         moments = []

@@ -58,8 +58,9 @@ from nanoshampoo.optim.shampoo.config_checks import (
 )
 
 
-def eigenbasis_precondition(updates: Tensor, left: Tensor, right: Tensor, exp_avg_sq: Tensor,
-                            beta2: float, eps: float) -> Tensor:
+def eigenbasis_precondition(
+    updates: Tensor, left: Tensor, right: Tensor, exp_avg_sq: Tensor, beta2: float, eps: float
+) -> Tensor:
     """``Q_L (U' / max(sqrt(V), eps)) Q_R^T`` with ``U' = Q_L^T U Q_R``, after updating ``V``.
 
     ``updates``, ``exp_avg_sq``: ``(B, m, n)``; ``left``: ``(B, m, m)``; ``right``:
@@ -70,8 +71,9 @@ def eigenbasis_precondition(updates: Tensor, left: Tensor, right: Tensor, exp_av
     return left @ (rotated / exp_avg_sq.sqrt().clamp_min(eps)) @ right.mT
 
 
-def refresh_basis(factor: Tensor, basis: Tensor, exp_avg_sq: Tensor,
-                  dim: int) -> tuple[Tensor, Tensor]:
+def refresh_basis(
+    factor: Tensor, basis: Tensor, exp_avg_sq: Tensor, dim: int
+) -> tuple[Tensor, Tensor]:
     """One warm-started QR step of ``basis`` towards ``factor``'s eigenvectors.
 
     Columns of ``basis`` (``(B, k, k)``) are reordered by ``diag(Q^T F Q)`` descending, and
@@ -113,16 +115,32 @@ class SOAPMuon(OrthogonalizedMomentum):
         ValueError: naming the argument that is out of range.
     """
 
-    def __init__(self, params: Iterable[Any], lr: float = 0.02, momentum: float = 0.95,
-                 nesterov: bool = True, beta2: float = 0.9, shampoo_beta: float = 0.9,
-                 eps: float = 1e-8, precondition_frequency: int = 1, weight_decay: float = 0.0,
-                 cautious_weight_decay: bool = False, ns_steps: int = 5,
-                 ns_coefficients: Sequence[float] = MUON_NS_COEFFICIENTS) -> None:
+    def __init__(
+        self,
+        params: Iterable[Any],
+        lr: float = 0.02,
+        momentum: float = 0.95,
+        nesterov: bool = True,
+        beta2: float = 0.9,
+        shampoo_beta: float = 0.9,
+        eps: float = 1e-8,
+        precondition_frequency: int = 1,
+        weight_decay: float = 0.0,
+        cautious_weight_decay: bool = False,
+        ns_steps: int = 5,
+        ns_coefficients: Sequence[float] = MUON_NS_COEFFICIENTS,
+    ) -> None:
         defaults = {
-            "lr": lr, "momentum": momentum, "nesterov": nesterov, "beta2": beta2,
-            "shampoo_beta": shampoo_beta, "eps": eps,
-            "precondition_frequency": precondition_frequency, "weight_decay": weight_decay,
-            "cautious_weight_decay": cautious_weight_decay, "ns_steps": ns_steps,
+            "lr": lr,
+            "momentum": momentum,
+            "nesterov": nesterov,
+            "beta2": beta2,
+            "shampoo_beta": shampoo_beta,
+            "eps": eps,
+            "precondition_frequency": precondition_frequency,
+            "weight_decay": weight_decay,
+            "cautious_weight_decay": cautious_weight_decay,
+            "ns_steps": ns_steps,
             "ns_coefficients": ns_coefficients,
         }
         super().__init__(params, defaults)
@@ -130,8 +148,9 @@ class SOAPMuon(OrthogonalizedMomentum):
     def validate_group(self, group: dict[str, Any]) -> None:
         super().validate_group(group)
         check_open_closed_unit("beta2", group["beta2"], low_open=False, high_open=True)
-        check_open_closed_unit("shampoo_beta", group["shampoo_beta"], low_open=False,
-                               high_open=True)
+        check_open_closed_unit(
+            "shampoo_beta", group["shampoo_beta"], low_open=False, high_open=True
+        )
         check_positive("eps", group["eps"])
         check_int("precondition_frequency", group["precondition_frequency"], minimum=1)
 
@@ -139,16 +158,21 @@ class SOAPMuon(OrthogonalizedMomentum):
         # Whether a bucket has bases, or refreshes them, depends on its step count.
         return (*super().bucket_key(param), self.state[param].get("soap_step", 0))
 
-    def direction(self, group: dict[str, Any], params: list[Tensor], updates: Tensor,
-                  grads: Tensor) -> Tensor:
+    def direction(
+        self, group: dict[str, Any], params: list[Tensor], updates: Tensor, grads: Tensor
+    ) -> Tensor:
         rows, cols = updates.shape[-2:]
         states = [self.state[p] for p in params]
         if "left_basis" in states[0]:
             exp_avg_sq = torch.stack([s["exp_avg_sq"] for s in states])
             updates = eigenbasis_precondition(
-                updates, torch.stack([s["left_basis"] for s in states]),
-                torch.stack([s["right_basis"] for s in states]), exp_avg_sq,
-                group["beta2"], group["eps"])
+                updates,
+                torch.stack([s["left_basis"] for s in states]),
+                torch.stack([s["right_basis"] for s in states]),
+                exp_avg_sq,
+                group["beta2"],
+                group["eps"],
+            )
             torch._foreach_copy_([s["exp_avg_sq"] for s in states], list(exp_avg_sq.unbind(0)))
         out = orthogonalize(updates, group["ns_coefficients"], group["ns_steps"])
         return out.mul_(muon_shape_scale(rows, cols))
@@ -172,9 +196,11 @@ class SOAPMuon(OrthogonalizedMomentum):
         elif step % group["precondition_frequency"] == 0:
             exp_avg_sq = torch.stack([s["exp_avg_sq"] for s in states])
             left_basis, exp_avg_sq = refresh_basis(
-                left, torch.stack([s["left_basis"] for s in states]), exp_avg_sq, dim=-2)
+                left, torch.stack([s["left_basis"] for s in states]), exp_avg_sq, dim=-2
+            )
             right_basis, exp_avg_sq = refresh_basis(
-                right, torch.stack([s["right_basis"] for s in states]), exp_avg_sq, dim=-1)
+                right, torch.stack([s["right_basis"] for s in states]), exp_avg_sq, dim=-1
+            )
         else:
             left_basis = right_basis = exp_avg_sq = None
         for i, s in enumerate(states):

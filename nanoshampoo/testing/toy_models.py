@@ -21,8 +21,9 @@ class ParamsModel(torch.nn.Module):
     ``sum(tanh(p) * W + 0.1 * p^2 * |W|)`` over the parameters, with ``W ~ randn`` drawn from
     ``loss_seed + step``: the same loss on every rank at a given step."""
 
-    def __init__(self, shapes: Sequence[Sequence[int]], seed: int = 0,
-                 loss_seed: int = 1000) -> None:
+    def __init__(
+        self, shapes: Sequence[Sequence[int]], seed: int = 0, loss_seed: int = 1000
+    ) -> None:
         super().__init__()
         generator = torch.Generator().manual_seed(seed)
         self.loss_seed = loss_seed

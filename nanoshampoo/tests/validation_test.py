@@ -32,13 +32,16 @@ def test_check_int_returns_an_int_without_bounds(value: int) -> None:
     assert check_int(LABEL, value) is value
 
 
-@pytest.mark.parametrize("kwargs, inside, outside", [
-    (dict(at_least=1), [1, 2], [0, -1]),
-    (dict(greater_than=1), [2], [1, 0]),
-    (dict(at_most=3), [3, -5], [4]),
-    (dict(less_than=3), [2], [3]),
-    (dict(at_least=0, less_than=4), [0, 3], [-1, 4]),
-])
+@pytest.mark.parametrize(
+    "kwargs, inside, outside",
+    [
+        (dict(at_least=1), [1, 2], [0, -1]),
+        (dict(greater_than=1), [2], [1, 0]),
+        (dict(at_most=3), [3, -5], [4]),
+        (dict(less_than=3), [2], [3]),
+        (dict(at_least=0, less_than=4), [0, 3], [-1, 4]),
+    ],
+)
 def test_check_int_bounds_open_and_closed(kwargs: dict, inside: list, outside: list) -> None:
     for value in inside:
         assert check_int(LABEL, value, **kwargs) == value
@@ -91,18 +94,22 @@ def test_check_float_admits_ints_and_numpy_floats(value: float) -> None:
     assert check_float(LABEL, value) is value
 
 
-@pytest.mark.parametrize("kwargs, text, inside, outside", [
-    (dict(greater_than=0.0, at_most=1.0), "in (0.0, 1.0]", [1e-300, 1.0], [0.0, 1.0000001]),
-    (dict(at_least=0.0, less_than=1.0), "in [0.0, 1.0)", [0.0, 0.999], [1.0, -1e-300]),
-    (dict(greater_than=0.0, less_than=1.0), "in (0.0, 1.0)", [0.5], [0.0, 1.0]),
-    (dict(at_least=0.0, at_most=1.0), "in [0.0, 1.0]", [0.0, 1.0], [-0.1, 1.1]),
-    (dict(greater_than=0.0), "finite and > 0.0", [1e-12], [0.0, -1.0, math.inf]),
-    (dict(at_least=0.0), "finite and >= 0.0", [0.0], [-1e-12, math.nan]),
-    (dict(), "a finite number", [-1e300], [math.inf]),
-    (dict(finite=False), "a number", [math.inf], [math.nan]),
-])
-def test_check_float_bounds_open_and_closed(kwargs: dict, text: str, inside: list,
-                                            outside: list) -> None:
+@pytest.mark.parametrize(
+    "kwargs, text, inside, outside",
+    [
+        (dict(greater_than=0.0, at_most=1.0), "in (0.0, 1.0]", [1e-300, 1.0], [0.0, 1.0000001]),
+        (dict(at_least=0.0, less_than=1.0), "in [0.0, 1.0)", [0.0, 0.999], [1.0, -1e-300]),
+        (dict(greater_than=0.0, less_than=1.0), "in (0.0, 1.0)", [0.5], [0.0, 1.0]),
+        (dict(at_least=0.0, at_most=1.0), "in [0.0, 1.0]", [0.0, 1.0], [-0.1, 1.1]),
+        (dict(greater_than=0.0), "finite and > 0.0", [1e-12], [0.0, -1.0, math.inf]),
+        (dict(at_least=0.0), "finite and >= 0.0", [0.0], [-1e-12, math.nan]),
+        (dict(), "a finite number", [-1e300], [math.inf]),
+        (dict(finite=False), "a number", [math.inf], [math.nan]),
+    ],
+)
+def test_check_float_bounds_open_and_closed(
+    kwargs: dict, text: str, inside: list, outside: list
+) -> None:
     for value in inside:
         assert check_float(LABEL, value, **kwargs) == value
     for value in outside:
@@ -131,7 +138,10 @@ def test_check_choice_admits_the_choices_and_lists_them() -> None:
     assert check_choice("preconditioner.root_method", "eigh", ("eigh", "warm-qr")) == "eigh"
     with pytest.raises(ValueError) as raised:
         check_choice("preconditioner.root_method", "qr", ("eigh", "warm-qr"))
-    assert str(raised.value) == "preconditioner.root_method must be one of ['eigh', 'warm-qr'], got 'qr'"
+    assert (
+        str(raised.value)
+        == "preconditioner.root_method must be one of ['eigh', 'warm-qr'], got 'qr'"
+    )
 
 
 def test_check_choice_does_not_mix_bools_and_ints() -> None:
@@ -146,10 +156,15 @@ def test_check_choice_does_not_mix_bools_and_ints() -> None:
 FLOATS = (torch.float32, torch.bfloat16)
 
 
-@pytest.mark.parametrize("value, expected", [
-    ("bfloat16", torch.bfloat16), ("torch.bfloat16", torch.bfloat16),
-    ("float32", torch.float32), (torch.float32, torch.float32),
-])
+@pytest.mark.parametrize(
+    "value, expected",
+    [
+        ("bfloat16", torch.bfloat16),
+        ("torch.bfloat16", torch.bfloat16),
+        ("float32", torch.float32),
+        (torch.float32, torch.float32),
+    ],
+)
 def test_check_dtype_reads_strings_and_dtypes(value: object, expected: torch.dtype) -> None:
     assert check_dtype("shampoo.root_dtype", value, FLOATS) is expected
 
@@ -159,7 +174,8 @@ def test_check_dtype_refuses_others_and_lists_the_allowed(value: object) -> None
     with pytest.raises(ValueError) as raised:
         check_dtype("shampoo.root_dtype", value, FLOATS)
     assert str(raised.value) == (
-        f"shampoo.root_dtype must be one of ['float32', 'bfloat16'], got {value!r}")
+        f"shampoo.root_dtype must be one of ['float32', 'bfloat16'], got {value!r}"
+    )
 
 
 def test_check_dtype_optional_admits_none() -> None:

@@ -61,8 +61,9 @@ def safe_python_environment(environ: Mapping[str, str]) -> dict[str, str]:
     or a source checkout)."""
     root = str(Path(__file__).resolve().parents[2])
     paths = [p for p in environ.get("PYTHONPATH", "").split(os.pathsep) if p and p != root]
-    installed = {str(Path(p).resolve()) for p in (*site.getsitepackages(),
-                                                   site.getusersitepackages())}
+    installed = {
+        str(Path(p).resolve()) for p in (*site.getsitepackages(), site.getusersitepackages())
+    }
     if root not in installed:
         paths.insert(0, root)
     return {**environ, "PYTHONSAFEPATH": "1", "PYTHONPATH": os.pathsep.join(paths)}
@@ -79,5 +80,6 @@ def exec_with_tuned_malloc(module: str, args: Sequence[str]) -> None:
         return
     sys.stdout.flush()
     sys.stderr.flush()
-    os.execve(sys.executable, [sys.executable, "-m", module, *args],
-              safe_python_environment(environment))
+    os.execve(
+        sys.executable, [sys.executable, "-m", module, *args], safe_python_environment(environment)
+    )

@@ -63,39 +63,63 @@ def fork_step(steps: int, total_steps: int, cooldown_frac: float, warmup_steps: 
     """The first step at which the ``steps``-step schedule's multiplier differs from the
     ``total_steps`` one's; ``steps`` when none before it does (no cooldown: the branch is the
     main run's first ``steps`` steps, validated)."""
-    return next((t for t in range(steps)
-                 if lr_multiplier(t, steps, cooldown_frac, warmup_steps)
-                 != lr_multiplier(t, total_steps, cooldown_frac, warmup_steps)), steps)
+    return next(
+        (
+            t
+            for t in range(steps)
+            if lr_multiplier(t, steps, cooldown_frac, warmup_steps)
+            != lr_multiplier(t, total_steps, cooldown_frac, warmup_steps)
+        ),
+        steps,
+    )
 
 
-def plan_branches(fractions: Sequence[float], total_steps: int, cooldown_frac: float,
-                  warmup_steps: int = 0) -> tuple[Branch, ...]:
+def plan_branches(
+    fractions: Sequence[float], total_steps: int, cooldown_frac: float, warmup_steps: int = 0
+) -> tuple[Branch, ...]:
     """The branches of a run, in the order the run reaches their forks (then by length)."""
     branches = []
     for fraction in fractions:
         steps = branch_steps(fraction, total_steps)
-        branches.append(Branch(fraction, steps,
-                               fork_step(steps, total_steps, cooldown_frac, warmup_steps)))
+        branches.append(
+            Branch(fraction, steps, fork_step(steps, total_steps, cooldown_frac, warmup_steps))
+        )
     return tuple(sorted(branches, key=lambda b: (b.fork_step, b.steps)))
 
 
-def branches_to_make(branches: Sequence[Branch], recorded_steps: Collection[int],
-                     start_step: int) -> tuple[tuple[Branch, ...], tuple[Branch, ...]]:
+def branches_to_make(
+    branches: Sequence[Branch], recorded_steps: Collection[int], start_step: int
+) -> tuple[tuple[Branch, ...], tuple[Branch, ...]]:
     """``(made, missed)``: the branches a run that starts at ``start_step`` (a resume) makes,
     and those it cannot make because they fork before it; a branch whose length is in
     ``recorded_steps`` (its record is in the run's log already) is neither."""
     todo = [b for b in branches if b.steps not in recorded_steps]
-    return (tuple(b for b in todo if b.fork_step >= start_step),
-            tuple(b for b in todo if b.fork_step < start_step))
+    return (
+        tuple(b for b in todo if b.fork_step >= start_step),
+        tuple(b for b in todo if b.fork_step < start_step),
+    )
 
 
 # Objects a snapshot refers to rather than copies: what lives outside the components' state.
 _SHARED_TYPES: tuple[type, ...] = (nn.Module, RemovableHandle)
 # What the walk of a component's state does not descend into (deepcopy keeps these as they are,
 # or they are tensors, whose references the walk does not follow).
-_LEAF_TYPES = (torch.Tensor, type, types.FunctionType, types.BuiltinFunctionType,
-               types.ModuleType, weakref.ref, str, bytes, int, float, complex, bool,
-               torch.device, torch.dtype)
+_LEAF_TYPES = (
+    torch.Tensor,
+    type,
+    types.FunctionType,
+    types.BuiltinFunctionType,
+    types.ModuleType,
+    weakref.ref,
+    str,
+    bytes,
+    int,
+    float,
+    complex,
+    bool,
+    torch.device,
+    torch.dtype,
+)
 
 
 def _distributed_types() -> tuple[tuple[type, ...], tuple[type, ...]]:
@@ -146,8 +170,9 @@ class TrainingSnapshot:
     further objects the components refer to that are not theirs (the distributed context).
     """
 
-    def __init__(self, model: nn.Module, components: Sequence[Any], loader: Any,
-                 shared: Sequence[Any] = ()) -> None:
+    def __init__(
+        self, model: nn.Module, components: Sequence[Any], loader: Any, shared: Sequence[Any] = ()
+    ) -> None:
         self.model = model
         tensors = [*model.parameters(), *model.buffers()]
         self.values = [t.detach().clone() for t in tensors]
@@ -164,8 +189,9 @@ class TrainingSnapshot:
         """deepcopy's memo: every object the copies must refer to, mapped to itself."""
         keep, _ = _distributed_types()
         params = {_storage_ptr(t) for t in self.tensors} - {0}
-        memo: dict[int, Any] = {id(obj): obj for obj in (self.model, *self.tensors, *components,
-                                                          *shared)}
+        memo: dict[int, Any] = {
+            id(obj): obj for obj in (self.model, *self.tensors, *components, *shared)
+        }
         for component in components:
             for obj in _walk(vars(component), stop=set(memo)):
                 views_a_param = isinstance(obj, torch.Tensor) and _storage_ptr(obj) in params

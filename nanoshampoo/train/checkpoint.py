@@ -46,6 +46,8 @@ FORMAT_VERSION = 1
 PARTIAL_SUFFIX = ".partial"
 SHARDED_META = "meta.pt"
 _STEP_DIR = re.compile(r"^step_(\d+)$")
+
+
 class _Missing:
     """A field the record lacks: shown as ``got missing``."""
 
@@ -55,8 +57,13 @@ class _Missing:
 
 _MISSING = _Missing()
 # The loader's state (``DistributedTokenLoader.state_dict``): field -> type.
-_LOADER_FIELDS = {"shard_index": int, "position": int, "passes": int, "tokens_per_step": int,
-                  "shard_names": list}
+_LOADER_FIELDS = {
+    "shard_index": int,
+    "position": int,
+    "passes": int,
+    "tokens_per_step": int,
+    "shard_names": list,
+}
 
 
 def checkpoint_path(out_dir: str, run_id: str, step: int) -> Path:
@@ -73,20 +80,27 @@ def check_no_checkpoint_replaced(out_dir: str, run_id: str, after_step: int) -> 
     directory = Path(out_dir) / f"{run_id}.ckpt"
     if not directory.is_dir():
         return
-    later = sorted(p.name for p in directory.iterdir()
-                   if (match := _STEP_DIR.match(p.name)) and int(match[1]) > after_step)
+    later = sorted(
+        p.name
+        for p in directory.iterdir()
+        if (match := _STEP_DIR.match(p.name)) and int(match[1]) > after_step
+    )
     if later:
         raise UserError(
             f"--run-id {run_id}: {directory} already holds {', '.join(later[:3])}"
             f"{', ...' if len(later) > 3 else ''}, which this run would replace; a run id names "
-            "one run (choose another, or --resume its last checkpoint)")
+            "one run (choose another, or --resume its last checkpoint)"
+        )
 
 
 def latest_checkpoint(out_dir: str, run_id: str) -> Path | None:
     """The published checkpoint of run ``run_id`` with the highest step, or None."""
     directory = Path(out_dir) / f"{run_id}.ckpt"
-    steps = [(int(m[1]), p) for p in (directory.iterdir() if directory.is_dir() else ())
-             if (m := _STEP_DIR.match(p.name))]
+    steps = [
+        (int(m[1]), p)
+        for p in (directory.iterdir() if directory.is_dir() else ())
+        if (m := _STEP_DIR.match(p.name))
+    ]
     return max(steps)[1] if steps else None
 
 
@@ -174,14 +188,15 @@ def save_sharded_checkpoint(
             _write_record(record, tmp)
 
 
-def _sharded_state(model: nn.Module,
-                   optimizers: list[torch.optim.Optimizer]) -> dict[str, Any]:
+def _sharded_state(model: nn.Module, optimizers: list[torch.optim.Optimizer]) -> dict[str, Any]:
     """The DCP state dict: the model's and each optimizer's own state dicts (DTensors inside).
 
     Also the template a load fills in place, so optimizer state must exist before loading.
     """
-    return {"model": model.state_dict(),
-            "optimizers": {str(i): opt.state_dict() for i, opt in enumerate(optimizers)}}
+    return {
+        "model": model.state_dict(),
+        "optimizers": {str(i): opt.state_dict() for i, opt in enumerate(optimizers)},
+    }
 
 
 def publish_checkpoint(directory: Path) -> None:
@@ -243,12 +258,14 @@ def read_checkpoint(directory: Path, rank: int, world_size: int) -> CheckpointRe
 
 def _check_version(directory: Path, record: dict[str, Any]) -> None:
     if record.get("format_version") != FORMAT_VERSION:
-        raise UserError(f"--resume {directory}: unsupported checkpoint format "
-                        f"{record.get('format_version')!r}")
+        raise UserError(
+            f"--resume {directory}: unsupported checkpoint format {record.get('format_version')!r}"
+        )
 
 
 def _check_record(path: Path, record: dict[str, Any], sharded: bool, holds_model: bool) -> None:
     """``UserError`` naming ``path`` and the field, for a record unlike ``save_checkpoint``'s."""
+
     def bad(name: str, expected: str) -> UserError:
         shown = repr(record[name]) if name in record else "missing"
         return UserError(f"--resume: {path}: field {name!r} must be {expected}, got {shown[:60]}")
@@ -271,12 +288,16 @@ def _check_record(path: Path, record: dict[str, Any], sharded: bool, holds_model
         raise UserError(str(exc)) from None
     loader = record.get("loader")
     if not isinstance(loader, dict) or any(
-            not isinstance(loader.get(k), t) or isinstance(loader.get(k), bool)
-            for k, t in _LOADER_FIELDS.items()):
+        not isinstance(loader.get(k), t) or isinstance(loader.get(k), bool)
+        for k, t in _LOADER_FIELDS.items()
+    ):
         raise bad("loader", f"the loader's state (a dict of {', '.join(_LOADER_FIELDS)})")
     rng = record.get("cpu_rng")
-    if not isinstance(rng, torch.Tensor) or rng.dtype != torch.uint8 or (
-            rng.shape != torch.get_rng_state().shape):
+    if (
+        not isinstance(rng, torch.Tensor)
+        or rng.dtype != torch.uint8
+        or (rng.shape != torch.get_rng_state().shape)
+    ):
         raise bad("cpu_rng", "a uint8 tensor (torch.get_rng_state())")
     if record.get("cuda_rng") is not None and not isinstance(record["cuda_rng"], torch.Tensor):
         raise bad("cuda_rng", "None or a tensor")
@@ -288,12 +309,20 @@ def _check_record(path: Path, record: dict[str, Any], sharded: bool, holds_model
         raise bad("optimizers", "a list of optimizer state dicts")
     if holds_model and not isinstance(record.get("model"), dict):
         raise bad("model", "the model's state dict")
-    tensors = [(f"model[{k!r}]", v) for k, v in record.get("model", {}).items()] if holds_model else []
-    tensors += [(f"optimizers[{i}] state {k}", v) for i, o in enumerate(optimizers)
-                for k, v in _state_tensors(o.get("state"))]
+    tensors = (
+        [(f"model[{k!r}]", v) for k, v in record.get("model", {}).items()] if holds_model else []
+    )
+    tensors += [
+        (f"optimizers[{i}] state {k}", v)
+        for i, o in enumerate(optimizers)
+        for k, v in _state_tensors(o.get("state"))
+    ]
     for name, value in tensors:  # NaN weights or moments would only surface steps later
-        if isinstance(value, torch.Tensor) and value.is_floating_point() and not bool(
-                torch.isfinite(value).all()):
+        if (
+            isinstance(value, torch.Tensor)
+            and value.is_floating_point()
+            and not bool(torch.isfinite(value).all())
+        ):
             raise UserError(f"--resume: {path}: {name} holds NaN or Inf")
 
 
@@ -302,7 +331,9 @@ def _state_tensors(state: Any, label: str = "") -> list[tuple[str, Any]]:
     such as DistributedShampoo's per-block state, walked through)."""
     if not isinstance(state, dict):
         return [(label, state)] if label else []
-    return [leaf for key, value in state.items() for leaf in _state_tensors(value, f"{label}[{key!r}]")]
+    return [
+        leaf for key, value in state.items() for leaf in _state_tensors(value, f"{label}[{key!r}]")
+    ]
 
 
 def restore_checkpoint(
@@ -327,9 +358,11 @@ def restore_checkpoint(
     try:
         loader.load_state_dict(own["loader"])
     except ValueError as exc:
-        raise UserError(f"--resume {directory}: its data position does not fit this run ({exc}); "
-                        "resume with the --batch-size, --seq-len and data files of the run that "
-                        "wrote it") from exc
+        raise UserError(
+            f"--resume {directory}: its data position does not fit this run ({exc}); "
+            "resume with the --batch-size, --seq-len and data files of the run that "
+            "wrote it"
+        ) from exc
     try:
         if records.sharded:
             _load_sharded(directory, model, optimizers)
@@ -340,16 +373,18 @@ def restore_checkpoint(
     except (KeyError, ValueError, RuntimeError, TypeError, AttributeError) as exc:
         # A state of the right types but another layout, e.g. from another optimizer setup.
         first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise UserError(f"--resume {directory}: does not fit this run's model or optimizer "
-                        f"setup ({first_line})") from exc
+        raise UserError(
+            f"--resume {directory}: does not fit this run's model or optimizer setup ({first_line})"
+        ) from exc
     torch.set_rng_state(own["cpu_rng"])
     if own["cuda_rng"] is not None and torch.cuda.is_available():
         torch.cuda.set_rng_state(own["cuda_rng"])
     return records.step, float(own["train_time_ms"])
 
 
-def _load_sharded(directory: Path, model: nn.Module,
-                  optimizers: list[torch.optim.Optimizer]) -> None:
+def _load_sharded(
+    directory: Path, model: nn.Module, optimizers: list[torch.optim.Optimizer]
+) -> None:
     """Collective: fill the model and optimizers from a DCP directory (resharded by DCP)."""
     import torch.distributed.checkpoint as dcp
 
@@ -395,8 +430,10 @@ def _load(path: Path) -> dict[str, Any]:
     except Exception as exc:  # noqa: BLE001 - any failure to unpickle means a damaged file
         # The exception's own text may suggest weights_only=False: wrong advice for a damaged
         # file, and unsafe. Name the file and the failure's type only.
-        raise UserError(f"--resume: {path} is not a readable checkpoint (empty, truncated or "
-                        f"corrupt: {type(exc).__name__})") from exc
+        raise UserError(
+            f"--resume: {path} is not a readable checkpoint (empty, truncated or "
+            f"corrupt: {type(exc).__name__})"
+        ) from exc
     if not isinstance(record, dict) or "step" not in record:
         raise UserError(f"--resume: {path} is not a nanoshampoo training checkpoint")
     return record

@@ -118,13 +118,19 @@ class _SetEvery(argparse.Action):
     """A legacy flat flag (``--matrix-lr``): sets every table field it stands for, in order
     with the other flags (the last flag for a field wins)."""
 
-    def __init__(self, option_strings: list[str], dest: str, targets: tuple[str, ...] = (),
-                 **kwargs: Any) -> None:
+    def __init__(
+        self, option_strings: list[str], dest: str, targets: tuple[str, ...] = (), **kwargs: Any
+    ) -> None:
         super().__init__(option_strings, dest, **kwargs)
         self.targets = targets
 
-    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
-                 values: Any, option_string: str | None = None) -> None:
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
         for target in self.targets:
             setattr(namespace, target, values)
         used = getattr(namespace, LEGACY_USED, {})
@@ -138,8 +144,9 @@ def _shown(key: str, default: Any, preset: str, preset_values: dict[str, Any]) -
     return f"(default {default!r})"
 
 
-def build_parser(preset: str = DEFAULT_PRESET,
-                 preset_values: dict[str, Any] | None = None) -> argparse.ArgumentParser:
+def build_parser(
+    preset: str = DEFAULT_PRESET, preset_values: dict[str, Any] | None = None
+) -> argparse.ArgumentParser:
     """The flag parser; each flag's help shows ``preset_values``' value where the preset has
     one. Run fields are ``--field-name``, table fields ``--table.field-name``."""
     flat = flatten(preset_values or {})
@@ -147,47 +154,75 @@ def build_parser(preset: str = DEFAULT_PRESET,
         prog=PROG,
         usage="%(prog)s [--preset NAME] [--FIELD VALUE ...] [--TABLE.FIELD VALUE ...]",
         # One line per flag where it fits: the flag list is long.
-        formatter_class=lambda prog: argparse.HelpFormatter(prog, max_help_position=52,
-                                                            width=110),
-        description="Train a speedrun GPT. Presets: " + ", ".join(preset_names())
-        + ". Setups (--optimizer): " + ", ".join(setup_names()),
+        formatter_class=lambda prog: argparse.HelpFormatter(prog, max_help_position=52, width=110),
+        description="Train a speedrun GPT. Presets: "
+        + ", ".join(preset_names())
+        + ". Setups (--optimizer): "
+        + ", ".join(setup_names()),
     )
     hints = typing.get_type_hints(TrainConfig)
     for field in run_fields():
         flag = "--" + field.name.replace("_", "-")
         if field.name == "preset":
-            parser.add_argument(flag, default=DEFAULT_PRESET,
-                                help="a shipped preset's name, or a path to a .toml file (text "
-                                     "ending in .toml or holding a path separator) "
-                                     f"(default {DEFAULT_PRESET!r})")
+            parser.add_argument(
+                flag,
+                default=DEFAULT_PRESET,
+                help="a shipped preset's name, or a path to a .toml file (text "
+                "ending in .toml or holding a path separator) "
+                f"(default {DEFAULT_PRESET!r})",
+            )
             continue
         default = field.default if field.default is not dataclasses.MISSING else None
-        parser.add_argument(flag, dest=field.name, type=_parser_for(hints[field.name]),
-                            default=argparse.SUPPRESS,
-                            help=_shown(field.name, default, preset, flat))
+        parser.add_argument(
+            flag,
+            dest=field.name,
+            type=_parser_for(hints[field.name]),
+            default=argparse.SUPPRESS,
+            help=_shown(field.name, default, preset, flat),
+        )
     for table, cls in table_classes().items():
         doc = (cls.__doc__ or "").strip().split("\n")[0]
         group = parser.add_argument_group(f"[{table}]", doc)
         for field in dataclasses.fields(cls):
             key = f"{table}.{field.name}"
-            default = (field.default_factory() if field.default is dataclasses.MISSING
-                       else field.default)
-            group.add_argument(f"--{table}.{field.name.replace('_', '-')}", dest=key,
-                               type=_parser_for(field.type), default=argparse.SUPPRESS,
-                               metavar=_metavar(field.type),
-                               help=_shown(key, default, preset, flat))
+            default = (
+                field.default_factory() if field.default is dataclasses.MISSING else field.default
+            )
+            group.add_argument(
+                f"--{table}.{field.name.replace('_', '-')}",
+                dest=key,
+                type=_parser_for(field.type),
+                default=argparse.SUPPRESS,
+                metavar=_metavar(field.type),
+                help=_shown(key, default, preset, flat),
+            )
             if "_" in field.name:  # the preset's spelling works too (not listed in --help)
-                group.add_argument(f"--{key}", dest=key, type=_parser_for(field.type),
-                                   default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+                group.add_argument(
+                    f"--{key}",
+                    dest=key,
+                    type=_parser_for(field.type),
+                    default=argparse.SUPPRESS,
+                    help=argparse.SUPPRESS,
+                )
     for name, targets in LEGACY_FIELDS.items():
         table, field_name = targets[0].split(".", 1)
         annotation = table_field_types()[table][field_name]
-        parser.add_argument("--" + name.replace("_", "-"), dest="legacy." + name,
-                            action=_SetEvery, targets=targets, type=_parser_for(annotation),
-                            default=argparse.SUPPRESS, help=argparse.SUPPRESS)
-    parser.add_argument("--autocast-bf16", dest="autocast", type=parse_autocast_bf16,
-                        default=argparse.SUPPRESS,
-                        help="alias: true = --autocast bf16, false = --autocast off")
+        parser.add_argument(
+            "--" + name.replace("_", "-"),
+            dest="legacy." + name,
+            action=_SetEvery,
+            targets=targets,
+            type=_parser_for(annotation),
+            default=argparse.SUPPRESS,
+            help=argparse.SUPPRESS,
+        )
+    parser.add_argument(
+        "--autocast-bf16",
+        dest="autocast",
+        type=parse_autocast_bf16,
+        default=argparse.SUPPRESS,
+        help="alias: true = --autocast bf16, false = --autocast off",
+    )
     return parser
 
 
@@ -203,8 +238,9 @@ def flatten(values: dict[str, Any]) -> dict[str, Any]:
     return flat
 
 
-def config_from_args(argv: Sequence[str] | None = None, *,
-                     refuse_unread_tables: bool = False) -> TrainConfig:
+def config_from_args(
+    argv: Sequence[str] | None = None, *, refuse_unread_tables: bool = False
+) -> TrainConfig:
     """Defaults <- preset <- flags, validated (``ValueError`` naming the field).
 
     ``refuse_unread_tables`` (what a run's command line wants): a ``--TABLE.FIELD`` flag of a
@@ -232,8 +268,11 @@ def config_from_args(argv: Sequence[str] | None = None, *,
     try:
         cfg = TrainConfig(**fields)
     except ValueError as exc:
-        named = [f"{flag} sets {', '.join(targets)}" for flag, targets in legacy.items()
-                 if any(target in str(exc) for target in targets)]
+        named = [
+            f"{flag} sets {', '.join(targets)}"
+            for flag, targets in legacy.items()
+            if any(target in str(exc) for target in targets)
+        ]
         if not named:
             raise
         raise ValueError(f"{exc} ({'; '.join(named)})") from None
@@ -242,21 +281,30 @@ def config_from_args(argv: Sequence[str] | None = None, *,
     return cfg
 
 
-def check_tables_read(cfg: TrainConfig, table_keys: Sequence[str],
-                      legacy: dict[str, tuple[str, ...]]) -> None:
+def check_tables_read(
+    cfg: TrainConfig, table_keys: Sequence[str], legacy: dict[str, tuple[str, ...]]
+) -> None:
     """``ValueError`` naming a ``--TABLE.FIELD`` flag (or a legacy flag) of a table that the
     setup does not read: the flag would change nothing, yet a user who typed it expects it to.
     (A preset's other tables are fine: ``--optimizer`` may switch away from them.)"""
     read = set(cfg.setup.tables)
     by_legacy = {target for targets in legacy.values() for target in targets}
-    unread = ["--" + key.replace("_", "-") for key in table_keys
-              if key not in by_legacy and key.split(".", 1)[0] not in read]
-    unread += [flag for flag, targets in legacy.items()
-               if not any(t.split(".", 1)[0] in read for t in targets)]
+    unread = [
+        "--" + key.replace("_", "-")
+        for key in table_keys
+        if key not in by_legacy and key.split(".", 1)[0] not in read
+    ]
+    unread += [
+        flag
+        for flag, targets in legacy.items()
+        if not any(t.split(".", 1)[0] in read for t in targets)
+    ]
     if unread:
-        raise ValueError(f"{', '.join(unread)}: setup {cfg.optimizer!r} (--optimizer) does not "
-                         f"read {'this table' if len(unread) == 1 else 'these tables'}; it reads "
-                         f"{', '.join(f'[{t}]' for t in cfg.setup.tables) or 'no table'}")
+        raise ValueError(
+            f"{', '.join(unread)}: setup {cfg.optimizer!r} (--optimizer) does not "
+            f"read {'this table' if len(unread) == 1 else 'these tables'}; it reads "
+            f"{', '.join(f'[{t}]' for t in cfg.setup.tables) or 'no table'}"
+        )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

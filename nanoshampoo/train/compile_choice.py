@@ -70,8 +70,9 @@ def probe_inductor(device: torch.device) -> str | None:
     return None
 
 
-def resolve_compile(choice: str, device: torch.device, world_size: int,
-                    num_iterations: int) -> CompileChoice:
+def resolve_compile(
+    choice: str, device: torch.device, world_size: int, num_iterations: int
+) -> CompileChoice:
     """Resolve ``TrainConfig.compile`` (``auto|true|false``) for this run; see the module doc.
 
     ``"auto"`` probes inductor (~1 s, a few more on a first run) only when the run is one it
@@ -82,16 +83,23 @@ def resolve_compile(choice: str, device: torch.device, world_size: int,
     if choice != "auto":
         return CompileChoice(choice == "true", f"compile={choice}")
     if device.type != "cpu":
-        return CompileChoice(False, f"auto: off on {device.type} (not measured; --compile true "
-                                    "compiles)")
+        return CompileChoice(
+            False, f"auto: off on {device.type} (not measured; --compile true compiles)"
+        )
     if world_size > 1:
         return CompileChoice(False, f"auto: off for {world_size} processes (measured in one)")
     if num_iterations < COMPILE_PAYS_AFTER_STEPS:
-        return CompileChoice(False, f"auto: off for a run of {num_iterations} steps (compiling "
-                                    f"pays after ~{COMPILE_PAYS_AFTER_STEPS} on CPU)")
+        return CompileChoice(
+            False,
+            f"auto: off for a run of {num_iterations} steps (compiling "
+            f"pays after ~{COMPILE_PAYS_AFTER_STEPS} on CPU)",
+        )
     failure = probe_inductor(device)
     if failure is not None:
         return CompileChoice(False, f"auto: off, inductor cannot compile here ({failure})")
-    return CompileChoice(True, f"auto: a {num_iterations}-step run on CPU (compiling pays "
-                               f"after ~{COMPILE_PAYS_AFTER_STEPS} steps, ~15 from inductor's "
-                               "cache)")
+    return CompileChoice(
+        True,
+        f"auto: a {num_iterations}-step run on CPU (compiling pays "
+        f"after ~{COMPILE_PAYS_AFTER_STEPS} steps, ~15 from inductor's "
+        "cache)",
+    )

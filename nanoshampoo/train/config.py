@@ -53,26 +53,54 @@ AUTOCAST_CHOICES = ("auto", "bf16", "off")
 # The flat names of the hyper-parameters before the setup registry, and the table fields they
 # set now (a name that fed several setups sets each of their fields).
 LEGACY_FIELDS: dict[str, tuple[str, ...]] = {
-    "embed_lr": ("adam.embed_lr",), "head_lr": ("adam.head_lr",),
-    "scalar_lr": ("adam.scalar_lr",), "adam_beta1": ("adam.beta1",),
-    "adam_beta2": ("adam.beta2",), "adam_eps": ("adam.eps",),
-    "matrix_lr": ("shampoo.lr", "adamw.lr"), "matrix_beta1": ("shampoo.beta1", "adamw.beta1"),
+    "embed_lr": ("adam.embed_lr",),
+    "head_lr": ("adam.head_lr",),
+    "scalar_lr": ("adam.scalar_lr",),
+    "adam_beta1": ("adam.beta1",),
+    "adam_beta2": ("adam.beta2",),
+    "adam_eps": ("adam.eps",),
+    "matrix_lr": ("shampoo.lr", "adamw.lr"),
+    "matrix_beta1": ("shampoo.beta1", "adamw.beta1"),
     "matrix_beta2": ("shampoo.beta2", "adamw.beta2"),
     "matrix_weight_decay": ("shampoo.weight_decay", "soap.weight_decay", "adamw.weight_decay"),
     "precondition_frequency": ("shampoo.precondition_frequency",),
-    "shampoo_epsilon": ("shampoo.epsilon",), "grafting_beta2": ("shampoo.grafting_beta2",),
+    "shampoo_epsilon": ("shampoo.epsilon",),
+    "grafting_beta2": ("shampoo.grafting_beta2",),
     "grafting_epsilon": ("shampoo.grafting_epsilon",),
-    "soap_lr": ("soap.lr",), "soap_beta1": ("soap.beta1",), "soap_beta2": ("soap.beta2",),
+    "soap_lr": ("soap.lr",),
+    "soap_beta1": ("soap.beta1",),
+    "soap_beta2": ("soap.beta2",),
     "soap_epsilon": ("soap.epsilon",),
     "soap_precondition_frequency": ("soap.precondition_frequency",),
-    "muon_lr": ("muon.lr",), "muon_momentum": ("muon.momentum",),
-    "muon_weight_decay": ("muon.weight_decay",), "muon_ns_steps": ("muon.ns_steps",),
-    **{name: (f"preconditioner.{name}",) for name in (
-        "max_preconditioner_dim", "start_preconditioning_step", "factor_dtype", "amortize_roots",
-        "momentum_dtype", "rank_deficient_stability", "eigenvalue_floor_rtol")},
-    **{name: (f"shampoo.{name}",) for name in (
-        "root_dtype", "pack_factors", "grafting_dtype", "root_method", "warm_qr_tolerance",
-        "warm_qr_max_iterations", "large_factor_dim", "large_factor_frequency_multiplier")},
+    "muon_lr": ("muon.lr",),
+    "muon_momentum": ("muon.momentum",),
+    "muon_weight_decay": ("muon.weight_decay",),
+    "muon_ns_steps": ("muon.ns_steps",),
+    **{
+        name: (f"preconditioner.{name}",)
+        for name in (
+            "max_preconditioner_dim",
+            "start_preconditioning_step",
+            "factor_dtype",
+            "amortize_roots",
+            "momentum_dtype",
+            "rank_deficient_stability",
+            "eigenvalue_floor_rtol",
+        )
+    },
+    **{
+        name: (f"shampoo.{name}",)
+        for name in (
+            "root_dtype",
+            "pack_factors",
+            "grafting_dtype",
+            "root_method",
+            "warm_qr_tolerance",
+            "warm_qr_max_iterations",
+            "large_factor_dim",
+            "large_factor_frequency_multiplier",
+        )
+    },
 }
 
 
@@ -168,6 +196,8 @@ class TrainConfig:
         self.__post_init__()
 
     def __post_init__(self) -> None:
+        # Long on purpose: the run's one validation pass, a check per field in field order, so
+        # a bad config fails here, where it is built, and nowhere later.
         self.compile = spelled_value("compile", self.compile)
         hints = typing.get_type_hints(TrainConfig)
         for f in run_fields():
@@ -186,23 +216,38 @@ class TrainConfig:
         for name in ("seq_len", "batch_size", "grad_accum_steps", "num_iterations", "val_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"TrainConfig.{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("val_every", "log_every", "checkpoint_every", "seed", "vocab_size",
-                     "threads", "hsdp_shard_size", "warmup_steps"):
+        for name in (
+            "val_every",
+            "log_every",
+            "checkpoint_every",
+            "seed",
+            "vocab_size",
+            "threads",
+            "hsdp_shard_size",
+            "warmup_steps",
+        ):
             if getattr(self, name) < 0:
                 raise ValueError(f"TrainConfig.{name} must be >= 0, got {getattr(self, name)}")
         if self.seed > MAX_SEED:
-            raise ValueError(f"TrainConfig.seed (--seed) must be at most {MAX_SEED} (the random "
-                             f"generators' 64-bit seed), got {self.seed}")
+            raise ValueError(
+                f"TrainConfig.seed (--seed) must be at most {MAX_SEED} (the random "
+                f"generators' 64-bit seed), got {self.seed}"
+            )
         if self.threads > MAX_THREADS:
-            raise ValueError(f"TrainConfig.threads (--threads) must be at most {MAX_THREADS}, "
-                             f"got {self.threads}")
+            raise ValueError(
+                f"TrainConfig.threads (--threads) must be at most {MAX_THREADS}, got {self.threads}"
+            )
         if not 0.0 <= self.cooldown_frac <= 1.0:
-            raise ValueError(f"TrainConfig.cooldown_frac must be in [0, 1], got {self.cooldown_frac}")
+            raise ValueError(
+                f"TrainConfig.cooldown_frac must be in [0, 1], got {self.cooldown_frac}"
+            )
         # A timeout beyond a day overflows the collectives' timer (and waits on a dead peer).
         if not 0 < self.dist_timeout_s <= 86400:
-            raise ValueError("TrainConfig.dist_timeout_s (--dist-timeout-s) must be in (0, 86400] "
-                             "seconds, got "
-                             f"{self.dist_timeout_s}")
+            raise ValueError(
+                "TrainConfig.dist_timeout_s (--dist-timeout-s) must be in (0, 86400] "
+                "seconds, got "
+                f"{self.dist_timeout_s}"
+            )
         if spec.check is not None:
             spec.check(self)
         self._check_parallel(spec)
@@ -221,9 +266,11 @@ class TrainConfig:
             raise ValueError(f"TrainConfig.profile_steps must be >= 0, got {self.profile_steps}")
         late = [s for s in self.profile_steps if s >= self.num_iterations]
         if late:
-            raise ValueError(f"TrainConfig.profile_steps (--profile-steps) {late}: the run's "
-                             f"steps are 0..{self.num_iterations - 1} (--num-iterations "
-                             f"{self.num_iterations}); these would never be profiled")
+            raise ValueError(
+                f"TrainConfig.profile_steps (--profile-steps) {late}: the run's "
+                f"steps are 0..{self.num_iterations - 1} (--num-iterations "
+                f"{self.num_iterations}); these would never be profiled"
+            )
         if self.profile_steps and not self.profile_dir:
             raise ValueError("TrainConfig.profile_dir is required when profile_steps is set")
         self._check_decay_branches()
@@ -234,22 +281,28 @@ class TrainConfig:
         self.decay_branches = fractions = tuple(self.decay_branches)
         label = "TrainConfig.decay_branches (--decay-branches)"
         if not all(0.0 < b < 1.0 for b in fractions):
-            raise ValueError(f"{label} must be fractions strictly between 0 and 1, got "
-                             f"{list(fractions)}")
+            raise ValueError(
+                f"{label} must be fractions strictly between 0 and 1, got {list(fractions)}"
+            )
         if any(a >= b for a, b in zip(fractions, fractions[1:])):
             raise ValueError(f"{label} must be strictly increasing, got {list(fractions)}")
         lengths = [branch_steps(b, self.num_iterations) for b in fractions]
-        if len(set(lengths)) < len(lengths) or not all(1 <= n < self.num_iterations
-                                                       for n in lengths):
-            raise ValueError(f"{label} {list(fractions)}: the branches' lengths round(b * N) at "
-                             f"--num-iterations {self.num_iterations} are {lengths}; they must "
-                             f"be distinct, at least 1 and below {self.num_iterations}")
+        if len(set(lengths)) < len(lengths) or not all(
+            1 <= n < self.num_iterations for n in lengths
+        ):
+            raise ValueError(
+                f"{label} {list(fractions)}: the branches' lengths round(b * N) at "
+                f"--num-iterations {self.num_iterations} are {lengths}; they must "
+                f"be distinct, at least 1 and below {self.num_iterations}"
+            )
 
     def _check_parallel(self, spec: SetupSpec) -> None:
         """The fields that only fit one parallel mode (``ValueError`` naming the field)."""
         if self.parallel != "hsdp" and self.hsdp_shard_size:
-            raise ValueError("TrainConfig.hsdp_shard_size applies to parallel='hsdp' only, got "
-                             f"{self.hsdp_shard_size} with parallel={self.parallel!r}")
+            raise ValueError(
+                "TrainConfig.hsdp_shard_size applies to parallel='hsdp' only, got "
+                f"{self.hsdp_shard_size} with parallel={self.parallel!r}"
+            )
         if self.parallel == "ddp":
             return
         if spec.uses_distadam:
@@ -257,10 +310,13 @@ class TrainConfig:
             raise ValueError(
                 f"TrainConfig.optimizer {self.optimizer!r} uses DistAdam, which does not apply "
                 f"under parallel={self.parallel!r} (sharded parameters); use an AdamW setup "
-                f"such as {adamw_setup!r}")
+                f"such as {adamw_setup!r}"
+            )
         if self.distributor != "auto":
-            raise ValueError(f"TrainConfig.distributor must be 'auto' under parallel="
-                             f"{self.parallel!r} (the sharding decides), got {self.distributor!r}")
+            raise ValueError(
+                f"TrainConfig.distributor must be 'auto' under parallel="
+                f"{self.parallel!r} (the sharding decides), got {self.distributor!r}"
+            )
 
     @property
     def setup(self) -> SetupSpec:
@@ -306,8 +362,10 @@ def run_fields() -> tuple[dataclasses.Field[Any], ...]:
 
 def table_field_types() -> dict[str, dict[str, Any]]:
     """Table name -> {field name: annotation} of every registered table."""
-    return {name: {f.name: f.type for f in dataclasses.fields(cls)}
-            for name, cls in table_classes().items()}
+    return {
+        name: {f.name: f.type for f in dataclasses.fields(cls)}
+        for name, cls in table_classes().items()
+    }
 
 
 def split_values(values: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -349,8 +407,9 @@ def split_values(values: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, A
     for key, value in dotted.items():
         table, name = key.split(".", 1)
         if name not in tables[table]:
-            raise ValueError(f"TrainConfig has no fields [{key!r}]: table {table!r} has "
-                             f"{sorted(tables[table])}")
+            raise ValueError(
+                f"TrainConfig has no fields [{key!r}]: table {table!r} has {sorted(tables[table])}"
+            )
         if not isinstance(merged.get(table, {}), Mapping):
             merged[table] = dataclasses.asdict(merged[table])
         merged.setdefault(table, {})[name] = value
@@ -379,11 +438,11 @@ def check_run_id(label: str, run_id: str) -> None:
     if any(sep in run_id for sep in separators) or run_id in (".", ".."):
         raise ValueError(f"{label} must not contain a path separator, got {run_id!r}")
     if len(run_id) > MAX_ID_LENGTH:
-        raise ValueError(f"{label} is too long: at most {MAX_ID_LENGTH} characters, got "
-                         f"{len(run_id)}")
+        raise ValueError(
+            f"{label} is too long: at most {MAX_ID_LENGTH} characters, got {len(run_id)}"
+        )
 
 
 def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
     if value not in choices:
         raise ValueError(f"TrainConfig.{name} must be one of {list(choices)}, got {value!r}")
-

@@ -77,13 +77,19 @@ def _data_source(cfg: TrainConfig) -> DataSource:
     try:
         prepared = prepare_embedded(cfg.data_dir)
     except (OSError, ValueError) as exc:
-        raise UserError(f"--data-dir {data_dir}: cannot prepare the embedded corpus: "
-                        f"{exc}") from exc
+        raise UserError(
+            f"--data-dir {data_dir}: cannot prepare the embedded corpus: {exc}"
+        ) from exc
     if cfg.vocab_size and cfg.vocab_size < prepared.vocab_size:
-        raise UserError(f"--vocab-size {cfg.vocab_size}: smaller than the embedded tokenizer's "
-                        f"vocabulary ({prepared.vocab_size})")
-    return DataSource(str(prepared.train_pattern), str(prepared.val_pattern),
-                      cfg.vocab_size or prepared.vocab_size)
+        raise UserError(
+            f"--vocab-size {cfg.vocab_size}: smaller than the embedded tokenizer's "
+            f"vocabulary ({prepared.vocab_size})"
+        )
+    return DataSource(
+        str(prepared.train_pattern),
+        str(prepared.val_pattern),
+        cfg.vocab_size or prepared.vocab_size,
+    )
 
 
 def check_data(data: DataSource, cfg: TrainConfig, ctx: DistributedContext) -> None:
@@ -98,13 +104,15 @@ def check_data(data: DataSource, cfg: TrainConfig, ctx: DistributedContext) -> N
     if cfg.dataset == "embedded":
         flags = {"train": "--data-dir", "val": "--data-dir"}
     try:
-        DistributedTokenLoader(data.train_pattern, cfg.batch_size, cfg.seq_len, ctx.rank,
-                               ctx.world_size)
+        DistributedTokenLoader(
+            data.train_pattern, cfg.batch_size, cfg.seq_len, ctx.rank, ctx.world_size
+        )
     except (OSError, ValueError) as exc:
         raise UserError(f"{flags['train']} {data.train_pattern}: {exc}") from exc
     try:
-        validation_batches(data.val_pattern, cfg.batch_size, cfg.seq_len, ctx.rank,
-                           ctx.world_size, cfg.val_tokens)
+        validation_batches(
+            data.val_pattern, cfg.batch_size, cfg.seq_len, ctx.rank, ctx.world_size, cfg.val_tokens
+        )
     except (OSError, ValueError) as exc:
         flag = "--val-tokens" if "val_tokens" in str(exc) else flags["val"]
         raise UserError(f"{flag}: {exc}") from exc
@@ -112,13 +120,15 @@ def check_data(data: DataSource, cfg: TrainConfig, ctx: DistributedContext) -> N
         for path in list_shards(pattern):
             largest = _largest_token(path)
             if largest >= data.vocab_size:
-                raise UserError(f"{flags[kind]} {path}: holds token id {largest}, not below the "
-                                f"model's vocab_size {data.vocab_size} (set --vocab-size)")
+                raise UserError(
+                    f"{flags[kind]} {path}: holds token id {largest}, not below the "
+                    f"model's vocab_size {data.vocab_size} (set --vocab-size)"
+                )
 
 
 def _largest_token(path: Path) -> int:
     tokens = read_shard(path)
     largest = -1
     for start in range(0, tokens.size, _SCAN_CHUNK):
-        largest = max(largest, int(np.max(tokens[start:start + _SCAN_CHUNK])))
+        largest = max(largest, int(np.max(tokens[start : start + _SCAN_CHUNK])))
     return largest

@@ -41,8 +41,9 @@ class DistributedContext:
         return self.rank == 0
 
 
-def setup_distributed(device: str, timeout_s: float = 600.0,
-                      need_process_group: bool = False) -> DistributedContext:
+def setup_distributed(
+    device: str, timeout_s: float = 600.0, need_process_group: bool = False
+) -> DistributedContext:
     """Pick the device and join (or create) the process group described by the environment.
 
     ``timeout_s`` bounds how long a collective of a group created here waits for the others.
@@ -67,8 +68,9 @@ def setup_distributed(device: str, timeout_s: float = 600.0,
         if "MASTER_ADDR" in os.environ:
             dist.init_process_group(backend, init_method="env://", timeout=timeout)
         else:
-            dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1,
-                                    timeout=timeout)
+            dist.init_process_group(
+                backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout
+            )
         owns = True
     if dist.is_initialized():
         return DistributedContext(dist.get_rank(), dist.get_world_size(), torch_device, owns)
@@ -159,12 +161,18 @@ def _all_reduce_bucket(bucket: list[torch.nn.Parameter], ctx: DistributedContext
     all_reduce_mean_(flat, ctx)
     offset = 0
     for g in grads:
-        g.copy_(flat[offset:offset + g.numel()].view_as(g))  # type: ignore[union-attr]
+        g.copy_(flat[offset : offset + g.numel()].view_as(g))  # type: ignore[union-attr]
         offset += g.numel()  # type: ignore[union-attr]
 
 
-def shard_model(model: torch.nn.Module, blocks: torch.nn.ModuleList, ctx: DistributedContext,
-                parallel: str, hsdp_shard_size: int, bf16_params: bool) -> None:
+def shard_model(
+    model: torch.nn.Module,
+    blocks: torch.nn.ModuleList,
+    ctx: DistributedContext,
+    parallel: str,
+    hsdp_shard_size: int,
+    bf16_params: bool,
+) -> None:
     """``fully_shard`` each of ``blocks``, then the root ``model`` (parameters become DTensors).
 
     ``parallel``: ``fsdp2`` shards over all ranks (1-D mesh); ``hsdp`` on a 2-D mesh
@@ -182,14 +190,19 @@ def shard_model(model: torch.nn.Module, blocks: torch.nn.ModuleList, ctx: Distri
     if parallel == "hsdp":
         shard = hsdp_shard_size or local_world_size()
         if ctx.world_size % shard:
-            raise UserError(f"--hsdp-shard-size {shard}: must divide the world size "
-                            f"({ctx.world_size})")
-        mesh = init_device_mesh(ctx.device.type, (ctx.world_size // shard, shard),
-                                mesh_dim_names=("replicate", "shard"))
+            raise UserError(
+                f"--hsdp-shard-size {shard}: must divide the world size ({ctx.world_size})"
+            )
+        mesh = init_device_mesh(
+            ctx.device.type, (ctx.world_size // shard, shard), mesh_dim_names=("replicate", "shard")
+        )
     else:
         mesh = init_device_mesh(ctx.device.type, (ctx.world_size,), mesh_dim_names=("shard",))
-    policy = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-              if bf16_params else MixedPrecisionPolicy())
+    policy = (
+        MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        if bf16_params
+        else MixedPrecisionPolicy()
+    )
     for block in blocks:
         fully_shard(block, mesh=mesh, mp_policy=policy)
     fully_shard(model, mesh=mesh, mp_policy=policy)
@@ -217,7 +230,9 @@ def synchronize_device(ctx: DistributedContext) -> None:
 def peak_memory_mib(ctx: DistributedContext) -> tuple[float, float]:
     """CUDA: the caching allocator's peaks. CPU: the process's peak resident set, for both."""
     if ctx.device.type == "cuda":
-        return (torch.cuda.max_memory_allocated(ctx.device) / 2**20,
-                torch.cuda.max_memory_reserved(ctx.device) / 2**20)
+        return (
+            torch.cuda.max_memory_allocated(ctx.device) / 2**20,
+            torch.cuda.max_memory_reserved(ctx.device) / 2**20,
+        )
     peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB -> MiB on Linux
     return peak_rss, peak_rss

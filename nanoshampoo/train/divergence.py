@@ -36,8 +36,9 @@ class DivergenceGuard:
     on every rank, nothing changed).
     """
 
-    def __init__(self, model: nn.Module, checked_params: Sequence[nn.Parameter],
-                 ctx: DistributedContext) -> None:
+    def __init__(
+        self, model: nn.Module, checked_params: Sequence[nn.Parameter], ctx: DistributedContext
+    ) -> None:
         self.model = model
         self.checked_params = list(checked_params)
         self.ctx = ctx
@@ -54,26 +55,32 @@ class DivergenceGuard:
         if bool(torch.isfinite(loss)):
             raise TrainingDiverged(step, "non-finite gradient" + self.culprit(gradients=True))
         culprit = self.culprit(gradients=False) or self.culprit(gradients=True)
-        raise TrainingDiverged(step, f"train loss is {loss.item()}"
-                               + (culprit or "; parameters and gradients finite on this rank"))
+        raise TrainingDiverged(
+            step,
+            f"train loss is {loss.item()}"
+            + (culprit or "; parameters and gradients finite on this rank"),
+        )
 
     def check_validation(self, step: int, val_loss: float) -> None:
         """A non-finite validation loss (already the mean over ranks) stops the run."""
         if not math.isfinite(val_loss):
-            raise TrainingDiverged(step, f"validation loss is {val_loss}"
-                                   + self.culprit(gradients=False))
+            raise TrainingDiverged(
+                step, f"validation loss is {val_loss}" + self.culprit(gradients=False)
+            )
 
     def check_parameters(self, step: int) -> None:
         """Every parameter finite (before a checkpoint: none is written after a divergence)."""
         finite = all(bool(torch.isfinite(local_tensor(p)).all()) for p in self.model.parameters())
         if any_rank_true(not finite, self.ctx):
-            raise TrainingDiverged(step, "non-finite parameter before the checkpoint"
-                                   + self.culprit(gradients=False))
+            raise TrainingDiverged(
+                step, "non-finite parameter before the checkpoint" + self.culprit(gradients=False)
+            )
 
     def non_finite_gradient(self, step: int, error: Exception) -> TrainingDiverged:
         """The verdict for an optimizer's own non-finite-gradient check (DistAdam's)."""
-        return TrainingDiverged(step, "non-finite gradient"
-                                + (self.culprit(gradients=True) or f" ({error})"))
+        return TrainingDiverged(
+            step, "non-finite gradient" + (self.culprit(gradients=True) or f" ({error})")
+        )
 
     def culprit(self, gradients: bool) -> str:
         """``"; first non-finite parameter: NAME"`` (or gradient), ``""`` if all are finite."""

@@ -53,12 +53,17 @@ def resolve_autocast(choice: str, device: torch.device) -> AutocastChoice:
         return AutocastChoice(False, "autocast=off")
     if device.type == "cuda":
         supported = torch.cuda.is_bf16_supported()
-        return AutocastChoice(supported, "auto: CUDA device " + (
-            "supports bf16" if supported else "without bf16 support"))
+        return AutocastChoice(
+            supported,
+            "auto: CUDA device " + ("supports bf16" if supported else "without bf16 support"),
+        )
     speedup = probe_cpu_bf16_speedup()
     verdict = "faster" if speedup > 1.0 else "slower"
-    return AutocastChoice(speedup > 1.0, f"auto: bf16 matmuls are {verdict} than float32 on this "
-                          f"CPU (probe: {speedup:.2g}x float32's speed)")
+    return AutocastChoice(
+        speedup > 1.0,
+        f"auto: bf16 matmuls are {verdict} than float32 on this "
+        f"CPU (probe: {speedup:.2g}x float32's speed)",
+    )
 
 
 def cpu_name() -> str:
@@ -80,8 +85,9 @@ def available_cores() -> int:
     return os.cpu_count() or 1
 
 
-def probe_thread_speedup(threads: int, shape: tuple[int, int, int] = PROBE_SHAPE,
-                         repeats: int = 7) -> float:
+def probe_thread_speedup(
+    threads: int, shape: tuple[int, int, int] = PROBE_SHAPE, repeats: int = 7
+) -> float:
     """Median ``F.linear`` time on 1 thread over the time on ``threads`` (> 1: threads help).
 
     Medians, not minima: on a machine whose cores are busy with other processes, most

@@ -36,11 +36,12 @@ def interrupted_message(exc: TrainingInterrupted, prog: str, argv: Sequence[str]
     """Where the run stopped, its last checkpoint, and the command that continues it."""
     head = f"interrupted after step {exc.step} of {exc.total}"
     if exc.checkpoint is None:
-        return (f"{head}; no checkpoint was written (--checkpoint-every N keeps some), so the "
-                "run cannot be continued")
+        return (
+            f"{head}; no checkpoint was written (--checkpoint-every N keeps some), so the "
+            "run cannot be continued"
+        )
     args = _without_resume(list(argv)) + ["--resume", str(exc.checkpoint)]
-    return (f"{head}; last checkpoint: {exc.checkpoint}\n"
-            f"continue with: {prog} {shlex.join(args)}")
+    return f"{head}; last checkpoint: {exc.checkpoint}\ncontinue with: {prog} {shlex.join(args)}"
 
 
 def _without_resume(argv: list[str]) -> list[str]:

@@ -64,8 +64,11 @@ class OptimizerSetup:
     def _averaging_optimizers(self) -> list[torch.optim.Optimizer]:
         """The optimizers with a training and an evaluation point (``train()`` / ``eval()``:
         iterate averaging, e.g. Schedule-Free); for the others the two are the same."""
-        return [opt for opt in self.optimizers
-                if callable(getattr(opt, "train", None)) and callable(getattr(opt, "eval", None))]
+        return [
+            opt
+            for opt in self.optimizers
+            if callable(getattr(opt, "train", None)) and callable(getattr(opt, "eval", None))
+        ]
 
     @contextmanager
     def evaluation_point(self) -> Iterator[None]:
@@ -111,7 +114,9 @@ def partition_parameters(model: GPT) -> dict[str, list[nn.Parameter]]:
     return groups
 
 
-def check_parameter_partition(model: nn.Module, groups: Mapping[str, Sequence[torch.Tensor]]) -> None:
+def check_parameter_partition(
+    model: nn.Module, groups: Mapping[str, Sequence[torch.Tensor]]
+) -> None:
     """Raise ``ValueError`` unless the groups are disjoint and hold exactly the model's params.
 
     The message names every offending parameter: those in two groups, those in no group, and
@@ -123,19 +128,24 @@ def check_parameter_partition(model: nn.Module, groups: Mapping[str, Sequence[to
     for group, params in groups.items():
         for p in params:
             if id(p) not in names:
-                problems.append(f"group {group!r} holds a tensor of shape {tuple(p.shape)} "
-                                "that is not a parameter of the model")
+                problems.append(
+                    f"group {group!r} holds a tensor of shape {tuple(p.shape)} "
+                    "that is not a parameter of the model"
+                )
             elif id(p) in owner:
                 problems.append(f"{names[id(p)]} is in both {owner[id(p)]!r} and {group!r}")
             else:
                 owner[id(p)] = group
     problems += [f"{name} is in no group" for pid, name in names.items() if pid not in owner]
     if problems:
-        raise ValueError("optimizer parameter groups must partition the model: "
-                         + "; ".join(problems))
+        raise ValueError(
+            "optimizer parameter groups must partition the model: " + "; ".join(problems)
+        )
 
 
-def check_ownership(model: nn.Module, setup: str, optimizers: Sequence[torch.optim.Optimizer]) -> None:
+def check_ownership(
+    model: nn.Module, setup: str, optimizers: Sequence[torch.optim.Optimizer]
+) -> None:
     """``UserError`` unless every trainable parameter is in exactly one optimizer, once.
 
     The one-line message names the parameters that no optimizer owns, those owned twice (two
@@ -153,14 +163,19 @@ def check_ownership(model: nn.Module, setup: str, optimizers: Sequence[torch.opt
                 else:
                     foreign.append(f"a tensor of shape {tuple(p.shape)} in {label}")
     unowned = [name for pid, name in names.items() if pid not in owners]
-    twice = [f"{names[pid]} ({', '.join(labels)})" for pid, labels in owners.items()
-             if len(labels) > 1]
-    problems = ([f"owned by no optimizer: {', '.join(unowned)}"] if unowned else []) + (
-        [f"owned more than once: {', '.join(twice)}"] if twice else []) + (
-        [f"not a trainable parameter of the model: {', '.join(foreign)}"] if foreign else [])
+    twice = [
+        f"{names[pid]} ({', '.join(labels)})" for pid, labels in owners.items() if len(labels) > 1
+    ]
+    problems = (
+        ([f"owned by no optimizer: {', '.join(unowned)}"] if unowned else [])
+        + ([f"owned more than once: {', '.join(twice)}"] if twice else [])
+        + ([f"not a trainable parameter of the model: {', '.join(foreign)}"] if foreign else [])
+    )
     if problems:
-        raise UserError(f"setup {setup!r}: every trainable parameter must be owned by exactly "
-                        f"one optimizer; {'; '.join(problems)}")
+        raise UserError(
+            f"setup {setup!r}: every trainable parameter must be owned by exactly "
+            f"one optimizer; {'; '.join(problems)}"
+        )
 
 
 def build_optimizer_setup(model: GPT, cfg: TrainConfig, world_size: int) -> OptimizerSetup:
@@ -176,13 +191,22 @@ def build_optimizer_setup(model: GPT, cfg: TrainConfig, world_size: int) -> Opti
         raise UserError(str(exc)) from None
     optimizers = [part.optimizer for part in parts]
     check_ownership(model, cfg.optimizer, optimizers)
-    own = {id(p) for part in parts if part.reduces_own_gradients
-           for group in part.optimizer.param_groups for p in group["params"]}
+    own = {
+        id(p)
+        for part in parts
+        if part.reduces_own_gradients
+        for group in part.optimizer.param_groups
+        for p in group["params"]
+    }
     self_reducing = [p for p in model.parameters() if id(p) in own]
     # FSDP reduces every gradient itself under fsdp2 / hsdp.
     all_reduce = [p for p in model.parameters() if id(p) not in own and cfg.parallel == "ddp"]
-    return OptimizerSetup(optimizers=optimizers, groups=groups, all_reduce_params=all_reduce,
-                          self_reducing_params=self_reducing)
+    return OptimizerSetup(
+        optimizers=optimizers,
+        groups=groups,
+        all_reduce_params=all_reduce,
+        self_reducing_params=self_reducing,
+    )
 
 
 # Param-group keys a resume takes from the new config rather than the checkpoint: the peak
@@ -190,15 +214,20 @@ def build_optimizer_setup(model: GPT, cfg: TrainConfig, world_size: int) -> Opti
 RESUME_MAY_CHANGE = ("params", "lr", "peak_lr")
 
 
-def param_group_settings(optimizers: Sequence[torch.optim.Optimizer]) -> list[list[dict[str, object]]]:
+def param_group_settings(
+    optimizers: Sequence[torch.optim.Optimizer],
+) -> list[list[dict[str, object]]]:
     """Every param group's settings (all keys but ``params``), per optimizer: what the config
     built, to compare with what a checkpoint restores."""
-    return [[{k: v for k, v in group.items() if k != "params"} for group in opt.param_groups]
-            for opt in optimizers]
+    return [
+        [{k: v for k, v in group.items() if k != "params"} for group in opt.param_groups]
+        for opt in optimizers
+    ]
 
 
-def apply_resumed_settings(built: list[list[dict[str, object]]],
-                           optimizers: Sequence[torch.optim.Optimizer], source: str) -> None:
+def apply_resumed_settings(
+    built: list[list[dict[str, object]]], optimizers: Sequence[torch.optim.Optimizer], source: str
+) -> None:
     """After a checkpoint restored ``optimizers``: keep the config's peak lrs, and refuse
     (``UserError``, one line) any other setting that differs from what the config built.
 
@@ -213,15 +242,17 @@ def apply_resumed_settings(built: list[list[dict[str, object]]],
             for key in keys:
                 old, new = group.get(key, "(absent)"), wanted.get(key, "(absent)")
                 if not _same(old, new):
-                    changed.append(f"{type(opt).__name__} group {number}: {key} "
-                                   f"{old!r} -> {new!r}")
+                    changed.append(f"{type(opt).__name__} group {number}: {key} {old!r} -> {new!r}")
         if len(opt.param_groups) != len(groups):
-            changed.append(f"optimizer {index}: {len(opt.param_groups)} param groups -> "
-                           f"{len(groups)}")
+            changed.append(
+                f"optimizer {index}: {len(opt.param_groups)} param groups -> {len(groups)}"
+            )
     if changed:
-        raise UserError(f"{source}: a resume continues the checkpoint's optimizer settings; "
-                        f"this run changes {'; '.join(changed)} (keep the checkpoint's values, "
-                        "or start a new run)")
+        raise UserError(
+            f"{source}: a resume continues the checkpoint's optimizer settings; "
+            f"this run changes {'; '.join(changed)} (keep the checkpoint's values, "
+            "or start a new run)"
+        )
     for opt, groups in zip(optimizers, built):
         for group, wanted in zip(opt.param_groups, groups):
             group["peak_lr"] = wanted["peak_lr"]

@@ -33,16 +33,21 @@ MAX_DIST_TIMEOUT_S = 365 * 24 * 3600
 def check_device(device: str) -> None:
     """``--device cuda`` needs a GPU that torch can see."""
     if device == "cuda" and not torch.cuda.is_available():
-        raise UserError("--device cuda: no CUDA GPU is available to torch "
-                        f"(torch {torch.__version__}); use --device cpu or auto")
+        raise UserError(
+            "--device cuda: no CUDA GPU is available to torch "
+            f"(torch {torch.__version__}); use --device cpu or auto"
+        )
 
 
 def check_dist_timeout(timeout_s: float) -> None:
     """The collective timeout must be a finite positive number of seconds, at most a year."""
-    if not (is_real(timeout_s) and math.isfinite(timeout_s)
-            and 0 < timeout_s <= MAX_DIST_TIMEOUT_S):
-        raise UserError(f"--dist-timeout-s {timeout_s}: must be a finite number of seconds in "
-                        f"(0, {MAX_DIST_TIMEOUT_S}]")
+    if not (
+        is_real(timeout_s) and math.isfinite(timeout_s) and 0 < timeout_s <= MAX_DIST_TIMEOUT_S
+    ):
+        raise UserError(
+            f"--dist-timeout-s {timeout_s}: must be a finite number of seconds in "
+            f"(0, {MAX_DIST_TIMEOUT_S}]"
+        )
 
 
 def available_memory_bytes(device: torch.device) -> int:
@@ -69,7 +74,8 @@ def check_memory(config: GPTConfig, local_batch: int, seq_len: int, device: torc
             f"--vocab-size {config.vocab_size}, --model, --batch-size, --seq-len: training needs "
             f"at least {_gib(estimate.total_bytes)} ({estimate.parameters:,} parameters: "
             f"{_gib(estimate.parameter_bytes)}; logits: {_gib(estimate.logit_bytes)}), but "
-            f"{device.type} has {_gib(available)} available")
+            f"{device.type} has {_gib(available)} available"
+        )
 
 
 def _gib(size: int) -> str:

@@ -67,8 +67,10 @@ def resolve_preset(name_or_path: str, base: Path) -> Path:
             raise ValueError(f"preset file {path} is not a regular file")
         return path
     if name_or_path not in preset_names():
-        raise ValueError(f"unknown preset {name_or_path!r}; choose one of {preset_names()} "
-                         "or give a path to a .toml file")
+        raise ValueError(
+            f"unknown preset {name_or_path!r}; choose one of {preset_names()} "
+            "or give a path to a .toml file"
+        )
     return PRESET_DIR / f"{name_or_path}.toml"
 
 
@@ -121,8 +123,9 @@ def normalize(raw: dict[str, Any]) -> dict[str, Any]:
         elif key in tables and isinstance(value, dict):
             for name, item in value.items():
                 if name not in tables[key]:
-                    raise ValueError(f"unknown field [{key}] {name} (table {key!r} has "
-                                     f"{sorted(tables[key])})")
+                    raise ValueError(
+                        f"unknown field [{key}] {name} (table {key!r} has {sorted(tables[key])})"
+                    )
                 check_value_type(f"[{key}] {name}", item, tables[key][name])
             out.setdefault(key, {}).update(value)
         elif key in LEGACY_FIELDS:

@@ -76,15 +76,21 @@ def training_source(modules: Mapping[str, ModuleType] | None = None) -> str:
         chosen[name] = Path(file)
 
     def order(name: str) -> tuple[int, str]:
-        rank = next(i for i, prefix in enumerate(_SOURCE_ORDER)
-                    if name == prefix or name.startswith(prefix + "."))
+        rank = next(
+            i
+            for i, prefix in enumerate(_SOURCE_ORDER)
+            if name == prefix or name.startswith(prefix + ".")
+        )
         return rank, name
 
     parts = []
     for name in sorted(chosen, key=order):
         path = chosen[name]
-        rel = Path(*name.split(".")[:-1], path.name) if path.name != "__init__.py" else Path(
-            *name.split("."), "__init__.py")
+        rel = (
+            Path(*name.split(".")[:-1], path.name)
+            if path.name != "__init__.py"
+            else Path(*name.split("."), "__init__.py")
+        )
         parts.append(f"# ===== {rel.as_posix()} =====\n{path.read_text()}")
     return "\n".join(parts)
 
@@ -122,15 +128,18 @@ class RunLog:
         longest = len(os.fsencode(self.jsonl_path.name))
         limit = os.pathconf(out_dir if out_dir.is_dir() else out_dir.anchor or ".", "PC_NAME_MAX")
         if longest > limit:
-            raise UserError(f"--run-id: {len(os.fsencode(self.text_path.stem))} bytes is too long "
-                            f"for a file name here ({self.jsonl_path.name[:20]}... exceeds "
-                            f"{limit} bytes)")
+            raise UserError(
+                f"--run-id: {len(os.fsencode(self.text_path.stem))} bytes is too long "
+                f"for a file name here ({self.jsonl_path.name[:20]}... exceeds "
+                f"{limit} bytes)"
+            )
         if not self.append:
             for path in (self.text_path, self.jsonl_path):
                 if path.exists():
                     raise UserError(
                         f"--run-id {self.text_path.stem}: {path} already exists; a run id names "
-                        "one run (choose another, or --resume one of its checkpoints)")
+                        "one run (choose another, or --resume one of its checkpoints)"
+                    )
 
     def start(self, config_record: dict[str, Any], environment: str) -> None:
         if not self.enabled:
@@ -140,8 +149,13 @@ class RunLog:
         config_line = "config: " + json.dumps(json_safe(config_record))
         if self.append and self.text_path.exists():
             resumed = config_record.get("resumed_from") or {}
-            lines = [SEPARATOR, f"resumed from {resumed.get('checkpoint')} at step "
-                     f"{resumed.get('step')}", config_line, environment, SEPARATOR]
+            lines = [
+                SEPARATOR,
+                f"resumed from {resumed.get('checkpoint')} at step {resumed.get('step')}",
+                config_line,
+                environment,
+                SEPARATOR,
+            ]
             with self.text_path.open("a") as f:
                 f.write("\n".join(lines) + "\n")
         else:
@@ -152,62 +166,132 @@ class RunLog:
             self.jsonl_path.open("x" if not self.append else "w").close()
         self._json(config_record)
 
-    def train(self, step: int, total_steps: int, train_loss: float, train_time_ms: float,
-              tokens_per_s: float, mfu: float) -> None:
+    def train(
+        self,
+        step: int,
+        total_steps: int,
+        train_loss: float,
+        train_time_ms: float,
+        tokens_per_s: float,
+        mfu: float,
+    ) -> None:
         """``mfu``: this step's model FLOPs utilisation (a fraction; ``train/throughput.py``)."""
         step_avg = train_time_ms / max(step, 1)
-        self._line(f"step:{step}/{total_steps} train_loss:{train_loss:.4f} "
-                   f"train_time:{train_time_ms:.0f}ms step_avg:{step_avg:.2f}ms")
-        self._json({"kind": "train", "step": step, "total_steps": total_steps,
-                    "train_loss": train_loss, "train_time_ms": train_time_ms,
-                    "step_avg_ms": step_avg, "tokens_per_s": tokens_per_s, "mfu": mfu})
+        self._line(
+            f"step:{step}/{total_steps} train_loss:{train_loss:.4f} "
+            f"train_time:{train_time_ms:.0f}ms step_avg:{step_avg:.2f}ms"
+        )
+        self._json(
+            {
+                "kind": "train",
+                "step": step,
+                "total_steps": total_steps,
+                "train_loss": train_loss,
+                "train_time_ms": train_time_ms,
+                "step_avg_ms": step_avg,
+                "tokens_per_s": tokens_per_s,
+                "mfu": mfu,
+            }
+        )
 
     def val(self, step: int, total_steps: int, val_loss: float, train_time_ms: float) -> str:
         step_avg = train_time_ms / max(step, 1)
-        line = (f"step:{step}/{total_steps} val_loss:{val_loss:.4f} "
-                f"train_time:{train_time_ms:.0f}ms step_avg:{step_avg:.2f}ms")
+        line = (
+            f"step:{step}/{total_steps} val_loss:{val_loss:.4f} "
+            f"train_time:{train_time_ms:.0f}ms step_avg:{step_avg:.2f}ms"
+        )
         self._line(line)
-        self._json({"kind": "val", "step": step, "total_steps": total_steps,
-                    "val_loss": val_loss, "train_time_ms": train_time_ms,
-                    "step_avg_ms": step_avg})
+        self._json(
+            {
+                "kind": "val",
+                "step": step,
+                "total_steps": total_steps,
+                "val_loss": val_loss,
+                "train_time_ms": train_time_ms,
+                "step_avg_ms": step_avg,
+            }
+        )
         return line
 
-    def final(self, step: int, total_steps: int, val_loss: float, train_time_ms: float,
-              peak_allocated_mib: float, peak_reserved_mib: float, mfu: float) -> None:
+    def final(
+        self,
+        step: int,
+        total_steps: int,
+        val_loss: float,
+        train_time_ms: float,
+        peak_allocated_mib: float,
+        peak_reserved_mib: float,
+        mfu: float,
+    ) -> None:
         """``mfu``: model FLOPs utilisation of this run's average step (a fraction)."""
-        self._line(f"peak memory allocated: {peak_allocated_mib:.0f} MiB "
-                   f"reserved: {peak_reserved_mib:.0f} MiB")
-        self._json({"kind": "final", "step": step, "total_steps": total_steps,
-                    "val_loss": val_loss, "train_time_ms": train_time_ms,
-                    "step_avg_ms": train_time_ms / max(step, 1),
-                    "peak_memory_mib": peak_allocated_mib, "mfu": mfu})
+        self._line(
+            f"peak memory allocated: {peak_allocated_mib:.0f} MiB "
+            f"reserved: {peak_reserved_mib:.0f} MiB"
+        )
+        self._json(
+            {
+                "kind": "final",
+                "step": step,
+                "total_steps": total_steps,
+                "val_loss": val_loss,
+                "train_time_ms": train_time_ms,
+                "step_avg_ms": train_time_ms / max(step, 1),
+                "peak_memory_mib": peak_allocated_mib,
+                "mfu": mfu,
+            }
+        )
 
     def diverged(self, step: int, total_steps: int, reason: str, train_time_ms: float) -> str:
         """Record that the run stopped at ``step`` (optimizer steps completed) for ``reason``."""
         line = f"diverged at step:{step}/{total_steps}: {reason}"
         self._line(line)
-        self._json({"kind": "diverged", "step": step, "total_steps": total_steps,
-                    "reason": reason, "train_time_ms": train_time_ms})
+        self._json(
+            {
+                "kind": "diverged",
+                "step": step,
+                "total_steps": total_steps,
+                "reason": reason,
+                "train_time_ms": train_time_ms,
+            }
+        )
         return line
 
-    def branch(self, fraction: float, steps: int, fork_step: int, val_loss: float,
-               train_time_ms: float, tokens: int, diverged: tuple[int, str] | None) -> str:
+    def branch(
+        self,
+        fraction: float,
+        steps: int,
+        fork_step: int,
+        val_loss: float,
+        train_time_ms: float,
+        tokens: int,
+        diverged: tuple[int, str] | None,
+    ) -> str:
         """A completed decay branch: the run of ``steps`` steps that forked after ``fork_step``
         main steps. ``train_time_ms``: the main run's up to the fork plus the branch's own
         steps (a separate run's training time); ``tokens``: the budget, ``steps`` times the
         tokens per step; ``diverged``: ``(step, reason)`` when the branch stopped on a
         non-finite value (its ``val_loss`` is then NaN, written ``"nan"``)."""
         if diverged is None:
-            line = (f"branch:{fraction:g} step:{steps}/{steps} val_loss:{val_loss:.4f} "
-                    f"train_time:{train_time_ms:.0f}ms step_avg:{train_time_ms / steps:.2f}ms "
-                    f"(forked at step {fork_step})")
+            line = (
+                f"branch:{fraction:g} step:{steps}/{steps} val_loss:{val_loss:.4f} "
+                f"train_time:{train_time_ms:.0f}ms step_avg:{train_time_ms / steps:.2f}ms "
+                f"(forked at step {fork_step})"
+            )
         else:
-            line = (f"branch:{fraction:g} diverged at step:{diverged[0]}/{steps}: {diverged[1]} "
-                    f"(forked at step {fork_step})")
+            line = (
+                f"branch:{fraction:g} diverged at step:{diverged[0]}/{steps}: {diverged[1]} "
+                f"(forked at step {fork_step})"
+            )
         self._line(line)
-        record = {"kind": "branch", "fraction": fraction, "steps": steps, "fork_step": fork_step,
-                  "val_loss": val_loss if diverged is None else math.nan,
-                  "train_time_ms": train_time_ms, "tokens": tokens}
+        record = {
+            "kind": "branch",
+            "fraction": fraction,
+            "steps": steps,
+            "fork_step": fork_step,
+            "val_loss": val_loss if diverged is None else math.nan,
+            "train_time_ms": train_time_ms,
+            "tokens": tokens,
+        }
         if diverged is not None:
             record["diverged"] = f"at step {diverged[0]}: {diverged[1]}"
         self._json(record)
@@ -215,8 +299,10 @@ class RunLog:
 
     def branch_not_made(self, branch: Branch, start_step: int) -> str:
         """A branch that a resumed run cannot make (its fork is before the resumed step)."""
-        line = (f"branch:{branch.fraction:g} ({branch.steps} steps) not made: it forks at step "
-                f"{branch.fork_step}, before step {start_step} where this run resumed")
+        line = (
+            f"branch:{branch.fraction:g} ({branch.steps} steps) not made: it forks at step "
+            f"{branch.fork_step}, before step {start_step} where this run resumed"
+        )
         self._line(line)
         return line
 
@@ -230,8 +316,11 @@ class RunLog:
                 record = json.loads(line)
             except json.JSONDecodeError:
                 continue  # a line cut by a killed run: not a completed branch
-            if (isinstance(record, dict) and record.get("kind") == "branch"
-                    and isinstance(record.get("steps"), int)):
+            if (
+                isinstance(record, dict)
+                and record.get("kind") == "branch"
+                and isinstance(record.get("steps"), int)
+            ):
                 steps.add(record["steps"])
         return steps
 

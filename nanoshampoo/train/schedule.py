@@ -15,8 +15,9 @@ from __future__ import annotations
 import torch
 
 
-def lr_multiplier(step: int, total_steps: int, cooldown_frac: float,
-                  warmup_steps: int = 0) -> float:
+def lr_multiplier(
+    step: int, total_steps: int, cooldown_frac: float, warmup_steps: int = 0
+) -> float:
     """Factor in [0, 1] applied to every peak learning rate at optimizer step ``step``
     (0-based: the step about to be taken).
 

@@ -67,13 +67,21 @@ class MfuMeter:
     @property
     def header(self) -> str:
         """One line for the run header: what the MFU figures are relative to."""
-        return (f"MFU of {self.flops_per_step / 1e9:.3g} GFLOP/step (model matmuls, fwd+bwd) "
-                f"against a {self.dtype_name} matmul peak of "
-                f"{self.peak_flops_per_second / 1e9:.4g} GFLOP/s (probed)")
+        return (
+            f"MFU of {self.flops_per_step / 1e9:.3g} GFLOP/step (model matmuls, fwd+bwd) "
+            f"against a {self.dtype_name} matmul peak of "
+            f"{self.peak_flops_per_second / 1e9:.4g} GFLOP/s (probed)"
+        )
 
 
-def mfu_meter(config: GPTConfig, seq_len: int, tokens_per_step: int, device: torch.device,
-              bf16: bool, num_devices: int = 1) -> MfuMeter:
+def mfu_meter(
+    config: GPTConfig,
+    seq_len: int,
+    tokens_per_step: int,
+    device: torch.device,
+    bf16: bool,
+    num_devices: int = 1,
+) -> MfuMeter:
     """Count the FLOPs of a step and probe the peak (~50 ms) of ``device`` in the run's dtype.
 
     ``bf16``: the matmuls run under bf16 autocast; ``tokens_per_step``: the global batch's

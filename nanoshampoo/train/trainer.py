@@ -111,8 +111,9 @@ class Trainer:
         self.cfg = cfg
         check_device(cfg.device)
         check_dist_timeout(cfg.dist_timeout_s)
-        self.ctx = setup_distributed(cfg.device, cfg.dist_timeout_s,
-                                     need_process_group=cfg.parallel != "ddp")
+        self.ctx = setup_distributed(
+            cfg.device, cfg.dist_timeout_s, need_process_group=cfg.parallel != "ddp"
+        )
         try:
             self._build()
         except BaseException:
@@ -122,29 +123,40 @@ class Trainer:
     def _build(self) -> None:
         cfg, ctx = self.cfg, self.ctx
         if cfg.batch_size % (ctx.world_size * cfg.grad_accum_steps):
-            raise UserError(f"--batch-size {cfg.batch_size}: must be divisible by the world size "
-                            f"({ctx.world_size}) times --grad-accum-steps "
-                            f"({cfg.grad_accum_steps})")
+            raise UserError(
+                f"--batch-size {cfg.batch_size}: must be divisible by the world size "
+                f"({ctx.world_size}) times --grad-accum-steps "
+                f"({cfg.grad_accum_steps})"
+            )
         self.threads = ThreadTuner(cfg.threads, ctx)
         if ctx.device.type == "cpu":
             self.threads.tune()
         # Every rank must run the same numerics: rank 0's probe decides.
         self.autocast: AutocastChoice = broadcast_object(  # type: ignore[assignment]
-            resolve_autocast(cfg.autocast, ctx.device) if ctx.is_main else None, ctx)
+            resolve_autocast(cfg.autocast, ctx.device) if ctx.is_main else None, ctx
+        )
         checkpoint = self._read_resume_checkpoint()
         if checkpoint is not None and checkpoint.sharded != (cfg.parallel != "ddp"):
             written = checkpoint.own.get("parallel", "ddp")
-            raise UserError(f"--resume {checkpoint.directory}: written with --parallel {written}, "
-                            f"this run uses --parallel {cfg.parallel}")
+            raise UserError(
+                f"--resume {checkpoint.directory}: written with --parallel {written}, "
+                f"this run uses --parallel {cfg.parallel}"
+            )
         self.run_id = self._agree_on_run_id(checkpoint)
         append = checkpoint is not None and self.run_id == checkpoint.run_id
         self.log = RunLog(cfg.out_dir, self.run_id, enabled=ctx.is_main, append=append)
         self._on_every_rank(self.log.check_can_start)
         kept = checkpoint.step if checkpoint is not None and append else 0
         self._on_every_rank(lambda: check_no_checkpoint_replaced(cfg.out_dir, self.run_id, kept))
-        self.resumed_from = None if checkpoint is None else {
-            "checkpoint": str(checkpoint.directory), "run_id": checkpoint.run_id,
-            "step": checkpoint.step}
+        self.resumed_from = (
+            None
+            if checkpoint is None
+            else {
+                "checkpoint": str(checkpoint.directory),
+                "run_id": checkpoint.run_id,
+                "step": checkpoint.step,
+            }
+        )
         # After the checks above: a refused resume or run id prepares no data on disk.
         self.data: DataSource = resolve_data(cfg, ctx)
 
@@ -156,10 +168,14 @@ class Trainer:
         remember_peak_lrs(self.setup.optimizers)
         self.compiled: CompileChoice = broadcast_object(  # type: ignore[assignment]
             resolve_compile(cfg.compile, ctx.device, ctx.world_size, cfg.num_iterations)
-            if ctx.is_main else None, ctx)
+            if ctx.is_main
+            else None,
+            ctx,
+        )
         self.forward: nn.Module = torch.compile(self.model) if self.compiled.enabled else self.model  # type: ignore[assignment]
-        self.loader = DistributedTokenLoader(self.data.train_pattern, cfg.batch_size, cfg.seq_len,
-                                             ctx.rank, ctx.world_size)
+        self.loader = DistributedTokenLoader(
+            self.data.train_pattern, cfg.batch_size, cfg.seq_len, ctx.rank, ctx.world_size
+        )
         self.start_step = 0
         self.train_time_ms = 0.0
         if checkpoint is not None:
@@ -167,16 +183,24 @@ class Trainer:
             # refused (the log must record what runs).
             built = param_group_settings(self.setup.optimizers)
             self.start_step, self.train_time_ms = self._on_every_rank(
-                lambda: restore_checkpoint(checkpoint, self.model, self.setup.optimizers,
-                                           self.loader))
-            self._on_every_rank(lambda: apply_resumed_settings(
-                built, self.setup.optimizers, f"--resume {checkpoint.directory}"))
+                lambda: restore_checkpoint(
+                    checkpoint, self.model, self.setup.optimizers, self.loader
+                )
+            )
+            self._on_every_rank(
+                lambda: apply_resumed_settings(
+                    built, self.setup.optimizers, f"--resume {checkpoint.directory}"
+                )
+            )
             self.setup.resume_training_point()  # a checkpoint holds the evaluation point
             if self.start_step > cfg.num_iterations:
-                raise UserError(f"--resume {checkpoint.directory}: the checkpoint is at step "
-                                f"{self.start_step}, beyond --num-iterations {cfg.num_iterations}")
-        self.branches = plan_branches(cfg.decay_branches, cfg.num_iterations, cfg.cooldown_frac,
-                                      cfg.warmup_steps)
+                raise UserError(
+                    f"--resume {checkpoint.directory}: the checkpoint is at step "
+                    f"{self.start_step}, beyond --num-iterations {cfg.num_iterations}"
+                )
+        self.branches = plan_branches(
+            cfg.decay_branches, cfg.num_iterations, cfg.cooldown_frac, cfg.warmup_steps
+        )
 
     def _build_model(self) -> None:
         """The seeded GPT on every rank (rank 0's weights), sharded under fsdp2 / hsdp, and the
@@ -187,24 +211,39 @@ class Trainer:
         self._check_model_fits(model_config)
         self.model = GPT(model_config).to(ctx.device)
         self.non_embedding_params = non_embedding_parameters(model_config)
-        self.mfu = mfu_meter(model_config, cfg.seq_len, cfg.tokens_per_step, ctx.device,
-                             self.autocast.enabled, ctx.world_size)
+        self.mfu = mfu_meter(
+            model_config,
+            cfg.seq_len,
+            cfg.tokens_per_step,
+            ctx.device,
+            self.autocast.enabled,
+            ctx.world_size,
+        )
         broadcast_parameters(self.model, ctx)
         if cfg.parallel != "ddp":
             # Each rank keeps its dim-0 shard of rank 0's weights.
-            shard_model(self.model, self.model.blocks, ctx, cfg.parallel, cfg.hsdp_shard_size,
-                        bf16_params=self.autocast.enabled)
+            shard_model(
+                self.model,
+                self.model.blocks,
+                ctx,
+                cfg.parallel,
+                cfg.hsdp_shard_size,
+                bf16_params=self.autocast.enabled,
+            )
         self.param_names = {id(p): name for name, p in self.model.named_parameters()}
 
     def _check_model_fits(self, model_config: GPTConfig) -> None:
         """``--seq-len`` within the model's reach, its memory within what the device has."""
         cfg, ctx = self.cfg, self.ctx
         if cfg.seq_len > model_config.max_seq_len:
-            raise UserError(f"--seq-len {cfg.seq_len}: exceeds the {cfg.model} model's "
-                            f"max_seq_len ({model_config.max_seq_len})")
+            raise UserError(
+                f"--seq-len {cfg.seq_len}: exceeds the {cfg.model} model's "
+                f"max_seq_len ({model_config.max_seq_len})"
+            )
         micro_batch = cfg.batch_size // (ctx.world_size * cfg.grad_accum_steps)
-        self._on_every_rank(lambda: check_memory(model_config, micro_batch, cfg.seq_len,
-                                                 ctx.device))
+        self._on_every_rank(
+            lambda: check_memory(model_config, micro_batch, cfg.seq_len, ctx.device)
+        )
 
     def _on_every_rank(self, check: Any) -> Any:
         """Run ``check()``; if it raises ``UserError`` on any rank, raise it on every rank."""
@@ -221,8 +260,9 @@ class Trainer:
     def _read_resume_checkpoint(self) -> CheckpointRecords | None:
         if not self.cfg.resume:
             return None
-        return self._on_every_rank(lambda: read_checkpoint(
-            Path(self.cfg.resume), self.ctx.rank, self.ctx.world_size))
+        return self._on_every_rank(
+            lambda: read_checkpoint(Path(self.cfg.resume), self.ctx.rank, self.ctx.world_size)
+        )
 
     def _agree_on_run_id(self, checkpoint: CheckpointRecords | None) -> str:
         """``--run-id``; else the resumed run's id; else a new unique id (rank 0's, for all).
@@ -237,8 +277,9 @@ class Trainer:
             return checkpoint.run_id
         now = time.time()
         stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(now))
-        run_id = (f"{cfg.preset}-s{cfg.seed}-{stamp}.{int(now % 1 * 1000):03d}-"
-                  f"{secrets.token_hex(2)}")
+        run_id = (
+            f"{cfg.preset}-s{cfg.seed}-{stamp}.{int(now % 1 * 1000):03d}-{secrets.token_hex(2)}"
+        )
         return str(broadcast_object(run_id, self.ctx))
 
     def run(self) -> TrainResult:
@@ -253,18 +294,28 @@ class Trainer:
         self.log.start(self._config_record(), self._environment())
         if ctx.is_main:
             tokens = total * cfg.tokens_per_step
-            print(f"run {self.run_id}: {cfg.optimizer}, model {cfg.model} "
-                  f"({self.non_embedding_params:,} non-embedding parameters, {tokens:,} tokens: "
-                  f"{tokens / self.non_embedding_params:.2g} per parameter) "
-                  f"on {ctx.device.type} x{ctx.world_size} "
-                  f"({cfg.parallel}), "
-                  f"{torch.get_num_threads()} threads ({self.threads.reason}), autocast "
-                  f"{self.autocast.name} ({self.autocast.reason}), compile {self.compiled.name} "
-                  f"({self.compiled.reason}); {self.mfu.header}", flush=True)
-        bar = tqdm(total=total, initial=self.start_step, disable=not (ctx.is_main and cfg.progress),
-                   desc=self.run_id, unit="step", dynamic_ncols=True)
+            print(
+                f"run {self.run_id}: {cfg.optimizer}, model {cfg.model} "
+                f"({self.non_embedding_params:,} non-embedding parameters, {tokens:,} tokens: "
+                f"{tokens / self.non_embedding_params:.2g} per parameter) "
+                f"on {ctx.device.type} x{ctx.world_size} "
+                f"({cfg.parallel}), "
+                f"{torch.get_num_threads()} threads ({self.threads.reason}), autocast "
+                f"{self.autocast.name} ({self.autocast.reason}), compile {self.compiled.name} "
+                f"({self.compiled.reason}); {self.mfu.header}",
+                flush=True,
+            )
+        bar = tqdm(
+            total=total,
+            initial=self.start_step,
+            disable=not (ctx.is_main and cfg.progress),
+            desc=self.run_id,
+            unit="step",
+            dynamic_ncols=True,
+        )
         recorded: set[int] = broadcast_object(  # type: ignore[assignment]
-            self.log.recorded_branch_steps() if ctx.is_main else None, ctx)
+            self.log.recorded_branch_steps() if ctx.is_main else None, ctx
+        )
         self.branches, missed = branches_to_make(self.branches, recorded, self.start_step)
         for branch in missed:
             _say(self.log.branch_not_made(branch, self.start_step), ctx, bar)
@@ -278,13 +329,15 @@ class Trainer:
             raise
         except KeyboardInterrupt:  # Ctrl-C: the logs are kept; say how to continue
             last = latest_checkpoint(cfg.out_dir, self.run_id) or (
-                Path(cfg.resume) if cfg.resume else None)
+                Path(cfg.resume) if cfg.resume else None
+            )
             raise TrainingInterrupted(self.steps_done, total, last) from None
         finally:
             bar.close()
         self._finish(val_loss)
-        return TrainResult(self.run_id, val_loss, self.log.text_path, self.log.jsonl_path,
-                           last_checkpoint)
+        return TrainResult(
+            self.run_id, val_loss, self.log.text_path, self.log.jsonl_path, last_checkpoint
+        )
 
     def _loop(self, bar: tqdm, profiler: Any) -> tuple[float, Path | None]:
         cfg, total = self.cfg, self.cfg.num_iterations
@@ -316,8 +369,12 @@ class Trainer:
         """Train ``branch`` from here (the state after its fork step) as the separate run of
         ``branch.steps`` steps would, validate and record it, then restore the main run."""
         cfg, main_time_ms = self.cfg, self.train_time_ms
-        snapshot = TrainingSnapshot(self.model, [*self.setup.optimizers, self.guard, self.threads],
-                                    self.loader, shared=[self.ctx])
+        snapshot = TrainingSnapshot(
+            self.model,
+            [*self.setup.optimizers, self.guard, self.threads],
+            self.loader,
+            shared=[self.ctx],
+        )
         val_loss, diverged = math.nan, None
         try:
             for step in range(branch.fork_step, branch.steps + 1):
@@ -338,9 +395,19 @@ class Trainer:
         branch_time_ms = self.train_time_ms
         snapshot.restore()
         self.train_time_ms = main_time_ms
-        _say(self.log.branch(branch.fraction, branch.steps, branch.fork_step, val_loss,
-                             branch_time_ms, branch.steps * cfg.tokens_per_step, diverged),
-             self.ctx, bar)
+        _say(
+            self.log.branch(
+                branch.fraction,
+                branch.steps,
+                branch.fork_step,
+                val_loss,
+                branch_time_ms,
+                branch.steps * cfg.tokens_per_step,
+                diverged,
+            ),
+            self.ctx,
+            bar,
+        )
 
     def _take_step(self, step: int, schedule_steps: int) -> tuple[float, torch.Tensor]:
         """One timed optimizer step on the schedule of a ``schedule_steps`` run; returns its
@@ -360,8 +427,14 @@ class Trainer:
         if done == total or (cfg.log_every > 0 and done % cfg.log_every == 0):
             train_loss = float(all_reduce_mean_(loss.float(), self.ctx).item())
             tokens_per_s = cfg.tokens_per_step / (elapsed_ms / 1000)
-            self.log.train(done, total, train_loss, self.train_time_ms, tokens_per_s,
-                           self.mfu.of_step(elapsed_ms / 1000))
+            self.log.train(
+                done,
+                total,
+                train_loss,
+                self.train_time_ms,
+                tokens_per_s,
+                self.mfu.of_step(elapsed_ms / 1000),
+            )
             bar.set_postfix(loss=f"{train_loss:.3f}", tok_s=f"{tokens_per_s:,.0f}")
         bar.update(1)
 
@@ -379,15 +452,17 @@ class Trainer:
         total = torch.zeros((), dtype=torch.float32, device=self.ctx.device)
         for micro, (x, y) in enumerate(zip(inputs.chunk(accum), targets.chunk(accum))):
             self._set_gradient_sync(micro == accum - 1)
-            with torch.autocast(self.ctx.device.type, dtype=torch.bfloat16,
-                                enabled=self.autocast.enabled):
+            with torch.autocast(
+                self.ctx.device.type, dtype=torch.bfloat16, enabled=self.autocast.enabled
+            ):
                 loss = self.forward(x, y) / accum
             loss.backward()
             total += loss.detach().float()
         all_reduce_gradients(self.setup.all_reduce_params, self.ctx)
         self.guard.check_step(step, total)
-        multiplier = lr_multiplier(step, schedule_steps, self.cfg.cooldown_frac,
-                                   self.cfg.warmup_steps)
+        multiplier = lr_multiplier(
+            step, schedule_steps, self.cfg.cooldown_frac, self.cfg.warmup_steps
+        )
         apply_lr_multiplier(self.setup.optimizers, multiplier)
         for opt in self.setup.optimizers:
             try:
@@ -415,14 +490,21 @@ class Trainer:
         was_training = model.training
         model.eval()
         total = torch.zeros((), dtype=torch.float32, device=ctx.device)
-        batches = validation_batches(self.data.val_pattern, cfg.batch_size, cfg.seq_len,
-                                     ctx.rank, ctx.world_size, cfg.val_tokens)
+        batches = validation_batches(
+            self.data.val_pattern,
+            cfg.batch_size,
+            cfg.seq_len,
+            ctx.rank,
+            ctx.world_size,
+            cfg.val_tokens,
+        )
         count = 0
         for inputs, targets in batches:
             inputs = inputs.to(ctx.device, non_blocking=True)
             targets = targets.to(ctx.device, non_blocking=True)
-            with torch.autocast(ctx.device.type, dtype=torch.bfloat16,
-                                enabled=self.autocast.enabled):
+            with torch.autocast(
+                ctx.device.type, dtype=torch.bfloat16, enabled=self.autocast.enabled
+            ):
                 total += model(inputs, targets).float()
             count += 1
         model.train(was_training)
@@ -435,13 +517,29 @@ class Trainer:
         self.guard.check_parameters(step)
         directory = checkpoint_path(self.cfg.out_dir, self.run_id, step)
         if self.cfg.parallel == "ddp":
-            save_checkpoint(directory, self.ctx.rank, self.ctx.world_size, step,
-                            self.train_time_ms, self.model, self.setup.optimizers, self.loader,
-                            self.run_id)
+            save_checkpoint(
+                directory,
+                self.ctx.rank,
+                self.ctx.world_size,
+                step,
+                self.train_time_ms,
+                self.model,
+                self.setup.optimizers,
+                self.loader,
+                self.run_id,
+            )
         else:
-            save_sharded_checkpoint(directory, self.ctx.rank, step, self.train_time_ms,
-                                    self.model, self.setup.optimizers, self.loader, self.run_id,
-                                    self.cfg.parallel)
+            save_sharded_checkpoint(
+                directory,
+                self.ctx.rank,
+                step,
+                self.train_time_ms,
+                self.model,
+                self.setup.optimizers,
+                self.loader,
+                self.run_id,
+                self.cfg.parallel,
+            )
         barrier(self.ctx)  # every rank has written its file
         if self.ctx.is_main:
             publish_checkpoint(directory)
@@ -455,32 +553,45 @@ class Trainer:
         mfu = self.mfu.of_step(self.train_time_ms / 1000 / max(total, 1))
         self.log.final(total, total, val_loss, self.train_time_ms, allocated, reserved, mfu)
         if self.ctx.is_main:
-            print(f"final val_loss {val_loss:.4f} after {total} steps "
-                  f"({self.train_time_ms / 1000:.1f}s training, MFU {100 * mfu:.2f}%); "
-                  f"log: {self.log.text_path}")
+            print(
+                f"final val_loss {val_loss:.4f} after {total} steps "
+                f"({self.train_time_ms / 1000:.1f}s training, MFU {100 * mfu:.2f}%); "
+                f"log: {self.log.text_path}"
+            )
 
     def _config_record(self) -> dict[str, object]:
-        return {"kind": "config", "run_id": self.run_id, "seed": self.cfg.seed,
-                "preset": self.cfg.preset, "optimizer": self.cfg.optimizer,
-                "world_size": self.ctx.world_size, "autocast": self.autocast.name,
-                "autocast_reason": self.autocast.reason, "compile": self.compiled.name,
-                "compile_reason": self.compiled.reason, "threads": torch.get_num_threads(),
-                "threads_reason": self.threads.reason,
-                "resumed_from": self.resumed_from, "mfu": dataclasses.asdict(self.mfu),
-                "non_embedding_params": self.non_embedding_params,
-                "config": self.cfg.to_dict()}
+        return {
+            "kind": "config",
+            "run_id": self.run_id,
+            "seed": self.cfg.seed,
+            "preset": self.cfg.preset,
+            "optimizer": self.cfg.optimizer,
+            "world_size": self.ctx.world_size,
+            "autocast": self.autocast.name,
+            "autocast_reason": self.autocast.reason,
+            "compile": self.compiled.name,
+            "compile_reason": self.compiled.reason,
+            "threads": torch.get_num_threads(),
+            "threads_reason": self.threads.reason,
+            "resumed_from": self.resumed_from,
+            "mfu": dataclasses.asdict(self.mfu),
+            "non_embedding_params": self.non_embedding_params,
+            "config": self.cfg.to_dict(),
+        }
 
     def _environment(self) -> str:
         device = self.ctx.device.type
         if device == "cuda":
             device += f" ({torch.cuda.get_device_name(self.ctx.device)})"
         params = sum(p.numel() for p in self.model.parameters())
-        return (f"python {platform.python_version()} torch {torch.__version__} device {device} "
-                f"cpu {cpu_name()} cores {available_cores()}/{os.cpu_count()} "
-                f"world_size {self.ctx.world_size} threads {torch.get_num_threads()} "
-                f"autocast {self.autocast.name} ({self.autocast.reason}) "
-                f"parameters {params} vocab_size {self.data.vocab_size} "
-                f"train {self.data.train_pattern} val {self.data.val_pattern}")
+        return (
+            f"python {platform.python_version()} torch {torch.__version__} device {device} "
+            f"cpu {cpu_name()} cores {available_cores()}/{os.cpu_count()} "
+            f"world_size {self.ctx.world_size} threads {torch.get_num_threads()} "
+            f"autocast {self.autocast.name} ({self.autocast.reason}) "
+            f"parameters {params} vocab_size {self.data.vocab_size} "
+            f"train {self.data.train_pattern} val {self.data.val_pattern}"
+        )
 
 
 def _say(line: str, ctx: DistributedContext, bar: tqdm) -> None:

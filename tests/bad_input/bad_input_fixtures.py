@@ -40,20 +40,44 @@ def one_error_line(capsys: pytest.CaptureFixture[str], prog: str, *names: str) -
     return lines[0]
 
 
-def write_run_log(path: Path, total_steps: int = 100, final_loss: float = 3.5,
-                  seed: int = 0) -> Path:
+def write_run_log(
+    path: Path, total_steps: int = 100, final_loss: float = 3.5, seed: int = 0
+) -> Path:
     """A finished run's JSONL (config, validations every quarter, final)."""
-    records: list[dict[str, Any]] = [{"kind": "config", "run_id": path.stem, "seed": seed,
-                                      "preset": "tiny", "optimizer": "adamw", "world_size": 1,
-                                      "config": {"num_iterations": total_steps}}]
+    records: list[dict[str, Any]] = [
+        {
+            "kind": "config",
+            "run_id": path.stem,
+            "seed": seed,
+            "preset": "tiny",
+            "optimizer": "adamw",
+            "world_size": 1,
+            "config": {"num_iterations": total_steps},
+        }
+    ]
     for k in range(5):
         step = total_steps * k // 4
-        records.append({"kind": "val", "step": step, "total_steps": total_steps,
-                        "val_loss": final_loss + (4 - k) * 0.5 + 0.01 * seed,
-                        "train_time_ms": 10.0 * step, "step_avg_ms": 10.0})
-    records.append({"kind": "final", "step": total_steps, "total_steps": total_steps,
-                    "val_loss": records[-1]["val_loss"], "train_time_ms": 10.0 * total_steps,
-                    "step_avg_ms": 10.0, "peak_memory_mib": 1.0})
+        records.append(
+            {
+                "kind": "val",
+                "step": step,
+                "total_steps": total_steps,
+                "val_loss": final_loss + (4 - k) * 0.5 + 0.01 * seed,
+                "train_time_ms": 10.0 * step,
+                "step_avg_ms": 10.0,
+            }
+        )
+    records.append(
+        {
+            "kind": "final",
+            "step": total_steps,
+            "total_steps": total_steps,
+            "val_loss": records[-1]["val_loss"],
+            "train_time_ms": 10.0 * total_steps,
+            "step_avg_ms": 10.0,
+            "peak_memory_mib": 1.0,
+        }
+    )
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("".join(json.dumps(r) + "\n" for r in records))
     return path
@@ -92,10 +116,24 @@ def write_token_shards(root: Path) -> dict[str, str]:
 def train_argv(shards: dict[str, str], out_dir: Path, **flags: Any) -> list[str]:
     """``T``: a 2-step AdamW run of the tiny model on ``shards`` with a final checkpoint."""
     fields: dict[str, Any] = dict(
-        model="tiny", dataset="shards", vocab_size=VOCAB, seq_len=32, batch_size=4,
-        num_iterations=2, val_every=0, val_tokens=512, progress="false", out_dir=out_dir,
-        run_id="R", autocast="off", threads=1, optimizer="adamw", train_files=shards["train"],
-        val_files=shards["val"], save_final_checkpoint="true")
+        model="tiny",
+        dataset="shards",
+        vocab_size=VOCAB,
+        seq_len=32,
+        batch_size=4,
+        num_iterations=2,
+        val_every=0,
+        val_tokens=512,
+        progress="false",
+        out_dir=out_dir,
+        run_id="R",
+        autocast="off",
+        threads=1,
+        optimizer="adamw",
+        train_files=shards["train"],
+        val_files=shards["val"],
+        save_final_checkpoint="true",
+    )
     fields.update(flags)
     argv: list[str] = []
     for name, value in fields.items():

@@ -49,8 +49,8 @@ def checkpoint(shards: dict[str, str], tmp_path_factory: pytest.TempPathFactory)
 
 
 def test_a_run_never_replaces_an_existing_checkpoint(
-        checkpoint: Path, shards: dict[str, str], tmp_path: Path,
-        capsys: pytest.CaptureFixture[str]) -> None:
+    checkpoint: Path, shards: dict[str, str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     out = tmp_path / "out"
     shutil.copytree(checkpoint.parent, out / "R.ckpt")  # the run's logs were moved away
     before = snapshot(tmp_path)
@@ -60,7 +60,8 @@ def test_a_run_never_replaces_an_existing_checkpoint(
 
 
 def test_a_resume_into_its_own_run_id_never_replaces_a_later_checkpoint(
-        shards: dict[str, str], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    shards: dict[str, str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     assert main(train_argv(shards, tmp_path, checkpoint_every=1)) == 0
     capsys.readouterr()
     before = snapshot(tmp_path)
@@ -70,16 +71,23 @@ def test_a_resume_into_its_own_run_id_never_replaces_a_later_checkpoint(
     assert snapshot(tmp_path) == before
 
 
-@pytest.mark.parametrize("out_dir, names", [
-    ("{tmp}/file/out", ["--out-dir", "is a file"]),
-    ("{tmp}/file", ["--out-dir", "not a directory"]),
-    ("/proc/x", ["--out-dir", "/proc/x"]),
-    ("/sys/x", ["--out-dir", "/sys/x", "Permission denied"]),  # unwritable even for root
-    ("{tmp}/" + "d" * 300, ["--out-dir", "exceeds"]),
-])
+@pytest.mark.parametrize(
+    "out_dir, names",
+    [
+        ("{tmp}/file/out", ["--out-dir", "is a file"]),
+        ("{tmp}/file", ["--out-dir", "not a directory"]),
+        ("/proc/x", ["--out-dir", "/proc/x"]),
+        ("/sys/x", ["--out-dir", "/sys/x", "Permission denied"]),  # unwritable even for root
+        ("{tmp}/" + "d" * 300, ["--out-dir", "exceeds"]),
+    ],
+)
 def test_an_out_dir_that_cannot_be_written_is_one_line(
-        out_dir: str, names: list[str], shards: dict[str, str], tmp_path: Path,
-        capsys: pytest.CaptureFixture[str]) -> None:
+    out_dir: str,
+    names: list[str],
+    shards: dict[str, str],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     (tmp_path / "file").write_text("x")
     before = snapshot(tmp_path)
     assert main(train_argv(shards, Path(out_dir.format(tmp=tmp_path)))) == EXIT_USER_ERROR
@@ -87,8 +95,9 @@ def test_an_out_dir_that_cannot_be_written_is_one_line(
     assert snapshot(tmp_path) == before
 
 
-def test_an_unwritable_out_dir_is_one_line(shards: dict[str, str], tmp_path: Path,
-                                           capsys: pytest.CaptureFixture[str]) -> None:
+def test_an_unwritable_out_dir_is_one_line(
+    shards: dict[str, str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     locked = tmp_path / "locked"
     locked.mkdir(mode=0o555)
     probe = locked / "probe"
@@ -102,8 +111,9 @@ def test_an_unwritable_out_dir_is_one_line(shards: dict[str, str], tmp_path: Pat
     one_error_line(capsys, PROG, "--out-dir", "Permission denied")
 
 
-def test_a_300_character_run_id_is_one_line(shards: dict[str, str], tmp_path: Path,
-                                            capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_300_character_run_id_is_one_line(
+    shards: dict[str, str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     assert main(train_argv(shards, tmp_path / "out", run_id="r" * 300)) == EXIT_USER_ERROR
     one_error_line(capsys, PROG, "--run-id", "too long")
     assert not any((tmp_path / "out").glob("r*"))
@@ -119,19 +129,29 @@ def _damaged(checkpoint: Path, tmp_path: Path, change: Any) -> Path:
     return copy
 
 
-@pytest.mark.parametrize("change, names", [
-    (lambda r: r.pop("loader"), ["'loader'", "missing"]),
-    (lambda r: r.update(step="abc"), ["'step'", "'abc'"]),
-    (lambda r: r.update(optimizers="x"), ["'optimizers'", "'x'"]),
-    (lambda r: r.update(train_time_ms=float("nan")), ["'train_time_ms'"]),
-    (lambda r: r["loader"].update(shard_names=["other_000001.bin"]), ["shard_names",
-                                                                      "other_000001.bin"]),
-    (lambda r: r.update(model={}), ["does not fit"]),
-    (lambda r: r.update(optimizers=[{"state": {}, "param_groups": []}]), ["does not fit"]),
-])
+@pytest.mark.parametrize(
+    "change, names",
+    [
+        (lambda r: r.pop("loader"), ["'loader'", "missing"]),
+        (lambda r: r.update(step="abc"), ["'step'", "'abc'"]),
+        (lambda r: r.update(optimizers="x"), ["'optimizers'", "'x'"]),
+        (lambda r: r.update(train_time_ms=float("nan")), ["'train_time_ms'"]),
+        (
+            lambda r: r["loader"].update(shard_names=["other_000001.bin"]),
+            ["shard_names", "other_000001.bin"],
+        ),
+        (lambda r: r.update(model={}), ["does not fit"]),
+        (lambda r: r.update(optimizers=[{"state": {}, "param_groups": []}]), ["does not fit"]),
+    ],
+)
 def test_a_hand_made_checkpoint_is_one_line_naming_the_file(
-        change: Any, names: list[str], checkpoint: Path, shards: dict[str, str],
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    change: Any,
+    names: list[str],
+    checkpoint: Path,
+    shards: dict[str, str],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     damaged = _damaged(checkpoint, tmp_path, change)
     before = snapshot(tmp_path)
     assert main(train_argv(shards, tmp_path / "out", run_id="S", resume=damaged)) == 2
@@ -141,18 +161,23 @@ def test_a_hand_made_checkpoint_is_one_line_naming_the_file(
 
 @pytest.mark.parametrize("flags", [dict(batch_size=8), dict(seq_len=16)])
 def test_resuming_with_another_batch_layout_is_one_line(
-        flags: dict[str, int], checkpoint: Path, shards: dict[str, str], tmp_path: Path,
-        capsys: pytest.CaptureFixture[str]) -> None:
+    flags: dict[str, int],
+    checkpoint: Path,
+    shards: dict[str, str],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     argv = train_argv(shards, tmp_path / "out", run_id="S", resume=checkpoint, **flags)
     assert main(argv) == EXIT_USER_ERROR
-    one_error_line(capsys, PROG, "--resume", str(checkpoint), "--batch-size", "--seq-len",
-                   "tokens_per_step")
+    one_error_line(
+        capsys, PROG, "--resume", str(checkpoint), "--batch-size", "--seq-len", "tokens_per_step"
+    )
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
 
 
-def test_resuming_on_other_shards_is_one_line(checkpoint: Path, shards: dict[str, str],
-                                              tmp_path: Path,
-                                              capsys: pytest.CaptureFixture[str]) -> None:
+def test_resuming_on_other_shards_is_one_line(
+    checkpoint: Path, shards: dict[str, str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     other = write_token_shards(tmp_path / "other")
     renamed = Path(other["train"]).parent / "syn_train_000007.bin"
     Path(other["train"].replace("*", "000001")).rename(renamed)
@@ -164,24 +189,26 @@ def test_resuming_on_other_shards_is_one_line(checkpoint: Path, shards: dict[str
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without a GPU")
-def test_device_cuda_without_a_gpu_is_one_line(shards: dict[str, str], tmp_path: Path,
-                                               capsys: pytest.CaptureFixture[str]) -> None:
+def test_device_cuda_without_a_gpu_is_one_line(
+    shards: dict[str, str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     assert main(train_argv(shards, tmp_path / "out", device="cuda")) == EXIT_USER_ERROR
     one_error_line(capsys, PROG, "--device cuda")
     assert not (tmp_path / "out").exists()
 
 
 @pytest.mark.parametrize("timeout", ["inf", "1e300"])
-def test_an_unusable_dist_timeout_is_one_line(timeout: str, shards: dict[str, str],
-                                              tmp_path: Path,
-                                              capsys: pytest.CaptureFixture[str]) -> None:
+def test_an_unusable_dist_timeout_is_one_line(
+    timeout: str, shards: dict[str, str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     assert main(train_argv(shards, tmp_path / "out", dist_timeout_s=timeout)) == 2
     one_error_line(capsys, PROG, "--dist-timeout-s")
     assert not (tmp_path / "out").exists()
 
 
 def test_a_model_too_big_for_memory_is_refused_with_the_estimate(
-        shards: dict[str, str], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    shards: dict[str, str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     assert main(train_argv(shards, tmp_path / "out", vocab_size=1_000_000_000)) == 2
     line = one_error_line(capsys, PROG, "--vocab-size 1000000000", "GiB", "available")
     assert "parameters" in line
@@ -189,8 +216,11 @@ def test_a_model_too_big_for_memory_is_refused_with_the_estimate(
 
 
 def test_ctrl_c_prints_the_step_the_checkpoint_and_the_resume_command(
-        shards: dict[str, str], tmp_path: Path, capsys: pytest.CaptureFixture[str],
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    shards: dict[str, str],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     train_step = Trainer._train_step
 
     def interrupted_at_step_3(self: Trainer, step: int, schedule_steps: int) -> torch.Tensor:
@@ -215,26 +245,54 @@ def test_ctrl_c_prints_the_step_the_checkpoint_and_the_resume_command(
     assert '"kind": "final"' in (tmp_path / "R.jsonl").read_text()
 
 
-FIELDS = ["step", "world_size", "train_time_ms", "loader", "optimizers", "model", "cpu_rng",
-          "cuda_rng", "run_id", "format_version"]
+FIELDS = [
+    "step",
+    "world_size",
+    "train_time_ms",
+    "loader",
+    "optimizers",
+    "model",
+    "cpu_rng",
+    "cuda_rng",
+    "run_id",
+    "format_version",
+]
 
 
-@settings(max_examples=12, deadline=None, database=None,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
-@given(field=st.sampled_from(FIELDS),
-       value=st.one_of(st.none(), st.integers(-2, 3), st.floats(), st.text(max_size=4),
-                       st.lists(st.integers(0, 3), max_size=2),
-                       st.dictionaries(st.text(max_size=3), st.integers(), max_size=2)))
+@settings(
+    max_examples=12,
+    deadline=None,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+@given(
+    field=st.sampled_from(FIELDS),
+    value=st.one_of(
+        st.none(),
+        st.integers(-2, 3),
+        st.floats(),
+        st.text(max_size=4),
+        st.lists(st.integers(0, 3), max_size=2),
+        st.dictionaries(st.text(max_size=3), st.integers(), max_size=2),
+    ),
+)
 def test_any_corrupted_checkpoint_field_is_one_line_or_loads(
-        field: str, value: Any, checkpoint: Path, shards: dict[str, str],
-        tmp_path_factory: pytest.TempPathFactory) -> None:
+    field: str,
+    value: Any,
+    checkpoint: Path,
+    shards: dict[str, str],
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
     tmp = tmp_path_factory.mktemp("corrupt")
     damaged = _damaged(checkpoint, tmp, lambda r: r.__setitem__(field, value))
     before = snapshot(tmp)
     err = io.StringIO()
     with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
-        status = main(train_argv(shards, tmp / "out", run_id="S", resume=damaged,
-                                 save_final_checkpoint="false"))
+        status = main(
+            train_argv(
+                shards, tmp / "out", run_id="S", resume=damaged, save_final_checkpoint="false"
+            )
+        )
     assert status in (0, EXIT_USER_ERROR), err.getvalue()
     if status == EXIT_USER_ERROR:
         lines = err.getvalue().strip().splitlines()
@@ -245,16 +303,27 @@ def test_any_corrupted_checkpoint_field_is_one_line_or_loads(
 
 
 @pytest.mark.timeout(120)
-def test_a_real_sigint_exits_130_with_the_resume_command(shards: dict[str, str],
-                                                         tmp_path: Path) -> None:
+def test_a_real_sigint_exits_130_with_the_resume_command(
+    shards: dict[str, str], tmp_path: Path
+) -> None:
     """The signal itself, in a real ``python -m nanoshampoo.train`` process."""
     # Eager: a run this long would compile under --compile auto, and the test is about SIGINT.
-    argv = train_argv(shards, tmp_path, num_iterations=100_000, checkpoint_every=1,
-                      log_every=1, compile="false")
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2]),
-           "NANOSHAMPOO_KEEP_MALLOC": "1", "OMP_NUM_THREADS": "1"}
-    process = subprocess.Popen([sys.executable, "-m", "nanoshampoo.train", *argv], env=env,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    argv = train_argv(
+        shards, tmp_path, num_iterations=100_000, checkpoint_every=1, log_every=1, compile="false"
+    )
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(Path(__file__).resolve().parents[2]),
+        "NANOSHAMPOO_KEEP_MALLOC": "1",
+        "OMP_NUM_THREADS": "1",
+    }
+    process = subprocess.Popen(
+        [sys.executable, "-m", "nanoshampoo.train", *argv],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     log = tmp_path / "R.jsonl"
     deadline = time.monotonic() + 90
     while '"step": 3,' not in (log.read_text() if log.exists() else ""):
@@ -282,17 +351,28 @@ def _inf_first_moment(record: dict[str, Any]) -> None:
     state["exp_avg_sq"].view(-1)[-1] = float("inf")
 
 
-@pytest.mark.parametrize("damage, names", [
-    (_nan_first_weight, ["rank0.pt", "model[", "NaN or Inf"]),
-    (_inf_first_moment, ["rank0.pt", "optimizers[0]", "exp_avg_sq", "NaN or Inf"]),
-    (lambda r: r.__setitem__("run_id", "../escaped"), ["rank0.pt", "'run_id'", "../escaped"]),
-    (lambda r: r.__setitem__("run_id", "x" * 300), ["rank0.pt", "'run_id'", "too long"]),
-    (lambda r: r.__setitem__("cpu_rng", torch.zeros(3, dtype=torch.uint8)),
-     ["rank0.pt", "'cpu_rng'"]),
-], ids=["nan-weight", "inf-moment", "run-id-escapes", "run-id-too-long", "rng-size"])
+@pytest.mark.parametrize(
+    "damage, names",
+    [
+        (_nan_first_weight, ["rank0.pt", "model[", "NaN or Inf"]),
+        (_inf_first_moment, ["rank0.pt", "optimizers[0]", "exp_avg_sq", "NaN or Inf"]),
+        (lambda r: r.__setitem__("run_id", "../escaped"), ["rank0.pt", "'run_id'", "../escaped"]),
+        (lambda r: r.__setitem__("run_id", "x" * 300), ["rank0.pt", "'run_id'", "too long"]),
+        (
+            lambda r: r.__setitem__("cpu_rng", torch.zeros(3, dtype=torch.uint8)),
+            ["rank0.pt", "'cpu_rng'"],
+        ),
+    ],
+    ids=["nan-weight", "inf-moment", "run-id-escapes", "run-id-too-long", "rng-size"],
+)
 def test_a_damaged_checkpoint_is_refused_before_anything_is_written(
-        damage: Any, names: list[str], checkpoint: Path, shards: dict[str, str], tmp_path: Path,
-        capsys: pytest.CaptureFixture[str]) -> None:
+    damage: Any,
+    names: list[str],
+    checkpoint: Path,
+    shards: dict[str, str],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     # Before: NaN weights or moments loaded and the run diverged after starting its log; a
     # run_id "../escaped" named the resumed run's logs outside --out-dir (no --run-id given);
     # a wrong-size RNG state was a RuntimeError traceback.

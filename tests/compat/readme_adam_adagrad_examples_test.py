@@ -30,8 +30,13 @@ def instantiate_model() -> torch.nn.Module:
 
 def example_2(model: torch.nn.Module) -> DistributedShampoo:
     return DistributedShampoo(
-        model.parameters(), lr=0.001, betas=(0.9, 0.999), epsilon=1e-12, weight_decay=1e-05,
-        max_preconditioner_dim=8192, precondition_frequency=100,
+        model.parameters(),
+        lr=0.001,
+        betas=(0.9, 0.999),
+        epsilon=1e-12,
+        weight_decay=1e-05,
+        max_preconditioner_dim=8192,
+        precondition_frequency=100,
         weight_decay_type=WeightDecayType.L2,
         grafting_config=AdamPreconditionerConfig(beta2=0.999, epsilon=1e-08),
     )
@@ -39,8 +44,13 @@ def example_2(model: torch.nn.Module) -> DistributedShampoo:
 
 def example_3(model: torch.nn.Module) -> DistributedShampoo:
     return DistributedShampoo(
-        model.parameters(), lr=0.01, betas=(0., 1.0), epsilon=1e-12, weight_decay=1e-05,
-        max_preconditioner_dim=8192, precondition_frequency=100,
+        model.parameters(),
+        lr=0.01,
+        betas=(0.0, 1.0),
+        epsilon=1e-12,
+        weight_decay=1e-05,
+        max_preconditioner_dim=8192,
+        precondition_frequency=100,
         weight_decay_type=WeightDecayType.L2,
         grafting_config=AdaGradPreconditionerConfig(epsilon=1e-10),
     )
@@ -48,21 +58,41 @@ def example_3(model: torch.nn.Module) -> DistributedShampoo:
 
 def example_4(model: torch.nn.Module) -> DistributedShampoo:
     return DistributedShampoo(
-        model.parameters(), lr=0.001, betas=(0.9, 0.999), epsilon=1e-12, weight_decay=1e-05,
-        max_preconditioner_dim=8192, precondition_frequency=100,
+        model.parameters(),
+        lr=0.001,
+        betas=(0.9, 0.999),
+        epsilon=1e-12,
+        weight_decay=1e-05,
+        max_preconditioner_dim=8192,
+        precondition_frequency=100,
         weight_decay_type=WeightDecayType.DECOUPLED,
         grafting_config=AdamPreconditionerConfig(beta2=0.999, epsilon=1e-08),
     )
 
 
-CASES: dict[str, tuple[Callable[[torch.nn.Module], torch.optim.Optimizer],
-                       Callable[[torch.nn.Module], torch.optim.Optimizer]]] = {
-    "adam": (example_2, lambda m: torch.optim.Adam(
-        m.parameters(), lr=0.001, betas=(0.9, 0.999), eps=1e-08, weight_decay=1e-05)),
-    "adagrad": (example_3, lambda m: torch.optim.Adagrad(
-        m.parameters(), lr=0.01, eps=1e-10, weight_decay=1e-05)),
-    "adamw": (example_4, lambda m: torch.optim.AdamW(
-        m.parameters(), lr=0.001, betas=(0.9, 0.999), eps=1e-08, weight_decay=1e-05)),
+CASES: dict[
+    str,
+    tuple[
+        Callable[[torch.nn.Module], torch.optim.Optimizer],
+        Callable[[torch.nn.Module], torch.optim.Optimizer],
+    ],
+] = {
+    "adam": (
+        example_2,
+        lambda m: torch.optim.Adam(
+            m.parameters(), lr=0.001, betas=(0.9, 0.999), eps=1e-08, weight_decay=1e-05
+        ),
+    ),
+    "adagrad": (
+        example_3,
+        lambda m: torch.optim.Adagrad(m.parameters(), lr=0.01, eps=1e-10, weight_decay=1e-05),
+    ),
+    "adamw": (
+        example_4,
+        lambda m: torch.optim.AdamW(
+            m.parameters(), lr=0.001, betas=(0.9, 0.999), eps=1e-08, weight_decay=1e-05
+        ),
+    ),
 }
 
 

@@ -38,10 +38,14 @@ def instantiate_model() -> nn.Module:
 
 def _batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
     generator = torch.Generator().manual_seed(100 + step)
-    return torch.randn(2 * BATCH, 6, generator=generator), torch.randn(2 * BATCH, 4, generator=generator)
+    return torch.randn(2 * BATCH, 6, generator=generator), torch.randn(
+        2 * BATCH, 4, generator=generator
+    )
 
 
-def _train(model: nn.Module, optimizer: torch.optim.Optimizer, steps: range, rank: int | None) -> None:
+def _train(
+    model: nn.Module, optimizer: torch.optim.Optimizer, steps: range, rank: int | None
+) -> None:
     for step in steps:
         x, y = _batch(step)
         if rank is not None:  # this rank's half of the batch
@@ -113,7 +117,9 @@ def _hsdp2_example(rank: int, world_size: int) -> list[torch.Tensor]:
     from nanoshampoo.optim.shampoo import HybridShardDistributedConfig
 
     # torch 2.13's fully_shard requires named dims on an HSDP mesh (the README's has none).
-    device_mesh = init_device_mesh("cpu", (2, world_size // 2), mesh_dim_names=("replicate", "shard"))
+    device_mesh = init_device_mesh(
+        "cpu", (2, world_size // 2), mesh_dim_names=("replicate", "shard")
+    )
     model = fully_shard(instantiate_model(), mesh=device_mesh)
     optimizer = _shampoo_from_readme(model, HybridShardDistributedConfig(device_mesh=device_mesh))
     _train(model, optimizer, range(STEPS), rank)
@@ -129,8 +135,12 @@ def _dcp_example(rank: int, world_size: int, checkpoint_dir: str) -> list[torch.
     state_dict = {"model": model.state_dict(), "optim": optimizer.state_dict()}
     dcp.save(state_dict=state_dict, checkpoint_id=checkpoint_dir)
 
-    torch.manual_seed(1)  # the fresh model starts elsewhere: everything must come from the checkpoint
-    fresh = nn.parallel.DistributedDataParallel(nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 4)))
+    torch.manual_seed(
+        1
+    )  # the fresh model starts elsewhere: everything must come from the checkpoint
+    fresh = nn.parallel.DistributedDataParallel(
+        nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 4))
+    )
     fresh_optimizer = _shampoo_from_readme(fresh, DDPDistributedConfig())
     state_dict = {"model": fresh.state_dict(), "optim": fresh_optimizer.state_dict()}
     dcp.load(state_dict=state_dict, checkpoint_id=checkpoint_dir)
@@ -159,7 +169,9 @@ def ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, list[torch
 
 def _adamw_single_process() -> list[torch.Tensor]:
     model = instantiate_model()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=0.001, betas=(0.9, 0.999), eps=1e-12, weight_decay=1e-05)
+    optimizer = torch.optim.AdamW(
+        model.parameters(), lr=0.001, betas=(0.9, 0.999), eps=1e-12, weight_decay=1e-05
+    )
     _train(model, optimizer, range(STEPS), None)
     return _full(model.parameters())
 
@@ -171,10 +183,11 @@ def _max_relative_difference(got: list[torch.Tensor], want: list[torch.Tensor]) 
 @pytest.mark.distributed
 @pytest.mark.slow
 @pytest.mark.parametrize("example", ["ddp", "fsdp2", "hsdp2", "dcp"])
-def test_readme_example_equals_adamw_in_one_process(example: str, ranks: list[dict[str, Any]]) -> None:
+def test_readme_example_equals_adamw_in_one_process(
+    example: str, ranks: list[dict[str, Any]]
+) -> None:
     want = _adamw_single_process()
     initial = _full(instantiate_model().parameters())
     assert _max_relative_difference(want, initial) > 1e-4  # the steps moved the parameters
     for rank in ranks:
         assert _max_relative_difference(rank[example], want) <= TOLERANCE, example
-

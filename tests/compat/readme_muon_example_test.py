@@ -38,10 +38,14 @@ def scale_by_dims(d_in: int, d_out: int) -> float:
 
 def build_model() -> tuple[list[torch.nn.Parameter], list[torch.nn.Parameter], torch.nn.Module]:
     torch.manual_seed(0)
-    model = torch.nn.ModuleDict({
-        "first": torch.nn.Linear(8, 16), "hidden": torch.nn.Linear(16, 16),
-        "last": torch.nn.Linear(16, 4), "conv": torch.nn.Conv2d(2, 3, 3),
-    })
+    model = torch.nn.ModuleDict(
+        {
+            "first": torch.nn.Linear(8, 16),
+            "hidden": torch.nn.Linear(16, 16),
+            "last": torch.nn.Linear(16, 4),
+            "conv": torch.nn.Conv2d(2, 3, 3),
+        }
+    )
     hidden = [model["hidden"].weight, model["conv"].weight]
     ids = {id(p) for p in hidden}
     return hidden, [p for p in model.parameters() if id(p) not in ids], model
@@ -79,8 +83,9 @@ def example_6_optimizer(hidden: list, other: list) -> DistributedShampoo:
 def loss_of(model: torch.nn.Module, gen: torch.Generator) -> torch.Tensor:
     """The same float32 draws for either model (cast to the model's dtype)."""
     dtype = model["first"].weight.dtype
-    x, y, images = (torch.randn(*shape, generator=gen).to(dtype)
-                    for shape in ((32, 8), (32, 4), (4, 2, 6, 6)))
+    x, y, images = (
+        torch.randn(*shape, generator=gen).to(dtype) for shape in ((32, 8), (32, 4), (4, 2, 6, 6))
+    )
     out = model["last"](torch.tanh(model["hidden"](torch.tanh(model["first"](x)))))
     return ((out - y) ** 2).mean() + model["conv"](images).pow(2).mean()
 
@@ -132,8 +137,11 @@ def test_example_6_matches_muon_and_adamw_written_out_for_five_float32_steps() -
     reference = build_model()[2].double()
     reference.load_state_dict({name: p.double() for name, p in initial.items()})
     ids = {id(reference["hidden"].weight), id(reference["conv"].weight)}
-    reference_steps(reference, [reference["hidden"].weight, reference["conv"].weight],
-                    [p for p in reference.parameters() if id(p) not in ids])
+    reference_steps(
+        reference,
+        [reference["hidden"].weight, reference["conv"].weight],
+        [p for p in reference.parameters() if id(p) not in ids],
+    )
     for (name, ours), theirs in zip(model.named_parameters(), reference.parameters()):
         moved = (theirs - initial[name].double()).abs().max().item()
         assert moved > 0, name

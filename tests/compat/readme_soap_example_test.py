@@ -53,13 +53,17 @@ def _train(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> list[tor
     return [p.detach().clone() for p in model.parameters()]
 
 
-@pytest.mark.parametrize("config", [DefaultEigenvalueCorrectedShampooConfig, DefaultSOAPConfig], ids=["eigh", "qr"])
+@pytest.mark.parametrize(
+    "config", [DefaultEigenvalueCorrectedShampooConfig, DefaultSOAPConfig], ids=["eigh", "qr"]
+)
 def test_example_5_matches_adamw_for_five_float32_steps(config: object) -> None:
     model = instantiate_model()
     initial = [p.detach().clone() for p in model.parameters()]
     ours = _train(model, example_5_optimizer(model, config))
     model = instantiate_model()
-    adamw = torch.optim.AdamW(model.parameters(), lr=0.001, betas=(0.9, 0.999), eps=1e-12, weight_decay=1e-05)
+    adamw = torch.optim.AdamW(
+        model.parameters(), lr=0.001, betas=(0.9, 0.999), eps=1e-12, weight_decay=1e-05
+    )
     expected = _train(model, adamw)
     for p, e, w0 in zip(ours, expected, initial):
         assert torch.linalg.vector_norm(p - e) / torch.linalg.vector_norm(e) <= 1e-5

@@ -35,12 +35,17 @@ MAX_RELATIVE_DIFFERENCE = 1e-5
 
 def instantiate_model(dtype: torch.dtype = torch.float32) -> torch.nn.Module:
     torch.manual_seed(0)
-    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4)).to(dtype)
+    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4)).to(
+        dtype
+    )
 
 
 def loss(model: torch.nn.Module) -> torch.Tensor:
     generator = torch.Generator().manual_seed(1)
-    inputs, targets = torch.randn(32, 8, generator=generator), torch.randn(32, 4, generator=generator)
+    inputs, targets = (
+        torch.randn(32, 8, generator=generator),
+        torch.randn(32, 4, generator=generator),
+    )
     dtype = next(model.parameters()).dtype
     return torch.nn.functional.mse_loss(model(inputs.to(dtype)), targets.to(dtype))
 
@@ -54,35 +59,57 @@ def train(model: torch.nn.Module, optimizer: torch.optim.Optimizer, steps: int =
 
 def max_relative_difference(ours: torch.nn.Module, theirs: torch.nn.Module) -> float:
     return max(
-        float((a.detach().double() - b.detach().double()).abs().max() / b.detach().double().abs().max())
+        float(
+            (a.detach().double() - b.detach().double()).abs().max()
+            / b.detach().double().abs().max()
+        )
         for a, b in zip(ours.parameters(), theirs.parameters())
     )
 
 
 def torch_sgd_momentum(lr: float, weight_decay: float = 0.0) -> torch.nn.Module:
     model = instantiate_model()
-    train(model, torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9, weight_decay=weight_decay))
+    train(
+        model, torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9, weight_decay=weight_decay)
+    )
     return model
 
 
 def test_example_1_sgd_with_momentum() -> None:
     model = instantiate_model()
     optimizer = DistributedShampoo(
-        model.parameters(), lr=0.01, betas=(0.0, 0.999), epsilon=1e-12, weight_decay=1e-05,
-        max_preconditioner_dim=8192, precondition_frequency=100,
+        model.parameters(),
+        lr=0.01,
+        betas=(0.0, 0.999),
+        epsilon=1e-12,
+        weight_decay=1e-05,
+        max_preconditioner_dim=8192,
+        precondition_frequency=100,
         grafting_config=SGDPreconditionerConfig(),
-        iterate_averaging_config=ClassicMomentumConfig(momentum=0.9, dampening=0.0, use_nesterov=False),
+        iterate_averaging_config=ClassicMomentumConfig(
+            momentum=0.9, dampening=0.0, use_nesterov=False
+        ),
     )
     train(model, optimizer)
-    assert max_relative_difference(model, torch_sgd_momentum(0.01, weight_decay=1e-05)) <= MAX_RELATIVE_DIFFERENCE
+    assert (
+        max_relative_difference(model, torch_sgd_momentum(0.01, weight_decay=1e-05))
+        <= MAX_RELATIVE_DIFFERENCE
+    )
 
 
 def test_example_7_classic_momentum() -> None:
     model = instantiate_model()
     optimizer = DistributedShampoo(
-        model.parameters(), lr=0.01, betas=(0.0, 1.0), epsilon=1e-12, max_preconditioner_dim=8192,
-        precondition_frequency=100, preconditioner_config=SGDPreconditionerConfig(),
-        iterate_averaging_config=ClassicMomentumConfig(momentum=0.9, dampening=0.0, use_nesterov=False),
+        model.parameters(),
+        lr=0.01,
+        betas=(0.0, 1.0),
+        epsilon=1e-12,
+        max_preconditioner_dim=8192,
+        precondition_frequency=100,
+        preconditioner_config=SGDPreconditionerConfig(),
+        iterate_averaging_config=ClassicMomentumConfig(
+            momentum=0.9, dampening=0.0, use_nesterov=False
+        ),
     )
     train(model, optimizer)
     assert max_relative_difference(model, torch_sgd_momentum(0.01)) <= MAX_RELATIVE_DIFFERENCE
@@ -91,9 +118,16 @@ def test_example_7_classic_momentum() -> None:
 def test_example_7_gpa_equals_sgd_momentum() -> None:
     model = instantiate_model()
     optimizer = DistributedShampoo(
-        model.parameters(), lr=0.1, betas=(0.0, 1.0), epsilon=1e-12, max_preconditioner_dim=8192,
-        precondition_frequency=100, preconditioner_config=SGDPreconditionerConfig(),
-        iterate_averaging_config=GeneralizedPrimalAveragingConfig(eval_interp_coeff=0.9, train_interp_coeff=1.0),
+        model.parameters(),
+        lr=0.1,
+        betas=(0.0, 1.0),
+        epsilon=1e-12,
+        max_preconditioner_dim=8192,
+        precondition_frequency=100,
+        preconditioner_config=SGDPreconditionerConfig(),
+        iterate_averaging_config=GeneralizedPrimalAveragingConfig(
+            eval_interp_coeff=0.9, train_interp_coeff=1.0
+        ),
     )
     train(model, optimizer)
     optimizer.eval()  # heavy-ball (mu_y = 1): x = y, nothing moves
@@ -137,8 +171,13 @@ def schedule_free_adam_float64(
 def test_example_7_schedule_free() -> None:
     model = instantiate_model()
     optimizer = DistributedShampoo(
-        model.parameters(), lr=0.001, betas=(0.9, 0.999), epsilon=1e-12, max_preconditioner_dim=8192,
-        precondition_frequency=100, grafting_config=AdamPreconditionerConfig(beta2=0.999, epsilon=1e-08),
+        model.parameters(),
+        lr=0.001,
+        betas=(0.9, 0.999),
+        epsilon=1e-12,
+        max_preconditioner_dim=8192,
+        precondition_frequency=100,
+        grafting_config=AdamPreconditionerConfig(beta2=0.999, epsilon=1e-08),
         iterate_averaging_config=ScheduleFreeConfig(train_interp_coeff=0.9),
     )
     optimizer.train()

@@ -184,7 +184,11 @@ def test_validation_budget_is_fixed_and_deterministic(shard_dir: Path) -> None:
 
 @pytest.mark.parametrize(
     ("val_tokens", "message"),
-    [(30, "must be a multiple of"), (0, r"val_tokens must be an int >= 1"), (72, "exceeds the 60 tokens")],
+    [
+        (30, "must be a multiple of"),
+        (0, r"val_tokens must be an int >= 1"),
+        (72, "exceeds the 60 tokens"),
+    ],
 )
 def test_validation_budget_errors_name_val_tokens(
     shard_dir: Path, val_tokens: int, message: str

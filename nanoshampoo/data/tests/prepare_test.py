@@ -190,8 +190,16 @@ def test_bad_text_files(tmp_path: Path) -> None:
 
 def test_cli(tmp_path: Path, text_files: list[Path], capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "cli"
-    argv = ["--out-dir", str(out), "--vocab-size", "300", "--min-batch-tokens", "64",
-            "--text-files", *map(str, text_files)]
+    argv = [
+        "--out-dir",
+        str(out),
+        "--vocab-size",
+        "300",
+        "--min-batch-tokens",
+        "64",
+        "--text-files",
+        *map(str, text_files),
+    ]
     assert main([*argv, "--passage-chars", "0"]) == 0
     assert json.loads((out / "manifest.json").read_text())["settings"]["passage_chars"] == 0
     assert main(argv) == 0

@@ -19,13 +19,24 @@ from nanoshampoo.evidence.logs import BranchResult, LogFormatError, read_run
 from nanoshampoo.evidence.report import format_report
 from nanoshampoo.evidence.stats import build_report
 
-CONFIG = {"kind": "config", "run_id": "r", "seed": 0, "preset": "tiny", "optimizer": "adamw",
-          "world_size": 1}
+CONFIG = {
+    "kind": "config",
+    "run_id": "r",
+    "seed": 0,
+    "preset": "tiny",
+    "optimizer": "adamw",
+    "world_size": 1,
+}
 
 
 def _val(step: int, loss: float, time_ms: float, kind: str = "val") -> dict[str, Any]:
-    record = {"kind": kind, "step": step, "total_steps": 100, "val_loss": loss,
-              "train_time_ms": time_ms}
+    record = {
+        "kind": kind,
+        "step": step,
+        "total_steps": 100,
+        "val_loss": loss,
+        "train_time_ms": time_ms,
+    }
     if kind == "final":
         record.update(step_avg_ms=time_ms / 100, peak_memory_mib=1.0)
     return record
@@ -33,8 +44,16 @@ def _val(step: int, loss: float, time_ms: float, kind: str = "val") -> dict[str,
 
 def _branch(fraction: float, loss: float | str, **extra: Any) -> dict[str, Any]:
     steps = round(fraction * 100)
-    return {"kind": "branch", "fraction": fraction, "steps": steps, "fork_step": steps // 2,
-            "val_loss": loss, "train_time_ms": 10.0 * steps, "tokens": 512 * steps, **extra}
+    return {
+        "kind": "branch",
+        "fraction": fraction,
+        "steps": steps,
+        "fork_step": steps // 2,
+        "val_loss": loss,
+        "train_time_ms": 10.0 * steps,
+        "tokens": 512 * steps,
+        **extra,
+    }
 
 
 def _write(path: Path, records: list[dict[str, Any]]) -> Path:
@@ -43,21 +62,33 @@ def _write(path: Path, records: list[dict[str, Any]]) -> Path:
 
 
 def test_jsonl_branches_are_read_by_length_from_every_segment(tmp_path: Path) -> None:
-    path = _write(tmp_path / "r.jsonl", [
-        CONFIG, _val(0, 7.0, 0.0), _branch(0.25, 5.5), _val(50, 5.0, 500.0),
-        # The run stopped, resumed from step 40: the branch recorded before is kept, the one
-        # made again replaces the first record of its length.
-        _branch(0.5, 4.9), dict(CONFIG, resumed_from={"step": 40}), _branch(0.5, 4.8),
-        _branch(0.75, "nan", diverged="at step 80: train loss is nan"),
-        _val(100, 4.0, 1000.0, kind="final"),
-    ])
+    path = _write(
+        tmp_path / "r.jsonl",
+        [
+            CONFIG,
+            _val(0, 7.0, 0.0),
+            _branch(0.25, 5.5),
+            _val(50, 5.0, 500.0),
+            # The run stopped, resumed from step 40: the branch recorded before is kept, the one
+            # made again replaces the first record of its length.
+            _branch(0.5, 4.9),
+            dict(CONFIG, resumed_from={"step": 40}),
+            _branch(0.5, 4.8),
+            _branch(0.75, "nan", diverged="at step 80: train loss is nan"),
+            _val(100, 4.0, 1000.0, kind="final"),
+        ],
+    )
     run = read_run(path)
     assert list(run.branches) == [25, 50, 75]
     assert run.branches[25] == BranchResult(0.25, 25, 12, 5.5, 250.0, 12800)
     assert run.branches[50] == BranchResult(0.5, 50, 25, 4.8, 500.0, 25600)
     diverged = run.branches[75]
     assert (diverged.steps, diverged.fork_step, diverged.train_time_ms, diverged.tokens) == (
-        75, 37, 750.0, 38400)
+        75,
+        37,
+        750.0,
+        38400,
+    )
     assert diverged.diverged and diverged.diverged_reason == "at step 80: train loss is nan"
     assert math.isnan(diverged.val_loss) and not run.branches[50].diverged
     losses = run.final_losses_by_steps()
@@ -84,13 +115,17 @@ def test_text_log_branch_lines_read_as_the_jsonl_does(tmp_path: Path) -> None:
     assert math.isnan(diverged.val_loss) and run.final_val_loss == 4.0
 
 
-@pytest.mark.parametrize("field, value, message", [
-    ("steps", 2.5, "'branch' field 'steps' is not an integer"),
-    ("val_loss", "low", "'branch' field 'val_loss' is not a number"),
-    ("diverged", 3, "'branch' field 'diverged' is not a text"),
-])
-def test_a_bad_branch_record_names_the_line(tmp_path: Path, field: str, value: Any,
-                                            message: str) -> None:
+@pytest.mark.parametrize(
+    "field, value, message",
+    [
+        ("steps", 2.5, "'branch' field 'steps' is not an integer"),
+        ("val_loss", "low", "'branch' field 'val_loss' is not a number"),
+        ("diverged", 3, "'branch' field 'diverged' is not a text"),
+    ],
+)
+def test_a_bad_branch_record_names_the_line(
+    tmp_path: Path, field: str, value: Any, message: str
+) -> None:
     path = _write(tmp_path / "b.jsonl", [CONFIG, dict(_branch(0.5, 4.0), **{field: value})])
     with pytest.raises(LogFormatError, match=message) as info:
         read_run(path)
@@ -100,10 +135,16 @@ def test_a_bad_branch_record_names_the_line(tmp_path: Path, field: str, value: A
 def test_stats_prints_the_final_loss_at_each_budget(tmp_path: Path) -> None:
     runs = []
     for seed, (a, b, final) in enumerate([(5.5, 4.8, 4.0), (5.7, 4.9, 4.1), (5.6, "nan", 4.3)]):
-        path = _write(tmp_path / f"s{seed}.jsonl", [
-            dict(CONFIG, seed=seed), _val(0, 7.0, 0.0), _branch(0.25, a),
-            _branch(0.5, b, **({"diverged": "at step 30: x"} if b == "nan" else {})),
-            _val(100, final, 1000.0, kind="final")])
+        path = _write(
+            tmp_path / f"s{seed}.jsonl",
+            [
+                dict(CONFIG, seed=seed),
+                _val(0, 7.0, 0.0),
+                _branch(0.25, a),
+                _branch(0.5, b, **({"diverged": "at step 30: x"} if b == "nan" else {})),
+                _val(100, final, 1000.0, kind="final"),
+            ],
+        )
         runs.append(read_run(path))
     (group,) = build_report({"g": runs}).groups
     budgets = {b.steps: b for b in group.budgets}
@@ -116,14 +157,25 @@ def test_stats_prints_the_final_loss_at_each_budget(tmp_path: Path) -> None:
     assert "final val loss at each budget (decay branches):" in text
     assert f"50     {np.mean([4.8, 4.9]):.4f} ± {np.std([4.8, 4.9], ddof=1):.4f}  3     1" in text
     # Runs without branches print no such table.
-    (plain,) = build_report({"g": [read_run(_write(tmp_path / "p.jsonl", [
-        CONFIG, _val(0, 7.0, 0.0), _val(100, 4.0, 1000.0, kind="final")]))]}).groups
+    (plain,) = build_report(
+        {
+            "g": [
+                read_run(
+                    _write(
+                        tmp_path / "p.jsonl",
+                        [CONFIG, _val(0, 7.0, 0.0), _val(100, 4.0, 1000.0, kind="final")],
+                    )
+                )
+            ]
+        }
+    ).groups
     assert plain.budgets == ()
 
 
 # The branch losses the trainer below records: (setup, seed) -> (25-step loss, 50-step loss).
 BRANCH_LOSSES = {("adamw", s): (5.0 + 0.1 * s, 4.5 + 0.05 * s) for s in range(3)} | {
-    ("shampoo", s): (4.9 - 0.02 * s, 4.4 + 0.01 * s) for s in range(3)}
+    ("shampoo", s): (4.9 - 0.02 * s, 4.4 + 0.01 * s) for s in range(3)
+}
 
 
 class BranchTrainer(FakeTrainer):
@@ -154,16 +206,24 @@ def test_compare_tables_the_final_loss_at_each_budget(tmp_path: Path) -> None:
         cells = [c.strip() for c in line.split("|")[1:-1]]
         if len(cells) == 5 and cells[0] in ("adamw", "shampoo", "soap") and cells[1].isdigit():
             rows[(cells[0], cells[1])] = dict(zip(["setup", "steps", "loss", "runs", "div"], cells))
-    assert sorted(rows) == [("adamw", "100"), ("adamw", "25"), ("adamw", "50"),
-                            ("shampoo", "100"), ("shampoo", "25"), ("shampoo", "50")]
+    assert sorted(rows) == [
+        ("adamw", "100"),
+        ("adamw", "25"),
+        ("adamw", "50"),
+        ("shampoo", "100"),
+        ("shampoo", "25"),
+        ("shampoo", "50"),
+    ]
     for setup in ("adamw", "shampoo"):
         for index, steps in enumerate(("25", "50")):
             losses = [BRANCH_LOSSES[(setup, s)][index] for s in range(3)]
-            assert rows[(setup, steps)]["loss"] == (f"{np.mean(losses):.4f} ± "
-                                                    f"{np.std(losses, ddof=1):.4f}")
+            assert rows[(setup, steps)]["loss"] == (
+                f"{np.mean(losses):.4f} ± {np.std(losses, ddof=1):.4f}"
+            )
         finals = [run.final_val_loss for run in groups[setup]]
-        assert rows[(setup, "100")]["loss"] == (f"{np.mean(finals):.4f} ± "
-                                                f"{np.std(finals, ddof=1):.4f}")
+        assert rows[(setup, "100")]["loss"] == (
+            f"{np.mean(finals):.4f} ± {np.std(finals, ddof=1):.4f}"
+        )
     assert board.rows[2].setup == "soap" and board.rows[2].budgets == ()  # its runs have none
     # Without branches in any run, no such section.
     plain_config = _config(tmp_path / "plain")

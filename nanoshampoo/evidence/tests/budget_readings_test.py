@@ -22,7 +22,7 @@ FRACTIONS = (0.125, 0.25, 0.5)
 
 
 def law(steps: float) -> float:
-    return A * steps ** -ALPHA + C
+    return A * steps**-ALPHA + C
 
 
 class CurveTrainer(FakeTrainer):
@@ -35,13 +35,23 @@ class CurveTrainer(FakeTrainer):
         log = out_dir / f"{command[command.index('--run-id') + 1]}.jsonl"
         setup, seed = out_dir.name, int(command[command.index("--seed") + 1])
         records = [json.loads(line) for line in log.read_text().splitlines()]
-        loss = {steps: law(SPEEDUP[setup] * steps) + 1e-4 * seed
-                for steps in (round(f * 100) for f in (*FRACTIONS, 1.0))}
+        loss = {
+            steps: law(SPEEDUP[setup] * steps) + 1e-4 * seed
+            for steps in (round(f * 100) for f in (*FRACTIONS, 1.0))
+        }
         records[-1]["val_loss"] = loss[100]
-        records[-1:-1] = [{"kind": "branch", "fraction": f, "steps": round(f * 100),
-                           "fork_step": round(f * 30), "val_loss": loss[round(f * 100)],
-                           "train_time_ms": 1.0, "tokens": 64 * round(f * 100)}
-                          for f in FRACTIONS]
+        records[-1:-1] = [
+            {
+                "kind": "branch",
+                "fraction": f,
+                "steps": round(f * 100),
+                "fork_step": round(f * 30),
+                "val_loss": loss[round(f * 100)],
+                "train_time_ms": 1.0,
+                "tokens": 64 * round(f * 100),
+            }
+            for f in FRACTIONS
+        ]
         log.write_text("".join(json.dumps(r) + "\n" for r in records))
         return code
 
@@ -78,9 +88,11 @@ def test_fewer_than_four_budgets_say_why_there_is_no_fit(tmp_path: Path) -> None
         def __call__(self, command: list[str], output: Path) -> int:
             code = super().__call__(command, output)
             log = Path(command[command.index("--out-dir") + 1]) / (
-                f"{command[command.index('--run-id') + 1]}.jsonl")
-            kept = [line for line in log.read_text().splitlines()
-                    if '"fraction": 0.125' not in line]
+                f"{command[command.index('--run-id') + 1]}.jsonl"
+            )
+            kept = [
+                line for line in log.read_text().splitlines() if '"fraction": 0.125' not in line
+            ]
             log.write_text("\n".join(kept) + "\n")
             return code
 
@@ -93,18 +105,41 @@ def test_fewer_than_four_budgets_say_why_there_is_no_fit(tmp_path: Path) -> None
 
 
 def test_the_model_scale_is_stated_from_the_runs_own_config(tmp_path: Path) -> None:
-    config_record = {"kind": "config", "run_id": "r", "seed": 0, "preset": "tiny-adamw",
-                     "optimizer": "adamw", "world_size": 1,
-                     "config": {"model": "tiny", "batch_size": 16, "seq_len": 128}}
-    final = {"kind": "final", "step": 300, "total_steps": 300, "val_loss": 4.3,
-             "train_time_ms": 1.0, "step_avg_ms": 1.0, "peak_memory_mib": 1.0}
+    config_record = {
+        "kind": "config",
+        "run_id": "r",
+        "seed": 0,
+        "preset": "tiny-adamw",
+        "optimizer": "adamw",
+        "world_size": 1,
+        "config": {"model": "tiny", "batch_size": 16, "seq_len": 128},
+    }
+    final = {
+        "kind": "final",
+        "step": 300,
+        "total_steps": 300,
+        "val_loss": 4.3,
+        "train_time_ms": 1.0,
+        "step_avg_ms": 1.0,
+        "peak_memory_mib": 1.0,
+    }
     log = tmp_path / "r.jsonl"
-    log.write_text(json.dumps(config_record) + "\n" + json.dumps(
-        dict(final, kind="val")) + "\n" + json.dumps(final) + "\n")
+    log.write_text(
+        json.dumps(config_record)
+        + "\n"
+        + json.dumps(dict(final, kind="val"))
+        + "\n"
+        + json.dumps(final)
+        + "\n"
+    )
     # tiny: 4 blocks of 12 * 128^2 weights + biases and gains, plus the final norm (gpt_test).
-    params = 4 * (128 * 384 + 384 + 128 * 128 + 128 + 128 * 512 + 512 + 512 * 128 + 128
-                  + 2 * 128 + 2 * 32) + 128
+    params = (
+        4
+        * (128 * 384 + 384 + 128 * 128 + 128 + 128 * 512 + 512 + 512 * 128 + 128 + 2 * 128 + 2 * 32)
+        + 128
+    )
     assert params == 792448
     assert budget_readings.model_scale([read_run(log)]) == (
         "model tiny: 792k non-embedding parameters; 300 steps x 2048 tokens = 614k tokens, "
-        f"{300 * 2048 / params:.2g} per parameter")
+        f"{300 * 2048 / params:.2g} per parameter"
+    )

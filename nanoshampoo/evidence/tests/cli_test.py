@@ -18,11 +18,20 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
 def test_stats_table_json_and_plots(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    base = write_group(tmp_path / "base", [3.2778, 3.2779, 3.2780, 3.2783], [141.654, 141.413, 141.467, 141.516])
-    hook = write_group(tmp_path / "hook", [3.2775, 3.2776, 3.2777, 3.2780, 3.2781],
-                       [140.909, 140.872, 140.743, 140.743, 140.747], fmt="txt")
+    base = write_group(
+        tmp_path / "base", [3.2778, 3.2779, 3.2780, 3.2783], [141.654, 141.413, 141.467, 141.516]
+    )
+    hook = write_group(
+        tmp_path / "hook",
+        [3.2775, 3.2776, 3.2777, 3.2780, 3.2781],
+        [140.909, 140.872, 140.743, 140.743, 140.747],
+        fmt="txt",
+    )
     out = tmp_path / "report.json"
-    assert main(["stats", str(base), str(hook), "--json", str(out), "--plot", str(tmp_path / "plots")]) == 0
+    assert (
+        main(["stats", str(base), str(hook), "--json", str(out), "--plot", str(tmp_path / "plots")])
+        == 0
+    )
     text = capsys.readouterr().out
     assert "track rule" in text and "Welch" in text and "train_time_s" in text
     report = json.loads(out.read_text())
@@ -39,11 +48,25 @@ def test_stats_table_json_and_plots(tmp_path: Path, capsys: pytest.CaptureFixtur
         assert path.stat().st_mode & 0o777 == 0o666 & ~mask
 
 
-def test_stats_named_groups_and_group_by(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_stats_named_groups_and_group_by(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     write_group(tmp_path / "r", [3.27, 3.275], [10.0, 10.5])
     write_jsonl(tmp_path / "r" / "muon.jsonl", 3.26, 9.0, seed=0, optimizer="muon")
-    assert main(["stats", "--group", f"everything={tmp_path}/r/*.jsonl", "--group-by", "optimizer",
-                 "--baseline", "optimizer=muon"]) == 0
+    assert (
+        main(
+            [
+                "stats",
+                "--group",
+                f"everything={tmp_path}/r/*.jsonl",
+                "--group-by",
+                "optimizer",
+                "--baseline",
+                "optimizer=muon",
+            ]
+        )
+        == 0
+    )
     text = capsys.readouterr().out
     assert "== optimizer=adam (2 runs) ==" in text and "== optimizer=muon (1 runs) ==" in text
 
@@ -57,7 +80,10 @@ def test_stats_errors_name_the_file(tmp_path: Path, capsys: pytest.CaptureFixtur
 
 
 def test_trace_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    events = [x_event("aten::mm", 0, 100, 1), x_event("gloo:all_reduce", 50, 150, 2, cat="user_annotation")]
+    events = [
+        x_event("aten::mm", 0, 100, 1),
+        x_event("gloo:all_reduce", 50, 150, 2, cat="user_annotation"),
+    ]
     write_trace(tmp_path / "rank0.json.gz", events, rank=0)
     out = tmp_path / "overlap.json"
     assert main(["trace", str(tmp_path), "--json", str(out)]) == 0
@@ -70,9 +96,21 @@ def test_trace_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> No
 def test_repeat_commands() -> None:
     config = RepeatConfig(runs=2, out_dir=Path("runs/x"), seed0=3, nproc=2, name="hook")
     assert seed_command(config, 4, ["--preset", "tiny"]) == [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-        "-m", "nanoshampoo.train", "--preset", "tiny", "--seed", "4", "--run-id", "hook_seed4",
-        "--out-dir", "runs/x",
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node=2",
+        "-m",
+        "nanoshampoo.train",
+        "--preset",
+        "tiny",
+        "--seed",
+        "4",
+        "--run-id",
+        "hook_seed4",
+        "--out-dir",
+        "runs/x",
     ]
     with pytest.raises(ValueError, match="--seed"):
         seed_command(config, 4, ["--seed=1"])
@@ -89,22 +127,34 @@ def test_repeat_runs_every_seed_and_stops_on_failure(tmp_path: Path) -> None:
         run_repeats(config, [], run=lambda cmd: 3)
 
 
-def test_repeat_cli_reports_the_runs(tmp_path: Path, capsys: pytest.CaptureFixture[str],
-                                     monkeypatch: pytest.MonkeyPatch) -> None:
+def test_repeat_cli_reports_the_runs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     def fake_train(cmd: list[str]) -> int:
         run_id = cmd[cmd.index("--run-id") + 1]
         seed = int(cmd[cmd.index("--seed") + 1])
-        write_jsonl(Path(cmd[cmd.index("--out-dir") + 1]) / f"{run_id}.jsonl", 3.27 + 0.001 * seed, 10.0, seed)
+        write_jsonl(
+            Path(cmd[cmd.index("--out-dir") + 1]) / f"{run_id}.jsonl",
+            3.27 + 0.001 * seed,
+            10.0,
+            seed,
+        )
         return 0
 
     import nanoshampoo.cli as cli
 
-    monkeypatch.setattr(cli, "run_repeats", lambda config, args: run_repeats(config, args, run=fake_train))
-    assert main(["repeat", "-n", "2", "--out-dir", str(tmp_path), "--", "--preset", "tiny-adamw"]) == 0
+    monkeypatch.setattr(
+        cli, "run_repeats", lambda config, args: run_repeats(config, args, run=fake_train)
+    )
+    assert (
+        main(["repeat", "-n", "2", "--out-dir", str(tmp_path), "--", "--preset", "tiny-adamw"]) == 0
+    )
     assert f"== {tmp_path} (2 runs) ==" in capsys.readouterr().out
 
 
-def test_stats_reads_and_marks_diverged_runs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_stats_reads_and_marks_diverged_runs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     group = write_group(tmp_path / "g", [3.27, 3.275], [10.0, 10.5])
     (group / "run_seed2.jsonl").write_text(
         '{"kind": "config", "run_id": "run_seed2", "seed": 2}\n'
@@ -118,7 +168,21 @@ def test_stats_reads_and_marks_diverged_runs(tmp_path: Path, capsys: pytest.Capt
         ' "step_avg_ms": 0.09, "peak_memory_mib": 1.0}\n'
     )
     out = tmp_path / "report.json"
-    assert main(["stats", str(group), "--target", "3.28", "--json", str(out), "--plot", str(tmp_path / "p")]) == 0
+    assert (
+        main(
+            [
+                "stats",
+                str(group),
+                "--target",
+                "3.28",
+                "--json",
+                str(out),
+                "--plot",
+                str(tmp_path / "p"),
+            ]
+        )
+        == 0
+    )
     text = capsys.readouterr().out
     assert f"== {group} (4 runs, 2 diverged) ==" in text
     assert "diverged at step 40" in text and "diverged at step 100" in text
@@ -134,8 +198,10 @@ def test_repeat_keeps_diverged_seeds_and_never_reuses_a_run_id(tmp_path: Path) -
         run_id, seed = cmd[cmd.index("--run-id") + 1], int(cmd[cmd.index("--seed") + 1])
         log = tmp_path / f"{run_id}.jsonl"
         if seed == 1:  # diverges: the trainer logs it and exits non-zero
-            log.write_text('{"kind": "diverged", "step": 3, "total_steps": 100, "reason": "nan",'
-                           ' "train_time_ms": 1.0}\n')
+            log.write_text(
+                '{"kind": "diverged", "step": 3, "total_steps": 100, "reason": "nan",'
+                ' "train_time_ms": 1.0}\n'
+            )
             return 1
         write_jsonl(log, 3.27, 10.0, seed)
         return 0

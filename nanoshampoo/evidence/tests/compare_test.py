@@ -60,8 +60,11 @@ class FakeTrainer:
     """A launcher that writes the log of ``curve(setup, seed)``; ``diverge`` maps
     ``(setup, seed)`` to the step where that run diverges, ``crash`` lists runs that die."""
 
-    def __init__(self, diverge: dict[tuple[str, int], int] | None = None,
-                 crash: set[tuple[str, int]] | None = None) -> None:
+    def __init__(
+        self,
+        diverge: dict[tuple[str, int], int] | None = None,
+        crash: set[tuple[str, int]] | None = None,
+    ) -> None:
         self.diverge = diverge or {}
         self.crash = crash or set()
         self.launched: list[list[str]] = []
@@ -69,27 +72,64 @@ class FakeTrainer:
     def __call__(self, command: list[str], output: Path) -> int:
         self.launched.append(command)
         out_dir = Path(_flag(command, "--out-dir"))
-        run_id, seed, setup = _flag(command, "--run-id"), int(_flag(command, "--seed")), out_dir.name
+        run_id, seed, setup = (
+            _flag(command, "--run-id"),
+            int(_flag(command, "--seed")),
+            out_dir.name,
+        )
         output.write_text(f"training {run_id}\n")
-        records: list[dict[str, Any]] = [{"kind": "config", "run_id": run_id, "seed": seed,
-                                          "preset": _flag(command, "--preset"), "optimizer": setup,
-                                          "world_size": 1, "config": {}}]
+        records: list[dict[str, Any]] = [
+            {
+                "kind": "config",
+                "run_id": run_id,
+                "seed": seed,
+                "preset": _flag(command, "--preset"),
+                "optimizer": setup,
+                "world_size": 1,
+                "config": {},
+            }
+        ]
         diverge_at = self.diverge.get((setup, seed))
         for step, loss, time_ms in curve(setup, seed):
             if (setup, seed) in self.crash and step > 50:
                 output.write_text("Traceback ...\nRuntimeError: worker died\n")
-                (out_dir / f"{run_id}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+                (out_dir / f"{run_id}.jsonl").write_text(
+                    "".join(json.dumps(r) + "\n" for r in records)
+                )
                 return 1
             if diverge_at is not None and step >= diverge_at:
-                records.append({"kind": "diverged", "step": diverge_at, "total_steps": 100,
-                                "reason": "loss is nan", "train_time_ms": time_ms})
+                records.append(
+                    {
+                        "kind": "diverged",
+                        "step": diverge_at,
+                        "total_steps": 100,
+                        "reason": "loss is nan",
+                        "train_time_ms": time_ms,
+                    }
+                )
                 break
-            records.append({"kind": "val", "step": step, "total_steps": 100, "val_loss": loss,
-                            "train_time_ms": time_ms, "step_avg_ms": time_ms / max(step, 1)})
+            records.append(
+                {
+                    "kind": "val",
+                    "step": step,
+                    "total_steps": 100,
+                    "val_loss": loss,
+                    "train_time_ms": time_ms,
+                    "step_avg_ms": time_ms / max(step, 1),
+                }
+            )
         else:
-            records.append({"kind": "final", "step": 100, "total_steps": 100, "val_loss": loss,
-                            "train_time_ms": time_ms, "step_avg_ms": time_ms / 100,
-                            "peak_memory_mib": PEAK_MIB[setup]})
+            records.append(
+                {
+                    "kind": "final",
+                    "step": 100,
+                    "total_steps": 100,
+                    "val_loss": loss,
+                    "train_time_ms": time_ms,
+                    "step_avg_ms": time_ms / 100,
+                    "peak_memory_mib": PEAK_MIB[setup],
+                }
+            )
         (out_dir / f"{run_id}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
         return 1 if diverge_at is not None else 0
 
@@ -99,8 +139,12 @@ def _flag(command: list[str], flag: str) -> str:
 
 
 def _config(tmp_path: Path, **overrides: Any) -> CompareConfig:
-    fields: dict[str, Any] = dict(setups=parse_setups("adamw,shampoo,soap"), seeds=3,
-                                  out_dir=tmp_path / "cmp", train_args=("--num-iterations", "100"))
+    fields: dict[str, Any] = dict(
+        setups=parse_setups("adamw,shampoo,soap"),
+        seeds=3,
+        out_dir=tmp_path / "cmp",
+        train_args=("--num-iterations", "100"),
+    )
     fields.update(overrides)
     return CompareConfig(**fields)
 
@@ -134,8 +178,11 @@ def test_leaderboard_statistics_match_numpy_and_scipy(tmp_path: Path) -> None:
         row = rows[setup]
         steps = [crossing_step(setup, seed, target) for seed in range(3)]
         reached = [s for s in steps if s is not None]
-        times = [s * MS_PER_STEP[setup] * (1 + 0.01 * seed) / 1000
-                 for seed, s in enumerate(steps) if s is not None]
+        times = [
+            s * MS_PER_STEP[setup] * (1 + 0.01 * seed) / 1000
+            for seed, s in enumerate(steps)
+            if s is not None
+        ]
         assert row.reached == len(reached) and row.runs == 3 and row.diverged == 0
         assert row.steps_to_target.mean == pytest.approx(np.mean(reached))
         if len(reached) >= 2:
@@ -145,7 +192,8 @@ def test_leaderboard_statistics_match_numpy_and_scipy(tmp_path: Path) -> None:
         assert row.final_val_loss.mean == pytest.approx(np.mean(finals))
         assert row.final_val_loss.std == pytest.approx(np.std(finals, ddof=1))
         assert row.target_p == pytest.approx(
-            scipy.stats.ttest_1samp(finals, target, alternative="less").pvalue)
+            scipy.stats.ttest_1samp(finals, target, alternative="less").pvalue
+        )
         welch = scipy.stats.ttest_ind(finals, FINALS["adamw"], equal_var=False).pvalue
         assert row.welch_p == (None if setup == "adamw" else pytest.approx(welch))
         ms = [MS_PER_STEP[setup] * (1 + 0.01 * seed) for seed in range(3)]
@@ -183,7 +231,9 @@ def test_second_invocation_reuses_every_ended_run(tmp_path: Path) -> None:
     assert again.launched == []  # the diverged run is an ended run too: reused, not retrained
     assert lines[0].endswith("9 reused, 0 to train, in " + str(config.out_dir))
     assert sum(line.startswith("[compare] reused") for line in lines) == 9
-    assert {k: [r.path for r in v] for k, v in second.items()} == {k: [r.path for r in v] for k, v in first.items()}
+    assert {k: [r.path for r in v] for k, v in second.items()} == {
+        k: [r.path for r in v] for k, v in first.items()
+    }
     assert {p: p.read_bytes() for p in config.out_dir.rglob("*") if p.is_file()} == logs
 
     # Other train flags are other runs: all retrained, beside the old ones, which stay as they were.
@@ -197,8 +247,9 @@ def test_more_seeds_train_only_the_new_ones(tmp_path: Path) -> None:
     _run(_config(tmp_path, seeds=2), FakeTrainer())
     trainer = FakeTrainer()
     groups, _ = _run(_config(tmp_path, seeds=3), trainer)
-    assert sorted((Path(_flag(c, "--out-dir")).name, _flag(c, "--seed")) for c in trainer.launched) == [
-        ("adamw", "2"), ("shampoo", "2"), ("soap", "2")]
+    assert sorted(
+        (Path(_flag(c, "--out-dir")).name, _flag(c, "--seed")) for c in trainer.launched
+    ) == [("adamw", "2"), ("shampoo", "2"), ("soap", "2")]
     assert [r.seed for r in groups["adamw"]] == [0, 1, 2]
 
 
@@ -232,9 +283,11 @@ def test_diverged_runs_are_counted_marked_and_left_out_of_the_means(tmp_path: Pa
     assert soap.final_val_loss.n == 2
     assert soap.final_val_loss.mean == pytest.approx(np.mean(finished))
     assert soap.welch_p == pytest.approx(
-        scipy.stats.ttest_ind(finished, FINALS["adamw"], equal_var=False).pvalue)
+        scipy.stats.ttest_ind(finished, FINALS["adamw"], equal_var=False).pvalue
+    )
     assert soap.target_p == pytest.approx(
-        scipy.stats.ttest_1samp(finished, board.target, alternative="less").pvalue)
+        scipy.stats.ttest_1samp(finished, board.target, alternative="less").pvalue
+    )
     [diverged] = [run for run in board.runs if run.diverged_step is not None]
     assert (diverged.setup, diverged.seed, diverged.steps_to_target) == ("soap", 1, None)
     markdown = leaderboard.format_leaderboard(board)
@@ -247,8 +300,9 @@ def test_auto_target_needs_a_finished_baseline_run(tmp_path: Path) -> None:
     groups, _ = _run(config, FakeTrainer(diverge={("adamw", 0): 25}))
     with pytest.raises(ValueError, match="target: every run of the baseline 'adamw' diverged"):
         build_leaderboard(groups, config)
-    given = build_leaderboard(groups, _config(tmp_path, setups=parse_setups("adamw,soap"), seeds=1,
-                                              target=4.0))
+    given = build_leaderboard(
+        groups, _config(tmp_path, setups=parse_setups("adamw,soap"), seeds=1, target=4.0)
+    )
     assert given.target == 4.0 and given.target_rule == "given"
     adamw = given.rows[0]
     assert adamw.final_val_loss.mean is None and adamw.reached == 0 and adamw.steps_ratio is None
@@ -279,15 +333,19 @@ def test_baseline_option_picks_the_reference_row(tmp_path: Path) -> None:
         (dict(train_args=("--optimizer", "adamw")), "'--optimizer' is set by compare"),
     ],
 )
-def test_invalid_compare_config_names_the_field(tmp_path: Path, overrides: dict[str, Any],
-                                                message: str) -> None:
+def test_invalid_compare_config_names_the_field(
+    tmp_path: Path, overrides: dict[str, Any], message: str
+) -> None:
     with pytest.raises(ValueError, match=message):
         _config(tmp_path, **overrides)
 
 
 def test_parse_setups() -> None:
     assert parse_setups("adamw, mine=gpt2-124m-adamw,x=p/q.toml") == (
-        Setup("adamw", "tiny-adamw"), Setup("mine", "gpt2-124m-adamw"), Setup("x", "p/q.toml"))
+        Setup("adamw", "tiny-adamw"),
+        Setup("mine", "gpt2-124m-adamw"),
+        Setup("x", "p/q.toml"),
+    )
     with pytest.raises(ValueError, match="setups: 'x=' names no preset"):
         parse_setups("x=")
 
@@ -300,10 +358,22 @@ def test_fresh_run_id_never_takes_a_used_name(tmp_path: Path) -> None:
 
 
 def test_real_resolver_reads_flags_like_the_trainer() -> None:
-    spaced = resolve_train_config(["--preset", "tiny-adamw", "--num-iterations", "20", "--seed", "1"])
-    joined = resolve_train_config(["--num-iterations=20", "--preset=tiny-adamw", "--seed=1",
-                                   "--progress", "false", "--out-dir", "elsewhere",
-                                   "--save-final-checkpoint", "false"])
+    spaced = resolve_train_config(
+        ["--preset", "tiny-adamw", "--num-iterations", "20", "--seed", "1"]
+    )
+    joined = resolve_train_config(
+        [
+            "--num-iterations=20",
+            "--preset=tiny-adamw",
+            "--seed=1",
+            "--progress",
+            "false",
+            "--out-dir",
+            "elsewhere",
+            "--save-final-checkpoint",
+            "false",
+        ]
+    )
     assert spaced["optimizer"] == "adamw" and spaced["num_iterations"] == 20
     assert run_identity(spaced, 1) == run_identity(joined, 1) != run_identity(spaced, 2)
     with pytest.raises(ValueError, match="^train flags: unrecognized arguments: --bogus"):
@@ -312,14 +382,26 @@ def test_real_resolver_reads_flags_like_the_trainer() -> None:
         resolve_train_config(["--num-iterations", "0"])
 
 
-def test_cli_writes_the_leaderboard_files(tmp_path: Path, capsys: pytest.CaptureFixture[str],
-                                          monkeypatch: pytest.MonkeyPatch) -> None:
+def test_cli_writes_the_leaderboard_files(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     trainer = FakeTrainer(diverge={("shampoo", 2): 75})
-    monkeypatch.setattr(cli, "run_compare",
-                        lambda config: run_compare(config, resolve=fake_resolve, launch=trainer))
+    monkeypatch.setattr(
+        cli, "run_compare", lambda config: run_compare(config, resolve=fake_resolve, launch=trainer)
+    )
     out = tmp_path / "cmp"
-    argv = ["compare", "--setups", "adamw,shampoo", "--seeds", "3", "--out-dir", str(out),
-            "--", "--num-iterations", "100"]
+    argv = [
+        "compare",
+        "--setups",
+        "adamw,shampoo",
+        "--seeds",
+        "3",
+        "--out-dir",
+        str(out),
+        "--",
+        "--num-iterations",
+        "100",
+    ]
     assert main(argv) == 0
     text = capsys.readouterr().out
     assert "[compare] 6 runs (2 setups x 3 seeds): 0 reused, 6 to train" in text
@@ -331,7 +413,9 @@ def test_cli_writes_the_leaderboard_files(tmp_path: Path, capsys: pytest.Capture
     assert (shampoo["runs"], shampoo["diverged"]) == (3, 1)
     assert shampoo["final_val_loss"]["mean"] == pytest.approx(np.mean(FINALS["shampoo"][:2]))
     diverged = [run for run in data["runs"] if run["diverged_step"] is not None]
-    assert [(r["setup"], r["seed"], r["final_val_loss"]) for r in diverged] == [("shampoo", 2, None)]
+    assert [(r["setup"], r["seed"], r["final_val_loss"]) for r in diverged] == [
+        ("shampoo", 2, None)
+    ]
     assert (out / "leaderboard.md").read_text().startswith("# Leaderboard: adamw, shampoo")
     for name in ("loss_vs_step.png", "loss_vs_time.png"):
         assert (out / name).read_bytes()[:8] == PNG_MAGIC
@@ -344,38 +428,73 @@ def test_cli_writes_the_leaderboard_files(tmp_path: Path, capsys: pytest.Capture
     [
         (["--seeds", "many"], "argument --seeds: invalid int value: 'many'"),
         (["--target", "low"], "target: expected auto or a number, got 'low'"),
-        (["--setups", "adamw,nosuchsetup"], "setup 'nosuchsetup': train flags: unknown preset 'tiny-nosuchsetup'"),
+        (
+            ["--setups", "adamw,nosuchsetup"],
+            "setup 'nosuchsetup': train flags: unknown preset 'tiny-nosuchsetup'",
+        ),
         (["--setups", "adamw", "--", "--preset", "tiny-adamw"], "'--preset' is set by compare"),
-        (["--setups", "adamw", "--", "--no-such-flag", "1"], "unrecognized arguments: --no-such-flag 1"),
+        (
+            ["--setups", "adamw", "--", "--no-such-flag", "1"],
+            "unrecognized arguments: --no-such-flag 1",
+        ),
         (["--setups", "adamw", "--baseline", "sgd"], "baseline: 'sgd' is not one of the setups"),
         (["--step-fractions", "0.7,half"], "step-fractions: expected numbers separated by commas"),
         (["--step-fractions", "1.2"], "step-fractions: each must be in (0.0, 1.0), got 1.2"),
     ],
 )
-def test_cli_user_errors_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str],
-                                      args: list[str], message: str) -> None:
+def test_cli_user_errors_are_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], args: list[str], message: str
+) -> None:
     try:
         status = main(["compare", "--out-dir", str(tmp_path / "cmp"), *args])
     except SystemExit as exc:  # argparse's own errors exit from the parser
         status = exc.code
     err = capsys.readouterr().err
     assert status == 2
-    assert err.count("\n") == 1 and err.startswith("nanoshampoo compare: error: ") and message in err
+    assert (
+        err.count("\n") == 1 and err.startswith("nanoshampoo compare: error: ") and message in err
+    )
     assert not (tmp_path / "cmp").exists()  # nothing was started or written
 
 
-def test_cli_refuses_an_out_dir_that_is_a_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_cli_refuses_an_out_dir_that_is_a_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     (tmp_path / "file").write_text("")
     assert main(["compare", "--out-dir", str(tmp_path / "file")]) == 2
-    assert capsys.readouterr().err == f"nanoshampoo compare: error: out-dir: {tmp_path / 'file'} exists and is not a directory\n"
+    assert (
+        capsys.readouterr().err
+        == f"nanoshampoo compare: error: out-dir: {tmp_path / 'file'} exists and is not a directory\n"
+    )
 
 
 @pytest.mark.slow
 def test_real_runs_then_reuse(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Two real 2-step runs (adamw, shampoo) on the embedded corpus; a second call trains nothing."""
-    argv = ["compare", "--setups", "adamw,shampoo", "--seeds", "1", "--out-dir", str(tmp_path / "cmp"),
-            "--", "--num-iterations", "2", "--val-every", "1", "--val-tokens", "256", "--batch-size", "2",
-            "--seq-len", "64", "--autocast", "off", "--save-final-checkpoint", "false"]
+    argv = [
+        "compare",
+        "--setups",
+        "adamw,shampoo",
+        "--seeds",
+        "1",
+        "--out-dir",
+        str(tmp_path / "cmp"),
+        "--",
+        "--num-iterations",
+        "2",
+        "--val-every",
+        "1",
+        "--val-tokens",
+        "256",
+        "--batch-size",
+        "2",
+        "--seq-len",
+        "64",
+        "--autocast",
+        "off",
+        "--save-final-checkpoint",
+        "false",
+    ]
     assert main(argv) == 0
     first = capsys.readouterr().out
     assert "0 reused, 2 to train" in first and first.count("[compare] finished") == 2
@@ -404,33 +523,64 @@ class ScheduleTrainer:
         steps = int(_flag(command, "--num-iterations"))
         final = FINALS[out_dir.name.split("@")[0]][seed] + SHORT_PENALTY[steps]
         output.write_text(f"training {run_id}\n")
-        records = [{"kind": "config", "run_id": run_id, "seed": seed, "world_size": 1, "config": {}},
-                   {"kind": "val", "step": 0, "total_steps": steps, "val_loss": 9.0,
-                    "train_time_ms": 0.0, "step_avg_ms": 0.0},
-                   {"kind": "final", "step": steps, "total_steps": steps, "val_loss": final,
-                    "train_time_ms": (10.0 + seed) * steps, "step_avg_ms": 10.0 + seed,
-                    "peak_memory_mib": 1.0 + seed}]
+        records = [
+            {"kind": "config", "run_id": run_id, "seed": seed, "world_size": 1, "config": {}},
+            {
+                "kind": "val",
+                "step": 0,
+                "total_steps": steps,
+                "val_loss": 9.0,
+                "train_time_ms": 0.0,
+                "step_avg_ms": 0.0,
+            },
+            {
+                "kind": "final",
+                "step": steps,
+                "total_steps": steps,
+                "val_loss": final,
+                "train_time_ms": (10.0 + seed) * steps,
+                "step_avg_ms": 10.0 + seed,
+                "peak_memory_mib": 1.0 + seed,
+            },
+        ]
         (out_dir / f"{run_id}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
         return 0
 
 
 def test_step_fractions_train_shorter_schedules_and_find_the_shortest_that_reaches(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     config = _config(tmp_path, step_fractions=(0.5, 0.7))
     assert config.step_fractions == (0.7, 0.5)  # longest first
     trainer = ScheduleTrainer()
     groups = run_compare(config, resolve=fake_resolve, launch=trainer, say=lambda line: None)
-    assert list(groups) == ["adamw", "shampoo", "shampoo@0.7", "shampoo@0.5",
-                            "soap", "soap@0.7", "soap@0.5"]  # the baseline gets no variants
-    launched = sorted((Path(_flag(c, "--out-dir")).name, _flag(c, "--num-iterations"))
-                      for c in trainer.launched)
+    assert list(groups) == [
+        "adamw",
+        "shampoo",
+        "shampoo@0.7",
+        "shampoo@0.5",
+        "soap",
+        "soap@0.7",
+        "soap@0.5",
+    ]  # the baseline gets no variants
+    launched = sorted(
+        (Path(_flag(c, "--out-dir")).name, _flag(c, "--num-iterations")) for c in trainer.launched
+    )
     assert launched == sorted(
         [(s, "100") for s in ("adamw", "shampoo", "soap") for _ in range(3)]
-        + [(f"{s}@{f}", n) for s in ("shampoo", "soap") for f, n in (("0.7", "70"), ("0.5", "50"))
-           for _ in range(3)])
+        + [
+            (f"{s}@{f}", n)
+            for s in ("shampoo", "soap")
+            for f, n in (("0.7", "70"), ("0.5", "50"))
+            for _ in range(3)
+        ]
+    )
     # A variant keeps its preset: only the schedule changes.
-    assert {_flag(c, "--preset") for c in trainer.launched
-            if Path(_flag(c, "--out-dir")).name.startswith("soap")} == {"tiny-soap"}
+    assert {
+        _flag(c, "--preset")
+        for c in trainer.launched
+        if Path(_flag(c, "--out-dir")).name.startswith("soap")
+    } == {"tiny-soap"}
 
     board = build_leaderboard(groups, config)
     target = float(np.mean(FINALS["adamw"]))
@@ -454,31 +604,44 @@ def test_step_fractions_train_shorter_schedules_and_find_the_shortest_that_reach
 
     text = leaderboard.format_leaderboard(board)
     assert "## Steps to the target by schedule length" in text
-    cells = [[c.strip() for c in line.split("|")[1:-1]] for line in text.splitlines()
-             if line.startswith("|")]
+    cells = [
+        [c.strip() for c in line.split("|")[1:-1]]
+        for line in text.splitlines()
+        if line.startswith("|")
+    ]
     assert ["soap", "soap@0.7", "70 (0.70×)"] in [row[:3] for row in cells]
     assert f"- **soap**: reaches {target:.4f} in 0.70× adamw's steps (70; p = " in text
     data = json.loads(json.dumps(leaderboard.json_ready(board)))
     assert [(s["row"], s["steps"]) for s in data["schedules"]][:3] == [
-        ("shampoo", 100), ("shampoo@0.7", 70), ("shampoo@0.5", 50)]
+        ("shampoo", 100),
+        ("shampoo@0.7", 70),
+        ("shampoo@0.5", 50),
+    ]
 
     again = ScheduleTrainer()
     run_compare(config, resolve=fake_resolve, launch=again, say=lambda line: None)
     assert again.launched == []  # the shortened runs are reused like any other
 
 
-@pytest.mark.parametrize(("fractions", "message"), [
-    ((0.0,), "step-fractions: each must be in \\(0.0, 1.0\\), got 0.0"),
-    ((1.0,), "got 1.0"), ((0.7, 1.5), "got 1.5"), ((0.7, 0.7), "repeats a fraction"),
-])
-def test_invalid_step_fractions_are_refused(tmp_path: Path, fractions: tuple[float, ...],
-                                            message: str) -> None:
+@pytest.mark.parametrize(
+    ("fractions", "message"),
+    [
+        ((0.0,), "step-fractions: each must be in \\(0.0, 1.0\\), got 0.0"),
+        ((1.0,), "got 1.0"),
+        ((0.7, 1.5), "got 1.5"),
+        ((0.7, 0.7), "repeats a fraction"),
+    ],
+)
+def test_invalid_step_fractions_are_refused(
+    tmp_path: Path, fractions: tuple[float, ...], message: str
+) -> None:
     with pytest.raises(ValueError, match=message):
         _config(tmp_path, step_fractions=fractions)
 
 
 def test_a_run_logged_before_a_config_field_existed_is_reused_at_that_fields_default(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     config = _config(tmp_path, setups=parse_setups("adamw"), seeds=1)
     run_compare(config, resolve=fake_resolve, launch=FakeTrainer(), say=lambda line: None)
     # The trainer gains a field "new_knob" (default "off") after the run was made.
@@ -496,7 +659,7 @@ def test_train_config_defaults_are_the_dataclass_defaults() -> None:
 
     defaults = compare.train_config_defaults()
     assert {k: v for k, v in defaults.items() if k in TrainConfig().to_dict()} == json.loads(
-        json.dumps(TrainConfig().to_dict()))
+        json.dumps(TrainConfig().to_dict())
+    )
     # Every table's fields, not only those of the default setup's tables.
     assert defaults["muon.lr"] == 0.05 and defaults["custom.matrix_kwargs"] == {}
-

@@ -26,8 +26,11 @@ def main(argv: list[str]) -> int:
     flags = [part for pair in pairs.items() for part in pair]
     config = fake_resolve(flags)
     steps, seed = int(config["num_iterations"]), int(config["seed"])
-    lr = float(config["custom.matrix_kwargs"].get("lr", FAKE_DEFAULTS["muon.lr"])
-               if "--custom.matrix-kwargs" in flags else config["muon.lr"])
+    lr = float(
+        config["custom.matrix_kwargs"].get("lr", FAKE_DEFAULTS["muon.lr"])
+        if "--custom.matrix-kwargs" in flags
+        else config["muon.lr"]
+    )
     wd = float(config["muon.weight_decay"])
     branches = {round(f * steps): f for f in config["decay_branches"]}
     step_s = float(os.environ.get("FAKE_STEP_S", "0"))
@@ -41,19 +44,42 @@ def main(argv: list[str]) -> int:
     for step in range(1, steps + 1):
         time.sleep(step_s)
         if lr >= 1:
-            write({"kind": "diverged", "step": step, "total_steps": steps, "reason": "nan loss",
-                   "train_time_ms": 1.0})
+            write(
+                {
+                    "kind": "diverged",
+                    "step": step,
+                    "total_steps": steps,
+                    "reason": "nan loss",
+                    "train_time_ms": 1.0,
+                }
+            )
             return 3
         if os.environ.get("FAKE_CRASH") == "1":
             return 1
         if step in branches:
             fraction = branches[step]
-            write({"kind": "branch", "fraction": fraction, "steps": step, "fork_step": step // 2,
-                   "val_loss": fake_loss(lr, wd, seed, fraction), "train_time_ms": 1.0 * step,
-                   "tokens": 64 * step})
-    write({"kind": "final", "step": steps, "total_steps": steps,
-           "val_loss": fake_loss(lr, wd, seed), "train_time_ms": 10.0 * steps,
-           "step_avg_ms": 10.0, "peak_memory_mib": 1.0})
+            write(
+                {
+                    "kind": "branch",
+                    "fraction": fraction,
+                    "steps": step,
+                    "fork_step": step // 2,
+                    "val_loss": fake_loss(lr, wd, seed, fraction),
+                    "train_time_ms": 1.0 * step,
+                    "tokens": 64 * step,
+                }
+            )
+    write(
+        {
+            "kind": "final",
+            "step": steps,
+            "total_steps": steps,
+            "val_loss": fake_loss(lr, wd, seed),
+            "train_time_ms": 10.0 * steps,
+            "step_avg_ms": 10.0,
+            "peak_memory_mib": 1.0,
+        }
+    )
     return 0
 
 

@@ -16,7 +16,10 @@ def _covered(intervals: list[tuple[float, float]], grid: np.ndarray) -> np.ndarr
 
 
 def test_merge_unites_nested_and_overlapping() -> None:
-    assert merge([(5, 6), (0, 10), (2, 3), (9, 12), (20, 21), (21, 22)]).tolist() == [[0, 12], [20, 22]]
+    assert merge([(5, 6), (0, 10), (2, 3), (9, 12), (20, 21), (21, 22)]).tolist() == [
+        [0, 12],
+        [20, 22],
+    ]
     assert merge([]).shape == (0, 2)
     assert merge([(3, 3)]).shape == (0, 2)
 

@@ -16,8 +16,14 @@ from nanoshampoo.evidence.leaderboard import build_leaderboard, write_leaderboar
 from nanoshampoo.evidence.logs import read_run
 
 # MFU (a fraction) of each (setup, seed) the trainer below writes; soap's logs predate MFU.
-MFU = {("adamw", 0): 0.071, ("adamw", 1): 0.069, ("adamw", 2): 0.0725,
-       ("shampoo", 0): 0.057, ("shampoo", 1): 0.0561, ("shampoo", 2): 0.058}
+MFU = {
+    ("adamw", 0): 0.071,
+    ("adamw", 1): 0.069,
+    ("adamw", 2): 0.0725,
+    ("shampoo", 0): 0.057,
+    ("shampoo", 1): 0.0561,
+    ("shampoo", 2): 0.058,
+}
 
 
 class MfuTrainer(FakeTrainer):
@@ -75,8 +81,11 @@ def test_each_row_averages_its_runs_final_mfu_and_marks_logs_without_one(tmp_pat
 
 def _all_run_rows(text: str) -> list[dict[str, str]]:
     runs = text.split("## Runs", 1)[1]
-    lines = [[c.strip() for c in line.split("|")[1:-1]] for line in runs.splitlines()
-             if line.startswith("|")]
+    lines = [
+        [c.strip() for c in line.split("|")[1:-1]]
+        for line in runs.splitlines()
+        if line.startswith("|")
+    ]
     return [dict(zip(lines[0], row)) for row in lines[2:]]
 
 
@@ -114,13 +123,36 @@ def test_leaderboard_json_carries_each_row_and_run_mfu(tmp_path: Path) -> None:
 
 def test_read_run_takes_the_mfu_of_the_final_record_only(tmp_path: Path) -> None:
     path = tmp_path / "run.jsonl"
-    records = [{"kind": "config", "run_id": "run", "seed": 0, "config": {}},
-               {"kind": "train", "step": 5, "total_steps": 10, "train_loss": 4.0,
-                "train_time_ms": 50.0, "step_avg_ms": 10.0, "tokens_per_s": 1e4, "mfu": 0.5},
-               {"kind": "val", "step": 10, "total_steps": 10, "val_loss": 3.9,
-                "train_time_ms": 100.0, "step_avg_ms": 10.0},
-               {"kind": "final", "step": 10, "total_steps": 10, "val_loss": 3.9,
-                "train_time_ms": 100.0, "step_avg_ms": 10.0, "peak_memory_mib": 80.0}]
+    records = [
+        {"kind": "config", "run_id": "run", "seed": 0, "config": {}},
+        {
+            "kind": "train",
+            "step": 5,
+            "total_steps": 10,
+            "train_loss": 4.0,
+            "train_time_ms": 50.0,
+            "step_avg_ms": 10.0,
+            "tokens_per_s": 1e4,
+            "mfu": 0.5,
+        },
+        {
+            "kind": "val",
+            "step": 10,
+            "total_steps": 10,
+            "val_loss": 3.9,
+            "train_time_ms": 100.0,
+            "step_avg_ms": 10.0,
+        },
+        {
+            "kind": "final",
+            "step": 10,
+            "total_steps": 10,
+            "val_loss": 3.9,
+            "train_time_ms": 100.0,
+            "step_avg_ms": 10.0,
+            "peak_memory_mib": 80.0,
+        },
+    ]
     path.write_text("".join(json.dumps(r) + "\n" for r in records))
     assert read_run(path).mfu is None  # a train record's MFU is one step's, not the run's
     records[-1]["mfu"] = 0.0625

@@ -36,8 +36,11 @@ def test_track3_rule_names_itself_and_gives_both_verdicts(tmp_path: Path) -> Non
     assert rows["adamw"].pairwise is None and not rows["adamw"].record.passed
     text = leaderboard.format_leaderboard(board)
     assert "Rule: **track3:" in text and "## Track-3 verdicts" in text
-    cells = [[c.strip() for c in line.split("|")[1:-1]] for line in text.splitlines()
-             if line.startswith("|")]
+    cells = [
+        [c.strip() for c in line.split("|")[1:-1]]
+        for line in text.splitlines()
+        if line.startswith("|")
+    ]
     assert ["shampoo", "100", "3", "0.09238"] in [row[:4] for row in cells]
     welch_board = build_leaderboard(groups, _config(tmp_path))
     assert "Rule: **welch:" in leaderboard.format_leaderboard(welch_board)
@@ -55,21 +58,24 @@ def test_every_row_says_how_many_seeds_p_below_005_would_need(tmp_path: Path) ->
         n = rows[setup].seeds_needed
 
         def p(k: int) -> float:
-            return scipy.stats.ttest_ind_from_stats(gap, stds[0], k, 0.0, stds[1], k,
-                                                    equal_var=False).pvalue
+            return scipy.stats.ttest_ind_from_stats(
+                gap, stds[0], k, 0.0, stds[1], k, equal_var=False
+            ).pvalue
 
         assert n is not None and p(n) < 0.05 and (n == 2 or p(n - 1) >= 0.05)
 
 
 def test_track3_credits_a_shorter_schedule_in_the_pairwise_rule(tmp_path: Path) -> None:
     config = _config(tmp_path, step_fractions=(0.7,), rule="track3")
-    groups = run_compare(config, resolve=fake_resolve, launch=ScheduleTrainer(),
-                         say=lambda line: None)
+    groups = run_compare(
+        config, resolve=fake_resolve, launch=ScheduleTrainer(), say=lambda line: None
+    )
     rows = {row.setup: row for row in build_leaderboard(groups, config).rows}
     short = rows["soap@0.7"]
     assert short.steps == 70 and short.pairwise.credit == pytest.approx(0.0045 * 30 / 100)
-    expected = (np.mean(FINALS["adamw"]) - (np.mean(FINALS["soap"]) + 0.03 - 0.00135)) \
-        / math.sqrt(2 / 3)
+    expected = (np.mean(FINALS["adamw"]) - (np.mean(FINALS["soap"]) + 0.03 - 0.00135)) / math.sqrt(
+        2 / 3
+    )
     assert short.pairwise.statistic == pytest.approx(expected)
 
 
@@ -81,8 +87,11 @@ def test_track3_refuses_seeds_that_stopped_at_different_steps(tmp_path: Path) ->
     groups = {**groups, "soap": runs}
     # The report refuses a group of mixed lengths under either rule, before the rule sees it.
     for rule_config in (config, _config(tmp_path)):
-        with pytest.raises(ValueError, match=r"group 'soap' mixes runs of different lengths "
-                                             r"\(90 steps: .*; 100 steps: "):
+        with pytest.raises(
+            ValueError,
+            match=r"group 'soap' mixes runs of different lengths "
+            r"\(90 steps: .*; 100 steps: ",
+        ):
             build_leaderboard(groups, rule_config)
 
 
@@ -95,9 +104,18 @@ def write_ended_run(directory: Path, config: dict[str, object]) -> Path:
     """A compare manifest and a finished JSONL log, run id ``old``, of ``config``."""
     directory.mkdir()
     (directory / "old.compare.json").write_text(json.dumps({"config": config, "nproc": 1}))
-    records = [{"kind": "config", "run_id": "old", "seed": 0, "world_size": 1, "config": config},
-               {"kind": "final", "step": 300, "total_steps": 300, "val_loss": 4.3,
-                "train_time_ms": 1.0, "step_avg_ms": 1.0, "peak_memory_mib": 1.0}]
+    records = [
+        {"kind": "config", "run_id": "old", "seed": 0, "world_size": 1, "config": config},
+        {
+            "kind": "final",
+            "step": 300,
+            "total_steps": 300,
+            "val_loss": 4.3,
+            "train_time_ms": 1.0,
+            "step_avg_ms": 1.0,
+            "peak_memory_mib": 1.0,
+        },
+    ]
     (directory / "old.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     return directory
 
@@ -118,12 +136,17 @@ def test_a_run_logged_before_the_setup_registry_is_reused(tmp_path: Path) -> Non
     assert find_reusable(directory, changed, 1, compare_defaults()) is None
 
 
-@pytest.mark.parametrize("logged, flags, reused", [
-    (False, ["--compile", "false"], True), (True, ["--compile", "true"], True),
-    (False, [], False),  # the default is now "auto", which may compile: another run
-])
+@pytest.mark.parametrize(
+    "logged, flags, reused",
+    [
+        (False, ["--compile", "false"], True),
+        (True, ["--compile", "true"], True),
+        (False, [], False),  # the default is now "auto", which may compile: another run
+    ],
+)
 def test_a_run_logged_when_compile_was_a_bool_is_reused_at_its_spelling(
-        logged: bool, flags: list[str], reused: bool, tmp_path: Path) -> None:
+    logged: bool, flags: list[str], reused: bool, tmp_path: Path
+) -> None:
     from nanoshampoo.evidence.compare import find_reusable, resolve_train_config
 
     resolved = resolve_train_config(["--preset", "tiny-adamw", "--seed", "0", *flags])

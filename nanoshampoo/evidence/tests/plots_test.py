@@ -26,8 +26,9 @@ def test_runs_are_averaged_at_equal_progress_and_end_at_the_mean_final_loss() ->
     x, mean, std = mean_std_by_progress(xs, ys, points=5)
     # By hand: at progress u, run i is at x_i(u) with loss y_i(u) (linear between its points).
     for k, u in enumerate(np.linspace(0, 1, 5)):
-        at = [(np.interp(u, [0, 0.5, 1], xi), np.interp(u, [0, 0.5, 1], yi))
-              for xi, yi in zip(xs, ys)]
+        at = [
+            (np.interp(u, [0, 0.5, 1], xi), np.interp(u, [0, 0.5, 1], yi)) for xi, yi in zip(xs, ys)
+        ]
         assert x[k] == pytest.approx(np.mean([a for a, _ in at]))
         assert mean[k] == pytest.approx(np.mean([b for _, b in at]))
         assert std[k] == pytest.approx(np.std([b for _, b in at], ddof=1))
@@ -35,15 +36,22 @@ def test_runs_are_averaged_at_equal_progress_and_end_at_the_mean_final_loss() ->
 
 
 def _curve_lines(ax: plt.Axes) -> dict[str, np.ndarray]:
-    return {line.get_label().split(" (")[0]: np.asarray(line.get_xdata())
-            for line in ax.get_lines() if len(line.get_xdata()) > 2}
+    return {
+        line.get_label().split(" (")[0]: np.asarray(line.get_xdata())
+        for line in ax.get_lines()
+        if len(line.get_xdata()) > 2
+    }
 
 
 def test_the_zoom_keeps_a_setup_that_ended_before_the_others_last_30_percent() -> None:
-    fast = [_run(f"fast{s}", [(0, 8.0, 0.0), (50, 6.0, 1000.0 + s), (100, 5.1, 2000.0 + s)])
-            for s in range(2)]
-    slow = [_run(f"slow{s}", [(0, 8.0, 0.0), (50, 6.1, 5000.0), (100, 5.0, 10000.0 + s)])
-            for s in range(2)]
+    fast = [
+        _run(f"fast{s}", [(0, 8.0, 0.0), (50, 6.0, 1000.0 + s), (100, 5.1, 2000.0 + s)])
+        for s in range(2)
+    ]
+    slow = [
+        _run(f"slow{s}", [(0, 8.0, 0.0), (50, 6.1, 5000.0), (100, 5.0, 10000.0 + s)])
+        for s in range(2)
+    ]
     fig = plot_curve({"fast": fast, "slow": slow}, target=5.05, x="time")
     zoom = fig.axes[1]
     low, high = zoom.get_xlim()
@@ -53,8 +61,10 @@ def test_the_zoom_keeps_a_setup_that_ended_before_the_others_last_30_percent() -
 
 
 def test_runs_validated_only_at_their_end_draw_without_warnings() -> None:
-    groups = {name: [_run(f"{name}{s}", [(100, loss + 0.01 * s, 1000.0 + s)]) for s in range(2)]
-              for name, loss in (("adamw", 5.0), ("muon", 4.9))}
+    groups = {
+        name: [_run(f"{name}{s}", [(100, loss + 0.01 * s, 1000.0 + s)]) for s in range(2)]
+        for name, loss in (("adamw", 5.0), ("muon", 4.9))
+    }
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         fig = plot_curve(groups, target=5.0, x="step")
@@ -64,8 +74,10 @@ def test_runs_validated_only_at_their_end_draw_without_warnings() -> None:
 
 
 def test_the_log_loss_axis_has_plain_tick_labels() -> None:
-    runs = [_run(f"a{s}", [(0, 9.0, 0.0), (50, 6.0, 500.0), (100, 4.5 + 0.01 * s, 1000.0)])
-            for s in range(2)]
+    runs = [
+        _run(f"a{s}", [(0, 9.0, 0.0), (50, 6.0, 500.0), (100, 4.5 + 0.01 * s, 1000.0)])
+        for s in range(2)
+    ]
     fig = plot_curve({"a": runs}, target=4.5, x="step")
     fig.canvas.draw()
     whole = fig.axes[0]

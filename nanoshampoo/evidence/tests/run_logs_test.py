@@ -39,10 +39,22 @@ def test_modded_nanogpt_record_line_parses(tmp_path: Path) -> None:
     ("name", "text", "message"),
     [
         ("empty.txt", "", "no validation lines"),
-        ("partial.txt", "step:10/100 val_loss:4.0 train_time:5ms step_avg:0.5ms\n", "incomplete run"),
+        (
+            "partial.txt",
+            "step:10/100 val_loss:4.0 train_time:5ms step_avg:0.5ms\n",
+            "incomplete run",
+        ),
         ("bad.jsonl", '{"kind": "config"}\nnot json\n', r"bad.jsonl:2: invalid JSON"),
-        ("nofinal.jsonl", '{"kind": "val", "step": 1, "val_loss": 3.0, "train_time_ms": 1.0}\n', "no 'final' or 'diverged' record"),
-        ("field.jsonl", '{"kind": "final", "step": 1, "total_steps": 1, "train_time_ms": 1}\n', "lacks field 'val_loss'"),
+        (
+            "nofinal.jsonl",
+            '{"kind": "val", "step": 1, "val_loss": 3.0, "train_time_ms": 1.0}\n',
+            "no 'final' or 'diverged' record",
+        ),
+        (
+            "field.jsonl",
+            '{"kind": "final", "step": 1, "total_steps": 1, "train_time_ms": 1}\n',
+            "lacks field 'val_loss'",
+        ),
         ("log.csv", "x", "unknown run log type"),
     ],
 )
@@ -90,17 +102,22 @@ CONFIG = '{"kind": "config", "run_id": "r", "seed": 0, "preset": "tiny", "optimi
 
 
 @pytest.mark.parametrize("nan", ["null", '"nan"', "NaN", '"inf"', "Infinity", '"-inf"'])
-def test_non_finite_final_loss_in_every_spelling_reads_as_diverged(tmp_path: Path, nan: str) -> None:
+def test_non_finite_final_loss_in_every_spelling_reads_as_diverged(
+    tmp_path: Path, nan: str
+) -> None:
     # What the trainer wrote for `--embed-lr inf` before it stopped diverged runs: it ran to the
     # end and logged a non-finite loss (as null; other writers use "nan" or bare NaN).
-    path = _jsonl(tmp_path / "r.jsonl", [
-        CONFIG,
-        f'{{"kind": "train", "step": 10, "total_steps": 20, "train_loss": {nan}, "train_time_ms": 5.0}}',
-        '{"kind": "val", "step": 0, "total_steps": 20, "val_loss": 7.0, "train_time_ms": 0.0}',
-        f'{{"kind": "val", "step": 10, "total_steps": 20, "val_loss": {nan}, "train_time_ms": 5.0}}',
-        f'{{"kind": "final", "step": 20, "total_steps": 20, "val_loss": {nan}, "train_time_ms": 10.0,'
-        f' "step_avg_ms": 0.5, "peak_memory_mib": {nan}}}',
-    ])
+    path = _jsonl(
+        tmp_path / "r.jsonl",
+        [
+            CONFIG,
+            f'{{"kind": "train", "step": 10, "total_steps": 20, "train_loss": {nan}, "train_time_ms": 5.0}}',
+            '{"kind": "val", "step": 0, "total_steps": 20, "val_loss": 7.0, "train_time_ms": 0.0}',
+            f'{{"kind": "val", "step": 10, "total_steps": 20, "val_loss": {nan}, "train_time_ms": 5.0}}',
+            f'{{"kind": "final", "step": 20, "total_steps": 20, "val_loss": {nan}, "train_time_ms": 10.0,'
+            f' "step_avg_ms": 0.5, "peak_memory_mib": {nan}}}',
+        ],
+    )
     run = read_run(path)
     assert run.diverged and run.diverged_step == 10 and math.isnan(run.final_val_loss)
     assert run.train_time_ms == 10.0 and run.total_steps == 20
@@ -108,14 +125,17 @@ def test_non_finite_final_loss_in_every_spelling_reads_as_diverged(tmp_path: Pat
 
 
 def test_diverged_record_ends_a_run(tmp_path: Path) -> None:
-    path = _jsonl(tmp_path / "d.jsonl", [
-        CONFIG,
-        '{"kind": "val", "step": 0, "total_steps": 300, "val_loss": 7.0, "train_time_ms": 0.0}',
-        '{"kind": "val", "step": 50, "total_steps": 300, "val_loss": 5.0, "train_time_ms": 1000.0}',
-        '{"kind": "train", "step": 60, "total_steps": 300, "train_loss": "inf", "train_time_ms": 1200.0}',
-        '{"kind": "diverged", "step": 61, "total_steps": 300, "reason": "non-finite loss; first'
-        ' non-finite gradient: blocks.0.attn.qkv.weight", "train_time_ms": 1220.0}',
-    ])
+    path = _jsonl(
+        tmp_path / "d.jsonl",
+        [
+            CONFIG,
+            '{"kind": "val", "step": 0, "total_steps": 300, "val_loss": 7.0, "train_time_ms": 0.0}',
+            '{"kind": "val", "step": 50, "total_steps": 300, "val_loss": 5.0, "train_time_ms": 1000.0}',
+            '{"kind": "train", "step": 60, "total_steps": 300, "train_loss": "inf", "train_time_ms": 1200.0}',
+            '{"kind": "diverged", "step": 61, "total_steps": 300, "reason": "non-finite loss; first'
+            ' non-finite gradient: blocks.0.attn.qkv.weight", "train_time_ms": 1220.0}',
+        ],
+    )
     run = read_run(path)
     assert (run.diverged_step, run.total_steps, run.train_time_ms) == (61, 300, 1220.0)
     assert run.diverged_reason.endswith("blocks.0.attn.qkv.weight")
@@ -133,15 +153,21 @@ def test_text_log_diverged_line(tmp_path: Path) -> None:
         "diverged at step:11/300: loss is nan at step 11\n"
     )
     run = read_run(path)
-    assert (run.diverged_step, run.diverged_reason, run.total_steps) == (11, "loss is nan at step 11", 300)
+    assert (run.diverged_step, run.diverged_reason, run.total_steps) == (
+        11,
+        "loss is nan at step 11",
+        300,
+    )
     assert run.train_time_ms == 200.0 and run.step_avg_ms == 20.0
     assert [p.step for p in run.curve] == [0]
 
 
 def test_text_log_with_nan_final_loss_is_diverged(tmp_path: Path) -> None:
     path = tmp_path / "n.txt"
-    path.write_text("step:0/20 val_loss:7.0000 train_time:0ms step_avg:0.00ms\n"
-                    "step:20/20 val_loss:nan train_time:10ms step_avg:0.50ms\n")
+    path.write_text(
+        "step:0/20 val_loss:7.0000 train_time:0ms step_avg:0.00ms\n"
+        "step:20/20 val_loss:nan train_time:10ms step_avg:0.50ms\n"
+    )
     run = read_run(path)
     assert run.diverged_step == 20 and math.isnan(run.final_val_loss)
 
@@ -149,12 +175,18 @@ def test_text_log_with_nan_final_loss_is_diverged(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("record", "message"),
     [
-        ('{"kind": "val", "step": 0, "total_steps": 1, "val_loss": "low", "train_time_ms": 0}',
-         "field 'val_loss' is not a number: 'low'"),
-        ('{"kind": "diverged", "step": 1.5, "total_steps": 2, "reason": "x", "train_time_ms": 0}',
-         "field 'step' is not an integer"),
-        ('{"kind": "diverged", "step": 1, "total_steps": 2, "reason": "x"}',
-         "lacks field 'train_time_ms'"),
+        (
+            '{"kind": "val", "step": 0, "total_steps": 1, "val_loss": "low", "train_time_ms": 0}',
+            "field 'val_loss' is not a number: 'low'",
+        ),
+        (
+            '{"kind": "diverged", "step": 1.5, "total_steps": 2, "reason": "x", "train_time_ms": 0}',
+            "field 'step' is not an integer",
+        ),
+        (
+            '{"kind": "diverged", "step": 1, "total_steps": 2, "reason": "x"}',
+            "lacks field 'train_time_ms'",
+        ),
     ],
 )
 def test_bad_numbers_name_the_line(tmp_path: Path, record: str, message: str) -> None:
@@ -166,16 +198,19 @@ def test_bad_numbers_name_the_line(tmp_path: Path, record: str, message: str) ->
 
 def test_a_diverged_run_resumed_to_the_end_is_finished(tmp_path: Path) -> None:
     # The trainer appends on resume: a second config record, then the steps from the checkpoint.
-    path = _jsonl(tmp_path / "r.jsonl", [
-        CONFIG,
-        '{"kind": "val", "step": 0, "total_steps": 100, "val_loss": 7.0, "train_time_ms": 0.0}',
-        '{"kind": "val", "step": 50, "total_steps": 100, "val_loss": 5.0, "train_time_ms": 500.0}',
-        '{"kind": "diverged", "step": 60, "total_steps": 100, "reason": "loss is nan", "train_time_ms": 600.0}',
-        CONFIG.replace("}", ', "resumed_from": {"step": 50}}'),
-        '{"kind": "val", "step": 50, "total_steps": 100, "val_loss": 4.9, "train_time_ms": 510.0}',
-        '{"kind": "final", "step": 100, "total_steps": 100, "val_loss": 4.0, "train_time_ms": 1000.0,'
-        ' "step_avg_ms": 10.0, "peak_memory_mib": 1.0}',
-    ])
+    path = _jsonl(
+        tmp_path / "r.jsonl",
+        [
+            CONFIG,
+            '{"kind": "val", "step": 0, "total_steps": 100, "val_loss": 7.0, "train_time_ms": 0.0}',
+            '{"kind": "val", "step": 50, "total_steps": 100, "val_loss": 5.0, "train_time_ms": 500.0}',
+            '{"kind": "diverged", "step": 60, "total_steps": 100, "reason": "loss is nan", "train_time_ms": 600.0}',
+            CONFIG.replace("}", ', "resumed_from": {"step": 50}}'),
+            '{"kind": "val", "step": 50, "total_steps": 100, "val_loss": 4.9, "train_time_ms": 510.0}',
+            '{"kind": "final", "step": 100, "total_steps": 100, "val_loss": 4.0, "train_time_ms": 1000.0,'
+            ' "step_avg_ms": 10.0, "peak_memory_mib": 1.0}',
+        ],
+    )
     run = read_run(path)
     assert not run.diverged and run.final_val_loss == 4.0
     assert [(p.step, p.val_loss) for p in run.curve] == [(0, 7.0), (50, 4.9), (100, 4.0)]

@@ -18,8 +18,9 @@ def true_loss(size: str, tokens: float) -> float:
     return scale * (tokens / d_ref) ** -alpha + c
 
 
-def study_observations(seeds: int = 4, noise: float = 3e-3, budgets: int = 5,
-                       rng_seed: int = 3) -> list[Observation]:
+def study_observations(
+    seeds: int = 4, noise: float = 3e-3, budgets: int = 5, rng_seed: int = 3
+) -> list[Observation]:
     """Every setup of ``SPEEDUPS`` at every size of ``LAWS``, ``budgets`` doublings from the
     smallest budget, ``seeds`` runs each with Gaussian noise of std ``noise`` on the loss."""
     rng = np.random.default_rng(rng_seed)

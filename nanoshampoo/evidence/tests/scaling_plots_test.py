@@ -29,8 +29,12 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 def study_data():
     # Much noise and a diverged cell, so that every kind of mark is drawn.
     obs = study_observations(seeds=3, noise=0.02, budgets=4)
-    obs = [Observation(o.setup, o.size, o.tokens, o.seed, math.nan)
-           if (o.setup, o.size, o.tokens) == ("sgd", "m", 2_400_000_000) else o for o in obs]
+    obs = [
+        Observation(o.setup, o.size, o.tokens, o.seed, math.nan)
+        if (o.setup, o.size, o.tokens) == ("sgd", "m", 2_400_000_000)
+        else o
+        for o in obs
+    ]
     return obs, estimate_speedups(obs, "adamw", resamples=40, seed=0), performance_profile(obs)
 
 
@@ -43,7 +47,11 @@ def line(ax: plt.Axes, gid: str):
 def test_the_three_figures_are_written(tmp_path: Path, study_data) -> None:
     obs, study, profile = study_data
     paths = write_scaling_plots(study, obs, tmp_path / "plots", profile)
-    assert [p.name for p in paths] == ["speedups.png", "baseline_fits.png", "performance_profile.png"]
+    assert [p.name for p in paths] == [
+        "speedups.png",
+        "baseline_fits.png",
+        "performance_profile.png",
+    ]
     for path in paths:
         assert path.read_bytes()[:8] == PNG_MAGIC
     assert len(write_scaling_plots(study, obs, tmp_path / "two")) == 2
@@ -66,8 +74,9 @@ def test_the_speedup_figure_draws_the_speedups(study_data) -> None:
                         assert not [l for l in ax.get_lines() if l.get_gid() == f"{setup}:{kind}"]
                         continue
                     drawn = line(ax, f"{setup}:{kind}")
-                    np.testing.assert_allclose(drawn.get_xdata(),
-                                               [s.tokens * dodge(i, 3) for s in want], rtol=1e-12)
+                    np.testing.assert_allclose(
+                        drawn.get_xdata(), [s.tokens * dodge(i, 3) for s in want], rtol=1e-12
+                    )
                     np.testing.assert_array_equal(drawn.get_ydata(), [s.value for s in want])
                     kinds_drawn.add(kind)
             # Plain tick labels: budgets as 100M, speedups as plain numbers.
@@ -75,12 +84,17 @@ def test_the_speedup_figure_draws_the_speedups(study_data) -> None:
             labels = [t.get_text() for t in ax.get_xticklabels() + ax.get_yticklabels()]
             assert all("^" not in t and "$" not in t and "×" not in t for t in labels), labels
             assert [t.get_text() for t in ax.get_xticklabels()] == [
-                f"{d // 10**6}M" if d < 10**9 else f"{d / 10**9:g}B" for d in fit.tokens]
+                f"{d // 10**6}M" if d < 10**9 else f"{d / 10**9:g}B" for d in fit.tokens
+            ]
             assert "1" in [t.get_text() for t in ax.get_yticklabels()]
         assert kinds_drawn == {"measured", "above", "below"}
         assert fig.axes[1].get_title().endswith("every run diverged: sgd at 2.4B")
         assert [t.get_text() for t in fig.legends[0].get_texts()][:4] == [
-            "adamw (1×)", "soap", "muon", "sgd"]
+            "adamw (1×)",
+            "soap",
+            "muon",
+            "sgd",
+        ]
     finally:
         plt.close(fig)
 
@@ -100,12 +114,13 @@ def test_the_fit_figure_draws_seeds_means_curve_and_residuals(study_data) -> Non
             curve = line(top, "fit")
             x = np.asarray(curve.get_xdata())
             assert x[0] == pytest.approx(fit.tokens[0]) and x[-1] == pytest.approx(fit.tokens[-1])
-            np.testing.assert_allclose(curve.get_ydata(),
-                                       fit.a * x ** -fit.alpha + fit.c, rtol=1e-12)
+            np.testing.assert_allclose(curve.get_ydata(), fit.a * x**-fit.alpha + fit.c, rtol=1e-12)
             np.testing.assert_array_equal(line(bottom, "residuals").get_ydata(), fit.residuals)
             np.testing.assert_allclose(
                 line(bottom, "seed residuals").get_ydata(),
-                [v - (fit.a * t ** -fit.alpha + fit.c) for t, v in seeds], atol=1e-12)
+                [v - (fit.a * t**-fit.alpha + fit.c) for t, v in seeds],
+                atol=1e-12,
+            )
             assert bottom.get_xscale() == "log"
     finally:
         plt.close(fig)

@@ -18,46 +18,106 @@ from nanoshampoo.evidence.scaling_report import (
 from nanoshampoo.evidence.setup_scores import performance_profile
 
 
-@pytest.mark.parametrize("count, text", [
-    (999, "999"), (64_000, "64k"), (1_500_000, "1.5M"), (100_000_000, "100M"),
-    (2_000_000_000, "2B"), (1.2e12, "1.2T"),
-])
+@pytest.mark.parametrize(
+    "count, text",
+    [
+        (999, "999"),
+        (64_000, "64k"),
+        (1_500_000, "1.5M"),
+        (100_000_000, "100M"),
+        (2_000_000_000, "2B"),
+        (1.2e12, "1.2T"),
+    ],
+)
 def test_counts_are_written_with_a_unit(count: float, text: str) -> None:
     assert format_count(count) == text
 
 
-def speedup(kind: str, value: float, extrapolated: float = 0.0,
-            interval: SpeedupInterval | None = None, diverged: int = 0) -> Speedup:
-    return Speedup(setup="soap", size="s", tokens=100, kind=kind, value=value,
-                   extrapolated=extrapolated, loss=3.0, seeds=4, diverged=diverged,
-                   interval=interval)
+def speedup(
+    kind: str,
+    value: float,
+    extrapolated: float = 0.0,
+    interval: SpeedupInterval | None = None,
+    diverged: int = 0,
+) -> Speedup:
+    return Speedup(
+        setup="soap",
+        size="s",
+        tokens=100,
+        kind=kind,
+        value=value,
+        extrapolated=extrapolated,
+        loss=3.0,
+        seeds=4,
+        diverged=diverged,
+        interval=interval,
+    )
 
 
-def interval(low: float, high: float, low_kind: str = "measured", high_kind: str = "measured",
-             above: int = 0, below: int = 0) -> SpeedupInterval:
-    return SpeedupInterval(low=low, high=high, low_kind=low_kind, high_kind=high_kind,
-                           confidence=0.95, resamples=1000, above=above, below=below,
-                           failed_fits=0)
+def interval(
+    low: float,
+    high: float,
+    low_kind: str = "measured",
+    high_kind: str = "measured",
+    above: int = 0,
+    below: int = 0,
+) -> SpeedupInterval:
+    return SpeedupInterval(
+        low=low,
+        high=high,
+        low_kind=low_kind,
+        high_kind=high_kind,
+        confidence=0.95,
+        resamples=1000,
+        above=above,
+        below=below,
+        failed_fits=0,
+    )
 
 
-@pytest.mark.parametrize("cell, text", [
-    (speedup("measured", 1.234, 1.234, interval(1.1, 1.351)), "1.23× [1.10, 1.35]"),
-    (speedup("measured", 1.234, 1.234), "1.23×"),
-    (speedup("measured", 3.9, 3.9, interval(3.1, 4.0, high_kind="above", above=40)),
-     "3.90× [3.10, > 4.00]"),
-    (speedup("above", 1.8, 2.312, interval(1.52, 1.8, high_kind="above", above=700)),
-     "> 1.80× (extrapolated 2.31×) [1.52, > 1.80]"),
-    (speedup("above", 1.8, math.inf, interval(1.8, 1.8, "above", "above", above=1000)),
-     "> 1.80× (extrapolated beyond the fitted floor) [all 1000 resamples above]"),
-    (speedup("below", 0.5, 0.41, interval(0.5, 0.5, "below", "below", below=990)),
-     "< 0.50× (extrapolated 0.41×) [990 of 1000 resamples below]"),
-    (speedup("below", 0.5, 0.41, interval(0.5, 0.61, low_kind="below", below=300)),
-     "< 0.50× (extrapolated 0.41×) [< 0.50, 0.61]"),
-    (speedup("measured", 1.5, 1.5, diverged=1), "1.50×; 1 of 5 diverged"),
-    (Speedup(setup="soap", size="s", tokens=100, kind="diverged", value=math.nan,
-             extrapolated=math.nan, loss=math.nan, seeds=0, diverged=3, interval=None),
-     "diverged (3 of 3)"),
-])
+@pytest.mark.parametrize(
+    "cell, text",
+    [
+        (speedup("measured", 1.234, 1.234, interval(1.1, 1.351)), "1.23× [1.10, 1.35]"),
+        (speedup("measured", 1.234, 1.234), "1.23×"),
+        (
+            speedup("measured", 3.9, 3.9, interval(3.1, 4.0, high_kind="above", above=40)),
+            "3.90× [3.10, > 4.00]",
+        ),
+        (
+            speedup("above", 1.8, 2.312, interval(1.52, 1.8, high_kind="above", above=700)),
+            "> 1.80× (extrapolated 2.31×) [1.52, > 1.80]",
+        ),
+        (
+            speedup("above", 1.8, math.inf, interval(1.8, 1.8, "above", "above", above=1000)),
+            "> 1.80× (extrapolated beyond the fitted floor) [all 1000 resamples above]",
+        ),
+        (
+            speedup("below", 0.5, 0.41, interval(0.5, 0.5, "below", "below", below=990)),
+            "< 0.50× (extrapolated 0.41×) [990 of 1000 resamples below]",
+        ),
+        (
+            speedup("below", 0.5, 0.41, interval(0.5, 0.61, low_kind="below", below=300)),
+            "< 0.50× (extrapolated 0.41×) [< 0.50, 0.61]",
+        ),
+        (speedup("measured", 1.5, 1.5, diverged=1), "1.50×; 1 of 5 diverged"),
+        (
+            Speedup(
+                setup="soap",
+                size="s",
+                tokens=100,
+                kind="diverged",
+                value=math.nan,
+                extrapolated=math.nan,
+                loss=math.nan,
+                seeds=0,
+                diverged=3,
+                interval=None,
+            ),
+            "diverged (3 of 3)",
+        ),
+    ],
+)
 def test_a_cell_says_what_is_known(cell: Speedup, text: str) -> None:
     assert format_speedup(cell) == text
 
@@ -86,15 +146,30 @@ def test_the_markdown_table_has_a_row_per_size_and_setup(study_and_profile) -> N
     text = format_study_markdown(study, PARAMS, profile)
     speedup_tables = [t for t in tables(text) if t[0][1] == "N (non-emb.)"]
     assert [t[0] for t in speedup_tables] == [
-        ["size", "N (non-emb.)", "setup", "D = 100M (5/param)", "D = 200M (10/param)",
-         "D = 400M (20/param)", "D = 800M (40/param)"],
-        ["size", "N (non-emb.)", "setup", "D = 300M (5/param)", "D = 600M (10/param)",
-         "D = 1.2B (20/param)", "D = 2.4B (40/param)"],
+        [
+            "size",
+            "N (non-emb.)",
+            "setup",
+            "D = 100M (5/param)",
+            "D = 200M (10/param)",
+            "D = 400M (20/param)",
+            "D = 800M (40/param)",
+        ],
+        [
+            "size",
+            "N (non-emb.)",
+            "setup",
+            "D = 300M (5/param)",
+            "D = 600M (10/param)",
+            "D = 1.2B (20/param)",
+            "D = 2.4B (40/param)",
+        ],
     ]
     cells = {(s.size, s.setup, s.tokens): s for s in study.speedups}
     body = [row for t in speedup_tables for row in t[1:]]
-    assert [(r[0], r[2]) for r in body] == [(size, setup) for size in ("s", "m")
-                                             for setup in ("soap", "muon", "sgd")]
+    assert [(r[0], r[2]) for r in body] == [
+        (size, setup) for size in ("s", "m") for setup in ("soap", "muon", "sgd")
+    ]
     for row in body:
         size, n, setup = row[:3]
         assert n == format_count(PARAMS[size])
@@ -126,21 +201,36 @@ def test_the_json_form_is_strict_and_complete(study_and_profile) -> None:
     text = json.dumps(data, allow_nan=False)
     back = json.loads(text)
     assert back["baseline"] == "adamw" and back["resamples"] == 30
-    assert back["sizes"]["s"] == {"non_embedding_params": 20_000_000, "tokens_per_param": {
-        "100000000": 5.0, "200000000": 10.0, "400000000": 20.0, "800000000": 40.0}}
+    assert back["sizes"]["s"] == {
+        "non_embedding_params": 20_000_000,
+        "tokens_per_param": {
+            "100000000": 5.0,
+            "200000000": 10.0,
+            "400000000": 20.0,
+            "800000000": 40.0,
+        },
+    }
     assert [f["a"] for f in back["fits"]] == [f.a for f in study.fits]
     for got, s in zip(back["speedups"], study.speedups):
-        assert (got["setup"], got["size"], got["tokens"], got["kind"]) == (s.setup, s.size, s.tokens, s.kind)
+        assert (got["setup"], got["size"], got["tokens"], got["kind"]) == (
+            s.setup,
+            s.size,
+            s.tokens,
+            s.kind,
+        )
         assert got["extrapolated"] == (s.extrapolated if math.isfinite(s.extrapolated) else None)
         assert got["interval"]["low"] == s.interval.low
     assert back["performance_profile"]["scores"] == profile.scores
     assert study_to_dict(study, PARAMS)["performance_profile"] is None
 
 
-@pytest.mark.parametrize("params, message", [
-    ({"s": 20_000_000}, r"non_embedding_params\['m'\]: must be an int > 0, got None"),
-    ({"s": 20_000_000, "m": 0}, r"non_embedding_params\['m'\]: must be an int > 0, got 0"),
-])
+@pytest.mark.parametrize(
+    "params, message",
+    [
+        ({"s": 20_000_000}, r"non_embedding_params\['m'\]: must be an int > 0, got None"),
+        ({"s": 20_000_000, "m": 0}, r"non_embedding_params\['m'\]: must be an int > 0, got 0"),
+    ],
+)
 def test_parameter_counts_are_required_for_every_size(study_and_profile, params, message) -> None:
     study, _ = study_and_profile
     for render in (format_study_markdown, study_to_dict):

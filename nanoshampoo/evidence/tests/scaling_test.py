@@ -29,8 +29,9 @@ def law(a: float, alpha: float, c: float, tokens: float) -> float:
     return a * tokens**-alpha + c
 
 
-def noiseless_fit(a: float = 150.0, alpha: float = 0.4, c: float = 3.0,
-                  budgets: list[int] = BUDGETS) -> BaselineFit:
+def noiseless_fit(
+    a: float = 150.0, alpha: float = 0.4, c: float = 3.0, budgets: list[int] = BUDGETS
+) -> BaselineFit:
     return fit_power_law("s", budgets, [law(a, alpha, c, d) for d in budgets])
 
 
@@ -38,13 +39,18 @@ def sse(budgets: list[int], means: list[float], a: float, alpha: float, c: float
     return sum((m - law(a, alpha, c, d)) ** 2 for d, m in zip(budgets, means))
 
 
-@pytest.mark.parametrize("a, alpha, c, budgets", [
-    (150.0, 0.4, 3.0, BUDGETS),
-    (2.0e3, 0.3, 2.5, [10**8, 2 * 10**8, 4 * 10**8, 10**9, 4 * 10**9]),  # raw tokens up to 4e9
-    (0.9, 0.05, 0.5, [10, 100, 1000, 10_000]),  # a shallow law over four decades
-    (1.0e6, 1.0, 1.0, [10**6, 3 * 10**6, 10**7, 3 * 10**7]),
-])
-def test_noiseless_data_are_fit_exactly(a: float, alpha: float, c: float, budgets: list[int]) -> None:
+@pytest.mark.parametrize(
+    "a, alpha, c, budgets",
+    [
+        (150.0, 0.4, 3.0, BUDGETS),
+        (2.0e3, 0.3, 2.5, [10**8, 2 * 10**8, 4 * 10**8, 10**9, 4 * 10**9]),  # raw tokens up to 4e9
+        (0.9, 0.05, 0.5, [10, 100, 1000, 10_000]),  # a shallow law over four decades
+        (1.0e6, 1.0, 1.0, [10**6, 3 * 10**6, 10**7, 3 * 10**7]),
+    ],
+)
+def test_noiseless_data_are_fit_exactly(
+    a: float, alpha: float, c: float, budgets: list[int]
+) -> None:
     fit = noiseless_fit(a, alpha, c, budgets)
     assert fit.alpha == pytest.approx(alpha, rel=1e-7)
     assert fit.c == pytest.approx(c, rel=1e-7)
@@ -52,7 +58,9 @@ def test_noiseless_data_are_fit_exactly(a: float, alpha: float, c: float, budget
     assert fit.scale == pytest.approx(a * budgets[0] ** -alpha, rel=1e-7)
     assert fit.d_ref == budgets[0] and fit.tokens == tuple(budgets)
     np.testing.assert_allclose(fit.residuals, 0.0, atol=1e-12)
-    assert fit.loss_range == pytest.approx((law(a, alpha, c, budgets[-1]), law(a, alpha, c, budgets[0])))
+    assert fit.loss_range == pytest.approx(
+        (law(a, alpha, c, budgets[-1]), law(a, alpha, c, budgets[0]))
+    )
 
 
 def test_noisy_data_give_a_least_squares_fit_near_the_true_law() -> None:
@@ -86,15 +94,23 @@ def test_the_fit_keeps_its_bounds() -> None:
     assert fit.a > 0 and fit.alpha > 0 and 0.0 <= fit.c < min(fit.mean_losses)
 
 
-@pytest.mark.parametrize("tokens, losses, message", [
-    ([1, 2, 4], [3.0, 2.9, 2.8], "size 's': the baseline has 3 budgets; a power-law fit needs at least 4"),
-    ([1, 2, 4, 8], [2.8, 2.9, 3.0, 3.1], "size 's': the baseline's mean losses do not fall"),
-    ([1, 2, 2, 8], [3.0, 2.9, 2.8, 2.7], "size 's': budgets must be > 0 and differ"),
-    ([0, 2, 4, 8], [3.0, 2.9, 2.8, 2.7], "size 's': budgets must be > 0 and differ"),
-    ([1, 2, 4, 8], [3.0, 2.9, math.nan, 2.7], "size 's': .* mean losses be finite and > 0"),
-])
-def test_a_fit_that_cannot_be_made_names_the_size(tokens: list[int], losses: list[float],
-                                                   message: str) -> None:
+@pytest.mark.parametrize(
+    "tokens, losses, message",
+    [
+        (
+            [1, 2, 4],
+            [3.0, 2.9, 2.8],
+            "size 's': the baseline has 3 budgets; a power-law fit needs at least 4",
+        ),
+        ([1, 2, 4, 8], [2.8, 2.9, 3.0, 3.1], "size 's': the baseline's mean losses do not fall"),
+        ([1, 2, 2, 8], [3.0, 2.9, 2.8, 2.7], "size 's': budgets must be > 0 and differ"),
+        ([0, 2, 4, 8], [3.0, 2.9, 2.8, 2.7], "size 's': budgets must be > 0 and differ"),
+        ([1, 2, 4, 8], [3.0, 2.9, math.nan, 2.7], "size 's': .* mean losses be finite and > 0"),
+    ],
+)
+def test_a_fit_that_cannot_be_made_names_the_size(
+    tokens: list[int], losses: list[float], message: str
+) -> None:
     with pytest.raises(ValueError, match=message.replace("(", r"\(")):
         fit_power_law("s", tokens, losses)
 
@@ -104,7 +120,9 @@ def test_effective_tokens_invert_the_curve() -> None:
     for d in np.geomspace(1e5, 1e9, 13):
         assert fit.effective_tokens(float(fit.loss(d))) == pytest.approx(d, rel=1e-10)
         loss = law(150.0, 0.4, 3.0, d)
-        assert fit.effective_tokens(loss) == pytest.approx((150.0 / (loss - 3.0)) ** (1 / 0.4), rel=1e-6)
+        assert fit.effective_tokens(loss) == pytest.approx(
+            (150.0 / (loss - 3.0)) ** (1 / 0.4), rel=1e-6
+        )
     assert fit.effective_tokens(fit.c) == math.inf
 
 
@@ -113,7 +131,9 @@ def test_the_baselines_own_points_have_speedup_one() -> None:
     for d, mean in zip(fit.tokens, fit.mean_losses):
         kind, value, extrapolated = speedup_at(fit, mean, d)
         assert kind == "measured"
-        assert value == pytest.approx(1.0, abs=1e-12) and extrapolated == pytest.approx(1.0, abs=1e-12)
+        assert value == pytest.approx(1.0, abs=1e-12) and extrapolated == pytest.approx(
+            1.0, abs=1e-12
+        )
 
 
 def test_bounds_are_classified_at_the_edges_of_the_fitted_range() -> None:
@@ -125,23 +145,32 @@ def test_bounds_are_classified_at_the_edges_of_the_fitted_range() -> None:
     assert speedup_at(fit, low, d)[:2] == ("measured", pytest.approx(d_max / d, rel=1e-12))
     assert speedup_at(fit, high, d)[:2] == ("measured", pytest.approx(d_min / d, rel=1e-12))
     # Just beyond them only the bound is a value; the curve's inverse is kept as extrapolated.
-    for loss, kind, bound in ((low - 1e-9, "above", d_max / d), (high + 1e-9, "below", d_min / d),
-                              (low - 0.05, "above", d_max / d), (high + 0.3, "below", d_min / d)):
+    for loss, kind, bound in (
+        (low - 1e-9, "above", d_max / d),
+        (high + 1e-9, "below", d_min / d),
+        (low - 0.05, "above", d_max / d),
+        (high + 0.3, "below", d_min / d),
+    ):
         got_kind, value, extrapolated = speedup_at(fit, loss, d)
         assert (got_kind, value) == (kind, bound)
-        assert extrapolated == pytest.approx((fit.a / (loss - fit.c)) ** (1 / fit.alpha) / d, rel=1e-6)
+        assert extrapolated == pytest.approx(
+            (fit.a / (loss - fit.c)) ** (1 / fit.alpha) / d, rel=1e-6
+        )
     assert speedup_at(fit, fit.c - 0.1, d) == ("above", d_max / d, math.inf)
 
 
-@pytest.mark.parametrize("field, kwargs, message", [
-    ("setup", dict(setup=""), "setup: must be a non-empty string"),
-    ("size", dict(size=3), "size: must be a non-empty string"),
-    ("tokens", dict(tokens=0), "tokens: must be an int > 0"),
-    ("tokens", dict(tokens=1.5e6), "tokens: must be an int > 0"),
-    ("seed", dict(seed=None), "seed: must be an int"),
-    ("loss", dict(loss=-0.1), "loss: must be a number >= 0"),
-    ("loss", dict(loss="3.2"), "loss: must be a number >= 0"),
-])
+@pytest.mark.parametrize(
+    "field, kwargs, message",
+    [
+        ("setup", dict(setup=""), "setup: must be a non-empty string"),
+        ("size", dict(size=3), "size: must be a non-empty string"),
+        ("tokens", dict(tokens=0), "tokens: must be an int > 0"),
+        ("tokens", dict(tokens=1.5e6), "tokens: must be an int > 0"),
+        ("seed", dict(seed=None), "seed: must be an int"),
+        ("loss", dict(loss=-0.1), "loss: must be a number >= 0"),
+        ("loss", dict(loss="3.2"), "loss: must be a number >= 0"),
+    ],
+)
 def test_an_observation_refuses_a_bad_field(field: str, kwargs: dict, message: str) -> None:
     values = dict(setup="adamw", size="s", tokens=1000, seed=0, loss=3.0) | kwargs
     with pytest.raises(ValueError, match=message):
@@ -149,8 +178,10 @@ def test_an_observation_refuses_a_bad_field(field: str, kwargs: dict, message: s
 
 
 def test_grouping_orders_seeds_and_counts_diverged_runs() -> None:
-    obs = [Observation("a", "s", 10, seed, loss)
-           for seed, loss in ((2, 3.2), (0, 3.0), (3, math.nan), (1, 3.1), (4, math.inf))]
+    obs = [
+        Observation("a", "s", 10, seed, loss)
+        for seed, loss in ((2, 3.2), (0, 3.0), (3, math.nan), (1, 3.1), (4, math.inf))
+    ]
     cell = group_observations(obs)[("a", "s", 10)]
     assert cell.losses.tolist() == [3.0, 3.1, 3.2] and cell.diverged == 2
     with pytest.raises(ValueError, match="setup 'a', size 's', 10 tokens, seed 1 appears twice"):
@@ -165,7 +196,8 @@ def test_point_speedups_follow_the_definition() -> None:
         assert fit == fit_baseline(obs, "adamw", fit.size)
     cells = group_observations(obs)
     assert {(s.setup, s.size, s.tokens) for s in study.speedups} == {
-        key for key in cells if key[0] != "adamw"}
+        key for key in cells if key[0] != "adamw"
+    }
     for s in study.speedups:
         fit = study.fit(s.size)
         loss = float(np.mean(cells[(s.setup, s.size, s.tokens)].losses))
@@ -184,8 +216,9 @@ def test_point_speedups_follow_the_definition() -> None:
             assert s.value == pytest.approx(SPEEDUPS[s.setup], rel=0.06)
 
 
-def reference_bootstrap(obs: list[Observation], baseline: str, resamples: int, confidence: float,
-                        seed: int) -> dict[tuple[str, str, int], tuple]:
+def reference_bootstrap(
+    obs: list[Observation], baseline: str, resamples: int, confidence: float, seed: int
+) -> dict[tuple[str, str, int], tuple]:
     """The documented bootstrap, replayed: per size, per resample, the baseline's seed indices
     at each budget, then each setup's at each budget; refit; censor D_eff to [D_min, D_max]."""
     rng = np.random.default_rng(seed)
@@ -197,8 +230,14 @@ def reference_bootstrap(obs: list[Observation], baseline: str, resamples: int, c
     results = {}
     for size in dict.fromkeys(o.size for o in obs):
         budgets = sorted(t for s, z, t in losses if s == baseline and z == size)
-        cells = sorted(((s, t) for s, z, t in losses if z == size and s != baseline
-                        and len(losses[(s, z, t)]) >= 2), key=lambda st: (setups.index(st[0]), st[1]))
+        cells = sorted(
+            (
+                (s, t)
+                for s, z, t in losses
+                if z == size and s != baseline and len(losses[(s, z, t)]) >= 2
+            ),
+            key=lambda st: (setups.index(st[0]), st[1]),
+        )
         values = {cell: [] for cell in cells}
         counts = {cell: [0, 0] for cell in cells}
         for _ in range(resamples):
@@ -217,7 +256,9 @@ def reference_bootstrap(obs: list[Observation], baseline: str, resamples: int, c
                 counts[(setup, d)][1] += d_eff < budgets[0]
                 values[(setup, d)].append(min(max(d_eff, budgets[0]), budgets[-1]) / d)
         for setup, d in cells:
-            low, high = np.percentile(values[(setup, d)], [50 * (1 - confidence), 50 * (1 + confidence)])
+            low, high = np.percentile(
+                values[(setup, d)], [50 * (1 - confidence), 50 * (1 + confidence)]
+            )
             results[(setup, size, d)] = (low, high, *counts[(setup, d)])
     return results
 
@@ -234,10 +275,21 @@ def test_the_bootstrap_matches_a_hand_written_loop() -> None:
         fit = study.fit(s.size)
         i = s.interval
         assert (i.low, i.high) == (pytest.approx(low, rel=1e-6), pytest.approx(high, rel=1e-6))
-        assert (i.above, i.below, i.resamples, i.failed_fits, i.confidence) == (above, below, 60, 0, 0.9)
+        assert (i.above, i.below, i.resamples, i.failed_fits, i.confidence) == (
+            above,
+            below,
+            60,
+            0,
+            0.9,
+        )
         for end, kind in ((i.low, i.low_kind), (i.high, i.high_kind)):
-            expected = ("below" if end <= fit.tokens[0] / s.tokens + 1e-12 else
-                        "above" if end >= fit.tokens[-1] / s.tokens - 1e-12 else "measured")
+            expected = (
+                "below"
+                if end <= fit.tokens[0] / s.tokens + 1e-12
+                else "above"
+                if end >= fit.tokens[-1] / s.tokens - 1e-12
+                else "measured"
+            )
             assert kind == expected
             censored_ends += kind != "measured"
     assert censored_ends > 0  # the case the censoring is for did occur
@@ -257,8 +309,11 @@ def test_cells_without_enough_seeds_get_no_interval() -> None:
     for s in study.speedups:
         assert (s.interval is None) == (s.setup == "soap" and s.size == "s")
     # One seed at one baseline budget: that size's resampled fits would ignore its noise.
-    thin = [o for o in obs if not (o.setup == "adamw" and o.size == "m" and o.tokens == 300_000_000
-                                   and o.seed > 0)]
+    thin = [
+        o
+        for o in obs
+        if not (o.setup == "adamw" and o.size == "m" and o.tokens == 300_000_000 and o.seed > 0)
+    ]
     study = estimate_speedups(thin, "adamw", resamples=10)
     for s in study.speedups:
         assert (s.interval is None) == (s.size == "m")
@@ -267,29 +322,49 @@ def test_cells_without_enough_seeds_get_no_interval() -> None:
 def test_diverged_runs_are_counted_and_left_out() -> None:
     obs = study_observations(seeds=3, budgets=4)
     cell = ("muon", "s", 200_000_000)
-    broken = [Observation(*cell, o.seed, math.nan) if (o.setup, o.size, o.tokens) == cell else o
-              for o in obs]
-    broken = [o for o in broken if not (o.setup == "soap" and o.size == "s" and o.tokens == 100_000_000
-                                        and o.seed == 0)] + [Observation("soap", "s", 100_000_000, 0, math.inf)]
+    broken = [
+        Observation(*cell, o.seed, math.nan) if (o.setup, o.size, o.tokens) == cell else o
+        for o in obs
+    ]
+    broken = [
+        o
+        for o in broken
+        if not (o.setup == "soap" and o.size == "s" and o.tokens == 100_000_000 and o.seed == 0)
+    ] + [Observation("soap", "s", 100_000_000, 0, math.inf)]
     study = estimate_speedups(broken, "adamw", resamples=0)
     by_cell = {(s.setup, s.size, s.tokens): s for s in study.speedups}
     gone = by_cell[cell]
     assert (gone.kind, gone.seeds, gone.diverged, gone.interval) == ("diverged", 0, 3, None)
     assert math.isnan(gone.value) and math.isnan(gone.loss)
     part = by_cell[("soap", "s", 100_000_000)]
-    finite = [o.loss for o in obs if (o.setup, o.size, o.tokens) == ("soap", "s", 100_000_000) and o.seed]
-    assert (part.seeds, part.diverged, part.loss) == (2, 1, pytest.approx(np.mean(finite), abs=1e-15))
-    dead_baseline = [Observation("adamw", "s", 100_000_000, o.seed, math.nan)
-                     if (o.setup, o.size, o.tokens) == ("adamw", "s", 100_000_000) else o for o in obs]
-    with pytest.raises(ValueError, match="size 's': every run of the baseline 'adamw' at 100000000"):
+    finite = [
+        o.loss for o in obs if (o.setup, o.size, o.tokens) == ("soap", "s", 100_000_000) and o.seed
+    ]
+    assert (part.seeds, part.diverged, part.loss) == (
+        2,
+        1,
+        pytest.approx(np.mean(finite), abs=1e-15),
+    )
+    dead_baseline = [
+        Observation("adamw", "s", 100_000_000, o.seed, math.nan)
+        if (o.setup, o.size, o.tokens) == ("adamw", "s", 100_000_000)
+        else o
+        for o in obs
+    ]
+    with pytest.raises(
+        ValueError, match="size 's': every run of the baseline 'adamw' at 100000000"
+    ):
         estimate_speedups(dead_baseline, "adamw", resamples=0)
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    (dict(baseline="sgdm"), "size 's': no runs of the baseline 'sgdm'"),
-    (dict(resamples=-1), "resamples: must be an int >= 0"),
-    (dict(confidence=1.0), r"confidence: must be in \(0, 1\)"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(baseline="sgdm"), "size 's': no runs of the baseline 'sgdm'"),
+        (dict(resamples=-1), "resamples: must be an int >= 0"),
+        (dict(confidence=1.0), r"confidence: must be in \(0, 1\)"),
+    ],
+)
 def test_bad_study_arguments_are_named(kwargs: dict, message: str) -> None:
     arguments = dict(baseline="adamw", resamples=0) | kwargs
     baseline = arguments.pop("baseline")
@@ -304,9 +379,13 @@ def test_one_budget_comparisons_are_welchs() -> None:
     assert len(found) == len([k for k in cells if k[0] != "adamw"])
     for c in found:
         setup = c.comparison.candidate
-        expected = welch_compare("final_val_loss",
-                                 ("adamw", list(cells[("adamw", c.size, c.tokens)].losses)),
-                                 (setup, list(cells[(setup, c.size, c.tokens)].losses)), 0.9)
+        expected = welch_compare(
+            "final_val_loss",
+            ("adamw", list(cells[("adamw", c.size, c.tokens)].losses)),
+            (setup, list(cells[(setup, c.size, c.tokens)].losses)),
+            0.9,
+        )
         assert c.comparison == expected
         assert c.comparison.difference == pytest.approx(
-            true_loss(c.size, SPEEDUPS[setup] * c.tokens) - true_loss(c.size, c.tokens), abs=0.02)
+            true_loss(c.size, SPEEDUPS[setup] * c.tokens) - true_loss(c.size, c.tokens), abs=0.02
+        )

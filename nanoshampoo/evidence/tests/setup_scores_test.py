@@ -16,8 +16,12 @@ CELLS = [("s", 10), ("s", 20), ("s", 40), ("m", 10), ("m", 40)]
 
 def random_study(rng_seed: int = 0) -> list[Observation]:
     rng = np.random.default_rng(rng_seed)
-    return [Observation(setup, size, tokens, seed, 3.0 + rng.uniform(0.0, 0.15))
-            for setup in SETUPS for size, tokens in CELLS for seed in range(3)]
+    return [
+        Observation(setup, size, tokens, seed, 3.0 + rng.uniform(0.0, 0.15))
+        for setup in SETUPS
+        for size, tokens in CELLS
+        for seed in range(3)
+    ]
 
 
 def direct_ratios(obs: list[Observation]) -> dict[str, list[float]]:
@@ -25,8 +29,11 @@ def direct_ratios(obs: list[Observation]) -> dict[str, list[float]]:
     means = {}
     for setup in SETUPS:
         for cell in CELLS:
-            losses = [o.loss for o in obs if (o.setup, o.size, o.tokens) == (setup, *cell)
-                      and math.isfinite(o.loss)]
+            losses = [
+                o.loss
+                for o in obs
+                if (o.setup, o.size, o.tokens) == (setup, *cell) and math.isfinite(o.loss)
+            ]
             means[(setup, cell)] = sum(losses) / len(losses) if losses else math.inf
     ratios = {setup: [] for setup in SETUPS}
     for cell in CELLS:
@@ -59,18 +66,25 @@ def test_ratios_rho_and_scores_match_a_direct_count() -> None:
 
 
 def test_best_everywhere_scores_one_and_far_behind_scores_zero() -> None:
-    obs = [Observation(setup, "s", tokens, 0, loss)
-           for tokens in (10, 20)
-           for setup, loss in (("best", 3.0), ("far", 3.0 * 1.06), ("tied", 3.0))]
+    obs = [
+        Observation(setup, "s", tokens, 0, loss)
+        for tokens in (10, 20)
+        for setup, loss in (("best", 3.0), ("far", 3.0 * 1.06), ("tied", 3.0))
+    ]
     profile = performance_profile(obs)
     assert profile.scores == {"best": 1.0, "far": 0.0, "tied": 1.0}
     assert profile.tau_max == 1.05
 
 
 def test_diverged_setups_and_cells_never_count() -> None:
-    obs = [Observation("a", "s", 10, 0, 3.0), Observation("b", "s", 10, 0, math.nan),
-           Observation("a", "s", 20, 0, math.inf), Observation("b", "s", 20, 0, math.nan),
-           Observation("a", "s", 30, 0, 3.0), Observation("b", "s", 30, 0, 3.03)]
+    obs = [
+        Observation("a", "s", 10, 0, 3.0),
+        Observation("b", "s", 10, 0, math.nan),
+        Observation("a", "s", 20, 0, math.inf),
+        Observation("b", "s", 20, 0, math.nan),
+        Observation("a", "s", 30, 0, 3.0),
+        Observation("b", "s", 30, 0, 3.03),
+    ]
     profile = performance_profile(obs)
     assert profile.ratios["a"] == (1.0, math.inf, 1.0)
     assert profile.ratios["b"][:2] == (math.inf, math.inf)
@@ -79,8 +93,11 @@ def test_diverged_setups_and_cells_never_count() -> None:
 
 
 def test_every_setup_must_run_every_cell() -> None:
-    obs = [Observation("a", "s", 10, 0, 3.0), Observation("b", "s", 10, 0, 3.1),
-           Observation("a", "s", 20, 0, 2.9)]
+    obs = [
+        Observation("a", "s", 10, 0, 3.0),
+        Observation("b", "s", 10, 0, 3.1),
+        Observation("a", "s", 20, 0, 2.9),
+    ]
     with pytest.raises(ValueError, match="setup 'b' has no runs at size 's', 20 tokens"):
         performance_profile(obs)
 

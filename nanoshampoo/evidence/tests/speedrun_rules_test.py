@@ -39,15 +39,19 @@ def test_the_spread_does_not_enter_the_record_rule() -> None:
     assert tight.statistic == pytest.approx(wide.statistic) and tight.passed and wide.passed
 
 
-@pytest.mark.parametrize("candidate_steps, credit, statistic, passed", [
-    # baseline 3.2800 at 1000 steps; candidate 3.2820 (2 seeds a side, sqrt(1/2 + 1/2) = 1).
-    (1000, 0.0, -0.0020, False),
-    (900, 0.0045, 0.0025, False),    # 100 steps fewer: credited 0.0045
-    (800, 0.0090, 0.0070, True),     # 200 fewer: 0.0090; 3.2800 - (3.2820 - 0.0090) = 0.0070
-    (1100, -0.0045, -0.0065, False),  # 100 more: charged
-])
-def test_pairwise_rule_converts_steps_to_loss(candidate_steps: int, credit: float,
-                                               statistic: float, passed: bool) -> None:
+@pytest.mark.parametrize(
+    "candidate_steps, credit, statistic, passed",
+    [
+        # baseline 3.2800 at 1000 steps; candidate 3.2820 (2 seeds a side, sqrt(1/2 + 1/2) = 1).
+        (1000, 0.0, -0.0020, False),
+        (900, 0.0045, 0.0025, False),  # 100 steps fewer: credited 0.0045
+        (800, 0.0090, 0.0070, True),  # 200 fewer: 0.0090; 3.2800 - (3.2820 - 0.0090) = 0.0070
+        (1100, -0.0045, -0.0065, False),  # 100 more: charged
+    ],
+)
+def test_pairwise_rule_converts_steps_to_loss(
+    candidate_steps: int, credit: float, statistic: float, passed: bool
+) -> None:
     test = pairwise_test([3.2790, 3.2810], 1000, [3.2815, 3.2825], candidate_steps)
     assert test.credit == pytest.approx(credit)
     assert test.statistic == pytest.approx(statistic)
@@ -74,16 +78,19 @@ def test_seeds_for_significance_equal_spreads_by_hand() -> None:
     assert seeds_for_significance(-0.01, 0.01, 0.01) == 9  # the sign of the gap does not matter
 
 
-@pytest.mark.parametrize("gap, std_a, std_b", [(0.02, 0.01, 0.03), (0.005, 0.002, 0.004),
-                                               (0.0531, 0.0153, 0.0252)])
-def test_seeds_for_significance_matches_scipys_welch_from_stats(gap: float, std_a: float,
-                                                                std_b: float) -> None:
+@pytest.mark.parametrize(
+    "gap, std_a, std_b", [(0.02, 0.01, 0.03), (0.005, 0.002, 0.004), (0.0531, 0.0153, 0.0252)]
+)
+def test_seeds_for_significance_matches_scipys_welch_from_stats(
+    gap: float, std_a: float, std_b: float
+) -> None:
     n = seeds_for_significance(gap, std_a, std_b)
     assert n is not None
 
     def p(k: int) -> float:
-        return scipy.stats.ttest_ind_from_stats(gap, std_a, k, 0.0, std_b, k,
-                                                equal_var=False).pvalue
+        return scipy.stats.ttest_ind_from_stats(
+            gap, std_a, k, 0.0, std_b, k, equal_var=False
+        ).pvalue
 
     assert p(n) < 0.05 and (n == 2 or p(n - 1) >= 0.05)
 
@@ -94,8 +101,9 @@ def test_seeds_for_significance_without_a_gap_or_a_spread() -> None:
     assert seeds_for_significance(1e-9, 0.1, 0.1) is None  # more than MAX_SEEDS
 
 
-@pytest.mark.parametrize("gap, seeds", [(0.001, 16), (0.002, 4), (0.0015, 8), (0.005, 1),
-                                        (0.0, None), (-0.001, None)])
+@pytest.mark.parametrize(
+    "gap, seeds", [(0.001, 16), (0.002, 4), (0.0015, 8), (0.005, 1), (0.0, None), (-0.001, None)]
+)
 def test_seeds_for_a_record(gap: float, seeds: int | None) -> None:
     # ceil((0.004 / gap)^2): 16, 4, ceil(7.11) = 8, ceil(0.64) = 1.
     assert seeds_for_record(gap) == seeds

@@ -20,7 +20,18 @@ from nanoshampoo.evidence.stats import (
 )
 
 SEED_LOSSES = [3.2775, 3.2776, 3.2777, 3.2780, 3.2781, 3.2775, 3.2786, 3.2774, 3.2751, 3.2739]
-SEED_TIMES = [140.909, 140.872, 140.743, 140.743, 140.747, 140.809, 140.728, 140.784, 140.862, 140.934]
+SEED_TIMES = [
+    140.909,
+    140.872,
+    140.743,
+    140.743,
+    140.747,
+    140.809,
+    140.728,
+    140.784,
+    140.862,
+    140.934,
+]
 
 
 def test_seed_losses_beat_the_target() -> None:
@@ -76,7 +87,9 @@ def test_steps_to_target_interpolates_linearly() -> None:
         ([(0, 4.0, 0.0), (10, 3.3, 5.0)], None),  # never reached
     ],
 )
-def test_steps_to_target_edge_cases(points: list[tuple[int, float, float]], expected: float | None) -> None:
+def test_steps_to_target_edge_cases(
+    points: list[tuple[int, float, float]], expected: float | None
+) -> None:
     crossing = steps_to_target(_curve(points), 3.28)
     assert (None if crossing is None else crossing.step) == expected
 
@@ -107,11 +120,20 @@ def test_welch_comparison_needs_two_runs_per_group_for_a_test() -> None:
         welch_compare("x", ("a", [1.0, 2.0]), ("b", [1.0, 2.0]), confidence=1.5)
 
 
-def _run(run_id: str, points: list[tuple[int, float, float]], diverged_step: int | None = None) -> RunRecord:
+def _run(
+    run_id: str, points: list[tuple[int, float, float]], diverged_step: int | None = None
+) -> RunRecord:
     curve = tuple(_curve(points))
-    return RunRecord(path=Path(f"{run_id}.jsonl"), run_id=run_id, total_steps=100, curve=curve,
-                     train_time_ms=curve[-1].train_time_ms, step_avg_ms=curve[-1].train_time_ms / 100,
-                     peak_memory_mib=10.0, diverged_step=diverged_step)
+    return RunRecord(
+        path=Path(f"{run_id}.jsonl"),
+        run_id=run_id,
+        total_steps=100,
+        curve=curve,
+        train_time_ms=curve[-1].train_time_ms,
+        step_avg_ms=curve[-1].train_time_ms / 100,
+        peak_memory_mib=10.0,
+        diverged_step=diverged_step,
+    )
 
 
 def test_steps_to_target_skips_non_finite_points() -> None:
@@ -120,7 +142,10 @@ def test_steps_to_target_skips_non_finite_points() -> None:
 
 
 def test_diverged_runs_are_counted_but_not_averaged() -> None:
-    finished = [_run(f"a{i}", [(0, 9.0, 0.0), (100, loss, 1000.0 + i)]) for i, loss in enumerate([3.2, 3.25])]
+    finished = [
+        _run(f"a{i}", [(0, 9.0, 0.0), (100, loss, 1000.0 + i)])
+        for i, loss in enumerate([3.2, 3.25])
+    ]
     # Crossed the target at step 50 before diverging: still counts as not reaching it.
     blown = _run("a2", [(0, 9.0, 0.0), (50, 3.0, 500.0)], diverged_step=60)
     group = group_report("a", [*finished, blown], target=3.28)
@@ -128,18 +153,26 @@ def test_diverged_runs_are_counted_but_not_averaged() -> None:
     assert group.final_val_loss.mean == pytest.approx(3.225) and group.final_val_loss.n == 2
     assert group.train_time_s.mean == pytest.approx(1.0005)
     assert group.target_test.p_value == pytest.approx(
-        scipy.stats.ttest_1samp([3.2, 3.25], 3.28, alternative="less").pvalue)
+        scipy.stats.ttest_1samp([3.2, 3.25], 3.28, alternative="less").pvalue
+    )
     assert group.runs[2].diverged and group.runs[2].target_step is None
 
-    other = [_run(f"b{i}", [(0, 9.0, 0.0), (100, loss, 900.0 + 7 * i)]) for i, loss in enumerate([3.1, 3.15])]
+    other = [
+        _run(f"b{i}", [(0, 9.0, 0.0), (100, loss, 900.0 + 7 * i)])
+        for i, loss in enumerate([3.1, 3.15])
+    ]
     report = build_report({"a": [*finished, blown], "b": other}, 3.28)
     loss = next(c for c in report.comparisons if c.metric == "final_val_loss")
-    assert loss.p_value == pytest.approx(scipy.stats.ttest_ind([3.1, 3.15], [3.2, 3.25], equal_var=False).pvalue)
+    assert loss.p_value == pytest.approx(
+        scipy.stats.ttest_ind([3.1, 3.15], [3.2, 3.25], equal_var=False).pvalue
+    )
 
 
 def test_a_group_whose_runs_all_diverged_has_no_test_and_no_comparison() -> None:
     blown = [_run("x", [(0, 9.0, 0.0)], diverged_step=3)]
-    report = build_report({"ok": [_run("o", [(0, 9.0, 0.0), (100, 3.0, 1.0)])], "blown": blown}, 3.28)
+    report = build_report(
+        {"ok": [_run("o", [(0, 9.0, 0.0), (100, 3.0, 1.0)])], "blown": blown}, 3.28
+    )
     group = report.groups[1]
     assert group.target_test is None and group.final_val_loss.mean is None and group.reached == 0
     assert report.comparisons == ()

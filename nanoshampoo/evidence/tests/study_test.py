@@ -15,18 +15,41 @@ from nanoshampoo.cli import main
 from nanoshampoo.errors import UserError
 from nanoshampoo.evidence.study_definition import load_definition, packaged_studies
 
-TRAIN_ARGS = ["--num-iterations", "16", "--threads", "1", "--autocast", "off", "--compile",
-              "false", "--progress", "false", "--save-final-checkpoint", "false",
-              "--val-every", "0", "--batch-size", "4", "--seq-len", "32", "--val-tokens", "1024"]
+TRAIN_ARGS = [
+    "--num-iterations",
+    "16",
+    "--threads",
+    "1",
+    "--autocast",
+    "off",
+    "--compile",
+    "false",
+    "--progress",
+    "false",
+    "--save-final-checkpoint",
+    "false",
+    "--val-every",
+    "0",
+    "--batch-size",
+    "4",
+    "--seq-len",
+    "32",
+    "--val-tokens",
+    "1024",
+]
 
 
 def definition_text(setups: str, budgets: str = "[0.125, 0.25, 0.5, 1.0]") -> str:
-    return (f'baseline = "adamw"\nsizes = ["gpt-0.2m"]\nbudgets = {budgets}\nseeds = 2\n'
-            f"train_args = {json.dumps(TRAIN_ARGS)}\n{setups}")
+    return (
+        f'baseline = "adamw"\nsizes = ["gpt-0.2m"]\nbudgets = {budgets}\nseeds = 2\n'
+        f"train_args = {json.dumps(TRAIN_ARGS)}\n{setups}"
+    )
 
 
-SETUPS = ('[setups.adamw]\npreset = "tiny-adamw"\nsearch = ["adamw.lr=0.003,0.01"]\n'
-          '[setups.muon]\npreset = "tiny-muon"\nsearch = ["muon.lr=0.01,0.03"]\n')
+SETUPS = (
+    '[setups.adamw]\npreset = "tiny-adamw"\nsearch = ["adamw.lr=0.003,0.01"]\n'
+    '[setups.muon]\npreset = "tiny-muon"\nsearch = ["muon.lr=0.01,0.03"]\n'
+)
 
 
 def test_the_packaged_studies_load_and_end_at_the_full_run() -> None:
@@ -38,18 +61,28 @@ def test_the_packaged_studies_load_and_end_at_the_full_run() -> None:
         assert {s.name for s in definition.setups} >= {"adamw", "muon", "shampoo", "soap"}
 
 
-@pytest.mark.parametrize("change, message", [
-    (("budgets = [0.125, 0.25, 0.5, 1.0]", "budgets = [0.25, 0.5, 1.0]"), "at least 4"),
-    (("budgets = [0.125, 0.25, 0.5, 1.0]", "budgets = [0.125, 0.25, 0.5, 0.9]"), "ending at 1.0"),
-    (('baseline = "adamw"', 'baseline = "sgd"'), "baseline: 'sgd'"),
-    (("seeds = 2", "seeds = 1"), "seeds: at least 2"),
-    (('preset = "tiny-muon"', 'preset = "tiny-muon"\nlr = 3'), "setups.muon: unknown keys ['lr']"),
-    (("seeds = 2", "seeds = 2\nseed = 3"), "unknown keys ['seed']"),
-    (('search = ["muon.lr=0.01,0.03"]', "search = []"), "setups.muon.search"),
-    (("seeds = 2", "seeds = [2"), "not valid TOML"),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (("budgets = [0.125, 0.25, 0.5, 1.0]", "budgets = [0.25, 0.5, 1.0]"), "at least 4"),
+        (
+            ("budgets = [0.125, 0.25, 0.5, 1.0]", "budgets = [0.125, 0.25, 0.5, 0.9]"),
+            "ending at 1.0",
+        ),
+        (('baseline = "adamw"', 'baseline = "sgd"'), "baseline: 'sgd'"),
+        (("seeds = 2", "seeds = 1"), "seeds: at least 2"),
+        (
+            ('preset = "tiny-muon"', 'preset = "tiny-muon"\nlr = 3'),
+            "setups.muon: unknown keys ['lr']",
+        ),
+        (("seeds = 2", "seeds = 2\nseed = 3"), "unknown keys ['seed']"),
+        (('search = ["muon.lr=0.01,0.03"]', "search = []"), "setups.muon.search"),
+        (("seeds = 2", "seeds = [2"), "not valid TOML"),
+    ],
+)
 def test_a_malformed_definition_is_one_line_naming_the_file_and_key(
-        tmp_path: Path, change: tuple[str, str], message: str) -> None:
+    tmp_path: Path, change: tuple[str, str], message: str
+) -> None:
     path = tmp_path / "bad.toml"
     path.write_text(definition_text(SETUPS).replace(*change))
     with pytest.raises(UserError) as raised:
@@ -59,12 +92,15 @@ def test_a_malformed_definition_is_one_line_naming_the_file_and_key(
 
 
 def test_an_unknown_study_names_the_packaged_ones() -> None:
-    with pytest.raises(UserError, match=r"--study 'cpuu': no such study; packaged: \['cpu', 'gpt2'\]"):
+    with pytest.raises(
+        UserError, match=r"--study 'cpuu': no such study; packaged: \['cpu', 'gpt2'\]"
+    ):
         load_definition("cpuu")
 
 
 def test_a_bad_setup_fails_the_study_before_any_trial_trains(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     path = tmp_path / "bad.toml"
     path.write_text(definition_text(SETUPS.replace("muon.lr=0.01,0.03", "muon.lrr=0.01,0.03")))
     out = tmp_path / "out"
@@ -76,7 +112,8 @@ def test_a_bad_setup_fails_the_study_before_any_trial_trains(
 
 
 def test_geometric_rungs_are_required_of_the_budgets(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     path = tmp_path / "study.toml"
     path.write_text(definition_text(SETUPS, budgets="[0.25, 0.5, 0.75, 1.0]"))
     assert main(["study", "--study", str(path), "--out-dir", str(tmp_path / "out")]) == 2
@@ -99,7 +136,7 @@ def _logged_losses(jsonl: Path) -> tuple[int, dict[int, float]]:
 
 
 def _power_law(d: np.ndarray, a: float, alpha: float, c: float) -> np.ndarray:
-    return a * d ** -alpha + c
+    return a * d**-alpha + c
 
 
 @pytest.mark.slow

@@ -35,8 +35,12 @@ def _cpu_events() -> list[dict]:
 
 
 def test_cpu_gloo_trace_figures(tmp_path: Path) -> None:
-    path = write_trace(tmp_path / "rank1.json.gz", _cpu_events(), rank=None,
-                       thread_names={GLOO: "thread 20 (pt_gloo_runloop)"})
+    path = write_trace(
+        tmp_path / "rank1.json.gz",
+        _cpu_events(),
+        rank=None,
+        thread_names={GLOO: "thread 20 (pt_gloo_runloop)"},
+    )
     stats = analyze_trace(path)
     # compute = [0,300) U [350,600) U [800,900) = 650; comm = [300,350) U [400,800) = 450.
     assert (stats.device, stats.rank, stats.steps) == ("cpu", 1, 1)
@@ -86,11 +90,17 @@ def test_directory_of_ranks_sorted_by_rank(tmp_path: Path) -> None:
         ("empty.json", b"", "not a readable JSON trace"),
         ("notrace.json", b'{"foo": 1}', "no 'traceEvents'"),
         ("noevents.json", b'{"traceEvents": []}', "no complete"),
-        ("badts.json", b'{"traceEvents": [{"ph": "X", "name": "a", "ts": "x", "dur": 1}]}', "numeric 'ts'"),
+        (
+            "badts.json",
+            b'{"traceEvents": [{"ph": "X", "name": "a", "ts": "x", "dur": 1}]}',
+            "numeric 'ts'",
+        ),
         ("corrupt.json.gz", b"not gzip", "not a readable JSON trace"),
     ],
 )
-def test_malformed_traces_name_the_file(tmp_path: Path, name: str, content: bytes, message: str) -> None:
+def test_malformed_traces_name_the_file(
+    tmp_path: Path, name: str, content: bytes, message: str
+) -> None:
     path = tmp_path / name
     path.write_bytes(content)
     with pytest.raises(TraceFormatError, match=message) as info:

@@ -24,8 +24,14 @@ FAKE_TRAINER = HERE / "fake_trainer.py"
 REPO = HERE.parents[2]
 GRID_LRS = ("0.005", "0.01", "0.02", "0.04", "0.08")
 FAKE_DEFAULTS: dict[str, Any] = {
-    "preset": "tiny-muon", "num_iterations": 8, "seed": 0, "out_dir": "runs", "run_id": "",
-    "decay_branches": [], "muon.lr": 0.05, "muon.weight_decay": 0.0,
+    "preset": "tiny-muon",
+    "num_iterations": 8,
+    "seed": 0,
+    "out_dir": "runs",
+    "run_id": "",
+    "decay_branches": [],
+    "muon.lr": 0.05,
+    "muon.weight_decay": 0.0,
     "custom.matrix_kwargs": {"lr": 0.05, "momentum": 0.9},
 }
 
@@ -34,8 +40,13 @@ def fake_loss(lr: float, wd: float, seed: int, fraction: float = 1.0) -> float:
     """The fake run's final val loss: a parabola in log10(lr) with its minimum at 0.02, one in
     the weight decay with its minimum at 0.1, 0.001 per seed; a branch at ``fraction`` of the
     budget ends 0.5 x (1 - fraction) higher."""
-    return (4.0 + (math.log10(lr) - math.log10(0.02)) ** 2 + (wd - 0.1) ** 2 + 0.001 * seed
-            + 0.5 * (1.0 - fraction))
+    return (
+        4.0
+        + (math.log10(lr) - math.log10(0.02)) ** 2
+        + (wd - 0.1) ** 2
+        + 0.001 * seed
+        + 0.5 * (1.0 - fraction)
+    )
 
 
 def fake_resolve(argv: Sequence[str]) -> dict[str, Any]:
@@ -64,8 +75,7 @@ def fake_resolve(argv: Sequence[str]) -> dict[str, Any]:
 
 def fake_command(argv: Sequence[str], run_id: str, out_dir: Path) -> list[str]:
     """The command line that runs ``fake_trainer.py`` where the trainer would run."""
-    return [sys.executable, str(FAKE_TRAINER), *argv, "--run-id", run_id, "--out-dir",
-            str(out_dir)]
+    return [sys.executable, str(FAKE_TRAINER), *argv, "--run-id", run_id, "--out-dir", str(out_dir)]
 
 
 def worker_main(spec: dict[str, Any]) -> None:
@@ -87,8 +97,12 @@ def start_worker(spec: dict[str, Any], output: Path, step_s: float) -> subproces
     seconds a step, its output into ``output``. It imports this checkout's package."""
     env = {**os.environ, "PYTHONPATH": str(REPO), "FAKE_STEP_S": str(step_s)}
     with output.open("x") as out:
-        return subprocess.Popen([sys.executable, str(Path(__file__).resolve()), json.dumps(spec)],
-                                env=env, stdout=out, stderr=subprocess.STDOUT)
+        return subprocess.Popen(
+            [sys.executable, str(Path(__file__).resolve()), json.dumps(spec)],
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
 
 
 def wait_for(condition: Callable[[], Any], timeout_s: float, what: str) -> Any:
@@ -109,20 +123,31 @@ def kill_a_worker_mid_trial(storage: str | None, tmp: Path) -> tuple[list[Frozen
     import optuna
 
     lrs = ",".join(GRID_LRS)
-    spec = {"setup": ["muon", "tiny-muon"], "searches": [f"muon.lr={lrs}"],
-            "out_dir": str(tmp / "tune"), "train_args": ["--num-iterations", "8"],
-            "storage": storage, "study": "killed", "heartbeat_s": 2, "poll_s": 0.05}
+    spec = {
+        "setup": ["muon", "tiny-muon"],
+        "searches": [f"muon.lr={lrs}"],
+        "out_dir": str(tmp / "tune"),
+        "train_args": ["--num-iterations", "8"],
+        "storage": storage,
+        "study": "killed",
+        "heartbeat_s": 2,
+        "poll_s": 0.05,
+    }
     url = storage or f"sqlite:///{tmp}/tune/study.db"
     workers = [start_worker(spec, tmp / f"worker{i}.out", step_s=0.3) for i in range(2)]
     try:
+
         def busy() -> list[FrozenTrial] | None:
             try:
                 trials = optuna.load_study(study_name="killed", storage=url).get_trials()
             except Exception:  # not created yet
                 return None
-            running = [t for t in trials if t.state == optuna.trial.TrialState.RUNNING
-                       and any((tmp / "tune" / "trials" / "killed" / f"t{t.number:03d}")
-                               .glob("*.jsonl"))]
+            running = [
+                t
+                for t in trials
+                if t.state == optuna.trial.TrialState.RUNNING
+                and any((tmp / "tune" / "trials" / "killed" / f"t{t.number:03d}").glob("*.jsonl"))
+            ]
             return running if len({t.user_attrs["worker"] for t in running}) == 2 else None
 
         victim = wait_for(busy, 120, "both workers to train a trial")[0]
@@ -156,8 +181,11 @@ def check_every_point_ran_once(trials: Sequence[FrozenTrial], victim: int, tmp: 
     for trial in trials:  # anything else was asked for beyond the budget and never trained
         assert trial in complete or trial is killed or trial.user_attrs["outcome"] == "surplus"
     logs = sorted((tmp / "tune" / "trials" / "killed").glob("*/*.jsonl"))
-    finished = [json.loads(log.read_text().splitlines()[0])["config"]["muon.lr"] for log in logs
-                if '"kind": "final"' in log.read_text()]
+    finished = [
+        json.loads(log.read_text().splitlines()[0])["config"]["muon.lr"]
+        for log in logs
+        if '"kind": "final"' in log.read_text()
+    ]
     assert sorted(finished) == sorted(map(float, GRID_LRS)) and len(logs) == len(finished) + 1
 
 

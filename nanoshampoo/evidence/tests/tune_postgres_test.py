@@ -77,9 +77,17 @@ def postgres_url() -> Iterator[str]:
 
     try:
         run(initdb, "-D", str(data), "-U", "tune", "--auth=trust", "-E", "UTF8")
-        run(pg_ctl, "-D", str(data), "-l", str(root / "server.log"), "-w", "-o",
+        run(
+            pg_ctl,
+            "-D",
+            str(data),
+            "-l",
+            str(root / "server.log"),
+            "-w",
+            "-o",
             f"-p {port} -c listen_addresses=127.0.0.1 -c unix_socket_directories={root}",
-            "start")
+            "start",
+        )
         try:
             yield f"postgresql://tune@127.0.0.1:{port}/postgres"
         finally:
@@ -89,6 +97,7 @@ def postgres_url() -> Iterator[str]:
 
 
 def test_a_killed_workers_trial_is_retried_by_the_other_through_postgres(
-        postgres_url: str, tmp_path: Path) -> None:
+    postgres_url: str, tmp_path: Path
+) -> None:
     trials, victim = kill_a_worker_mid_trial(postgres_url, tmp_path)
     check_every_point_ran_once(trials, victim, tmp_path)

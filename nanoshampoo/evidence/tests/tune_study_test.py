@@ -21,21 +21,36 @@ from nanoshampoo.evidence.tune_study import (
 )
 
 
-def frozen(number: int, state: TrialState, system: dict[str, Any] | None = None,
-           user: dict[str, Any] | None = None) -> FrozenTrial:
+def frozen(
+    number: int,
+    state: TrialState,
+    system: dict[str, Any] | None = None,
+    user: dict[str, Any] | None = None,
+) -> FrozenTrial:
     now = datetime.datetime.now()
-    return FrozenTrial(number=number, state=state, value=1.0 if state == TrialState.COMPLETE
-                       else None, datetime_start=now, datetime_complete=None, params={},
-                       distributions={}, user_attrs=user or {}, system_attrs=system or {},
-                       intermediate_values={}, trial_id=number)
+    return FrozenTrial(
+        number=number,
+        state=state,
+        value=1.0 if state == TrialState.COMPLETE else None,
+        datetime_start=now,
+        datetime_complete=None,
+        params={},
+        distributions={},
+        user_attrs=user or {},
+        system_attrs=system or {},
+        intermediate_values={},
+        trial_id=number,
+    )
 
 
 # 0 complete; 1 failed, its worker lost, queued again as 3; 2 running; 4 failed as surplus.
-TRIALS = [frozen(0, TrialState.COMPLETE, {"grid_id": 0}),
-          frozen(1, TrialState.FAIL, {"grid_id": 1}),
-          frozen(2, TrialState.RUNNING, {"grid_id": 2}),
-          frozen(3, TrialState.WAITING, {"grid_id": 1, "failed_trial": 1, "retry_history": [1]}),
-          frozen(4, TrialState.FAIL, {"grid_id": 2}, {"outcome": "surplus"})]
+TRIALS = [
+    frozen(0, TrialState.COMPLETE, {"grid_id": 0}),
+    frozen(1, TrialState.FAIL, {"grid_id": 1}),
+    frozen(2, TrialState.RUNNING, {"grid_id": 2}),
+    frozen(3, TrialState.WAITING, {"grid_id": 1, "failed_trial": 1, "retry_history": [1]}),
+    frozen(4, TrialState.FAIL, {"grid_id": 2}, {"outcome": "surplus"}),
+]
 
 
 def test_a_retry_holds_the_slot_of_the_trial_it_retries_and_a_surplus_trial_none() -> None:
@@ -46,30 +61,41 @@ def test_a_retry_holds_the_slot_of_the_trial_it_retries_and_a_surplus_trial_none
 def test_a_diverged_or_abandoned_failure_keeps_its_slot() -> None:
     diverged = frozen(5, TrialState.FAIL, user={"outcome": "diverged"})
     assert {s: t.number for s, t in held_slots([*TRIALS, diverged]).items()} == {
-        0: 0, 1: 3, 2: 2, 5: 5}
+        0: 0,
+        1: 3,
+        2: 2,
+        5: 5,
+    }
 
 
-@pytest.mark.parametrize("budget, grid_id, surplus", [
-    (3, None, True),   # three slots below 5 are held: the budget was full when 5 was asked
-    (4, None, False),
-    (4, 2, True),      # a free slot, but trial 2 holds that grid point already
-    (4, 3, False),
-])
+@pytest.mark.parametrize(
+    "budget, grid_id, surplus",
+    [
+        (3, None, True),  # three slots below 5 are held: the budget was full when 5 was asked
+        (4, None, False),
+        (4, 2, True),  # a free slot, but trial 2 holds that grid point already
+        (4, 3, False),
+    ],
+)
 def test_a_trial_beyond_the_budget_or_on_a_taken_grid_point_is_surplus(
-        budget: int, grid_id: int | None, surplus: bool) -> None:
+    budget: int, grid_id: int | None, surplus: bool
+) -> None:
     late = frozen(5, TrialState.RUNNING, {} if grid_id is None else {"grid_id": grid_id})
     assert is_surplus(late, [*TRIALS, late], budget) is surplus
     assert not is_surplus(TRIALS[2], TRIALS, 3)  # a trial within the budget never is
 
 
-@pytest.mark.parametrize("rungs, eta", [((0.25, 0.5), 2), ((0.5,), 2), ((0.25,), 4),
-                                        ((0.111, 0.333), 3), ((0.125, 0.25, 0.5), 2)])
+@pytest.mark.parametrize(
+    "rungs, eta",
+    [((0.25, 0.5), 2), ((0.5,), 2), ((0.25,), 4), ((0.111, 0.333), 3), ((0.125, 0.25, 0.5), 2)],
+)
 def test_the_reduction_factor_of_geometric_rungs(rungs: tuple[float, ...], eta: int) -> None:
     assert reduction_factor(rungs) == eta
 
 
-@pytest.mark.parametrize("rungs", [(0.3, 0.5), (0.5, 0.25), (0.25, 0.25), (1.0,), (0.6,),
-                                   (0.25, 0.75)])
+@pytest.mark.parametrize(
+    "rungs", [(0.3, 0.5), (0.5, 0.25), (0.25, 0.25), (1.0,), (0.6,), (0.25, 0.75)]
+)
 def test_rungs_that_are_not_one_over_eta_powers_are_refused(rungs: tuple[float, ...]) -> None:
     with pytest.raises(ValueError, match="rungs"):
         reduction_factor(rungs)
@@ -124,12 +150,15 @@ def test_an_error_gives_the_trial_back_to_the_queue() -> None:
     assert held_slots(study.get_trials()) == {0: queued}
 
 
-@pytest.mark.parametrize("given, url", [
-    ("postgresql://tune@db:5432/studies", "postgresql+psycopg://tune@db:5432/studies"),
-    ("postgres://tune@db/studies", "postgresql+psycopg://tune@db/studies"),
-    ("postgresql+psycopg2://tune@db/studies", "postgresql+psycopg2://tune@db/studies"),
-    ("sqlite:////tmp/x.db", "sqlite:////tmp/x.db"),
-])
+@pytest.mark.parametrize(
+    "given, url",
+    [
+        ("postgresql://tune@db:5432/studies", "postgresql+psycopg://tune@db:5432/studies"),
+        ("postgres://tune@db/studies", "postgresql+psycopg://tune@db/studies"),
+        ("postgresql+psycopg2://tune@db/studies", "postgresql+psycopg2://tune@db/studies"),
+        ("sqlite:////tmp/x.db", "sqlite:////tmp/x.db"),
+    ],
+)
 def test_storage_urls(given: str, url: str) -> None:
     assert storage_url(given, "runs") == url
 
@@ -141,4 +170,6 @@ def test_the_default_store_is_a_file_in_the_out_dir(tmp_path: Any) -> None:
 
 
 def test_a_shown_url_hides_the_password() -> None:
-    assert shown_url("postgresql+psycopg://tune:secret@db/s") == "postgresql+psycopg://tune:***@db/s"
+    assert (
+        shown_url("postgresql+psycopg://tune:secret@db/s") == "postgresql+psycopg://tune:***@db/s"
+    )

@@ -32,7 +32,11 @@ def config(tmp_path: Path, *searches: str, **overrides: Any) -> TuneConfig:
     fields: dict[str, Any] = dict(
         setup=Setup("muon", "tiny-muon"),
         searches=tuple(parse_search(s) for s in searches or ("muon.lr=0.005,0.01,0.02,0.04",)),
-        out_dir=tmp_path / "tune", train_args=("--num-iterations", "8"), seeds=1, poll_s=0.02)
+        out_dir=tmp_path / "tune",
+        train_args=("--num-iterations", "8"),
+        seeds=1,
+        poll_s=0.02,
+    )
     fields.update(overrides)
     return TuneConfig(**fields)
 
@@ -60,10 +64,17 @@ def study_of(result: TuneResult, out_dir: Path) -> optuna.Study:
 
 
 def test_a_grid_trains_every_point_once_at_the_same_budget_and_picks_the_best(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     lrs, wds = ("0.005", "0.01", "0.02", "0.04"), ("0.0", "0.1")
-    result = run(config(tmp_path, f"muon.lr={','.join(lrs)}", f"muon.weight_decay={','.join(wds)}",
-                        confirm_seeds=2))
+    result = run(
+        config(
+            tmp_path,
+            f"muon.lr={','.join(lrs)}",
+            f"muon.weight_decay={','.join(wds)}",
+            confirm_seeds=2,
+        )
+    )
     points = sorted((t.params["muon.lr"], t.params["muon.weight_decay"]) for t in result.trials)
     assert points == sorted(itertools.product(lrs, wds))  # every point, none twice
     assert {t.state for t in result.trials} == {"complete"}
@@ -76,13 +87,17 @@ def test_a_grid_trains_every_point_once_at_the_same_budget_and_picks_the_best(
     assert {flag(r["argv"], "--num-iterations") for r in runs} == {"8"}
     assert result.best_values == {"muon.lr": "0.02", "muon.weight_decay": "0.1"}
     assert result.best_value == fake_loss(0.02, 0.1, 0)
-    assert result.edge_warnings == ("muon.weight_decay = 0.1 is on the edge of the values tried: "
-                                    "the optimum may lie beyond it; widen the search",)
+    assert result.edge_warnings == (
+        "muon.weight_decay = 0.1 is on the edge of the values tried: "
+        "the optimum may lie beyond it; widen the search",
+    )
     assert result.confirm_finals == (fake_loss(0.02, 0.1, 0), fake_loss(0.02, 0.1, 1))
     # Each confirming seed's own log: seed 0 the best trial's run, seed 1 the confirmation's.
     confirmed = [read_run(log) for log in result.confirm_logs]
     assert [(r.seed, r.final_val_loss) for r in confirmed] == [
-        (0, fake_loss(0.02, 0.1, 0)), (1, fake_loss(0.02, 0.1, 1))]
+        (0, fake_loss(0.02, 0.1, 0)),
+        (1, fake_loss(0.02, 0.1, 1)),
+    ]
     values = [fake_loss(float(lr), float(wd), 0) for lr, wd in itertools.product(lrs, wds)]
     within = sum(v <= 1.01 * min(values) for v in values)
     assert (result.tunability.within, result.tunability.trials) == (within, 8) and within == 2
@@ -90,20 +105,26 @@ def test_a_grid_trains_every_point_once_at_the_same_budget_and_picks_the_best(
     assert preset == {"extends": "tiny-muon", "muon": {"lr": 0.02, "weight_decay": 0.1}}
     data = json.loads((tmp_path / "tune" / "tuning.json").read_text())
     assert data["best"] == result.best and len(data["trials"]) == 8
-    assert data["tunability"] == {"trials": 8, "within": 2, "best": min(values),
-                                  "tolerance": 0.01}
-    best_row = next(line for line in (tmp_path / "tune" / "tuning.md").read_text().splitlines()
-                    if "(best)" in line)
+    assert data["tunability"] == {"trials": 8, "within": 2, "best": min(values), "tolerance": 0.01}
+    best_row = next(
+        line
+        for line in (tmp_path / "tune" / "tuning.md").read_text().splitlines()
+        if "(best)" in line
+    )
     assert "| complete | 0.02    | 0.1               | 4.0000" in best_row
-    assert "Tunability: 2 of 8 trials (25 %) are within 1 % of the best" in (
-        tmp_path / "tune" / "tuning.md").read_text()
+    assert (
+        "Tunability: 2 of 8 trials (25 %) are within 1 % of the best"
+        in (tmp_path / "tune" / "tuning.md").read_text()
+    )
 
 
 def test_a_best_value_on_the_grids_edge_is_warned_about(tmp_path: Path) -> None:
     result = run(config(tmp_path, "muon.lr=0.001,0.002,0.004"))
     assert result.best_values == {"muon.lr": "0.004"}
-    assert result.edge_warnings == ("muon.lr = 0.004 is on the edge of the values tried: the "
-                                    "optimum may lie beyond it; widen the search",)
+    assert result.edge_warnings == (
+        "muon.lr = 0.004 is on the edge of the values tried: the "
+        "optimum may lie beyond it; widen the search",
+    )
     assert "**Warning**: muon.lr = 0.004" in (tmp_path / "tune" / "tuning.md").read_text()
 
 
@@ -113,9 +134,11 @@ def test_a_finished_study_is_read_back_and_nothing_trains(tmp_path: Path) -> Non
     lines: list[str] = []
     again = run(config(tmp_path), lines)
     assert len(manifests(tmp_path / "tune")) == launched == 4
-    assert lines == [f"[tune] muon: study {first.study} in sqlite:///{tmp_path}/tune/study.db: 4 "
-                     "trials (grid 4), 1 seed(s) each: 4 complete, 0 pruned, 0 failed, "
-                     "0 running, 0 queued, 0 to run"]
+    assert lines == [
+        f"[tune] muon: study {first.study} in sqlite:///{tmp_path}/tune/study.db: 4 "
+        "trials (grid 4), 1 seed(s) each: 4 complete, 0 pruned, 0 failed, "
+        "0 running, 0 queued, 0 to run"
+    ]
     assert again == first
 
 
@@ -169,26 +192,41 @@ def successive_halving(branch_values: list[list[float]], eta: int) -> list[int]:
 
 
 def test_successive_halving_prunes_on_decay_branches_only(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("FAKE_STEP_S", "0.15")  # slow enough to be stopped mid-run
     lrs = ("0.002", "0.005", "0.01", "0.02", "0.04", "0.1")
     result = run(config(tmp_path, f"muon.lr={','.join(lrs)}", rungs=(0.25, 0.5)))
     trials = sorted(result.trials, key=lambda t: t.number)
     fractions = {2: 0.25, 4: 0.5}  # 8 steps: the branches end at 2 and 4 steps
     expected = successive_halving(
-        [[fake_loss(float(t.params["muon.lr"]), 0.0, 0, f) for f in fractions.values()]
-         for t in trials], eta=2)
+        [
+            [fake_loss(float(t.params["muon.lr"]), 0.0, 0, f) for f in fractions.values()]
+            for t in trials
+        ],
+        eta=2,
+    )
     for trial, passed in zip(trials, expected):
         lr = float(trial.params["muon.lr"])
         # Every value the pruner saw is a branch's: its steps and its closed-form loss.
-        assert trial.rungs == {s: fake_loss(lr, 0.0, 0, f)
-                               for s, f in list(fractions.items())[:min(passed + 1, 2)]}
+        assert trial.rungs == {
+            s: fake_loss(lr, 0.0, 0, f) for s, f in list(fractions.items())[: min(passed + 1, 2)]
+        }
         assert trial.state == ("complete" if passed == 2 else "pruned")
-        (run_manifest,) = [m for m in manifests(tmp_path / "tune")
-                           if flag(m["argv"], "--muon.lr") == trial.params["muon.lr"]]
+        (run_manifest,) = [
+            m
+            for m in manifests(tmp_path / "tune")
+            if flag(m["argv"], "--muon.lr") == trial.params["muon.lr"]
+        ]
         assert flag(run_manifest["argv"], "--decay-branches") == "0.25,0.5"
-        log = (tmp_path / "tune" / "trials" / result.study / trial.name /
-               f"{Path(run_manifest['command'][-3]).name}.jsonl")
+        log = (
+            tmp_path
+            / "tune"
+            / "trials"
+            / result.study
+            / trial.name
+            / f"{Path(run_manifest['command'][-3]).name}.jsonl"
+        )
         kinds = [r["kind"] for r in records(log)]
         assert ("final" in kinds) == (trial.state == "complete")  # a pruned run was stopped
         pruned = [m["argv"] for m in manifests(tmp_path / "tune", "pruned")]
@@ -202,7 +240,8 @@ def test_successive_halving_prunes_on_decay_branches_only(
     other = run(config(tmp_path, f"muon.lr={','.join(lrs)}", rungs=(0.25, 0.5), study="other"))
     assert len(manifests(tmp_path / "tune")) - launched == expected.count(0) + expected.count(1)
     assert [t.state for t in sorted(other.trials, key=lambda t: t.number)] == [
-        t.state for t in trials]
+        t.state for t in trials
+    ]
 
 
 def test_a_trial_whose_seeds_all_diverged_fails_and_is_no_candidate(tmp_path: Path) -> None:
@@ -216,9 +255,12 @@ def test_a_trial_whose_seeds_all_diverged_fails_and_is_no_candidate(tmp_path: Pa
 
 
 def test_a_crashed_trainer_stops_the_worker_and_its_trial_runs_again(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("FAKE_CRASH", "1")
-    with pytest.raises(RuntimeError, match=r"muon t00\d .* seed 0 failed \(exit status 1\).*output"):
+    with pytest.raises(
+        RuntimeError, match=r"muon t00\d .* seed 0 failed \(exit status 1\).*output"
+    ):
         run(config(tmp_path, "muon.lr=0.01,0.02"))
     monkeypatch.delenv("FAKE_CRASH")
     result = run(config(tmp_path, "muon.lr=0.01,0.02"))
@@ -232,24 +274,30 @@ def test_a_kwargs_entry_is_searched_and_the_other_entries_stay(tmp_path: Path) -
     """``custom.matrix_kwargs.lr`` through the real trainer's parser: every trial passes the
     setup's whole dict with its lr replaced, and the tuned preset holds the merged dict."""
     preset = tmp_path / "sgd.toml"
-    preset.write_text('extends = "tiny-adamw"\noptimizer = "custom"\n\n[custom]\n'
-                      'matrix_optimizer = "torch.optim:SGD"\n'
-                      'matrix_kwargs = {lr = 0.05, momentum = 0.9}\n')
-    cfg = config(tmp_path, "custom.matrix-kwargs.lr=0.01,0.02,0.04",
-                 setup=Setup("sgd", str(preset)))
+    preset.write_text(
+        'extends = "tiny-adamw"\noptimizer = "custom"\n\n[custom]\n'
+        'matrix_optimizer = "torch.optim:SGD"\n'
+        "matrix_kwargs = {lr = 0.05, momentum = 0.9}\n"
+    )
+    cfg = config(
+        tmp_path, "custom.matrix-kwargs.lr=0.01,0.02,0.04", setup=Setup("sgd", str(preset))
+    )
     result = tune(cfg, resolve_train_config, fake_command, lambda line: None)
-    passed = [json.loads(flag(m["argv"], "--custom.matrix-kwargs"))
-              for m in manifests(tmp_path / "tune")]
-    assert sorted(passed, key=lambda d: d["lr"]) == [{"lr": lr, "momentum": 0.9}
-                                                      for lr in (0.01, 0.02, 0.04)]
+    passed = [
+        json.loads(flag(m["argv"], "--custom.matrix-kwargs")) for m in manifests(tmp_path / "tune")
+    ]
+    assert sorted(passed, key=lambda d: d["lr"]) == [
+        {"lr": lr, "momentum": 0.9} for lr in (0.01, 0.02, 0.04)
+    ]
     assert result.best_values == {"custom.matrix_kwargs.lr": "0.02"}
     tuned = tomllib.loads(Path(result.preset_file).read_text())
     assert tuned["custom"] == {"matrix_kwargs": {"lr": 0.02, "momentum": 0.9}}
 
 
 def test_the_dashboard_opens_the_study(tmp_path: Path) -> None:
-    dashboard = pytest.importorskip("optuna_dashboard", reason="the `dashboard` extra (in dev) "
-                                    "is not installed")
+    dashboard = pytest.importorskip(
+        "optuna_dashboard", reason="the `dashboard` extra (in dev) is not installed"
+    )
     result = run(config(tmp_path, "muon.lr=0.01,0.02"))
     app = dashboard.wsgi(f"sqlite:///{tmp_path}/tune/study.db")
     environ: dict[str, Any] = {"PATH_INFO": "/api/studies", "wsgi.errors": io.StringIO()}
@@ -261,7 +309,8 @@ def test_the_dashboard_opens_the_study(tmp_path: Path) -> None:
 
 
 def test_compare_tune_needs_an_equal_budget_for_every_setup(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     head = ["compare", "--setups", "adamw,muon", "--out-dir", str(tmp_path / "c")]
     tail = ["--", "--num-iterations", "2"]
     unequal = ["--tune", "adamw:adamw.lr=0.001,0.003", "--tune", "muon:muon.lr=0.01,0.02,0.04"]
@@ -273,16 +322,45 @@ def test_compare_tune_needs_an_equal_budget_for_every_setup(
 
 
 @pytest.mark.slow
-def test_compare_tune_on_a_tiny_budget_end_to_end(tmp_path: Path,
-                                                   capsys: pytest.CaptureFixture[str]) -> None:
+def test_compare_tune_on_a_tiny_budget_end_to_end(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """Real runs: AdamW and Muon tuned over two lrs each, then compared at the tuned presets."""
     out = tmp_path / "c"
-    argv = ["compare", "--setups", "adamw,muon", "--seeds", "2", "--out-dir", str(out),
-            "--rule", "track3", "--tune", "adamw:adamw.lr=0.003,0.01",
-            "--tune", "muon:muon.lr=0.01,0.03", "--",
-            "--num-iterations", "3", "--val-every", "1", "--val-tokens", "256", "--batch-size", "2",
-            "--seq-len", "64", "--autocast", "off", "--threads", "1", "--compile", "false",
-            "--progress", "false"]
+    argv = [
+        "compare",
+        "--setups",
+        "adamw,muon",
+        "--seeds",
+        "2",
+        "--out-dir",
+        str(out),
+        "--rule",
+        "track3",
+        "--tune",
+        "adamw:adamw.lr=0.003,0.01",
+        "--tune",
+        "muon:muon.lr=0.01,0.03",
+        "--",
+        "--num-iterations",
+        "3",
+        "--val-every",
+        "1",
+        "--val-tokens",
+        "256",
+        "--batch-size",
+        "2",
+        "--seq-len",
+        "64",
+        "--autocast",
+        "off",
+        "--threads",
+        "1",
+        "--compile",
+        "false",
+        "--progress",
+        "false",
+    ]
     assert main(argv) == 0
     board = json.loads((out / "leaderboard.json").read_text())
     assert board["rule"] == "track3"
@@ -290,8 +368,9 @@ def test_compare_tune_on_a_tiny_budget_end_to_end(tmp_path: Path,
     assert presets == [str(out / "tune" / s / f"tuned-{s}.toml") for s in ("adamw", "muon")]
     for setup in ("adamw", "muon"):
         tuning = json.loads((out / "tune" / setup / "tuning.json").read_text())
-        best = min((t for t in tuning["trials"] if t["state"] == "complete"),
-                   key=lambda t: t["value"])
+        best = min(
+            (t for t in tuning["trials"] if t["state"] == "complete"), key=lambda t: t["value"]
+        )
         assert tuning["best_number"] == best["number"] and len(tuning["trials"]) == 2
         preset = tomllib.loads((out / "tune" / setup / f"tuned-{setup}.toml").read_text())
         assert preset[setup]["lr"] == float(best["params"][f"{setup}.lr"])

@@ -200,8 +200,12 @@ def test_the_size_ladder_runs_smallest_first_with_a_size_below_and_above_tiny() 
     sizes = [non_embedding_parameters(gpt_preset(n, VOCAB)) for n in gpt_preset_names()]
     assert sizes == sorted(sizes) and len(set(sizes)) == len(sizes)
     names = gpt_preset_names()
-    assert names.index("gpt-0.2m") < names.index("tiny") < names.index("gpt-2.7m") < names.index(
-        "small")
+    assert (
+        names.index("gpt-0.2m")
+        < names.index("tiny")
+        < names.index("gpt-2.7m")
+        < names.index("small")
+    )
     # Named by size: the name's figure is the count in millions, to its shown digits.
     assert round(non_embedding_parameters(gpt_preset("gpt-0.2m", VOCAB)) / 1e6, 1) == 0.2
     assert round(non_embedding_parameters(gpt_preset("gpt-2.7m", VOCAB)) / 1e6, 1) == 2.7

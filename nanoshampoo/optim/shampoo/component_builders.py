@@ -61,7 +61,9 @@ def _classic_shampoo(
             EigendecomposedShampooPreconditioner,
         )
 
-        return EigendecomposedShampooPreconditioner(buckets, config, beta2, epsilon, use_bias_correction)
+        return EigendecomposedShampooPreconditioner(
+            buckets, config, beta2, epsilon, use_bias_correction
+        )
     from nanoshampoo.optim.shampoo.preconditioner.shampoo_preconditioner import (
         ShampooPreconditioner,
     )
@@ -126,11 +128,15 @@ def build_preconditioner(
             drop_weighting_factor=config.drop_weighting_factor_on_gsquare,
         )
     if isinstance(config, AdaGradPreconditionerConfig):
-        return AdaGradPreconditioner(buckets, 1.0, config.epsilon, False, config.second_moment_dtype)
+        return AdaGradPreconditioner(
+            buckets, 1.0, config.epsilon, False, config.second_moment_dtype
+        )
     raise UnsupportedConfigError(f"preconditioner_config: unsupported config {config!r}")
 
 
-def target_dimensionality(config: DistributedConfig, preconditioner_config: PreconditionerConfig) -> int | float:
+def target_dimensionality(
+    config: DistributedConfig, preconditioner_config: PreconditionerConfig
+) -> int | float:
     """How far the group's small dims merge: the config's ``target_parameter_dimensionality``,
     except 2 under spectral descent, which orthogonalizes matrices (as the reference library
     does; it logs the override, and so does this, but leaves the user's config unchanged)."""

@@ -13,8 +13,14 @@ from nanoshampoo import validation
 from nanoshampoo.validation import check_bool, check_dtype, check_float
 
 __all__ = [
-    "FLOAT_DTYPES", "UnsupportedConfigError", "check_bool", "check_ema_storage_dtype", "check_int",
-    "check_open_closed_unit", "check_optional_tolerance", "check_positive",
+    "FLOAT_DTYPES",
+    "UnsupportedConfigError",
+    "check_bool",
+    "check_ema_storage_dtype",
+    "check_int",
+    "check_open_closed_unit",
+    "check_optional_tolerance",
+    "check_positive",
 ]
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -31,8 +37,14 @@ class UnsupportedConfigError(ValueError, NotImplementedError):
 
 def check_open_closed_unit(name: str, value: float, low_open: bool, high_open: bool) -> None:
     """Raise ``ValueError`` naming ``name`` unless ``value`` lies in the given unit interval."""
-    check_float(name, value, **{"greater_than" if low_open else "at_least": 0.0,
-                                "less_than" if high_open else "at_most": 1.0})
+    check_float(
+        name,
+        value,
+        **{
+            "greater_than" if low_open else "at_least": 0.0,
+            "less_than" if high_open else "at_most": 1.0,
+        },
+    )
 
 
 def check_positive(name: str, value: float) -> None:

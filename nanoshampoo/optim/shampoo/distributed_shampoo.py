@@ -266,7 +266,9 @@ class DistributedShampoo(torch.optim.Optimizer):
             ("shampoo_runtime_config", shampoo_runtime_config, ShampooRuntimeConfig),
             ("concurrency_config", concurrency_config, ConcurrencyConfig),
         ):
-            if not isinstance(value, kind) and not (value is None and name == "shampoo_pt2_compile_config"):
+            if not isinstance(value, kind) and not (
+                value is None and name == "shampoo_pt2_compile_config"
+            ):
                 raise ValueError(f"{name} must be a {kind.__name__}, got {value!r}")
         self._nonfinite_grad_policy = nonfinite_grad_policy
         self._compile_config = shampoo_pt2_compile_config
@@ -278,15 +280,26 @@ class DistributedShampoo(torch.optim.Optimizer):
         self._packed_roots: list[bool] = []  # per group: its state dict packs the roots
         self._pending_load: PendingLoad | None = None
         defaults = dict(
-            lr=lr, betas=betas, beta3=beta3, epsilon=epsilon, momentum=momentum,
-            dampening=dampening, use_nesterov=use_nesterov, weight_decay=weight_decay,
-            weight_decay_type=weight_decay_type, max_preconditioner_dim=max_preconditioner_dim,
+            lr=lr,
+            betas=betas,
+            beta3=beta3,
+            epsilon=epsilon,
+            momentum=momentum,
+            dampening=dampening,
+            use_nesterov=use_nesterov,
+            weight_decay=weight_decay,
+            weight_decay_type=weight_decay_type,
+            max_preconditioner_dim=max_preconditioner_dim,
             precondition_frequency=precondition_frequency,
             start_preconditioning_step=start_preconditioning_step,
-            use_bias_correction=use_bias_correction, amortize_roots=amortize_roots,
-            momentum_dtype=momentum_dtype, iterate_averaging_config=iterate_averaging_config,
-            grafting_config=grafting_config, use_pin_memory=use_pin_memory,
-            distributed_config=distributed_config, preconditioner_config=preconditioner_config,
+            use_bias_correction=use_bias_correction,
+            amortize_roots=amortize_roots,
+            momentum_dtype=momentum_dtype,
+            iterate_averaging_config=iterate_averaging_config,
+            grafting_config=grafting_config,
+            use_pin_memory=use_pin_memory,
+            distributed_config=distributed_config,
+            preconditioner_config=preconditioner_config,
         )
         if not isinstance(params, torch.Tensor):  # torch refuses a bare tensor: keep it whole
             params = list(params)
@@ -332,11 +345,15 @@ class DistributedShampoo(torch.optim.Optimizer):
             self.param_groups.pop()
             raise
         device = group["params"][0].device if group["params"] else torch.device("cpu")
-        runtime.apply_step, compiled = compile_step(runtime.apply_step, self._compile_config, device)
+        runtime.apply_step, compiled = compile_step(
+            runtime.apply_step, self._compile_config, device
+        )
         self._step_compiled.append(compiled)
         self._runtimes.append(runtime)
         self._scalars.append(GroupScalars(runtime.hyperparameters.primal_averaging is not None))
-        self._packed_roots.append(bool(getattr(group["preconditioner_config"], "use_symmetric_packing", False)))
+        self._packed_roots.append(
+            bool(getattr(group["preconditioner_config"], "use_symmetric_packing", False))
+        )
         self._register_state(len(self._runtimes) - 1)
 
     def _register_state(self, g: int) -> None:
@@ -365,7 +382,9 @@ class DistributedShampoo(torch.optim.Optimizer):
                 plans.append(runtime.plan(group))
                 runtime.check_grads(self._runtime_config.eager_nan_check)
             except ValueError as error:
-                raise ValueError(f"{error} (param_groups[{index}]; no parameter or state was changed)") from None
+                raise ValueError(
+                    f"{error} (param_groups[{index}]; no parameter or state was changed)"
+                ) from None
             runtime.check_train_mode()
         masks = [runtime.gather_grads() for runtime in self._runtimes]
         active = [(r, m) for r, m in zip(self._runtimes, masks) if m is not None]
@@ -394,6 +413,7 @@ class DistributedShampoo(torch.optim.Optimizer):
         """Whether every group's step runs compiled (``shampoo_pt2_compile_config`` given and its
         probe passed; see :class:`ShampooPT2CompileConfig`)."""
         return bool(self._step_compiled) and all(self._step_compiled)
+
     @torch.no_grad()
     def train(self) -> None:
         """Parameters of primal-averaging groups (GPA, Schedule-Free) to ``y``, the training point.
@@ -464,7 +484,9 @@ class DistributedShampoo(torch.optim.Optimizer):
             super().__setstate__(state)
             return
         pending, self._pending_load = self._pending_load, None
-        positions = {id(p): i for i, p in enumerate(p for g in self.param_groups for p in g["params"])}
+        positions = {
+            id(p): i for i, p in enumerate(p for g in self.param_groups for p in g["params"])
+        }
 
         def index_of(key: Any) -> int | None:
             if isinstance(key, torch.Tensor):
@@ -472,7 +494,11 @@ class DistributedShampoo(torch.optim.Optimizer):
             return key if isinstance(key, int) and 0 <= key < len(positions) else None
 
         plans = plan_load(
-            self._runtimes, self.param_groups, state["param_groups"], state["state"], index_of,
+            self._runtimes,
+            self.param_groups,
+            state["param_groups"],
+            state["state"],
+            index_of,
             pending.originals if pending is not None else {},
         )
         if pending is not None:
@@ -491,6 +517,8 @@ class DistributedShampoo(torch.optim.Optimizer):
         pending, optimizer._pending_load = optimizer._pending_load, None
         if pending is None:
             return
-        for runtime, scalars, train_mode in zip(optimizer._runtimes, optimizer._scalars, pending.train_modes):
+        for runtime, scalars, train_mode in zip(
+            optimizer._runtimes, optimizer._scalars, pending.train_modes
+        ):
             runtime.switch_mode(to_train=train_mode)
             scalars.write_from(runtime)

@@ -73,7 +73,10 @@ class GroupRuntime:
         self._fixed = {key: group[key] for key in FIXED_GROUP_KEYS}
         self._params = tuple(group["params"])
         self.distributor = build_distributor(
-            group["distributed_config"], group["params"], group["max_preconditioner_dim"], first_param_index,
+            group["distributed_config"],
+            group["params"],
+            group["max_preconditioner_dim"],
+            first_param_index,
             group["preconditioner_config"],
         )
         names = group.get("param_names")
@@ -81,13 +84,16 @@ class GroupRuntime:
         # Whether the group steps depends on every blocked parameter, not only the local ones,
         # so that all ranks of a DDP group take part in the same exchanges.
         self._blocked_params = tuple(
-            {id(info.param): info.param for info in self.distributor.global_block_info_list}.values()
+            {
+                id(info.param): info.param for info in self.distributor.global_block_info_list
+            }.values()
         )
         self.block_infos = self.distributor.local_block_info_list
         blocked_params = self.distributor.local_blocked_params
         self.param_labels = [
-            f"{names[o]!r} (shape {tuple(group['params'][o].shape)})" if names else
-            f"param_groups[{group_index}]['params'][{o}] (shape {tuple(group['params'][o].shape)})"
+            f"{names[o]!r} (shape {tuple(group['params'][o].shape)})"
+            if names
+            else f"param_groups[{group_index}]['params'][{o}] (shape {tuple(group['params'][o].shape)})"
             for o in range(len(group["params"]))
         ]
         self.local_block_offsets = offsets
@@ -103,8 +109,12 @@ class GroupRuntime:
         self.preconditioner = self._build_preconditioner(hyperparameters)
         grafting = group["grafting_config"]
         # The diagonal grafting preconditioners carry their own beta2 and epsilon.
-        self.grafting = None if grafting is None else build_preconditioner(
-            grafting, self.buckets, hyperparameters.beta2, hyperparameters.epsilon, False
+        self.grafting = (
+            None
+            if grafting is None
+            else build_preconditioner(
+                grafting, self.buckets, hyperparameters.beta2, hyperparameters.epsilon, False
+            )
         )
         self.grads = [b.zeros() for b in self.buckets]
         self.updates = [b.zeros() for b in self.buckets]
@@ -116,7 +126,9 @@ class GroupRuntime:
         self._param_slices: list[list[torch.Tensor]] = []
         # Per-block views, built once: parameter blocks per bucket, and each local block's
         # slice of the update buffers (in local block order, as the distributor expects).
-        self._bucket_param_views = [self._in_bucket_order(blocked_params, k) for k in range(len(self.buckets))]
+        self._bucket_param_views = [
+            self._in_bucket_order(blocked_params, k) for k in range(len(self.buckets))
+        ]
         self._allocate_buffers(hyperparameters)
         self.block_states = [self._block_state(i) for i in range(len(self.block_infos))]
         self._local_updates: list[torch.Tensor] = [torch.empty(0)] * len(self.block_infos)
@@ -148,7 +160,9 @@ class GroupRuntime:
                     f"the layout of their state): built with {built!r}, got {value!r}"
                 )
         params = group["params"]
-        if len(params) != len(self._params) or any(p is not q for p, q in zip(params, self._params)):
+        if len(params) != len(self._params) or any(
+            p is not q for p, q in zip(params, self._params)
+        ):
             raise ValueError(
                 "params cannot change after the group is added; add a new group with add_param_group"
             )
@@ -210,11 +224,16 @@ class GroupRuntime:
             return False
         changed = False
         state_dtype = hyperparameters.momentum_dtype
-        narrow = {buffer for buffer, in_state_dtype in _OPTIONAL_BLOCK_STATE.values() if in_state_dtype}
+        narrow = {
+            buffer for buffer, in_state_dtype in _OPTIONAL_BLOCK_STATE.values() if in_state_dtype
+        }
         for name, needed in hyperparameters.buffers_needed().items():
             present = bool(getattr(self, name))
             if needed != present:
-                dtypes = [(state_dtype if name in narrow and state_dtype else b.dtype) for b in self.buckets]
+                dtypes = [
+                    (state_dtype if name in narrow and state_dtype else b.dtype)
+                    for b in self.buckets
+                ]
                 setattr(
                     self,
                     name,
@@ -237,7 +256,9 @@ class GroupRuntime:
         _, block_name = self.block_infos[local_index].composable_block_ids
         entries = {
             key: (value.shape, value.dtype)
-            for key, value in flatten_tree(self.block_states[local_index].state_dict(), block_name).items()
+            for key, value in flatten_tree(
+                self.block_states[local_index].state_dict(), block_name
+            ).items()
             if key.split(".")[1] not in _OPTIONAL_BLOCK_STATE
         }
         k, _ = self._bucket_positions[local_index]
@@ -265,7 +286,8 @@ class GroupRuntime:
         buckets = []
         for (shape, dtype, device), indices in members.items():
             labels = tuple(
-                f"{self.param_labels[offsets[i]]} {self.block_infos[i].composable_block_ids[1]}" for i in indices
+                f"{self.param_labels[offsets[i]]} {self.block_infos[i].composable_block_ids[1]}"
+                for i in indices
             )
             buckets.append(BlockBucket(shape, dtype, device, labels))
         return buckets, list(members.values())
@@ -338,7 +360,11 @@ class GroupRuntime:
         bad = set()
         for k, buffer in enumerate(self.grads):
             finite = torch.isfinite(buffer).flatten(1).all(dim=1).tolist()
-            bad.update(self.local_block_offsets[i] for i, ok in zip(self.bucket_members[k], finite) if not ok)
+            bad.update(
+                self.local_block_offsets[i]
+                for i, ok in zip(self.bucket_members[k], finite)
+                if not ok
+            )
         return [self.param_labels[o] for o in sorted(bad)]
 
     def apply_step(self, present: list[bool]) -> None:
@@ -438,7 +464,9 @@ class GroupRuntime:
         averaging = self.hyperparameters.primal_averaging
         if averaging is None:
             return None
-        mu_x, mu_y, self.lr_power_sum = interp_coeffs(averaging, self.hyperparameters.lr, self.lr_power_sum)
+        mu_x, mu_y, self.lr_power_sum = interp_coeffs(
+            averaging, self.hyperparameters.lr, self.lr_power_sum
+        )
         return mu_x, mu_y
 
     def switch_mode(self, to_train: bool) -> None:

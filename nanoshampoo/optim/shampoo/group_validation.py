@@ -42,14 +42,29 @@ logger = logging.getLogger(__name__)
 # Group entries fixed when the group is added: they decide the blocks, which rank holds them and
 # the layout of their state. A change after construction (or from a checkpoint) is refused.
 FIXED_GROUP_KEYS = (
-    "max_preconditioner_dim", "preconditioner_config", "grafting_config", "distributed_config",
+    "max_preconditioner_dim",
+    "preconditioner_config",
+    "grafting_config",
+    "distributed_config",
     "momentum_dtype",
 )
 # Group entries a step reads; changing them between steps is supported.
 STEP_GROUP_KEYS = (
-    "lr", "betas", "beta3", "epsilon", "momentum", "dampening", "use_nesterov", "weight_decay",
-    "weight_decay_type", "peak_lr", "precondition_frequency", "start_preconditioning_step",
-    "use_bias_correction", "amortize_roots", "iterate_averaging_config",
+    "lr",
+    "betas",
+    "beta3",
+    "epsilon",
+    "momentum",
+    "dampening",
+    "use_nesterov",
+    "weight_decay",
+    "weight_decay_type",
+    "peak_lr",
+    "precondition_frequency",
+    "start_preconditioning_step",
+    "use_bias_correction",
+    "amortize_roots",
+    "iterate_averaging_config",
 )
 # Weight decay types whose coefficient is divided by the group's peak learning rate.
 _PEAK_LR_DECAY_TYPES = (WeightDecayType.CORRECTED, WeightDecayType.INDEPENDENT)
@@ -57,7 +72,10 @@ ITERATE_AVERAGING_CONFIG_TYPES = (ClassicMomentumConfig, *PRIMAL_AVERAGING_CONFI
 # Preconditioners without an amortized computation: their groups step with
 # precondition_frequency 1 whatever the entry says (so start_preconditioning_step -1 means 1),
 # as in the reference library.
-STATELESS_PRECONDITIONER_TYPES = (SignDescentPreconditionerConfig, SpectralDescentPreconditionerConfig)
+STATELESS_PRECONDITIONER_TYPES = (
+    SignDescentPreconditionerConfig,
+    SpectralDescentPreconditionerConfig,
+)
 
 
 def _is_finite_number(value: Any) -> bool:
@@ -83,7 +101,12 @@ def validate_group(group: Mapping[str, Any]) -> None:
     :meth:`DistributedShampoo.step` runs it on every group at every step.
     """
     config = group["preconditioner_config"]
-    _require(group, isinstance(config, PreconditionerConfig), "preconditioner_config", "must be a PreconditionerConfig")
+    _require(
+        group,
+        isinstance(config, PreconditionerConfig),
+        "preconditioner_config",
+        "must be a PreconditionerConfig",
+    )
     grafting = group["grafting_config"]
     if not (grafting is None or isinstance(grafting, GRAFTING_CONFIG_TYPES)):
         error = UnsupportedConfigError if isinstance(grafting, PreconditionerConfig) else ValueError
@@ -91,10 +114,17 @@ def validate_group(group: Mapping[str, Any]) -> None:
             f"grafting_config must be None or an SGD/AdaGrad/RMSprop/Adam PreconditionerConfig, got {grafting!r}"
         )
     _require(
-        group, isinstance(group["distributed_config"], DistributedConfig), "distributed_config",
+        group,
+        isinstance(group["distributed_config"], DistributedConfig),
+        "distributed_config",
         "must be a DistributedConfig",
     )
-    _require(group, isinstance(group.get("use_pin_memory", False), bool), "use_pin_memory", "must be a bool")
+    _require(
+        group,
+        isinstance(group.get("use_pin_memory", False), bool),
+        "use_pin_memory",
+        "must be a bool",
+    )
     _validate_step_sizes(group)
     _validate_iterate_averaging(group)
     _validate_schedule(group)
@@ -104,40 +134,74 @@ def _validate_step_sizes(group: Mapping[str, Any]) -> None:
     """The entries that scale a step: lr, betas, beta3, epsilon, momentum, weight decay."""
     lr, betas, beta3, eps = group["lr"], group["betas"], group["beta3"], group["epsilon"]
     _require(group, _is_finite_number(lr) and lr >= 0.0, "lr", "must be finite and >= 0.0")
-    _require(group, isinstance(betas, (tuple, list)) and len(betas) == 2, "betas", "must be a pair (beta1, beta2)")
-    _require(group, is_real(betas[0]) and 0.0 <= betas[0] < 1.0, "betas[0]", "must be in [0.0, 1.0)")
-    _require(group, is_real(betas[1]) and 0.0 <= betas[1] <= 1.0, "betas[1]", "must be in [0.0, 1.0]")
     _require(
-        group, is_real(beta3) and (beta3 == -1.0 or 0.0 <= beta3 < 1.0), "beta3",
+        group,
+        isinstance(betas, (tuple, list)) and len(betas) == 2,
+        "betas",
+        "must be a pair (beta1, beta2)",
+    )
+    _require(
+        group, is_real(betas[0]) and 0.0 <= betas[0] < 1.0, "betas[0]", "must be in [0.0, 1.0)"
+    )
+    _require(
+        group, is_real(betas[1]) and 0.0 <= betas[1] <= 1.0, "betas[1]", "must be in [0.0, 1.0]"
+    )
+    _require(
+        group,
+        is_real(beta3) and (beta3 == -1.0 or 0.0 <= beta3 < 1.0),
+        "beta3",
         "must be -1.0 or in [0.0, 1.0)",
     )
     _require(group, _is_finite_number(eps) and eps >= 0.0, "epsilon", "must be finite and >= 0.0")
     if uses_pseudo_inverse(group["preconditioner_config"]):
-        _require(group, eps == 0.0, "epsilon", "must be 0.0 with a PseudoInverseConfig (the pseudo-inverse adds no ridge)")
+        _require(
+            group,
+            eps == 0.0,
+            "epsilon",
+            "must be 0.0 with a PseudoInverseConfig (the pseudo-inverse adds no ridge)",
+        )
     else:
         _require(
-            group, eps > 0.0, "epsilon",
+            group,
+            eps > 0.0,
+            "epsilon",
             "must be > 0.0 (0.0 only with a PseudoInverseConfig rank_deficient_stability_config)",
         )
     momentum, dampening = group["momentum"], group["dampening"]
-    _require(group, is_real(momentum) and 0.0 <= momentum < 1.0, "momentum", "must be in [0.0, 1.0)")
-    _require(group, is_real(dampening) and 0.0 <= dampening < 1.0, "dampening", "must be in [0.0, 1.0)")
-    _require(group, isinstance(group["use_nesterov"], bool), "use_nesterov", "must be a bool")
-    _require(group, not group["use_nesterov"] or momentum > 0.0, "use_nesterov", "needs momentum > 0.0")
-    wd = group["weight_decay"]
-    _require(group, _is_finite_number(wd) and wd >= 0.0, "weight_decay", "must be finite and >= 0.0")
     _require(
-        group, isinstance(group["weight_decay_type"], WeightDecayType), "weight_decay_type",
+        group, is_real(momentum) and 0.0 <= momentum < 1.0, "momentum", "must be in [0.0, 1.0)"
+    )
+    _require(
+        group, is_real(dampening) and 0.0 <= dampening < 1.0, "dampening", "must be in [0.0, 1.0)"
+    )
+    _require(group, isinstance(group["use_nesterov"], bool), "use_nesterov", "must be a bool")
+    _require(
+        group, not group["use_nesterov"] or momentum > 0.0, "use_nesterov", "needs momentum > 0.0"
+    )
+    wd = group["weight_decay"]
+    _require(
+        group, _is_finite_number(wd) and wd >= 0.0, "weight_decay", "must be finite and >= 0.0"
+    )
+    _require(
+        group,
+        isinstance(group["weight_decay_type"], WeightDecayType),
+        "weight_decay_type",
         "must be a WeightDecayType",
     )
     peak_lr = group["peak_lr"]
-    _require(group, _is_finite_number(peak_lr) and peak_lr >= 0.0, "peak_lr", "must be finite and >= 0.0")
+    _require(
+        group, _is_finite_number(peak_lr) and peak_lr >= 0.0, "peak_lr", "must be finite and >= 0.0"
+    )
     if group["weight_decay_type"] in _PEAK_LR_DECAY_TYPES:
-        _require(group, peak_lr > 0.0, "peak_lr", f"must be > 0.0 with {group['weight_decay_type']}")
+        _require(
+            group, peak_lr > 0.0, "peak_lr", f"must be > 0.0 with {group['weight_decay_type']}"
+        )
     # The filtered gradient is an EMA with new-sample weight 1 - beta1; momentum adds whole
     # updates, so only the former limits the storage dtype.
     check_ema_storage_dtype(
-        "momentum_dtype", group["momentum_dtype"], 1.0 - betas[0] if betas[0] > 0.0 else 1.0,
+        "momentum_dtype",
+        group["momentum_dtype"],
+        1.0 - betas[0] if betas[0] > 0.0 else 1.0,
         "1 - betas[0]",
     )
 
@@ -154,7 +218,9 @@ def _validate_iterate_averaging(group: Mapping[str, Any]) -> None:
         )
     legacy = (group["momentum"], group["dampening"], group["use_nesterov"]) != (0.0, 0.0, False)
     _require(
-        group, config is None or not legacy, "momentum",
+        group,
+        config is None or not legacy,
+        "momentum",
         "(with dampening and use_nesterov; deprecated) must keep its defaults when "
         "iterate_averaging_config is set: put them into a ClassicMomentumConfig",
     )
@@ -170,14 +236,21 @@ def _validate_schedule(group: Mapping[str, Any]) -> None:
         "must be an int >= 1 or math.inf",
     )
     frequency, start = group["precondition_frequency"], group["start_preconditioning_step"]
-    _require(group, is_int(frequency) and frequency >= 1, "precondition_frequency", "must be an int >= 1")
+    _require(
+        group, is_int(frequency) and frequency >= 1, "precondition_frequency", "must be an int >= 1"
+    )
     _require(
         group,
         (is_int(start) and (start == -1 or start >= frequency)) or start == math.inf,
         "start_preconditioning_step",
         f"must be -1, math.inf (never: grafting only) or an int >= precondition_frequency ({frequency})",
     )
-    _require(group, isinstance(group["use_bias_correction"], bool), "use_bias_correction", "must be a bool")
+    _require(
+        group,
+        isinstance(group["use_bias_correction"], bool),
+        "use_bias_correction",
+        "must be a bool",
+    )
     _require(group, isinstance(group["amortize_roots"], bool), "amortize_roots", "must be a bool")
 
 
@@ -215,7 +288,9 @@ def validate_params(params: Sequence[torch.Tensor], names: Sequence[str] | None 
                 "group's parameters must share one device"
             )
         if param.is_complex():
-            raise ValueError(f"{label(index)} is complex ({param.dtype}): DistributedShampoo needs real parameters")
+            raise ValueError(
+                f"{label(index)} is complex ({param.dtype}): DistributedShampoo needs real parameters"
+            )
         if not param.is_floating_point():
             raise ValueError(f"{label(index)} must be a floating-point tensor, got {param.dtype}")
         if param.layout != torch.strided:
@@ -305,7 +380,11 @@ class Hyperparameters:
             "params": self.weight_decay > 0.0 or self.primal_averaging is not None,
             "filtered": filtering,
             "filtered_out": filtering
-            and (self.beta3 != self.beta1 or self.use_bias_correction or self.momentum_dtype is not None),
+            and (
+                self.beta3 != self.beta1
+                or self.use_bias_correction
+                or self.momentum_dtype is not None
+            ),
             "momentum": self.classic_momentum is not None,
             "weights": self.primal_averaging is not None,
         }
@@ -321,9 +400,12 @@ def _classic_momentum(group: Mapping[str, Any]) -> ClassicMomentumConfig | None:
     if group["momentum"] == 0.0:
         return None
     return ClassicMomentumConfig(
-        momentum=float(group["momentum"]), dampening=float(group["dampening"]),
+        momentum=float(group["momentum"]),
+        dampening=float(group["dampening"]),
         use_nesterov=group["use_nesterov"],
     )
+
+
 def check_ordered_params(name: str, params: object) -> None:
     """Raise ``TypeError`` for a set of parameters (torch itself lets a frozenset through)."""
     if isinstance(params, (set, frozenset)):
@@ -334,7 +416,9 @@ def check_ordered_params(name: str, params: object) -> None:
         )
 
 
-def validate_device_kind(params: Sequence[torch.Tensor], param_groups: Sequence[Mapping[str, Any]]) -> None:
+def validate_device_kind(
+    params: Sequence[torch.Tensor], param_groups: Sequence[Mapping[str, Any]]
+) -> None:
     """Raise ``ValueError`` when the newest group (``param_groups[-1]``, holding ``params``) mixes
     meta parameters (shapes without data) with real ones of the first group that has parameters
     (groups may be empty): a step adds up every group's gradient check on one device."""
@@ -358,7 +442,9 @@ def write_back_sentinels(group: dict[str, Any]) -> None:
     if isinstance(config, STATELESS_PRECONDITIONER_TYPES):
         name = type(config).__name__
         for entry, value in (("BETAS][1", group["betas"][1]), ("EPSILON", group["epsilon"])):
-            logger.warning(f"param_group[{entry}]={value!r} does not have any effect when {name} is used.")
+            logger.warning(
+                f"param_group[{entry}]={value!r} does not have any effect when {name} is used."
+            )
         logger.warning(
             f"param_group[PRECONDITION_FREQUENCY]={group['precondition_frequency']!r} does not have "
             f"any effect when {name} is used. Setting precondition_frequency to 1..."
@@ -370,7 +456,9 @@ def write_back_sentinels(group: dict[str, Any]) -> None:
         group["start_preconditioning_step"] = group["precondition_frequency"]
 
 
-def check_grads(labels: Sequence[str], params: Sequence[torch.Tensor], eager_nan_check: bool = False) -> None:
+def check_grads(
+    labels: Sequence[str], params: Sequence[torch.Tensor], eager_nan_check: bool = False
+) -> None:
     """Raise ``ValueError`` naming the parameter (``labels[i]``) for a gradient Shampoo cannot
     use: sparse, of another shape than its parameter (torch refuses to assign one, but
     ``grad.data = ...`` gets through), or not real floating point. About 1 us per parameter.
@@ -384,7 +472,9 @@ def check_grads(labels: Sequence[str], params: Sequence[torch.Tensor], eager_nan
         if grad is None:
             continue
         if grad.layout != torch.strided:
-            raise ValueError(f"the gradient of {label} is {grad.layout}: DistributedShampoo needs dense gradients")
+            raise ValueError(
+                f"the gradient of {label} is {grad.layout}: DistributedShampoo needs dense gradients"
+            )
         if grad.shape != param.shape:
             raise ValueError(
                 f"the gradient of {label} has shape {tuple(grad.shape)}: DistributedShampoo needs a "

@@ -32,7 +32,9 @@ from nanoshampoo.optim.shampoo.iterate_averaging_types import (
 
 
 def classic_momentum_(
-    directions: Sequence[torch.Tensor], momentum: Sequence[torch.Tensor], config: ClassicMomentumConfig
+    directions: Sequence[torch.Tensor],
+    momentum: Sequence[torch.Tensor],
+    config: ClassicMomentumConfig,
 ) -> None:
     """``M <- mu M + (1 - d) P``, then ``P <- M``, or with Nesterov ``P <- (1 - d) P + mu M``.
 

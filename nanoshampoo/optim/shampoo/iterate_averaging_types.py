@@ -90,8 +90,12 @@ class GeneralizedPrimalAveragingConfig(IterateAveragingConfig):
     train_interp_coeff: float = 0.8
 
     def __post_init__(self) -> None:
-        check_open_closed_unit("eval_interp_coeff", self.eval_interp_coeff, low_open=False, high_open=True)
-        check_open_closed_unit("train_interp_coeff", self.train_interp_coeff, low_open=True, high_open=False)
+        check_open_closed_unit(
+            "eval_interp_coeff", self.eval_interp_coeff, low_open=False, high_open=True
+        )
+        check_open_closed_unit(
+            "train_interp_coeff", self.train_interp_coeff, low_open=True, high_open=False
+        )
 
 
 @dataclass(kw_only=True)
@@ -117,7 +121,9 @@ class ScheduleFreeConfig(IterateAveragingConfig):
     eval_coeff_lr_power: int = 2
 
     def __post_init__(self) -> None:
-        check_open_closed_unit("train_interp_coeff", self.train_interp_coeff, low_open=True, high_open=False)
+        check_open_closed_unit(
+            "train_interp_coeff", self.train_interp_coeff, low_open=True, high_open=False
+        )
         check_float("eval_coeff_lr_power", self.eval_coeff_lr_power, at_least=0.0)
 
 

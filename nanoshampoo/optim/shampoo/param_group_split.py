@@ -105,7 +105,9 @@ def _tensor(entry: Any) -> torch.Tensor:
     return entry[1] if isinstance(entry, tuple) else entry
 
 
-def _shard_size(config: FullyShardDistributedConfig | HybridShardDistributedConfig, params: list[Any]) -> int:
+def _shard_size(
+    config: FullyShardDistributedConfig | HybridShardDistributedConfig, params: list[Any]
+) -> int:
     """Ranks per shard group under HSDP (the config's mesh, else the parameters'); 1 under FSDP2."""
     if not isinstance(config, HybridShardDistributedConfig):
         return 1
@@ -116,7 +118,9 @@ def _shard_size(config: FullyShardDistributedConfig | HybridShardDistributedConf
 
 
 def _sub_groups(
-    group: dict[str, Any], params: list[Any], config: FullyShardDistributedConfig | HybridShardDistributedConfig
+    group: dict[str, Any],
+    params: list[Any],
+    config: FullyShardDistributedConfig | HybridShardDistributedConfig,
 ) -> list[dict[str, Any]]:
     """Validate, then pack ``params`` into the sub-groups of ``group`` (see the module doc)."""
     wanted = config.num_sub_groups
@@ -137,10 +141,16 @@ def _sub_groups(
             f"than the shard size {shard_size} (a parameter much larger than the rest); use fewer "
             "sub-groups"
         )
-    others = {k: v for k, v in group.items() if k not in ("params", "param_names", "distributed_config")}
+    others = {
+        k: v for k, v in group.items() if k not in ("params", "param_names", "distributed_config")
+    }
     subs = []
     for indices in bins:
-        sub = {**others, "params": [params[i] for i in indices], "distributed_config": copy.copy(config)}
+        sub = {
+            **others,
+            "params": [params[i] for i in indices],
+            "distributed_config": copy.copy(config),
+        }
         if names is not None:
             sub["param_names"] = [names[i] for i in indices]
         subs.append(sub)
@@ -161,7 +171,11 @@ def split_constructor_params(params: list[Any], default_config: object) -> list[
     groups = params if is_groups else [{"params": params}]
     result: list[Any] = []
     for group in groups:
-        resolved = group if "distributed_config" in group else {**group, "distributed_config": default_config}
+        resolved = (
+            group
+            if "distributed_config" in group
+            else {**group, "distributed_config": default_config}
+        )
         split = split_param_groups([resolved])
         result.extend([group] if split[0] is resolved else split)
     if not is_groups and result[0] is groups[0]:

@@ -63,14 +63,20 @@ class ShampooPT2CompileConfig:
         if self.options is not None and not isinstance(self.options, dict):
             raise ValueError(f"options must be None or a dict, got {self.options!r}")
         if self.mode is not None and self.options is not None:
-            raise ValueError("mode and options cannot both be set (torch.compile takes one or the other)")
+            raise ValueError(
+                "mode and options cannot both be set (torch.compile takes one or the other)"
+            )
         check_bool("disable", self.disable)
 
     def compile_kwargs(self) -> dict[str, Any]:
         """The keyword arguments of ``torch.compile``."""
         return dict(
-            fullgraph=self.fullgraph, dynamic=self.dynamic, backend=self.backend, mode=self.mode,
-            options=self.options, disable=self.disable,
+            fullgraph=self.fullgraph,
+            dynamic=self.dynamic,
+            backend=self.backend,
+            mode=self.mode,
+            options=self.options,
+            disable=self.disable,
         )
 
 

@@ -228,10 +228,18 @@ def _checkpoint_globals() -> list[Any]:
     of the descent configs."""
     exported = [globals()[name] for name in __all__]
     types = [
-        value for value in exported
-        if inspect.isclass(value) and (dataclasses.is_dataclass(value) or issubclass(value, enum.Enum))
+        value
+        for value in exported
+        if inspect.isclass(value)
+        and (dataclasses.is_dataclass(value) or issubclass(value, enum.Enum))
     ]
-    return [*types, AlignedMemoryCostModel, PolynomialComputationalCostModel, unit_scale, _unit_scale_by_dims]
+    return [
+        *types,
+        AlignedMemoryCostModel,
+        PolynomialComputationalCostModel,
+        unit_scale,
+        _unit_scale_by_dims,
+    ]
 
 
 # ``state_dict()["param_groups"]`` holds these configs (as the reference library's does), so a

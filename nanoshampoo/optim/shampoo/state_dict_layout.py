@@ -65,7 +65,10 @@ GROUP_SCALARS = {STEP: torch.int64, LR_SUM: torch.float64, TRAIN_MODE: torch.boo
 # Group entries only this optimizer has, with their defaults: left out of a saved group that
 # holds the default, filled in with it when a loaded group lacks them.
 EXTENSION_DEFAULTS: dict[str, Any] = {
-    "amortize_roots": False, "momentum_dtype": None, "momentum": 0.0, "dampening": 0.0,
+    "amortize_roots": False,
+    "momentum_dtype": None,
+    "momentum": 0.0,
+    "dampening": 0.0,
     "use_nesterov": False,
 }
 
@@ -132,14 +135,26 @@ def reorder_soap_bases(shampoo: Any, computed_by_default: bool) -> Any:
     ascending one, and back (its own inverse). ``computed_by_default``: whether a basis is
     computed where the state has no ``eigenvectors_computed`` (the reference's). Anything but a
     SOAP state is returned as it is."""
-    if not (isinstance(shampoo, Mapping) and isinstance(shampoo.get(CORRECTED), torch.Tensor)
-            and isinstance(shampoo.get(BASES), Mapping)):
+    if not (
+        isinstance(shampoo, Mapping)
+        and isinstance(shampoo.get(CORRECTED), torch.Tensor)
+        and isinstance(shampoo.get(BASES), Mapping)
+    ):
         return shampoo
     flags = shampoo.get(EIGENVECTORS_COMPUTED, {})
     bases, corrected = dict(shampoo[BASES]), shampoo[CORRECTED]
     for dim, basis in shampoo[BASES].items():
-        flag = flags.get(dim, computed_by_default) if isinstance(flags, Mapping) else computed_by_default
-        if bool(flag) and isinstance(basis, torch.Tensor) and basis.dim() == 2 and int(dim) < corrected.dim():
+        flag = (
+            flags.get(dim, computed_by_default)
+            if isinstance(flags, Mapping)
+            else computed_by_default
+        )
+        if (
+            bool(flag)
+            and isinstance(basis, torch.Tensor)
+            and basis.dim() == 2
+            and int(dim) < corrected.dim()
+        ):
             bases[dim], corrected = basis.flip(-1), corrected.flip(int(dim))
     return {**shampoo, BASES: bases, CORRECTED: corrected}
 
@@ -151,7 +166,9 @@ def _saved_tree(value: Any, packed: bool) -> Any:
         return value
     tree = {k: _saved_tree(v, packed) for k, v in value.items() if k != FAILURE_COUNTS}
     if packed and isinstance(tree.get(ROOTS), Mapping):
-        tree[ROOTS] = {d: pack_upper_triangular(r) if r.dim() == 2 else r for d, r in tree[ROOTS].items()}
+        tree[ROOTS] = {
+            d: pack_upper_triangular(r) if r.dim() == 2 else r for d, r in tree[ROOTS].items()
+        }
     return reorder_soap_bases(tree, computed_by_default=False)
 
 
@@ -203,7 +220,8 @@ def from_flat_layout(state_dict: Mapping[str, Any]) -> dict[str, Any]:
     groups, state = [], {}
     for group in state_dict["param_groups"]:
         scalars = {
-            name: torch.tensor(group[name], dtype=dtype) for name, dtype in GROUP_SCALARS.items()
+            name: torch.tensor(group[name], dtype=dtype)
+            for name, dtype in GROUP_SCALARS.items()
             if name in group
         }
         groups.append({k: v for k, v in group.items() if k not in GROUP_SCALARS})

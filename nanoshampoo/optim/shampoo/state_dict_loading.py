@@ -98,8 +98,10 @@ def prepare_load(state_dict: Any, param_groups: Sequence[Mapping[str, Any]]) -> 
     if not isinstance(state_dict, Mapping) or not {"state", "param_groups"} <= state_dict.keys():
         raise ValueError("state_dict must be a mapping with 'state' and 'param_groups'")
     groups, state = state_dict["param_groups"], state_dict["state"]
-    if not isinstance(state, Mapping) or not isinstance(groups, Sequence) or not all(
-        isinstance(g, Mapping) and isinstance(g.get(PARAMS), Sequence) for g in groups
+    if (
+        not isinstance(state, Mapping)
+        or not isinstance(groups, Sequence)
+        or not all(isinstance(g, Mapping) and isinstance(g.get(PARAMS), Sequence) for g in groups)
     ):
         raise ValueError(
             "state_dict['state'] must be a mapping and state_dict['param_groups'] a list of "
@@ -132,7 +134,8 @@ def originals_by_position(
     saved_ids = list(chain.from_iterable(g[PARAMS] for g in state_dict["param_groups"]))
     count = sum(len(g[PARAMS]) for g in param_groups)
     return {
-        position: state_dict["state"][key] for position, key in enumerate(saved_ids[:count])
+        position: state_dict["state"][key]
+        for position, key in enumerate(saved_ids[:count])
         if key in state_dict["state"]
     }
 
@@ -140,8 +143,10 @@ def originals_by_position(
 def _exact(value: Any, original: Any) -> Any:
     """``original`` where ``value`` is torch's cast of it to another dtype, else ``value``."""
     if (
-        isinstance(value, torch.Tensor) and isinstance(original, torch.Tensor)
-        and original.dtype != value.dtype and original.shape == value.shape
+        isinstance(value, torch.Tensor)
+        and isinstance(original, torch.Tensor)
+        and original.dtype != value.dtype
+        and original.shape == value.shape
         and torch.equal(original.to(device=value.device, dtype=value.dtype), value)
     ):
         return original
@@ -170,7 +175,9 @@ def plan_load(
     for key, entry in loaded_state.items():
         index = index_of(key)
         if index is None:
-            raise KeyError(f"state_dict['state'] has an entry {key!r} for no parameter of the optimizer")
+            raise KeyError(
+                f"state_dict['state'] has an entry {key!r} for no parameter of the optimizer"
+            )
         state[index] = entry
     unexpected = {(i, str(k)) for i, entry in state.items() for k in entry}
     plans, first = [], 0
@@ -187,7 +194,9 @@ def plan_load(
             hyperparameters = runtime.plan(entries)
         except ValueError as error:
             message = str(error)
-            raise ValueError(message if message.startswith(where) else f"{where}: {message}") from None
+            raise ValueError(
+                message if message.startswith(where) else f"{where}: {message}"
+            ) from None
         averaging = hyperparameters.primal_averaging is not None
         scalars = _group_scalars(state, originals, indices, averaging, g)
         unexpected -= {(i, name) for i in indices for name in GROUP_SCALARS if name in scalars[1]}
@@ -195,15 +204,24 @@ def plan_load(
         for local_index, info in enumerate(runtime.block_infos):
             index, block_name = info.composable_block_ids
             unexpected.discard((index, block_name))
-            blocks.append(_block_load(
-                runtime, local_index, hyperparameters, state.get(index, {}).get(block_name),
-                originals.get(index, {}).get(block_name), scalars[0], index,
-            ))
+            blocks.append(
+                _block_load(
+                    runtime,
+                    local_index,
+                    hyperparameters,
+                    state.get(index, {}).get(block_name),
+                    originals.get(index, {}).get(block_name),
+                    scalars[0],
+                    index,
+                )
+            )
         step, found = scalars
         lr_sum_and_mode = (found[LR_SUM], found[TRAIN_MODE]) if averaging else None
         plans.append(GroupLoad(entries, hyperparameters, step, lr_sum_and_mode, blocks))
     if unexpected:
-        raise KeyError(f"unexpected state in state_dict: {sorted(f'{i}.{k}' for i, k in unexpected)[:4]}")
+        raise KeyError(
+            f"unexpected state in state_dict: {sorted(f'{i}.{k}' for i, k in unexpected)[:4]}"
+        )
     return plans
 
 
@@ -255,7 +273,9 @@ def _field_default(field: dataclasses.Field[Any]) -> Any:
     return dataclasses.MISSING
 
 
-def _completed_entries(loaded: Mapping[str, Any], group: Mapping[str, Any], where: str) -> dict[str, Any]:
+def _completed_entries(
+    loaded: Mapping[str, Any], group: Mapping[str, Any], where: str
+) -> dict[str, Any]:
     """The loaded group's entries, with the ones it lacks: an extension entry takes its default
     (a saved group leaves it out there), any other the optimizer's current value; lists where
     the optimizer holds tuples (``betas`` after a JSON round trip) become tuples, and another
@@ -265,8 +285,11 @@ def _completed_entries(loaded: Mapping[str, Any], group: Mapping[str, Any], wher
     that library built the group, in its own defaults: its ``inv_factor_matrix_dtype=float32``
     is our ``None`` for float32 blocks); the blocks' state is then checked one by one."""
     entries = {
-        k: group[k] if k in FIXED_GROUP_KEYS and _is_foreign(v) else as_our_config(v, f"{where}[{k!r}]")
-        for k, v in loaded.items() if k not in (PARAMS, DISTRIBUTED_CONFIG)
+        k: group[k]
+        if k in FIXED_GROUP_KEYS and _is_foreign(v)
+        else as_our_config(v, f"{where}[{k!r}]")
+        for k, v in loaded.items()
+        if k not in (PARAMS, DISTRIBUTED_CONFIG)
     }
     for key, value in group.items():
         if key == PARAMS:
@@ -280,8 +303,11 @@ def _completed_entries(loaded: Mapping[str, Any], group: Mapping[str, Any], wher
 
 
 def _group_scalars(
-    state: Mapping[int, Mapping[Any, Any]], originals: Mapping[int, Mapping[Any, Any]],
-    indices: range, averaging: bool, g: int,
+    state: Mapping[int, Mapping[Any, Any]],
+    originals: Mapping[int, Mapping[Any, Any]],
+    indices: range,
+    averaging: bool,
+    g: int,
 ) -> tuple[int, dict[str, Any]]:
     """``(step, {name: value})`` of group ``g``, from every parameter that carries them."""
     names = tuple(GROUP_SCALARS) if averaging else (STEP,)
@@ -320,8 +346,13 @@ def _scalar_value(name: str, value: Any, where: str) -> Any:
 
 
 def _block_load(
-    runtime: GroupRuntime, local_index: int, hyperparameters: Hyperparameters, saved: Any,
-    original: Any, step: int, index: int,
+    runtime: GroupRuntime,
+    local_index: int,
+    hyperparameters: Hyperparameters,
+    saved: Any,
+    original: Any,
+    step: int,
+    index: int,
 ) -> dict[str, torch.Tensor]:
     """The checked tensors of one local block, keyed by our flat keys (changes nothing)."""
     _, block_name = runtime.block_infos[local_index].composable_block_ids
@@ -329,7 +360,11 @@ def _block_load(
         raise KeyError(f"missing block state {index}.{block_name} in state_dict")
     computed = step >= hyperparameters.start_preconditioning_step
     received = flatten_tree(_ours_soap_order(saved, computed), block_name)
-    exact = flatten_tree(_ours_soap_order(original, computed), block_name) if isinstance(original, Mapping) else {}
+    exact = (
+        flatten_tree(_ours_soap_order(original, computed), block_name)
+        if isinstance(original, Mapping)
+        else {}
+    )
     expected = runtime.expected_block_state(local_index, hyperparameters)
     names = {key.split(".")[1] for key in expected}
     values: dict[str, torch.Tensor] = {}
@@ -346,18 +381,29 @@ def _block_load(
             raise KeyError(f"missing block state {index}.{name} in state_dict")
         value = _exact(received.pop(name), exact.get(name))
         if not isinstance(value, torch.Tensor):
-            raise ValueError(f"{where} must be a {dtype} tensor of shape {tuple(shape)}, got {type(value).__name__}")
-        if f".{ROOTS}." in name and len(shape) == 2 and value.dim() == 1 and value.numel() == shape[0] * (shape[0] + 1) // 2:
+            raise ValueError(
+                f"{where} must be a {dtype} tensor of shape {tuple(shape)}, got {type(value).__name__}"
+            )
+        if (
+            f".{ROOTS}." in name
+            and len(shape) == 2
+            and value.dim() == 1
+            and value.numel() == shape[0] * (shape[0] + 1) // 2
+        ):
             value = unpack_upper_triangular(value, shape[0])
         if value.is_floating_point() and not bool(torch.isfinite(value).all()):
-            raise ValueError(f"{where} holds NaN or Inf: a step from it would turn the parameters non-finite")
+            raise ValueError(
+                f"{where} holds NaN or Inf: a step from it would turn the parameters non-finite"
+            )
         if value.shape != shape or value.dtype != dtype:
             raise ValueError(
                 f"{where} must be a {dtype} tensor of shape {tuple(shape)}, got {value.dtype} {tuple(value.shape)}"
             )
         values[key] = value
     if received:
-        raise KeyError(f"unexpected block state in state_dict: {sorted(f'{index}.{k}' for k in received)[:4]}")
+        raise KeyError(
+            f"unexpected block state in state_dict: {sorted(f'{index}.{k}' for k in received)[:4]}"
+        )
     return values
 
 
@@ -369,7 +415,9 @@ def _ours_soap_order(block: Mapping[Any, Any], computed_by_default: bool) -> Map
 
 
 def apply_load(
-    runtimes: Sequence[GroupRuntime], param_groups: Sequence[dict[str, Any]], plans: Sequence[GroupLoad],
+    runtimes: Sequence[GroupRuntime],
+    param_groups: Sequence[dict[str, Any]],
+    plans: Sequence[GroupLoad],
     register: Callable[[int], None],
 ) -> None:
     """Write checked loads: each group's entries (in place), hyperparameters, scalars and block

@@ -52,7 +52,9 @@ def _names(groups: object) -> list[list[str]] | None:
     return names
 
 
-def regroup_by_param_names(state_dict: Mapping[str, Any], param_groups: Sequence[Mapping[str, Any]]) -> Mapping[str, Any]:
+def regroup_by_param_names(
+    state_dict: Mapping[str, Any], param_groups: Sequence[Mapping[str, Any]]
+) -> Mapping[str, Any]:
     """``state_dict`` re-keyed onto ``param_groups`` by parameter name (or unchanged).
 
     ``param_groups``: group dicts naming their parameters by ``param_names`` or by
@@ -90,15 +92,26 @@ def regroup_by_param_names(state_dict: Mapping[str, Any], param_groups: Sequence
     first = 0
     for index, names in enumerate(our_names):
         sources = sorted({where[name][0] for name in names})
-        entries = [{k: v for k, v in saved_groups[s].items() if k not in _MEMBERSHIP} for s in sources]
-        differing = sorted({k for e in entries[1:] for k in e.keys() | entries[0].keys() if e.get(k) != entries[0].get(k)})
+        entries = [
+            {k: v for k, v in saved_groups[s].items() if k not in _MEMBERSHIP} for s in sources
+        ]
+        differing = sorted(
+            {
+                k
+                for e in entries[1:]
+                for k in e.keys() | entries[0].keys()
+                if e.get(k) != entries[0].get(k)
+            }
+        )
         if differing:
             raise ValueError(
                 f"param_groups[{index}] takes parameters from saved param groups {sources}, whose "
                 f"entries {differing} differ"
             )
         positions = list(range(first, first + len(names)))
-        groups.append({**(entries[0] if entries else {}), "params": positions, "param_names": names})
+        groups.append(
+            {**(entries[0] if entries else {}), "params": positions, "param_names": names}
+        )
         for name, position in zip(names, positions):
             saved_index = where[name][1]
             if saved_index in saved_state:

@@ -30,7 +30,9 @@ def _one_line(error: BaseException) -> str:
     """``Type: first line`` of the innermost cause (dynamo wraps a backend's error in
     ``BackendCompilerFailed``, whose own message names only the backend)."""
     root = error
-    while (inner := getattr(root, "inner_exception", None) or root.__cause__) is not None and inner is not root:
+    while (
+        inner := getattr(root, "inner_exception", None) or root.__cause__
+    ) is not None and inner is not root:
         root = inner
     first_line = (str(root).strip().splitlines() or [""])[0]
     return f"{type(root).__name__}: {first_line[:200]}"
@@ -44,7 +46,9 @@ def probe_compile(config: ShampooPT2CompileConfig, device: torch.device) -> str 
         reason: str | None = None
         try:
             x = torch.arange(4.0, device=device)
-            if not torch.equal(torch.compile(_probe_function, **config.compile_kwargs())(x), _probe_function(x)):
+            if not torch.equal(
+                torch.compile(_probe_function, **config.compile_kwargs())(x), _probe_function(x)
+            ):
                 reason = "the probe's compiled result differs from the eager one"
         except Exception as error:  # noqa: BLE001 - any failure means: do not compile here
             reason = _one_line(error)
@@ -64,7 +68,9 @@ def compile_step(
     if reason is not None:
         logger.warning(
             "shampoo_pt2_compile_config: backend %r cannot compile on %s (%s); the step runs eagerly",
-            config.backend, device.type, reason,
+            config.backend,
+            device.type,
+            reason,
         )
         return step, False
     return torch.compile(step, **config.compile_kwargs()), True

@@ -101,9 +101,11 @@ def soap_muon_step(w: Tensor, g: Tensor, state: dict[str, Any], h: dict[str, Any
 def update_soap_factors(g: Tensor, state: dict[str, Any], h: dict[str, Any]) -> None:
     b = h["shampoo_beta"]
     state["L"] = b * state.get("L", torch.zeros(g.shape[0], g.shape[0], dtype=g.dtype)) + (
-        1 - b) * (g @ g.T)
+        1 - b
+    ) * (g @ g.T)
     state["R"] = b * state.get("R", torch.zeros(g.shape[1], g.shape[1], dtype=g.dtype)) + (
-        1 - b) * (g.T @ g)
+        1 - b
+    ) * (g.T @ g)
     t = state.get("t", 0)
     if t == 0:
         state["q_left"] = torch.linalg.eigh(state["L"]).eigenvectors.flip(-1)
@@ -120,18 +122,22 @@ def update_soap_factors(g: Tensor, state: dict[str, Any], h: dict[str, Any]) -> 
     state["t"] = t + 1
 
 
-def random_problem(shapes: list[tuple[int, int]], steps: int,
-                   seed: int = 0) -> tuple[list[Tensor], list[list[Tensor]]]:
+def random_problem(
+    shapes: list[tuple[int, int]], steps: int, seed: int = 0
+) -> tuple[list[Tensor], list[list[Tensor]]]:
     """Float64 initial weights and ``steps`` gradients per weight (drawn, not from a loss)."""
     generator = torch.Generator().manual_seed(seed)
     weights = [torch.randn(s, generator=generator, dtype=torch.float64) for s in shapes]
-    grads = [[torch.randn(s, generator=generator, dtype=torch.float64) for s in shapes]
-             for _ in range(steps)]
+    grads = [
+        [torch.randn(s, generator=generator, dtype=torch.float64) for s in shapes]
+        for _ in range(steps)
+    ]
     return weights, grads
 
 
-def run_reference(step, weights: list[Tensor], grads: list[list[Tensor]],
-                  h: dict[str, Any]) -> list[Tensor]:
+def run_reference(
+    step, weights: list[Tensor], grads: list[list[Tensor]], h: dict[str, Any]
+) -> list[Tensor]:
     """The weights after every step of ``step`` (a ``*_step`` above), one matrix at a time."""
     states: list[dict[str, Any]] = [{} for _ in weights]
     current = [w.clone() for w in weights]
@@ -140,8 +146,13 @@ def run_reference(step, weights: list[Tensor], grads: list[list[Tensor]],
     return current
 
 
-def run_optimizer(optimizer_class, weights: list[Tensor], grads: list[list[Tensor]],
-                  h: dict[str, Any], dtype: torch.dtype) -> list[Tensor]:
+def run_optimizer(
+    optimizer_class,
+    weights: list[Tensor],
+    grads: list[list[Tensor]],
+    h: dict[str, Any],
+    dtype: torch.dtype,
+) -> list[Tensor]:
     """The weights after ``optimizer_class(**h)`` took every step, in ``dtype``."""
     params = [torch.nn.Parameter(w.to(dtype, copy=True)) for w in weights]
     optimizer = optimizer_class(params, **h)
@@ -152,8 +163,13 @@ def run_optimizer(optimizer_class, weights: list[Tensor], grads: list[list[Tenso
     return [p.detach().to(torch.float64) for p in params]
 
 
-def run_with_resume(optimizer_class, weights: list[Tensor], grads: list[list[Tensor]],
-                    h: dict[str, Any], resume_at: int) -> list[Tensor]:
+def run_with_resume(
+    optimizer_class,
+    weights: list[Tensor],
+    grads: list[list[Tensor]],
+    h: dict[str, Any],
+    resume_at: int,
+) -> list[Tensor]:
     """``run_optimizer`` in float32, but saved after ``resume_at`` steps (``torch.save``, loaded
     with ``weights_only=True``) and finished by a new optimizer built with other defaults."""
     params = [torch.nn.Parameter(w.float()) for w in weights]
@@ -181,8 +197,9 @@ def least_squares_loss(w: Tensor, a: Tensor, b: Tensor) -> Tensor:
     return ((a @ w - b) ** 2).sum() / a.shape[0]
 
 
-def train_least_squares(optimizer_class, h: dict[str, Any], steps: int,
-                        shape: tuple[int, int] = (12, 8)) -> tuple[float, float]:
+def train_least_squares(
+    optimizer_class, h: dict[str, Any], steps: int, shape: tuple[int, int] = (12, 8)
+) -> tuple[float, float]:
     """(initial, final) float32 full-batch loss of ``A W = B`` from ``W = 0``, training on
     minibatches of 16 of its 64 rows, ``h["lr"]`` decayed linearly to 0 over ``steps``."""
     generator = torch.Generator().manual_seed(1)

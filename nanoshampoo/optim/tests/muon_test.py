@@ -22,8 +22,13 @@ from nanoshampoo.optim.muon import Muon
 SHAPES = [(8, 6), (8, 6), (6, 8), (5, 5)]
 STEPS = 5
 HYPER = {
-    "lr": 0.05, "momentum": 0.9, "nesterov": True, "weight_decay": 0.3,
-    "cautious_weight_decay": True, "ns_steps": 5, "ns_coefficients": (3.4445, -4.7750, 2.0315),
+    "lr": 0.05,
+    "momentum": 0.9,
+    "nesterov": True,
+    "weight_decay": 0.3,
+    "cautious_weight_decay": True,
+    "ns_steps": 5,
+    "ns_coefficients": (3.4445, -4.7750, 2.0315),
 }
 
 
@@ -38,8 +43,9 @@ def test_reference_newton_schulz_converges_to_the_svd_polar_factor() -> None:
 @pytest.mark.parametrize("cautious", [True, False])
 @pytest.mark.parametrize("nesterov", [True, False])
 @pytest.mark.parametrize("dtype, tolerance", [(torch.float32, 5e-6), (torch.float64, 1e-12)])
-def test_steps_match_the_float64_reference(cautious: bool, nesterov: bool,
-                                           dtype: torch.dtype, tolerance: float) -> None:
+def test_steps_match_the_float64_reference(
+    cautious: bool, nesterov: bool, dtype: torch.dtype, tolerance: float
+) -> None:
     h = {**HYPER, "cautious_weight_decay": cautious, "nesterov": nesterov}
     weights, grads = random_problem(SHAPES, STEPS)
     expected = run_reference(muon_step, weights, grads, h)
@@ -50,11 +56,11 @@ def test_steps_match_the_float64_reference(cautious: bool, nesterov: bool,
 
 def test_cautious_decay_spares_coordinates_where_update_and_weight_disagree() -> None:
     weights, grads = random_problem([(6, 6)], 1)
-    plain = run_optimizer(Muon, weights, grads, {**HYPER, "cautious_weight_decay": False},
-                          torch.float64)[0]
+    plain = run_optimizer(
+        Muon, weights, grads, {**HYPER, "cautious_weight_decay": False}, torch.float64
+    )[0]
     cautious = run_optimizer(Muon, weights, grads, HYPER, torch.float64)[0]
-    no_decay = run_optimizer(Muon, weights, grads, {**HYPER, "weight_decay": 0.0},
-                             torch.float64)[0]
+    no_decay = run_optimizer(Muon, weights, grads, {**HYPER, "weight_decay": 0.0}, torch.float64)[0]
     decayed = (cautious - no_decay).abs() > 1e-12
     # The decay moves W towards 0, like the step, on the decayed coordinates only.
     w0 = weights[0]
@@ -97,16 +103,27 @@ def test_state_dict_round_trip_resumes_exactly() -> None:
 @pytest.mark.parametrize("cautious", [False, True])
 def test_reduces_a_least_squares_loss(cautious: bool) -> None:
     initial, final = train_least_squares(
-        Muon, {"lr": 0.1, "weight_decay": 0.01, "cautious_weight_decay": cautious}, steps=200)
+        Muon, {"lr": 0.1, "weight_decay": 0.01, "cautious_weight_decay": cautious}, steps=200
+    )
     assert final < 1e-3 * initial
 
 
-@pytest.mark.parametrize("name, value", [
-    ("lr", -0.1), ("lr", float("nan")), ("momentum", 1.0), ("momentum", -0.1),
-    ("nesterov", 1), ("weight_decay", -1.0), ("cautious_weight_decay", "yes"),
-    ("ns_steps", 0), ("ns_steps", 2.0), ("ns_coefficients", (1.0, 2.0)),
-    ("ns_coefficients", (1.0, float("inf"), 0.0)),
-])
+@pytest.mark.parametrize(
+    "name, value",
+    [
+        ("lr", -0.1),
+        ("lr", float("nan")),
+        ("momentum", 1.0),
+        ("momentum", -0.1),
+        ("nesterov", 1),
+        ("weight_decay", -1.0),
+        ("cautious_weight_decay", "yes"),
+        ("ns_steps", 0),
+        ("ns_steps", 2.0),
+        ("ns_coefficients", (1.0, 2.0)),
+        ("ns_coefficients", (1.0, float("inf"), 0.0)),
+    ],
+)
 def test_invalid_hyperparameter_raises_naming_it(name: str, value: object) -> None:
     with pytest.raises(ValueError, match=f"^{name}"):
         Muon([torch.nn.Parameter(torch.zeros(2, 2))], **{name: value})
@@ -115,8 +132,9 @@ def test_invalid_hyperparameter_raises_naming_it(name: str, value: object) -> No
 def test_invalid_param_group_is_not_added() -> None:
     optimizer = Muon([torch.nn.Parameter(torch.zeros(2, 2))])
     with pytest.raises(ValueError, match="^momentum"):
-        optimizer.add_param_group({"params": [torch.nn.Parameter(torch.zeros(2, 2))],
-                                   "momentum": 2.0})
+        optimizer.add_param_group(
+            {"params": [torch.nn.Parameter(torch.zeros(2, 2))], "momentum": 2.0}
+        )
     assert len(optimizer.param_groups) == 1
 
 

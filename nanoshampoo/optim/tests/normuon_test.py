@@ -19,23 +19,38 @@ from nanoshampoo.optim.normuon import NorMuon
 SHAPES = [(8, 6), (8, 6), (6, 8), (5, 5)]
 STEPS = 5
 HYPER = {
-    "lr": 0.05, "momentum": 0.9, "nesterov": True, "beta2": 0.95, "eps": 1e-10,
-    "update_scale": "muon", "weight_decay": 0.3, "cautious_weight_decay": False, "ns_steps": 5,
+    "lr": 0.05,
+    "momentum": 0.9,
+    "nesterov": True,
+    "beta2": 0.95,
+    "eps": 1e-10,
+    "update_scale": "muon",
+    "weight_decay": 0.3,
+    "cautious_weight_decay": False,
+    "ns_steps": 5,
     "ns_coefficients": (3.4445, -4.7750, 2.0315),
 }
 
 
-@pytest.mark.parametrize("update_scale, nesterov, cautious", [
-    ("muon", True, False),  # the authors' released code
-    ("adam_rms", False, False),  # the paper's Algorithm 1
-    ("muon", True, True),
-    ("adam_rms", True, True),
-])
+@pytest.mark.parametrize(
+    "update_scale, nesterov, cautious",
+    [
+        ("muon", True, False),  # the authors' released code
+        ("adam_rms", False, False),  # the paper's Algorithm 1
+        ("muon", True, True),
+        ("adam_rms", True, True),
+    ],
+)
 @pytest.mark.parametrize("dtype, tolerance", [(torch.float32, 5e-6), (torch.float64, 1e-12)])
-def test_steps_match_the_float64_reference(update_scale: str, nesterov: bool, cautious: bool,
-                                           dtype: torch.dtype, tolerance: float) -> None:
-    h = {**HYPER, "update_scale": update_scale, "nesterov": nesterov,
-         "cautious_weight_decay": cautious}
+def test_steps_match_the_float64_reference(
+    update_scale: str, nesterov: bool, cautious: bool, dtype: torch.dtype, tolerance: float
+) -> None:
+    h = {
+        **HYPER,
+        "update_scale": update_scale,
+        "nesterov": nesterov,
+        "cautious_weight_decay": cautious,
+    }
     weights, grads = random_problem(SHAPES, STEPS)
     expected = run_reference(normuon_step, weights, grads, h)
     got = run_optimizer(NorMuon, weights, grads, h, dtype)
@@ -89,14 +104,23 @@ def test_state_dict_round_trip_resumes_exactly() -> None:
 @pytest.mark.parametrize("update_scale, lr", [("muon", 0.1), ("adam_rms", 0.2)])
 def test_reduces_a_least_squares_loss(update_scale: str, lr: float) -> None:
     initial, final = train_least_squares(
-        NorMuon, {"lr": lr, "weight_decay": 0.01, "update_scale": update_scale}, steps=200)
+        NorMuon, {"lr": lr, "weight_decay": 0.01, "update_scale": update_scale}, steps=200
+    )
     assert final < 1e-3 * initial
 
 
-@pytest.mark.parametrize("name, value", [
-    ("beta2", 1.0), ("beta2", -0.5), ("eps", 0.0), ("update_scale", "adam"),
-    ("lr", -1.0), ("momentum", 1.5), ("ns_steps", 0),
-])
+@pytest.mark.parametrize(
+    "name, value",
+    [
+        ("beta2", 1.0),
+        ("beta2", -0.5),
+        ("eps", 0.0),
+        ("update_scale", "adam"),
+        ("lr", -1.0),
+        ("momentum", 1.5),
+        ("ns_steps", 0),
+    ],
+)
 def test_invalid_hyperparameter_raises_naming_it(name: str, value: object) -> None:
     with pytest.raises(ValueError, match=f"^{name}"):
         NorMuon([torch.nn.Parameter(torch.zeros(2, 2))], **{name: value})

@@ -26,16 +26,25 @@ from nanoshampoo.optim.soap_muon import SOAPMuon
 SHAPES = [(6, 6), (6, 6), (4, 4)]
 STEPS = 6
 HYPER = {
-    "lr": 0.05, "momentum": 0.9, "nesterov": True, "beta2": 0.9, "shampoo_beta": 0.9,
-    "eps": 1e-8, "precondition_frequency": 1, "weight_decay": 0.1,
-    "cautious_weight_decay": False, "ns_steps": 5, "ns_coefficients": (3.4445, -4.7750, 2.0315),
+    "lr": 0.05,
+    "momentum": 0.9,
+    "nesterov": True,
+    "beta2": 0.9,
+    "shampoo_beta": 0.9,
+    "eps": 1e-8,
+    "precondition_frequency": 1,
+    "weight_decay": 0.1,
+    "cautious_weight_decay": False,
+    "ns_steps": 5,
+    "ns_coefficients": (3.4445, -4.7750, 2.0315),
 }
 
 
 @pytest.mark.parametrize("frequency, cautious", [(1, False), (2, True), (3, False)])
 @pytest.mark.parametrize("dtype, tolerance", [(torch.float32, 1e-5), (torch.float64, 1e-12)])
-def test_steps_match_the_float64_reference(frequency: int, cautious: bool, dtype: torch.dtype,
-                                           tolerance: float) -> None:
+def test_steps_match_the_float64_reference(
+    frequency: int, cautious: bool, dtype: torch.dtype, tolerance: float
+) -> None:
     h = {**HYPER, "precondition_frequency": frequency, "cautious_weight_decay": cautious}
     weights, grads = random_problem(SHAPES, STEPS)
     expected = run_reference(soap_muon_step, weights, grads, h)
@@ -46,8 +55,15 @@ def test_steps_match_the_float64_reference(frequency: int, cautious: bool, dtype
 
 def test_first_step_is_plain_muon() -> None:
     weights, grads = random_problem(SHAPES, 1)
-    muon_keys = ("lr", "momentum", "nesterov", "weight_decay", "cautious_weight_decay",
-                 "ns_steps", "ns_coefficients")
+    muon_keys = (
+        "lr",
+        "momentum",
+        "nesterov",
+        "weight_decay",
+        "cautious_weight_decay",
+        "ns_steps",
+        "ns_coefficients",
+    )
     muon = run_optimizer(Muon, weights, grads, {k: HYPER[k] for k in muon_keys}, torch.float64)
     soap = run_optimizer(SOAPMuon, weights, grads, HYPER, torch.float64)
     for a, b in zip(soap, muon):
@@ -81,15 +97,24 @@ def test_state_dict_round_trip_resumes_exactly() -> None:
 def test_reduces_a_least_squares_loss(shape: tuple[int, int]) -> None:
     # Adam in the eigenbasis makes the tiny coordinates as large as the big ones (a near-sign
     # step), so on this problem SOAP-Muon is slower than Muon: 0.05x (tall), 0.1x (wide).
-    initial, final = train_least_squares(SOAPMuon, {"lr": 0.2, "weight_decay": 0.01}, steps=200,
-                                         shape=shape)
+    initial, final = train_least_squares(
+        SOAPMuon, {"lr": 0.2, "weight_decay": 0.01}, steps=200, shape=shape
+    )
     assert final < 0.15 * initial
 
 
-@pytest.mark.parametrize("name, value", [
-    ("beta2", 1.0), ("shampoo_beta", -0.1), ("shampoo_beta", 1.0), ("eps", -1e-8),
-    ("precondition_frequency", 0), ("precondition_frequency", 1.5), ("lr", float("inf")),
-])
+@pytest.mark.parametrize(
+    "name, value",
+    [
+        ("beta2", 1.0),
+        ("shampoo_beta", -0.1),
+        ("shampoo_beta", 1.0),
+        ("eps", -1e-8),
+        ("precondition_frequency", 0),
+        ("precondition_frequency", 1.5),
+        ("lr", float("inf")),
+    ],
+)
 def test_invalid_hyperparameter_raises_naming_it(name: str, value: object) -> None:
     with pytest.raises(ValueError, match=f"^{name}"):
         SOAPMuon([torch.nn.Parameter(torch.zeros(2, 2))], **{name: value})

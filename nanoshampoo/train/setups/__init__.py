@@ -25,5 +25,13 @@ from nanoshampoo.train.setups.registry import (
     table_classes,
 )
 
-__all__ = ["BuildContext", "OptimizerPart", "SetupSpec", "get_setup", "register_setup",
-           "register_table", "setup_names", "table_classes"]
+__all__ = [
+    "BuildContext",
+    "OptimizerPart",
+    "SetupSpec",
+    "get_setup",
+    "register_setup",
+    "register_table",
+    "setup_names",
+    "table_classes",
+]

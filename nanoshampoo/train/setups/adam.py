@@ -75,18 +75,19 @@ class AdamWConfig:
 def rest_param_groups(ctx: BuildContext) -> list[dict[str, Any]]:
     """The embed / head / scalar param groups (the non-empty ones) at the ``[adam]`` lrs."""
     lrs = ctx.cfg.table("adam").lrs()
-    return [dict(params=ctx.groups[name], lr=lrs[name]) for name in REST_GROUPS
-            if ctx.groups[name]]
+    return [dict(params=ctx.groups[name], lr=lrs[name]) for name in REST_GROUPS if ctx.groups[name]]
 
 
-def build_rest_adamw(ctx: BuildContext,
-                     extra_groups: list[dict[str, Any]] | None = None) -> OptimizerPart:
+def build_rest_adamw(
+    ctx: BuildContext, extra_groups: list[dict[str, Any]] | None = None
+) -> OptimizerPart:
     """One AdamW over the embed / head / scalar groups (and ``extra_groups``), no weight decay
     but where a group sets its own."""
     adam: AdamConfig = ctx.cfg.table("adam")
     groups = rest_param_groups(ctx) + list(extra_groups or [])
-    return OptimizerPart(torch.optim.AdamW(groups, betas=(adam.beta1, adam.beta2), eps=adam.eps,
-                                           weight_decay=0.0))
+    return OptimizerPart(
+        torch.optim.AdamW(groups, betas=(adam.beta1, adam.beta2), eps=adam.eps, weight_decay=0.0)
+    )
 
 
 def build_rest_distadam(ctx: BuildContext) -> list[OptimizerPart]:
@@ -94,17 +95,25 @@ def build_rest_distadam(ctx: BuildContext) -> list[OptimizerPart]:
     from nanoshampoo.optim.dist_adam import DistAdam
 
     adam: AdamConfig = ctx.cfg.table("adam")
-    return [OptimizerPart(DistAdam(group["params"], lr=group["lr"], eps=adam.eps,
-                                   betas=(adam.beta1, adam.beta2)), reduces_own_gradients=True)
-            for group in rest_param_groups(ctx)]
+    return [
+        OptimizerPart(
+            DistAdam(group["params"], lr=group["lr"], eps=adam.eps, betas=(adam.beta1, adam.beta2)),
+            reduces_own_gradients=True,
+        )
+        for group in rest_param_groups(ctx)
+    ]
 
 
 @register_setup("adamw", tables=("adam", "adamw"), matrix="adamw", rest="adamw")
 def build_adamw(ctx: BuildContext) -> list[OptimizerPart]:
     """AdamW for every parameter; the block matrices at the ``[adamw]`` hyper-parameters."""
     matrix: AdamWConfig = ctx.cfg.table("adamw")
-    group = dict(params=ctx.groups["matrix"], lr=matrix.lr, betas=(matrix.beta1, matrix.beta2),
-                 weight_decay=matrix.weight_decay)
+    group = dict(
+        params=ctx.groups["matrix"],
+        lr=matrix.lr,
+        betas=(matrix.beta1, matrix.beta2),
+        weight_decay=matrix.weight_decay,
+    )
     return [build_rest_adamw(ctx, [group])]
 
 
@@ -115,6 +124,11 @@ def build_distadam(ctx: BuildContext) -> list[OptimizerPart]:
 
     adam: AdamConfig = ctx.cfg.table("adam")
     matrix: AdamWConfig = ctx.cfg.table("adamw")
-    blocks = DistAdam(ctx.groups["matrix"], lr=matrix.lr, eps=adam.eps,
-                      betas=(matrix.beta1, matrix.beta2), weight_decay=matrix.weight_decay)
+    blocks = DistAdam(
+        ctx.groups["matrix"],
+        lr=matrix.lr,
+        eps=adam.eps,
+        betas=(matrix.beta1, matrix.beta2),
+        weight_decay=matrix.weight_decay,
+    )
     return [*build_rest_distadam(ctx), OptimizerPart(blocks, reduces_own_gradients=True)]

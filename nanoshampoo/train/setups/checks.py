@@ -54,7 +54,9 @@ def check_types(owner: str, obj: Any) -> None:
 
 # The type a field annotation names, as a test of the value (range checks come after it).
 _TYPES: dict[str, Callable[[Any], bool]] = {
-    "bool": lambda v: isinstance(v, bool), "int": is_int, "float": is_real,
+    "bool": lambda v: isinstance(v, bool),
+    "int": is_int,
+    "float": is_real,
     "str": lambda v: isinstance(v, str),
 }
 
@@ -75,5 +77,7 @@ def check_value_type(label: str, value: Any, annotation: Any) -> None:
         return
     fits = _TYPES.get(kind)
     if fits is not None and not fits(value):
-        raise ValueError(f"{label} must be {'an' if kind == 'int' else 'a'} {kind}, "
-                         f"got {value!r} ({type(value).__name__})")
+        raise ValueError(
+            f"{label} must be {'an' if kind == 'int' else 'a'} {kind}, "
+            f"got {value!r} ({type(value).__name__})"
+        )

@@ -51,12 +51,15 @@ def load_optimizer_class(spec: str, label: str) -> type[torch.optim.Optimizer]:
     try:
         module = _import(module_name)
     except Exception as exc:  # the user's module: any import-time failure is a bad input
-        raise ValueError(f"{label} {spec!r}: cannot import {module_name!r}: "
-                         f"{type(exc).__name__}: {exc}") from None
+        raise ValueError(
+            f"{label} {spec!r}: cannot import {module_name!r}: {type(exc).__name__}: {exc}"
+        ) from None
     cls = getattr(module, class_name, None)
     if not (isinstance(cls, type) and issubclass(cls, torch.optim.Optimizer)):
-        raise ValueError(f"{label} {spec!r}: {module_name!r} has no torch.optim.Optimizer "
-                         f"subclass {class_name!r}")
+        raise ValueError(
+            f"{label} {spec!r}: {module_name!r} has no torch.optim.Optimizer "
+            f"subclass {class_name!r}"
+        )
     return cls
 
 
@@ -97,15 +100,19 @@ class CustomConfig:
             if getattr(self, name):
                 load_optimizer_class(getattr(self, name), field_label("custom", name))
         if self.rest_kwargs and not self.rest_optimizer:
-            raise ValueError(f"{field_label('custom', 'rest_kwargs')} needs "
-                             f"{field_label('custom', 'rest_optimizer')}; the default rest "
-                             "optimizer takes the [adam] table")
+            raise ValueError(
+                f"{field_label('custom', 'rest_kwargs')} needs "
+                f"{field_label('custom', 'rest_optimizer')}; the default rest "
+                "optimizer takes the [adam] table"
+            )
 
 
 def check_custom_config(cfg: TrainConfig) -> None:
     if not cfg.table("custom").matrix_optimizer:
-        raise ValueError(f"{field_label('custom', 'matrix_optimizer')} is required by "
-                         "optimizer='custom' ('package.module:Class')")
+        raise ValueError(
+            f"{field_label('custom', 'matrix_optimizer')} is required by "
+            "optimizer='custom' ('package.module:Class')"
+        )
 
 
 def _construct(spec: str, label: str, params: Any, kwargs: dict[str, Any]) -> torch.optim.Optimizer:
@@ -116,24 +123,41 @@ def _construct(spec: str, label: str, params: Any, kwargs: dict[str, Any]) -> to
         raise ValueError(f"{label} {spec!r} refused its arguments {kwargs}: {exc}") from None
     closure = inspect.signature(optimizer.step).parameters.get("closure")
     if closure is not None and closure.default is inspect.Parameter.empty:
-        raise ValueError(f"{label} {spec!r}: its step() requires a closure (it re-evaluates the "
-                         "loss, as LBFGS does); the trainer steps once per batch, without one")
+        raise ValueError(
+            f"{label} {spec!r}: its step() requires a closure (it re-evaluates the "
+            "loss, as LBFGS does); the trainer steps once per batch, without one"
+        )
     missing = [i for i, group in enumerate(optimizer.param_groups) if "lr" not in group]
     if missing:
-        raise ValueError(f"{label} {spec!r}: param groups {missing} have no 'lr', which the "
-                         "trainer's schedule sets every step")
+        raise ValueError(
+            f"{label} {spec!r}: param groups {missing} have no 'lr', which the "
+            "trainer's schedule sets every step"
+        )
     return optimizer
 
 
-@register_setup("custom", tables=("adam", "custom"), matrix="custom", rest="adamw or custom",
-                check=check_custom_config)
+@register_setup(
+    "custom",
+    tables=("adam", "custom"),
+    matrix="custom",
+    rest="adamw or custom",
+    check=check_custom_config,
+)
 def build_custom(ctx: BuildContext) -> list[OptimizerPart]:
     """The user's block-matrix optimizer, and the user's rest optimizer or the recipe's AdamW."""
     hp: CustomConfig = ctx.cfg.table("custom")
-    matrix = _construct(hp.matrix_optimizer, field_label("custom", "matrix_optimizer"),
-                        ctx.groups["matrix"], hp.matrix_kwargs)
+    matrix = _construct(
+        hp.matrix_optimizer,
+        field_label("custom", "matrix_optimizer"),
+        ctx.groups["matrix"],
+        hp.matrix_kwargs,
+    )
     if not hp.rest_optimizer:
         return [build_rest_adamw(ctx), OptimizerPart(matrix)]
-    rest = _construct(hp.rest_optimizer, field_label("custom", "rest_optimizer"),
-                      rest_param_groups(ctx), hp.rest_kwargs)
+    rest = _construct(
+        hp.rest_optimizer,
+        field_label("custom", "rest_optimizer"),
+        rest_param_groups(ctx),
+        hp.rest_kwargs,
+    )
     return [OptimizerPart(rest), OptimizerPart(matrix)]

@@ -71,8 +71,10 @@ class KLShampooConfig:
         if self.beta2 == 0.0:
             raise ValueError(f"{field_label('kl_shampoo', 'beta2')} must be in (0, 1), got 0.0")
         if not 0.0 < self.inverse_exponent <= 1.0:
-            raise ValueError(f"{field_label('kl_shampoo', 'inverse_exponent')} must be in "
-                             f"(0, 1], got {self.inverse_exponent}")
+            raise ValueError(
+                f"{field_label('kl_shampoo', 'inverse_exponent')} must be in "
+                f"(0, 1], got {self.inverse_exponent}"
+            )
         check_at_least("kl_shampoo", self, 1, "precondition_frequency")
 
 
@@ -86,19 +88,26 @@ def kl_shampoo_kwargs(pre: PreconditionerConfig, hp: KLShampooConfig) -> dict[st
     )
 
     return dict(
-        lr=hp.lr, betas=(hp.beta1, hp.beta2),
+        lr=hp.lr,
+        betas=(hp.beta1, hp.beta2),
         # The pseudo-inverse adds no ridge: the library requires epsilon 0 with it.
         epsilon=0.0 if pre.rank_deficient_stability == "pseudo-inverse" else hp.epsilon,
-        weight_decay=hp.weight_decay, precondition_frequency=hp.precondition_frequency,
+        weight_decay=hp.weight_decay,
+        precondition_frequency=hp.precondition_frequency,
         use_bias_correction=True,
-        grafting_config=AdamPreconditionerConfig(beta2=hp.grafting_beta2,
-                                                 epsilon=hp.grafting_epsilon),
+        grafting_config=AdamPreconditionerConfig(
+            beta2=hp.grafting_beta2, epsilon=hp.grafting_epsilon
+        ),
         preconditioner_config=RootInvKLShampooPreconditionerConfig(
             amortized_computation_config=EigenConfig(
-                rank_deficient_stability_config=stability_config(pre)),
+                rank_deficient_stability_config=stability_config(pre)
+            ),
             factor_matrix_dtype=getattr(torch, pre.factor_dtype),
-            inverse_exponent_override={2: hp.inverse_exponent}),
-        amortize_roots=pre.amortize_roots, **common_kwargs(pre))
+            inverse_exponent_override={2: hp.inverse_exponent},
+        ),
+        amortize_roots=pre.amortize_roots,
+        **common_kwargs(pre),
+    )
 
 
 def check_kl_config(cfg: TrainConfig) -> None:
@@ -114,11 +123,17 @@ def build_kl_shampoo_matrix(ctx: BuildContext) -> torch.optim.Optimizer:
     from nanoshampoo.optim.shampoo import DistributedShampoo
 
     kwargs = kl_shampoo_kwargs(ctx.cfg.table("preconditioner"), ctx.cfg.table("kl_shampoo"))
-    return DistributedShampoo(ctx.groups["matrix"], distributed_config=distributed_config(ctx),
-                              **kwargs)
+    return DistributedShampoo(
+        ctx.groups["matrix"], distributed_config=distributed_config(ctx), **kwargs
+    )
 
 
-@register_setup("kl-shampoo", tables=("adam", "preconditioner", "kl_shampoo"),
-                matrix="kl-shampoo", rest="adamw", check=check_kl_config)
+@register_setup(
+    "kl-shampoo",
+    tables=("adam", "preconditioner", "kl_shampoo"),
+    matrix="kl-shampoo",
+    rest="adamw",
+    check=check_kl_config,
+)
 def build_kl_shampoo(ctx: BuildContext) -> list[OptimizerPart]:
     return [build_rest_adamw(ctx), OptimizerPart(build_kl_shampoo_matrix(ctx))]

@@ -54,8 +54,11 @@ def check_shampoo_group(kwargs: Mapping[str, Any], labels: Mapping[str, str]) ->
     )
 
     parameters = inspect.signature(DistributedShampoo.__init__).parameters
-    group = {name: parameters[name].default
-             for name in (*FIXED_GROUP_KEYS, *STEP_GROUP_KEYS) if name in parameters}
+    group = {
+        name: parameters[name].default
+        for name in (*FIXED_GROUP_KEYS, *STEP_GROUP_KEYS)
+        if name in parameters
+    }
     unknown = set(kwargs) - set(group)
     if unknown:
         raise TypeError(f"not DistributedShampoo group entries: {sorted(unknown)}")

@@ -72,9 +72,15 @@ def build_normuon(ctx: BuildContext) -> list[OptimizerPart]:
     from nanoshampoo.optim.normuon import NorMuon
 
     hp: NorMuonConfig = ctx.cfg.table("normuon")
-    matrix = NorMuon(ctx.groups["matrix"], lr=hp.lr, momentum=hp.momentum, beta2=hp.beta2,
-                     weight_decay=hp.weight_decay, ns_steps=hp.ns_steps,
-                     cautious_weight_decay=hp.cautious_weight_decay)
+    matrix = NorMuon(
+        ctx.groups["matrix"],
+        lr=hp.lr,
+        momentum=hp.momentum,
+        beta2=hp.beta2,
+        weight_decay=hp.weight_decay,
+        ns_steps=hp.ns_steps,
+        cautious_weight_decay=hp.cautious_weight_decay,
+    )
     return [build_rest_adamw(ctx), OptimizerPart(matrix)]
 
 
@@ -83,8 +89,14 @@ def build_muon_cwd(ctx: BuildContext) -> list[OptimizerPart]:
     from nanoshampoo.optim.muon import Muon
 
     hp: MuonCwdConfig = ctx.cfg.table("muon_cwd")
-    matrix = Muon(ctx.groups["matrix"], lr=hp.lr, momentum=hp.momentum,
-                  weight_decay=hp.weight_decay, ns_steps=hp.ns_steps, cautious_weight_decay=True)
+    matrix = Muon(
+        ctx.groups["matrix"],
+        lr=hp.lr,
+        momentum=hp.momentum,
+        weight_decay=hp.weight_decay,
+        ns_steps=hp.ns_steps,
+        cautious_weight_decay=True,
+    )
     return [build_rest_adamw(ctx), OptimizerPart(matrix)]
 
 
@@ -118,8 +130,15 @@ def build_soap_muon(ctx: BuildContext) -> list[OptimizerPart]:
     from nanoshampoo.optim.soap_muon import SOAPMuon
 
     hp: SoapMuonConfig = ctx.cfg.table("soap_muon")
-    matrix = SOAPMuon(ctx.groups["matrix"], lr=hp.lr, momentum=hp.momentum, beta2=hp.beta2,
-                      shampoo_beta=hp.shampoo_beta, eps=hp.eps,
-                      precondition_frequency=hp.precondition_frequency,
-                      weight_decay=hp.weight_decay, ns_steps=hp.ns_steps)
+    matrix = SOAPMuon(
+        ctx.groups["matrix"],
+        lr=hp.lr,
+        momentum=hp.momentum,
+        beta2=hp.beta2,
+        shampoo_beta=hp.shampoo_beta,
+        eps=hp.eps,
+        precondition_frequency=hp.precondition_frequency,
+        weight_decay=hp.weight_decay,
+        ns_steps=hp.ns_steps,
+    )
     return [build_rest_adamw(ctx), OptimizerPart(matrix)]

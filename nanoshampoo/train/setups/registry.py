@@ -97,8 +97,9 @@ def register_table(name: str) -> Callable[[type], type]:
     return register
 
 
-def register_setup(name: str, *, tables: tuple[str, ...], matrix: str, rest: str,
-                   check: ConfigCheck | None = None) -> Callable[[Builder], Builder]:
+def register_setup(
+    name: str, *, tables: tuple[str, ...], matrix: str, rest: str, check: ConfigCheck | None = None
+) -> Callable[[Builder], Builder]:
     """Function decorator: the builder is the setup ``name`` (registering is building)."""
 
     def register(build: Builder) -> Builder:

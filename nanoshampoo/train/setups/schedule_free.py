@@ -65,8 +65,9 @@ class ScheduleFreeAdamWConfig:
         check_beta("schedule_free", self, "beta2")
         # y = beta1 x + (1 - beta1) z: beta1 0 would evaluate where no gradient is taken.
         if not 0.0 < self.beta1 <= 1.0:
-            raise ValueError(f"{field_label('schedule_free', 'beta1')} must be in (0, 1], "
-                             f"got {self.beta1}")
+            raise ValueError(
+                f"{field_label('schedule_free', 'beta1')} must be in (0, 1], got {self.beta1}"
+            )
         check_at_least("schedule_free", self, 0, "eval_coeff_lr_power")
 
 
@@ -81,16 +82,25 @@ def build_schedule_free_matrix(ctx: BuildContext) -> torch.optim.Optimizer:
 
     hp: ScheduleFreeAdamWConfig = ctx.cfg.table("schedule_free")
     return DistributedShampoo(
-        ctx.groups["matrix"], lr=hp.lr, betas=(0.0, hp.beta2), epsilon=hp.epsilon,
-        weight_decay=hp.weight_decay, weight_decay_type=WeightDecayType.DECOUPLED,
-        precondition_frequency=1, use_bias_correction=True, grafting_config=None,
+        ctx.groups["matrix"],
+        lr=hp.lr,
+        betas=(0.0, hp.beta2),
+        epsilon=hp.epsilon,
+        weight_decay=hp.weight_decay,
+        weight_decay_type=WeightDecayType.DECOUPLED,
+        precondition_frequency=1,
+        use_bias_correction=True,
+        grafting_config=None,
         preconditioner_config=AdamPreconditionerConfig(beta2=hp.beta2, epsilon=hp.epsilon),
         iterate_averaging_config=ScheduleFreeConfig(
-            train_interp_coeff=hp.beta1, eval_coeff_lr_power=hp.eval_coeff_lr_power),
-        distributed_config=distributed_config(ctx))
+            train_interp_coeff=hp.beta1, eval_coeff_lr_power=hp.eval_coeff_lr_power
+        ),
+        distributed_config=distributed_config(ctx),
+    )
 
 
-@register_setup("schedule-free", tables=("adam", "schedule_free"), matrix="schedule-free",
-                rest="adamw")
+@register_setup(
+    "schedule-free", tables=("adam", "schedule_free"), matrix="schedule-free", rest="adamw"
+)
 def build_schedule_free(ctx: BuildContext) -> list[OptimizerPart]:
     return [build_rest_adamw(ctx), OptimizerPart(build_schedule_free_matrix(ctx))]

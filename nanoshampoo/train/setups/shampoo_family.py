@@ -86,8 +86,10 @@ class PreconditionerConfig:
         check_choice("preconditioner", self, "rank_deficient_stability", RANK_DEFICIENT_STABILITY)
         floor = self.eigenvalue_floor_rtol
         if not (floor == -1.0 or 0.0 <= floor < 1.0):
-            raise ValueError(f"{field_label('preconditioner', 'eigenvalue_floor_rtol')} must be "
-                             f"in [0, 1), or -1 for the optimizer's default, got {floor}")
+            raise ValueError(
+                f"{field_label('preconditioner', 'eigenvalue_floor_rtol')} must be "
+                f"in [0, 1), or -1 for the optimizer's default, got {floor}"
+            )
 
 
 @register_table("shampoo")
@@ -131,8 +133,9 @@ class ShampooConfig:
         # beta2 0 keeps no factor statistics: the root of a single outer product is singular.
         if self.beta2 == 0.0:
             raise ValueError(f"{field_label('shampoo', 'beta2')} must be in (0, 1), got 0.0")
-        check_at_least("shampoo", self, 1, "precondition_frequency",
-                       "large_factor_frequency_multiplier")
+        check_at_least(
+            "shampoo", self, 1, "precondition_frequency", "large_factor_frequency_multiplier"
+        )
         check_at_least("shampoo", self, 0, "warm_qr_max_iterations", "large_factor_dim")
         for name in ("grafting_dtype", "root_dtype", "precondition_dtype"):
             check_choice("shampoo", self, name, STORAGE_DTYPES)
@@ -198,17 +201,31 @@ def labels(table: str, **library_to_trainer: str) -> dict[str, str]:
 
 def group_labels(matrix: str) -> dict[str, str]:
     """The trainer fields behind each ``DistributedShampoo`` group entry of setup ``matrix``."""
-    shared = labels("preconditioner", max_preconditioner_dim="max_preconditioner_dim",
-                    start_preconditioning_step="start_preconditioning_step",
-                    momentum_dtype="momentum_dtype", amortize_roots="amortize_roots")
+    shared = labels(
+        "preconditioner",
+        max_preconditioner_dim="max_preconditioner_dim",
+        start_preconditioning_step="start_preconditioning_step",
+        momentum_dtype="momentum_dtype",
+        amortize_roots="amortize_roots",
+    )
     if matrix == "muon":
         # betas[0] and beta3 (its square) both come from the momentum.
-        own = labels("muon", lr="lr", weight_decay="weight_decay", beta3="momentum",
-                     **{"betas[0]": "momentum"})
+        own = labels(
+            "muon",
+            lr="lr",
+            weight_decay="weight_decay",
+            beta3="momentum",
+            **{"betas[0]": "momentum"},
+        )
     else:
-        own = labels(matrix, lr="lr", weight_decay="weight_decay", epsilon="epsilon",
-                     precondition_frequency="precondition_frequency",
-                     **{"betas[0]": "beta1", "betas[1]": "beta2"})
+        own = labels(
+            matrix,
+            lr="lr",
+            weight_decay="weight_decay",
+            epsilon="epsilon",
+            precondition_frequency="precondition_frequency",
+            **{"betas[0]": "beta1", "betas[1]": "beta2"},
+        )
     return shared | own
 
 
@@ -248,24 +265,30 @@ def distributed_config(ctx: BuildContext) -> Any:
     communication_dtype = getattr(torch, cfg.communication_dtype)
     if cfg.parallel == "ddp":
         if cfg.distributor == "ddp" or (cfg.distributor == "auto" and ctx.world_size > 1):
-            return DDPDistributedConfig(communication_dtype=communication_dtype,
-                                        communicate_params=cfg.communicate_params)
+            return DDPDistributedConfig(
+                communication_dtype=communication_dtype, communicate_params=cfg.communicate_params
+            )
         return SingleDeviceDistributedConfig()
-    sharded = (FullyShardDistributedConfig if cfg.parallel == "fsdp2"
-               else HybridShardDistributedConfig)
+    sharded = (
+        FullyShardDistributedConfig if cfg.parallel == "fsdp2" else HybridShardDistributedConfig
+    )
     return sharded(
         param_assignment_strategy=FSDPParamAssignmentStrategy[cfg.fsdp_assignment.upper()],
-        communication_dtype=communication_dtype, communicate_params=cfg.communicate_params)
+        communication_dtype=communication_dtype,
+        communicate_params=cfg.communicate_params,
+    )
 
 
 def common_kwargs(pre: PreconditionerConfig) -> dict[str, Any]:
     """The ``DistributedShampoo`` arguments the three setups share, but the distributor."""
     from nanoshampoo.optim.shampoo import WeightDecayType
 
-    return dict(max_preconditioner_dim=pre.max_preconditioner_dim,
-                start_preconditioning_step=pre.start_preconditioning_step,
-                weight_decay_type=WeightDecayType.DECOUPLED,
-                momentum_dtype=storage_dtype(pre.momentum_dtype))
+    return dict(
+        max_preconditioner_dim=pre.max_preconditioner_dim,
+        start_preconditioning_step=pre.start_preconditioning_step,
+        weight_decay_type=WeightDecayType.DECOUPLED,
+        momentum_dtype=storage_dtype(pre.momentum_dtype),
+    )
 
 
 def stability_config(pre: PreconditionerConfig) -> Any:
@@ -273,10 +296,16 @@ def stability_config(pre: PreconditionerConfig) -> Any:
 
     floor = None if pre.eigenvalue_floor_rtol == -1.0 else pre.eigenvalue_floor_rtol
     if pre.rank_deficient_stability == "pseudo-inverse":
-        return library_config(PseudoInverseConfig, labels(
-            "preconditioner", rank_rtol="eigenvalue_floor_rtol"), rank_rtol=floor)
-    return library_config(PerturbationConfig, labels(
-        "preconditioner", eigenvalue_floor_rtol="eigenvalue_floor_rtol"), eigenvalue_floor_rtol=floor)
+        return library_config(
+            PseudoInverseConfig,
+            labels("preconditioner", rank_rtol="eigenvalue_floor_rtol"),
+            rank_rtol=floor,
+        )
+    return library_config(
+        PerturbationConfig,
+        labels("preconditioner", eigenvalue_floor_rtol="eigenvalue_floor_rtol"),
+        eigenvalue_floor_rtol=floor,
+    )
 
 
 def _epsilon(pre: PreconditionerConfig, epsilon: float) -> float:
@@ -295,26 +324,41 @@ def shampoo_kwargs(pre: PreconditionerConfig, hp: ShampooConfig) -> dict[str, An
     )
 
     stability = stability_config(pre)
-    root_solver = (library_config(WarmStartedEigenConfig, labels(
-                       "shampoo", max_iterations="warm_qr_max_iterations",
-                       tolerance="warm_qr_tolerance"),
-                       max_iterations=hp.warm_qr_max_iterations, tolerance=hp.warm_qr_tolerance,
-                       rank_deficient_stability_config=stability)
-                   if hp.root_method == "warm-qr"
-                   else EigenConfig(rank_deficient_stability_config=stability))
+    root_solver = (
+        library_config(
+            WarmStartedEigenConfig,
+            labels(
+                "shampoo", max_iterations="warm_qr_max_iterations", tolerance="warm_qr_tolerance"
+            ),
+            max_iterations=hp.warm_qr_max_iterations,
+            tolerance=hp.warm_qr_tolerance,
+            rank_deficient_stability_config=stability,
+        )
+        if hp.root_method == "warm-qr"
+        else EigenConfig(rank_deficient_stability_config=stability)
+    )
     grafting = library_config(
-        AdamPreconditionerConfig, labels("shampoo", beta2="grafting_beta2",
-                                         epsilon="grafting_epsilon",
-                                         second_moment_dtype="grafting_dtype"),
-        beta2=hp.grafting_beta2, epsilon=hp.grafting_epsilon,
-        second_moment_dtype=storage_dtype(hp.grafting_dtype))
+        AdamPreconditionerConfig,
+        labels(
+            "shampoo",
+            beta2="grafting_beta2",
+            epsilon="grafting_epsilon",
+            second_moment_dtype="grafting_dtype",
+        ),
+        beta2=hp.grafting_beta2,
+        epsilon=hp.grafting_epsilon,
+        second_moment_dtype=storage_dtype(hp.grafting_dtype),
+    )
     preconditioner = library_config(
         RootInvShampooPreconditionerConfig,
-        labels("shampoo", inv_factor_matrix_dtype="root_dtype",
-               precondition_dtype="precondition_dtype",
-               use_symmetric_packing="pack_factors",
-               large_factor_dim="large_factor_dim",
-               large_factor_frequency_multiplier="large_factor_frequency_multiplier")
+        labels(
+            "shampoo",
+            inv_factor_matrix_dtype="root_dtype",
+            precondition_dtype="precondition_dtype",
+            use_symmetric_packing="pack_factors",
+            large_factor_dim="large_factor_dim",
+            large_factor_frequency_multiplier="large_factor_frequency_multiplier",
+        )
         | labels("preconditioner", factor_matrix_dtype="factor_dtype"),
         amortized_computation_config=root_solver,
         factor_matrix_dtype=getattr(torch, pre.factor_dtype),
@@ -322,12 +366,20 @@ def shampoo_kwargs(pre: PreconditionerConfig, hp: ShampooConfig) -> dict[str, An
         precondition_dtype=storage_dtype(hp.precondition_dtype),
         use_symmetric_packing=hp.pack_factors,
         large_factor_dim=hp.large_factor_dim,
-        large_factor_frequency_multiplier=hp.large_factor_frequency_multiplier)
-    return dict(lr=hp.lr, betas=(hp.beta1, hp.beta2), epsilon=_epsilon(pre, hp.epsilon),
-                weight_decay=hp.weight_decay, precondition_frequency=hp.precondition_frequency,
-                use_bias_correction=True, grafting_config=grafting,
-                preconditioner_config=preconditioner, amortize_roots=pre.amortize_roots,
-                **common_kwargs(pre))
+        large_factor_frequency_multiplier=hp.large_factor_frequency_multiplier,
+    )
+    return dict(
+        lr=hp.lr,
+        betas=(hp.beta1, hp.beta2),
+        epsilon=_epsilon(pre, hp.epsilon),
+        weight_decay=hp.weight_decay,
+        precondition_frequency=hp.precondition_frequency,
+        use_bias_correction=True,
+        grafting_config=grafting,
+        preconditioner_config=preconditioner,
+        amortize_roots=pre.amortize_roots,
+        **common_kwargs(pre),
+    )
 
 
 def soap_kwargs(pre: PreconditionerConfig, hp: SoapConfig) -> dict[str, Any]:
@@ -345,17 +397,27 @@ def soap_kwargs(pre: PreconditionerConfig, hp: SoapConfig) -> dict[str, Any]:
         # on the descending basis unless it is already within 1 % of diagonal. The reference
         # library's default (a QR step from the identity first) is a poorer first basis.
         amortized_computation_config=QREigendecompositionConfig(
-            rank_deficient_stability_config=stability_config(pre), tolerance=0.01,
-            keep_descending_order=True),
+            rank_deficient_stability_config=stability_config(pre),
+            tolerance=0.01,
+            keep_descending_order=True,
+        ),
         factor_matrix_dtype=getattr(torch, pre.factor_dtype),
         # Full factors, as the trainer's SOAP has always run (the library packs by default: its
         # QR refresh then differs in the last bits on rank-deficient factors).
-        use_symmetric_packing=False)
-    return dict(lr=hp.lr, betas=(hp.beta1, hp.beta2), epsilon=_epsilon(pre, hp.epsilon),
-                weight_decay=hp.weight_decay, precondition_frequency=hp.precondition_frequency,
-                use_bias_correction=True, grafting_config=None,
-                preconditioner_config=preconditioner, amortize_roots=pre.amortize_roots,
-                **common_kwargs(pre))
+        use_symmetric_packing=False,
+    )
+    return dict(
+        lr=hp.lr,
+        betas=(hp.beta1, hp.beta2),
+        epsilon=_epsilon(pre, hp.epsilon),
+        weight_decay=hp.weight_decay,
+        precondition_frequency=hp.precondition_frequency,
+        use_bias_correction=True,
+        grafting_config=None,
+        preconditioner_config=preconditioner,
+        amortize_roots=pre.amortize_roots,
+        **common_kwargs(pre),
+    )
 
 
 def muon_kwargs(pre: PreconditionerConfig, hp: MuonConfig) -> dict[str, Any]:
@@ -366,16 +428,26 @@ def muon_kwargs(pre: PreconditionerConfig, hp: MuonConfig) -> dict[str, Any]:
     )
 
     orthogonalization = library_config(
-        NewtonSchulzOrthogonalizationConfig, labels("muon", num_iterations="ns_steps"),
-        num_iterations=hp.ns_steps, scale_by_dims_fn=muon_shape_scale,
-        compute_dtype=hp.ns_dtype if hp.ns_dtype == "auto" else getattr(torch, hp.ns_dtype))
+        NewtonSchulzOrthogonalizationConfig,
+        labels("muon", num_iterations="ns_steps"),
+        num_iterations=hp.ns_steps,
+        scale_by_dims_fn=muon_shape_scale,
+        compute_dtype=hp.ns_dtype if hp.ns_dtype == "auto" else getattr(torch, hp.ns_dtype),
+    )
     # beta2 is unused by the stateless spectral-descent preconditioner.
-    return dict(lr=hp.lr, betas=(hp.momentum, 1.0), beta3=hp.momentum**2,
-                weight_decay=hp.weight_decay, precondition_frequency=1, use_bias_correction=False,
-                grafting_config=None,
-                preconditioner_config=SpectralDescentPreconditionerConfig(
-                    orthogonalization_config=orthogonalization),
-                **common_kwargs(pre))
+    return dict(
+        lr=hp.lr,
+        betas=(hp.momentum, 1.0),
+        beta3=hp.momentum**2,
+        weight_decay=hp.weight_decay,
+        precondition_frequency=1,
+        use_bias_correction=False,
+        grafting_config=None,
+        preconditioner_config=SpectralDescentPreconditionerConfig(
+            orthogonalization_config=orthogonalization
+        ),
+        **common_kwargs(pre),
+    )
 
 
 MATRIX_KWARGS = {"shampoo": shampoo_kwargs, "soap": soap_kwargs, "muon": muon_kwargs}
@@ -387,8 +459,9 @@ def build_matrix_optimizer(ctx: BuildContext) -> torch.optim.Optimizer:
 
     matrix = ctx.cfg.setup.matrix
     kwargs = MATRIX_KWARGS[matrix](ctx.cfg.table("preconditioner"), ctx.cfg.table(matrix))
-    return DistributedShampoo(ctx.groups["matrix"], distributed_config=distributed_config(ctx),
-                              **kwargs)
+    return DistributedShampoo(
+        ctx.groups["matrix"], distributed_config=distributed_config(ctx), **kwargs
+    )
 
 
 def _register_family(matrix: str) -> None:
@@ -401,10 +474,16 @@ def _register_family(matrix: str) -> None:
     def with_distadam(ctx: BuildContext) -> list[OptimizerPart]:
         return [*build_rest_distadam(ctx), OptimizerPart(build_matrix_optimizer(ctx))]
 
-    register_setup(matrix, tables=tables, matrix=matrix, rest="adamw",
-                   check=check_family_config)(with_adamw)
-    register_setup(f"{matrix}-distadam", tables=tables, matrix=matrix, rest="distadam",
-                   check=check_family_config)(with_distadam)
+    register_setup(matrix, tables=tables, matrix=matrix, rest="adamw", check=check_family_config)(
+        with_adamw
+    )
+    register_setup(
+        f"{matrix}-distadam",
+        tables=tables,
+        matrix=matrix,
+        rest="distadam",
+        check=check_family_config,
+    )(with_distadam)
 
 
 _register_family("shampoo")

@@ -63,11 +63,18 @@ def build_lion_matrix(ctx: BuildContext) -> torch.optim.Optimizer:
     hp: LionConfig = ctx.cfg.table("lion")
     return DistributedShampoo(
         # betas[1] is unused by the stateless sign-descent preconditioner.
-        ctx.groups["matrix"], lr=hp.lr, betas=(hp.beta2, 0.0), beta3=hp.beta1,
-        weight_decay=hp.weight_decay, weight_decay_type=WeightDecayType.DECOUPLED,
-        precondition_frequency=1, use_bias_correction=False, grafting_config=None,
+        ctx.groups["matrix"],
+        lr=hp.lr,
+        betas=(hp.beta2, 0.0),
+        beta3=hp.beta1,
+        weight_decay=hp.weight_decay,
+        weight_decay_type=WeightDecayType.DECOUPLED,
+        precondition_frequency=1,
+        use_bias_correction=False,
+        grafting_config=None,
         preconditioner_config=SignDescentPreconditionerConfig(),
-        distributed_config=distributed_config(ctx))
+        distributed_config=distributed_config(ctx),
+    )
 
 
 @register_setup("lion", tables=("adam", "lion"), matrix="lion", rest="adamw")

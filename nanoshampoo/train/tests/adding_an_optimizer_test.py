@@ -22,9 +22,26 @@ from nanoshampoo.train.cli import main as train_main
 REPO = Path(__file__).resolve().parents[3]
 DOC = REPO / "docs" / "adding-an-optimizer.md"
 BLOCK = re.compile(r"<!-- (file: (?P<name>\S+)|run) -->\n```\w*\n(?P<body>.*?)```", re.S)
-TINY = ["--num-iterations", "3", "--val-every", "1", "--val-tokens", "256", "--batch-size", "2",
-        "--seq-len", "64", "--autocast", "off", "--threads", "1", "--progress", "false",
-        "--data-dir", str(REPO / "data" / "embedded")]
+TINY = [
+    "--num-iterations",
+    "3",
+    "--val-every",
+    "1",
+    "--val-tokens",
+    "256",
+    "--batch-size",
+    "2",
+    "--seq-len",
+    "64",
+    "--autocast",
+    "off",
+    "--threads",
+    "1",
+    "--progress",
+    "false",
+    "--data-dir",
+    str(REPO / "data" / "embedded"),
+]
 
 
 def doc_blocks() -> tuple[dict[str, str], list[str]]:
@@ -42,13 +59,15 @@ def test_the_page_has_the_files_and_commands_of_the_walkthrough() -> None:
     files, commands = doc_blocks()
     assert set(files) == {"lion.py", "lion.toml"}
     assert [shlex.split(c)[:3] for c in commands] == [
-        ["python", "-m", "nanoshampoo.train"], ["nanoshampoo", "compare", "--setups"]]
+        ["python", "-m", "nanoshampoo.train"],
+        ["nanoshampoo", "compare", "--setups"],
+    ]
 
 
 @pytest.mark.slow
-def test_the_walkthrough_trains_lion_and_compares_it(tmp_path: Path,
-                                                     monkeypatch: pytest.MonkeyPatch,
-                                                     capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_walkthrough_trains_lion_and_compares_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     files, commands = doc_blocks()
     for name, text in files.items():
         (tmp_path / name).write_text(text, encoding="utf-8")
@@ -60,8 +79,11 @@ def test_the_walkthrough_trains_lion_and_compares_it(tmp_path: Path,
     log = [json.loads(line) for line in (tmp_path / "runs" / "lion.jsonl").read_text().splitlines()]
     assert log[0]["optimizer"] == "custom"
     assert log[0]["config"]["custom.matrix_optimizer"] == "lion.py:Lion"
-    assert log[0]["config"]["custom.matrix_kwargs"] == {"lr": 0.0003, "betas": [0.9, 0.99],
-                                                       "weight_decay": 0.1}
+    assert log[0]["config"]["custom.matrix_kwargs"] == {
+        "lr": 0.0003,
+        "betas": [0.9, 0.99],
+        "weight_decay": 0.1,
+    }
     assert math.isfinite(log[-1]["val_loss"]) and log[-1]["kind"] == "final"
 
     tiny = [arg for arg in TINY if arg not in ("--progress", "false")]

@@ -51,7 +51,11 @@ def test_reexec_runs_the_module_once_more_in_the_same_process(tmp_path) -> None:
     env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), *sys.path])
     out = subprocess.run(
         [sys.executable, "-m", "probe_module", "--seed", "3"],
-        env=env, capture_output=True, text=True, check=True, timeout=60,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
     ).stdout.split("\n")
     first, second, done = out[0].split(), out[1].split(), out[2].split()
     assert first[2] == "None" and second[2] == TUNED_MALLOC_ENV["MALLOC_MMAP_THRESHOLD_"]

@@ -22,8 +22,10 @@ from nanoshampoo.train.setups import setup_names
         (dict(warmup_steps=-1), "warmup_steps"),
         ({"adam.beta2": 1.0}, r"adam\.beta2 \(--adam\.beta2\)"),
         ({"shampoo.lr": -1.0}, r"shampoo\.lr"),
-        ({"preconditioner.start_preconditioning_step": 2, "shampoo.precondition_frequency": 5},
-         r"preconditioner\.start_preconditioning_step"),
+        (
+            {"preconditioner.start_preconditioning_step": 2, "shampoo.precondition_frequency": 5},
+            r"preconditioner\.start_preconditioning_step",
+        ),
         (dict(dataset="shards", val_files="v*", vocab_size=10), "train_files"),
         (dict(dataset="shards", train_files="t*", val_files="v*"), "vocab_size"),
         (dict(profile_steps=(3, 4)), "profile_dir"),
@@ -34,12 +36,16 @@ from nanoshampoo.train.setups import setup_names
         ({"shampoo.root_dtype": "float16"}, "root_dtype"),
         ({"shampoo.precondition_dtype": "float16"}, r"shampoo\.precondition_dtype"),
         ({"shampoo.grafting_dtype": "float64"}, "grafting_dtype"),
-        ({"shampoo.grafting_dtype": "bfloat16", "shampoo.grafting_beta2": 0.999},
-         "grafting_dtype"),
-        ({"preconditioner.momentum_dtype": "bfloat16", "shampoo.beta1": 0.995},
-         "momentum_dtype"),
-        ({"optimizer": "muon", "preconditioner.momentum_dtype": "bfloat16",
-          "muon.momentum": 0.999}, "momentum_dtype"),
+        ({"shampoo.grafting_dtype": "bfloat16", "shampoo.grafting_beta2": 0.999}, "grafting_dtype"),
+        ({"preconditioner.momentum_dtype": "bfloat16", "shampoo.beta1": 0.995}, "momentum_dtype"),
+        (
+            {
+                "optimizer": "muon",
+                "preconditioner.momentum_dtype": "bfloat16",
+                "muon.momentum": 0.999,
+            },
+            "momentum_dtype",
+        ),
         ({"shampoo.root_method": "qr"}, "root_method"),
         ({"shampoo.warm_qr_tolerance": -0.01}, "warm_qr_tolerance"),
         ({"shampoo.warm_qr_tolerance": float("nan")}, "warm_qr_tolerance"),
@@ -49,8 +55,14 @@ from nanoshampoo.train.setups import setup_names
         (dict(grad_accum_steps=0), "grad_accum_steps"),
         ({"muon.momentum": 1.0}, r"muon\.momentum"),
         ({"soap.lr": float("nan")}, r"soap\.lr"),
-        ({"optimizer": "soap", "soap.precondition_frequency": 10,
-          "preconditioner.start_preconditioning_step": 5}, "start_preconditioning_step"),
+        (
+            {
+                "optimizer": "soap",
+                "soap.precondition_frequency": 10,
+                "preconditioner.start_preconditioning_step": 5,
+            },
+            "start_preconditioning_step",
+        ),
         (dict(run_id="runs/a"), "run_id"),
         (dict(run_id=".."), "run_id"),
         (dict(preset="../../pwned"), "preset"),
@@ -66,34 +78,58 @@ def test_invalid_values_raise_naming_the_field(overrides: dict[str, object], fie
         TrainConfig(**overrides)  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize("flag, value", [
-    ("--adam.eps", "inf"), ("--adam.eps", "0"), ("--shampoo.grafting-epsilon", "inf"),
-    ("--shampoo.grafting-epsilon", "0"), ("--shampoo.lr", "inf"), ("--shampoo.epsilon", "0"),
-    ("--shampoo.epsilon", "inf"), ("--shampoo.beta2", "0"), ("--soap.beta2", "0"),
-    ("--adam.embed-lr", "inf"), ("--muon.lr", "nan"), ("--soap.epsilon", "inf"),
-])
+@pytest.mark.parametrize(
+    "flag, value",
+    [
+        ("--adam.eps", "inf"),
+        ("--adam.eps", "0"),
+        ("--shampoo.grafting-epsilon", "inf"),
+        ("--shampoo.grafting-epsilon", "0"),
+        ("--shampoo.lr", "inf"),
+        ("--shampoo.epsilon", "0"),
+        ("--shampoo.epsilon", "inf"),
+        ("--shampoo.beta2", "0"),
+        ("--soap.beta2", "0"),
+        ("--adam.embed-lr", "inf"),
+        ("--muon.lr", "nan"),
+        ("--soap.epsilon", "inf"),
+    ],
+)
 def test_non_finite_or_zero_epsilons_and_lrs_are_refused_naming_the_flag(
-        flag: str, value: str, capsys: pytest.CaptureFixture[str]) -> None:
+    flag: str, value: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     assert main([flag, value]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and f"({flag})" in err, err
 
 
-@pytest.mark.parametrize("legacy, table, field, value", [
-    ("--adam-eps", "adam", "eps", "inf"), ("--grafting-epsilon", "shampoo", "grafting_epsilon", "inf"),
-    ("--matrix-lr", "shampoo", "lr", "inf"), ("--shampoo-epsilon", "shampoo", "epsilon", "0"),
-    ("--matrix-beta2", "shampoo", "beta2", "0"),
-])
-def test_legacy_flags_are_refused_the_same_way(legacy: str, table: str, field: str, value: str,
-                                               capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize(
+    "legacy, table, field, value",
+    [
+        ("--adam-eps", "adam", "eps", "inf"),
+        ("--grafting-epsilon", "shampoo", "grafting_epsilon", "inf"),
+        ("--matrix-lr", "shampoo", "lr", "inf"),
+        ("--shampoo-epsilon", "shampoo", "epsilon", "0"),
+        ("--matrix-beta2", "shampoo", "beta2", "0"),
+    ],
+)
+def test_legacy_flags_are_refused_the_same_way(
+    legacy: str, table: str, field: str, value: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     assert main([legacy, value]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and f"{table}.{field}" in err and legacy in err, err
 
 
 def test_legacy_flat_names_set_their_table_fields() -> None:
-    cfg = TrainConfig(optimizer="adamw", matrix_lr=0.002, muon_lr=0.03, adam_eps=1e-8,
-                      precondition_frequency=7, factor_dtype="bfloat16")
+    cfg = TrainConfig(
+        optimizer="adamw",
+        matrix_lr=0.002,
+        muon_lr=0.03,
+        adam_eps=1e-8,
+        precondition_frequency=7,
+        factor_dtype="bfloat16",
+    )
     assert (cfg.table("adamw").lr, cfg.table("shampoo").lr) == (0.002, 0.002)
     assert (cfg.table("muon").lr, cfg.table("adam").eps) == (0.03, 1e-8)
     assert cfg.table("shampoo").precondition_frequency == 7
@@ -103,8 +139,9 @@ def test_legacy_flat_names_set_their_table_fields() -> None:
 
 
 def test_legacy_flags_and_new_flags_apply_in_order() -> None:
-    cfg = config_from_args(["--matrix-lr", "0.1", "--shampoo.lr", "0.2", "--muon.lr", "0.3",
-                            "--muon-lr", "0.4"])
+    cfg = config_from_args(
+        ["--matrix-lr", "0.1", "--shampoo.lr", "0.2", "--muon.lr", "0.3", "--muon-lr", "0.4"]
+    )
     assert (cfg.table("shampoo").lr, cfg.table("adamw").lr) == (0.2, 0.1)
     assert cfg.table("muon").lr == 0.4
 
@@ -139,11 +176,28 @@ def test_every_preset_loads_into_a_valid_config() -> None:
 
 
 def test_flags_override_the_preset_with_typed_values() -> None:
-    cfg = config_from_args([
-        "--preset", "tiny-adamw", "--seed", "7", "--cooldown-frac", "0.5",
-        "--autocast-bf16", "false", "--profile-steps", "5,6,7", "--profile-dir", "/tmp/p",
-        "--run-id", "abc", "--out-dir", "/tmp/o", "--decay-branches", "0.25,0.5,0.75",
-    ])
+    cfg = config_from_args(
+        [
+            "--preset",
+            "tiny-adamw",
+            "--seed",
+            "7",
+            "--cooldown-frac",
+            "0.5",
+            "--autocast-bf16",
+            "false",
+            "--profile-steps",
+            "5,6,7",
+            "--profile-dir",
+            "/tmp/p",
+            "--run-id",
+            "abc",
+            "--out-dir",
+            "/tmp/o",
+            "--decay-branches",
+            "0.25,0.5,0.75",
+        ]
+    )
     assert cfg.preset == "tiny-adamw" and cfg.optimizer == "adamw"
     assert (cfg.seed, cfg.cooldown_frac, cfg.autocast) == (7, 0.5, "off")
     assert cfg.profile_steps == (5, 6, 7)
@@ -159,10 +213,26 @@ def test_precondition_dtype_flag_sets_the_shampoo_table() -> None:
 
 
 def test_a_table_field_takes_the_presets_spelling_too(capsys: pytest.CaptureFixture[str]) -> None:
-    dashed = config_from_args(["--preset", "tiny-soap", "--soap.precondition-frequency", "7",
-                               "--preconditioner.start-preconditioning-step", "14"])
-    underscored = config_from_args(["--preset", "tiny-soap", "--soap.precondition_frequency", "7",
-                                    "--preconditioner.start_preconditioning_step", "14"])
+    dashed = config_from_args(
+        [
+            "--preset",
+            "tiny-soap",
+            "--soap.precondition-frequency",
+            "7",
+            "--preconditioner.start-preconditioning-step",
+            "14",
+        ]
+    )
+    underscored = config_from_args(
+        [
+            "--preset",
+            "tiny-soap",
+            "--soap.precondition_frequency",
+            "7",
+            "--preconditioner.start_preconditioning_step",
+            "14",
+        ]
+    )
     assert dashed.to_dict() == underscored.to_dict()
     assert underscored.table("soap").precondition_frequency == 7
     assert underscored.table("preconditioner").start_preconditioning_step == 14
@@ -196,16 +266,26 @@ def test_presets_hold_only_what_differs_from_the_defaults() -> None:
     defaults = TrainConfig()
     for name in preset_names():
         raw = tomllib.loads((PRESET_DIR / f"{name}.toml").read_text())
-        same = sorted(k for k, v in raw.items() if k != "extends" and not isinstance(v, dict)
-                      and getattr(defaults, k) == v)
-        same += sorted(f"{table}.{k}" for table, values in raw.items() if isinstance(values, dict)
-                       for k, v in values.items() if getattr(defaults.table(table), k) == v)
+        same = sorted(
+            k
+            for k, v in raw.items()
+            if k != "extends" and not isinstance(v, dict) and getattr(defaults, k) == v
+        )
+        same += sorted(
+            f"{table}.{k}"
+            for table, values in raw.items()
+            if isinstance(values, dict)
+            for k, v in values.items()
+            if getattr(defaults.table(table), k) == v
+        )
         assert same == [], f"{name} repeats defaults {same}"
     # The tiny shampoo run is the defaults but for the matrix lr tuned on the embedded task.
     assert load_preset("tiny-shampoo") == {"preset": "tiny-shampoo", "shampoo": {"lr": 0.003}}
-    assert {name: load_preset(name)["optimizer"] for name in preset_names()
-            if name.startswith("tiny-") and name != "tiny-shampoo"} == {
-        f"tiny-{setup}": setup for setup in setup_names() if setup not in ("shampoo", "custom")}
+    assert {
+        name: load_preset(name)["optimizer"]
+        for name in preset_names()
+        if name.startswith("tiny-") and name != "tiny-shampoo"
+    } == {f"tiny-{setup}": setup for setup in setup_names() if setup not in ("shampoo", "custom")}
 
 
 def test_shipped_presets_use_the_table_spelling() -> None:
@@ -216,8 +296,11 @@ def test_shipped_presets_use_the_table_spelling() -> None:
 
 def test_extends_starts_from_the_named_preset(tmp_path) -> None:  # type: ignore[no-untyped-def]
     adamw = load_preset("gpt2-124m-adamw")
-    assert adamw == {**load_preset("gpt2-124m-shampoo"), "optimizer": "adamw",
-                     "preset": "gpt2-124m-adamw"}
+    assert adamw == {
+        **load_preset("gpt2-124m-shampoo"),
+        "optimizer": "adamw",
+        "preset": "gpt2-124m-adamw",
+    }
     loop = tmp_path / "loop.toml"
     loop.write_text(f'extends = "{loop}"\n')
     with pytest.raises(ValueError, match="loops back"):
@@ -243,20 +326,24 @@ def test_autocast_bf16_flag_is_an_alias() -> None:
     assert config_from_args([]).autocast == "auto"
 
 
-@pytest.mark.parametrize("text, message", [
-    ('save_final_checkpoint = "false"\n', "save_final_checkpoint must be a bool, got 'false'"),
-    ("num_iterations = 2.5\n", "num_iterations must be an int, got 2.5"),
-    ('num_iterations = "abc"\n', "num_iterations must be an int"),
-    ('matrix_lr = "0.1"\n', r"matrix_lr \(now \[shampoo\] lr\) must be a float, got '0.1'"),
-    ('profile_steps = "5"\n', "profile_steps must be a list of integers"),
-    ('decay_branches = [0.5, "x"]\n', "decay_branches must be a list of numbers"),
-    ("resume = 5\n", "resume must be a str"),
-    ('[muon]\nlr = "0.02"\n', r"\[muon\] lr must be a float"),
-    ("[muon]\nlrr = 0.02\n", r"unknown field \[muon\] lrr"),
-    ("extends = 3\n", "'extends' must be a preset name or path"),
-])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ('save_final_checkpoint = "false"\n', "save_final_checkpoint must be a bool, got 'false'"),
+        ("num_iterations = 2.5\n", "num_iterations must be an int, got 2.5"),
+        ('num_iterations = "abc"\n', "num_iterations must be an int"),
+        ('matrix_lr = "0.1"\n', r"matrix_lr \(now \[shampoo\] lr\) must be a float, got '0.1'"),
+        ('profile_steps = "5"\n', "profile_steps must be a list of integers"),
+        ('decay_branches = [0.5, "x"]\n', "decay_branches must be a list of numbers"),
+        ("resume = 5\n", "resume must be a str"),
+        ('[muon]\nlr = "0.02"\n', r"\[muon\] lr must be a float"),
+        ("[muon]\nlrr = 0.02\n", r"unknown field \[muon\] lrr"),
+        ("extends = 3\n", "'extends' must be a preset name or path"),
+    ],
+)
 def test_preset_values_are_type_checked_naming_the_file_and_key(
-        text: str, message: str, tmp_path, capsys: pytest.CaptureFixture[str]) -> None:  # type: ignore[no-untyped-def]
+    text: str, message: str, tmp_path, capsys: pytest.CaptureFixture[str]
+) -> None:  # type: ignore[no-untyped-def]
     preset = tmp_path / "bad.toml"
     preset.write_text(text)
     with pytest.raises(ValueError, match=f"bad\\.toml: {message}"):
@@ -299,18 +386,22 @@ def test_preset_names_resolve_only_among_the_shipped_presets(tmp_path, monkeypat
 
 
 def test_a_preset_name_that_would_escape_the_out_dir_is_refused(
-        tmp_path, capsys: pytest.CaptureFixture[str]) -> None:  # type: ignore[no-untyped-def]
+    tmp_path, capsys: pytest.CaptureFixture[str]
+) -> None:  # type: ignore[no-untyped-def]
     preset = tmp_path / "p.toml"
     preset.write_text('preset = "../../pwned"\n')
     out = tmp_path / "a" / "b" / "runs"
     assert main(["--preset", str(preset), "--out-dir", str(out)]) == 2
-    assert "TrainConfig.preset (--preset) must not contain a path separator" in capsys.readouterr().err
+    assert (
+        "TrainConfig.preset (--preset) must not contain a path separator" in capsys.readouterr().err
+    )
     assert list(tmp_path.rglob("*.jsonl")) == []
 
 
 @pytest.mark.parametrize("field", ["run_id", "preset"])
 def test_an_overlong_run_id_or_preset_name_is_refused(field: str) -> None:
     flag = "--" + field.replace("_", "-")
-    with pytest.raises(ValueError,
-                       match=rf"TrainConfig.{field} \({flag}\) is too long: at most 100 characters"):
+    with pytest.raises(
+        ValueError, match=rf"TrainConfig.{field} \({flag}\) is too long: at most 100 characters"
+    ):
         TrainConfig(**{field: "r" * 101})

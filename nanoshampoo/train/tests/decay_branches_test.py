@@ -49,8 +49,10 @@ STEPS = 16
 RUN = dict(num_iterations=STEPS, cooldown_frac=0.5, val_every=4, compile="false")
 SETUPS = {
     "adamw": {},
-    "shampoo": {"shampoo.precondition_frequency": 2,
-                "preconditioner.start_preconditioning_step": 2},
+    "shampoo": {
+        "shampoo.precondition_frequency": 2,
+        "preconditioner.start_preconditioning_step": 2,
+    },
     "soap": {"soap.precondition_frequency": 2, "preconditioner.start_preconditioning_step": 2},
     "muon": {},
     # Iterate averaging: every checkpoint and validation is an evaluation-point round trip,
@@ -58,30 +60,39 @@ SETUPS = {
     "schedule-free": {"checkpoint_every": 2},
 }
 BRANCH_KEYS = {"kind", "fraction", "steps", "fork_step", "val_loss", "train_time_ms", "tokens"}
-BRANCH_LINE = re.compile(r"^branch:(0\.25|0\.5|0\.75) step:(\d+)/\2 val_loss:\d+\.\d{4} "
-                         r"train_time:\d+ms step_avg:\d+\.\d{2}ms \(forked at step (\d+)\)$")
+BRANCH_LINE = re.compile(
+    r"^branch:(0\.25|0\.5|0\.75) step:(\d+)/\2 val_loss:\d+\.\d{4} "
+    r"train_time:\d+ms step_avg:\d+\.\d{2}ms \(forked at step (\d+)\)$"
+)
 
 
-@pytest.mark.parametrize("cooldown, warmup, forks", [
-    # N_b = 4, 8, 12 of 16. Cooldown 0.5: multiplier 1 while t / N_b <= 0.5 (at t / N_b = 0.5
-    # the cooldown's (1 - x) / c is still 1), so the fork is the first t > N_b / 2.
-    (0.5, 0, (3, 5, 7)),
-    # Cooldown 0.7: the first t with t / N_b > 0.3: 4 * 0.3 = 1.2 -> 2, 2.4 -> 3, 3.6 -> 4.
-    (0.7, 0, (2, 3, 4)),
-    # No cooldown: the schedules never differ; the branch is the first N_b steps, validated.
-    (0.0, 0, (4, 8, 12)),
-    # A warmup of 6 caps both multipliers by (t + 1) / 6, which hides where the shorter
-    # cooldown starts: 4 steps first differ at t = 3 (at t = 2 both are capped to 0.5), 8 at
-    # t = 4 (0.714 against the cap 0.833), 12 at t = 5 (0.833 against 0.982).
-    (0.7, 6, (3, 4, 5)),
-])
-def test_a_branch_forks_where_the_schedules_first_differ(cooldown: float, warmup: int,
-                                                         forks: tuple[int, ...]) -> None:
+@pytest.mark.parametrize(
+    "cooldown, warmup, forks",
+    [
+        # N_b = 4, 8, 12 of 16. Cooldown 0.5: multiplier 1 while t / N_b <= 0.5 (at t / N_b = 0.5
+        # the cooldown's (1 - x) / c is still 1), so the fork is the first t > N_b / 2.
+        (0.5, 0, (3, 5, 7)),
+        # Cooldown 0.7: the first t with t / N_b > 0.3: 4 * 0.3 = 1.2 -> 2, 2.4 -> 3, 3.6 -> 4.
+        (0.7, 0, (2, 3, 4)),
+        # No cooldown: the schedules never differ; the branch is the first N_b steps, validated.
+        (0.0, 0, (4, 8, 12)),
+        # A warmup of 6 caps both multipliers by (t + 1) / 6, which hides where the shorter
+        # cooldown starts: 4 steps first differ at t = 3 (at t = 2 both are capped to 0.5), 8 at
+        # t = 4 (0.714 against the cap 0.833), 12 at t = 5 (0.833 against 0.982).
+        (0.7, 6, (3, 4, 5)),
+    ],
+)
+def test_a_branch_forks_where_the_schedules_first_differ(
+    cooldown: float, warmup: int, forks: tuple[int, ...]
+) -> None:
     plan = plan_branches(FRACTIONS, STEPS, cooldown, warmup)
     assert plan == tuple(Branch(b, n, f) for b, n, f in zip(FRACTIONS, (4, 8, 12), forks))
     for branch in plan:
-        same = [lr_multiplier(t, branch.steps, cooldown, warmup)
-                == lr_multiplier(t, STEPS, cooldown, warmup) for t in range(branch.fork_step + 1)]
+        same = [
+            lr_multiplier(t, branch.steps, cooldown, warmup)
+            == lr_multiplier(t, STEPS, cooldown, warmup)
+            for t in range(branch.fork_step + 1)
+        ]
         assert all(same[:-1]) and (not same[-1] or branch.fork_step == branch.steps)
 
 
@@ -94,16 +105,19 @@ def test_a_resumed_run_makes_only_the_branches_ahead_that_its_log_lacks() -> Non
     assert branches_to_make(plan, {4}, 8) == ((), (eight, twelve))
 
 
-@pytest.mark.parametrize("value, message", [
-    ((0.5, 1.0), "strictly between 0 and 1"),
-    ((0.0, 0.5), "strictly between 0 and 1"),
-    ((0.75, 0.5), "strictly increasing"),
-    ((0.5, 0.5), "strictly increasing"),
-    ((0.02, 0.5), r"lengths round\(b \* N\) at --num-iterations 16 are \[0, 8\]"),
-    ((0.5, 0.51), r"are \[8, 8\]; they must be distinct"),
-    ((0.97,), r"are \[16\]"),
-    (("a",), "must be a list of numbers"),
-])
+@pytest.mark.parametrize(
+    "value, message",
+    [
+        ((0.5, 1.0), "strictly between 0 and 1"),
+        ((0.0, 0.5), "strictly between 0 and 1"),
+        ((0.75, 0.5), "strictly increasing"),
+        ((0.5, 0.5), "strictly increasing"),
+        ((0.02, 0.5), r"lengths round\(b \* N\) at --num-iterations 16 are \[0, 8\]"),
+        ((0.5, 0.51), r"are \[8, 8\]; they must be distinct"),
+        ((0.97,), r"are \[16\]"),
+        (("a",), "must be a list of numbers"),
+    ],
+)
 def test_bad_fractions_are_refused_naming_the_field(value: tuple[Any, ...], message: str) -> None:
     with pytest.raises(ValueError, match=r"TrainConfig\.decay_branches.*" + message):
         TrainConfig(num_iterations=STEPS, decay_branches=value)
@@ -113,8 +127,12 @@ def test_the_flag_and_the_preset_key_set_the_fractions(tmp_path: Path) -> None:
     preset = tmp_path / "branched.toml"
     preset.write_text("num_iterations = 16\ndecay_branches = [0.25, 0.5, 0.75]\n")
     assert config_from_args(["--preset", str(preset)]).decay_branches == FRACTIONS
-    assert config_from_args(["--num-iterations", "16", "--decay-branches",
-                             "0.25,0.5,0.75"]).decay_branches == FRACTIONS
+    assert (
+        config_from_args(
+            ["--num-iterations", "16", "--decay-branches", "0.25,0.5,0.75"]
+        ).decay_branches
+        == FRACTIONS
+    )
     assert config_from_args([]).decay_branches == ()
 
 
@@ -137,20 +155,27 @@ def _branch_finals(monkeypatch: pytest.MonkeyPatch) -> list[torch.Tensor]:
     return finals
 
 
-def _branches_against_separate_runs(shards: dict[str, str], out_dir: Path,
-                                    finals: list[torch.Tensor], **fields: Any) -> dict[str, Any]:
+def _branches_against_separate_runs(
+    shards: dict[str, str], out_dir: Path, finals: list[torch.Tensor], **fields: Any
+) -> dict[str, Any]:
     """Train with branches, without, and each branch's length alone; every final loss and
     parameter vector, by run (``fields`` set the setup)."""
     config = dict(RUN, **fields)
     main = Trainer(tiny_config(shards, out_dir, run_id="main", decay_branches=FRACTIONS, **config))
     result = main.run()
-    out: dict[str, Any] = {"main": (result.final_val_loss, _flat(main.model)),
-                           "finals": list(finals), "log": result}
+    out: dict[str, Any] = {
+        "main": (result.final_val_loss, _flat(main.model)),
+        "finals": list(finals),
+        "log": result,
+    }
     plain = Trainer(tiny_config(shards, out_dir, run_id="plain", **config))
     out["plain"] = (plain.run().final_val_loss, _flat(plain.model))
     for steps in (4, 8, 12):
-        alone = Trainer(tiny_config(shards, out_dir, run_id=f"alone{steps}",
-                                    **dict(config, num_iterations=steps)))
+        alone = Trainer(
+            tiny_config(
+                shards, out_dir, run_id=f"alone{steps}", **dict(config, num_iterations=steps)
+            )
+        )
         out[steps] = (alone.run().final_val_loss, _flat(alone.model))
     return out
 
@@ -165,16 +190,23 @@ def _assert_bit_for_bit(runs: dict[str, Any], branch_losses: dict[int, float]) -
 
 
 # Shampoo and SOAP take ~30 s each on 2 busy cores: slow; muon drives the same optimizer class.
-@pytest.mark.parametrize("optimizer", [
-    "adamw", pytest.param("shampoo", marks=pytest.mark.slow),
-    pytest.param("soap", marks=pytest.mark.slow), "muon",
-    pytest.param("schedule-free", marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+    "optimizer",
+    [
+        "adamw",
+        pytest.param("shampoo", marks=pytest.mark.slow),
+        pytest.param("soap", marks=pytest.mark.slow),
+        "muon",
+        pytest.param("schedule-free", marks=pytest.mark.slow),
+    ],
+)
 def test_each_branch_is_the_shorter_run_and_the_main_run_is_unchanged(
-        optimizer: str, shards: dict[str, str], tmp_path: Path,
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    optimizer: str, shards: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     finals = _branch_finals(monkeypatch)
-    runs = _branches_against_separate_runs(shards, tmp_path, finals, optimizer=optimizer,
-                                           **SETUPS[optimizer])
+    runs = _branches_against_separate_runs(
+        shards, tmp_path, finals, optimizer=optimizer, **SETUPS[optimizer]
+    )
     records = read_jsonl(runs["log"].jsonl_log)
     branch_records = [r for r in records if r["kind"] == "branch"]
     _assert_bit_for_bit(runs, {r["steps"]: r["val_loss"] for r in branch_records})
@@ -182,8 +214,10 @@ def test_each_branch_is_the_shorter_run_and_the_main_run_is_unchanged(
     # Each branch is one record, in fork order, written when it was done.
     tokens_per_step = 4 * 32
     assert [(r["fraction"], r["steps"], r["fork_step"], r["tokens"]) for r in branch_records] == [
-        (0.25, 4, 3, 4 * tokens_per_step), (0.5, 8, 5, 8 * tokens_per_step),
-        (0.75, 12, 7, 12 * tokens_per_step)]
+        (0.25, 4, 3, 4 * tokens_per_step),
+        (0.5, 8, 5, 8 * tokens_per_step),
+        (0.75, 12, 7, 12 * tokens_per_step),
+    ]
     assert all(set(r) == BRANCH_KEYS for r in branch_records)
     # A branch's time: the main run's up to the fork (its train record there) and its own.
     train_time = {r["step"]: r["train_time_ms"] for r in records if r["kind"] == "train"}
@@ -195,21 +229,27 @@ def test_each_branch_is_the_shorter_run_and_the_main_run_is_unchanged(
     lines = [m for m in map(BRANCH_LINE.match, runs["log"].text_log.read_text().splitlines()) if m]
     assert [(m.group(2), m.group(3)) for m in lines] == [("4", "3"), ("8", "5"), ("12", "7")]
     run = read_run(runs["log"].jsonl_log)
-    assert run.final_losses_by_steps() == {4: runs[4][0], 8: runs[8][0], 12: runs[12][0],
-                                           STEPS: runs["plain"][0]}
+    assert run.final_losses_by_steps() == {
+        4: runs[4][0],
+        8: runs[8][0],
+        12: runs[12][0],
+        STEPS: runs["plain"][0],
+    }
 
 
 @pytest.mark.parametrize("forgotten", ["params", "optimizer", "loader"])
 def test_a_restore_that_forgets_part_of_the_state_is_caught(
-        forgotten: str, shards: dict[str, str], tmp_path: Path,
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    forgotten: str, shards: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # The comparison of the test above would fail if the restore were incomplete.
     restore = branches_module.TrainingSnapshot.restore
 
     def incomplete(self: Any) -> None:
-        keep = {"params": [t.detach().clone() for t in self.tensors],
-                "optimizer": [dict(vars(c)) for c, _ in self.states],
-                "loader": self.loader.state_dict()}[forgotten]
+        keep = {
+            "params": [t.detach().clone() for t in self.tensors],
+            "optimizer": [dict(vars(c)) for c, _ in self.states],
+            "loader": self.loader.state_dict(),
+        }[forgotten]
         restore(self)
         if forgotten == "params":
             with torch.no_grad():
@@ -224,8 +264,9 @@ def test_a_restore_that_forgets_part_of_the_state_is_caught(
 
     monkeypatch.setattr(branches_module.TrainingSnapshot, "restore", incomplete)
     config = dict(RUN, optimizer="adamw")
-    branched = Trainer(tiny_config(shards, tmp_path, run_id="main", decay_branches=FRACTIONS,
-                                   **config))
+    branched = Trainer(
+        tiny_config(shards, tmp_path, run_id="main", decay_branches=FRACTIONS, **config)
+    )
     branched.run()
     plain = Trainer(tiny_config(shards, tmp_path, run_id="plain", **config))
     plain.run()
@@ -233,7 +274,8 @@ def test_a_restore_that_forgets_part_of_the_state_is_caught(
 
 
 def test_a_diverged_branch_is_recorded_and_the_main_run_goes_on(
-        shards: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    shards: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     finals = _branch_finals(monkeypatch)
     train_step = Trainer._train_step
 
@@ -260,7 +302,8 @@ def test_a_diverged_branch_is_recorded_and_the_main_run_goes_on(
 
 @pytest.mark.slow
 def test_a_resumed_run_keeps_its_branches_and_says_which_it_cannot_make(
-        shards: dict[str, str], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    shards: dict[str, str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     config = dict(RUN, optimizer="adamw", checkpoint_every=4, decay_branches=FRACTIONS)
     full = Trainer(tiny_config(shards, tmp_path, run_id="full", **config)).run()
     recorded = {r["steps"]: r for r in read_jsonl(full.jsonl_log) if r["kind"] == "branch"}
@@ -268,13 +311,15 @@ def test_a_resumed_run_keeps_its_branches_and_says_which_it_cannot_make(
 
     # A new run id from step 4: the 4-step branch forked at step 3 and cannot be made; the
     # others are, with the values of the uninterrupted run.
-    other = Trainer(tiny_config(shards, tmp_path, run_id="other", resume=str(checkpoint),
-                                **config)).run()
+    other = Trainer(
+        tiny_config(shards, tmp_path, run_id="other", resume=str(checkpoint), **config)
+    ).run()
     made = {r["steps"]: r for r in read_jsonl(other.jsonl_log) if r["kind"] == "branch"}
     assert sorted(made) == [8, 12]
     assert all(made[n]["val_loss"] == recorded[n]["val_loss"] for n in made)
-    note = ("branch:0.25 (4 steps) not made: it forks at step 3, before step 4 where this run "
-            "resumed")
+    note = (
+        "branch:0.25 (4 steps) not made: it forks at step 3, before step 4 where this run resumed"
+    )
     assert note in capsys.readouterr().out and note in other.text_log.read_text()
     assert set(read_run(other.jsonl_log).branches) == {8, 12}
 
@@ -285,10 +330,11 @@ def test_a_resumed_run_keeps_its_branches_and_says_which_it_cannot_make(
     before = read_jsonl(full.jsonl_log)
     Trainer(tiny_config(shards, tmp_path, run_id="full", resume=str(checkpoint), **config)).run()
     after = read_jsonl(full.jsonl_log)
-    assert [r for r in after[len(before):] if r["kind"] == "branch"] == []
+    assert [r for r in after[len(before) :] if r["kind"] == "branch"] == []
     assert note not in full.text_log.read_text()
     assert {n: b.val_loss for n, b in read_run(full.jsonl_log).branches.items()} == {
-        n: r["val_loss"] for n, r in recorded.items()}
+        n: r["val_loss"] for n, r in recorded.items()
+    }
 
 
 # (run id prefix, parallel mode, setup, its fields) of the 2-rank cases.
@@ -298,8 +344,9 @@ TWO_RANK_CASES = (
 )
 
 
-def branches_on_rank(rank: int, world_size: int, shards: dict[str, str],
-                     out_dir: str) -> dict[str, Any]:
+def branches_on_rank(
+    rank: int, world_size: int, shards: dict[str, str], out_dir: str
+) -> dict[str, Any]:
     results = {}
     for name, parallel, optimizer, fields in TWO_RANK_CASES:
         finals: list[torch.Tensor] = []
@@ -311,9 +358,14 @@ def branches_on_rank(rank: int, world_size: int, shards: dict[str, str],
 
         branches_module.TrainingSnapshot.restore = recording  # type: ignore[method-assign]
         try:
-            runs = _branches_against_separate_runs(shards, Path(out_dir) / name, finals,
-                                                   parallel=parallel, optimizer=optimizer,
-                                                   **fields)
+            runs = _branches_against_separate_runs(
+                shards,
+                Path(out_dir) / name,
+                finals,
+                parallel=parallel,
+                optimizer=optimizer,
+                **fields,
+            )
         finally:
             branches_module.TrainingSnapshot.restore = restore  # type: ignore[method-assign]
         runs.pop("log")
@@ -323,12 +375,12 @@ def branches_on_rank(rank: int, world_size: int, shards: dict[str, str],
 
 @pytest.mark.slow
 @pytest.mark.distributed
-def test_branches_on_two_ranks_are_the_shorter_runs(shards: dict[str, str],
-                                                    tmp_path: Path) -> None:
+def test_branches_on_two_ranks_are_the_shorter_runs(shards: dict[str, str], tmp_path: Path) -> None:
     rank0, rank1 = run_on_gloo(branches_on_rank, 2, shards, str(tmp_path))
     for name, *_ in TWO_RANK_CASES:
-        records = [json.loads(line) for line in (tmp_path / name / "main.jsonl").read_text()
-                   .splitlines()]
+        records = [
+            json.loads(line) for line in (tmp_path / name / "main.jsonl").read_text().splitlines()
+        ]
         losses = {r["steps"]: r["val_loss"] for r in records if r["kind"] == "branch"}
         for runs in (rank0[name], rank1[name]):
             _assert_bit_for_bit(runs, losses)

@@ -29,8 +29,11 @@ def test_finite_numbers_pass() -> None:
 def test_a_non_finite_gradient_names_the_first_such_parameter() -> None:
     model, guard = guarded_model()
     model[1].weight.grad[0, 1] = float("inf")
-    with pytest.raises(TrainingDiverged, match=r"^non-finite gradient; first non-finite "
-                                               r"gradient: 1\.weight$") as caught:
+    with pytest.raises(
+        TrainingDiverged,
+        match=r"^non-finite gradient; first non-finite "
+        r"gradient: 1\.weight$",
+    ) as caught:
         guard.check_step(7, torch.tensor(2.0))
     assert caught.value.step == 7
 
@@ -39,8 +42,11 @@ def test_a_nan_loss_names_a_non_finite_parameter_first() -> None:
     model, guard = guarded_model()
     with torch.no_grad():
         model[0].bias[1] = float("nan")
-    with pytest.raises(TrainingDiverged, match=r"^train loss is nan; first non-finite "
-                                               r"parameter: 0\.bias$"):
+    with pytest.raises(
+        TrainingDiverged,
+        match=r"^train loss is nan; first non-finite "
+        r"parameter: 0\.bias$",
+    ):
         guard.check_step(3, torch.tensor(float("nan")))
 
 
@@ -65,6 +71,9 @@ def test_validation_and_checkpoint_checks() -> None:
         guard.check_validation(50, float("inf"))
     with torch.no_grad():
         model[1].weight[0, 0] = float("-inf")
-    with pytest.raises(TrainingDiverged, match=r"before the checkpoint; first non-finite "
-                                               r"parameter: 1\.weight"):
+    with pytest.raises(
+        TrainingDiverged,
+        match=r"before the checkpoint; first non-finite "
+        r"parameter: 1\.weight",
+    ):
         guard.check_parameters(50)

@@ -40,8 +40,9 @@ WORLD_1_PARAM_TOLERANCE = 2e-4
 
 
 def config(shards: dict[str, str], out_dir: Path, **overrides: Any) -> TrainConfig:
-    fields: dict[str, Any] = dict(num_iterations=STEPS, val_every=RESUME_AT,
-                                  checkpoint_every=RESUME_AT)
+    fields: dict[str, Any] = dict(
+        num_iterations=STEPS, val_every=RESUME_AT, checkpoint_every=RESUME_AT
+    )
     fields.update(overrides)
     return tiny_config(shards, out_dir, **fields)
 
@@ -53,39 +54,72 @@ def full_params(model: torch.nn.Module) -> torch.Tensor:
 
 
 def losses(jsonl: Path) -> dict[tuple[str, int], float]:
-    return {(r["kind"], r["step"]): r.get("train_loss", r.get("val_loss"))
-            for r in read_jsonl(jsonl) if r["kind"] in ("train", "val")}
+    return {
+        (r["kind"], r["step"]): r.get("train_loss", r.get("val_loss"))
+        for r in read_jsonl(jsonl)
+        if r["kind"] in ("train", "val")
+    }
 
 
 def train(cfg: TrainConfig) -> dict[str, Any]:
     trainer = Trainer(cfg)
     result = trainer.run()
-    return {"params": full_params(trainer.model),
-            "local_numel": sum(local_tensor(p).numel() for p in trainer.model.parameters()),
-            "losses": losses(result.jsonl_log) if trainer.ctx.is_main else {}}
+    return {
+        "params": full_params(trainer.model),
+        "local_numel": sum(local_tensor(p).numel() for p in trainer.model.parameters()),
+        "losses": losses(result.jsonl_log) if trainer.ctx.is_main else {},
+    }
 
 
-def train_every_mode_on_rank(rank: int, world_size: int, shards: dict[str, str],
-                             out_dir: str) -> dict[str, Any]:
+def train_every_mode_on_rank(
+    rank: int, world_size: int, shards: dict[str, str], out_dir: str
+) -> dict[str, Any]:
     out = Path(out_dir)
     results = {
         "ddp": train(config(shards, out, run_id="ddp")),
         "fsdp2": train(config(shards, out, run_id="fsdp2", parallel="fsdp2")),
         "hsdp": train(config(shards, out, run_id="hsdp", parallel="hsdp", hsdp_shard_size=1)),
-        "hsdp-1x2": train(config(shards, out, run_id="hsdp-1x2", parallel="hsdp",
-                                 hsdp_shard_size=2, checkpoint_every=0)),
-        "fsdp2-accum": train(config(shards, out, run_id="fsdp2-accum", parallel="fsdp2",
-                                    grad_accum_steps=2, checkpoint_every=0)),
-        "ddp-accum": train(config(shards, out, run_id="ddp-accum", grad_accum_steps=2,
-                                  checkpoint_every=0)),
-        "fsdp2-adamw": train(config(shards, out, run_id="fsdp2-adamw", parallel="fsdp2",
-                                    optimizer="adamw", checkpoint_every=0)),
-        "ddp-adamw": train(config(shards, out, run_id="ddp-adamw", optimizer="adamw",
-                                  checkpoint_every=0)),
+        "hsdp-1x2": train(
+            config(
+                shards,
+                out,
+                run_id="hsdp-1x2",
+                parallel="hsdp",
+                hsdp_shard_size=2,
+                checkpoint_every=0,
+            )
+        ),
+        "fsdp2-accum": train(
+            config(
+                shards,
+                out,
+                run_id="fsdp2-accum",
+                parallel="fsdp2",
+                grad_accum_steps=2,
+                checkpoint_every=0,
+            )
+        ),
+        "ddp-accum": train(
+            config(shards, out, run_id="ddp-accum", grad_accum_steps=2, checkpoint_every=0)
+        ),
+        "fsdp2-adamw": train(
+            config(
+                shards,
+                out,
+                run_id="fsdp2-adamw",
+                parallel="fsdp2",
+                optimizer="adamw",
+                checkpoint_every=0,
+            )
+        ),
+        "ddp-adamw": train(
+            config(shards, out, run_id="ddp-adamw", optimizer="adamw", checkpoint_every=0)
+        ),
     }
     checkpoint = out / "fsdp2.ckpt" / f"step_{RESUME_AT:06d}"
-    results["fsdp2-resumed"] = train(config(shards, out, run_id="fsdp2-resumed",
-                                            parallel="fsdp2", resume=str(checkpoint)))
+    results["fsdp2-resumed"] = train(
+        config(shards, out, run_id="fsdp2-resumed", parallel="fsdp2", resume=str(checkpoint))
+    )
     try:
         Trainer(config(shards, out, run_id="wrong", resume=str(checkpoint)))
     except UserError as exc:
@@ -93,16 +127,18 @@ def train_every_mode_on_rank(rank: int, world_size: int, shards: dict[str, str],
     return results
 
 
-def assert_close_losses(actual: dict[tuple[str, int], float],
-                        expected: dict[tuple[str, int], float], tolerance: float) -> None:
+def assert_close_losses(
+    actual: dict[tuple[str, int], float], expected: dict[tuple[str, int], float], tolerance: float
+) -> None:
     assert sorted(actual) == sorted(expected)
     for key in expected:
         assert abs(actual[key] - expected[key]) <= tolerance, (key, actual[key], expected[key])
 
 
 @pytest.fixture(scope="module")
-def two_rank_results(shards: dict[str, str],
-                     tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[Any]]:
+def two_rank_results(
+    shards: dict[str, str], tmp_path_factory: pytest.TempPathFactory
+) -> tuple[Path, list[Any]]:
     out = tmp_path_factory.mktemp("fsdp_runs")
     return out, run_on_gloo(train_every_mode_on_rank, 2, shards, str(out))
 
@@ -114,8 +150,9 @@ def test_sharded_runs_match_ddp(mode: str, two_rank_results: tuple[Path, list[An
     _, (rank0, rank1) = two_rank_results
     reference = "ddp-adamw" if mode == "fsdp2-adamw" else "ddp"
     assert_close_losses(rank0[mode]["losses"], rank0[reference]["losses"], LOSS_TOLERANCE)
-    torch.testing.assert_close(rank0[mode]["params"], rank0[reference]["params"],
-                               rtol=0, atol=PARAM_TOLERANCE)
+    torch.testing.assert_close(
+        rank0[mode]["params"], rank0[reference]["params"], rtol=0, atol=PARAM_TOLERANCE
+    )
     # Both ranks hold the same gathered model.
     torch.testing.assert_close(rank0[mode]["params"], rank1[mode]["params"], rtol=0, atol=0)
 
@@ -124,8 +161,9 @@ def test_sharded_runs_match_ddp(mode: str, two_rank_results: tuple[Path, list[An
 @pytest.mark.distributed
 def test_hsdp_one_replica_matches_ddp(two_rank_results: tuple[Path, list[Any]]) -> None:
     _, (rank0, _) = two_rank_results
-    torch.testing.assert_close(rank0["hsdp-1x2"]["params"], rank0["ddp"]["params"],
-                               rtol=0, atol=PARAM_TOLERANCE)
+    torch.testing.assert_close(
+        rank0["hsdp-1x2"]["params"], rank0["ddp"]["params"], rtol=0, atol=PARAM_TOLERANCE
+    )
 
 
 @pytest.mark.slow
@@ -134,10 +172,12 @@ def test_fsdp2_grad_accumulation_matches_ddp(two_rank_results: tuple[Path, list[
     """FSDP reduces once, after the last micro-batch, the sum of the scaled micro-batch
     gradients, as the trainer's all-reduce does under ddp."""
     _, (rank0, _) = two_rank_results
-    assert_close_losses(rank0["fsdp2-accum"]["losses"], rank0["ddp-accum"]["losses"],
-                        LOSS_TOLERANCE)
-    torch.testing.assert_close(rank0["fsdp2-accum"]["params"], rank0["ddp-accum"]["params"],
-                               rtol=0, atol=PARAM_TOLERANCE)
+    assert_close_losses(
+        rank0["fsdp2-accum"]["losses"], rank0["ddp-accum"]["losses"], LOSS_TOLERANCE
+    )
+    torch.testing.assert_close(
+        rank0["fsdp2-accum"]["params"], rank0["ddp-accum"]["params"], rtol=0, atol=PARAM_TOLERANCE
+    )
     # Accumulation changes only the rounding of the step-1 loss (the full batch's mean).
     step1 = ("train", 1)
     assert abs(rank0["fsdp2-accum"]["losses"][step1] - rank0["fsdp2"]["losses"][step1]) < 1e-6
@@ -159,8 +199,10 @@ def test_fsdp2_shards_the_parameters(two_rank_results: tuple[Path, list[Any]]) -
 def test_sharded_checkpoint_resumes_at_world_2(two_rank_results: tuple[Path, list[Any]]) -> None:
     out, (rank0, _) = two_rank_results
     resumed, full = rank0["fsdp2-resumed"], rank0["fsdp2"]
-    assert sorted(resumed["losses"]) == ([("train", s) for s in range(RESUME_AT + 1, STEPS + 1)]
-                                         + [("val", RESUME_AT), ("val", STEPS)])
+    assert sorted(resumed["losses"]) == (
+        [("train", s) for s in range(RESUME_AT + 1, STEPS + 1)]
+        + [("val", RESUME_AT), ("val", STEPS)]
+    )
     assert resumed["losses"] == {key: full["losses"][key] for key in resumed["losses"]}
     torch.testing.assert_close(resumed["params"], full["params"], rtol=0, atol=0)
     checkpoint = out / "fsdp2.ckpt" / f"step_{RESUME_AT:06d}"
@@ -171,25 +213,29 @@ def test_sharded_checkpoint_resumes_at_world_2(two_rank_results: tuple[Path, lis
 
 @pytest.mark.slow
 @pytest.mark.distributed
-def test_sharded_checkpoint_resumes_at_world_1(shards: dict[str, str],
-                                               two_rank_results: tuple[Path, list[Any]],
-                                               tmp_path: Path) -> None:
+def test_sharded_checkpoint_resumes_at_world_1(
+    shards: dict[str, str], two_rank_results: tuple[Path, list[Any]], tmp_path: Path
+) -> None:
     """One plain process (its own one-rank group) continues the 2-rank fsdp2 run."""
     out, (rank0, _) = two_rank_results
     torch.set_num_threads(1)
     checkpoint = out / "fsdp2.ckpt" / f"step_{RESUME_AT:06d}"
-    resumed = train(config(shards, tmp_path, run_id="one", parallel="fsdp2",
-                           resume=str(checkpoint)))
+    resumed = train(
+        config(shards, tmp_path, run_id="one", parallel="fsdp2", resume=str(checkpoint))
+    )
     full = rank0["fsdp2"]
-    assert_close_losses(resumed["losses"], {k: full["losses"][k] for k in resumed["losses"]},
-                        LOSS_TOLERANCE)
-    torch.testing.assert_close(resumed["params"], full["params"], rtol=0,
-                               atol=WORLD_1_PARAM_TOLERANCE)
+    assert_close_losses(
+        resumed["losses"], {k: full["losses"][k] for k in resumed["losses"]}, LOSS_TOLERANCE
+    )
+    torch.testing.assert_close(
+        resumed["params"], full["params"], rtol=0, atol=WORLD_1_PARAM_TOLERANCE
+    )
 
 
 @pytest.mark.parametrize("optimizer", ["shampoo-distadam", "distadam", "muon-distadam"])
-def test_fsdp2_with_distadam_is_a_one_line_error(optimizer: str,
-                                                 capsys: pytest.CaptureFixture[str]) -> None:
+def test_fsdp2_with_distadam_is_a_one_line_error(
+    optimizer: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     assert cli_main(["--optimizer", optimizer, "--parallel", "fsdp2"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "DistAdam" in err and "parallel='fsdp2'" in err
@@ -215,8 +261,10 @@ def test_sharded_presets_differ_from_their_base_only_in_model_and_parallel() -> 
     from nanoshampoo.train.presets import load_preset
 
     base = load_preset("gpt2-124m-shampoo")
-    for name, model in (("gpt2-124m-shampoo-fsdp2", "gpt2-124m"),
-                        ("gpt2-350m-shampoo-fsdp2", "gpt2-350m")):
+    for name, model in (
+        ("gpt2-124m-shampoo-fsdp2", "gpt2-124m"),
+        ("gpt2-350m-shampoo-fsdp2", "gpt2-350m"),
+    ):
         fields = load_preset(name)
         assert {k for k in fields if fields[k] != base.get(k)} <= {"preset", "model", "parallel"}
         assert fields["parallel"] == "fsdp2" and fields["model"] == model

@@ -18,8 +18,9 @@ def test_explicit_autocast_choices_are_taken_as_given(choice: str, enabled: bool
 
 
 @pytest.mark.parametrize("speedup, enabled", [(0.03, False), (1.4, True)])
-def test_auto_on_cpu_follows_the_probe(speedup: float, enabled: bool,
-                                       monkeypatch: pytest.MonkeyPatch) -> None:
+def test_auto_on_cpu_follows_the_probe(
+    speedup: float, enabled: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(hardware, "probe_cpu_bf16_speedup", lambda: speedup)
     resolved = resolve_autocast("auto", torch.device("cpu"))
     assert resolved.enabled is enabled
@@ -43,11 +44,13 @@ def test_requested_threads_are_taken_as_given() -> None:
 
 @pytest.mark.parametrize("speedup, expected", [(1.7, 2), (0.2, 1)])
 def test_threads_share_the_cores_between_local_ranks_unless_one_is_faster(
-        speedup: float, expected: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    speedup: float, expected: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(hardware, "available_cores", lambda: 4)
     probed: list[int] = []
-    monkeypatch.setattr(hardware, "probe_thread_speedup",
-                        lambda threads: probed.append(threads) or speedup)
+    monkeypatch.setattr(
+        hardware, "probe_thread_speedup", lambda threads: probed.append(threads) or speedup
+    )
     threads, reason = cpu_threads(requested=0, local_world_size=2)
     assert (threads, probed) == (expected, [2])
     assert f"{speedup:.2g}x" in reason

@@ -22,8 +22,9 @@ HP = {"lion.lr": 0.001, "lion.beta1": 0.9, "lion.beta2": 0.99, "lion.weight_deca
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-def lion_float64(w0: torch.Tensor, grads: list[torch.Tensor],
-                 multipliers: list[float] | None = None) -> torch.Tensor:
+def lion_float64(
+    w0: torch.Tensor, grads: list[torch.Tensor], multipliers: list[float] | None = None
+) -> torch.Tensor:
     """The parameter after Lion's steps: ``c = b1 m + (1 - b1) g``, ``W <- W - lr (sign(c) +
     wd W)``, ``m <- b2 m + (1 - b2) g``; in float64 (``lr``: the peak times the multiplier)."""
     peak, b1, b2, wd = (HP[f"lion.{k}"] for k in ("lr", "beta1", "beta2", "weight_decay"))
@@ -38,8 +39,9 @@ def lion_float64(w0: torch.Tensor, grads: list[torch.Tensor],
     return w
 
 
-def test_trainer_steps_move_the_matrices_by_lions_steps(shards: dict[str, str],
-                                                        tmp_path: Path) -> None:
+def test_trainer_steps_move_the_matrices_by_lions_steps(
+    shards: dict[str, str], tmp_path: Path
+) -> None:
     # Three steps: the zero-initialized head gives the blocks no gradient at the first, the
     # zero-initialized output projections none to the layers before them at the second.
     cfg = tiny_config(shards, tmp_path, optimizer="lion", num_iterations=3, val_every=0, **HP)
@@ -61,8 +63,9 @@ def test_trainer_steps_move_the_matrices_by_lions_steps(shards: dict[str, str],
     for i, (p, w0) in enumerate(zip(matrices, before)):
         grads = [g[i] for g in seen]
         assert grads[-1].abs().max() > 0  # the sign of a real gradient was taken
-        torch.testing.assert_close(p.detach().double(), lion_float64(w0, grads, multipliers),
-                                   rtol=0, atol=1e-7)
+        torch.testing.assert_close(
+            p.detach().double(), lion_float64(w0, grads, multipliers), rtol=0, atol=1e-7
+        )
 
 
 def test_three_steps_are_lions_with_its_momentum() -> None:
@@ -81,17 +84,22 @@ def test_three_steps_are_lions_with_its_momentum() -> None:
             p.grad = g.clone()
         setup.optimizers[1].step()
     for i, (p, w0) in enumerate(zip(matrices, start)):
-        torch.testing.assert_close(p.detach().double(), lion_float64(w0, [g[i] for g in grads]),
-                                   rtol=0, atol=1e-7)
+        torch.testing.assert_close(
+            p.detach().double(), lion_float64(w0, [g[i] for g in grads]), rtol=0, atol=1e-7
+        )
 
 
-@pytest.mark.parametrize("field, value, message", [
-    ("beta1", 1.0, r"lion\.beta1 \(--lion\.beta1\) must be in \[0.0, 1.0\)"),
-    ("beta2", -0.1, r"lion\.beta2 .* must be in \[0.0, 1.0\)"),
-    ("lr", float("inf"), r"lion\.lr .* must be finite and >= 0"),
-    ("weight_decay", -1.0, r"lion\.weight_decay .* must be finite and >= 0"),
-])
-def test_bad_lion_values_are_refused_naming_the_field(field: str, value: float,
-                                                      message: str) -> None:
+@pytest.mark.parametrize(
+    "field, value, message",
+    [
+        ("beta1", 1.0, r"lion\.beta1 \(--lion\.beta1\) must be in \[0.0, 1.0\)"),
+        ("beta2", -0.1, r"lion\.beta2 .* must be in \[0.0, 1.0\)"),
+        ("lr", float("inf"), r"lion\.lr .* must be finite and >= 0"),
+        ("weight_decay", -1.0, r"lion\.weight_decay .* must be finite and >= 0"),
+    ],
+)
+def test_bad_lion_values_are_refused_naming_the_field(
+    field: str, value: float, message: str
+) -> None:
     with pytest.raises(ValueError, match=message):
         TrainConfig(optimizer="lion", **{f"lion.{field}": value})

@@ -21,8 +21,9 @@ from nanoshampoo.train.setups import BuildContext
 from nanoshampoo.train.setups.shampoo_family import build_matrix_optimizer
 
 
-def build_shampoo(params: list[torch.nn.Parameter], cfg: TrainConfig,
-                  world_size: int) -> torch.optim.Optimizer:
+def build_shampoo(
+    params: list[torch.nn.Parameter], cfg: TrainConfig, world_size: int
+) -> torch.optim.Optimizer:
     """The setup's DistributedShampoo alone, over ``params`` as its block matrices."""
     groups = {"embed": [], "head": [], "scalar": [], "matrix": list(params)}
     return build_matrix_optimizer(BuildContext(groups, cfg, world_size))
@@ -38,7 +39,9 @@ def test_partition_by_role_and_shape(tiny_gpt: Callable[..., GPT]) -> None:
     groups = partition_parameters(model)
     assert names_of(model, groups["embed"]) == {"embed.weight"}
     assert names_of(model, groups["head"]) == {"lm_head.weight"}
-    expected_matrix = {n for n, p in model.named_parameters() if n.startswith("blocks.") and p.ndim >= 2}
+    expected_matrix = {
+        n for n, p in model.named_parameters() if n.startswith("blocks.") and p.ndim >= 2
+    }
     assert names_of(model, groups["matrix"]) == expected_matrix
     assert len(expected_matrix) == 2 * 4
     expected_scalar = {n for n, p in model.named_parameters() if p.ndim == 1}
@@ -46,14 +49,18 @@ def test_partition_by_role_and_shape(tiny_gpt: Callable[..., GPT]) -> None:
     assert "lm_head.bias" in expected_scalar and "final_norm.weight" in expected_scalar
 
 
-def test_partition_with_combined_linear_has_no_linear_biases_in_scalar(tiny_gpt: Callable[..., GPT]) -> None:
+def test_partition_with_combined_linear_has_no_linear_biases_in_scalar(
+    tiny_gpt: Callable[..., GPT],
+) -> None:
     model = tiny_gpt(combined_linear=True)
     groups = partition_parameters(model)
     assert all("norm" in n for n in names_of(model, groups["scalar"]))
     assert names_of(model, groups["head"]) == {"lm_head.combined_weight"}
 
 
-def test_partition_check_names_duplicate_missing_and_foreign_params(tiny_gpt: Callable[..., GPT]) -> None:
+def test_partition_check_names_duplicate_missing_and_foreign_params(
+    tiny_gpt: Callable[..., GPT],
+) -> None:
     model = tiny_gpt()
     groups = partition_parameters(model)
     check_parameter_partition(model, groups)  # the real partition passes
@@ -75,8 +82,10 @@ def test_adamw_setup_group_hyperparameters(tiny_gpt: Callable[..., GPT]) -> None
     setup = build_optimizer_setup(model, cfg, world_size=1)
     (opt,) = setup.optimizers
     assert isinstance(opt, torch.optim.AdamW)
-    summary = [(g["lr"], g["betas"], g["weight_decay"], g["eps"], len(g["params"]))
-               for g in opt.param_groups]
+    summary = [
+        (g["lr"], g["betas"], g["weight_decay"], g["eps"], len(g["params"]))
+        for g in opt.param_groups
+    ]
     n_scalar = sum(1 for p in model.parameters() if p.ndim == 1)
     assert summary == [
         (0.3, (0.8, 0.95), 0.0, 1e-10, 1),
@@ -109,7 +118,8 @@ def test_distadam_params_are_not_all_reduced_by_the_trainer(tiny_gpt: Callable[.
     setup = build_optimizer_setup(model, TrainConfig(optimizer="distadam"), world_size=1)
     assert setup.all_reduce_params == []
     assert sum(len(g["params"]) for o in setup.optimizers for g in o.param_groups) == len(
-        list(model.parameters()))
+        list(model.parameters())
+    )
 
 
 def test_soap_setup_is_the_papers_recipe(tiny_gpt: Callable[..., GPT]) -> None:
@@ -126,12 +136,17 @@ def test_soap_setup_is_the_papers_recipe(tiny_gpt: Callable[..., GPT]) -> None:
     assert isinstance(config.amortized_computation_config, shampoo.QREigendecompositionConfig)
 
 
-@pytest.mark.parametrize("setup_name, kinds", [
-    ("soap-distadam", ["DistAdam", "DistAdam", "DistAdam", "DistributedShampoo"]),
-    ("muon-distadam", ["DistAdam", "DistAdam", "DistAdam", "DistributedShampoo"]),
-    ("muon", ["AdamW", "DistributedShampoo"]),
-])
-def test_every_setup_builds(tiny_gpt: Callable[..., GPT], setup_name: str, kinds: list[str]) -> None:
+@pytest.mark.parametrize(
+    "setup_name, kinds",
+    [
+        ("soap-distadam", ["DistAdam", "DistAdam", "DistAdam", "DistributedShampoo"]),
+        ("muon-distadam", ["DistAdam", "DistAdam", "DistAdam", "DistributedShampoo"]),
+        ("muon", ["AdamW", "DistributedShampoo"]),
+    ],
+)
+def test_every_setup_builds(
+    tiny_gpt: Callable[..., GPT], setup_name: str, kinds: list[str]
+) -> None:
     # 128: no test matrix (at least 32 x 32) merges into a vector, which spectral descent refuses.
     cfg = TrainConfig(optimizer=setup_name, max_preconditioner_dim=128)
     setup = build_optimizer_setup(tiny_gpt(), cfg, world_size=1)
@@ -140,20 +155,31 @@ def test_every_setup_builds(tiny_gpt: Callable[..., GPT], setup_name: str, kinds
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_factor_dtype_and_distributor_fields_reach_the_optimizer(
-        tiny_gpt: Callable[..., GPT], dtype: str) -> None:
-    cfg = TrainConfig(optimizer="shampoo", factor_dtype=dtype, distributor="ddp",
-                      communication_dtype="bfloat16", communicate_params=False,
-                      max_preconditioner_dim=16, start_preconditioning_step=10)
+    tiny_gpt: Callable[..., GPT], dtype: str
+) -> None:
+    cfg = TrainConfig(
+        optimizer="shampoo",
+        factor_dtype=dtype,
+        distributor="ddp",
+        communication_dtype="bfloat16",
+        communicate_params=False,
+        max_preconditioner_dim=16,
+        start_preconditioning_step=10,
+    )
     (group,) = build_shampoo(list(tiny_gpt().blocks.parameters())[:1], cfg, 1).param_groups
     assert group["preconditioner_config"].factor_matrix_dtype == getattr(torch, dtype)
     assert group["distributed_config"] == shampoo.DDPDistributedConfig(
-        communication_dtype=torch.bfloat16, communicate_params=False)
+        communication_dtype=torch.bfloat16, communicate_params=False
+    )
     assert (group["max_preconditioner_dim"], group["start_preconditioning_step"]) == (16, 10)
 
 
-def test_speed_and_memory_knobs_default_to_the_plain_optimizer(tiny_gpt: Callable[..., GPT]) -> None:
-    (group,) = build_shampoo(list(tiny_gpt().blocks.parameters())[:1], TrainConfig(),
-                             1).param_groups
+def test_speed_and_memory_knobs_default_to_the_plain_optimizer(
+    tiny_gpt: Callable[..., GPT],
+) -> None:
+    (group,) = build_shampoo(
+        list(tiny_gpt().blocks.parameters())[:1], TrainConfig(), 1
+    ).param_groups
     assert group["amortize_roots"] is False and group["momentum_dtype"] is None
     assert group["preconditioner_config"].inv_factor_matrix_dtype is None
     assert group["preconditioner_config"].use_symmetric_packing is False
@@ -163,23 +189,40 @@ def test_speed_and_memory_knobs_default_to_the_plain_optimizer(tiny_gpt: Callabl
     assert config.large_factor_schedule() == (0, 1)
 
 
-def test_root_method_and_large_factor_fields_reach_the_optimizer(tiny_gpt: Callable[..., GPT]) -> None:
-    cfg = TrainConfig(root_method="warm-qr", warm_qr_tolerance=0.02, warm_qr_max_iterations=0,
-                      large_factor_dim=32, large_factor_frequency_multiplier=3,
-                      rank_deficient_stability="pseudo-inverse")
+def test_root_method_and_large_factor_fields_reach_the_optimizer(
+    tiny_gpt: Callable[..., GPT],
+) -> None:
+    cfg = TrainConfig(
+        root_method="warm-qr",
+        warm_qr_tolerance=0.02,
+        warm_qr_max_iterations=0,
+        large_factor_dim=32,
+        large_factor_frequency_multiplier=3,
+        rank_deficient_stability="pseudo-inverse",
+    )
     (group,) = build_shampoo(list(tiny_gpt().blocks.parameters())[:1], cfg, 1).param_groups
     config = group["preconditioner_config"]
     assert config.amortized_computation_config == shampoo.WarmStartedEigenConfig(
-        max_iterations=0, tolerance=0.02,
-        rank_deficient_stability_config=shampoo.PseudoInverseConfig())
+        max_iterations=0,
+        tolerance=0.02,
+        rank_deficient_stability_config=shampoo.PseudoInverseConfig(),
+    )
     assert (config.large_factor_dim, config.large_factor_frequency_multiplier) == (32, 3)
 
 
 @pytest.mark.parametrize("setup_name", ["shampoo", "soap", "muon"])
-def test_speed_and_memory_knobs_reach_the_optimizer(tiny_gpt: Callable[..., GPT], setup_name: str) -> None:
-    cfg = TrainConfig(optimizer=setup_name, amortize_roots=True, root_dtype="bfloat16",
-                      grafting_dtype="bfloat16", momentum_dtype="bfloat16", pack_factors=True,
-                      max_preconditioner_dim=64)
+def test_speed_and_memory_knobs_reach_the_optimizer(
+    tiny_gpt: Callable[..., GPT], setup_name: str
+) -> None:
+    cfg = TrainConfig(
+        optimizer=setup_name,
+        amortize_roots=True,
+        root_dtype="bfloat16",
+        grafting_dtype="bfloat16",
+        momentum_dtype="bfloat16",
+        pack_factors=True,
+        max_preconditioner_dim=64,
+    )
     params = [p for p in tiny_gpt().blocks.parameters() if p.ndim == 2]
     opt = build_shampoo(params, cfg, 1)
     (group,) = opt.param_groups
@@ -194,8 +237,12 @@ def test_speed_and_memory_knobs_reach_the_optimizer(tiny_gpt: Callable[..., GPT]
             p.grad = torch.randn_like(p)
         opt.step()
     assert all(torch.isfinite(p).all() for p in params)
-    filtered = [block["filtered_grad"] for state in opt.state_dict()["state"].values()
-                for key, block in state.items() if key.startswith("block_")]
+    filtered = [
+        block["filtered_grad"]
+        for state in opt.state_dict()["state"].values()
+        for key, block in state.items()
+        if key.startswith("block_")
+    ]
     assert filtered and all(v.dtype == torch.bfloat16 for v in filtered)
 
 
@@ -223,8 +270,14 @@ def test_muon_setup_matches_a_hand_written_muon_step(monkeypatch: pytest.MonkeyP
     shapes = [(24, 8), (8, 24), (12, 12)]
     params = [torch.nn.Parameter(torch.randn(*shape)) for shape in shapes]
     lr, momentum, wd, steps = 0.05, 0.95, 0.1, 3
-    cfg = TrainConfig(optimizer="muon", muon_lr=lr, muon_momentum=momentum,
-                      muon_weight_decay=wd, muon_ns_steps=5, max_preconditioner_dim=64)
+    cfg = TrainConfig(
+        optimizer="muon",
+        muon_lr=lr,
+        muon_momentum=momentum,
+        muon_weight_decay=wd,
+        muon_ns_steps=5,
+        max_preconditioner_dim=64,
+    )
     opt = build_shampoo(params, cfg, world_size=1)
     ref = [p.detach().double().clone() for p in params]
     bufs = [torch.zeros_like(r) for r in ref]
@@ -253,13 +306,20 @@ def test_distadam_gradient_sync_follows_set_gradient_sync(tiny_gpt: Callable[...
 
 
 @pytest.mark.parametrize("setup_name", ["shampoo", "soap"])
-@pytest.mark.parametrize("choice, config_type, epsilon", [
-    ("perturbation", shampoo.PerturbationConfig, None),
-    ("pseudo-inverse", shampoo.PseudoInverseConfig, 0.0),
-])
+@pytest.mark.parametrize(
+    "choice, config_type, epsilon",
+    [
+        ("perturbation", shampoo.PerturbationConfig, None),
+        ("pseudo-inverse", shampoo.PseudoInverseConfig, 0.0),
+    ],
+)
 def test_rank_deficient_stability_choice_reaches_the_solver(
-        tiny_gpt: Callable[..., GPT], setup_name: str, choice: str, config_type: type,
-        epsilon: float | None) -> None:
+    tiny_gpt: Callable[..., GPT],
+    setup_name: str,
+    choice: str,
+    config_type: type,
+    epsilon: float | None,
+) -> None:
     cfg = TrainConfig(optimizer=setup_name, rank_deficient_stability=choice)
     (group,) = build_shampoo(list(tiny_gpt().blocks.parameters())[:1], cfg, 1).param_groups
     solver = group["preconditioner_config"].amortized_computation_config
@@ -271,19 +331,34 @@ def test_rank_deficient_stability_choice_reaches_the_solver(
 @pytest.mark.parametrize("setup_name", ["shampoo", "soap"])
 @pytest.mark.parametrize("choice", ["perturbation", "pseudo-inverse"])
 def test_eigenvalue_floor_rtol_reaches_the_solver(
-        tiny_gpt: Callable[..., GPT], setup_name: str, choice: str) -> None:
+    tiny_gpt: Callable[..., GPT], setup_name: str, choice: str
+) -> None:
     def tolerance(cfg: TrainConfig) -> float | None:
         (group,) = build_shampoo(list(tiny_gpt().blocks.parameters())[:1], cfg, 1).param_groups
-        stability = (group["preconditioner_config"].amortized_computation_config
-                     .rank_deficient_stability_config)
-        return (stability.rank_rtol if choice == "pseudo-inverse"
-                else stability.eigenvalue_floor_rtol)
+        stability = group[
+            "preconditioner_config"
+        ].amortized_computation_config.rank_deficient_stability_config
+        return (
+            stability.rank_rtol if choice == "pseudo-inverse" else stability.eigenvalue_floor_rtol
+        )
 
     assert tolerance(TrainConfig(optimizer=setup_name, rank_deficient_stability=choice)) is None
-    assert tolerance(TrainConfig(optimizer=setup_name, rank_deficient_stability=choice,
-                                 eigenvalue_floor_rtol=0.0078)) == 0.0078
-    assert tolerance(TrainConfig(optimizer=setup_name, rank_deficient_stability=choice,
-                                 eigenvalue_floor_rtol=0.0)) == 0.0
+    assert (
+        tolerance(
+            TrainConfig(
+                optimizer=setup_name, rank_deficient_stability=choice, eigenvalue_floor_rtol=0.0078
+            )
+        )
+        == 0.0078
+    )
+    assert (
+        tolerance(
+            TrainConfig(
+                optimizer=setup_name, rank_deficient_stability=choice, eigenvalue_floor_rtol=0.0
+            )
+        )
+        == 0.0
+    )
 
 
 @pytest.mark.parametrize("value", [-0.5, 1.0, float("nan"), float("inf")])

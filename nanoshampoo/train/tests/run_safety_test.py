@@ -42,13 +42,16 @@ def flags(cfg: TrainConfig, **overrides: Any) -> list[str]:
             continue
         if name in ("profile_steps", "decay_branches"):
             value = ",".join(map(str, value))  # type: ignore[arg-type]
-        argv += ["--" + name.replace("_", "-"), str(value).lower() if isinstance(value, bool)
-                 else str(value)]
+        argv += [
+            "--" + name.replace("_", "-"),
+            str(value).lower() if isinstance(value, bool) else str(value),
+        ]
     return argv
 
 
 def test_two_runs_started_in_the_same_second_get_different_ids(
-        shards: dict[str, str], tmp_path: Path) -> None:
+    shards: dict[str, str], tmp_path: Path
+) -> None:
     first = Trainer(tiny_config(shards, tmp_path, run_id=""))
     second = Trainer(tiny_config(shards, tmp_path, run_id=""))
     assert first.run_id != second.run_id
@@ -76,13 +79,18 @@ def test_resume_appends_to_the_original_logs(shards: dict[str, str], tmp_path: P
     assert resumed.run_id == full.run_id
     assert full.text_log.read_text().startswith(text)
     assert full.jsonl_log.read_text().startswith(jsonl)
-    appended = [json.loads(line) for line in full.jsonl_log.read_text()[len(jsonl):].splitlines()]
+    appended = [json.loads(line) for line in full.jsonl_log.read_text()[len(jsonl) :].splitlines()]
     assert appended[0]["kind"] == "config"
-    assert appended[0]["resumed_from"] == {"checkpoint": str(checkpoint), "run_id": full.run_id,
-                                           "step": 2}
+    assert appended[0]["resumed_from"] == {
+        "checkpoint": str(checkpoint),
+        "run_id": full.run_id,
+        "step": 2,
+    }
     vals = {r["step"]: r["val_loss"] for r in read_jsonl(full.jsonl_log) if r["kind"] == "val"}
     assert [(r["step"], r["val_loss"]) for r in appended if r["kind"] == "val"] == [
-        (2, vals[2]), (4, vals[4])]
+        (2, vals[2]),
+        (4, vals[4]),
+    ]
     assert read_run(full.jsonl_log).final_val_loss == resumed.final_val_loss == full.final_val_loss
 
 
@@ -91,34 +99,63 @@ def test_jsonl_writes_nonfinite_floats_as_strings(tmp_path: Path) -> None:
     log.start({"kind": "config", "run_id": "r", "config": {"embed_lr": math.inf}}, "env")
     log.val(3, 10, math.nan, 1.0)
     log.train(3, 10, -math.inf, 1.0, 5.0, 0.01)
-    records = [json.loads(line, parse_constant=pytest.fail)
-               for line in (tmp_path / "r.jsonl").read_text().splitlines()]
+    records = [
+        json.loads(line, parse_constant=pytest.fail)
+        for line in (tmp_path / "r.jsonl").read_text().splitlines()
+    ]
     assert records[0]["config"]["embed_lr"] == "inf"
     assert records[1]["val_loss"] == "nan" and records[2]["train_loss"] == "-inf"
 
 
-@pytest.mark.parametrize("checkpoint_every, reason", [
-    (0, "train loss is nan; first non-finite parameter: embed.weight"),
-    (1, "non-finite parameter before the checkpoint; first non-finite parameter: embed.weight"),
-])
+@pytest.mark.parametrize(
+    "checkpoint_every, reason",
+    [
+        (0, "train loss is nan; first non-finite parameter: embed.weight"),
+        (1, "non-finite parameter before the checkpoint; first non-finite parameter: embed.weight"),
+    ],
+)
 def test_nonfinite_run_stops_naming_step_and_parameter_and_keeps_the_good_checkpoint(
-        checkpoint_every: int, reason: str, shards: dict[str, str], tmp_path: Path,
-        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
-    good = Trainer(tiny_config(shards, tmp_path, run_id="good", num_iterations=2, val_every=0,
-                               save_final_checkpoint=True)).run()
+    checkpoint_every: int,
+    reason: str,
+    shards: dict[str, str],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    good = Trainer(
+        tiny_config(
+            shards,
+            tmp_path,
+            run_id="good",
+            num_iterations=2,
+            val_every=0,
+            save_final_checkpoint=True,
+        )
+    ).run()
     assert good.last_checkpoint is not None
-    argv = flags(tiny_config(shards, tmp_path, run_id="bad", num_iterations=6, val_every=0),
-                 resume=str(good.last_checkpoint), checkpoint_every=checkpoint_every)
+    argv = flags(
+        tiny_config(shards, tmp_path, run_id="bad", num_iterations=6, val_every=0),
+        resume=str(good.last_checkpoint),
+        checkpoint_every=checkpoint_every,
+    )
     # The config refuses an inf lr: give the built optimizer one behind the config's back.
-    monkeypatch.setattr(AdamConfig, "lrs", lambda self: {"embed": math.inf, "head": self.head_lr,
-                                                         "scalar": self.scalar_lr})
+    monkeypatch.setattr(
+        AdamConfig,
+        "lrs",
+        lambda self: {"embed": math.inf, "head": self.head_lr, "scalar": self.scalar_lr},
+    )
     # Step 2 (the first after the resume) makes the embedding inf; step 3 notices.
     assert cli_main(argv) == 3
     err = capsys.readouterr().err.strip()
     assert err == f"python -m nanoshampoo.train: diverged at step 3: {reason}"
     records = read_jsonl(tmp_path / "bad.jsonl")
-    assert records[-1] == {"kind": "diverged", "step": 3, "total_steps": 6, "reason": reason,
-                           "train_time_ms": records[-1]["train_time_ms"]}
+    assert records[-1] == {
+        "kind": "diverged",
+        "step": 3,
+        "total_steps": 6,
+        "reason": reason,
+        "train_time_ms": records[-1]["train_time_ms"],
+    }
     assert "final" not in {r["kind"] for r in records}
     assert (tmp_path / "bad.txt").read_text().splitlines()[-1] == f"diverged at step:3/6: {reason}"
     assert not (tmp_path / "bad.ckpt" / "step_000003").exists()
@@ -127,7 +164,8 @@ def test_nonfinite_run_stops_naming_step_and_parameter_and_keeps_the_good_checkp
 
 
 def test_trainer_raises_training_diverged_for_an_inf_learning_rate(
-        shards: dict[str, str], tmp_path: Path) -> None:
+    shards: dict[str, str], tmp_path: Path
+) -> None:
     trainer = Trainer(tiny_config(shards, tmp_path, optimizer="adamw", val_every=0))
     # The config refuses an inf lr: set it on the built optimizer.
     for group in trainer.setup.optimizers[0].param_groups:
@@ -143,22 +181,35 @@ def bad_shards(tmp_path: Path) -> dict[str, str]:
     write_shard(root / "ok_train_000001.bin", tokens)
     write_shard(root / "ok_val_000000.bin", tokens[:2000])
     write_shard(root / "big_val_000000.bin", np.where(tokens[:2000] == 7, VOCAB + 6, tokens[:2000]))
-    return {"train": str(root / "ok_train_*.bin"), "val": str(root / "ok_val_*.bin"),
-            "big_val": str(root / "big_val_*.bin"), "missing": str(root / "nothing_*.bin")}
+    return {
+        "train": str(root / "ok_train_*.bin"),
+        "val": str(root / "ok_val_*.bin"),
+        "big_val": str(root / "big_val_*.bin"),
+        "missing": str(root / "nothing_*.bin"),
+    }
 
 
-@pytest.mark.parametrize("overrides, message", [
-    (dict(val_files="missing"), "--val-files: no shard files match .*nothing_"),
-    (dict(val_tokens=128 * 16), r"--val-tokens: val_tokens=2048 exceeds"),
-    (dict(val_files="big_val"), f"--val-files .*big_val_000000.bin: holds token id {VOCAB + 6}"),
-    (dict(resume="missing"), "--resume .*nothing_"),
-])
-def test_startup_checks_fail_before_any_step(overrides: dict[str, str], message: str,
-                                             bad_shards: dict[str, str], tmp_path: Path) -> None:
-    fields: dict[str, Any] = dict(train_files=bad_shards["train"], val_files=bad_shards["val"],
-                                  val_every=0)
-    fields.update({k: bad_shards.get(v, v) if isinstance(v, str) else v
-                   for k, v in overrides.items()})
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (dict(val_files="missing"), "--val-files: no shard files match .*nothing_"),
+        (dict(val_tokens=128 * 16), r"--val-tokens: val_tokens=2048 exceeds"),
+        (
+            dict(val_files="big_val"),
+            f"--val-files .*big_val_000000.bin: holds token id {VOCAB + 6}",
+        ),
+        (dict(resume="missing"), "--resume .*nothing_"),
+    ],
+)
+def test_startup_checks_fail_before_any_step(
+    overrides: dict[str, str], message: str, bad_shards: dict[str, str], tmp_path: Path
+) -> None:
+    fields: dict[str, Any] = dict(
+        train_files=bad_shards["train"], val_files=bad_shards["val"], val_every=0
+    )
+    fields.update(
+        {k: bad_shards.get(v, v) if isinstance(v, str) else v for k, v in overrides.items()}
+    )
     with pytest.raises(UserError, match=message):
         Trainer(tiny_config({}, tmp_path / "out", **fields))
     assert not (tmp_path / "out" / "run.jsonl").exists()
@@ -167,22 +218,36 @@ def test_startup_checks_fail_before_any_step(overrides: dict[str, str], message:
 @pytest.fixture(scope="module")
 def checkpoint(shards: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("ckpt")
-    result = Trainer(tiny_config(shards, out, optimizer="adamw", num_iterations=1, val_every=0,
-                                 save_final_checkpoint=True)).run()
+    result = Trainer(
+        tiny_config(
+            shards,
+            out,
+            optimizer="adamw",
+            num_iterations=1,
+            val_every=0,
+            save_final_checkpoint=True,
+        )
+    ).run()
     assert result.last_checkpoint is not None
     return result.last_checkpoint
 
 
 @pytest.mark.parametrize("damage", ["empty", "truncated", "garbage"])
-def test_damaged_checkpoint_is_a_one_line_error(damage: str, checkpoint: Path,
-                                                shards: dict[str, str], tmp_path: Path,
-                                                capsys: pytest.CaptureFixture[str]) -> None:
+def test_damaged_checkpoint_is_a_one_line_error(
+    damage: str,
+    checkpoint: Path,
+    shards: dict[str, str],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     broken = tmp_path / "step_000001"
     broken.mkdir()
     data = (checkpoint / "rank0.pt").read_bytes()
     (broken / "rank0.pt").write_bytes(
         {"empty": b"", "truncated": data[: len(data) // 2], "garbage": b"\x80\x02not a pickle"}[
-            damage])
+            damage
+        ]
+    )
     argv = flags(tiny_config(shards, tmp_path, optimizer="adamw"), resume=str(broken))
     assert cli_main(argv) == 2
     err = capsys.readouterr().err
@@ -191,14 +256,16 @@ def test_damaged_checkpoint_is_a_one_line_error(damage: str, checkpoint: Path,
     assert "weights_only" not in err and "Traceback" not in err
 
 
-def test_out_dir_that_is_a_file_is_a_one_line_error(shards: dict[str, str], tmp_path: Path,
-                                                    capsys: pytest.CaptureFixture[str]) -> None:
+def test_out_dir_that_is_a_file_is_a_one_line_error(
+    shards: dict[str, str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     not_a_dir = tmp_path / "file"
     not_a_dir.write_text("x")
     assert cli_main(flags(tiny_config(shards, not_a_dir))) == 2
     err = capsys.readouterr().err
-    assert err.strip() == (f"python -m nanoshampoo.train: error: --out-dir {not_a_dir}: is a "
-                           "file, not a directory")
+    assert err.strip() == (
+        f"python -m nanoshampoo.train: error: --out-dir {not_a_dir}: is a file, not a directory"
+    )
 
 
 # A training process whose checkpoint write of step FAULT_STEP on rank FAULT_RANK misbehaves:
@@ -227,22 +294,37 @@ FAULTY_TRAINER = textwrap.dedent("""
 
 
 def faulty_env(**extra: str) -> dict[str, str]:
-    env = {**os.environ, "PYTHONPATH": str(REPO), "NANOSHAMPOO_KEEP_MALLOC": "1",
-           "OMP_NUM_THREADS": "1"}
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(REPO),
+        "NANOSHAMPOO_KEEP_MALLOC": "1",
+        "OMP_NUM_THREADS": "1",
+    }
     env.update(extra)
     return env
 
 
 @pytest.mark.slow
 def test_kill_9_during_a_checkpoint_write_keeps_the_previous_checkpoint(
-        shards: dict[str, str], tmp_path: Path) -> None:
+    shards: dict[str, str], tmp_path: Path
+) -> None:
     marker = tmp_path / "marker"
-    cfg = tiny_config(shards, tmp_path, optimizer="adamw", run_id="killed", num_iterations=6,
-                      checkpoint_every=2, val_every=0)
+    cfg = tiny_config(
+        shards,
+        tmp_path,
+        optimizer="adamw",
+        run_id="killed",
+        num_iterations=6,
+        checkpoint_every=2,
+        val_every=0,
+    )
     process = subprocess.Popen(
-        [sys.executable, "-c", FAULTY_TRAINER, *flags(cfg)], cwd=tmp_path,
+        [sys.executable, "-c", FAULTY_TRAINER, *flags(cfg)],
+        cwd=tmp_path,
         env=faulty_env(FAULT="hang", FAULT_STEP="4", FAULT_RANK="0", FAULT_MARKER=str(marker)),
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     deadline = time.monotonic() + 120
     while not marker.exists():
         assert process.poll() is None, process.stderr.read().decode()  # type: ignore[union-attr]
@@ -260,11 +342,22 @@ def test_kill_9_during_a_checkpoint_write_keeps_the_previous_checkpoint(
     assert "# ===== nanoshampoo/train/trainer.py =====" in headers
     assert not [h for h in headers if "/optim/shampoo/" in h]
 
-    uninterrupted = Trainer(tiny_config(shards, tmp_path, optimizer="adamw", run_id="full",
-                                        num_iterations=6, val_every=0)).run()
-    resumed = Trainer(tiny_config(shards, tmp_path, optimizer="adamw", run_id="resumed",
-                                  num_iterations=6, val_every=0,
-                                  resume=str(checkpoints / "step_000002"))).run()
+    uninterrupted = Trainer(
+        tiny_config(
+            shards, tmp_path, optimizer="adamw", run_id="full", num_iterations=6, val_every=0
+        )
+    ).run()
+    resumed = Trainer(
+        tiny_config(
+            shards,
+            tmp_path,
+            optimizer="adamw",
+            run_id="resumed",
+            num_iterations=6,
+            val_every=0,
+            resume=str(checkpoints / "step_000002"),
+        )
+    ).run()
 
     def train_losses(path: Path) -> dict[int, float]:
         return {r["step"]: r["train_loss"] for r in read_jsonl(path) if r["kind"] == "train"}
@@ -284,16 +377,40 @@ def _free_port() -> int:
 @pytest.mark.slow
 @pytest.mark.distributed
 def test_when_one_rank_dies_the_other_fails_within_the_timeout(
-        shards: dict[str, str], tmp_path: Path) -> None:
-    cfg = tiny_config(shards, tmp_path, optimizer="adamw", run_id="two", num_iterations=6,
-                      checkpoint_every=2, val_every=0, dist_timeout_s=20.0)
+    shards: dict[str, str], tmp_path: Path
+) -> None:
+    cfg = tiny_config(
+        shards,
+        tmp_path,
+        optimizer="adamw",
+        run_id="two",
+        num_iterations=6,
+        checkpoint_every=2,
+        val_every=0,
+        dist_timeout_s=20.0,
+    )
     port = str(_free_port())
-    processes = [subprocess.Popen(
-        [sys.executable, "-c", FAULTY_TRAINER, *flags(cfg)], cwd=tmp_path,
-        env=faulty_env(FAULT="die", FAULT_STEP="4", FAULT_RANK="1", FAULT_MARKER="",
-                       MASTER_ADDR="127.0.0.1", MASTER_PORT=port, RANK=str(rank),
-                       LOCAL_RANK=str(rank), WORLD_SIZE="2", LOCAL_WORLD_SIZE="2"),
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE) for rank in range(2)]
+    processes = [
+        subprocess.Popen(
+            [sys.executable, "-c", FAULTY_TRAINER, *flags(cfg)],
+            cwd=tmp_path,
+            env=faulty_env(
+                FAULT="die",
+                FAULT_STEP="4",
+                FAULT_RANK="1",
+                FAULT_MARKER="",
+                MASTER_ADDR="127.0.0.1",
+                MASTER_PORT=port,
+                RANK=str(rank),
+                LOCAL_RANK=str(rank),
+                WORLD_SIZE="2",
+                LOCAL_WORLD_SIZE="2",
+            ),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
+        for rank in range(2)
+    ]
     start = time.monotonic()
     codes = [p.wait(timeout=180) for p in processes]
     survivor_err = processes[0].stderr.read().decode()  # type: ignore[union-attr]
@@ -303,13 +420,16 @@ def test_when_one_rank_dies_the_other_fails_within_the_timeout(
     checkpoints = tmp_path / "two.ckpt"
     assert sorted(p.name for p in checkpoints.iterdir()) == ["step_000002", "step_000004.partial"]
     assert sorted(p.name for p in (checkpoints / "step_000002").iterdir()) == [
-        "rank0.pt", "rank1.pt"]
+        "rank0.pt",
+        "rank1.pt",
+    ]
     assert time.monotonic() - start < 150
 
 
 @pytest.mark.parametrize("optimizer", ["adamw", "shampoo-distadam"])
 def test_a_nonfinite_gradient_with_a_finite_loss_stops_the_run_naming_it(
-        optimizer: str, shards: dict[str, str], tmp_path: Path) -> None:
+    optimizer: str, shards: dict[str, str], tmp_path: Path
+) -> None:
     """The head's gradient turns NaN at the first step; the loss stays finite. Under AdamW the
     trainer's own check finds it; under DistAdam (which owns the head there, and whose
     reduce-scatter may still read the gradient) DistAdam's check does, before Shampoo steps."""
@@ -322,5 +442,7 @@ def test_a_nonfinite_gradient_with_a_finite_loss_stops_the_run_naming_it(
     with pytest.raises(TrainingDiverged) as caught:
         trainer.run()
     assert (caught.value.step, caught.value.reason) == (
-        0, "non-finite gradient; first non-finite gradient: lm_head.weight")
+        0,
+        "non-finite gradient; first non-finite gradient: lm_head.weight",
+    )
     assert all(torch.equal(p, q) for p, q in zip(trainer.setup.groups["matrix"], matrices))

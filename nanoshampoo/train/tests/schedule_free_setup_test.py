@@ -17,20 +17,27 @@ from nanoshampoo.train.optimizers import build_optimizer_setup
 from nanoshampoo.train.schedule import apply_lr_multiplier, remember_peak_lrs
 from nanoshampoo.train.trainer import Trainer
 
-HP = {"schedule_free.lr": 0.01, "schedule_free.beta1": 0.9, "schedule_free.beta2": 0.95,
-      "schedule_free.epsilon": 1e-8, "schedule_free.weight_decay": 0.2}
+HP = {
+    "schedule_free.lr": 0.01,
+    "schedule_free.beta1": 0.9,
+    "schedule_free.beta2": 0.95,
+    "schedule_free.epsilon": 1e-8,
+    "schedule_free.weight_decay": 0.2,
+}
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-def schedule_free_float64(w0: torch.Tensor, grads: list[torch.Tensor], lrs: list[float],
-                          lr_power: int = 2) -> tuple[torch.Tensor, torch.Tensor]:
+def schedule_free_float64(
+    w0: torch.Tensor, grads: list[torch.Tensor], lrs: list[float], lr_power: int = 2
+) -> tuple[torch.Tensor, torch.Tensor]:
     """``(y, x)`` after Schedule-Free AdamW's steps in float64, in the library's documented
     form (step 8 of ``distributed_shampoo``): the decay shrinks ``z``, ``y`` moves from the
     shrunk ``z``, and ``x = (y - (1 - mu_y) z) / mu_y``."""
-    b1, b2, eps, wd = (HP[f"schedule_free.{k}"] for k in ("beta1", "beta2", "epsilon",
-                                                         "weight_decay"))
+    b1, b2, eps, wd = (
+        HP[f"schedule_free.{k}"] for k in ("beta1", "beta2", "epsilon", "weight_decay")
+    )
     y = z = w0.double()
     v = torch.zeros_like(z)
     weights = 0.0
@@ -77,16 +84,28 @@ def test_the_matrix_step_is_schedule_free_adamw() -> None:
 def validation_loss_by_hand(model: GPT, cfg: TrainConfig) -> float:
     """The mean loss over the validation batches, as the trainer defines it (float32)."""
     model.eval()
-    losses = [model(x, y).float() for x, y in validation_batches(
-        cfg.val_files, cfg.batch_size, cfg.seq_len, 0, 1, cfg.val_tokens)]
+    losses = [
+        model(x, y).float()
+        for x, y in validation_batches(
+            cfg.val_files, cfg.batch_size, cfg.seq_len, 0, 1, cfg.val_tokens
+        )
+    ]
     model.train()
     return float(torch.stack(losses).sum() / len(losses))
 
 
-def test_validation_and_checkpoints_are_at_the_averaged_iterate(shards: dict[str, str],
-                                                                tmp_path: Path) -> None:
-    cfg = tiny_config(shards, tmp_path, optimizer="schedule-free", num_iterations=6,
-                      val_every=3, save_final_checkpoint=True, **HP)
+def test_validation_and_checkpoints_are_at_the_averaged_iterate(
+    shards: dict[str, str], tmp_path: Path
+) -> None:
+    cfg = tiny_config(
+        shards,
+        tmp_path,
+        optimizer="schedule-free",
+        num_iterations=6,
+        val_every=3,
+        save_final_checkpoint=True,
+        **HP,
+    )
     trainer = Trainer(cfg)
     result = trainer.run()
     at_training_point = validation_loss_by_hand(trainer.model, cfg)  # the run ends at y
@@ -104,21 +123,42 @@ def test_validation_and_checkpoints_are_at_the_averaged_iterate(shards: dict[str
 
 
 @pytest.mark.slow
-def test_resume_from_checkpoint_repeats_the_uninterrupted_run(shards: dict[str, str],
-                                                              tmp_path: Path) -> None:
+def test_resume_from_checkpoint_repeats_the_uninterrupted_run(
+    shards: dict[str, str], tmp_path: Path
+) -> None:
     # Checkpoint and validation fall on the same step (4): the resumed run validates there
     # again, from the training point the checkpoint gives back.
-    full = Trainer(tiny_config(shards, tmp_path, optimizer="schedule-free", run_id="full",
-                               checkpoint_every=4, autocast="bf16", **HP))
+    full = Trainer(
+        tiny_config(
+            shards,
+            tmp_path,
+            optimizer="schedule-free",
+            run_id="full",
+            checkpoint_every=4,
+            autocast="bf16",
+            **HP,
+        )
+    )
     full_result = full.run()
-    resumed = Trainer(tiny_config(shards, tmp_path, optimizer="schedule-free", run_id="resumed",
-                                  autocast="bf16", resume=str(tmp_path / "full.ckpt" / "step_000004"),
-                                  **HP))
+    resumed = Trainer(
+        tiny_config(
+            shards,
+            tmp_path,
+            optimizer="schedule-free",
+            run_id="resumed",
+            autocast="bf16",
+            resume=str(tmp_path / "full.ckpt" / "step_000004"),
+            **HP,
+        )
+    )
     resumed_result = resumed.run()
 
     def losses(path: Path) -> dict[tuple[str, int], float]:
-        return {(r["kind"], r["step"]): r.get("train_loss", r.get("val_loss"))
-                for r in read_jsonl(path) if r["kind"] in ("train", "val")}
+        return {
+            (r["kind"], r["step"]): r.get("train_loss", r.get("val_loss"))
+            for r in read_jsonl(path)
+            if r["kind"] in ("train", "val")
+        }
 
     before, after = losses(full_result.jsonl_log), losses(resumed_result.jsonl_log)
     assert sorted(after) == [("train", s) for s in range(5, 9)] + [("val", 4), ("val", 8)]
@@ -128,14 +168,18 @@ def test_resume_from_checkpoint_repeats_the_uninterrupted_run(shards: dict[str, 
     torch.testing.assert_close(flat_params(resumed), flat_params(full), rtol=0, atol=1e-8)
 
 
-@pytest.mark.parametrize("field, value, message", [
-    ("beta1", 0.0, r"schedule_free\.beta1 \(--schedule_free\.beta1\) must be in \(0, 1\]"),
-    ("beta2", 1.0, r"schedule_free\.beta2 .* must be in \[0.0, 1.0\)"),
-    ("epsilon", 0.0, r"schedule_free\.epsilon .* must be finite and > 0"),
-    ("lr", -1.0, r"schedule_free\.lr .* must be finite and >= 0"),
-    ("eval_coeff_lr_power", -1, r"schedule_free\.eval_coeff_lr_power .* must be an int >= 0"),
-])
-def test_bad_schedule_free_values_are_refused_naming_the_field(field: str, value: float,
-                                                               message: str) -> None:
+@pytest.mark.parametrize(
+    "field, value, message",
+    [
+        ("beta1", 0.0, r"schedule_free\.beta1 \(--schedule_free\.beta1\) must be in \(0, 1\]"),
+        ("beta2", 1.0, r"schedule_free\.beta2 .* must be in \[0.0, 1.0\)"),
+        ("epsilon", 0.0, r"schedule_free\.epsilon .* must be finite and > 0"),
+        ("lr", -1.0, r"schedule_free\.lr .* must be finite and >= 0"),
+        ("eval_coeff_lr_power", -1, r"schedule_free\.eval_coeff_lr_power .* must be an int >= 0"),
+    ],
+)
+def test_bad_schedule_free_values_are_refused_naming_the_field(
+    field: str, value: float, message: str
+) -> None:
     with pytest.raises(ValueError, match=message):
         TrainConfig(optimizer="schedule-free", **{f"schedule_free.{field}": value})

@@ -19,7 +19,8 @@ def reference_multiplier(step: int, total: int, cooldown_frac: float) -> float:
 def test_multiplier_matches_reference_at_every_step(total: int, cooldown_frac: float) -> None:
     for step in range(total + 1):
         assert lr_multiplier(step, total, cooldown_frac) == pytest.approx(
-            reference_multiplier(step, total, cooldown_frac), abs=1e-12)
+            reference_multiplier(step, total, cooldown_frac), abs=1e-12
+        )
 
 
 def test_known_values() -> None:
@@ -31,11 +32,15 @@ def test_known_values() -> None:
     assert [lr_multiplier(s, 4, 0.0) for s in range(5)] == [1.0] * 5
 
 
-@pytest.mark.parametrize("total, cooldown_frac, warmup", [(100, 0.7, 10), (10, 0.5, 8), (20, 0.25, 1)])
+@pytest.mark.parametrize(
+    "total, cooldown_frac, warmup", [(100, 0.7, 10), (10, 0.5, 8), (20, 0.25, 1)]
+)
 def test_warmup_caps_the_schedule_linearly(total: int, cooldown_frac: float, warmup: int) -> None:
     for step in range(total + 1):
         expected = min(reference_multiplier(step, total, cooldown_frac), (step + 1) / warmup)
-        assert lr_multiplier(step, total, cooldown_frac, warmup) == pytest.approx(expected, abs=1e-12)
+        assert lr_multiplier(step, total, cooldown_frac, warmup) == pytest.approx(
+            expected, abs=1e-12
+        )
     assert lr_multiplier(0, 100, 0.7, 10) == pytest.approx(0.1)
     assert lr_multiplier(9, 100, 0.7, 10) == 1.0
 

@@ -20,10 +20,23 @@ def _scratch_registry(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_the_builtin_setups_are_registered() -> None:
-    assert set(setup_names()) == {"adamw", "distadam", "shampoo", "soap", "muon", "custom",
-                                  "normuon", "muon-cwd", "soap-muon", "schedule-free", "lion",
-                                  "kl-shampoo",
-                                  "shampoo-distadam", "soap-distadam", "muon-distadam"}
+    assert set(setup_names()) == {
+        "adamw",
+        "distadam",
+        "shampoo",
+        "soap",
+        "muon",
+        "custom",
+        "normuon",
+        "muon-cwd",
+        "soap-muon",
+        "schedule-free",
+        "lion",
+        "kl-shampoo",
+        "shampoo-distadam",
+        "soap-distadam",
+        "muon-distadam",
+    }
 
 
 def test_a_setup_exists_only_with_its_builder(tiny_gpt: Callable[..., GPT]) -> None:
@@ -44,10 +57,13 @@ def test_a_setup_exists_only_with_its_builder(tiny_gpt: Callable[..., GPT]) -> N
 def test_a_setup_must_read_registered_tables() -> None:
     with pytest.raises(ValueError, match=r"unregistered tables \['sophia'\]"):
         registry.register_setup("sophia", tables=("sophia",), matrix="sophia", rest="adamw")(
-            lambda ctx: [])
+            lambda ctx: []
+        )
 
 
-def test_a_parameter_that_no_optimizer_owns_is_a_one_line_error(tiny_gpt: Callable[..., GPT]) -> None:
+def test_a_parameter_that_no_optimizer_owns_is_a_one_line_error(
+    tiny_gpt: Callable[..., GPT],
+) -> None:
     @registry.register_setup("no-matrix", tables=("adam",), matrix="none", rest="adamw")
     def build(ctx: BuildContext) -> list[OptimizerPart]:
         rest = [p for name in ("embed", "head", "scalar") for p in ctx.groups[name]]
@@ -66,8 +82,10 @@ def test_a_parameter_owned_twice_is_a_one_line_error(tiny_gpt: Callable[..., GPT
     @registry.register_setup("twice", tables=("adam",), matrix="sgd", rest="sgd")
     def build(ctx: BuildContext) -> list[OptimizerPart]:
         every = [p for group in ctx.groups.values() for p in group]
-        return [OptimizerPart(torch.optim.SGD(every, lr=0.1)),
-                OptimizerPart(torch.optim.SGD(ctx.groups["embed"], lr=0.1))]
+        return [
+            OptimizerPart(torch.optim.SGD(every, lr=0.1)),
+            OptimizerPart(torch.optim.SGD(ctx.groups["embed"], lr=0.1)),
+        ]
 
     with pytest.raises(UserError, match=r"owned more than once: embed\.weight \(0:SGD, 1:SGD\)$"):
         build_optimizer_setup(tiny_gpt(), TrainConfig(optimizer="twice"), world_size=1)
@@ -89,11 +107,13 @@ def test_the_builtin_setups_own_every_parameter_once(tiny_gpt: Callable[..., GPT
 
 @pytest.mark.parametrize("name, expected", [("float32", None), ("bfloat16", torch.bfloat16)])
 def test_shampoo_precondition_dtype_reaches_the_optimizer(
-        tiny_gpt: Callable[..., GPT], name: str, expected: torch.dtype | None) -> None:
+    tiny_gpt: Callable[..., GPT], name: str, expected: torch.dtype | None
+) -> None:
     from nanoshampoo.optim.shampoo import DistributedShampoo
 
     cfg = TrainConfig(optimizer="shampoo", **{"shampoo.precondition_dtype": name})
     setup = build_optimizer_setup(tiny_gpt(), cfg, world_size=1)
     (shampoo,) = [o for o in setup.optimizers if isinstance(o, DistributedShampoo)]
     assert [g["preconditioner_config"].precondition_dtype for g in shampoo.param_groups] == [
-        expected] * len(shampoo.param_groups)
+        expected
+    ] * len(shampoo.param_groups)

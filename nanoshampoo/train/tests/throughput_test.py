@@ -12,8 +12,10 @@ from torch.utils.flop_counter import FlopCounterMode
 from nanoshampoo.model.gpt import GPT, GPTConfig
 from nanoshampoo.train.throughput import MfuMeter, gpt_matmul_flops_per_token, mfu_meter
 
-CONFIGS = [GPTConfig(vocab_size=64, num_layers=2, model_dim=32, head_dim=16, max_seq_len=16),
-           GPTConfig(vocab_size=100, num_layers=3, model_dim=48, head_dim=8, max_seq_len=24)]
+CONFIGS = [
+    GPTConfig(vocab_size=64, num_layers=2, model_dim=32, head_dim=16, max_seq_len=16),
+    GPTConfig(vocab_size=100, num_layers=3, model_dim=48, head_dim=8, max_seq_len=24),
+]
 
 
 def counted_flops(config: GPTConfig, batch: int, seq_len: int, math_attention: bool) -> int:
@@ -53,8 +55,9 @@ def test_the_meter_divides_flops_by_time_and_peak() -> None:
 @pytest.mark.parametrize("bf16", [False, True])
 def test_the_meter_probes_the_run_dtype_per_device(bf16: bool) -> None:
     config = CONFIGS[0]
-    meter = mfu_meter(config, seq_len=16, tokens_per_step=64, device=torch.device("cpu"),
-                      bf16=bf16, num_devices=2)
+    meter = mfu_meter(
+        config, seq_len=16, tokens_per_step=64, device=torch.device("cpu"), bf16=bf16, num_devices=2
+    )
     assert meter.dtype_name == ("bfloat16" if bf16 else "float32")
     assert meter.flops_per_step == gpt_matmul_flops_per_token(config, 16) * 64
     assert math.isfinite(meter.peak_flops_per_second) and meter.peak_flops_per_second > 0

@@ -27,23 +27,68 @@ STEP_LINE = re.compile(
     r"step_avg:(\d+\.\d{2})ms$"
 )
 JSONL_KEYS = {
-    "config": {"kind", "run_id", "seed", "preset", "optimizer", "world_size", "autocast",
-               "autocast_reason", "compile", "compile_reason", "threads", "threads_reason",
-               "resumed_from", "mfu", "non_embedding_params", "config"},
-    "train": {"kind", "step", "total_steps", "train_loss", "train_time_ms", "step_avg_ms",
-              "tokens_per_s", "mfu"},
+    "config": {
+        "kind",
+        "run_id",
+        "seed",
+        "preset",
+        "optimizer",
+        "world_size",
+        "autocast",
+        "autocast_reason",
+        "compile",
+        "compile_reason",
+        "threads",
+        "threads_reason",
+        "resumed_from",
+        "mfu",
+        "non_embedding_params",
+        "config",
+    },
+    "train": {
+        "kind",
+        "step",
+        "total_steps",
+        "train_loss",
+        "train_time_ms",
+        "step_avg_ms",
+        "tokens_per_s",
+        "mfu",
+    },
     "val": {"kind", "step", "total_steps", "val_loss", "train_time_ms", "step_avg_ms"},
-    "final": {"kind", "step", "total_steps", "val_loss", "train_time_ms", "step_avg_ms",
-              "peak_memory_mib", "mfu"},
+    "final": {
+        "kind",
+        "step",
+        "total_steps",
+        "val_loss",
+        "train_time_ms",
+        "step_avg_ms",
+        "peak_memory_mib",
+        "mfu",
+    },
 }
 
 
 def tiny_config(shards: dict[str, str], out_dir: Path, **overrides: Any) -> TrainConfig:
     fields: dict[str, Any] = dict(
-        preset="test", model="tiny", dataset="shards", vocab_size=VOCAB, seq_len=32,
-        batch_size=4, num_iterations=8, val_every=4, val_tokens=512, log_every=1,
-        progress=False, out_dir=str(out_dir), run_id="run", save_final_checkpoint=False,
-        autocast="off", threads=1, precondition_frequency=2, **shards,
+        preset="test",
+        model="tiny",
+        dataset="shards",
+        vocab_size=VOCAB,
+        seq_len=32,
+        batch_size=4,
+        num_iterations=8,
+        val_every=4,
+        val_tokens=512,
+        log_every=1,
+        progress=False,
+        out_dir=str(out_dir),
+        run_id="run",
+        save_final_checkpoint=False,
+        autocast="off",
+        threads=1,
+        precondition_frequency=2,
+        **shards,
     )
     fields.update(overrides)
     return TrainConfig(**fields)
@@ -61,13 +106,43 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.mark.slow
-def test_cli_run_lowers_the_loss_and_writes_both_logs(shards: dict[str, str], tmp_path: Path,
-                                                      capsys: pytest.CaptureFixture[str]) -> None:
-    argv = ["--preset", "tiny-shampoo", "--dataset", "shards", "--vocab-size", str(VOCAB),
-            "--train-files", shards["train_files"], "--val-files", shards["val_files"],
-            "--seq-len", "32", "--batch-size", "8", "--num-iterations", "40", "--val-every", "20",
-            "--val-tokens", "1024", "--log-every", "5", "--out-dir", str(tmp_path),
-            "--run-id", "e2e", "--seed", "3", "--save-final-checkpoint", "false", "--threads", "1"]
+def test_cli_run_lowers_the_loss_and_writes_both_logs(
+    shards: dict[str, str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = [
+        "--preset",
+        "tiny-shampoo",
+        "--dataset",
+        "shards",
+        "--vocab-size",
+        str(VOCAB),
+        "--train-files",
+        shards["train_files"],
+        "--val-files",
+        shards["val_files"],
+        "--seq-len",
+        "32",
+        "--batch-size",
+        "8",
+        "--num-iterations",
+        "40",
+        "--val-every",
+        "20",
+        "--val-tokens",
+        "1024",
+        "--log-every",
+        "5",
+        "--out-dir",
+        str(tmp_path),
+        "--run-id",
+        "e2e",
+        "--seed",
+        "3",
+        "--save-final-checkpoint",
+        "false",
+        "--threads",
+        "1",
+    ]
     assert cli_main(argv) == 0
     assert "final val_loss" in capsys.readouterr().out
 
@@ -78,8 +153,12 @@ def test_cli_run_lowers_the_loss_and_writes_both_logs(shards: dict[str, str], tm
     assert config["kind"] == "config" and config["optimizer"] == "shampoo"
     assert (config["run_id"], config["seed"], config["world_size"]) == ("e2e", 3, 1)
     assert config["non_embedding_params"] == 792448  # tiny (gpt_test's formula)
-    assert TrainConfig(**{k: tuple(v) if isinstance(v, list) else v
-                          for k, v in config["config"].items()}).num_iterations == 40
+    assert (
+        TrainConfig(
+            **{k: tuple(v) if isinstance(v, list) else v for k, v in config["config"].items()}
+        ).num_iterations
+        == 40
+    )
     vals = [r for r in records if r["kind"] == "val"]
     assert [r["step"] for r in vals] == [0, 20, 40]
     assert vals[-1]["val_loss"] < vals[0]["val_loss"] - 1.0  # from ~ln(64) = 4.16
@@ -91,7 +170,8 @@ def test_cli_run_lowers_the_loss_and_writes_both_logs(shards: dict[str, str], tm
     assert meter["flops_per_step"] == flops and meter["peak_flops_per_second"] > 0
     final = records[-1]
     assert final["mfu"] == pytest.approx(
-        flops / (final["train_time_ms"] / 1000 / 40) / meter["peak_flops_per_second"])
+        flops / (final["train_time_ms"] / 1000 / 40) / meter["peak_flops_per_second"]
+    )
     for record in (r for r in records if r["kind"] == "train"):
         assert 0 < record["mfu"] < 1
     assert read_run(tmp_path / "e2e.jsonl").mfu == final["mfu"]  # the leaderboard's MFU column
@@ -103,7 +183,9 @@ def test_cli_run_lowers_the_loss_and_writes_both_logs(shards: dict[str, str], tm
     assert "# ===== nanoshampoo/model/gpt.py =====" in text
     # The optimizer under study is part of the code that ran; its tests are not.
     assert "# ===== nanoshampoo/optim/shampoo/distributed_shampoo.py =====" in text
-    assert "/tests/" not in "".join(line for line in text.splitlines() if line.startswith("# ====="))
+    assert "/tests/" not in "".join(
+        line for line in text.splitlines() if line.startswith("# =====")
+    )
     assert Path(__import__("nanoshampoo.model.gpt").model.gpt.__file__).read_text() in text
     lines = text.splitlines()
     step_lines = [m for m in map(STEP_LINE.match, lines) if m]
@@ -118,16 +200,35 @@ def test_cli_run_lowers_the_loss_and_writes_both_logs(shards: dict[str, str], tm
 @pytest.mark.slow
 @pytest.mark.parametrize("optimizer", ["adamw", "shampoo"])
 def test_resume_from_checkpoint_repeats_the_uninterrupted_losses(
-        optimizer: str, shards: dict[str, str], tmp_path: Path) -> None:
-    full = Trainer(tiny_config(shards, tmp_path, optimizer=optimizer, run_id="full",
-                               checkpoint_every=4, autocast="bf16")).run()
-    resumed = Trainer(tiny_config(shards, tmp_path, optimizer=optimizer, run_id="resumed",
-                                  autocast="bf16",
-                                  resume=str(tmp_path / "full.ckpt" / "step_000004"))).run()
+    optimizer: str, shards: dict[str, str], tmp_path: Path
+) -> None:
+    full = Trainer(
+        tiny_config(
+            shards,
+            tmp_path,
+            optimizer=optimizer,
+            run_id="full",
+            checkpoint_every=4,
+            autocast="bf16",
+        )
+    ).run()
+    resumed = Trainer(
+        tiny_config(
+            shards,
+            tmp_path,
+            optimizer=optimizer,
+            run_id="resumed",
+            autocast="bf16",
+            resume=str(tmp_path / "full.ckpt" / "step_000004"),
+        )
+    ).run()
 
     def losses(path: Path) -> dict[tuple[str, int], float]:
-        return {(r["kind"], r["step"]): r.get("train_loss", r.get("val_loss"))
-                for r in read_jsonl(path) if r["kind"] in ("train", "val")}
+        return {
+            (r["kind"], r["step"]): r.get("train_loss", r.get("val_loss"))
+            for r in read_jsonl(path)
+            if r["kind"] in ("train", "val")
+        }
 
     before, after = losses(full.jsonl_log), losses(resumed.jsonl_log)
     assert sorted(after) == [("train", s) for s in range(5, 9)] + [("val", 4), ("val", 8)]
@@ -138,14 +239,25 @@ def test_resume_from_checkpoint_repeats_the_uninterrupted_losses(
     records = read_jsonl(resumed.jsonl_log)
     meter, final = records[0]["mfu"], records[-1]
     assert final["mfu"] == pytest.approx(
-        meter["flops_per_step"] / (final["train_time_ms"] / 1000 / 8)
-        / meter["peak_flops_per_second"])
+        meter["flops_per_step"]
+        / (final["train_time_ms"] / 1000 / 8)
+        / meter["peak_flops_per_second"]
+    )
 
 
-def test_resume_rejects_a_checkpoint_of_another_setup(shards: dict[str, str],
-                                                      tmp_path: Path) -> None:
-    Trainer(tiny_config(shards, tmp_path, optimizer="adamw", num_iterations=1,
-                        val_every=0, save_final_checkpoint=True)).run()
+def test_resume_rejects_a_checkpoint_of_another_setup(
+    shards: dict[str, str], tmp_path: Path
+) -> None:
+    Trainer(
+        tiny_config(
+            shards,
+            tmp_path,
+            optimizer="adamw",
+            num_iterations=1,
+            val_every=0,
+            save_final_checkpoint=True,
+        )
+    ).run()
     checkpoint = tmp_path / "run.ckpt" / "step_000001"
     assert (checkpoint / "rank0.pt").is_file()
     with pytest.raises(ValueError, match="optimizers"):
@@ -156,8 +268,17 @@ def test_resume_rejects_a_checkpoint_of_another_setup(shards: dict[str, str],
 
 def test_profile_steps_write_one_chrome_trace(shards: dict[str, str], tmp_path: Path) -> None:
     trace_dir = tmp_path / "trace"
-    Trainer(tiny_config(shards, tmp_path, optimizer="adamw", num_iterations=4, val_every=0,
-                        profile_steps=(1, 2), profile_dir=str(trace_dir))).run()
+    Trainer(
+        tiny_config(
+            shards,
+            tmp_path,
+            optimizer="adamw",
+            num_iterations=4,
+            val_every=0,
+            profile_steps=(1, 2),
+            profile_dir=str(trace_dir),
+        )
+    ).run()
     assert (trace_dir / "rank0.json.gz").is_file()
 
 
@@ -172,22 +293,37 @@ RUNS = (
 RESUMED = ("shampoo-ddp", "distadam")  # setups whose optimizer state differs per rank
 
 
-def train_every_setup_on_rank(rank: int, world_size: int, shards: dict[str, str],
-                              out_dir: str) -> dict[str, Any]:
+def train_every_setup_on_rank(
+    rank: int, world_size: int, shards: dict[str, str], out_dir: str
+) -> dict[str, Any]:
     results: dict[str, Any] = {}
     for run_id, optimizer, distributor in RUNS:
-        cfg = tiny_config(shards, Path(out_dir), optimizer=optimizer, run_id=run_id,
-                          distributor=distributor, checkpoint_every=4)
+        cfg = tiny_config(
+            shards,
+            Path(out_dir),
+            optimizer=optimizer,
+            run_id=run_id,
+            distributor=distributor,
+            checkpoint_every=4,
+        )
         trainer = Trainer(cfg)
         result = trainer.run()
-        results[run_id] = {"params": flat_params(trainer),
-                           "val_loss": torch.tensor(result.final_val_loss)}
+        results[run_id] = {
+            "params": flat_params(trainer),
+            "val_loss": torch.tensor(result.final_val_loss),
+        }
     for run_id, optimizer, distributor in RUNS:
         if run_id in RESUMED:
-            resumed = Trainer(tiny_config(
-                shards, Path(out_dir), optimizer=optimizer, run_id=f"{run_id}-resumed",
-                distributor=distributor,
-                resume=str(Path(out_dir) / f"{run_id}.ckpt" / "step_000004")))
+            resumed = Trainer(
+                tiny_config(
+                    shards,
+                    Path(out_dir),
+                    optimizer=optimizer,
+                    run_id=f"{run_id}-resumed",
+                    distributor=distributor,
+                    resume=str(Path(out_dir) / f"{run_id}.ckpt" / "step_000004"),
+                )
+            )
             resumed.run()
             results[f"{run_id}-resumed"] = {"params": flat_params(resumed)}
     return results
@@ -196,7 +332,8 @@ def train_every_setup_on_rank(rank: int, world_size: int, shards: dict[str, str]
 @pytest.mark.slow
 @pytest.mark.distributed
 def test_two_rank_runs_keep_ranks_identical_and_match_one_process(
-        shards: dict[str, str], tmp_path: Path) -> None:
+    shards: dict[str, str], tmp_path: Path
+) -> None:
     rank0, rank1 = run_on_gloo(train_every_setup_on_rank, 2, shards, str(tmp_path))
     assert set(rank0) == {run_id for run_id, _, _ in RUNS} | {f"{r}-resumed" for r in RESUMED}
     for name in rank0:
@@ -204,11 +341,13 @@ def test_two_rank_runs_keep_ranks_identical_and_match_one_process(
     # Resuming per-rank optimizer state (DistAdam shards, DDP Shampoo's owned blocks) from
     # per-rank checkpoint files continues the same run bit for bit.
     for name in RESUMED:
-        torch.testing.assert_close(rank0[f"{name}-resumed"]["params"], rank0[name]["params"],
-                                   rtol=0, atol=0)
+        torch.testing.assert_close(
+            rank0[f"{name}-resumed"]["params"], rank0[name]["params"], rtol=0, atol=0
+        )
     # Distributing Shampoo's blocks over ranks computes the same update as every rank doing all.
-    torch.testing.assert_close(rank0["shampoo-ddp"]["params"], rank0["shampoo-single"]["params"],
-                               rtol=0, atol=1e-6)
+    torch.testing.assert_close(
+        rank0["shampoo-ddp"]["params"], rank0["shampoo-single"]["params"], rtol=0, atol=1e-6
+    )
     # The 2-rank run sees the same global batches as one process: same result up to rounding
     # (Adam with eps 1e-10 turns rounding-level gradient differences of near-zero entries into
     # update differences of up to ~1e-4; a real averaging bug moves parameters by ~lr = 0.3).
@@ -229,61 +368,86 @@ def params_after(shards: dict[str, str], out_dir: Path, **overrides: Any) -> tor
 
 @pytest.mark.slow
 @pytest.mark.parametrize("optimizer", ["adamw", "shampoo", "distadam"])
-def test_grad_accumulation_equals_one_large_batch(optimizer: str, shards: dict[str, str],
-                                                  tmp_path: Path) -> None:
+def test_grad_accumulation_equals_one_large_batch(
+    optimizer: str, shards: dict[str, str], tmp_path: Path
+) -> None:
     # eps 1e-8 (Shampoo: 1e-6), not the recipe's 1e-10 (1e-12): Adam divides by sqrt(v) + eps
     # and Shampoo inverts rank-deficient factors + eps I; both turn rounding-level
     # gradient differences of near-zero entries into large update differences.
     eps = dict(adam_eps=1e-8, grafting_epsilon=1e-8, shampoo_epsilon=1e-6)
     one = params_after(shards, tmp_path, optimizer=optimizer, run_id="k1", **eps)
-    four = params_after(shards, tmp_path, optimizer=optimizer, run_id="k4", grad_accum_steps=4,
-                        **eps)
+    four = params_after(
+        shards, tmp_path, optimizer=optimizer, run_id="k4", grad_accum_steps=4, **eps
+    )
     # Only float rounding separates them (micro-batch gradients are summed in another order):
     # up to ~4e-5 on the embedding (lr 0.3); a real error moves parameters by ~lr (>= 1.5e-3).
     torch.testing.assert_close(four, one, rtol=0, atol=1e-4)
     # The loss (and so the gradient) is scaled by 1/K: step 1's loss is the full batch's mean.
-    losses = [[r["train_loss"] for r in read_jsonl(tmp_path / f"{run}.jsonl")
-               if r["kind"] == "train"] for run in ("k1", "k4")]
+    losses = [
+        [r["train_loss"] for r in read_jsonl(tmp_path / f"{run}.jsonl") if r["kind"] == "train"]
+        for run in ("k1", "k4")
+    ]
     assert losses[1][0] == pytest.approx(losses[0][0], abs=1e-6)
-    assert not torch.equal(one, params_after(shards, tmp_path, optimizer=optimizer,
-                                             run_id="other", batch_size=2, **eps))
+    assert not torch.equal(
+        one,
+        params_after(shards, tmp_path, optimizer=optimizer, run_id="other", batch_size=2, **eps),
+    )
 
 
-def accumulate_on_rank(rank: int, world_size: int, shards: dict[str, str],
-                       out_dir: str) -> dict[str, torch.Tensor]:
-    return {f"{optimizer}-k{k}": params_after(shards, Path(out_dir), optimizer=optimizer,
-                                              run_id=f"{optimizer}-k{k}", grad_accum_steps=k,
-                                              adam_eps=1e-8, grafting_epsilon=1e-8,
-                                              shampoo_epsilon=1e-6)
-            for optimizer in ("distadam", "shampoo") for k in (1, 2)}
+def accumulate_on_rank(
+    rank: int, world_size: int, shards: dict[str, str], out_dir: str
+) -> dict[str, torch.Tensor]:
+    return {
+        f"{optimizer}-k{k}": params_after(
+            shards,
+            Path(out_dir),
+            optimizer=optimizer,
+            run_id=f"{optimizer}-k{k}",
+            grad_accum_steps=k,
+            adam_eps=1e-8,
+            grafting_epsilon=1e-8,
+            shampoo_epsilon=1e-6,
+        )
+        for optimizer in ("distadam", "shampoo")
+        for k in (1, 2)
+    }
 
 
 @pytest.mark.slow
 @pytest.mark.distributed
-def test_grad_accumulation_on_two_ranks_equals_one_large_batch(shards: dict[str, str],
-                                                               tmp_path: Path) -> None:
+def test_grad_accumulation_on_two_ranks_equals_one_large_batch(
+    shards: dict[str, str], tmp_path: Path
+) -> None:
     rank0, rank1 = run_on_gloo(accumulate_on_rank, 2, shards, str(tmp_path))
     for optimizer in ("distadam", "shampoo"):
-        torch.testing.assert_close(rank0[f"{optimizer}-k2"], rank0[f"{optimizer}-k1"],
-                                   rtol=0, atol=1e-4)
-        torch.testing.assert_close(rank0[f"{optimizer}-k2"], rank1[f"{optimizer}-k2"],
-                                   rtol=0, atol=0)
+        torch.testing.assert_close(
+            rank0[f"{optimizer}-k2"], rank0[f"{optimizer}-k1"], rtol=0, atol=1e-4
+        )
+        torch.testing.assert_close(
+            rank0[f"{optimizer}-k2"], rank1[f"{optimizer}-k2"], rtol=0, atol=0
+        )
 
 
-@pytest.mark.parametrize("optimizer, extra", [
-    *[(setup, {}) for setup in setup_names() if setup != "custom"],  # custom: its own test
-    ("shampoo", {"rank_deficient_stability": "pseudo-inverse"}),
-    ("soap", {"rank_deficient_stability": "pseudo-inverse", "factor_dtype": "bfloat16"}),
-])
-def test_every_setup_trains(optimizer: str, extra: dict[str, str], shards: dict[str, str],
-                            tmp_path: Path) -> None:
-    result = Trainer(tiny_config(shards, tmp_path, optimizer=optimizer, num_iterations=3,
-                                 val_every=0, **extra)).run()
+@pytest.mark.parametrize(
+    "optimizer, extra",
+    [
+        *[(setup, {}) for setup in setup_names() if setup != "custom"],  # custom: its own test
+        ("shampoo", {"rank_deficient_stability": "pseudo-inverse"}),
+        ("soap", {"rank_deficient_stability": "pseudo-inverse", "factor_dtype": "bfloat16"}),
+    ],
+)
+def test_every_setup_trains(
+    optimizer: str, extra: dict[str, str], shards: dict[str, str], tmp_path: Path
+) -> None:
+    result = Trainer(
+        tiny_config(shards, tmp_path, optimizer=optimizer, num_iterations=3, val_every=0, **extra)
+    ).run()
     assert math.log(VOCAB) - 1.0 < result.final_val_loss < math.log(VOCAB) + 0.5
 
 
-def test_cpu_threads_are_reprobed_during_the_run(shards: dict[str, str], tmp_path: Path,
-                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+def test_cpu_threads_are_reprobed_during_the_run(
+    shards: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     calls: list[int] = []
 
     def fake_cpu_threads(requested: int, local_world_size: int) -> tuple[int, str]:
@@ -291,10 +455,20 @@ def test_cpu_threads_are_reprobed_during_the_run(shards: dict[str, str], tmp_pat
         return 1, "probed"
 
     monkeypatch.setattr(thread_tuner, "cpu_threads", fake_cpu_threads)
-    Trainer(tiny_config(shards, tmp_path, optimizer="adamw", threads=0, num_iterations=21,
-                        val_every=0)).run()
+    Trainer(
+        tiny_config(shards, tmp_path, optimizer="adamw", threads=0, num_iterations=21, val_every=0)
+    ).run()
     assert calls == [0, 0, 0]  # at start, before steps 10 and 20
     calls.clear()
-    Trainer(tiny_config(shards, tmp_path, optimizer="adamw", run_id="fixed", threads=1,
-                        num_iterations=11, val_every=0)).run()
+    Trainer(
+        tiny_config(
+            shards,
+            tmp_path,
+            optimizer="adamw",
+            run_id="fixed",
+            threads=1,
+            num_iterations=11,
+            val_every=0,
+        )
+    ).run()
     assert calls == [1]  # a fixed count is set once

@@ -100,7 +100,12 @@ class DDPDistributor(Distributor):
         first_param_index: int,
         config: DDPDistributedConfig,
     ) -> None:
-        super().__init__(params, max_preconditioner_dim, first_param_index, config.target_parameter_dimensionality)
+        super().__init__(
+            params,
+            max_preconditioner_dim,
+            first_param_index,
+            config.target_parameter_dimensionality,
+        )
         self._communicate_params = config.communicate_params
         group, group_size = new_trainer_group(config.num_trainers_per_group)
         blocks = self._global_block_views

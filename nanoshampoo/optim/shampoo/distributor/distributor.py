@@ -31,7 +31,9 @@ from nanoshampoo.optim.shampoo.utils.shampoo_utils import (
 
 
 def block_shape_plan(
-    shape: Sequence[int], max_preconditioner_dim: int | float, target_dimensionality: int | float = 1
+    shape: Sequence[int],
+    max_preconditioner_dim: int | float,
+    target_dimensionality: int | float = 1,
 ) -> tuple[int, ...]:
     """The shape a parameter is viewed as before splitting:
     ``merge_small_dims(shape, max_preconditioner_dim, target_dimensionality)``.
@@ -44,7 +46,9 @@ def block_shape_plan(
 
 
 def split_into_blocks(
-    tensor: torch.Tensor, max_preconditioner_dim: int | float, target_dimensionality: int | float = 1
+    tensor: torch.Tensor,
+    max_preconditioner_dim: int | float,
+    target_dimensionality: int | float = 1,
 ) -> tuple[torch.Tensor, ...]:
     """Views of ``tensor`` (contiguous, or a gradient) as the blocks of its parameter.
 
@@ -98,7 +102,11 @@ class Distributor(ABC):
                     "updates its blocks through views"
                 )
             for j, view in enumerate(self._split(param.detach())):
-                infos.append(BlockInfo(param=param, composable_block_ids=(first_param_index + offset, f"block_{j}")))
+                infos.append(
+                    BlockInfo(
+                        param=param, composable_block_ids=(first_param_index + offset, f"block_{j}")
+                    )
+                )
                 views.append(view)
                 owners.append(offset)
                 positions.append(j)

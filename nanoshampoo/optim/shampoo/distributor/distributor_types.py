@@ -36,8 +36,12 @@ class DistributedConfig(AbstractDataclass):
     target_parameter_dimensionality: int | float = 1
 
     def __post_init__(self) -> None:
-        validation.check_int("target_parameter_dimensionality",
-                             self.target_parameter_dimensionality, at_least=1, or_infinity=True)
+        validation.check_int(
+            "target_parameter_dimensionality",
+            self.target_parameter_dimensionality,
+            at_least=1,
+            or_infinity=True,
+        )
 
 
 def _check_num_trainers_per_group(trainers: object) -> None:
@@ -46,7 +50,9 @@ def _check_num_trainers_per_group(trainers: object) -> None:
         validation.check_int("num_trainers_per_group (-1: all ranks)", trainers, at_least=1)
 
 
-def _check_load_balancing_config(config: DDPDistributedConfig | FullyShardDistributedConfig) -> None:
+def _check_load_balancing_config(
+    config: DDPDistributedConfig | FullyShardDistributedConfig,
+) -> None:
     if not isinstance(config.load_balancing_config, LoadBalancingConfig):
         raise ValueError(
             f"load_balancing_config must be a LoadBalancingConfig, got {config.load_balancing_config!r}"
@@ -202,7 +208,9 @@ class HybridShardDistributedConfig(DistributedConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.device_mesh is not None and getattr(self.device_mesh, "ndim", None) != 2:
-            raise ValueError(f"device_mesh must be None or a 2-D DeviceMesh, got {self.device_mesh!r}")
+            raise ValueError(
+                f"device_mesh must be None or a 2-D DeviceMesh, got {self.device_mesh!r}"
+            )
         _check_sharded_exchange_fields(self)
         _check_num_trainers_per_group(self.num_trainers_per_group)
         if not isinstance(self.param_assignment_strategy, FSDPParamAssignmentStrategy):
@@ -210,7 +218,6 @@ class HybridShardDistributedConfig(DistributedConfig):
                 "param_assignment_strategy must be an FSDPParamAssignmentStrategy, got "
                 f"{self.param_assignment_strategy!r}"
             )
-
 
 
 # ---------------------------------------------------------------------------------------------

@@ -99,7 +99,9 @@ class FullyShardDistributor(Distributor):
         first_param_index: int,
         config: FullyShardDistributedConfig,
     ) -> None:
-        super().__init__((), max_preconditioner_dim, first_param_index, config.target_parameter_dimensionality)
+        super().__init__(
+            (), max_preconditioner_dim, first_param_index, config.target_parameter_dimensionality
+        )
         sharded, mesh = sharded_params(params, self._shard_mesh_dim, self._mesh_ndim)
         self._sharded = sharded
         self._strategy = config.param_assignment_strategy
@@ -107,9 +109,16 @@ class FullyShardDistributor(Distributor):
         self._shard_group = None if mesh is None else mesh.get_group(self._shard_mesh_dim)
         self._shard_size = 1 if mesh is None else mesh.size(self._shard_mesh_dim)
         self._shard_rank = 0 if mesh is None else mesh.get_local_rank(self._shard_mesh_dim)
-        self._owners = assign_owners(sharded, self._strategy, self._shard_size, config.load_balancing_config)
+        self._owners = assign_owners(
+            sharded, self._strategy, self._shard_size, config.load_balancing_config
+        )
         layout = plan_work(
-            sharded, self._owners, self._strategy, self._shard_rank, self._shard_size, self._split,
+            sharded,
+            self._owners,
+            self._strategy,
+            self._shard_rank,
+            self._shard_size,
+            self._split,
             first_param_index,
         )
         self._infos = layout.infos
@@ -132,8 +141,15 @@ class FullyShardDistributor(Distributor):
         )
         self._scatter = (
             plan_scatter(
-                sharded, self._owners, layout, self._work_updates or self._work_params,
-                self._gather, config.communication_dtype, me, n, group,
+                sharded,
+                self._owners,
+                layout,
+                self._work_updates or self._work_params,
+                self._gather,
+                config.communication_dtype,
+                me,
+                n,
+                group,
             )
             if self._strategy == FSDPParamAssignmentStrategy.ROUND_ROBIN
             else None
@@ -174,12 +190,16 @@ class FullyShardDistributor(Distributor):
     @property
     def bytes_sent_per_step(self) -> int:
         """Bytes this rank sends to other ranks per step (gather plus scatter)."""
-        return sum(plan.exchange.bytes_sent for plan in (self._gather, self._scatter) if plan is not None)
+        return sum(
+            plan.exchange.bytes_sent for plan in (self._gather, self._scatter) if plan is not None
+        )
 
     @property
     def buffer_bytes(self) -> int:
         """Bytes of this rank's persistent work and exchange buffers (not the optimizer state)."""
-        total = sum(plan.exchange.buffer_bytes for plan in (self._gather, self._scatter) if plan is not None)
+        total = sum(
+            plan.exchange.buffer_bytes for plan in (self._gather, self._scatter) if plan is not None
+        )
         tensors = self._work_params + self._work_grads
         if self._strategy != FSDPParamAssignmentStrategy.DEFAULT:
             total += sum(t.numel() * t.element_size() for t in tensors)

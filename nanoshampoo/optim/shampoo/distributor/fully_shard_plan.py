@@ -115,7 +115,9 @@ def sharded_params(
         if param.dim() == 0:
             raise ValueError(f"params[{index}] is 0-D; fully_shard shards dim 0")
         if param.dtype != params[0].dtype:
-            raise ValueError(f"params[{index}] has dtype {param.dtype}, params[0] has {params[0].dtype}")
+            raise ValueError(
+                f"params[{index}] has dtype {param.dtype}, params[0] has {params[0].dtype}"
+            )
         shape = tuple(param.shape)
         rows = shard_row_ranges(shape[0], mesh.size(shard_mesh_dim))
         with torch.no_grad():
@@ -217,7 +219,9 @@ def plan_work(
                     local.extend(range(len(infos), len(infos) + blocks))
                     work_params.append(p.local)
                     work_offsets.append(offset)
-                infos.extend(BlockInfo(p.param, (index, f"shard_{r}-block_{j}")) for j in range(blocks))
+                infos.extend(
+                    BlockInfo(p.param, (index, f"shard_{r}-block_{j}")) for j in range(blocks)
+                )
             continue
         blocks = count(p.shape)
         if shard_rank in owners[offset]:
@@ -297,7 +301,9 @@ class AllToAllPlan:
         """Bytes of the buffers this plan allocated (0 when carved from another plan's)."""
         if not self.owns_buffers:
             return 0
-        return (self.send_buffer.numel() + self.recv_buffer.numel()) * self.send_buffer.element_size()
+        return (
+            self.send_buffer.numel() + self.recv_buffer.numel()
+        ) * self.send_buffer.element_size()
 
 
 @dataclass
@@ -327,7 +333,9 @@ def plan_gather(
 ) -> GatherPlan:
     """Lay out the gather (``ROUND_ROBIN`` and ``REPLICATE``)."""
     me, n = shard_rank, num_shards
-    send = [[sharded[o].shard_numel(me) for o in owned_by(owners, q) for _ in (0, 1)] for q in range(n)]
+    send = [
+        [sharded[o].shard_numel(me) for o in owned_by(owners, q) for _ in (0, 1)] for q in range(n)
+    ]
     mine = owned_by(owners, me)
     recv = [[sharded[o].shard_numel(s) for o in mine for _ in (0, 1)] for s in range(n)]
     local = sharded[0].local
@@ -387,7 +395,9 @@ def plan_scatter(
     storage = None
     if gather is not None and gather.exchange.send_buffer.dtype == communication_dtype:
         storage = (gather.exchange.recv_buffer, gather.exchange.send_buffer)
-    exchange = AllToAllPlan(send, recv, communication_dtype, sharded[0].local.device, group, me, storage)
+    exchange = AllToAllPlan(
+        send, recv, communication_dtype, sharded[0].local.device, group, me, storage
+    )
     by_offset = dict(zip(layout.work_offsets, results))
     targets: list[torch.Tensor] = []
     sources: list[torch.Tensor] = []

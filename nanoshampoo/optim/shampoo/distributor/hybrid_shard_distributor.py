@@ -133,7 +133,9 @@ class HybridShardDistributor(FullyShardDistributor):
         """Shard-group gather and scatter plus the replicate-group exchange rounds."""
         buffers = self._buffers
         peers = buffers.group_size - 1
-        rounds = sum(peers * inputs[0].numel() * inputs[0].element_size() for inputs in buffers.round_inputs)
+        rounds = sum(
+            peers * inputs[0].numel() * inputs[0].element_size() for inputs in buffers.round_inputs
+        )
         return super().bytes_sent_per_step + rounds
 
     def local_blocked_grads(self) -> tuple[torch.Tensor | None, ...]:

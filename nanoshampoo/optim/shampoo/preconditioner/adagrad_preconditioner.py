@@ -48,7 +48,9 @@ class AdaGradPreconditioner(Preconditioner):
         self._epsilon = epsilon
         # Dropping the weighting factor makes V a discounted sum: no bias correction then.
         self._weight = 1.0 if beta2 == 1.0 or drop_weighting_factor else 1.0 - beta2
-        self._use_bias_correction = use_bias_correction and beta2 < 1.0 and not drop_weighting_factor
+        self._use_bias_correction = (
+            use_bias_correction and beta2 < 1.0 and not drop_weighting_factor
+        )
         self._second_moments = [
             torch.zeros(b.stacked_shape, dtype=state_dtype or b.dtype, device=b.device)
             for b in self._buckets

@@ -83,7 +83,9 @@ class SignDescentPreconditionerConfig(PreconditionerConfig):
 
     def __post_init__(self) -> None:
         if not callable(self.scale_fn):
-            raise ValueError(f"scale_fn must be callable (block -> float or tensor), got {self.scale_fn!r}")
+            raise ValueError(
+                f"scale_fn must be callable (block -> float or tensor), got {self.scale_fn!r}"
+            )
 
 
 DefaultSignDescentPreconditionerConfig = SignDescentPreconditionerConfig()

@@ -87,9 +87,7 @@ def canonical_null_space_basis(
     )
     _, rotations, ok = robust_eigh(compressed, retry_double_precision=True)
     canonical = torch.cat([head @ rotations, permuted[..., width:]], dim=-1)
-    return torch.empty_like(bases).scatter_(
-        -1, order.unsqueeze(-2).expand_as(bases), canonical
-    ), ok
+    return torch.empty_like(bases).scatter_(-1, order.unsqueeze(-2).expand_as(bases), canonical), ok
 
 
 def _canonicalize_null_columns(
@@ -228,7 +226,9 @@ def qr_eigenbasis(
     bases = previous
     for _ in range(max_iterations):
         try:
-            bases, diagonal, converged, r_diagonal = _orthogonal_iteration(matrices, bases, tolerance)
+            bases, diagonal, converged, r_diagonal = _orthogonal_iteration(
+                matrices, bases, tolerance
+            )
         except RuntimeError:  # LinAlgError on non-finite input: every matrix of the batch fails
             return previous, _all_failed(matrices)
         if r_diagonal is None:
@@ -285,7 +285,9 @@ def sorted_qr_eigenbasis(
         estimates = _rayleigh_quotients(matrices @ bases, bases)
     order = torch.argsort(estimates, dim=-1, stable=True)
     bases = bases.gather(-1, order.unsqueeze(-2).expand_as(bases)).flip(-1)
-    bases, canonical_ok = _canonicalize_null_columns(bases, estimates.gather(-1, order).flip(-1), stability)
+    bases, canonical_ok = _canonicalize_null_columns(
+        bases, estimates.gather(-1, order).flip(-1), stability
+    )
     return bases, canonical_ok & _finite(bases)
 
 
@@ -309,8 +311,9 @@ def warm_started_eigenbasis(
         return eigh_eigenbasis(matrices[rows], solver.retry_double_precision, stability)
 
     def from_qr(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return qr_eigenbasis(matrices[rows], previous[rows], solver.max_iterations,
-                             solver.tolerance, stability)
+        return qr_eigenbasis(
+            matrices[rows], previous[rows], solver.max_iterations, solver.tolerance, stability
+        )
 
     if warm.numel() == 0:
         return eigh_eigenbasis(matrices, solver.retry_double_precision, stability)

@@ -81,11 +81,15 @@ class EigendecomposedShampooPreconditioner(ShampooPreconditioner):
         config = self._config
         stability = config.amortized_computation_config.rank_deficient_stability_config
         self._stability = stability
-        self._perturbed = isinstance(stability, PerturbationConfig) and stability.perturb_before_computation
+        self._perturbed = (
+            isinstance(stability, PerturbationConfig) and stability.perturb_before_computation
+        )
         # Per pool: (N, n) eigenvalues, ascending (1 until computed), and (N,) "computed once".
         self._eigenvalues = {
             key: torch.ones(
-                len(pool.labels), pool.size, dtype=config.factor_matrix_eigenvalues_dtype,
+                len(pool.labels),
+                pool.size,
+                dtype=config.factor_matrix_eigenvalues_dtype,
                 device=pool.factors.device,
             )
             for key, pool in self._factors.pools.items()
@@ -171,8 +175,13 @@ class EigendecomposedShampooPreconditioner(ShampooPreconditioner):
                 ),
             )
             weights = inverse_root_spectrum(
-                values, exponents, self._epsilon, self._stability, bases.shape[-1],
-                self._perturbed, noise,
+                values,
+                exponents,
+                self._epsilon,
+                self._stability,
+                bases.shape[-1],
+                self._perturbed,
+                noise,
             )
             roots.append(((bases * weights.unsqueeze(-2)) @ bases.mT).to(bucket.dtype))
         return roots

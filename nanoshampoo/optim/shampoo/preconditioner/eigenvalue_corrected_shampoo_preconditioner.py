@@ -144,7 +144,8 @@ class EigenvalueCorrectedShampooPreconditioner(KroneckerFactoredPreconditioner):
         self._computed = self._pool_flags()
         eigenvalue_dtype = self._config.corrected_eigenvalues_dtype
         self._corrected = [
-            torch.zeros(b.stacked_shape, dtype=eigenvalue_dtype, device=b.device) for b in self._buckets
+            torch.zeros(b.stacked_shape, dtype=eigenvalue_dtype, device=b.device)
+            for b in self._buckets
         ]
         # This step's raw gradients and the pre-step corrected eigenvalues, kept so that a
         # basis recomputed later in the step can re-fold the step into D in the new basis.
@@ -275,7 +276,9 @@ class EigenvalueCorrectedShampooPreconditioner(KroneckerFactoredPreconditioner):
         torch.mul(rotated, filtered.divisor, out=average)
         return rotated
 
-    def _reverse_identity_basis_coordinates(self, index: int, first: dict[Hashable, torch.Tensor]) -> None:
+    def _reverse_identity_basis_coordinates(
+        self, index: int, first: dict[Hashable, torch.Tensor]
+    ) -> None:
         """Reverse the pre-step ``D`` of bucket ``index`` along each dim whose basis was just
         computed for the first time (``first``: per pool, the rows).
 
@@ -301,15 +304,18 @@ class EigenvalueCorrectedShampooPreconditioner(KroneckerFactoredPreconditioner):
             self._buckets_by_share = {num_shares: []}
             for rows in shares:
                 solved = {(key, row) for key, tensor in rows.items() for row in tensor.tolist()}
-                self._buckets_by_share[num_shares].append({
-                    index
-                    for index, bucket in enumerate(self._buckets)
-                    for slot in self._factors.slots[index]
-                    if slot is not None
-                    and any(
-                        (slot.pool_key, slot.offset + p) in solved for p in range(bucket.num_blocks)
-                    )
-                })
+                self._buckets_by_share[num_shares].append(
+                    {
+                        index
+                        for index, bucket in enumerate(self._buckets)
+                        for slot in self._factors.slots[index]
+                        if slot is not None
+                        and any(
+                            (slot.pool_key, slot.offset + p) in solved
+                            for p in range(bucket.num_blocks)
+                        )
+                    }
+                )
         return self._buckets_by_share[num_shares]
 
     def _solve(
@@ -337,7 +343,9 @@ class EigenvalueCorrectedShampooPreconditioner(KroneckerFactoredPreconditioner):
         stability = solver.rank_deficient_stability_config
         device = solver.eigendecomposition_offload_device or matrices.device
         if solver.tolerance == 0.0:
-            bases, ok = eigh_eigenbasis(matrices.to(device), solver.retry_double_precision, stability)
+            bases, ok = eigh_eigenbasis(
+                matrices.to(device), solver.retry_double_precision, stability
+            )
             return bases.to(matrices.device), ok.to(matrices.device)
         previous, computed = self._results[key], self._computed[key]
         if rows is not None:
@@ -397,7 +405,9 @@ class EigenvalueCorrectedShampooPreconditioner(KroneckerFactoredPreconditioner):
             torch.div(self._corrected[index], bias_correction, out=out)
             noise = torch.finfo(least_precise_dtype(out.dtype, self._corrected[index].dtype)).eps
             top = out.amax(dim=tuple(range(1, out.dim())), keepdim=True)
-            rotated_blocks = self._rotated_blocks(index).to(out.dtype).view(-1, *([1] * (out.dim() - 1)))
+            rotated_blocks = (
+                self._rotated_blocks(index).to(out.dtype).view(-1, *([1] * (out.dim() - 1)))
+            )
             kept = None
             if isinstance(stability, PseudoInverseConfig):
                 rtol = noise if stability.rank_rtol is None else stability.rank_rtol

@@ -114,7 +114,9 @@ class SymmetricPacking:
         return full.flatten(1).index_select(1, self.flat_mirrored)
 
     def unpack(self, packed: torch.Tensor) -> torch.Tensor:
-        return packed.index_select(1, self._flat_index).view(packed.shape[0], self._size, self._size)
+        return packed.index_select(1, self._flat_index).view(
+            packed.shape[0], self._size, self._size
+        )
 
 
 def keep_previous_where_failed(

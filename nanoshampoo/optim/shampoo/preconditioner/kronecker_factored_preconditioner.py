@@ -103,8 +103,7 @@ class KroneckerFactoredPreconditioner(Preconditioner):
         # The pools of large factors, solved every `multiplier` periods (see large_factor_schedule).
         large_dim, self._large_multiplier = self._large_factor_schedule()
         self._large_keys = tuple(
-            key for key, pool in self._factors.pools.items()
-            if large_dim and pool.size >= large_dim
+            key for key, pool in self._factors.pools.items() if large_dim and pool.size >= large_dim
         )
         self._small_keys = tuple(k for k in self._factors.pools if k not in self._large_keys)
         self._allocate_state()

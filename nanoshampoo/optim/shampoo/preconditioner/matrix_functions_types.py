@@ -45,7 +45,9 @@ def _check_device_name(name: str, value: object) -> None:
         try:
             torch.device(value)
         except RuntimeError:
-            raise ValueError(f"{name} must be '' or a device name like 'cpu', got {value!r}") from None
+            raise ValueError(
+                f"{name} must be '' or a device name like 'cpu', got {value!r}"
+            ) from None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -171,7 +173,9 @@ class EighEigendecompositionConfig(EigendecompositionConfig):
         check_bool("retry_double_precision", self.retry_double_precision)
         _check_rank_deficient_stability_config(self.rank_deficient_stability_config)
         _check_unit_tolerance(self.tolerance)
-        _check_device_name("eigendecomposition_offload_device", self.eigendecomposition_offload_device)
+        _check_device_name(
+            "eigendecomposition_offload_device", self.eigendecomposition_offload_device
+        )
 
 
 @dataclass(kw_only=True)
@@ -444,8 +448,11 @@ class NewtonSchulzOrthogonalizationConfig(OrthogonalizationConfig):
     def __post_init__(self) -> None:
         self._check_scale_by_dims_fn()
         check_int("num_iterations", self.num_iterations, minimum=1)
-        if not (self.compute_dtype is None or self.compute_dtype == "auto"
-                or self.compute_dtype in FLOAT_DTYPES):
+        if not (
+            self.compute_dtype is None
+            or self.compute_dtype == "auto"
+            or self.compute_dtype in FLOAT_DTYPES
+        ):
             raise ValueError(
                 f"compute_dtype must be None, 'auto' or one of {FLOAT_DTYPES}, got "
                 f"{self.compute_dtype!r}"
@@ -456,7 +463,9 @@ class NewtonSchulzOrthogonalizationConfig(OrthogonalizationConfig):
             and len(coefficients) == 3
             and all(validation.is_real(c) and math.isfinite(c) for c in coefficients)
         ):
-            raise ValueError(f"coefficients must be three finite floats (a, b, c), got {coefficients!r}")
+            raise ValueError(
+                f"coefficients must be three finite floats (a, b, c), got {coefficients!r}"
+            )
         self.coefficients = tuple(float(c) for c in coefficients)
 
 

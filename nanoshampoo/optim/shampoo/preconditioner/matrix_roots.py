@@ -235,7 +235,9 @@ def coupled_newton_inverse_root(
     norms = torch.linalg.matrix_norm(matrices).view(-1, 1, 1)
     ridge = epsilon + default_floor_rtol(n, noise_dtype) * norms
     ridged = matrices + ridge * identity
-    z = (root_order + 1) / (2.0 * torch.linalg.matrix_norm(ridged).clamp(min=torch.finfo(ridged.dtype).tiny))
+    z = (root_order + 1) / (
+        2.0 * torch.linalg.matrix_norm(ridged).clamp(min=torch.finfo(ridged.dtype).tiny)
+    )
     z = z.view(-1, 1, 1)
     roots = z.pow(1.0 / root_order) * identity
     m = z * ridged
@@ -305,7 +307,10 @@ def coupled_higher_order_inverse_root(
     identity = torch.eye(n, dtype=matrices.dtype, device=matrices.device)
     noise_dtype = least_precise_dtype(matrices.dtype, root_dtype or matrices.dtype)
     bound = torch.linalg.matrix_norm(matrices, ord=torch.inf).view(-1, 1, 1)
-    ridge = torch.clamp(bound * rel_epsilon, min=abs_epsilon) + default_floor_rtol(n, noise_dtype) * bound
+    ridge = (
+        torch.clamp(bound * rel_epsilon, min=abs_epsilon)
+        + default_floor_rtol(n, noise_dtype) * bound
+    )
     ridged = matrices + ridge * identity
     trace = ridged.diagonal(dim1=-2, dim2=-1).sum(-1).clamp(min=torch.finfo(ridged.dtype).tiny)
     z = (1.0 / trace).view(-1, 1, 1)
@@ -401,7 +406,9 @@ def root_error_estimate(
     mass = diagonal.clamp(min=0.0)
     error = (change.square_() @ mass.unsqueeze(-1)).squeeze(-1).sum(dim=-1)
     total = (weights.square() * mass).sum(dim=-1)
-    return torch.where(total > 0.0, error / total.clamp(min=torch.finfo(total.dtype).tiny), 0.0).sqrt()
+    return torch.where(
+        total > 0.0, error / total.clamp(min=torch.finfo(total.dtype).tiny), 0.0
+    ).sqrt()
 
 
 def warm_started_eigh_inverse_root(
@@ -474,7 +481,9 @@ def warm_started_eigh_inverse_root(
                 break
             try:
                 # From the basis sorted by descending Rayleigh quotient (see the docstring).
-                refined = torch.linalg.qr(product.gather(-1, order.unsqueeze(-2).expand_as(product))).Q
+                refined = torch.linalg.qr(
+                    product.gather(-1, order.unsqueeze(-2).expand_as(product))
+                ).Q
             except RuntimeError:  # LinAlgError on non-finite input: leave those to the eigh below
                 break
             bases = torch.where(accepted.view(-1, 1, 1), bases, refined)
@@ -494,5 +503,7 @@ def warm_started_eigh_inverse_root(
         bases = bases.index_copy(0, solve, evecs.flip(-1))
         ok = ok.index_copy(0, solve, solved_ok)
     roots = (root_bases * weights.unsqueeze(-2)) @ root_bases.mT
-    finite = torch.isfinite(roots).all(dim=-1).all(dim=-1) & torch.isfinite(bases).all(dim=-1).all(dim=-1)
+    finite = torch.isfinite(roots).all(dim=-1).all(dim=-1) & torch.isfinite(bases).all(dim=-1).all(
+        dim=-1
+    )
     return roots, bases, ok & finite, warm & ~accepted

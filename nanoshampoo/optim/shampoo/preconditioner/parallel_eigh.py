@@ -71,7 +71,9 @@ def _pool(width: int) -> ThreadPoolExecutor:
             # Each worker's own OpenMP thread count is 1 (it is per thread: the caller's
             # set_num_threads(1) alone leaves the workers' LAPACK at every core, oversubscribed).
             _pools[width] = ThreadPoolExecutor(
-                max_workers=width, thread_name_prefix="eigh", initializer=torch.set_num_threads,
+                max_workers=width,
+                thread_name_prefix="eigh",
+                initializer=torch.set_num_threads,
                 initargs=(1,),
             )
         return _pools[width]

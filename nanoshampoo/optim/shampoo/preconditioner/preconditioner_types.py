@@ -151,8 +151,12 @@ class BaseShampooPreconditionerConfig(PreconditionerConfig):
         check_bool("use_trace_scaling", self.use_trace_scaling)
         exponent = self.trace_scaling_exponent
         if self.use_trace_scaling:
-            validation.check_float("trace_scaling_exponent (with use_trace_scaling)", exponent,
-                                   greater_than=0.0, at_most=1.0)
+            validation.check_float(
+                "trace_scaling_exponent (with use_trace_scaling)",
+                exponent,
+                greater_than=0.0,
+                at_most=1.0,
+            )
         elif not validation.is_real(exponent):
             # Unused without use_trace_scaling: any number (even NaN) passes, as before.
             raise ValueError(f"trace_scaling_exponent must be a float, got {exponent!r}")
@@ -226,7 +230,10 @@ class ClassicShampooPreconditionerConfig(BaseShampooPreconditionerConfig):
             raise ValueError(
                 f"factor_matrix_dtype must be one of {FLOAT_DTYPES}, got {self.factor_matrix_dtype!r}"
             )
-        if self.inv_factor_matrix_dtype is not None and self.inv_factor_matrix_dtype not in FLOAT_DTYPES:
+        if (
+            self.inv_factor_matrix_dtype is not None
+            and self.inv_factor_matrix_dtype not in FLOAT_DTYPES
+        ):
             raise ValueError(
                 f"inv_factor_matrix_dtype must be None or one of {FLOAT_DTYPES}, got "
                 f"{self.inv_factor_matrix_dtype!r}"
@@ -235,17 +242,23 @@ class ClassicShampooPreconditionerConfig(BaseShampooPreconditionerConfig):
             raise ValueError(
                 f"precondition_dtype must be None or torch.bfloat16, got {self.precondition_dtype!r}"
             )
-        check_int("num_tolerated_failed_amortized_computations",
-                  self.num_tolerated_failed_amortized_computations, minimum=0)
+        check_int(
+            "num_tolerated_failed_amortized_computations",
+            self.num_tolerated_failed_amortized_computations,
+            minimum=0,
+        )
         self._validate_inverse_exponent_override()
         check_int("large_factor_dim", self.large_factor_dim, minimum=0)
-        check_int("large_factor_frequency_multiplier", self.large_factor_frequency_multiplier,
-                  minimum=1)
+        check_int(
+            "large_factor_frequency_multiplier", self.large_factor_frequency_multiplier, minimum=1
+        )
         if self.pack_factor_matrices is not None:
             check_bool("pack_factor_matrices", self.pack_factor_matrices)
             warnings.warn(
                 "pack_factor_matrices is deprecated: use use_symmetric_packing (the reference "
-                "library's name; same meaning, upper triangles)", DeprecationWarning, stacklevel=3,
+                "library's name; same meaning, upper triangles)",
+                DeprecationWarning,
+                stacklevel=3,
             )
             self.use_symmetric_packing = self.pack_factor_matrices
         check_bool("use_symmetric_packing", self.use_symmetric_packing)
@@ -275,10 +288,15 @@ class ClassicShampooPreconditionerConfig(BaseShampooPreconditionerConfig):
             per_dim = value if isinstance(value, dict) else {None: value}
             for dim, exponent in per_dim.items():
                 if dim is not None:
-                    validation.check_int(f"{name}[{order}] keys (dims)", dim, at_least=0,
-                                         less_than=order)
+                    validation.check_int(
+                        f"{name}[{order}] keys (dims)", dim, at_least=0, less_than=order
+                    )
                 validation.check_float(f"{name}[{order}] exponents", exponent, at_least=0.0)
-                if coupled and exponent > 0.0 and abs(1.0 / exponent - round(1.0 / exponent)) > 1e-9:
+                if (
+                    coupled
+                    and exponent > 0.0
+                    and abs(1.0 / exponent - round(1.0 / exponent)) > 1e-9
+                ):
                     raise ValueError(
                         f"{name}[{order}] exponent {exponent!r}: CoupledNewtonConfig needs "
                         "1 / exponent to be an integer root order"
@@ -385,17 +403,24 @@ class EigenvalueCorrectedShampooPreconditionerConfig(BaseShampooPreconditionerCo
             self.num_tolerated_failed_amortized_computations,
             minimum=0,
         )
-        for name in ("factor_matrix_dtype", "factor_matrix_eigenvectors_dtype", "corrected_eigenvalues_dtype"):
+        for name in (
+            "factor_matrix_dtype",
+            "factor_matrix_eigenvectors_dtype",
+            "corrected_eigenvalues_dtype",
+        ):
             if getattr(self, name) not in FLOAT_DTYPES:
-                raise ValueError(f"{name} must be one of {FLOAT_DTYPES}, got {getattr(self, name)!r}")
+                raise ValueError(
+                    f"{name} must be one of {FLOAT_DTYPES}, got {getattr(self, name)!r}"
+                )
         self._validate_ignored_basis_change_dims()
         override = self.inverse_exponent_override
         if not isinstance(override, dict):
             raise ValueError(f"inverse_exponent_override must be a dict, got {override!r}")
         for order, exponent in override.items():
             check_int("inverse_exponent_override keys", order, minimum=0)
-            validation.check_float(f"inverse_exponent_override[{order}]", exponent,
-                                   greater_than=0.0)
+            validation.check_float(
+                f"inverse_exponent_override[{order}]", exponent, greater_than=0.0
+            )
 
     def _validate_ignored_basis_change_dims(self) -> None:
         name = "ignored_basis_change_dims"
@@ -407,8 +432,9 @@ class EigenvalueCorrectedShampooPreconditionerConfig(BaseShampooPreconditionerCo
             if not isinstance(dims, (list, tuple)):
                 raise ValueError(f"{name}[{order}] must be a list of dims, got {dims!r}")
             for dim in dims:
-                validation.check_int(f"{name}[{order}] dims", dim, at_least=0,
-                                     at_most=max(order - 1, 0))
+                validation.check_int(
+                    f"{name}[{order}] dims", dim, at_least=0, at_most=max(order - 1, 0)
+                )
             if len(set(dims)) != len(dims):
                 raise ValueError(f"{name}[{order}] has duplicate dims: {dims!r}")
 

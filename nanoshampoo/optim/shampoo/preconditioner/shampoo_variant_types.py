@@ -57,7 +57,9 @@ class EigendecomposedShampooPreconditionerConfig(ClassicShampooPreconditionerCon
         super().__post_init__()
         for name in ("factor_matrix_eigenvectors_dtype", "factor_matrix_eigenvalues_dtype"):
             if getattr(self, name) not in FLOAT_DTYPES:
-                raise ValueError(f"{name} must be one of {FLOAT_DTYPES}, got {getattr(self, name)!r}")
+                raise ValueError(
+                    f"{name} must be one of {FLOAT_DTYPES}, got {getattr(self, name)!r}"
+                )
         if self.inv_factor_matrix_dtype is not None:
             raise ValueError(
                 "inv_factor_matrix_dtype must be None for EigendecomposedShampooPreconditionerConfig "

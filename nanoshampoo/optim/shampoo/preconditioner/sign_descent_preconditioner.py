@@ -33,7 +33,9 @@ class SignDescentPreconditioner(Preconditioner):
 
     name = "sign_descent"
 
-    def __init__(self, buckets: Sequence[BlockBucket], config: SignDescentPreconditionerConfig) -> None:
+    def __init__(
+        self, buckets: Sequence[BlockBucket], config: SignDescentPreconditionerConfig
+    ) -> None:
         super().__init__(buckets)
         self._scale_fn = config.scale_fn
         self._outputs = [bucket.zeros() for bucket in self._buckets]

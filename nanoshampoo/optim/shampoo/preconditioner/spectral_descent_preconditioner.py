@@ -96,8 +96,9 @@ def _normalize_into(matrices: torch.Tensor, out: torch.Tensor) -> None:
     torch.div(matrices, norms + _NORMALIZATION_EPSILON, out=out)
 
 
-def _iterate_wide(x: torch.Tensor, coefficients: tuple[float, float, float],
-                  num_iterations: int) -> torch.Tensor:
+def _iterate_wide(
+    x: torch.Tensor, coefficients: tuple[float, float, float], num_iterations: int
+) -> torch.Tensor:
     """``num_iterations`` quintic steps on a ``(B, r, c)`` stack with ``r <= c``, in its dtype.
 
     In float32/float64, when it needs fewer products, the iteration runs in Gram space
@@ -108,7 +109,8 @@ def _iterate_wide(x: torch.Tensor, coefficients: tuple[float, float, float],
     ratio = cols / rows
     # Products of r^3 multiply-adds: n (2 ratio + 1) on X against 2 ratio + 4 n - 3 in Gram space.
     if x.dtype in (torch.float32, torch.float64) and (
-            num_iterations * (2 * ratio + 1) > 2 * ratio + 4 * num_iterations - 3):
+        num_iterations * (2 * ratio + 1) > 2 * ratio + 4 * num_iterations - 3
+    ):
         return _iterate_in_gram_space(x, coefficients, num_iterations)
     a, b, c = coefficients
     for _ in range(num_iterations):
@@ -118,8 +120,9 @@ def _iterate_wide(x: torch.Tensor, coefficients: tuple[float, float, float],
     return x
 
 
-def _iterate_in_gram_space(x: torch.Tensor, coefficients: tuple[float, float, float],
-                           num_iterations: int) -> torch.Tensor:
+def _iterate_in_gram_space(
+    x: torch.Tensor, coefficients: tuple[float, float, float], num_iterations: int
+) -> torch.Tensor:
     """The same iterates as on ``X``, computed with ``r x r`` products: ``X_n = Q X_0``.
 
     Every iterate is ``X_k = Q_k X_0`` with ``Q_k`` a polynomial in ``A_0 = X_0 X_0^T``, so with
@@ -148,7 +151,9 @@ def _gram_polynomial(gram: torch.Tensor, coefficients: tuple[float, float, float
 
 
 def newton_schulz_orthogonalize(
-    matrices: torch.Tensor, coefficients: tuple[float, float, float], num_iterations: int,
+    matrices: torch.Tensor,
+    coefficients: tuple[float, float, float],
+    num_iterations: int,
     compute_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
     """Approximately ``U V^T`` for each matrix of a ``(B, m, n)`` stack (quintic Newton-Schulz).
@@ -299,15 +304,19 @@ class SpectralDescentPreconditioner(Preconditioner):
             raise TypeError(f"unsupported orthogonalization_config {method!r}")
         return self._outputs
 
-    def _newton_schulz(self, stack: _WideStack, grads: Sequence[torch.Tensor],
-                       method: NewtonSchulzOrthogonalizationConfig) -> None:
+    def _newton_schulz(
+        self,
+        stack: _WideStack,
+        grads: Sequence[torch.Tensor],
+        method: NewtonSchulzOrthogonalizationConfig,
+    ) -> None:
         """Normalize the stack's gradients into its buffer, iterate once, scatter the results."""
         parts = []
         offset = 0
         for index, transposed in stack.members:
             rows, cols = self._matrix_shapes[index]
             matrices = grads[index].reshape(-1, rows, cols)
-            part = stack.buffer[offset:offset + matrices.shape[0]]
+            part = stack.buffer[offset : offset + matrices.shape[0]]
             _normalize_into(matrices.mT if transposed else matrices, part)
             parts.append(matrices.shape[0])
             offset += matrices.shape[0]
@@ -316,7 +325,9 @@ class SpectralDescentPreconditioner(Preconditioner):
             self._write_output(index, part.mT if transposed else part, method)
 
     def _write_output(
-        self, index: int, result: torch.Tensor,
+        self,
+        index: int,
+        result: torch.Tensor,
         method: NewtonSchulzOrthogonalizationConfig | SVDOrthogonalizationConfig,
     ) -> None:
         """``outputs[index] <- result * scale_by_dims_fn(cols, rows)``, cast to the bucket dtype."""

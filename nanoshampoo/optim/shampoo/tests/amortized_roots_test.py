@@ -28,9 +28,13 @@ SHAPES = [(12, 12), (12, 12), (12, 20), (20,), (5, 6, 7)]
 FREQUENCY = 3
 
 
-def _optimizer(amortize: bool, **kwargs: Any) -> tuple[DistributedShampoo, list[torch.nn.Parameter]]:
+def _optimizer(
+    amortize: bool, **kwargs: Any
+) -> tuple[DistributedShampoo, list[torch.nn.Parameter]]:
     gen = torch.Generator().manual_seed(0)
-    params = [torch.nn.Parameter(torch.randn(s, dtype=torch.float64, generator=gen)) for s in SHAPES]
+    params = [
+        torch.nn.Parameter(torch.randn(s, dtype=torch.float64, generator=gen)) for s in SHAPES
+    ]
     opt = DistributedShampoo(
         params,
         lr=0.01,
@@ -58,12 +62,16 @@ def _record_solved_rows(monkeypatch: pytest.MonkeyPatch) -> list[list[tuple[Any,
     original = KroneckerFactoredPreconditioner.amortized_computation
     solve_of: dict[type, Any] = {}
 
-    def amortized(self: Any, step: int, share: int = 0, num_shares: int = 1, period: Any = None) -> None:
+    def amortized(
+        self: Any, step: int, share: int = 0, num_shares: int = 1, period: Any = None
+    ) -> None:
         solved.append([])
         cls = type(self)
         solve_of.setdefault(cls, cls._solve)
 
-        def recording(inner: Any, key: Any, matrices: torch.Tensor, rows: torch.Tensor | None) -> Any:
+        def recording(
+            inner: Any, key: Any, matrices: torch.Tensor, rows: torch.Tensor | None
+        ) -> Any:
             count = matrices.shape[0]
             solved[-1].extend((key, r) for r in (range(count) if rows is None else rows.tolist()))
             return solve_of[cls](inner, key, matrices, rows)
@@ -83,10 +91,14 @@ def _record_solved_rows(monkeypatch: pytest.MonkeyPatch) -> list[list[tuple[Any,
 def test_the_schedule_solves_every_factor_once_per_period_and_spreads_the_work(
     monkeypatch: pytest.MonkeyPatch, soap: bool
 ) -> None:
-    kwargs = {"preconditioner_config": EigenvalueCorrectedShampooPreconditionerConfig()} if soap else {}
+    kwargs = (
+        {"preconditioner_config": EigenvalueCorrectedShampooPreconditionerConfig()} if soap else {}
+    )
     opt, params = _optimizer(True, **kwargs)
     solved = _record_solved_rows(monkeypatch)
-    num_factors = sum(len(p.labels) for p in opt._runtimes[0].preconditioner._factors.pools.values())
+    num_factors = sum(
+        len(p.labels) for p in opt._runtimes[0].preconditioner._factors.pools.values()
+    )
     for seed in range(1, 3 * FREQUENCY + 1):
         _step(opt, params, seed)
     steps = [calls[-1][1] for calls in solved]
@@ -124,7 +136,9 @@ def test_each_solved_root_comes_from_the_factors_of_its_step_and_the_others_are_
             # The same function on the same float32 factors of this step: the same bits, made
             # symmetric (X + X^T) / 2 as the preconditioner keeps its roots.
             expected, ok = eigh_inverse_root(
-                pre._factors.matrices(pool, rows, divisor=correction), pre._exponents[key][rows], 1e-10
+                pre._factors.matrices(pool, rows, divisor=correction),
+                pre._exponents[key][rows],
+                1e-10,
             )
             assert bool(ok.all())
             expected = (expected + expected.mT).mul_(0.5)
@@ -168,7 +182,9 @@ def test_amortize_roots_must_be_a_bool(value: Any) -> None:
 def test_soap_refolds_only_the_buckets_whose_bases_moved_and_loses_nothing() -> None:
     """Re-folding every bucket after an amortized SOAP step changes no corrected eigenvalue:
     the skipped buckets kept their bases, so their D was already folded in them."""
-    opt, params = _optimizer(True, preconditioner_config=EigenvalueCorrectedShampooPreconditionerConfig())
+    opt, params = _optimizer(
+        True, preconditioner_config=EigenvalueCorrectedShampooPreconditionerConfig()
+    )
     pre = opt._runtimes[0].preconditioner
     for seed in range(1, 3 * FREQUENCY + 1):
         _step(opt, params, seed)
@@ -176,5 +192,7 @@ def test_soap_refolds_only_the_buckets_whose_bases_moved_and_loses_nothing() -> 
         for index in range(len(pre._corrected)):
             pre._fold_step_into_corrected_eigenvalues(index)
         assert all(torch.equal(a, b) for a, b in zip(folded, pre._corrected))
-    skipped = [set(range(len(pre._corrected))) - buckets for buckets in pre._share_buckets(FREQUENCY)]
+    skipped = [
+        set(range(len(pre._corrected))) - buckets for buckets in pre._share_buckets(FREQUENCY)
+    ]
     assert any(skipped)  # the test covers skipped buckets

@@ -20,7 +20,7 @@ LR, EPSILON, STEPS = 0.1, 1e-12, 4
 
 def _inverse_fourth_root(matrix: np.ndarray) -> np.ndarray:
     values, vectors = np.linalg.eigh(matrix + EPSILON * np.eye(len(matrix)))
-    return (vectors * values ** -0.25) @ vectors.T
+    return (vectors * values**-0.25) @ vectors.T
 
 
 def test_each_step_is_shampoo_on_its_own_gradient() -> None:
@@ -29,8 +29,14 @@ def test_each_step_is_shampoo_on_its_own_gradient() -> None:
     weights = param.detach().double().numpy().copy()
     # max_preconditioner_dim 4 keeps the (4, 3) block one matrix: 4 * 3 > 4, so no merge. L is
     # rank 3 (rank-deficient, as wide blocks are), G has no component in its null space.
-    opt = DistributedShampoo([param], lr=LR, betas=(0.0, 0.0), epsilon=EPSILON,
-                             max_preconditioner_dim=4, precondition_frequency=1)
+    opt = DistributedShampoo(
+        [param],
+        lr=LR,
+        betas=(0.0, 0.0),
+        epsilon=EPSILON,
+        max_preconditioner_dim=4,
+        precondition_frequency=1,
+    )
     for _ in range(STEPS):
         grad = torch.randn(SHAPE)
         param.grad = grad

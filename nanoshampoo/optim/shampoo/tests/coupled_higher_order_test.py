@@ -46,12 +46,16 @@ def test_coefficients_are_the_taylor_series_of_the_inverse_root() -> None:
 @pytest.mark.parametrize("order", [2, 3, 5])
 @pytest.mark.parametrize("root", [Fraction(2), Fraction(4), Fraction(6), Fraction(5, 2)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-def test_matches_the_float64_eigh_root_of_the_ridged_matrix(order: int, root: Fraction, dtype: torch.dtype) -> None:
+def test_matches_the_float64_eigh_root_of_the_ridged_matrix(
+    order: int, root: Fraction, dtype: torch.dtype
+) -> None:
     gen = torch.Generator().manual_seed(order)
     g = torch.randn(4, 12, 30, generator=gen, dtype=torch.float64)
     a = g @ g.mT
     rel, absolute = 1e-6, 1e-4
-    roots, ok = coupled_higher_order_inverse_root(a.to(dtype), root, rel, absolute, 100, 1e-10, order)
+    roots, ok = coupled_higher_order_inverse_root(
+        a.to(dtype), root, rel, absolute, 100, 1e-10, order
+    )
     assert ok.all()
     bound = torch.linalg.matrix_norm(a, ord=torch.inf)
     for index in range(a.shape[0]):
@@ -73,7 +77,10 @@ def test_rank_deficient_float32_without_a_ridge_converges() -> None:
     for index in range(3):
         delta = 4.0 * torch.finfo(torch.float32).eps * bound[index].item()
         expected = _eigh_root(a[index].double().numpy() + delta * np.eye(16), 0.25)
-        assert np.linalg.norm(roots[index].double().numpy() - expected) / np.linalg.norm(expected) < 1e-2
+        assert (
+            np.linalg.norm(roots[index].double().numpy() - expected) / np.linalg.norm(expected)
+            < 1e-2
+        )
 
 
 def test_a_non_finite_matrix_is_reported_failed() -> None:
@@ -88,32 +95,55 @@ def test_optimizer_matches_the_float64_shampoo_loop(shape: tuple[int, ...]) -> N
     """With ``abs_epsilon = eps`` the ridge is the loop's ``eps`` (the float64 noise term is
     1e-15 relative), and the group's epsilon is not used."""
     solver = CoupledHigherOrderConfig(rel_epsilon=0.0, abs_epsilon=1e-6, tolerance=1e-12, order=3)
-    config = RootInvShampooPreconditionerConfig(amortized_computation_config=solver, factor_matrix_dtype=torch.float64)
+    config = RootInvShampooPreconditionerConfig(
+        amortized_computation_config=solver, factor_matrix_dtype=torch.float64
+    )
     gen = torch.Generator().manual_seed(2)
     param = torch.nn.Parameter(torch.randn(shape, generator=gen, dtype=torch.float64))
     initial = param.detach().numpy().copy()
     grads = [torch.randn(shape, generator=gen, dtype=torch.float64) for _ in range(6)]
-    opt = DistributedShampoo([param], lr=0.05, betas=(0.9, 0.95), epsilon=1e-12, max_preconditioner_dim=8,
-                             precondition_frequency=2, preconditioner_config=config)
+    opt = DistributedShampoo(
+        [param],
+        lr=0.05,
+        betas=(0.9, 0.95),
+        epsilon=1e-12,
+        max_preconditioner_dim=8,
+        precondition_frequency=2,
+        preconditioner_config=config,
+    )
     for g in grads:
         param.grad = g.clone()
         opt.step()
-    expected = run_reference(initial, [g.numpy() for g in grads], lr=0.05, betas=(0.9, 0.95), epsilon=1e-6,
-                             frequency=2, start=2)
+    expected = run_reference(
+        initial,
+        [g.numpy() for g in grads],
+        lr=0.05,
+        betas=(0.9, 0.95),
+        epsilon=1e-6,
+        frequency=2,
+        start=2,
+    )
     assert np.linalg.norm(param.detach().numpy() - expected) / np.linalg.norm(expected) < 1e-8
 
 
 def test_optimizer_float32_rank_deficient_at_epsilon_1e_12_never_fails() -> None:
     solver = CoupledHigherOrderConfig(rel_epsilon=0.0, abs_epsilon=0.0)
-    config = RootInvShampooPreconditionerConfig(amortized_computation_config=solver,
-                                                num_tolerated_failed_amortized_computations=0)
+    config = RootInvShampooPreconditionerConfig(
+        amortized_computation_config=solver, num_tolerated_failed_amortized_computations=0
+    )
     gen = torch.Generator().manual_seed(3)
     params = [torch.nn.Parameter(torch.randn(s, generator=gen)) for s in [(6, 5), (7,), (2, 8)]]
-    opt = DistributedShampoo(params, lr=0.01, epsilon=1e-12, max_preconditioner_dim=8, preconditioner_config=config)
+    opt = DistributedShampoo(
+        params, lr=0.01, epsilon=1e-12, max_preconditioner_dim=8, preconditioner_config=config
+    )
     for _ in range(15):
         for p in params:
             g = torch.randn(p.shape, generator=gen)
-            p.grad = torch.outer(g.flatten()[:1], g.flatten()).reshape(p.shape) if p.dim() == 1 else g[:1].expand_as(g).clone()
+            p.grad = (
+                torch.outer(g.flatten()[:1], g.flatten()).reshape(p.shape)
+                if p.dim() == 1
+                else g[:1].expand_as(g).clone()
+            )
         opt.step()
         assert all(torch.isfinite(p).all() for p in params)
 

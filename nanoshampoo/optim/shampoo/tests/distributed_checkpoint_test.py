@@ -56,8 +56,14 @@ def make_model(seed: int) -> torch.nn.Module:
 
 def make_optimizer(model: torch.nn.Module, config: DistributedConfig) -> DistributedShampoo:
     return DistributedShampoo(
-        model.parameters(), lr=0.02, betas=(0.9, 0.99), epsilon=1e-8, momentum=0.5,
-        weight_decay=0.01, max_preconditioner_dim=MAX_DIM, precondition_frequency=3,
+        model.parameters(),
+        lr=0.02,
+        betas=(0.9, 0.99),
+        epsilon=1e-8,
+        momentum=0.5,
+        weight_decay=0.01,
+        max_preconditioner_dim=MAX_DIM,
+        precondition_frequency=3,
         grafting_config=AdamPreconditionerConfig(beta2=0.99, epsilon=1e-8),
         distributed_config=config,
     )
@@ -143,7 +149,10 @@ def test_dcp_with_ddp_ranks_saves_each_block_once_and_reshards(tmp_path: Path) -
             assert torch.equal(got, want)
 
     # Each rank saved different blocks under their global names: no key is shared.
-    blocks = [{(i, k) for i, s in result["saved_state"].items() for k in s if k != "step"} for result in results]
+    blocks = [
+        {(i, k) for i, s in result["saved_state"].items() for k in s if k != "step"}
+        for result in results
+    ]
     assert blocks[0] and blocks[1] and not blocks[0] & blocks[1]
     union: OptimizerState = {}
     for result in results:
@@ -193,7 +202,10 @@ def fsdp2_dcp_body(rank: int, world_size: int, checkpoint: str) -> dict[str, Any
 
         fresh = sharded(seed=99)
         fresh_optimizer = make_optimizer(fresh, config)
-        template = {"model": get_model_state_dict(fresh), "optim": get_optimizer_state_dict(fresh, fresh_optimizer)}
+        template = {
+            "model": get_model_state_dict(fresh),
+            "optim": get_optimizer_state_dict(fresh, fresh_optimizer),
+        }
         dcp.load(template, checkpoint_id=path)
         set_model_state_dict(fresh, template["model"])
         set_optimizer_state_dict(fresh, fresh_optimizer, template["optim"])
@@ -226,5 +238,7 @@ def test_fsdp2_get_and_set_optimizer_state_dict_resume_bit_identically(tmp_path:
             for got, want in zip(result["resumed"], result["uninterrupted"], strict=True):
                 assert torch.equal(got, want)
         if strategy == "ROUND_ROBIN":  # lossless: the single-process optimizer's parameters
-            for got, want in zip(results[0][strategy]["uninterrupted"], single.parameters(), strict=True):
+            for got, want in zip(
+                results[0][strategy]["uninterrupted"], single.parameters(), strict=True
+            ):
                 torch.testing.assert_close(got, want.detach(), rtol=1e-5, atol=1e-6)

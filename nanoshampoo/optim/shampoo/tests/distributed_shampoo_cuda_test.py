@@ -46,7 +46,9 @@ def _initial_params() -> list[torch.Tensor]:
 
 def _grads() -> list[list[torch.Tensor]]:
     gen = torch.Generator().manual_seed(1)
-    return [[torch.randn(s, generator=gen, dtype=torch.float64) for s in SHAPES] for _ in range(STEPS)]
+    return [
+        [torch.randn(s, generator=gen, dtype=torch.float64) for s in SHAPES] for _ in range(STEPS)
+    ]
 
 
 def _run(
@@ -55,8 +57,13 @@ def _run(
     """Parameters after ``STEPS`` steps (back on CPU, float64) and the optimizer."""
     params = [torch.nn.Parameter(p.to(device=device, dtype=dtype)) for p in _initial_params()]
     optimizer = DistributedShampoo(
-        params, lr=0.01, betas=(0.9, 0.95), epsilon=epsilon, weight_decay=0.1,
-        max_preconditioner_dim=MAX_DIM, precondition_frequency=3,
+        params,
+        lr=0.01,
+        betas=(0.9, 0.95),
+        epsilon=epsilon,
+        weight_decay=0.1,
+        max_preconditioner_dim=MAX_DIM,
+        precondition_frequency=3,
         grafting_config=AdamPreconditionerConfig(beta2=0.95, epsilon=1e-10),
         preconditioner_config=RootInvShampooPreconditionerConfig(factor_matrix_dtype=factor_dtype),
     )

@@ -80,7 +80,9 @@ class ReferenceBlock:
     def __init__(self, shape: tuple[int, ...], h: dict[str, Any]) -> None:
         self.h = h
         self.order = len(shape)
-        self.exponents = [reference_exponent(self.order, i, h["override"]) for i in range(self.order)]
+        self.exponents = [
+            reference_exponent(self.order, i, h["override"]) for i in range(self.order)
+        ]
         self.factors = [np.zeros((n, n)) for n in shape]
         self.roots = [np.eye(n) for n in shape]
         self.v = np.zeros(shape)
@@ -119,7 +121,9 @@ class ReferenceBlock:
         if (t % f == 0 and t > s) or t == s:  # (4)
             for i in range(self.order):
                 if self.exponents[i] != 0.0:
-                    self.roots[i] = reference_root(self.factors[i] / bc2, h["epsilon"], self.exponents[i])
+                    self.roots[i] = reference_root(
+                        self.factors[i] / bc2, h["epsilon"], self.exponents[i]
+                    )
         if b1 == 0.0:  # (5)
             gbar = g
         else:
@@ -148,10 +152,20 @@ class ReferenceBlock:
 
 
 DEFAULTS: dict[str, Any] = dict(
-    lr=0.05, betas=(0.9, 1.0), beta3=-1.0, epsilon=1e-3, momentum=0.0, dampening=0.0,
-    use_nesterov=False, weight_decay=0.0, weight_decay_type=WeightDecayType.DECOUPLED,
-    precondition_frequency=1, start_preconditioning_step=-1, use_bias_correction=True,
-    grafting_config=None, override={},
+    lr=0.05,
+    betas=(0.9, 1.0),
+    beta3=-1.0,
+    epsilon=1e-3,
+    momentum=0.0,
+    dampening=0.0,
+    use_nesterov=False,
+    weight_decay=0.0,
+    weight_decay_type=WeightDecayType.DECOUPLED,
+    precondition_frequency=1,
+    start_preconditioning_step=-1,
+    use_bias_correction=True,
+    grafting_config=None,
+    override={},
 )
 
 CASES = {
@@ -160,18 +174,29 @@ CASES = {
     "adagrad_grafting": dict(grafting_config=AdaGradPreconditionerConfig(epsilon=1e-8)),
     "rmsprop_grafting": dict(grafting_config=RMSpropPreconditionerConfig(beta2=0.9, epsilon=1e-8)),
     "sgd_grafting": dict(grafting_config=SGDPreconditionerConfig()),
-    "frequency3_start_default": dict(precondition_frequency=3, grafting_config=AdamPreconditionerConfig()),
-    "frequency3_start5": dict(precondition_frequency=3, start_preconditioning_step=5,
-                              grafting_config=AdaGradPreconditionerConfig(epsilon=1e-8)),
+    "frequency3_start_default": dict(
+        precondition_frequency=3, grafting_config=AdamPreconditionerConfig()
+    ),
+    "frequency3_start5": dict(
+        precondition_frequency=3,
+        start_preconditioning_step=5,
+        grafting_config=AdaGradPreconditionerConfig(epsilon=1e-8),
+    ),
     "start5": dict(start_preconditioning_step=5),
     "beta2_ema": dict(betas=(0.9, 0.95), grafting_config=AdamPreconditionerConfig()),
     "beta2_ema_no_bias_correction": dict(betas=(0.8, 0.95), use_bias_correction=False),
     "no_filtering": dict(betas=(0.0, 1.0)),
     "beta3": dict(betas=(0.95, 0.99), beta3=0.8, grafting_config=AdamPreconditionerConfig()),
-    "l2": dict(weight_decay=0.1, weight_decay_type=WeightDecayType.L2,
-               grafting_config=AdamPreconditionerConfig()),
-    "decoupled": dict(weight_decay=0.1, weight_decay_type=WeightDecayType.DECOUPLED,
-                      grafting_config=AdamPreconditionerConfig()),
+    "l2": dict(
+        weight_decay=0.1,
+        weight_decay_type=WeightDecayType.L2,
+        grafting_config=AdamPreconditionerConfig(),
+    ),
+    "decoupled": dict(
+        weight_decay=0.1,
+        weight_decay_type=WeightDecayType.DECOUPLED,
+        grafting_config=AdamPreconditionerConfig(),
+    ),
     "momentum": dict(momentum=0.9, dampening=0.1, grafting_config=AdamPreconditionerConfig()),
     "nesterov": dict(momentum=0.9, use_nesterov=True, grafting_config=AdamPreconditionerConfig()),
     "exponent_override": dict(override={2: {0: 0.0}, 1: 0.25, 3: 0.2}),
@@ -179,11 +204,21 @@ CASES = {
     # settings of the issue-19 side-by-side check): the first root uses the step-2 (or step-1)
     # gradient, and epsilon is the only thing on the factors' null spaces.
     "start2_frequency2_rank_deficient": dict(
-        betas=(0.9, 0.999), epsilon=1e-6, precondition_frequency=2, start_preconditioning_step=2,
-        weight_decay=0.01, grafting_config=AdamPreconditionerConfig(beta2=0.999, epsilon=1e-8)),
+        betas=(0.9, 0.999),
+        epsilon=1e-6,
+        precondition_frequency=2,
+        start_preconditioning_step=2,
+        weight_decay=0.01,
+        grafting_config=AdamPreconditionerConfig(beta2=0.999, epsilon=1e-8),
+    ),
     "start1_epsilon_1e-12_rank_deficient": dict(
-        betas=(0.9, 0.999), epsilon=1e-12, precondition_frequency=1, start_preconditioning_step=1,
-        weight_decay=0.01, grafting_config=AdamPreconditionerConfig(beta2=0.999, epsilon=1e-8)),
+        betas=(0.9, 0.999),
+        epsilon=1e-12,
+        precondition_frequency=1,
+        start_preconditioning_step=1,
+        weight_decay=0.01,
+        grafting_config=AdamPreconditionerConfig(beta2=0.999, epsilon=1e-8),
+    ),
 }
 
 
@@ -194,20 +229,28 @@ def _make_params(seed: int) -> list[torch.nn.Parameter]:
 
 def _grad_sequence(seed: int, steps: int) -> list[list[torch.Tensor]]:
     gen = torch.Generator().manual_seed(seed + 1)
-    return [[torch.randn(s, generator=gen, dtype=torch.float64) for s in SHAPES] for _ in range(steps)]
+    return [
+        [torch.randn(s, generator=gen, dtype=torch.float64) for s in SHAPES] for _ in range(steps)
+    ]
 
 
-def _optimizer(params: list[torch.nn.Parameter], h: dict[str, Any], **extra: Any) -> DistributedShampoo:
+def _optimizer(
+    params: list[torch.nn.Parameter], h: dict[str, Any], **extra: Any
+) -> DistributedShampoo:
     kwargs = {k: v for k, v in h.items() if k != "override"}
     config = RootInvShampooPreconditionerConfig(
         factor_matrix_dtype=torch.float64,
         inverse_exponent_override=h["override"],
         **extra.pop("shampoo", {}),
     )
-    return DistributedShampoo(params, max_preconditioner_dim=MAX_DIM, preconditioner_config=config, **kwargs, **extra)
+    return DistributedShampoo(
+        params, max_preconditioner_dim=MAX_DIM, preconditioner_config=config, **kwargs, **extra
+    )
 
 
-def _run(opt: DistributedShampoo, params: list[torch.nn.Parameter], grads: list[list[torch.Tensor]]) -> None:
+def _run(
+    opt: DistributedShampoo, params: list[torch.nn.Parameter], grads: list[list[torch.Tensor]]
+) -> None:
     for step_grads in grads:
         for p, g in zip(params, step_grads):
             p.grad = g.clone()
@@ -219,7 +262,9 @@ def test_matches_dense_reference(case: str) -> None:
     _check_against_dense_reference(case)
 
 
-@pytest.mark.parametrize("case", ["adam_grafting", "beta2_ema", "exponent_override", "frequency3_start5"])
+@pytest.mark.parametrize(
+    "case", ["adam_grafting", "beta2_ema", "exponent_override", "frequency3_start5"]
+)
 def test_full_factors_match_dense_reference(case: str) -> None:
     """``use_symmetric_packing=False`` (the default packs upper triangles): the same float64
     trajectory."""
@@ -232,7 +277,8 @@ def _check_against_dense_reference(case: str, **extra: Any) -> None:
     grads = _grad_sequence(0, STEPS)
     expected = [p.detach().clone() for p in params]
     ref_blocks = [
-        [ReferenceBlock(tuple(b.shape), h) for b in reference_blocks(p.detach(), MAX_DIM)] for p in params
+        [ReferenceBlock(tuple(b.shape), h) for b in reference_blocks(p.detach(), MAX_DIM)]
+        for p in params
     ]
     for t, step_grads in enumerate(grads, start=1):
         for index, g in enumerate(step_grads):
@@ -252,7 +298,9 @@ def test_reference_blocking_matches_the_spec_examples() -> None:
     assert reference_merged_shape((2, 1, 2, 3), 8) == (2, 6)
     assert reference_merged_shape((3, 4, 5), 8) == (3, 4, 5)
     assert [tuple(b.shape) for b in reference_blocks(torch.zeros(10, 7), 8)] == [(8, 7), (2, 7)]
-    assert [tuple(b.shape) for b in reference_blocks(torch.zeros(768, 3072), 1024)] == [(768, 1024)] * 3
+    assert [tuple(b.shape) for b in reference_blocks(torch.zeros(768, 3072), 1024)] == [
+        (768, 1024)
+    ] * 3
     assert reference_merged_shape((1, 64), 1024) == (64,)
 
 
@@ -285,7 +333,9 @@ def test_block_state_keys_and_exponents(case: str) -> None:
     state = flat_state(opt.state_dict())
     assert "block_1.shampoo.factor_matrices.1" in state[4]  # (16, 5): two blocks
     assert state[0]["block_0.shampoo.factor_matrices.1"].dtype == torch.float64
-    _run(opt, params, _grad_sequence(0, 1))  # b2 = 1, frequency 1: roots at step 1, no bias correction
+    _run(
+        opt, params, _grad_sequence(0, 1)
+    )  # b2 = 1, frequency 1: roots at step 1, no bias correction
     state = flat_state(opt.state_dict())
     checked = 0
     for index, param in enumerate(params):
@@ -300,8 +350,12 @@ def test_block_state_keys_and_exponents(case: str) -> None:
                 # triangle (the roots are exactly symmetric, so nothing is lost).
                 factor = _symmetric_from_packed(state[index][key.format("factor_matrices")], n)
                 expected = reference_root(factor.numpy(), h["epsilon"], exponent)
-                root = _symmetric_from_packed(state[index][key.format("inv_factor_matrices")], n).numpy()
-                np.testing.assert_allclose(root, expected, rtol=1e-8, atol=1e-10, err_msg=f"{index} {j} {dim}")
+                root = _symmetric_from_packed(
+                    state[index][key.format("inv_factor_matrices")], n
+                ).numpy()
+                np.testing.assert_allclose(
+                    root, expected, rtol=1e-8, atol=1e-10, err_msg=f"{index} {j} {dim}"
+                )
                 checked += 1
             assert f"block_{j}.shampoo.factor_matrices.{block.dim()}" not in state[index]
     assert checked == {"default": 18, "exponent_override": 12}[case]
@@ -312,7 +366,11 @@ def test_kronecker_form_of_the_matrix_preconditioner() -> None:
     gen = torch.Generator().manual_seed(3)
     w = torch.nn.Parameter(torch.randn(5, 4, generator=gen, dtype=torch.float64))
     opt = DistributedShampoo(
-        [w], lr=1.0, betas=(0.0, 1.0), epsilon=1e-3, max_preconditioner_dim=5,
+        [w],
+        lr=1.0,
+        betas=(0.0, 1.0),
+        epsilon=1e-3,
+        max_preconditioner_dim=5,
         preconditioner_config=RootInvShampooPreconditionerConfig(factor_matrix_dtype=torch.float64),
     )
     history = []
@@ -326,8 +384,12 @@ def test_kronecker_form_of_the_matrix_preconditioner() -> None:
     x_l, x_r = block.inv_factor_matrices[0], block.inv_factor_matrices[1]
     left = sum(g @ g.T for g in history)
     right = sum(g.T @ g for g in history)
-    torch.testing.assert_close(x_l, torch.from_numpy(reference_root(left.numpy(), 1e-3, 0.25)), rtol=1e-10, atol=1e-12)
-    torch.testing.assert_close(x_r, torch.from_numpy(reference_root(right.numpy(), 1e-3, 0.25)), rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(
+        x_l, torch.from_numpy(reference_root(left.numpy(), 1e-3, 0.25)), rtol=1e-10, atol=1e-12
+    )
+    torch.testing.assert_close(
+        x_r, torch.from_numpy(reference_root(right.numpy(), 1e-3, 0.25)), rtol=1e-10, atol=1e-12
+    )
     direction = before - w.detach()  # lr = 1, no filtering, no grafting: P = X_L G X_R
     dense = torch.kron(x_l, x_r.T.contiguous()) @ history[-1].reshape(-1)
     torch.testing.assert_close(direction.reshape(-1), dense, rtol=1e-10, atol=1e-12)
@@ -337,8 +399,11 @@ def test_coupled_newton_roots_match_eigendecomposition() -> None:
     results = []
     for solver in (EigenConfig(), CoupledNewtonConfig(max_iterations=200, tolerance=1e-12)):
         params = _make_params(1)
-        opt = _optimizer(params, {**DEFAULTS, "grafting_config": AdamPreconditionerConfig()},
-                         shampoo=dict(amortized_computation_config=solver))
+        opt = _optimizer(
+            params,
+            {**DEFAULTS, "grafting_config": AdamPreconditionerConfig()},
+            shampoo=dict(amortized_computation_config=solver),
+        )
         _run(opt, params, _grad_sequence(1, 4))
         results.append([p.detach().clone() for p in params])
     for eig, newton in zip(*results):
@@ -352,7 +417,9 @@ def test_bucketed_float32_step_matches_float64_reference_loosely() -> None:
     grads = _grad_sequence(2, 5)
     h = {**DEFAULTS, "grafting_config": AdamPreconditionerConfig()}
     _run(_optimizer(params64, h), params64, grads)
-    opt32 = DistributedShampoo(params32, max_preconditioner_dim=MAX_DIM, **{k: v for k, v in h.items() if k != "override"})
+    opt32 = DistributedShampoo(
+        params32, max_preconditioner_dim=MAX_DIM, **{k: v for k, v in h.items() if k != "override"}
+    )
     _run(opt32, params32, [[g.float() for g in gs] for gs in grads])
     for p32, p64 in zip(params32, params64):
         torch.testing.assert_close(p32.detach().double(), p64.detach(), rtol=1e-4, atol=1e-5)
@@ -360,7 +427,9 @@ def test_bucketed_float32_step_matches_float64_reference_loosely() -> None:
 
 def test_parameter_without_gradient_is_left_untouched() -> None:
     params = _make_params(4)
-    opt = _optimizer(params, {**DEFAULTS, "grafting_config": AdamPreconditionerConfig(), "momentum": 0.5})
+    opt = _optimizer(
+        params, {**DEFAULTS, "grafting_config": AdamPreconditionerConfig(), "momentum": 0.5}
+    )
     grads = _grad_sequence(4, 3)
     _run(opt, params, grads[:2])
     frozen = params[2].detach().clone()
@@ -385,17 +454,27 @@ def test_per_group_overrides() -> None:
     config = RootInvShampooPreconditionerConfig(factor_matrix_dtype=torch.float64)
     opt = DistributedShampoo(
         [{"params": [a]}, {"params": [b], "lr": 0.5, "max_preconditioner_dim": math.inf}],
-        lr=0.1, betas=(0.9, 1.0), epsilon=1e-3, max_preconditioner_dim=4, preconditioner_config=config,
+        lr=0.1,
+        betas=(0.9, 1.0),
+        epsilon=1e-3,
+        max_preconditioner_dim=4,
+        preconditioner_config=config,
     )
     assert opt.param_groups[0]["lr"] == 0.1 and opt.param_groups[1]["lr"] == 0.5
     assert opt.param_groups[1]["max_preconditioner_dim"] == math.inf
     h = {**DEFAULTS, "betas": (0.9, 1.0), "epsilon": 1e-3}
     # Group 0: one (3, 3) block (3 * 3 > 4 does not merge). Group 1: one (10,) block under its
     # max dim inf (the default 4 would cut it into 4, 4, 2).
-    references = [(a, [ReferenceBlock((3, 3), {**h, "lr": 0.1})]), (b, [ReferenceBlock((10,), {**h, "lr": 0.5})])]
+    references = [
+        (a, [ReferenceBlock((3, 3), {**h, "lr": 0.1})]),
+        (b, [ReferenceBlock((10,), {**h, "lr": 0.5})]),
+    ]
     expected = [a.detach().clone(), b.detach().clone()]
     for t in range(1, 4):
-        grads = [torch.randn(3, 3, generator=gen, dtype=torch.float64), torch.randn(10, generator=gen, dtype=torch.float64)]
+        grads = [
+            torch.randn(3, 3, generator=gen, dtype=torch.float64),
+            torch.randn(10, generator=gen, dtype=torch.float64),
+        ]
         for (param, blocks), g, e in zip(references, grads, expected):
             param.grad = g.clone()
             e.copy_(torch.from_numpy(blocks[0].step(t, g.numpy(), e.numpy().copy())))
@@ -408,11 +487,15 @@ def test_per_group_overrides() -> None:
 
 def test_nonfinite_gradient_raises_naming_the_parameter_and_changes_nothing() -> None:
     model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 2))
-    opt = DistributedShampoo(model.named_parameters(), lr=0.1, grafting_config=AdamPreconditionerConfig())
+    opt = DistributedShampoo(
+        model.named_parameters(), lr=0.1, grafting_config=AdamPreconditionerConfig()
+    )
     model(torch.randn(2, 4)).sum().backward()
     opt.step()
     before = [p.detach().clone() for p in model.parameters()]
-    state_before = {i: {k: v.clone() for k, v in s.items()} for i, s in flat_state(opt.state_dict()).items()}
+    state_before = {
+        i: {k: v.clone() for k, v in s.items()} for i, s in flat_state(opt.state_dict()).items()
+    }
     model.zero_grad()
     model(torch.randn(2, 4)).sum().backward()
     model[1].weight.grad[0, 0] = float("nan")
@@ -441,17 +524,33 @@ def test_hyperparameters_changed_between_steps_match_the_reference() -> None:
     phases set beta3 and start_preconditioning_step themselves."""
     phases = [
         (range(1, 4), dict(betas=(0.0, 1.0))),
-        (range(4, 7), dict(betas=(0.9, 0.95), beta3=0.9, momentum=0.5, weight_decay=0.1, lr=0.02,
-                           epsilon=1e-2)),
-        (range(7, 11), dict(betas=(0.8, 0.95), beta3=0.5, weight_decay_type=WeightDecayType.L2,
-                            precondition_frequency=2, start_preconditioning_step=2, lr=0.03,
-                            use_nesterov=True)),
+        (
+            range(4, 7),
+            dict(
+                betas=(0.9, 0.95), beta3=0.9, momentum=0.5, weight_decay=0.1, lr=0.02, epsilon=1e-2
+            ),
+        ),
+        (
+            range(7, 11),
+            dict(
+                betas=(0.8, 0.95),
+                beta3=0.5,
+                weight_decay_type=WeightDecayType.L2,
+                precondition_frequency=2,
+                start_preconditioning_step=2,
+                lr=0.03,
+                use_nesterov=True,
+            ),
+        ),
     ]
     h = {**DEFAULTS, "grafting_config": AdamPreconditionerConfig(beta2=0.99, epsilon=1e-8)}
     params = _make_params(7)
     grads = _grad_sequence(7, STEPS)
     expected = [p.detach().clone() for p in params]
-    ref_blocks = [[ReferenceBlock(tuple(b.shape), h) for b in reference_blocks(p.detach(), MAX_DIM)] for p in params]
+    ref_blocks = [
+        [ReferenceBlock(tuple(b.shape), h) for b in reference_blocks(p.detach(), MAX_DIM)]
+        for p in params
+    ]
     opt = _optimizer(params, h)
     for steps, changes in phases:
         h.update(changes)  # the reference blocks read h at every step

@@ -36,9 +36,13 @@ def reference_canonical_columns(basis: torch.Tensor, null: torch.Tensor) -> torc
 
 def test_canonical_basis_of_a_stack_with_null_spaces_of_different_widths() -> None:
     bases = random_bases(3, 7, seed=0)
-    null = torch.tensor([[False, True, False, True, True, False, False],   # width 3
-                         [False, False, False, False, False, False, True],  # width 1
-                         [False] * 7])                                      # none
+    null = torch.tensor(
+        [
+            [False, True, False, True, True, False, False],  # width 3
+            [False, False, False, False, False, False, True],  # width 1
+            [False] * 7,
+        ]
+    )  # none
     canonical, ok = canonical_null_space_basis(bases, null)
     assert bool(ok.all())
     for basis, got, mask in zip(bases, canonical, null):
@@ -86,25 +90,36 @@ def test_sorted_qr_refresh_is_the_qr_algorithm_then_a_sort() -> None:
         expected = q[:, torch.argsort(b.diagonal(), stable=True)].flip(-1)
         # Columns up to sign (the two QR factorizations may choose different signs).
         alignment = (bases[i] * expected).sum(dim=0).abs()
-        torch.testing.assert_close(alignment, torch.ones(6, dtype=torch.float64), rtol=0, atol=1e-10)
+        torch.testing.assert_close(
+            alignment, torch.ones(6, dtype=torch.float64), rtol=0, atol=1e-10
+        )
     # A converged start (tolerance met: no iteration) is still re-sorted.
     diagonal = torch.diag(torch.tensor([1.0, 3.0, 2.0], dtype=torch.float64)).expand(2, 3, 3)
-    sorted_bases, _ = sorted_qr_eigenbasis(diagonal, torch.eye(3, dtype=torch.float64).expand(2, 3, 3), 5, 0.5)
+    sorted_bases, _ = sorted_qr_eigenbasis(
+        diagonal, torch.eye(3, dtype=torch.float64).expand(2, 3, 3), 5, 0.5
+    )
     assert sorted_bases[0].abs().argmax(dim=0).tolist() == [1, 2, 0]
 
 
 def test_the_first_refresh_runs_eigh_on_new_factors_and_qr_on_the_others(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     matrices = spd_stack(4, 5, seed=3)
     previous = random_bases(4, 5, seed=4)
     computed = torch.tensor([True, False, True, False])
-    solver = QREigendecompositionConfig(rank_deficient_stability_config=PerturbationConfig(),
-                                        keep_descending_order=True)
+    solver = QREigendecompositionConfig(
+        rank_deficient_stability_config=PerturbationConfig(), keep_descending_order=True
+    )
     calls: list[tuple[str, int]] = []
     for name in ("eigh_eigenbasis", "qr_eigenbasis"):
         original = getattr(eigenbasis, name)
-        monkeypatch.setattr(eigenbasis, name, lambda m, *a, name=name, f=original, **k:
-                            calls.append((name, m.shape[0])) or f(m, *a, **k))
+        monkeypatch.setattr(
+            eigenbasis,
+            name,
+            lambda m, *a, name=name, f=original, **k: (
+                calls.append((name, m.shape[0])) or f(m, *a, **k)
+            ),
+        )
     bases, ok = warm_started_eigenbasis(matrices, previous, computed, solver)
     assert sorted(calls) == [("eigh_eigenbasis", 2), ("qr_eigenbasis", 2)]
     assert bool(ok.all())

@@ -37,8 +37,13 @@ F64 = dict(
 
 
 def _run(
-    config: Any, shapes: list[tuple[int, ...]], dtype: torch.dtype, steps: int, seed: int = 0,
-    rank_one: bool = False, **kwargs: Any,
+    config: Any,
+    shapes: list[tuple[int, ...]],
+    dtype: torch.dtype,
+    steps: int,
+    seed: int = 0,
+    rank_one: bool = False,
+    **kwargs: Any,
 ) -> tuple[list[torch.Tensor], list[list[torch.Tensor]], list[torch.Tensor]]:
     """``(initial weights, gradients, final weights)`` of ``steps`` steps of ``config``."""
     gen = torch.Generator().manual_seed(seed)
@@ -50,10 +55,18 @@ def _run(
         for shape in shapes:
             g = torch.randn(shape, generator=gen, dtype=dtype)
             if rank_one and len(shape) == 2:
-                g = torch.outer(g[:, 0], g[0]) * (torch.arange(shape[0], dtype=dtype) > 0).unsqueeze(1)
+                g = torch.outer(g[:, 0], g[0]) * (
+                    torch.arange(shape[0], dtype=dtype) > 0
+                ).unsqueeze(1)
             step.append(g)
         grads.append(step)
-    options = dict(lr=0.05, betas=(0.9, 0.95), epsilon=1e-12, max_preconditioner_dim=8, precondition_frequency=2)
+    options = dict(
+        lr=0.05,
+        betas=(0.9, 0.95),
+        epsilon=1e-12,
+        max_preconditioner_dim=8,
+        precondition_frequency=2,
+    )
     options.update(kwargs)
     opt = DistributedShampoo(params, preconditioner_config=config, **options)
     for step in grads:
@@ -80,8 +93,13 @@ def test_matches_float64_reference(solver: Any, tolerance: float, shape: tuple[i
     config = EigendecomposedShampooPreconditionerConfig(amortized_computation_config=solver, **F64)
     initial, grads, final = _run(config, [shape], torch.float64, steps=7)
     expected = run_reference(
-        initial[0].numpy(), [g[0].numpy() for g in grads], lr=0.05, betas=(0.9, 0.95),
-        epsilon=1e-12, frequency=2, start=2,
+        initial[0].numpy(),
+        [g[0].numpy() for g in grads],
+        lr=0.05,
+        betas=(0.9, 0.95),
+        epsilon=1e-12,
+        frequency=2,
+        start=2,
     )
     assert np.linalg.norm(final[0].numpy() - expected) / np.linalg.norm(expected) < tolerance
 
@@ -99,8 +117,13 @@ def test_one_step_is_the_dense_kronecker_product() -> None:
     w0 = param.detach().numpy().copy()
     g = torch.randn(6, 5, generator=gen, dtype=torch.float64)
     opt = DistributedShampoo(
-        [param], lr=1.0, betas=(0.0, 1.0), epsilon=1e-3, max_preconditioner_dim=8,
-        precondition_frequency=1, preconditioner_config=config,
+        [param],
+        lr=1.0,
+        betas=(0.0, 1.0),
+        epsilon=1e-3,
+        max_preconditioner_dim=8,
+        precondition_frequency=1,
+        preconditioner_config=config,
     )
     param.grad = g.clone()
     opt.step()
@@ -113,8 +136,12 @@ def test_one_step_is_the_dense_kronecker_product() -> None:
 @pytest.mark.parametrize("rank_one", [False, True])
 def test_same_steps_as_root_inverse_shampoo_in_float32(rank_one: bool) -> None:
     shapes = [(6, 5), (7,), (3, 4, 5), (10, 3)]
-    _, _, ours = _run(EigendecomposedShampooPreconditionerConfig(), shapes, torch.float32, 12, rank_one=rank_one)
-    _, _, roots = _run(RootInvShampooPreconditionerConfig(), shapes, torch.float32, 12, rank_one=rank_one)
+    _, _, ours = _run(
+        EigendecomposedShampooPreconditionerConfig(), shapes, torch.float32, 12, rank_one=rank_one
+    )
+    _, _, roots = _run(
+        RootInvShampooPreconditionerConfig(), shapes, torch.float32, 12, rank_one=rank_one
+    )
     for a, b in zip(ours, roots):
         assert torch.linalg.vector_norm(a - b) / torch.linalg.vector_norm(b) < 1e-5
 
@@ -133,14 +160,26 @@ def test_rank_deficient_float32_never_fails(solver: Any, epsilon: float) -> None
     config = EigendecomposedShampooPreconditionerConfig(
         amortized_computation_config=solver, num_tolerated_failed_amortized_computations=0
     )
-    _run(config, [(6, 5), (7,), (2, 8)], torch.float32, 20, rank_one=True, epsilon=epsilon, precondition_frequency=1)
+    _run(
+        config,
+        [(6, 5), (7,), (2, 8)],
+        torch.float32,
+        20,
+        rank_one=True,
+        epsilon=epsilon,
+        precondition_frequency=1,
+    )
 
 
 def test_state_holds_eigenvectors_and_eigenvalues_and_round_trips() -> None:
-    config = EigendecomposedShampooPreconditionerConfig(factor_matrix_eigenvalues_dtype=torch.float64)
+    config = EigendecomposedShampooPreconditionerConfig(
+        factor_matrix_eigenvalues_dtype=torch.float64
+    )
     gen = torch.Generator().manual_seed(5)
     params = [torch.nn.Parameter(torch.randn(6, 5, generator=gen))]
-    opt = DistributedShampoo(params, max_preconditioner_dim=8, precondition_frequency=2, preconditioner_config=config)
+    opt = DistributedShampoo(
+        params, max_preconditioner_dim=8, precondition_frequency=2, preconditioner_config=config
+    )
     grads = [torch.randn(6, 5, generator=gen) for _ in range(4)]
     for g in grads[:3]:
         params[0].grad = g.clone()
@@ -150,7 +189,9 @@ def test_state_holds_eigenvectors_and_eigenvalues_and_round_trips() -> None:
     assert state["block_0.shampoo.factor_matrices_eigenvalues.0"].shape == (6,)
     assert state["block_0.shampoo.factor_matrices_eigenvectors.1"].shape == (5, 5)
     copy = [torch.nn.Parameter(params[0].detach().clone())]
-    fresh = DistributedShampoo(copy, max_preconditioner_dim=8, precondition_frequency=2, preconditioner_config=config)
+    fresh = DistributedShampoo(
+        copy, max_preconditioner_dim=8, precondition_frequency=2, preconditioner_config=config
+    )
     fresh.load_state_dict(opt.state_dict())
     for p, g in ((params[0], grads[3]), (copy[0], grads[3])):
         p.grad = g.clone()
@@ -163,7 +204,10 @@ def test_state_holds_eigenvectors_and_eigenvalues_and_round_trips() -> None:
     ("kwargs", "field"),
     [
         (dict(inv_factor_matrix_dtype=torch.bfloat16), "inv_factor_matrix_dtype"),
-        (dict(amortized_computation_config=WarmStartedEigenConfig()), "amortized_computation_config"),
+        (
+            dict(amortized_computation_config=WarmStartedEigenConfig()),
+            "amortized_computation_config",
+        ),
         (dict(factor_matrix_eigenvalues_dtype=torch.int32), "factor_matrix_eigenvalues_dtype"),
         (dict(factor_matrix_eigenvectors_dtype="float32"), "factor_matrix_eigenvectors_dtype"),
         (dict(use_trace_scaling=True, trace_scaling_exponent=0.0), "trace_scaling_exponent"),
@@ -182,13 +226,23 @@ def test_eigh_tolerance_keeps_the_basis_and_re_estimates_the_eigenvalues() -> No
     config = EigendecomposedShampooPreconditionerConfig(amortized_computation_config=solver, **F64)
     gen = torch.Generator().manual_seed(7)
     param = torch.nn.Parameter(torch.randn(6, 5, generator=gen, dtype=torch.float64))
-    opt = DistributedShampoo([param], betas=(0.0, 0.9), epsilon=1e-3, max_preconditioner_dim=8,
-                             precondition_frequency=2, preconditioner_config=config)
+    opt = DistributedShampoo(
+        [param],
+        betas=(0.0, 0.9),
+        epsilon=1e-3,
+        max_preconditioner_dim=8,
+        precondition_frequency=2,
+        preconditioner_config=config,
+    )
     bases = []
     for _ in range(4):
         param.grad = torch.randn(6, 5, generator=gen, dtype=torch.float64)
         opt.step()
-        bases.append(flat_state(opt.state_dict())[0]["block_0.shampoo.factor_matrices_eigenvectors.0"].clone())
+        bases.append(
+            flat_state(opt.state_dict())[0][
+                "block_0.shampoo.factor_matrices_eigenvectors.0"
+            ].clone()
+        )
     # The kept columns are only re-ordered (ascending by the new estimates): a permutation.
     overlap = (bases[3].T @ bases[1]).abs()
     assert torch.allclose(overlap.amax(dim=1), torch.ones(6, dtype=torch.float64), atol=1e-12)
@@ -199,4 +253,6 @@ def test_eigh_tolerance_keeps_the_basis_and_re_estimates_the_eigenvalues() -> No
     factor = stored / (1 - 0.9**4) + 1e-3 * torch.eye(6, dtype=torch.float64)
     q = bases[3]
     expected = torch.sort((q.T @ factor @ q).diagonal()).values
-    assert torch.allclose(state["block_0.shampoo.factor_matrices_eigenvalues.0"], expected, rtol=1e-12)
+    assert torch.allclose(
+        state["block_0.shampoo.factor_matrices_eigenvalues.0"], expected, rtol=1e-12
+    )

@@ -26,14 +26,19 @@ TOLERANCE = 0.05
 
 def _off_diagonal_ratio(factor: np.ndarray, basis: np.ndarray) -> float:
     projected = basis.T @ factor @ basis
-    return float(np.linalg.norm(projected - np.diag(np.diag(projected))) / np.linalg.norm(projected))
+    return float(
+        np.linalg.norm(projected - np.diag(np.diag(projected))) / np.linalg.norm(projected)
+    )
 
 
 def _gradients() -> list[torch.Tensor]:
     generator = torch.Generator().manual_seed(3)
     first = torch.randn(SHAPE, generator=generator, dtype=torch.float64)
-    return [first, first + 1e-3 * torch.randn(SHAPE, generator=generator, dtype=torch.float64),
-            torch.randn(SHAPE, generator=generator, dtype=torch.float64)]
+    return [
+        first,
+        first + 1e-3 * torch.randn(SHAPE, generator=generator, dtype=torch.float64),
+        torch.randn(SHAPE, generator=generator, dtype=torch.float64),
+    ]
 
 
 def _run(tolerance: float) -> list[dict[str, np.ndarray]]:
@@ -41,21 +46,35 @@ def _run(tolerance: float) -> list[dict[str, np.ndarray]]:
     param = torch.nn.Parameter(torch.zeros(SHAPE, dtype=torch.float64))
     config = EigenvalueCorrectedShampooPreconditionerConfig(
         amortized_computation_config=EighEigendecompositionConfig(tolerance=tolerance),
-        factor_matrix_dtype=torch.float64, factor_matrix_eigenvectors_dtype=torch.float64,
-        corrected_eigenvalues_dtype=torch.float64, use_symmetric_packing=False,  # full factors to read
+        factor_matrix_dtype=torch.float64,
+        factor_matrix_eigenvectors_dtype=torch.float64,
+        corrected_eigenvalues_dtype=torch.float64,
+        use_symmetric_packing=False,  # full factors to read
     )
-    opt = DistributedShampoo([param], lr=0.01, betas=(0.0, 0.0), epsilon=1e-12, max_preconditioner_dim=5,
-                             precondition_frequency=1, preconditioner_config=config)
+    opt = DistributedShampoo(
+        [param],
+        lr=0.01,
+        betas=(0.0, 0.0),
+        epsilon=1e-12,
+        max_preconditioner_dim=5,
+        precondition_frequency=1,
+        preconditioner_config=config,
+    )
     history = []
     for grad in _gradients():
         param.grad = grad
         opt.step()
         state = flat_state(opt.state_dict())[0]
-        history.append({
-            f"{kind}.{dim}": state[f"block_0.shampoo.{key}.{dim}"].numpy().copy()
-            for kind, key in (("factor", "factor_matrices"), ("basis", "factor_matrices_eigenvectors"))
-            for dim in (0, 1)
-        })
+        history.append(
+            {
+                f"{kind}.{dim}": state[f"block_0.shampoo.{key}.{dim}"].numpy().copy()
+                for kind, key in (
+                    ("factor", "factor_matrices"),
+                    ("basis", "factor_matrices_eigenvectors"),
+                )
+                for dim in (0, 1)
+            }
+        )
     return history
 
 
@@ -63,7 +82,11 @@ def _run(tolerance: float) -> list[dict[str, np.ndarray]]:
 def test_a_basis_within_the_tolerance_is_kept_and_one_outside_is_recomputed(dim: int) -> None:
     history = _run(TOLERANCE)
     for before, after in zip(history, history[1:]):
-        factor, previous, basis = after[f"factor.{dim}"], before[f"basis.{dim}"], after[f"basis.{dim}"]
+        factor, previous, basis = (
+            after[f"factor.{dim}"],
+            before[f"basis.{dim}"],
+            after[f"basis.{dim}"],
+        )
         if _off_diagonal_ratio(factor, previous) <= TOLERANCE:
             np.testing.assert_array_equal(basis, previous)
         else:

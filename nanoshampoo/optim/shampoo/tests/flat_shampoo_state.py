@@ -27,10 +27,15 @@ def group_step(optimizer: torch.optim.Optimizer, group: int = 0) -> int:
     return int(optimizer.state[optimizer.param_groups[group]["params"][0]]["step"])
 
 
-def assert_same_flat_state(got: dict[Any, dict[str, torch.Tensor]], want: dict[Any, dict[str, torch.Tensor]]) -> None:
+def assert_same_flat_state(
+    got: dict[Any, dict[str, torch.Tensor]], want: dict[Any, dict[str, torch.Tensor]]
+) -> None:
     """Same parameters, same keys, every tensor bit-identical (dtype included)."""
     assert got.keys() == want.keys()
     for index, entries in want.items():
         assert got[index].keys() == entries.keys(), index
         for key, value in entries.items():
-            assert got[index][key].dtype == value.dtype and torch.equal(got[index][key], value), (index, key)
+            assert got[index][key].dtype == value.dtype and torch.equal(got[index][key], value), (
+                index,
+                key,
+            )

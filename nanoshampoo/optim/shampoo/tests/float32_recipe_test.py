@@ -137,8 +137,14 @@ def run_float32(case: str, config: PreconditionerConfig, factor_dtype: Any = Non
     shape, block, kind, steps = CASES[case]
     param = torch.nn.Parameter(torch.zeros(shape))
     opt = DistributedShampoo(
-        [param], lr=1.0, betas=(0.0, BETA2), epsilon=EPSILON, max_preconditioner_dim=MAX_DIM,
-        precondition_frequency=1, start_preconditioning_step=1, preconditioner_config=config,
+        [param],
+        lr=1.0,
+        betas=(0.0, BETA2),
+        epsilon=EPSILON,
+        max_preconditioner_dim=MAX_DIM,
+        precondition_frequency=1,
+        start_preconditioning_step=1,
+        preconditioner_config=config,
     )
     for g in _gradients(block, kind, steps):
         param.grad = torch.from_numpy(g.reshape(shape)).float()
@@ -170,7 +176,9 @@ def soap_config(qr: bool, stability: Any = None) -> EigenvalueCorrectedShampooPr
     # library's order, the default, iterates on the ascending order, where a rank-deficient
     # factor's null-column noise leaks into the others: 0.40 on first_root_step (docs/compat.md).
     solver = (
-        QREigendecompositionConfig(max_iterations=200, tolerance=1e-6, keep_descending_order=True, **kwargs)
+        QREigendecompositionConfig(
+            max_iterations=200, tolerance=1e-6, keep_descending_order=True, **kwargs
+        )
         if qr
         else EighEigendecompositionConfig(**kwargs)
     )
@@ -229,8 +237,11 @@ def test_soap_plain_float32_fails_the_bound(qr: bool) -> None:
 @pytest.mark.parametrize("newton_schulz", [False, True], ids=["svd", "newton_schulz"])
 @pytest.mark.parametrize("case", MATRIX_CASES)
 def test_spectral_descent_matches_float64(case: str, newton_schulz: bool) -> None:
-    method = (NewtonSchulzOrthogonalizationConfig(compute_dtype=torch.float32) if newton_schulz
-              else SVDOrthogonalizationConfig())
+    method = (
+        NewtonSchulzOrthogonalizationConfig(compute_dtype=torch.float32)
+        if newton_schulz
+        else SVDOrthogonalizationConfig()
+    )
     config = SpectralDescentPreconditionerConfig(orthogonalization_config=method)
     want = reference(case, "newton_schulz" if newton_schulz else "svd")
     assert relative_error(run_float32(case, config), want) < 1e-3
@@ -259,9 +270,12 @@ def _configs(factor_dtype: torch.dtype) -> dict[str, PreconditionerConfig]:
         "shampoo_newton": RootInvShampooPreconditionerConfig(
             amortized_computation_config=CoupledNewtonConfig(), factor_matrix_dtype=factor_dtype
         ),
-        "soap_eigh": EigenvalueCorrectedShampooPreconditionerConfig(factor_matrix_dtype=factor_dtype),
+        "soap_eigh": EigenvalueCorrectedShampooPreconditionerConfig(
+            factor_matrix_dtype=factor_dtype
+        ),
         "soap_qr": EigenvalueCorrectedShampooPreconditionerConfig(
-            amortized_computation_config=QREigendecompositionConfig(), factor_matrix_dtype=factor_dtype
+            amortized_computation_config=QREigendecompositionConfig(),
+            factor_matrix_dtype=factor_dtype,
         ),
     }
 
@@ -275,8 +289,13 @@ def test_no_root_failure_on_rank_deficient_factors(
     params = [torch.nn.Parameter(torch.randn(s, generator=gen)) for s in ISSUE_SHAPES]
     params.append(torch.nn.Parameter(torch.zeros(32, 16)))  # rank-1 gradients
     opt = DistributedShampoo(
-        params, lr=0.01, betas=(0.9, 0.999), epsilon=EPSILON, max_preconditioner_dim=MAX_DIM,
-        precondition_frequency=3, start_preconditioning_step=3,
+        params,
+        lr=0.01,
+        betas=(0.9, 0.999),
+        epsilon=EPSILON,
+        max_preconditioner_dim=MAX_DIM,
+        precondition_frequency=3,
+        start_preconditioning_step=3,
         grafting_config=AdamPreconditionerConfig(beta2=0.999, epsilon=1e-8),
         preconditioner_config=_configs(factor_dtype)[name],
     )

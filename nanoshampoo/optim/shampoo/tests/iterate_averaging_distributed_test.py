@@ -41,22 +41,30 @@ CONFIGS = {
 }
 
 
-
 def params_model() -> ParamsModel:
     """Parameters of ``SHAPES`` and a smooth, non-quadratic loss of them, new each step."""
     return ParamsModel(SHAPES, seed=0, loss_seed=100)
+
 
 def full(param: torch.Tensor) -> torch.Tensor:
     return (param.full_tensor() if hasattr(param, "full_tensor") else param).detach().clone()
 
 
-def run(model: torch.nn.Module, distributed_config: Any, averaging: Any) -> dict[str, list[torch.Tensor]]:
+def run(
+    model: torch.nn.Module, distributed_config: Any, averaging: Any
+) -> dict[str, list[torch.Tensor]]:
     """The parameters after every step, in eval mode after step ``EVAL_AFTER`` and at the end."""
     optimizer = DistributedShampoo(
-        list(model.parameters()), lr=LRS[0], betas=(0.9, 0.99), epsilon=1e-12, weight_decay=0.01,
-        max_preconditioner_dim=8, precondition_frequency=2,
+        list(model.parameters()),
+        lr=LRS[0],
+        betas=(0.9, 0.99),
+        epsilon=1e-12,
+        weight_decay=0.01,
+        max_preconditioner_dim=8,
+        precondition_frequency=2,
         grafting_config=AdamPreconditionerConfig(beta2=0.99, epsilon=1e-8),
-        iterate_averaging_config=averaging, distributed_config=distributed_config,
+        iterate_averaging_config=averaging,
+        distributed_config=distributed_config,
     )
     snapshots: dict[str, list[torch.Tensor]] = {}
     for step, lr in enumerate(LRS, start=1):
@@ -85,7 +93,9 @@ def sharded_model(mesh: Any = None) -> torch.nn.Module:
 
 
 def body(rank: int, world_size: int) -> dict[str, dict[str, list[torch.Tensor]]]:
-    round_robin = FullyShardDistributedConfig(param_assignment_strategy=FSDPParamAssignmentStrategy.ROUND_ROBIN)
+    round_robin = FullyShardDistributedConfig(
+        param_assignment_strategy=FSDPParamAssignmentStrategy.ROUND_ROBIN
+    )
     results = {}
     for name, config in CONFIGS.items():
         results[f"ddp {name}"] = run(params_model(), DDPDistributedConfig(), config)
@@ -93,7 +103,9 @@ def body(rank: int, world_size: int) -> dict[str, dict[str, list[torch.Tensor]]]
     return results
 
 
-def assert_equal_to_one_process(got: dict[str, list[torch.Tensor]], config: Any, label: str) -> None:
+def assert_equal_to_one_process(
+    got: dict[str, list[torch.Tensor]], config: Any, label: str
+) -> None:
     want = run(params_model(), SingleDeviceDistributedConfig(), config)
     assert got.keys() == want.keys()
     for key in want:
@@ -125,7 +137,11 @@ def test_ddp_and_fsdp2_world_size_2_equal_one_process() -> None:
     for name, config in CONFIGS.items():
         for kind in ("ddp", "fsdp2"):
             for rank, rank_result in enumerate(results):
-                assert_equal_to_one_process(rank_result[f"{kind} {name}"], config, f"{kind} {name} rank {rank}")
+                assert_equal_to_one_process(
+                    rank_result[f"{kind} {name}"], config, f"{kind} {name} rank {rank}"
+                )
         want = run(params_model(), SingleDeviceDistributedConfig(), config)
         # The averaged iterate differs from the training point (the switch did something).
-        assert any(not torch.equal(a, b) for a, b in zip(want["eval mid-run"], want[f"step {EVAL_AFTER}"]))
+        assert any(
+            not torch.equal(a, b) for a, b in zip(want["eval mid-run"], want[f"step {EVAL_AFTER}"])
+        )

@@ -47,7 +47,9 @@ RTOL, ATOL = 2e-5, 1e-6
 
 def _data(dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     generator = torch.Generator().manual_seed(1)
-    return torch.randn(16, 6, generator=generator).to(dtype), torch.randn(16, 3, generator=generator).to(dtype)
+    return torch.randn(16, 6, generator=generator).to(dtype), torch.randn(
+        16, 3, generator=generator
+    ).to(dtype)
 
 
 def initial_params(dtype: torch.dtype = torch.float32) -> list[torch.Tensor]:
@@ -92,7 +94,9 @@ def run_shampoo(
 
 
 def test_defaults_follow_the_reference_library() -> None:
-    assert ClassicMomentumConfig() == ClassicMomentumConfig(momentum=0.5, dampening=0.0, use_nesterov=False)
+    assert ClassicMomentumConfig() == ClassicMomentumConfig(
+        momentum=0.5, dampening=0.0, use_nesterov=False
+    )
     gpa = GeneralizedPrimalAveragingConfig()
     assert (gpa.eval_interp_coeff, gpa.train_interp_coeff) == (0.9, 0.8)
     schedule_free = ScheduleFreeConfig()
@@ -149,18 +153,25 @@ def test_the_optimizer_refuses_a_bad_iterate_averaging_config_or_both_momentum_f
 
 @pytest.mark.parametrize("nesterov", [False, True])
 @pytest.mark.parametrize(
-    "where", ["preconditioner", "grafting"], ids=["sgd_preconditioner", "shampoo_before_start_sgd_grafting"]
+    "where",
+    ["preconditioner", "grafting"],
+    ids=["sgd_preconditioner", "shampoo_before_start_sgd_grafting"],
 )
 def test_classic_momentum_matches_torch_sgd(nesterov: bool, where: str) -> None:
     """SGD as the preconditioner, or as grafting before Shampoo's start step, with
     ``betas[0] = 0``: the search direction is ``G + wd W``, as in ``torch.optim.SGD``."""
     kind = (
-        dict(preconditioner_config=SGDPreconditionerConfig()) if where == "preconditioner"
+        dict(preconditioner_config=SGDPreconditionerConfig())
+        if where == "preconditioner"
         else dict(grafting_config=SGDPreconditionerConfig(), precondition_frequency=100)
     )
     ours, _ = run_shampoo(
-        STEPS, lr=0.05, betas=(0.0, 0.999), weight_decay=1e-3,
-        iterate_averaging_config=ClassicMomentumConfig(momentum=0.9, use_nesterov=nesterov), **kind,
+        STEPS,
+        lr=0.05,
+        betas=(0.0, 0.999),
+        weight_decay=1e-3,
+        iterate_averaging_config=ClassicMomentumConfig(momentum=0.9, use_nesterov=nesterov),
+        **kind,
     )
     theirs = [torch.nn.Parameter(p) for p in initial_params()]
     sgd = torch.optim.SGD(theirs, lr=0.05, momentum=0.9, nesterov=nesterov, weight_decay=1e-3)
@@ -176,8 +187,13 @@ def test_classic_momentum_matches_torch_sgd(nesterov: bool, where: str) -> None:
 def test_classic_momentum_with_dampening_matches_a_float64_loop(nesterov: bool) -> None:
     mu, d, lr = 0.8, 0.3, 0.05
     ours, _ = run_shampoo(
-        STEPS, lr=lr, betas=(0.0, 1.0), preconditioner_config=SGDPreconditionerConfig(),
-        iterate_averaging_config=ClassicMomentumConfig(momentum=mu, dampening=d, use_nesterov=nesterov),
+        STEPS,
+        lr=lr,
+        betas=(0.0, 1.0),
+        preconditioner_config=SGDPreconditionerConfig(),
+        iterate_averaging_config=ClassicMomentumConfig(
+            momentum=mu, dampening=d, use_nesterov=nesterov
+        ),
     )
     w = initial_params(torch.float64)
     m = [torch.zeros_like(p) for p in w]
@@ -191,7 +207,9 @@ def test_classic_momentum_with_dampening_matches_a_float64_loop(nesterov: bool) 
 
 
 def test_deprecated_momentum_arguments_warn_and_take_the_classic_momentum_step() -> None:
-    settings = dict(lr=0.02, betas=(0.9, 0.99), grafting_config=AdamPreconditionerConfig(), weight_decay=0.01)
+    settings = dict(
+        lr=0.02, betas=(0.9, 0.99), grafting_config=AdamPreconditionerConfig(), weight_decay=0.01
+    )
     with pytest.warns(DeprecationWarning, match="ClassicMomentumConfig"):
         legacy, _ = run_shampoo(STEPS, momentum=0.9, dampening=0.1, **settings)
     config = ClassicMomentumConfig(momentum=0.9, dampening=0.1)
@@ -263,18 +281,28 @@ class AdamDirection:
         return out
 
 
-ADAM = dict(betas=(0.9, 0.99), preconditioner_config=AdamPreconditionerConfig(beta2=0.99, epsilon=1e-8))
+ADAM = dict(
+    betas=(0.9, 0.99), preconditioner_config=AdamPreconditionerConfig(beta2=0.99, epsilon=1e-8)
+)
 SGD = dict(betas=(0.0, 1.0), preconditioner_config=SGDPreconditionerConfig())
 WARMUP_LRS = [0.01, 0.02, 0.04, 0.04, 0.03, 0.01]
 
 CASES = {
-    "gpa_sgd": (GeneralizedPrimalAveragingConfig(eval_interp_coeff=0.9, train_interp_coeff=0.8), SGD, 0.0),
+    "gpa_sgd": (
+        GeneralizedPrimalAveragingConfig(eval_interp_coeff=0.9, train_interp_coeff=0.8),
+        SGD,
+        0.0,
+    ),
     "gpa_heavy_ball_adam_decay": (
-        GeneralizedPrimalAveragingConfig(eval_interp_coeff=0.7, train_interp_coeff=1.0), ADAM, 0.1,
+        GeneralizedPrimalAveragingConfig(eval_interp_coeff=0.7, train_interp_coeff=1.0),
+        ADAM,
+        0.1,
     ),
     "schedule_free_sgd": (ScheduleFreeConfig(train_interp_coeff=0.9), SGD, 0.0),
     "schedule_free_adam_decay_power_1": (
-        ScheduleFreeConfig(train_interp_coeff=0.8, eval_coeff_lr_power=1), ADAM, 0.1,
+        ScheduleFreeConfig(train_interp_coeff=0.8, eval_coeff_lr_power=1),
+        ADAM,
+        0.1,
     ),
 }
 
@@ -282,8 +310,13 @@ CASES = {
 def test_corrected_decay_under_schedule_free_shrinks_z_by_lr_squared_over_peak_lr() -> None:
     config = ScheduleFreeConfig(train_interp_coeff=0.8)
     ours, _ = run_shampoo(
-        STEPS, lrs=WARMUP_LRS, lr=0.04, iterate_averaging_config=config, weight_decay=0.5,
-        weight_decay_type=WeightDecayType.CORRECTED, **ADAM,
+        STEPS,
+        lrs=WARMUP_LRS,
+        lr=0.04,
+        iterate_averaging_config=config,
+        weight_decay=0.5,
+        weight_decay_type=WeightDecayType.CORRECTED,
+        **ADAM,
     )
     direction = AdamDirection(0.9, 0.99, 1e-8)
     y, _ = primal_averaging_reference(config, WARMUP_LRS, direction, 0.5, lambda lr: lr / 0.04)
@@ -330,21 +363,34 @@ def test_schedule_free_with_a_zero_lr_warmup_start_stays_finite() -> None:
     for a, b in zip(ours, y):
         assert torch.isfinite(a).all()
         torch.testing.assert_close(a.detach().double(), b, rtol=RTOL, atol=ATOL)
-    assert optimizer.state_dict()["state"][0]["lr_sum"].item() == pytest.approx(2 * 0.02**2 + 2 * 0.01**2)
+    assert optimizer.state_dict()["state"][0]["lr_sum"].item() == pytest.approx(
+        2 * 0.02**2 + 2 * 0.01**2
+    )
 
 
 @pytest.mark.parametrize(
     "config",
-    [ScheduleFreeConfig(train_interp_coeff=0.9), GeneralizedPrimalAveragingConfig(), ClassicMomentumConfig(momentum=0.9)],
+    [
+        ScheduleFreeConfig(train_interp_coeff=0.9),
+        GeneralizedPrimalAveragingConfig(),
+        ClassicMomentumConfig(momentum=0.9),
+    ],
     ids=["schedule_free", "gpa", "classic"],
 )
-def test_root_inverse_shampoo_on_rank_one_gradients_stays_finite(config: IterateAveragingConfig) -> None:
+def test_root_inverse_shampoo_on_rank_one_gradients_stays_finite(
+    config: IterateAveragingConfig,
+) -> None:
     """float32, epsilon 1e-12, Shampoo preconditioning from step 2 on rank-1 gradients (one
     sample per step: every factor matrix rank-deficient): 20 steps, then eval(), all finite."""
     params = [torch.nn.Parameter(p) for p in initial_params()]
     optimizer = DistributedShampoo(
-        params, lr=0.01, betas=(0.9, 0.999), epsilon=1e-12, precondition_frequency=2,
-        grafting_config=AdamPreconditionerConfig(beta2=0.999, epsilon=1e-8), iterate_averaging_config=config,
+        params,
+        lr=0.01,
+        betas=(0.9, 0.999),
+        epsilon=1e-12,
+        precondition_frequency=2,
+        grafting_config=AdamPreconditionerConfig(beta2=0.999, epsilon=1e-8),
+        iterate_averaging_config=config,
     )
     x, target = _data(torch.float32)
     for step in range(20):

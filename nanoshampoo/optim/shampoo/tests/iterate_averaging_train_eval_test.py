@@ -30,13 +30,18 @@ from nanoshampoo.optim.shampoo import (
     ScheduleFreeConfig,
 )
 
-SCHEDULE_FREE = dict(lr=0.02, iterate_averaging_config=ScheduleFreeConfig(train_interp_coeff=0.7), **ADAM)
+SCHEDULE_FREE = dict(
+    lr=0.02, iterate_averaging_config=ScheduleFreeConfig(train_interp_coeff=0.7), **ADAM
+)
 
 
 def test_eval_then_train_returns_to_the_training_point() -> None:
     """The switch is ``W <- W + c (z - W)`` and back: float64 parameters come back to the last
     bits of a float64 computation; float32 ones to within two float32 roundings."""
-    for dtype, tolerance in ((torch.float64, 1e-15), (torch.float32, 4 * torch.finfo(torch.float32).eps)):
+    for dtype, tolerance in (
+        (torch.float64, 1e-15),
+        (torch.float32, 4 * torch.finfo(torch.float32).eps),
+    ):
         params = [torch.nn.Parameter(p) for p in initial_params(dtype)]
         params, optimizer = run_shampoo(3, params=params, **SCHEDULE_FREE)
         training_point = [p.detach().clone() for p in params]
@@ -68,7 +73,9 @@ def test_z_starts_at_the_parameters_of_the_first_step() -> None:
 
 
 def test_train_and_eval_do_nothing_without_primal_averaging() -> None:
-    params, optimizer = run_shampoo(2, lr=0.02, iterate_averaging_config=ClassicMomentumConfig(), **ADAM)
+    params, optimizer = run_shampoo(
+        2, lr=0.02, iterate_averaging_config=ClassicMomentumConfig(), **ADAM
+    )
     before = [p.detach().clone() for p in params]
     optimizer.eval()
     optimizer.train()
@@ -135,7 +142,9 @@ def test_a_checkpoint_mid_run_resumes_bit_identically(save_in_eval_mode: bool) -
             optimizer.eval()
         return params, optimizer
 
-    def second_half(params: list[torch.Tensor], optimizer: DistributedShampoo) -> list[torch.Tensor]:
+    def second_half(
+        params: list[torch.Tensor], optimizer: DistributedShampoo
+    ) -> list[torch.Tensor]:
         optimizer.train()
         for t in range(3, STEPS):
             optimizer.param_groups[0]["lr"] = lrs[t]
@@ -146,10 +155,17 @@ def test_a_checkpoint_mid_run_resumes_bit_identically(save_in_eval_mode: bool) -
 
     want = second_half(*first_half())
     params, optimizer = first_half()
-    checkpoint = _round_trip({"model": [p.detach() for p in params], "optim": optimizer.state_dict()})
-    assert all(entry["train_mode"].item() is not save_in_eval_mode for entry in checkpoint["optim"]["state"].values())
+    checkpoint = _round_trip(
+        {"model": [p.detach() for p in params], "optim": optimizer.state_dict()}
+    )
+    assert all(
+        entry["train_mode"].item() is not save_in_eval_mode
+        for entry in checkpoint["optim"]["state"].values()
+    )
     fresh_params = [torch.nn.Parameter(p.clone()) for p in checkpoint["model"]]
-    fresh = DistributedShampoo(fresh_params, **{"epsilon": 1e-12, **SCHEDULE_FREE, "weight_decay": 0.01})
+    fresh = DistributedShampoo(
+        fresh_params, **{"epsilon": 1e-12, **SCHEDULE_FREE, "weight_decay": 0.01}
+    )
     fresh.load_state_dict(checkpoint["optim"])
     got = second_half(fresh_params, fresh)
     for a, b in zip(got, want):
@@ -158,9 +174,11 @@ def test_a_checkpoint_mid_run_resumes_bit_identically(save_in_eval_mode: bool) -
 
 @pytest.mark.parametrize(
     "entry, value, error, match",
-    [("lr_sum", -1.0, ValueError, r"state\[0\]\['lr_sum'\] must be"),
-     ("lr_sum", None, KeyError, r"missing state 0\.lr_sum"),
-     ("train_mode", 1, ValueError, r"state\[0\]\['train_mode'\] must be")],
+    [
+        ("lr_sum", -1.0, ValueError, r"state\[0\]\['lr_sum'\] must be"),
+        ("lr_sum", None, KeyError, r"missing state 0\.lr_sum"),
+        ("train_mode", 1, ValueError, r"state\[0\]\['train_mode'\] must be"),
+    ],
     ids=["negative", "missing", "int"],
 )
 def test_a_malformed_averaging_entry_in_a_checkpoint_raises(

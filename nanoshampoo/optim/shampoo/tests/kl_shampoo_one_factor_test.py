@@ -39,8 +39,11 @@ from nanoshampoo.testing.shampoo_reference import run_reference
 torch.set_num_threads(1)
 
 FLOAT64 = {"factor_matrix_dtype": torch.float64}
-EIG64 = {**FLOAT64, "factor_matrix_eigenvectors_dtype": torch.float64,
-         "factor_matrix_eigenvalues_dtype": torch.float64}
+EIG64 = {
+    **FLOAT64,
+    "factor_matrix_eigenvectors_dtype": torch.float64,
+    "factor_matrix_eigenvalues_dtype": torch.float64,
+}
 
 
 def kl_config(kind: str, pseudo_inverse: bool = False, **kwargs: Any) -> Any:
@@ -48,9 +51,11 @@ def kl_config(kind: str, pseudo_inverse: bool = False, **kwargs: Any) -> Any:
     stability = {"rank_deficient_stability_config": PseudoInverseConfig()} if pseudo_inverse else {}
     if kind == "root_inv":
         return RootInvKLShampooPreconditionerConfig(
-            amortized_computation_config=EigenConfig(**stability), **FLOAT64, **kwargs)
+            amortized_computation_config=EigenConfig(**stability), **FLOAT64, **kwargs
+        )
     return EigendecomposedKLShampooPreconditionerConfig(
-        amortized_computation_config=EighEigendecompositionConfig(**stability), **EIG64, **kwargs)
+        amortized_computation_config=EighEigendecompositionConfig(**stability), **EIG64, **kwargs
+    )
 
 
 # (parameter shape, max_preconditioner_dim, the one block's shape, precondition_frequency):
@@ -64,21 +69,48 @@ CASES = {
 }
 
 
-def _run(config: Any, shape: tuple[int, ...], dtype: torch.dtype, steps: int, max_dim: int,
-         frequency: int, epsilon: float = 1e-12, rank_one: bool = False,
-         ) -> tuple[torch.Tensor, list[torch.Tensor], torch.Tensor]:
+def _run(
+    config: Any,
+    shape: tuple[int, ...],
+    dtype: torch.dtype,
+    steps: int,
+    max_dim: int,
+    frequency: int,
+    epsilon: float = 1e-12,
+    rank_one: bool = False,
+) -> tuple[torch.Tensor, list[torch.Tensor], torch.Tensor]:
     """``(W_0, gradients, W_steps)``: the KL tests' steps, ungrafted, first root at ``frequency``."""
-    return _steps(config, shape, dtype, steps, rank_one=rank_one, epsilon=epsilon,
-                  max_preconditioner_dim=max_dim, precondition_frequency=frequency,
-                  start_preconditioning_step=frequency, grafting_config=None)
+    return _steps(
+        config,
+        shape,
+        dtype,
+        steps,
+        rank_one=rank_one,
+        epsilon=epsilon,
+        max_preconditioner_dim=max_dim,
+        precondition_frequency=frequency,
+        start_preconditioning_step=frequency,
+        grafting_config=None,
+    )
 
 
-def _loop(initial: torch.Tensor, grads: list[torch.Tensor], block: tuple[int, ...], frequency: int,
-          **kwargs: Any) -> np.ndarray:
+def _loop(
+    initial: torch.Tensor,
+    grads: list[torch.Tensor],
+    block: tuple[int, ...],
+    frequency: int,
+    **kwargs: Any,
+) -> np.ndarray:
     """The loop on the parameter reshaped to its block, default exponents ``1 / (2 k)``."""
     expected = run_reference(
-        initial.numpy().reshape(block), [g.numpy().reshape(block) for g in grads], lr=0.05,
-        betas=(0.9, 0.95), frequency=frequency, start=frequency, **kwargs)
+        initial.numpy().reshape(block),
+        [g.numpy().reshape(block) for g in grads],
+        lr=0.05,
+        betas=(0.9, 0.95),
+        frequency=frequency,
+        start=frequency,
+        **kwargs,
+    )
     return expected.reshape(initial.shape)
 
 
@@ -90,8 +122,9 @@ def _relative(a: np.ndarray, b: np.ndarray) -> float:
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_float64_matches_the_loop_of_the_equations(kind: str, case: str) -> None:
     shape, max_dim, block, frequency = CASES[case]
-    initial, grads, final = _run(kl_config(kind), shape, torch.float64, 2 * frequency + 3,
-                                 max_dim, frequency)
+    initial, grads, final = _run(
+        kl_config(kind), shape, torch.float64, 2 * frequency + 3, max_dim, frequency
+    )
     expected = _loop(initial, grads, block, frequency, epsilon=1e-12, kl=True)
     assert _relative(final.numpy(), expected) < 1e-10
     if len(block) > 1:  # KL's factor update, not classic Shampoo's
@@ -105,8 +138,9 @@ def test_rank_deficient_float64_pseudo_inverse_matches_the_loop(kind: str, case:
     """Roots from the second step on, of rank-deficient factors (rank 2 of 7 and of 12, 10 of
     12), with the null space dropped: well defined, so the tight tolerance holds."""
     shape, max_dim, block, _ = CASES[case]
-    initial, grads, final = _run(kl_config(kind, pseudo_inverse=True), shape, torch.float64, 9,
-                                 max_dim, 2, epsilon=0.0)
+    initial, grads, final = _run(
+        kl_config(kind, pseudo_inverse=True), shape, torch.float64, 9, max_dim, 2, epsilon=0.0
+    )
     expected = _loop(initial, grads, block, 2, epsilon=0.0, kl=True, pseudo_inverse=True)
     assert _relative(final.numpy(), expected) < 1e-10
 
@@ -115,9 +149,17 @@ def test_rank_deficient_float64_pseudo_inverse_matches_the_loop(kind: str, case:
 def test_one_factor_kl_steps_are_classic_shampoos(case: str) -> None:
     """``H = G`` without another factor: the KL config takes classic Shampoo's steps."""
     shape, max_dim, _, frequency = CASES[case]
-    _, _, kl = _run(kl_config("root_inv"), shape, torch.float64, 2 * frequency + 3, max_dim, frequency)
-    _, _, plain = _run(RootInvShampooPreconditionerConfig(**FLOAT64), shape, torch.float64,
-                       2 * frequency + 3, max_dim, frequency)
+    _, _, kl = _run(
+        kl_config("root_inv"), shape, torch.float64, 2 * frequency + 3, max_dim, frequency
+    )
+    _, _, plain = _run(
+        RootInvShampooPreconditionerConfig(**FLOAT64),
+        shape,
+        torch.float64,
+        2 * frequency + 3,
+        max_dim,
+        frequency,
+    )
     assert torch.allclose(kl, plain, rtol=1e-13, atol=0.0)
 
 
@@ -128,12 +170,15 @@ def test_one_factor_kl_steps_are_classic_shampoos(case: str) -> None:
         EigendecomposedKLShampooPreconditionerConfig(num_tolerated_failed_amortized_computations=0),
         EigendecomposedKLShampooPreconditionerConfig(
             amortized_computation_config=QREigendecompositionConfig(),
-            num_tolerated_failed_amortized_computations=0),
+            num_tolerated_failed_amortized_computations=0,
+        ),
     ],
     ids=["root_inv", "eigendecomposed", "eigendecomposed_qr"],
 )
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_float32_rank_one_at_epsilon_1e_12_stays_finite_and_never_fails(config: Any, case: str) -> None:
+def test_float32_rank_one_at_epsilon_1e_12_stays_finite_and_never_fails(
+    config: Any, case: str
+) -> None:
     """Rank-1 gradients with a zero slice (a vector's factor gains one rank a step), a fresh
     root every step from rank-deficient factors: steps finite, no failed root (any failure
     raises: zero tolerated)."""

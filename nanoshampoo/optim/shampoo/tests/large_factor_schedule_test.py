@@ -36,10 +36,17 @@ FREQUENCY, MULTIPLIER, STEPS = 3, 2, 14
 SHAPES = [(12,)] * 3 + [(20,)] * 6
 
 
-def _optimizer(params: list[torch.nn.Parameter], amortize: bool, **config: Any) -> DistributedShampoo:
+def _optimizer(
+    params: list[torch.nn.Parameter], amortize: bool, **config: Any
+) -> DistributedShampoo:
     return DistributedShampoo(
-        params, lr=0.01, betas=(0.0, 0.99), epsilon=1e-10, max_preconditioner_dim=32,
-        precondition_frequency=FREQUENCY, amortize_roots=amortize,
+        params,
+        lr=0.01,
+        betas=(0.0, 0.99),
+        epsilon=1e-10,
+        max_preconditioner_dim=32,
+        precondition_frequency=FREQUENCY,
+        amortize_roots=amortize,
         grafting_config=AdamPreconditionerConfig(),
         preconditioner_config=RootInvShampooPreconditionerConfig(**config),
     )
@@ -50,7 +57,9 @@ def _params(dtype: torch.dtype = torch.float64) -> list[torch.nn.Parameter]:
     return [torch.nn.Parameter(torch.randn(s, dtype=dtype, generator=gen)) for s in SHAPES]
 
 
-def _solved_per_step(amortize: bool, monkeypatch: pytest.MonkeyPatch) -> dict[int, set[tuple[int, int]]]:
+def _solved_per_step(
+    amortize: bool, monkeypatch: pytest.MonkeyPatch
+) -> dict[int, set[tuple[int, int]]]:
     """Run STEPS steps; per step, the (factor size, pool row) pairs whose root was computed,
     each checked against the eigh root of that step's bias-corrected factor."""
     solved: dict[int, set[tuple[int, int]]] = {}
@@ -64,8 +73,13 @@ def _solved_per_step(amortize: bool, monkeypatch: pytest.MonkeyPatch) -> dict[in
 
     monkeypatch.setattr(ShampooPreconditioner, "_solve", recording)
     params = _params()
-    opt = _optimizer(params, amortize, large_factor_dim=16, large_factor_frequency_multiplier=MULTIPLIER,
-                     factor_matrix_dtype=torch.float64)
+    opt = _optimizer(
+        params,
+        amortize,
+        large_factor_dim=16,
+        large_factor_frequency_multiplier=MULTIPLIER,
+        factor_matrix_dtype=torch.float64,
+    )
     preconditioner = opt._runtimes[0].preconditioner
     gen = torch.Generator().manual_seed(1)
     for step in range(1, STEPS + 1):
@@ -77,7 +91,8 @@ def _solved_per_step(amortize: bool, monkeypatch: pytest.MonkeyPatch) -> dict[in
             pool = preconditioner._factors.pools[(size, torch.float64)]
             want, _ = eigh_inverse_root(
                 preconditioner._factors.matrices(pool, torch.tensor([row]), divisor=1 - 0.99**step),
-                torch.tensor([0.5], dtype=torch.float64), 1e-10,
+                torch.tensor([0.5], dtype=torch.float64),
+                1e-10,
             )
             root = preconditioner._results[(size, torch.float64)][row]
             torch.testing.assert_close(root, want[0], rtol=1e-9, atol=0.0)
@@ -109,8 +124,12 @@ def test_a_multiplier_of_one_or_no_large_dim_is_the_plain_schedule() -> None:
     gen = torch.Generator().manual_seed(2)
     grads = [[torch.randn(s, dtype=torch.float64, generator=gen) for s in SHAPES] for _ in range(8)]
     finals = []
-    for config in ({}, dict(large_factor_dim=16), dict(large_factor_frequency_multiplier=4),
-                   dict(large_factor_dim=21, large_factor_frequency_multiplier=4)):
+    for config in (
+        {},
+        dict(large_factor_dim=16),
+        dict(large_factor_frequency_multiplier=4),
+        dict(large_factor_dim=21, large_factor_frequency_multiplier=4),
+    ):
         params = _params()
         opt = _optimizer(params, False, **config)
         for step_grads in grads:
@@ -146,8 +165,11 @@ DDP_SHAPES = [(6, 5), (7,), (3, 4, 5), (16, 5), (10, 7), (20, 3)]
 DDP_CONFIGS: dict[str, dict[str, Any]] = {
     "warm_qr": dict(amortized_computation_config=WarmStartedEigenConfig()),
     "large_factors": dict(large_factor_dim=7, large_factor_frequency_multiplier=2),
-    "warm_qr_large_factors": dict(amortized_computation_config=WarmStartedEigenConfig(),
-                                  large_factor_dim=7, large_factor_frequency_multiplier=2),
+    "warm_qr_large_factors": dict(
+        amortized_computation_config=WarmStartedEigenConfig(),
+        large_factor_dim=7,
+        large_factor_frequency_multiplier=2,
+    ),
 }
 
 
@@ -155,8 +177,14 @@ def _ddp_run(config: Any, name: str, amortize: bool) -> list[torch.Tensor]:
     gen = torch.Generator().manual_seed(0)
     params = [torch.nn.Parameter(torch.randn(s, generator=gen)) for s in DDP_SHAPES]
     opt = DistributedShampoo(
-        params, lr=0.05, betas=(0.9, 0.999), epsilon=1e-8, max_preconditioner_dim=8,
-        precondition_frequency=2, amortize_roots=amortize, distributed_config=config,
+        params,
+        lr=0.05,
+        betas=(0.9, 0.999),
+        epsilon=1e-8,
+        max_preconditioner_dim=8,
+        precondition_frequency=2,
+        amortize_roots=amortize,
+        distributed_config=config,
         grafting_config=AdamPreconditionerConfig(beta2=0.999, epsilon=1e-8),
         preconditioner_config=RootInvShampooPreconditionerConfig(**DDP_CONFIGS[name]),
     )

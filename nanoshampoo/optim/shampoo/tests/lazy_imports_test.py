@@ -28,18 +28,30 @@ print(" ".join(sorted(m.rsplit(".", 1)[1] for m in sys.modules
 """
 
 
-@pytest.mark.parametrize("config, expected", [
-    ("RootInvShampooPreconditionerConfig",
-     "adagrad_preconditioner descent_types distributor distributor_types factor_matrix_ops "
-     "kronecker_factored_preconditioner kronecker_factors matrix_functions_types matrix_roots "
-     "parallel_eigh preconditioner preconditioner_types shampoo_preconditioner "
-     "shampoo_variant_types single_device_distributor"),
-    ("SpectralDescentPreconditionerConfig",
-     "adagrad_preconditioner descent_types distributor distributor_types "
-     "matrix_functions_types preconditioner preconditioner_types shampoo_variant_types single_device_distributor "
-     "spectral_descent_preconditioner"),
-])
+@pytest.mark.parametrize(
+    "config, expected",
+    [
+        (
+            "RootInvShampooPreconditionerConfig",
+            "adagrad_preconditioner descent_types distributor distributor_types factor_matrix_ops "
+            "kronecker_factored_preconditioner kronecker_factors matrix_functions_types matrix_roots "
+            "parallel_eigh preconditioner preconditioner_types shampoo_preconditioner "
+            "shampoo_variant_types single_device_distributor",
+        ),
+        (
+            "SpectralDescentPreconditionerConfig",
+            "adagrad_preconditioner descent_types distributor distributor_types "
+            "matrix_functions_types preconditioner preconditioner_types shampoo_variant_types single_device_distributor "
+            "spectral_descent_preconditioner",
+        ),
+    ],
+)
 def test_a_single_device_run_imports_only_what_its_config_needs(config: str, expected: str) -> None:
-    result = subprocess.run([sys.executable, "-c", SCRIPT.format(config=config)],
-                            capture_output=True, text=True, check=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-c", SCRIPT.format(config=config)],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+    )
     assert result.stdout.split() == expected.split()

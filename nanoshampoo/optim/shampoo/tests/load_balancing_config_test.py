@@ -65,19 +65,33 @@ def test_a_load_balancing_config_of_another_type_is_refused(config_class: type) 
         config_class(load_balancing_config=PolynomialComputationalCostModel())
 
 
-@pytest.mark.parametrize("config_class", [FullyShardDistributedConfig, HybridShardDistributedConfig])
+@pytest.mark.parametrize(
+    "config_class", [FullyShardDistributedConfig, HybridShardDistributedConfig]
+)
 @pytest.mark.parametrize("bad", [0, -2, 1.5, True, "2"])
 def test_num_sub_groups_must_be_a_positive_int(config_class: type, bad: object) -> None:
     with pytest.raises(ValueError, match="^num_sub_groups must be an int >= 1"):
-        config_class(num_sub_groups=bad, param_assignment_strategy=FSDPParamAssignmentStrategy.ROUND_ROBIN)
+        config_class(
+            num_sub_groups=bad, param_assignment_strategy=FSDPParamAssignmentStrategy.ROUND_ROBIN
+        )
 
 
-@pytest.mark.parametrize("config_class", [FullyShardDistributedConfig, HybridShardDistributedConfig])
+@pytest.mark.parametrize(
+    "config_class", [FullyShardDistributedConfig, HybridShardDistributedConfig]
+)
 def test_num_sub_groups_above_one_needs_a_lossless_strategy(config_class: type) -> None:
-    with pytest.raises(ValueError, match="^num_sub_groups 2 > 1 needs param_assignment_strategy REPLICATE or ROUND_ROBIN"):
+    with pytest.raises(
+        ValueError,
+        match="^num_sub_groups 2 > 1 needs param_assignment_strategy REPLICATE or ROUND_ROBIN",
+    ):
         config_class(num_sub_groups=2)
-    for strategy in (FSDPParamAssignmentStrategy.ROUND_ROBIN, FSDPParamAssignmentStrategy.REPLICATE):
-        assert config_class(num_sub_groups=3, param_assignment_strategy=strategy).num_sub_groups == 3
+    for strategy in (
+        FSDPParamAssignmentStrategy.ROUND_ROBIN,
+        FSDPParamAssignmentStrategy.REPLICATE,
+    ):
+        assert (
+            config_class(num_sub_groups=3, param_assignment_strategy=strategy).num_sub_groups == 3
+        )
 
 
 @pytest.mark.parametrize("cost", sorted(COST_MODELS))
@@ -87,7 +101,10 @@ def test_round_robin_owners_follow_the_cost_model(cost: str) -> None:
         for shape in SHAPES
     ]
     owners = assign_owners(
-        sharded, FSDPParamAssignmentStrategy.ROUND_ROBIN, 2, LoadBalancingConfig(cost_model=COST_MODELS[cost])
+        sharded,
+        FSDPParamAssignmentStrategy.ROUND_ROBIN,
+        2,
+        LoadBalancingConfig(cost_model=COST_MODELS[cost]),
     )
     assert [o for o, ranks in enumerate(owners) if ranks == (0,)] == RANK0_PARAMS[cost]
     assert all(len(ranks) == 1 for ranks in owners)
@@ -108,20 +125,32 @@ def _initial() -> list[torch.Tensor]:
 
 def _optimizer(params: list[torch.Tensor], config: DistributedConfig) -> DistributedShampoo:
     return DistributedShampoo(
-        params, lr=0.05, betas=(0.9, 0.99), epsilon=1e-12, max_preconditioner_dim=64,
-        precondition_frequency=1, start_preconditioning_step=1,
-        grafting_config=AdamPreconditionerConfig(beta2=0.99, epsilon=1e-8), distributed_config=config,
+        params,
+        lr=0.05,
+        betas=(0.9, 0.99),
+        epsilon=1e-12,
+        max_preconditioner_dim=64,
+        precondition_frequency=1,
+        start_preconditioning_step=1,
+        grafting_config=AdamPreconditionerConfig(beta2=0.99, epsilon=1e-8),
+        distributed_config=config,
     )
 
 
 def _local_param_indices(optimizer: DistributedShampoo) -> list[int]:
-    return sorted({info.composable_block_ids[0] for info in optimizer._runtimes[0].distributor.local_block_info_list})
+    return sorted(
+        {
+            info.composable_block_ids[0]
+            for info in optimizer._runtimes[0].distributor.local_block_info_list
+        }
+    )
 
 
 def _ddp_run(cost: str) -> dict[str, Any]:
     params = _initial()
     config = DDPDistributedConfig(
-        target_parameter_dimensionality=2, load_balancing_config=LoadBalancingConfig(cost_model=COST_MODELS[cost])
+        target_parameter_dimensionality=2,
+        load_balancing_config=LoadBalancingConfig(cost_model=COST_MODELS[cost]),
     )
     optimizer = _optimizer(params, config)
     for step in range(STEPS):
@@ -158,11 +187,18 @@ def _fsdp_run(cost: str) -> dict[str, Any]:
         module.zero_grad()
         module(step).backward()  # the same loss on every rank: FSDP's average is _grads(step)
         optimizer.step()
-    return {"owned": _local_param_indices(optimizer), "params": [p.full_tensor() for p in module.parameters()]}
+    return {
+        "owned": _local_param_indices(optimizer),
+        "params": [p.full_tensor() for p in module.parameters()],
+    }
 
 
 def _body(rank: int, world: int) -> dict[str, Any]:
-    return {f"{kind}-{cost}": run(cost) for kind, run in (("ddp", _ddp_run), ("fsdp", _fsdp_run)) for cost in COST_MODELS}
+    return {
+        f"{kind}-{cost}": run(cost)
+        for kind, run in (("ddp", _ddp_run), ("fsdp", _fsdp_run))
+        for cost in COST_MODELS
+    }
 
 
 @pytest.mark.distributed
@@ -178,7 +214,9 @@ def test_cost_models_assign_by_hand_and_keep_the_single_device_numbers() -> None
     for name in ranks[0]:
         cost = name.split("-")[1]
         assert ranks[0][name]["owned"] == RANK0_PARAMS[cost], name
-        assert ranks[1][name]["owned"] == sorted(set(range(len(SHAPES))) - set(RANK0_PARAMS[cost])), name
+        assert ranks[1][name]["owned"] == sorted(
+            set(range(len(SHAPES))) - set(RANK0_PARAMS[cost])
+        ), name
         for rank in ranks:
             for got, want in zip(rank[name]["params"], params):
                 torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)

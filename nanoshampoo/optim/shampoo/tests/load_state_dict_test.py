@@ -28,13 +28,20 @@ def _params(seed: int) -> list[torch.nn.Parameter]:
 
 def _optimizer(params: list[torch.nn.Parameter], **overrides: Any) -> DistributedShampoo:
     kwargs: dict[str, Any] = dict(
-        lr=0.01, betas=(0.9, 0.99), epsilon=1e-8, momentum=0.5, weight_decay=0.01,
-        max_preconditioner_dim=8, grafting_config=AdamPreconditionerConfig(),
+        lr=0.01,
+        betas=(0.9, 0.99),
+        epsilon=1e-8,
+        momentum=0.5,
+        weight_decay=0.01,
+        max_preconditioner_dim=8,
+        grafting_config=AdamPreconditionerConfig(),
     )
     return DistributedShampoo(params, **{**kwargs, **overrides})
 
 
-def _train(opt: DistributedShampoo, params: list[torch.nn.Parameter], seed: int, steps: int) -> None:
+def _train(
+    opt: DistributedShampoo, params: list[torch.nn.Parameter], seed: int, steps: int
+) -> None:
     gen = torch.Generator().manual_seed(seed)
     for _ in range(steps):
         for p in params:
@@ -44,7 +51,10 @@ def _train(opt: DistributedShampoo, params: list[torch.nn.Parameter], seed: int,
 
 def _snapshot(opt: DistributedShampoo) -> dict[str, Any]:
     state_dict = opt.state_dict()
-    return {"state": flat_state(state_dict), "param_groups": copy.deepcopy(state_dict["param_groups"])}
+    return {
+        "state": flat_state(state_dict),
+        "param_groups": copy.deepcopy(state_dict["param_groups"]),
+    }
 
 
 def _assert_same(a: dict[str, Any], b: dict[str, Any]) -> None:
@@ -104,7 +114,11 @@ def _momentum_off(sd: dict[str, Any]) -> None:
 CORRUPTIONS: list[tuple[Callable[[dict[str, Any]], None], type[Exception], str]] = [
     (_missing_key, KeyError, r"missing block state 3\.block_0\.filtered_grad"),
     (_unexpected_key, KeyError, r"unexpected block state in state_dict: \['3\.block_0\.extra'\]"),
-    (_wrong_shape, ValueError, r"3\.block_0\.momentum_buffer must be a torch.float32 tensor of shape \(3, 4, 5\)"),
+    (
+        _wrong_shape,
+        ValueError,
+        r"3\.block_0\.momentum_buffer must be a torch.float32 tensor of shape \(3, 4, 5\)",
+    ),
     (_wrong_dtype, ValueError, r"3\.block_0\.adagrad must be a torch.float32 tensor"),
     (_not_a_tensor, ValueError, "got float"),
     (_nan_lr, ValueError, "lr must be finite"),
@@ -115,12 +129,16 @@ CORRUPTIONS: list[tuple[Callable[[dict[str, Any]], None], type[Exception], str]]
 ]
 
 
-@pytest.mark.parametrize(("corrupt", "error", "match"), CORRUPTIONS, ids=[c.__name__[1:] for c, _, _ in CORRUPTIONS])
+@pytest.mark.parametrize(
+    ("corrupt", "error", "match"), CORRUPTIONS, ids=[c.__name__[1:] for c, _, _ in CORRUPTIONS]
+)
 def test_a_bad_state_dict_raises_and_leaves_every_block_bit_identical(
     corrupt: Callable[[dict[str, Any]], None], error: type[Exception], match: str
 ) -> None:
     source_params = _params(0)
-    source = _optimizer(source_params, lr=0.02)  # another lr: a loader that writes groups early shows
+    source = _optimizer(
+        source_params, lr=0.02
+    )  # another lr: a loader that writes groups early shows
     _train(source, source_params, seed=1, steps=3)
     saved = copy.deepcopy(source.state_dict())
     corrupt(saved)
@@ -138,7 +156,9 @@ def test_checkpoint_after_hyperparameter_changes_resumes_bit_identically() -> No
     """A checkpoint saved after momentum was turned on and epsilon/betas changed loads into a
     fresh optimizer built with the original values; the continuation equals the uninterrupted run."""
 
-    def run(params: list[torch.nn.Parameter], opt: DistributedShampoo, first: int, last: int) -> None:
+    def run(
+        params: list[torch.nn.Parameter], opt: DistributedShampoo, first: int, last: int
+    ) -> None:
         for step in range(first, last):
             if step == 2:
                 opt.param_groups[0].update(momentum=0.9, epsilon=1e-6, betas=(0.95, 0.999))
@@ -157,7 +177,10 @@ def test_checkpoint_after_hyperparameter_changes_resumes_bit_identically() -> No
     resumed_params = [torch.nn.Parameter(p.detach().clone()) for p in first_params]
     resumed = _optimizer(resumed_params, momentum=0.0, betas=(0.0, 0.99))
     resumed.load_state_dict(checkpoint)
-    assert resumed.param_groups[0]["betas"] == (0.95, 0.999) and resumed.param_groups[0]["momentum"] == 0.9
+    assert (
+        resumed.param_groups[0]["betas"] == (0.95, 0.999)
+        and resumed.param_groups[0]["momentum"] == 0.9
+    )
     run(resumed_params, resumed, 4, 6)
     for p, q in zip(reference_params, resumed_params, strict=True):
         assert torch.equal(p, q)

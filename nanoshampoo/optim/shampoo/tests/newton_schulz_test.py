@@ -52,8 +52,12 @@ def low_rank_gradient(rows: int, cols: int, rank: int) -> tuple[torch.Tensor, ..
     return (u * s) @ v.T, u, v
 
 
-def orthogonality_errors(coefficients: tuple[float, float, float], compute_dtype: torch.dtype,
-                         transpose: bool, cols: int = 160) -> tuple[float, float, float]:
+def orthogonality_errors(
+    coefficients: tuple[float, float, float],
+    compute_dtype: torch.dtype,
+    transpose: bool,
+    cols: int = 160,
+) -> tuple[float, float, float]:
     """``(||M^T M - I||_2, off-diagonal share of M, null-space share of X)`` of a float32 NS
     of a rank-40 ``(64, cols)`` block (transposed: ``(cols, 64)``)."""
     g, u, v = low_rank_gradient(64, cols, rank=40)
@@ -74,20 +78,24 @@ def orthogonality_errors(coefficients: tuple[float, float, float], compute_dtype
 @pytest.mark.parametrize("transpose", [False, True], ids=["wide", "tall"])
 @pytest.mark.parametrize("compute_dtype", [torch.float32, torch.bfloat16], ids=str)
 def test_newton_schulz_orthogonalizes_the_directions_that_matter(
-        compute_dtype: torch.dtype, transpose: bool, cols: int) -> None:
+    compute_dtype: torch.dtype, transpose: bool, cols: int
+) -> None:
     error, off, null = orthogonality_errors(MUON, compute_dtype, transpose, cols)
     assert error <= ORTHOGONALITY_BOUND
     assert off <= OFF_DIAGONAL_BOUND[compute_dtype]
     assert null <= NULL_SPACE_BOUND[compute_dtype]
 
 
-@pytest.mark.parametrize("coefficients", [(1.5, -0.5, 0.0), (3.4445, -4.7750, 2.5),
-                                          (3.4445, -4.7750, 1.8)],
-                         ids=["cubic", "c-too-large", "c-too-small"])
+@pytest.mark.parametrize(
+    "coefficients",
+    [(1.5, -0.5, 0.0), (3.4445, -4.7750, 2.5), (3.4445, -4.7750, 1.8)],
+    ids=["cubic", "c-too-large", "c-too-small"],
+)
 @pytest.mark.parametrize("compute_dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("cols", [160, 96])
 def test_a_wrong_coefficient_set_fails_the_orthogonality_bound(
-        coefficients: tuple[float, float, float], compute_dtype: torch.dtype, cols: int) -> None:
+    coefficients: tuple[float, float, float], compute_dtype: torch.dtype, cols: int
+) -> None:
     error, _, _ = orthogonality_errors(coefficients, compute_dtype, transpose=False, cols=cols)
     assert not error <= ORTHOGONALITY_BOUND
 
@@ -105,14 +113,18 @@ def test_bfloat16_output_is_float32_output_up_to_bf16_rounding_on_a_full_rank_bl
 
 def test_a_forced_compute_dtype_is_taken_as_given() -> None:
     assert resolve_newton_schulz_dtype(torch.float32, torch.float32, torch.device("cpu")) == (
-        torch.float32, "compute_dtype=float32")
+        torch.float32,
+        "compute_dtype=float32",
+    )
     assert resolve_newton_schulz_dtype(torch.bfloat16, torch.float64, torch.device("cpu"))[0] == (
-        torch.bfloat16)
+        torch.bfloat16
+    )
 
 
 @pytest.mark.parametrize("fast, expected", [(True, torch.bfloat16), (False, torch.float32)])
-def test_auto_on_cpu_follows_the_bf16_probe(fast: bool, expected: torch.dtype,
-                                             monkeypatch: pytest.MonkeyPatch) -> None:
+def test_auto_on_cpu_follows_the_bf16_probe(
+    fast: bool, expected: torch.dtype, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(matmul_speed, "cpu_bf16_is_fast", lambda: fast)
     dtype, reason = resolve_newton_schulz_dtype("auto", torch.float32, torch.device("cpu"))
     assert dtype == expected
@@ -124,7 +136,8 @@ def test_auto_on_cpu_follows_the_bf16_probe(fast: bool, expected: torch.dtype,
 
 @pytest.mark.parametrize("block_dtype", [torch.float32, torch.float64, torch.bfloat16], ids=str)
 def test_the_default_iterates_in_the_block_dtype_as_the_reference(
-        block_dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch) -> None:
+    block_dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """None (the config's default) ignores the probe: a ported script gets the reference's
     float32 numbers even where bf16 is fast."""
     monkeypatch.setattr(matmul_speed, "cpu_bf16_is_fast", lambda: True)
@@ -136,19 +149,25 @@ def test_the_default_iterates_in_the_block_dtype_as_the_reference(
 
 def test_tall_and_wide_buckets_of_one_shape_iterate_as_one_stack() -> None:
     device = torch.device("cpu")
-    buckets = [BlockBucket((6, 10), torch.float32, device, ("a block_0", "a block_1")),
-               BlockBucket((10, 6), torch.float32, device, ("b block_0",)),
-               BlockBucket((4, 4), torch.float32, device, ("c block_0",))]
-    config = SpectralDescentPreconditionerConfig(NewtonSchulzOrthogonalizationConfig(
-        compute_dtype=torch.float32))
+    buckets = [
+        BlockBucket((6, 10), torch.float32, device, ("a block_0", "a block_1")),
+        BlockBucket((10, 6), torch.float32, device, ("b block_0",)),
+        BlockBucket((4, 4), torch.float32, device, ("c block_0",)),
+    ]
+    config = SpectralDescentPreconditionerConfig(
+        NewtonSchulzOrthogonalizationConfig(compute_dtype=torch.float32)
+    )
     muon = SpectralDescentPreconditioner(buckets, config)
-    assert muon.compute_dtype_reasons == ("(6, 10) x3: float32, compute_dtype=float32",
-                                          "(4, 4) x1: float32, compute_dtype=float32")
+    assert muon.compute_dtype_reasons == (
+        "(6, 10) x3: float32, compute_dtype=float32",
+        "(4, 4) x1: float32, compute_dtype=float32",
+    )
     gen = torch.Generator().manual_seed(2)
     grads = [torch.randn(b.stacked_shape, generator=gen) for b in buckets]
     for grad, out in zip(grads, muon.precondition(grads, step=1)):
-        torch.testing.assert_close(out, newton_schulz_orthogonalize(grad, MUON, 5),
-                                   rtol=0, atol=1e-6)
+        torch.testing.assert_close(
+            out, newton_schulz_orthogonalize(grad, MUON, 5), rtol=0, atol=1e-6
+        )
 
 
 def test_a_block_of_more_than_two_dims_is_orthogonalized_as_out_dim_by_the_rest() -> None:
@@ -156,8 +175,13 @@ def test_a_block_of_more_than_two_dims_is_orthogonalized_as_out_dim_by_the_rest(
     # (5, 6, 7) with max_preconditioner_dim 8: no two dims merge, nothing splits: one 3-D block.
     w = torch.nn.Parameter(torch.randn(5, 6, 7, generator=gen, dtype=torch.float64))
     g = torch.randn(5, 6, 7, generator=gen, dtype=torch.float64)
-    opt = DistributedShampoo([w], lr=1.0, betas=(0.0, 1.0), max_preconditioner_dim=8,
-                             preconditioner_config=SpectralDescentPreconditionerConfig())
+    opt = DistributedShampoo(
+        [w],
+        lr=1.0,
+        betas=(0.0, 1.0),
+        max_preconditioner_dim=8,
+        preconditioner_config=SpectralDescentPreconditionerConfig(),
+    )
     before = w.detach().clone()
     w.grad = g.clone()
     opt.step()
@@ -168,9 +192,13 @@ def test_a_block_of_more_than_two_dims_is_orthogonalized_as_out_dim_by_the_rest(
 def test_float32_params_on_this_cpu_log_the_probed_choice(caplog: pytest.LogCaptureFixture) -> None:
     w = torch.nn.Parameter(torch.randn(40, 30))
     with caplog.at_level("INFO", logger="nanoshampoo.optim.shampoo.preconditioner"):
-        DistributedShampoo([w], max_preconditioner_dim=64,
-                           preconditioner_config=SpectralDescentPreconditionerConfig(
-                               NewtonSchulzOrthogonalizationConfig(compute_dtype="auto")))
+        DistributedShampoo(
+            [w],
+            max_preconditioner_dim=64,
+            preconditioner_config=SpectralDescentPreconditionerConfig(
+                NewtonSchulzOrthogonalizationConfig(compute_dtype="auto")
+            ),
+        )
     dtype, reason = resolve_newton_schulz_dtype("auto", torch.float32, torch.device("cpu"))
     assert dtype == (torch.bfloat16 if matmul_speed.cpu_bf16_is_fast() else torch.float32)
     name = str(dtype).removeprefix("torch.")

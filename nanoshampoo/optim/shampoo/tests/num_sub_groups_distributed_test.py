@@ -49,15 +49,20 @@ SUB_GROUPS = (1, 2, 3)
 STRATEGIES = (FSDPParamAssignmentStrategy.ROUND_ROBIN, FSDPParamAssignmentStrategy.REPLICATE)
 
 
-
 def params_model(seed: int = 0) -> ParamsModel:
     """Parameters of ``SHAPES`` and a smooth, non-quadratic loss of them, new each step."""
     return ParamsModel(SHAPES, seed)
 
+
 def make_optimizer(params: list[torch.Tensor], config: DistributedConfig) -> DistributedShampoo:
     return DistributedShampoo(
-        params, lr=0.05, betas=(0.9, 0.99), epsilon=1e-12, weight_decay=0.01,
-        max_preconditioner_dim=MAX_DIM, precondition_frequency=2,
+        params,
+        lr=0.05,
+        betas=(0.9, 0.99),
+        epsilon=1e-12,
+        weight_decay=0.01,
+        max_preconditioner_dim=MAX_DIM,
+        precondition_frequency=2,
         iterate_averaging_config=ClassicMomentumConfig(momentum=0.5),
         grafting_config=AdamPreconditionerConfig(beta2=0.99, epsilon=1e-8),
         distributed_config=config,
@@ -74,19 +79,27 @@ def train(model: ParamsModel, optimizer: DistributedShampoo, steps: range) -> No
 
 def single_device_params(steps: int) -> list[torch.Tensor]:
     model = params_model()
-    train(model, make_optimizer(list(model.parameters()), SingleDeviceDistributedConfig()), range(steps))
+    train(
+        model,
+        make_optimizer(list(model.parameters()), SingleDeviceDistributedConfig()),
+        range(steps),
+    )
     return [p.detach().clone() for p in model.parameters()]
 
 
 # ----- the spawned side ------------------------------------------------------------------------
 
 
-def config_for(mesh: Any, strategy: FSDPParamAssignmentStrategy, sub_groups: int) -> DistributedConfig:
+def config_for(
+    mesh: Any, strategy: FSDPParamAssignmentStrategy, sub_groups: int
+) -> DistributedConfig:
     if mesh.ndim == 2:
         return HybridShardDistributedConfig(
             device_mesh=mesh, param_assignment_strategy=strategy, num_sub_groups=sub_groups
         )
-    return FullyShardDistributedConfig(param_assignment_strategy=strategy, num_sub_groups=sub_groups)
+    return FullyShardDistributedConfig(
+        param_assignment_strategy=strategy, num_sub_groups=sub_groups
+    )
 
 
 def sharded_run(mesh: Any, config: DistributedConfig) -> tuple[ParamsModel, DistributedShampoo]:
@@ -98,12 +111,16 @@ def sharded_run(mesh: Any, config: DistributedConfig) -> tuple[ParamsModel, Dist
     return model, make_optimizer(list(model.named_parameters()), config)
 
 
-def state_by_param(model: ParamsModel, optimizer: DistributedShampoo) -> dict[int, dict[str, torch.Tensor]]:
+def state_by_param(
+    model: ParamsModel, optimizer: DistributedShampoo
+) -> dict[int, dict[str, torch.Tensor]]:
     """This rank's block state keyed by the parameter's position in ``model.parameters()``."""
     position = {id(p): i for i, p in enumerate(model.parameters())}
     optimizer_params = [p for group in optimizer.param_groups for p in group["params"]]
     return {
-        position[id(optimizer_params[index])]: {k: v.clone() for k, v in flatten_tree(entries).items()}
+        position[id(optimizer_params[index])]: {
+            k: v.clone() for k, v in flatten_tree(entries).items()
+        }
         for index, entries in optimizer.state_dict()["state"].items()
     }
 
@@ -119,8 +136,9 @@ def run_case(mesh: Any, strategy: FSDPParamAssignmentStrategy, sub_groups: int) 
     }
 
 
-def resume_across(mesh: Any, strategy: FSDPParamAssignmentStrategy, saved_at: int, loaded_at: int,
-                  checkpoint: str) -> list[torch.Tensor]:
+def resume_across(
+    mesh: Any, strategy: FSDPParamAssignmentStrategy, saved_at: int, loaded_at: int, checkpoint: str
+) -> list[torch.Tensor]:
     """Train at ``saved_at`` sub-groups, save a DCP checkpoint, load it at ``loaded_at``, train on."""
     import torch.distributed.checkpoint as dcp
 
@@ -130,7 +148,12 @@ def resume_across(mesh: Any, strategy: FSDPParamAssignmentStrategy, saved_at: in
     resumed = make_optimizer(list(model.named_parameters()), config_for(mesh, strategy, loaded_at))
     assert len(resumed.param_groups) == loaded_at
     saved_layout = split_param_groups(
-        [{"params": list(model.named_parameters()), "distributed_config": config_for(mesh, strategy, saved_at)}]
+        [
+            {
+                "params": list(model.named_parameters()),
+                "distributed_config": config_for(mesh, strategy, saved_at),
+            }
+        ]
     )
     template = {"optim": regroup_by_param_names(resumed.state_dict(), saved_layout)}
     dcp.load(template, checkpoint_id=checkpoint)
@@ -139,7 +162,10 @@ def resume_across(mesh: Any, strategy: FSDPParamAssignmentStrategy, saved_at: in
     return [p.full_tensor().detach().clone() for p in model.parameters()]
 
 
-RESUMES = [(FSDPParamAssignmentStrategy.ROUND_ROBIN, 1, 2), (FSDPParamAssignmentStrategy.REPLICATE, 3, 1)]
+RESUMES = [
+    (FSDPParamAssignmentStrategy.ROUND_ROBIN, 1, 2),
+    (FSDPParamAssignmentStrategy.REPLICATE, 3, 1),
+]
 
 
 def body(rank: int, world: int, mesh_shape: tuple[int, ...], checkpoints: str) -> dict[str, Any]:
@@ -148,7 +174,9 @@ def body(rank: int, world: int, mesh_shape: tuple[int, ...], checkpoints: str) -
     names = ("replicate", "shard") if len(mesh_shape) == 2 else ("shard",)
     mesh = init_device_mesh("cpu", mesh_shape, mesh_dim_names=names)
     results: dict[str, Any] = {
-        f"{strategy.name}-{n}": run_case(mesh, strategy, n) for strategy in STRATEGIES for n in SUB_GROUPS
+        f"{strategy.name}-{n}": run_case(mesh, strategy, n)
+        for strategy in STRATEGIES
+        for n in SUB_GROUPS
     }
     for strategy, saved_at, loaded_at in RESUMES:
         key = f"{strategy.name} {saved_at}->{loaded_at}"
@@ -171,11 +199,13 @@ def expected_groups(sub_groups: int, shard_size: int) -> list[list[int]]:
     params = list(params_model().parameters())
     config = (
         FullyShardDistributedConfig(
-            param_assignment_strategy=FSDPParamAssignmentStrategy.REPLICATE, num_sub_groups=sub_groups
+            param_assignment_strategy=FSDPParamAssignmentStrategy.REPLICATE,
+            num_sub_groups=sub_groups,
         )
         if shard_size == 1
         else HybridShardDistributedConfig(
-            device_mesh=FakeMesh(shard_size), param_assignment_strategy=FSDPParamAssignmentStrategy.REPLICATE,
+            device_mesh=FakeMesh(shard_size),
+            param_assignment_strategy=FSDPParamAssignmentStrategy.REPLICATE,
             num_sub_groups=sub_groups,
         )
     )
@@ -193,7 +223,10 @@ MESHES = [("fsdp", 1), ("hsdp", 2)]
 @pytest.mark.parametrize("strategy", STRATEGIES, ids=lambda s: s.name)
 @pytest.mark.parametrize("sub_groups", SUB_GROUPS)
 def test_sub_groups_step_exactly_as_one_group_and_one_device(
-    mesh: str, shard_size: int, strategy: FSDPParamAssignmentStrategy, sub_groups: int,
+    mesh: str,
+    shard_size: int,
+    strategy: FSDPParamAssignmentStrategy,
+    sub_groups: int,
     request: pytest.FixtureRequest,
 ) -> None:
     want = single_device_params(STEPS)
@@ -201,7 +234,9 @@ def test_sub_groups_step_exactly_as_one_group_and_one_device(
         case = result[f"{strategy.name}-{sub_groups}"]
         assert case["groups"] == expected_groups(sub_groups, shard_size)
         assert len(case["groups"]) == sub_groups
-        for got, one_group, single in zip(case["params"], result[f"{strategy.name}-1"]["params"], want, strict=True):
+        for got, one_group, single in zip(
+            case["params"], result[f"{strategy.name}-1"]["params"], want, strict=True
+        ):
             assert got.dtype == torch.float32
             assert torch.equal(got, one_group)
             assert torch.equal(got, single)
@@ -235,12 +270,20 @@ def test_state_per_parameter_does_not_depend_on_the_split(
 @pytest.mark.slow
 @pytest.mark.distributed
 @pytest.mark.parametrize("mesh", ["fsdp", "hsdp"])
-@pytest.mark.parametrize("strategy, saved_at, loaded_at", RESUMES, ids=lambda v: getattr(v, "name", str(v)))
+@pytest.mark.parametrize(
+    "strategy, saved_at, loaded_at", RESUMES, ids=lambda v: getattr(v, "name", str(v))
+)
 def test_checkpoint_loads_across_num_sub_groups(
-    mesh: str, strategy: FSDPParamAssignmentStrategy, saved_at: int, loaded_at: int, request: pytest.FixtureRequest
+    mesh: str,
+    strategy: FSDPParamAssignmentStrategy,
+    saved_at: int,
+    loaded_at: int,
+    request: pytest.FixtureRequest,
 ) -> None:
     results = request.getfixturevalue(mesh)
     uninterrupted = results[0][f"{strategy.name}-{saved_at}"]["params"]
     for result in results:
-        for got, want in zip(result[f"{strategy.name} {saved_at}->{loaded_at}"], uninterrupted, strict=True):
+        for got, want in zip(
+            result[f"{strategy.name} {saved_at}->{loaded_at}"], uninterrupted, strict=True
+        ):
             assert torch.equal(got, want)

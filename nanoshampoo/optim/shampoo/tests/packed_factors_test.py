@@ -37,7 +37,9 @@ def test_pack_then_unpack_restores_a_symmetric_matrix() -> None:
     rows, cols = torch.triu_indices(5, 5)
     assert torch.equal(packed, symmetric[:, rows, cols])
     # The reference's row-major upper triangle, written out: (0,0) (0,1) ... (0,4) (1,1) ...
-    assert torch.equal(packed[0, :6], torch.stack([symmetric[0, 0, j] for j in range(5)] + [symmetric[0, 1, 1]]))
+    assert torch.equal(
+        packed[0, :6], torch.stack([symmetric[0, 0, j] for j in range(5)] + [symmetric[0, 1, 1]])
+    )
     assert torch.equal(packing.unpack(packed), symmetric)
     # Only the lower triangle is read (the one eigh reads): the upper one may be anything.
     assert torch.equal(packing.unpack(packing.pack(torch.tril(symmetric))), symmetric)
@@ -63,9 +65,7 @@ def test_packed_statistics_keep_the_lower_triangle_bit_for_bit(size: int) -> Non
         lower = torch.tril(reference)
         mirrored = lower + torch.tril(reference, -1).mT
         assert torch.equal(packed.matrices(packed.pools[key]), mirrored)
-        assert torch.equal(
-            packed.matrices(packed.pools[key], torch.tensor([1])), mirrored[1:]
-        )
+        assert torch.equal(packed.matrices(packed.pools[key], torch.tensor([1])), mirrored[1:])
 
 
 def _params(seed: int = 0) -> list[torch.nn.Parameter]:

@@ -27,7 +27,9 @@ def _weight(seed: int = 0) -> torch.nn.Parameter:
 def test_sentinels_are_written_back_into_the_group_when_it_is_added() -> None:
     opt = DistributedShampoo(
         [{"params": [_weight()]}, {"params": [_weight(1)], "betas": (0.5, 0.99), "beta3": 0.7}],
-        betas=(0.9, 0.999), precondition_frequency=4, epsilon=1e-8,
+        betas=(0.9, 0.999),
+        precondition_frequency=4,
+        epsilon=1e-8,
     )
     resolved = [(g["beta3"], g["start_preconditioning_step"]) for g in opt.param_groups]
     assert resolved == [(0.9, 4), (0.7, 4)]
@@ -48,15 +50,20 @@ def test_a_sentinel_resolved_at_construction_does_not_follow_a_later_betas_chang
 
 @pytest.mark.parametrize(
     ("config", "name"),
-    [(DefaultSignDescentPreconditionerConfig, "SignDescentPreconditionerConfig"),
-     (DefaultSpectralDescentPreconditionerConfig, "SpectralDescentPreconditionerConfig")],
+    [
+        (DefaultSignDescentPreconditionerConfig, "SignDescentPreconditionerConfig"),
+        (DefaultSpectralDescentPreconditionerConfig, "SpectralDescentPreconditionerConfig"),
+    ],
 )
 def test_stateless_descents_warn_about_entries_without_effect(
     config: object, name: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     with caplog.at_level(logging.WARNING):
         opt = DistributedShampoo(
-            [_weight()], betas=(0.9, 0.999), epsilon=1e-8, precondition_frequency=100,
+            [_weight()],
+            betas=(0.9, 0.999),
+            epsilon=1e-8,
+            precondition_frequency=100,
             preconditioner_config=config,
             distributed_config=SingleDeviceDistributedConfig(target_parameter_dimensionality=2),
         )
@@ -71,10 +78,14 @@ def test_stateless_descents_warn_about_entries_without_effect(
     assert (group["precondition_frequency"], group["start_preconditioning_step"]) == (1, 1)
 
 
-def test_spectral_descent_names_the_dimensionality_it_overrides(caplog: pytest.LogCaptureFixture) -> None:
+def test_spectral_descent_names_the_dimensionality_it_overrides(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     with caplog.at_level(logging.WARNING):
         DistributedShampoo(
-            [_weight()], epsilon=1e-8, preconditioner_config=DefaultSpectralDescentPreconditionerConfig,
+            [_weight()],
+            epsilon=1e-8,
+            preconditioner_config=DefaultSpectralDescentPreconditionerConfig,
             distributed_config=SingleDeviceDistributedConfig(target_parameter_dimensionality=1),
         )
     assert any(
@@ -95,7 +106,9 @@ def test_empty_param_groups_are_accepted_and_step_like_the_group_alone() -> None
     alone, beside_empty = _weight(), _weight()
     optimizers = [
         DistributedShampoo([alone], lr=0.1, epsilon=1e-8),
-        DistributedShampoo([{"params": []}, {"params": [beside_empty]}, {"params": []}], lr=0.1, epsilon=1e-8),
+        DistributedShampoo(
+            [{"params": []}, {"params": [beside_empty]}, {"params": []}], lr=0.1, epsilon=1e-8
+        ),
     ]
     gen = torch.Generator().manual_seed(3)
     for _ in range(3):
@@ -108,8 +121,15 @@ def test_empty_param_groups_are_accepted_and_step_like_the_group_alone() -> None
 
 
 def test_shampoo_types_exports_the_reference_key_names() -> None:
-    names = {name: getattr(shampoo_types, name) for name in
-             ("STEP", "LR_SUM", "TRAIN_MODE", "PARAMS", "DISTRIBUTED_CONFIG")}
-    assert names == {"STEP": "step", "LR_SUM": "lr_sum", "TRAIN_MODE": "train_mode",
-                     "PARAMS": "params", "DISTRIBUTED_CONFIG": "distributed_config"}
+    names = {
+        name: getattr(shampoo_types, name)
+        for name in ("STEP", "LR_SUM", "TRAIN_MODE", "PARAMS", "DISTRIBUTED_CONFIG")
+    }
+    assert names == {
+        "STEP": "step",
+        "LR_SUM": "lr_sum",
+        "TRAIN_MODE": "train_mode",
+        "PARAMS": "params",
+        "DISTRIBUTED_CONFIG": "distributed_config",
+    }
     assert set(names) <= set(shampoo_types.__all__)

@@ -36,13 +36,19 @@ class FakeMesh:
         return self._shard_size if dim == 1 else 2
 
 
-def fsdp(sub_groups: int, strategy: FSDPParamAssignmentStrategy = LOSSLESS) -> FullyShardDistributedConfig:
-    return FullyShardDistributedConfig(param_assignment_strategy=strategy, num_sub_groups=sub_groups)
+def fsdp(
+    sub_groups: int, strategy: FSDPParamAssignmentStrategy = LOSSLESS
+) -> FullyShardDistributedConfig:
+    return FullyShardDistributedConfig(
+        param_assignment_strategy=strategy, num_sub_groups=sub_groups
+    )
 
 
 def hsdp(sub_groups: int, shard_size: int) -> HybridShardDistributedConfig:
     return HybridShardDistributedConfig(
-        device_mesh=FakeMesh(shard_size), param_assignment_strategy=LOSSLESS, num_sub_groups=sub_groups
+        device_mesh=FakeMesh(shard_size),
+        param_assignment_strategy=LOSSLESS,
+        num_sub_groups=sub_groups,
     )
 
 
@@ -78,18 +84,28 @@ def positions(groups: list[dict[str, Any]], params: list[torch.Tensor]) -> list[
         ([4, 4], 2),  # a short group: one parameter each
     ],
 )
-def test_params_are_packed_largest_first_into_the_lightest_sub_group(numels: list[int], sub_groups: int) -> None:
+def test_params_are_packed_largest_first_into_the_lightest_sub_group(
+    numels: list[int], sub_groups: int
+) -> None:
     params = tensors(numels)
     groups = split_param_groups([{"params": params, "distributed_config": fsdp(sub_groups)}])
     assert positions(groups, params) == reference_packing(numels, sub_groups)
-    assert sorted(i for group in positions(groups, params) for i in group) == list(range(len(numels)))
+    assert sorted(i for group in positions(groups, params) for i in group) == list(
+        range(len(numels))
+    )
     loads = [sum(p.numel() for p in group["params"]) for group in groups]
     assert max(loads) - min(loads) <= max(numels)
 
 
 def test_group_options_are_kept_and_the_config_copied() -> None:
     params, config, betas = tensors([6, 5, 4]), fsdp(2), (0.9, 0.99)
-    group = {"params": params, "distributed_config": config, "lr": 0.1, "betas": betas, "epsilon": 1e-12}
+    group = {
+        "params": params,
+        "distributed_config": config,
+        "lr": 0.1,
+        "betas": betas,
+        "epsilon": 1e-12,
+    }
     before = dict(group)
     subs = split_param_groups([group])
     assert len(subs) == 2
@@ -134,8 +150,12 @@ def test_a_single_tensor_is_a_group_of_one_and_cannot_be_split() -> None:
 def test_names_follow_their_parameters() -> None:
     params = tensors([1, 9, 5, 4])
     names = ["a", "b", "c", "d"]
-    by_key = split_param_groups([{"params": params, "param_names": names, "distributed_config": fsdp(2)}])
-    pairs = split_param_groups([{"params": list(zip(names, params)), "distributed_config": fsdp(2)}])
+    by_key = split_param_groups(
+        [{"params": params, "param_names": names, "distributed_config": fsdp(2)}]
+    )
+    pairs = split_param_groups(
+        [{"params": list(zip(names, params)), "distributed_config": fsdp(2)}]
+    )
     assert [g["param_names"] for g in by_key] == [["b", "a"], ["c", "d"]]
     assert [[name for name, _ in g["params"]] for g in pairs] == [["b", "a"], ["c", "d"]]
     for group in by_key:
@@ -160,16 +180,34 @@ def test_untouched_and_split_groups_keep_their_order() -> None:
 @pytest.mark.parametrize(
     "config, numels, message",
     [
-        (fsdp(4), [3, 2, 1], "num_sub_groups 4 is too large for a group of 3 params with shard size 1"),
+        (
+            fsdp(4),
+            [3, 2, 1],
+            "num_sub_groups 4 is too large for a group of 3 params with shard size 1",
+        ),
         (fsdp(2), [], "num_sub_groups 2 is too large for a group of 0 params"),
-        (hsdp(3, 2), [5, 4, 3, 2, 1], "num_sub_groups 3 is too large for a group of 5 params with shard size 2"),
-        (hsdp(2, 2), [100, 1, 1, 1], r"num_sub_groups 2: packing by numel leaves sub-groups of \[1\] params"),
+        (
+            hsdp(3, 2),
+            [5, 4, 3, 2, 1],
+            "num_sub_groups 3 is too large for a group of 5 params with shard size 2",
+        ),
+        (
+            hsdp(2, 2),
+            [100, 1, 1, 1],
+            r"num_sub_groups 2: packing by numel leaves sub-groups of \[1\] params",
+        ),
     ],
 )
-def test_degenerate_sub_groups_raise_naming_num_sub_groups(config: object, numels: list[int], message: str) -> None:
+def test_degenerate_sub_groups_raise_naming_num_sub_groups(
+    config: object, numels: list[int], message: str
+) -> None:
     with pytest.raises(ValueError, match=f"^{message}"):
-        split_param_groups([{"params": tensors([4]), "distributed_config": fsdp(1)},
-                            {"params": tensors(numels), "distributed_config": config}])
+        split_param_groups(
+            [
+                {"params": tensors([4]), "distributed_config": fsdp(1)},
+                {"params": tensors(numels), "distributed_config": config},
+            ]
+        )
 
 
 def test_hsdp_with_enough_params_per_shard_rank_splits() -> None:
@@ -190,7 +228,10 @@ def test_constructor_params_split_by_the_default_config() -> None:
 
 
 def test_constructor_groups_use_their_own_config_before_the_default() -> None:
-    own, inherits = {"params": tensors([3, 2]), "distributed_config": fsdp(1)}, {"params": tensors([3, 2])}
+    own, inherits = (
+        {"params": tensors([3, 2]), "distributed_config": fsdp(1)},
+        {"params": tensors([3, 2])},
+    )
     result = split_constructor_params([own, inherits], fsdp(2))
     assert result[0] is own
     assert [len(g["params"]) for g in result[1:]] == [1, 1]

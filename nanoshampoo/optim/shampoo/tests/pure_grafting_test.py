@@ -28,8 +28,11 @@ GRAFT_EPS = 1e-8
 
 
 def _reference_direction(
-    config: PreconditionerConfig | None, grad: torch.Tensor, filtered: torch.Tensor,
-    second: torch.Tensor, t: int,
+    config: PreconditionerConfig | None,
+    grad: torch.Tensor,
+    filtered: torch.Tensor,
+    second: torch.Tensor,
+    t: int,
 ) -> torch.Tensor:
     """Updates ``second`` in place; returns the grafting direction for step ``t``."""
     if config is None:
@@ -53,17 +56,27 @@ def _grads(step: int) -> list[torch.Tensor]:
     return [torch.randn(shape, generator=generator) for shape in SHAPES]
 
 
-@pytest.mark.parametrize("config", [
-    AdamPreconditionerConfig(beta2=0.999, epsilon=GRAFT_EPS),
-    RMSpropPreconditionerConfig(beta2=0.99, epsilon=GRAFT_EPS),
-    AdaGradPreconditionerConfig(epsilon=GRAFT_EPS),
-    None,
-], ids=["adam", "rmsprop", "adagrad", "no-grafting"])
+@pytest.mark.parametrize(
+    "config",
+    [
+        AdamPreconditionerConfig(beta2=0.999, epsilon=GRAFT_EPS),
+        RMSpropPreconditionerConfig(beta2=0.99, epsilon=GRAFT_EPS),
+        AdaGradPreconditionerConfig(epsilon=GRAFT_EPS),
+        None,
+    ],
+    ids=["adam", "rmsprop", "adagrad", "no-grafting"],
+)
 def test_never_preconditioning_is_the_grafting_method(config: PreconditionerConfig | None) -> None:
     params = _params()
     opt = DistributedShampoo(
-        params, lr=LR, betas=(BETA1, 0.999), epsilon=1e-12, max_preconditioner_dim=4,
-        precondition_frequency=1, start_preconditioning_step=math.inf, grafting_config=config,
+        params,
+        lr=LR,
+        betas=(BETA1, 0.999),
+        epsilon=1e-12,
+        max_preconditioner_dim=4,
+        precondition_frequency=1,
+        start_preconditioning_step=math.inf,
+        grafting_config=config,
     )
     weights = [p.detach().double().clone() for p in params]
     moments = [torch.zeros_like(w) for w in weights]
@@ -83,7 +96,11 @@ def test_never_preconditioning_is_the_grafting_method(config: PreconditionerConf
 def test_adam_grafting_alone_is_torch_adam() -> None:
     params, twins = _params(), _params()
     opt = DistributedShampoo(
-        params, lr=LR, betas=(BETA1, 0.999), epsilon=1e-12, start_preconditioning_step=math.inf,
+        params,
+        lr=LR,
+        betas=(BETA1, 0.999),
+        epsilon=1e-12,
+        start_preconditioning_step=math.inf,
         grafting_config=AdamPreconditionerConfig(beta2=0.999, epsilon=GRAFT_EPS),
     )
     adam = torch.optim.Adam(twins, lr=LR, betas=(BETA1, 0.999), eps=GRAFT_EPS)

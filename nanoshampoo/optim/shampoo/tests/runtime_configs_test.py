@@ -38,13 +38,24 @@ def _model() -> torch.nn.Module:
 
 def _optimizer(model: torch.nn.Module, **kwargs: Any) -> DistributedShampoo:
     return DistributedShampoo(
-        model.parameters(), lr=0.05, betas=(0.9, 0.999), epsilon=1e-12, momentum=0.5, weight_decay=0.01,
-        precondition_frequency=2, grafting_config=AdamPreconditionerConfig(epsilon=1e-8), **kwargs,
+        model.parameters(),
+        lr=0.05,
+        betas=(0.9, 0.999),
+        epsilon=1e-12,
+        momentum=0.5,
+        weight_decay=0.01,
+        precondition_frequency=2,
+        grafting_config=AdamPreconditionerConfig(epsilon=1e-8),
+        **kwargs,
     )
 
 
-def _train(model: torch.nn.Module, optimizer: DistributedShampoo, steps: int = STEPS) -> list[torch.Tensor]:
-    x = torch.randn(16, 8, generator=torch.Generator().manual_seed(1)).to(next(model.parameters()).dtype)
+def _train(
+    model: torch.nn.Module, optimizer: DistributedShampoo, steps: int = STEPS
+) -> list[torch.Tensor]:
+    x = torch.randn(16, 8, generator=torch.Generator().manual_seed(1)).to(
+        next(model.parameters()).dtype
+    )
     for _ in range(steps):
         model.zero_grad()
         model(x).square().sum().backward()
@@ -65,7 +76,9 @@ def _assert_same(got: list[torch.Tensor], want: list[torch.Tensor], rtol: float)
 @pytest.mark.slow
 def test_aot_eager_compiled_step_equals_the_eager_step() -> None:
     model = _model()
-    optimizer = _optimizer(model, shampoo_pt2_compile_config=ShampooPT2CompileConfig(backend="aot_eager"))
+    optimizer = _optimizer(
+        model, shampoo_pt2_compile_config=ShampooPT2CompileConfig(backend="aot_eager")
+    )
     assert optimizer.step_compiled
     _assert_same(_train(model, optimizer), _eager(), rtol=1e-6)
 
@@ -96,12 +109,16 @@ def test_inductor_compiled_step_equals_the_eager_step_where_it_compiles() -> Non
 def test_a_failed_probe_falls_back_to_eager_with_the_reason_logged(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    monkeypatch.setattr(step_compilation, "probe_compile", lambda config, device: "InvalidCxxCompiler: no g++")
+    monkeypatch.setattr(
+        step_compilation, "probe_compile", lambda config, device: "InvalidCxxCompiler: no g++"
+    )
     model = _model()
     with caplog.at_level(logging.WARNING, logger=step_compilation.__name__):
         optimizer = _optimizer(model, shampoo_pt2_compile_config=ShampooPT2CompileConfig())
     assert not optimizer.step_compiled
-    assert "cannot compile on cpu (InvalidCxxCompiler: no g++); the step runs eagerly" in caplog.text
+    assert (
+        "cannot compile on cpu (InvalidCxxCompiler: no g++); the step runs eagerly" in caplog.text
+    )
     assert not isinstance(optimizer._runtimes[0].apply_step, type(torch.compile(lambda: None)))
     _assert_same(_train(model, optimizer), _eager(), rtol=0.0)
 
@@ -121,7 +138,9 @@ def test_the_probe_reports_a_backend_that_fails() -> None:
     def broken_backend(graph: torch.fx.GraphModule, example_inputs: list[torch.Tensor]) -> Any:
         raise RuntimeError("no compiler on this machine\nsecond line")
 
-    reason = step_compilation.probe_compile(ShampooPT2CompileConfig(backend=broken_backend), torch.device("cpu"))
+    reason = step_compilation.probe_compile(
+        ShampooPT2CompileConfig(backend=broken_backend), torch.device("cpu")
+    )
     assert reason == "RuntimeError: no compiler on this machine"
 
 
@@ -180,12 +199,20 @@ def test_runtime_settings_keep_the_numbers(kwargs: dict[str, Any]) -> None:
 def test_eager_nan_check_raises_naming_the_parameter_even_when_the_policy_skips() -> None:
     model = _model()
     optimizer = _optimizer(
-        model, shampoo_runtime_config=ShampooRuntimeConfig(eager_nan_check=True), nonfinite_grad_policy="skip"
+        model,
+        shampoo_runtime_config=ShampooRuntimeConfig(eager_nan_check=True),
+        nonfinite_grad_policy="skip",
     )
     _train(model, optimizer, steps=2)
-    before = ([p.detach().clone() for p in model.parameters()], copy.deepcopy(flat_state(optimizer.state_dict())))
+    before = (
+        [p.detach().clone() for p in model.parameters()],
+        copy.deepcopy(flat_state(optimizer.state_dict())),
+    )
     model[2].bias.grad[1] = float("nan")
-    with pytest.raises(NonFiniteGradientError, match=r"in param_groups\[0\]\['params'\]\[3\] \(shape \(3,\)\) \(eager_nan_check\)"):
+    with pytest.raises(
+        NonFiniteGradientError,
+        match=r"in param_groups\[0\]\['params'\]\[3\] \(shape \(3,\)\) \(eager_nan_check\)",
+    ):
         optimizer.step()
     for got, want in zip(model.parameters(), before[0]):
         assert torch.equal(got, want)

@@ -38,10 +38,16 @@ def _backward(model: torch.nn.Module, seed: int) -> None:
 
 
 def _opt(model: torch.nn.Module, tolerated: int = 3, **kwargs: Any) -> DistributedShampoo:
-    config = RootInvShampooPreconditionerConfig(num_tolerated_failed_amortized_computations=tolerated)
+    config = RootInvShampooPreconditionerConfig(
+        num_tolerated_failed_amortized_computations=tolerated
+    )
     return DistributedShampoo(
-        model.named_parameters(), lr=0.01, epsilon=1e-8, max_preconditioner_dim=4,
-        preconditioner_config=config, **kwargs,
+        model.named_parameters(),
+        lr=0.01,
+        epsilon=1e-8,
+        max_preconditioner_dim=4,
+        preconditioner_config=config,
+        **kwargs,
     )
 
 
@@ -148,7 +154,11 @@ INVALID_OPTIMIZER_ARGS = [
 ]
 
 
-@pytest.mark.parametrize(("field", "kwargs"), INVALID_OPTIMIZER_ARGS, ids=[f"{f}-{i}" for i, (f, _) in enumerate(INVALID_OPTIMIZER_ARGS)])
+@pytest.mark.parametrize(
+    ("field", "kwargs"),
+    INVALID_OPTIMIZER_ARGS,
+    ids=[f"{f}-{i}" for i, (f, _) in enumerate(INVALID_OPTIMIZER_ARGS)],
+)
 def test_invalid_optimizer_argument_names_the_field(field: str, kwargs: dict[str, Any]) -> None:
     with pytest.raises(ValueError, match=rf"^{field}"):
         DistributedShampoo([torch.nn.Parameter(torch.zeros(3, 3))], **kwargs)
@@ -168,21 +178,47 @@ INVALID_CONFIGS = [
     ("retry_double_precision", lambda: EigenConfig(retry_double_precision="yes")),
     ("max_iterations", lambda: CoupledNewtonConfig(max_iterations=0)),
     ("tolerance", lambda: CoupledNewtonConfig(tolerance=-1.0)),
-    ("amortized_computation_config", lambda: RootInvShampooPreconditionerConfig(amortized_computation_config=None)),
-    ("factor_matrix_dtype", lambda: RootInvShampooPreconditionerConfig(factor_matrix_dtype=torch.int32)),
-    ("num_tolerated_failed_amortized_computations", lambda: RootInvShampooPreconditionerConfig(num_tolerated_failed_amortized_computations=-1)),
-    ("inverse_exponent_override", lambda: RootInvShampooPreconditionerConfig(inverse_exponent_override={-1: 0.5})),
-    ("inverse_exponent_override", lambda: RootInvShampooPreconditionerConfig(inverse_exponent_override={2: {2: 0.5}})),
-    ("inverse_exponent_override", lambda: RootInvShampooPreconditionerConfig(inverse_exponent_override={2: -0.25})),
-    ("inverse_exponent_override", lambda: RootInvShampooPreconditionerConfig(
-        amortized_computation_config=CoupledNewtonConfig(), inverse_exponent_override={2: 0.3})),
+    (
+        "amortized_computation_config",
+        lambda: RootInvShampooPreconditionerConfig(amortized_computation_config=None),
+    ),
+    (
+        "factor_matrix_dtype",
+        lambda: RootInvShampooPreconditionerConfig(factor_matrix_dtype=torch.int32),
+    ),
+    (
+        "num_tolerated_failed_amortized_computations",
+        lambda: RootInvShampooPreconditionerConfig(num_tolerated_failed_amortized_computations=-1),
+    ),
+    (
+        "inverse_exponent_override",
+        lambda: RootInvShampooPreconditionerConfig(inverse_exponent_override={-1: 0.5}),
+    ),
+    (
+        "inverse_exponent_override",
+        lambda: RootInvShampooPreconditionerConfig(inverse_exponent_override={2: {2: 0.5}}),
+    ),
+    (
+        "inverse_exponent_override",
+        lambda: RootInvShampooPreconditionerConfig(inverse_exponent_override={2: -0.25}),
+    ),
+    (
+        "inverse_exponent_override",
+        lambda: RootInvShampooPreconditionerConfig(
+            amortized_computation_config=CoupledNewtonConfig(), inverse_exponent_override={2: 0.3}
+        ),
+    ),
     ("communication_dtype", lambda: DDPDistributedConfig(communication_dtype=torch.int8)),
     ("num_trainers_per_group", lambda: DDPDistributedConfig(num_trainers_per_group=0)),
     ("communicate_params", lambda: DDPDistributedConfig(communicate_params=1)),
 ]
 
 
-@pytest.mark.parametrize(("field", "build"), INVALID_CONFIGS, ids=[f"{f}-{i}" for i, (f, _) in enumerate(INVALID_CONFIGS)])
+@pytest.mark.parametrize(
+    ("field", "build"),
+    INVALID_CONFIGS,
+    ids=[f"{f}-{i}" for i, (f, _) in enumerate(INVALID_CONFIGS)],
+)
 def test_invalid_config_names_the_field(field: str, build: Any) -> None:
     with pytest.raises(ValueError, match=rf"^{field}"):
         build()
@@ -198,8 +234,13 @@ def test_an_order_zero_override_is_accepted_and_a_scalar_parameter_steps_as_with
     for override in ({0: 0.5}, {}):
         scalar = torch.nn.Parameter(torch.tensor(2.0, dtype=torch.float64))
         opt = DistributedShampoo(
-            [scalar], lr=0.1, betas=(0.0, 1.0), epsilon=1e-8,
-            preconditioner_config=RootInvShampooPreconditionerConfig(inverse_exponent_override=override),
+            [scalar],
+            lr=0.1,
+            betas=(0.0, 1.0),
+            epsilon=1e-8,
+            preconditioner_config=RootInvShampooPreconditionerConfig(
+                inverse_exponent_override=override
+            ),
         )
         scalar.grad = torch.tensor(0.5, dtype=torch.float64)
         opt.step()
@@ -226,8 +267,14 @@ def test_abstract_configs_cannot_be_built() -> None:
 
 def _resume_opt(model: torch.nn.Module) -> DistributedShampoo:
     return DistributedShampoo(
-        model.parameters(), lr=0.02, betas=(0.9, 0.99), epsilon=1e-8, momentum=0.5,
-        weight_decay=0.01, max_preconditioner_dim=4, precondition_frequency=3,
+        model.parameters(),
+        lr=0.02,
+        betas=(0.9, 0.99),
+        epsilon=1e-8,
+        momentum=0.5,
+        weight_decay=0.01,
+        max_preconditioner_dim=4,
+        precondition_frequency=3,
         grafting_config=AdamPreconditionerConfig(beta2=0.99, epsilon=1e-8),
     )
 
@@ -275,8 +322,12 @@ def test_load_state_dict_is_strict() -> None:
     state_dict = opt.state_dict()
     missing = copy.deepcopy(state_dict)
     del missing["state"][0]["block_0"]["shampoo"]["factor_matrices"][0]
-    with pytest.raises(KeyError, match=r"missing block state 0\.block_0\.shampoo\.factor_matrices\.0"):
+    with pytest.raises(
+        KeyError, match=r"missing block state 0\.block_0\.shampoo\.factor_matrices\.0"
+    ):
         _resume_opt(_linear_model()).load_state_dict(missing)
-    other_structure = DistributedShampoo(_linear_model().parameters(), max_preconditioner_dim=math.inf)
+    other_structure = DistributedShampoo(
+        _linear_model().parameters(), max_preconditioner_dim=math.inf
+    )
     with pytest.raises(ValueError, match="max_preconditioner_dim"):
         other_structure.load_state_dict(state_dict)

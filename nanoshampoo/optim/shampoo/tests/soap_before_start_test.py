@@ -28,7 +28,9 @@ SHAPES = [(6, 5), (7,), (3, 4, 5)]
 SOLVERS = {"eigh": EighEigendecompositionConfig, "qr": QREigendecompositionConfig}
 
 
-def _params(seed: int, dtype: torch.dtype = torch.float32, shapes: list = SHAPES) -> list[torch.nn.Parameter]:
+def _params(
+    seed: int, dtype: torch.dtype = torch.float32, shapes: list = SHAPES
+) -> list[torch.nn.Parameter]:
     gen = torch.Generator().manual_seed(seed)
     return [torch.nn.Parameter(torch.randn(s, generator=gen, dtype=dtype)) for s in shapes]
 
@@ -44,7 +46,10 @@ def _grads(
         for shape in shapes:
             g = torch.randn(shape, generator=gen, dtype=dtype)
             if rank_one and len(shape) == 2:
-                g = torch.outer(torch.randn(shape[0], generator=gen, dtype=dtype), torch.randn(shape[1], generator=gen, dtype=dtype))
+                g = torch.outer(
+                    torch.randn(shape[0], generator=gen, dtype=dtype),
+                    torch.randn(shape[1], generator=gen, dtype=dtype),
+                )
                 g[0] = 0.0
             step.append(g)
         steps_grads.append(step)
@@ -52,20 +57,30 @@ def _grads(
 
 
 def _soap(params: list[torch.nn.Parameter], solver: str, **kwargs: object) -> DistributedShampoo:
-    config = EigenvalueCorrectedShampooPreconditionerConfig(amortized_computation_config=SOLVERS[solver]())
+    config = EigenvalueCorrectedShampooPreconditionerConfig(
+        amortized_computation_config=SOLVERS[solver]()
+    )
     return DistributedShampoo(
-        params, max_preconditioner_dim=8, preconditioner_config=config, grafting_config=None, **kwargs
+        params,
+        max_preconditioner_dim=8,
+        preconditioner_config=config,
+        grafting_config=None,
+        **kwargs,
     )
 
 
 def _relative(a: list[torch.nn.Parameter], b: list[torch.nn.Parameter]) -> float:
     return max(
-        (torch.linalg.vector_norm(x.detach() - y.detach()) / torch.linalg.vector_norm(y.detach())).item()
+        (
+            torch.linalg.vector_norm(x.detach() - y.detach()) / torch.linalg.vector_norm(y.detach())
+        ).item()
         for x, y in zip(a, b)
     )
 
 
-def _step_both(ours: DistributedShampoo, torch_opt: torch.optim.Optimizer, a: list, b: list, grads: list) -> None:
+def _step_both(
+    ours: DistributedShampoo, torch_opt: torch.optim.Optimizer, a: list, b: list, grads: list
+) -> None:
     for p, q, g in zip(a, b, grads):
         p.grad, q.grad = g.clone(), g.clone()
     ours.step()
@@ -75,13 +90,23 @@ def _step_both(ours: DistributedShampoo, torch_opt: torch.optim.Optimizer, a: li
 @pytest.mark.parametrize("solver", sorted(SOLVERS))
 @pytest.mark.parametrize("epsilon", [1e-8, 1e-12])
 @pytest.mark.parametrize("rank_one", [False, True])
-def test_matches_torch_adam_before_the_start_step(solver: str, epsilon: float, rank_one: bool) -> None:
+def test_matches_torch_adam_before_the_start_step(
+    solver: str, epsilon: float, rank_one: bool
+) -> None:
     ours_params, torch_params = _params(0), _params(0)
     ours = _soap(
-        ours_params, solver, lr=1e-2, betas=(0.9, 0.999), epsilon=epsilon, weight_decay=1e-3,
-        weight_decay_type=WeightDecayType.DECOUPLED, precondition_frequency=100,
+        ours_params,
+        solver,
+        lr=1e-2,
+        betas=(0.9, 0.999),
+        epsilon=epsilon,
+        weight_decay=1e-3,
+        weight_decay_type=WeightDecayType.DECOUPLED,
+        precondition_frequency=100,
     )
-    reference = torch.optim.AdamW(torch_params, lr=1e-2, betas=(0.9, 0.999), eps=epsilon, weight_decay=1e-3)
+    reference = torch.optim.AdamW(
+        torch_params, lr=1e-2, betas=(0.9, 0.999), eps=epsilon, weight_decay=1e-3
+    )
     for t, grads in enumerate(_grads(0, 12, torch.float32, rank_one), start=1):
         _step_both(ours, reference, ours_params, torch_params, grads)
         assert all(torch.isfinite(p).all() for p in ours_params)
@@ -91,7 +116,9 @@ def test_matches_torch_adam_before_the_start_step(solver: str, epsilon: float, r
 @pytest.mark.parametrize("solver", sorted(SOLVERS))
 def test_matches_torch_adagrad_with_beta2_one(solver: str) -> None:
     ours_params, torch_params = _params(1), _params(1)
-    ours = _soap(ours_params, solver, lr=0.1, betas=(0.0, 1.0), epsilon=1e-10, precondition_frequency=50)
+    ours = _soap(
+        ours_params, solver, lr=0.1, betas=(0.0, 1.0), epsilon=1e-10, precondition_frequency=50
+    )
     reference = torch.optim.Adagrad(torch_params, lr=0.1, eps=1e-10)
     for t, grads in enumerate(_grads(1, 12, torch.float32), start=1):
         _step_both(ours, reference, ours_params, torch_params, grads)
@@ -102,8 +129,13 @@ def test_grafting_still_runs_alone_before_the_start_step() -> None:
     """With grafting, steps before ``s`` are the grafting method's (Adam here), SOAP unused."""
     ours_params, torch_params = _params(2), _params(2)
     ours = DistributedShampoo(
-        ours_params, lr=1e-2, betas=(0.0, 0.999), epsilon=1e-12, max_preconditioner_dim=8,
-        precondition_frequency=20, preconditioner_config=EigenvalueCorrectedShampooPreconditionerConfig(),
+        ours_params,
+        lr=1e-2,
+        betas=(0.0, 0.999),
+        epsilon=1e-12,
+        max_preconditioner_dim=8,
+        precondition_frequency=20,
+        preconditioner_config=EigenvalueCorrectedShampooPreconditionerConfig(),
         grafting_config=AdamPreconditionerConfig(beta2=0.99, epsilon=1e-8),
     )
     reference = torch.optim.Adam(torch_params, lr=1e-2, betas=(0.0, 0.99), eps=1e-8)
@@ -116,7 +148,14 @@ def _contract(x: np.ndarray, matrix: np.ndarray, dim: int) -> np.ndarray:
     return np.moveaxis(np.tensordot(matrix, x, axes=([1], [dim])), 0, dim)
 
 
-def _reference_run(weights: list[np.ndarray], grads: list[list[np.ndarray]], lr: float, betas: tuple[float, float], eps: float, start: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
+def _reference_run(
+    weights: list[np.ndarray],
+    grads: list[list[np.ndarray]],
+    lr: float,
+    betas: tuple[float, float],
+    eps: float,
+    start: int,
+) -> tuple[list[np.ndarray], list[np.ndarray]]:
     """Float64 loop: Adam on D in the identity basis for t < s; at t == s the eigenbases of the
     factors (ascending, as the reference library's ``eigh``), and D (accumulated so far in the
     identity basis) carried into them by position, unchanged."""
@@ -157,16 +196,26 @@ def test_corrected_eigenvalues_carry_into_the_first_eigenbasis_float64() -> None
     params = _params(3, torch.float64, shapes)
     grads = _grads(3, steps, torch.float64, shapes=shapes)
     expected, corrected = _reference_run(
-        [p.detach().numpy().copy() for p in params], [[g.numpy() for g in s] for s in grads],
-        lr=0.05, betas=(0.9, 0.95), eps=1e-12, start=start,
+        [p.detach().numpy().copy() for p in params],
+        [[g.numpy() for g in s] for s in grads],
+        lr=0.05,
+        betas=(0.9, 0.95),
+        eps=1e-12,
+        start=start,
     )
     config = EigenvalueCorrectedShampooPreconditionerConfig(
-        factor_matrix_dtype=torch.float64, factor_matrix_eigenvectors_dtype=torch.float64,
+        factor_matrix_dtype=torch.float64,
+        factor_matrix_eigenvectors_dtype=torch.float64,
         corrected_eigenvalues_dtype=torch.float64,
     )
     opt = DistributedShampoo(
-        params, lr=0.05, betas=(0.9, 0.95), epsilon=1e-12, max_preconditioner_dim=8,
-        precondition_frequency=start, preconditioner_config=config,
+        params,
+        lr=0.05,
+        betas=(0.9, 0.95),
+        epsilon=1e-12,
+        max_preconditioner_dim=8,
+        precondition_frequency=start,
+        preconditioner_config=config,
     )
     for step in grads:
         for p, g in zip(params, step):

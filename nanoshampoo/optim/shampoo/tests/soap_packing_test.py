@@ -18,10 +18,16 @@ def run_soap(packed: bool, qr: bool) -> tuple[torch.Tensor, dict]:
     w = torch.nn.Parameter(torch.randn(6, 5, dtype=torch.float64))
     solver = {"amortized_computation_config": QREigendecompositionConfig()} if qr else {}
     opt = DistributedShampoo(
-        [w], lr=0.01, betas=(0.9, 0.95), epsilon=1e-8, precondition_frequency=2,
+        [w],
+        lr=0.01,
+        betas=(0.9, 0.95),
+        epsilon=1e-8,
+        precondition_frequency=2,
         max_preconditioner_dim=8,
         preconditioner_config=EigenvalueCorrectedShampooPreconditionerConfig(
-            use_symmetric_packing=packed, **solver))
+            use_symmetric_packing=packed, **solver
+        ),
+    )
     gen = torch.Generator().manual_seed(1)
     for _ in range(7):
         w.grad = torch.randn(6, 5, generator=gen, dtype=torch.float64)

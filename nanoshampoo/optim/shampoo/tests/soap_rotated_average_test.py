@@ -44,13 +44,22 @@ def _grads(seed: int, steps: int, dtype: torch.dtype) -> list[list[torch.Tensor]
     return [[torch.randn(s, generator=gen, dtype=dtype) for s in SHAPES] for _ in range(steps)]
 
 
-def _soap(params: list[torch.nn.Parameter], solver: str = "eigh", **kwargs: object) -> DistributedShampoo:
+def _soap(
+    params: list[torch.nn.Parameter], solver: str = "eigh", **kwargs: object
+) -> DistributedShampoo:
     options: dict[str, object] = dict(
-        lr=0.01, betas=(0.9, 0.95), epsilon=1e-8, max_preconditioner_dim=8,
-        precondition_frequency=4, grafting_config=None, use_bias_correction=True,
+        lr=0.01,
+        betas=(0.9, 0.95),
+        epsilon=1e-8,
+        max_preconditioner_dim=8,
+        precondition_frequency=4,
+        grafting_config=None,
+        use_bias_correction=True,
     )
     options.update(kwargs)
-    config = EigenvalueCorrectedShampooPreconditionerConfig(amortized_computation_config=SOLVERS[solver]())
+    config = EigenvalueCorrectedShampooPreconditionerConfig(
+        amortized_computation_config=SOLVERS[solver]()
+    )
     return DistributedShampoo(params, preconditioner_config=config, **options)
 
 
@@ -61,7 +70,9 @@ def _without_promise(opt: DistributedShampoo) -> DistributedShampoo:
     return opt
 
 
-def _step(opt: DistributedShampoo, params: list[torch.nn.Parameter], grads: list[torch.Tensor | None]) -> None:
+def _step(
+    opt: DistributedShampoo, params: list[torch.nn.Parameter], grads: list[torch.Tensor | None]
+) -> None:
     for p, g in zip(params, grads):
         p.grad = None if g is None else g.clone()
     opt.step()
@@ -93,10 +104,13 @@ def _run_both(
 @pytest.mark.parametrize("solver", ["eigh", "qr"])
 @pytest.mark.parametrize("bias_correction", [True, False])
 @pytest.mark.parametrize("betas", [(0.9, 0.95), (0.0, 0.95)])
-def test_kept_rotation_equals_fresh_rotation_float64(solver: str, bias_correction: bool, betas: tuple) -> None:
+def test_kept_rotation_equals_fresh_rotation_float64(
+    solver: str, bias_correction: bool, betas: tuple
+) -> None:
     kept, fresh = _run_both(
         lambda ps: _soap(ps, solver, betas=betas, use_bias_correction=bias_correction),
-        _grads(1, 13, torch.float64), torch.float64,
+        _grads(1, 13, torch.float64),
+        torch.float64,
     )
     assert _relative(kept, fresh) < 1e-12
 
@@ -106,7 +120,9 @@ def test_kept_rotation_equals_fresh_rotation_float32() -> None:
     assert _relative(kept, fresh) < 1e-5
 
 
-def test_kept_rotation_saves_one_rotation_per_bucket_between_refreshes(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_kept_rotation_saves_one_rotation_per_bucket_between_refreshes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """Per step, rotations into the eigenbasis: one per bucket (R(G) for D) between refreshes;
     two at a refresh step (R_new(G) for D, R_new(Gbar): the fold waits for the new basis, so
     there is no R_old(G)); two without the promise."""
@@ -127,8 +143,18 @@ def test_kept_rotation_saves_one_rotation_per_bucket_between_refreshes(monkeypat
         _step(opt, params, grads)
         into.append(sum(calls))
     # Steps 1..10, frequency 4: step 1 has no kept average yet, 4 and 8 refresh.
-    assert into == [2 * buckets, buckets, buckets, 2 * buckets, buckets, buckets, buckets,
-                    2 * buckets, buckets, buckets]
+    assert into == [
+        2 * buckets,
+        buckets,
+        buckets,
+        2 * buckets,
+        buckets,
+        buckets,
+        buckets,
+        2 * buckets,
+        buckets,
+        buckets,
+    ]
     fresh = _without_promise(_soap(_params(torch.float64)))
     calls.clear()
     _step(fresh, fresh.param_groups[0]["params"], _grads(3, 1, torch.float64)[0])
@@ -172,8 +198,10 @@ def test_changed_beta1_and_grafting_start() -> None:
             opt.param_groups[0]["betas"] = (0.5, 0.95)
 
     build = lambda ps: _soap(  # noqa: E731
-        ps, grafting_config=AdamPreconditionerConfig(beta2=0.95, epsilon=1e-8),
-        precondition_frequency=3, start_preconditioning_step=6,
+        ps,
+        grafting_config=AdamPreconditionerConfig(beta2=0.95, epsilon=1e-8),
+        precondition_frequency=3,
+        start_preconditioning_step=6,
     )
     kept, fresh = _run_both(build, _grads(8, 11, torch.float64), torch.float64, change_beta1)
     assert _relative(kept, fresh) < 1e-12
@@ -187,7 +215,9 @@ def test_changed_beta1_from_zero_reallocates_and_forgets() -> None:
             opt.param_groups[0]["betas"] = (0.9, 0.95)
 
     kept, fresh = _run_both(
-        lambda ps: _soap(ps, betas=(0.0, 0.95)), _grads(9, 7, torch.float64), torch.float64,
+        lambda ps: _soap(ps, betas=(0.0, 0.95)),
+        _grads(9, 7, torch.float64),
+        torch.float64,
         start_filtering,
     )
     assert _relative(kept, fresh) < 1e-12
@@ -199,12 +229,18 @@ def test_grafting_only_steps_still_fold_the_corrected_eigenvalues() -> None:
     shapes = [(6, 5)]
     gen = torch.Generator().manual_seed(10)
     param = torch.nn.Parameter(torch.randn(shapes[0], generator=gen, dtype=torch.float64))
-    opt = _soap([param], grafting_config=AdamPreconditionerConfig(beta2=0.95, epsilon=1e-8),
-                precondition_frequency=3, start_preconditioning_step=6)
+    opt = _soap(
+        [param],
+        grafting_config=AdamPreconditionerConfig(beta2=0.95, epsilon=1e-8),
+        precondition_frequency=3,
+        start_preconditioning_step=6,
+    )
     expected = torch.zeros(shapes[0], dtype=torch.float64)
     for _ in range(3):
         g = torch.randn(shapes[0], generator=gen, dtype=torch.float64)
         _step(opt, [param], [g])
         expected = 0.95 * expected + 0.05 * g**2
-    (corrected,) = [v for k, v in flat_state(opt.state_dict())[0].items() if "corrected_eigenvalues" in k]
+    (corrected,) = [
+        v for k, v in flat_state(opt.state_dict())[0].items() if "corrected_eigenvalues" in k
+    ]
     torch.testing.assert_close(corrected.double(), expected, rtol=1e-6, atol=0.0)  # D is float32

@@ -43,7 +43,9 @@ from nanoshampoo.optim.shampoo.utils.optimizer_modules import OptimizerModule
 torch.set_num_threads(1)
 
 UNPACKED_SHAMPOO = replace(DefaultShampooConfig, use_symmetric_packing=False)
-MATRIX_DIMENSIONALITY = replace(DefaultSingleDeviceDistributedConfig, target_parameter_dimensionality=2)
+MATRIX_DIMENSIONALITY = replace(
+    DefaultSingleDeviceDistributedConfig, target_parameter_dimensionality=2
+)
 
 
 def _packed(matrix: torch.Tensor) -> torch.Tensor:
@@ -66,11 +68,20 @@ def _zero_model() -> torch.nn.Linear:
     return model
 
 
-def _small_optimizer(model: torch.nn.Module, config: PreconditionerConfig, **overrides: Any) -> DistributedShampoo:
+def _small_optimizer(
+    model: torch.nn.Module, config: PreconditionerConfig, **overrides: Any
+) -> DistributedShampoo:
     kwargs: dict[str, Any] = dict(
-        lr=0.01, betas=(0.9, 1.0), epsilon=1e-12, weight_decay=0.0, max_preconditioner_dim=5,
-        precondition_frequency=1, start_preconditioning_step=-1, distributed_config=MATRIX_DIMENSIONALITY,
-        grafting_config=AdaGradPreconditionerConfig(epsilon=0.001), preconditioner_config=config,
+        lr=0.01,
+        betas=(0.9, 1.0),
+        epsilon=1e-12,
+        weight_decay=0.0,
+        max_preconditioner_dim=5,
+        precondition_frequency=1,
+        start_preconditioning_step=-1,
+        distributed_config=MATRIX_DIMENSIONALITY,
+        grafting_config=AdaGradPreconditionerConfig(epsilon=0.001),
+        preconditioner_config=config,
     )
     return DistributedShampoo(model.parameters(), **{**kwargs, **overrides})
 
@@ -95,7 +106,10 @@ def _fresh_block(config: PreconditionerConfig) -> dict[str, Any]:
         }
     elif isinstance(config, RootInvShampooPreconditionerConfig):
         root = _packed(eye) if config.use_symmetric_packing else eye
-        block["shampoo"] = {"factor_matrices": {0: factor, 1: factor}, "inv_factor_matrices": {0: root, 1: root}}
+        block["shampoo"] = {
+            "factor_matrices": {0: factor, 1: factor},
+            "inv_factor_matrices": {0: root, 1: root},
+        }
     return block
 
 
@@ -123,35 +137,68 @@ def test_a_fresh_state_dict_is_the_documented_layout(name: str) -> None:
     config = CONFIGS[name]
     state_dict = _small_optimizer(_zero_model(), config).state_dict()
     block = _fresh_block(config)
-    _assert_trees_equal(state_dict["state"], {0: {"block_0": block, "block_1": block, "step": torch.tensor(0)}})
+    _assert_trees_equal(
+        state_dict["state"], {0: {"block_0": block, "block_1": block, "step": torch.tensor(0)}}
+    )
     # The groups as the reference writes them: its keys, config objects, sentinels resolved
     # (beta3 = betas[0], start_preconditioning_step = precondition_frequency).
-    assert state_dict["param_groups"] == [{
-        "lr": 0.01, "betas": (0.9, 1.0), "beta3": 0.9, "epsilon": 1e-12, "weight_decay": 0.0,
-        "peak_lr": 0.01, "weight_decay_type": WeightDecayType.DECOUPLED, "max_preconditioner_dim": 5,
-        "precondition_frequency": 1, "start_preconditioning_step": 1, "use_bias_correction": True,
-        "iterate_averaging_config": None, "grafting_config": AdaGradPreconditionerConfig(epsilon=0.001),
-        "use_pin_memory": False, "distributed_config": SingleDeviceDistributedConfig(target_parameter_dimensionality=2),
-        "preconditioner_config": config, "params": [0],
-    }]
+    assert state_dict["param_groups"] == [
+        {
+            "lr": 0.01,
+            "betas": (0.9, 1.0),
+            "beta3": 0.9,
+            "epsilon": 1e-12,
+            "weight_decay": 0.0,
+            "peak_lr": 0.01,
+            "weight_decay_type": WeightDecayType.DECOUPLED,
+            "max_preconditioner_dim": 5,
+            "precondition_frequency": 1,
+            "start_preconditioning_step": 1,
+            "use_bias_correction": True,
+            "iterate_averaging_config": None,
+            "grafting_config": AdaGradPreconditionerConfig(epsilon=0.001),
+            "use_pin_memory": False,
+            "distributed_config": SingleDeviceDistributedConfig(target_parameter_dimensionality=2),
+            "preconditioner_config": config,
+            "params": [0],
+        }
+    ]
 
 
-@pytest.mark.parametrize("averaging", [GeneralizedPrimalAveragingConfig(eval_interp_coeff=0.5, train_interp_coeff=0.9),
-                                       ScheduleFreeConfig(train_interp_coeff=0.9)])
+@pytest.mark.parametrize(
+    "averaging",
+    [
+        GeneralizedPrimalAveragingConfig(eval_interp_coeff=0.5, train_interp_coeff=0.9),
+        ScheduleFreeConfig(train_interp_coeff=0.9),
+    ],
+)
 def test_primal_averaging_adds_its_scalars_and_z(averaging: Any) -> None:
     model = _zero_model()
-    state_dict = _small_optimizer(model, DefaultShampooConfig, iterate_averaging_config=averaging).state_dict()
+    state_dict = _small_optimizer(
+        model, DefaultShampooConfig, iterate_averaging_config=averaging
+    ).state_dict()
     block = {**_fresh_block(DefaultShampooConfig), "weight_buffer": torch.zeros(5, 5)}
-    _assert_trees_equal(state_dict["state"], {0: {
-        "block_0": block, "block_1": block, "step": torch.tensor(0),
-        "lr_sum": torch.tensor(0.0, dtype=torch.float64), "train_mode": torch.tensor(True),
-    }})
+    _assert_trees_equal(
+        state_dict["state"],
+        {
+            0: {
+                "block_0": block,
+                "block_1": block,
+                "step": torch.tensor(0),
+                "lr_sum": torch.tensor(0.0, dtype=torch.float64),
+                "train_mode": torch.tensor(True),
+            }
+        },
+    )
     assert state_dict["param_groups"][0]["iterate_averaging_config"] == averaging
 
 
 def test_our_own_entries_are_saved_only_where_they_differ_from_their_defaults() -> None:
     groups = _small_optimizer(
-        _zero_model(), DefaultShampooConfig, amortize_roots=True, momentum_dtype=torch.bfloat16,
+        _zero_model(),
+        DefaultShampooConfig,
+        amortize_roots=True,
+        momentum_dtype=torch.bfloat16,
         iterate_averaging_config=ClassicMomentumConfig(momentum=0.5),
     ).state_dict()["param_groups"]
     assert groups[0]["amortize_roots"] is True and groups[0]["momentum_dtype"] == torch.bfloat16
@@ -170,10 +217,15 @@ def test_one_step_stores_the_statistics_of_its_gradient() -> None:
     state = optimizer.state_dict()["state"][0]
     assert state["step"].dtype == torch.int64 and int(state["step"]) == 1
     for j in range(2):
-        g = grad[5 * j: 5 * j + 5].double()
+        g = grad[5 * j : 5 * j + 5].double()
         block = state[f"block_{j}"]
         for dim, factor in enumerate((g @ g.T, g.T @ g)):
-            torch.testing.assert_close(block["shampoo"]["factor_matrices"][dim].double(), _packed(factor), rtol=1e-6, atol=1e-6)
+            torch.testing.assert_close(
+                block["shampoo"]["factor_matrices"][dim].double(),
+                _packed(factor),
+                rtol=1e-6,
+                atol=1e-6,
+            )
             values, vectors = torch.linalg.eigh(factor + 1e-12 * torch.eye(5, dtype=torch.float64))
             root = (vectors * values.pow(-0.25)) @ vectors.T
             got = _full(block["shampoo"]["inv_factor_matrices"][dim], 5).double()
@@ -183,10 +235,15 @@ def test_one_step_stores_the_statistics_of_its_gradient() -> None:
 
 
 def test_optimizer_state_is_readable_as_in_the_reference() -> None:
-    model = torch.nn.Sequential(torch.nn.Linear(5, 10, bias=False), torch.nn.Linear(10, 3, bias=False))
+    model = torch.nn.Sequential(
+        torch.nn.Linear(5, 10, bias=False), torch.nn.Linear(10, 3, bias=False)
+    )
     first, second = model.parameters()
     optimizer = DistributedShampoo(
-        model.parameters(), lr=0.01, epsilon=1e-12, max_preconditioner_dim=5,
+        model.parameters(),
+        lr=0.01,
+        epsilon=1e-12,
+        max_preconditioner_dim=5,
         iterate_averaging_config=GeneralizedPrimalAveragingConfig(),
     )
     # One tensor per group under every parameter, on the CPU, as the reference aliases them.
@@ -207,7 +264,9 @@ def test_optimizer_state_is_readable_as_in_the_reference() -> None:
 
 def _mlp(seed: int = 0) -> torch.nn.Module:
     torch.manual_seed(seed)
-    return torch.nn.Sequential(torch.nn.Linear(6, 10), torch.nn.Tanh(), torch.nn.Linear(10, 3, bias=False))
+    return torch.nn.Sequential(
+        torch.nn.Linear(6, 10), torch.nn.Tanh(), torch.nn.Linear(10, 3, bias=False)
+    )
 
 
 def _train(model: torch.nn.Module, optimizer: DistributedShampoo, steps: range) -> None:
@@ -235,14 +294,21 @@ RUNS: dict[str, dict[str, Any]] = {
     "schedule_free": {"iterate_averaging_config": ScheduleFreeConfig()},
     # Float64 factors under float32 parameters: torch's load casts them to float32 on the way
     # in; the loader takes the saved originals, so nothing is rounded.
-    "float64_factors": {"preconditioner_config": replace(DefaultShampooConfig, factor_matrix_dtype=torch.float64)},
+    "float64_factors": {
+        "preconditioner_config": replace(DefaultShampooConfig, factor_matrix_dtype=torch.float64)
+    },
 }
 
 
 def _run_optimizer(model: torch.nn.Module, name: str) -> DistributedShampoo:
     kwargs: dict[str, Any] = dict(
-        lr=0.02, betas=(0.9, 0.99), epsilon=1e-12, weight_decay=0.01, max_preconditioner_dim=4,
-        precondition_frequency=2, grafting_config=AdamPreconditionerConfig(beta2=0.99, epsilon=1e-8),
+        lr=0.02,
+        betas=(0.9, 0.99),
+        epsilon=1e-12,
+        weight_decay=0.01,
+        max_preconditioner_dim=4,
+        precondition_frequency=2,
+        grafting_config=AdamPreconditionerConfig(beta2=0.99, epsilon=1e-8),
     )
     return DistributedShampoo(model.named_parameters(), **{**kwargs, **RUNS[name]})
 
@@ -278,7 +344,9 @@ def test_fqn_keys_load_as_torch_distributed_checkpoint_hands_them_over() -> None
     names = [name for name, _ in model.named_parameters()]
     by_name = {
         "state": {names[index]: entry for index, entry in saved["state"].items()},
-        "param_groups": [{**g, "params": [names[i] for i in g["params"]]} for g in saved["param_groups"]],
+        "param_groups": [
+            {**g, "params": [names[i] for i in g["params"]]} for g in saved["param_groups"]
+        ],
     }
     resumed = copy.deepcopy(model)
     fresh = _run_optimizer(resumed, "shampoo")
@@ -303,7 +371,9 @@ def test_torchs_state_dict_hooks_and_setstate_run() -> None:
 
     def post(opt: Any, state_dict: dict[str, Any]) -> None:
         # Runs after the optimizer's own post-hook: the nested layout, plain tensors.
-        assert isinstance(state_dict["state"][0]["block_0"]["shampoo"]["factor_matrices"][0], torch.Tensor)
+        assert isinstance(
+            state_dict["state"][0]["block_0"]["shampoo"]["factor_matrices"][0], torch.Tensor
+        )
         calls.append("state_dict post")
 
     optimizer.register_state_dict_post_hook(post)
@@ -331,7 +401,10 @@ def test_a_load_keeps_the_callers_train_or_eval_mode(saved_in_eval: bool) -> Non
         loaded.eval()  # before any step, x = y = z: nothing moves
     loaded_model.load_state_dict(saved["model"])
     loaded.load_state_dict(saved["optim"])
-    assert all(bool(entry["train_mode"]) is saved_in_eval for entry in loaded.state_dict()["state"].values())
+    assert all(
+        bool(entry["train_mode"]) is saved_in_eval
+        for entry in loaded.state_dict()["state"].values()
+    )
     for got, want in zip(loaded_model.parameters(), model.parameters(), strict=True):
         torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-7)
 
@@ -445,7 +518,9 @@ def _foreign_library() -> SimpleNamespace:
         L2 = "L2"
 
     return SimpleNamespace(
-        grafting=AdaGradPreconditionerConfig, averaging=GeneralizedPrimalAveragingConfig, decay=WeightDecayType
+        grafting=AdaGradPreconditionerConfig,
+        averaging=GeneralizedPrimalAveragingConfig,
+        decay=WeightDecayType,
     )
 
 
@@ -473,7 +548,9 @@ def test_another_librarys_configs_in_the_groups_load_as_ours() -> None:
     assert group["weight_decay_type"] is WeightDecayType.DECOUPLED
 
     saved["param_groups"][0]["iterate_averaging_config"] = foreign.averaging(0.5, 0.9, extra=3)
-    with pytest.raises(ValueError, match=r"GeneralizedPrimalAveragingConfig\.extra=3 has no counterpart"):
+    with pytest.raises(
+        ValueError, match=r"GeneralizedPrimalAveragingConfig\.extra=3 has no counterpart"
+    ):
         optimizer.load_state_dict(saved)
 
 
@@ -498,7 +575,9 @@ def test_soap_bases_are_saved_in_ascending_order_with_their_corrected_eigenvalue
     assert torch.equal(saved["corrected_eigenvalues"], corrected)
 
 
-def test_a_group_entry_holding_a_lambda_is_warned_about_at_state_dict(caplog: pytest.LogCaptureFixture) -> None:
+def test_a_group_entry_holding_a_lambda_is_warned_about_at_state_dict(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     """``torch.save`` cannot pickle a lambda: ``state_dict()`` says which entry holds one."""
     optimizer = _small_optimizer(_zero_model(), DefaultSignDescentPreconditionerConfig)
     caplog.clear()  # the constructor's warnings about entries without effect

@@ -26,21 +26,35 @@ TWO_GROUPS = [[3, 0], [2, 1]]
 
 def named_params() -> list[tuple[str, torch.nn.Parameter]]:
     generator = torch.Generator().manual_seed(0)
-    return [(n, torch.nn.Parameter(torch.randn(s, generator=generator))) for n, s in zip(NAMES, SHAPES)]
+    return [
+        (n, torch.nn.Parameter(torch.randn(s, generator=generator))) for n, s in zip(NAMES, SHAPES)
+    ]
 
 
-def make_optimizer(named: list[tuple[str, torch.nn.Parameter]], grouping: list[list[int]], **group: Any) -> DistributedShampoo:
+def make_optimizer(
+    named: list[tuple[str, torch.nn.Parameter]], grouping: list[list[int]], **group: Any
+) -> DistributedShampoo:
     groups = [{"params": [named[i] for i in members], **group} for members in grouping]
     return DistributedShampoo(
-        groups, lr=0.05, betas=(0.9, 0.99), epsilon=1e-12, weight_decay=0.01, max_preconditioner_dim=4,
-        precondition_frequency=2, grafting_config=AdamPreconditionerConfig(beta2=0.99, epsilon=1e-8),
+        groups,
+        lr=0.05,
+        betas=(0.9, 0.99),
+        epsilon=1e-12,
+        weight_decay=0.01,
+        max_preconditioner_dim=4,
+        precondition_frequency=2,
+        grafting_config=AdamPreconditionerConfig(beta2=0.99, epsilon=1e-8),
     )
 
 
-def train(named: list[tuple[str, torch.nn.Parameter]], optimizer: DistributedShampoo, steps: range) -> None:
+def train(
+    named: list[tuple[str, torch.nn.Parameter]], optimizer: DistributedShampoo, steps: range
+) -> None:
     for step in steps:
         generator = torch.Generator().manual_seed(1000 + step)
-        loss = sum((torch.tanh(p) * torch.randn(p.shape, generator=generator)).sum() for _, p in named)
+        loss = sum(
+            (torch.tanh(p) * torch.randn(p.shape, generator=generator)).sum() for _, p in named
+        )
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
@@ -53,7 +67,10 @@ def round_trip(state_dict: dict[str, Any]) -> dict[str, Any]:
     return torch.load(buffer, weights_only=True)
 
 
-@pytest.mark.parametrize("saved, loaded", [(ONE_GROUP, TWO_GROUPS), (TWO_GROUPS, ONE_GROUP), (TWO_GROUPS, [[1], [2, 0, 3]])])
+@pytest.mark.parametrize(
+    "saved, loaded",
+    [(ONE_GROUP, TWO_GROUPS), (TWO_GROUPS, ONE_GROUP), (TWO_GROUPS, [[1], [2, 0, 3]])],
+)
 def test_a_run_resumed_under_another_grouping_continues_bit_for_bit(
     saved: list[list[int]], loaded: list[list[int]]
 ) -> None:
@@ -78,7 +95,9 @@ def test_each_parameter_takes_the_state_saved_under_its_name() -> None:
     saved = optimizer.state_dict()
     regrouped = regroup_by_param_names(saved, make_optimizer(named, TWO_GROUPS).param_groups)
     order = [i for members in TWO_GROUPS for i in members]  # parameter at each new position
-    assert [g["param_names"] for g in regrouped["param_groups"]] == [[NAMES[i] for i in m] for m in TWO_GROUPS]
+    assert [g["param_names"] for g in regrouped["param_groups"]] == [
+        [NAMES[i] for i in m] for m in TWO_GROUPS
+    ]
     assert [g["params"] for g in regrouped["param_groups"]] == [[0, 1], [2, 3]]
     for position, index in enumerate(order):
         assert regrouped["state"][position] is saved["state"][index]
@@ -103,7 +122,9 @@ def test_other_names_raise_naming_them() -> None:
     named = named_params()
     saved = make_optimizer(named, ONE_GROUP).state_dict()
     renamed = [("v0" if n == "w0" else n, p) for n, p in named]
-    with pytest.raises(ValueError, match=r"^state_dict param_names differ .*missing \['v0'\], unexpected \['w0'\]"):
+    with pytest.raises(
+        ValueError, match=r"^state_dict param_names differ .*missing \['v0'\], unexpected \['w0'\]"
+    ):
         regroup_by_param_names(saved, make_optimizer(renamed, TWO_GROUPS).param_groups)
 
 
@@ -125,7 +146,10 @@ def test_a_group_gathering_saved_groups_of_other_hyperparameters_raises_and_load
     train(named, source, range(2))
     target = make_optimizer(named, ONE_GROUP)
     before = {k: v.clone() for k, v in flat_state(target.state_dict())[0].items()}
-    with pytest.raises(ValueError, match=r"^param_groups\[0\] takes parameters from saved param groups \[0, 1\], whose entries \['lr'\] differ"):
+    with pytest.raises(
+        ValueError,
+        match=r"^param_groups\[0\] takes parameters from saved param groups \[0, 1\], whose entries \['lr'\] differ",
+    ):
         target.load_state_dict(source.state_dict())
     for key, value in flat_state(target.state_dict())[0].items():
         assert torch.equal(value, before[key])

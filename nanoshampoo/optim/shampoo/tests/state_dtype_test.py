@@ -117,8 +117,13 @@ def test_a_checkpoint_of_another_state_dtype_is_refused_naming_the_entry() -> No
     with pytest.raises(ValueError, match=r"preconditioner_config cannot change"):
         wide.load_state_dict(narrow.state_dict())
     # ...and under the optimizer's own groups, the first narrow tensor.
-    narrow_state = {"state": narrow.state_dict()["state"], "param_groups": wide.state_dict()["param_groups"]}
-    with pytest.raises(ValueError, match=r"block_0\.shampoo\.factor_matrices\.0 must be a torch.float32 tensor"):
+    narrow_state = {
+        "state": narrow.state_dict()["state"],
+        "param_groups": wide.state_dict()["param_groups"],
+    }
+    with pytest.raises(
+        ValueError, match=r"block_0\.shampoo\.factor_matrices\.0 must be a torch.float32 tensor"
+    ):
         wide.load_state_dict(narrow_state)
 
 
@@ -129,7 +134,12 @@ def test_all_narrow_options_take_half_the_float32_state_bytes() -> None:
         params = _params()
         opt = _optimizer(params, *dtypes)
         _run(opt, params, range(1))
-        entries = [v for r in opt._runtimes for s in r.block_states for v in flatten_tree(s.state_dict()).values()]
+        entries = [
+            v
+            for r in opt._runtimes
+            for s in r.block_states
+            for v in flatten_tree(s.state_dict()).values()
+        ]
         totals.append(opt.optimizer_state_bytes())
         count_bytes.append(sum(8 * v.numel() for v in entries if v.dtype == torch.int64))
         assert totals[-1] == sum(v.numel() * v.element_size() for v in entries)
@@ -141,11 +151,23 @@ def test_all_narrow_options_take_half_the_float32_state_bytes() -> None:
 @pytest.mark.parametrize(
     ("make", "match"),
     [
-        (lambda: AdamPreconditionerConfig(second_moment_dtype=BF16), r"^second_moment_dtype .*1 - beta2"),
-        (lambda: RMSpropPreconditionerConfig(beta2=0.9999, second_moment_dtype=torch.float16), r"^second_moment_dtype"),
+        (
+            lambda: AdamPreconditionerConfig(second_moment_dtype=BF16),
+            r"^second_moment_dtype .*1 - beta2",
+        ),
+        (
+            lambda: RMSpropPreconditionerConfig(beta2=0.9999, second_moment_dtype=torch.float16),
+            r"^second_moment_dtype",
+        ),
         (lambda: AdaGradPreconditionerConfig(second_moment_dtype=BF16), r"^second_moment_dtype"),
-        (lambda: AdamPreconditionerConfig(second_moment_dtype=torch.int8), r"^second_moment_dtype must be one of .* or None"),
-        (lambda: RootInvShampooPreconditionerConfig(inv_factor_matrix_dtype=torch.int32), r"^inv_factor_matrix_dtype"),
+        (
+            lambda: AdamPreconditionerConfig(second_moment_dtype=torch.int8),
+            r"^second_moment_dtype must be one of .* or None",
+        ),
+        (
+            lambda: RootInvShampooPreconditionerConfig(inv_factor_matrix_dtype=torch.int32),
+            r"^inv_factor_matrix_dtype",
+        ),
     ],
 )
 def test_invalid_storage_dtypes_are_refused_naming_the_field(make: Any, match: str) -> None:

@@ -41,7 +41,9 @@ def _two_group_optimizer() -> tuple[DistributedShampoo, list[torch.nn.Parameter]
     params = _params()
     opt = DistributedShampoo(
         [{"params": params[:1]}, {"params": params[1:]}],
-        lr=0.01, epsilon=1e-8, max_preconditioner_dim=8,
+        lr=0.01,
+        epsilon=1e-8,
+        max_preconditioner_dim=8,
         grafting_config=AdamPreconditionerConfig(),
     )
     return opt, params
@@ -52,39 +54,61 @@ def _snapshot(opt: DistributedShampoo, params: list[torch.nn.Parameter]) -> dict
     return {"params": [p.detach().clone() for p in params], "state": flat_state(opt.state_dict())}
 
 
-def _assert_unchanged(opt: DistributedShampoo, params: list[torch.nn.Parameter], before: dict[str, Any]) -> None:
+def _assert_unchanged(
+    opt: DistributedShampoo, params: list[torch.nn.Parameter], before: dict[str, Any]
+) -> None:
     after = _snapshot(opt, params)
     assert all(torch.equal(a, b) for a, b in zip(after["params"], before["params"], strict=True))
     assert_same_flat_state(after["state"], before["state"])
 
 
 INVALID_VALUES = [
-    ("lr", math.inf), ("lr", math.nan), ("weight_decay", math.inf), ("weight_decay", math.nan),
-    ("epsilon", math.inf), ("epsilon", math.nan), ("epsilon", 0.0), ("betas", 0.9),
+    ("lr", math.inf),
+    ("lr", math.nan),
+    ("weight_decay", math.inf),
+    ("weight_decay", math.nan),
+    ("epsilon", math.inf),
+    ("epsilon", math.nan),
+    ("epsilon", 0.0),
+    ("betas", 0.9),
 ]
 
 
-@pytest.mark.parametrize(("field", "value"), INVALID_VALUES, ids=[f"{f}={v}" for f, v in INVALID_VALUES])
-def test_non_finite_values_and_scalar_betas_are_refused_at_construction(field: str, value: Any) -> None:
+@pytest.mark.parametrize(
+    ("field", "value"), INVALID_VALUES, ids=[f"{f}={v}" for f, v in INVALID_VALUES]
+)
+def test_non_finite_values_and_scalar_betas_are_refused_at_construction(
+    field: str, value: Any
+) -> None:
     with pytest.raises(ValueError, match=rf"^{field}"):
         DistributedShampoo(_params(), **{field: value})
 
 
 def test_epsilon_zero_only_with_a_pseudo_inverse() -> None:
     pseudo = RootInvShampooPreconditionerConfig(
-        amortized_computation_config=EigenConfig(rank_deficient_stability_config=PseudoInverseConfig())
+        amortized_computation_config=EigenConfig(
+            rank_deficient_stability_config=PseudoInverseConfig()
+        )
     )
     DistributedShampoo(_params(), epsilon=0.0, preconditioner_config=pseudo)
     with pytest.raises(ValueError, match=r"^epsilon.*PseudoInverseConfig"):
         DistributedShampoo(_params(), epsilon=1e-12, preconditioner_config=pseudo)
     with pytest.raises(ValueError, match=r"^epsilon.*PseudoInverseConfig"):
-        DistributedShampoo(_params(), epsilon=0.0, preconditioner_config=RootInvShampooPreconditionerConfig())
+        DistributedShampoo(
+            _params(), epsilon=0.0, preconditioner_config=RootInvShampooPreconditionerConfig()
+        )
 
 
 # Values a scheduler or a user may set on a group between steps that the step must refuse.
 CHANGES_REFUSED = [
-    ("lr", math.inf), ("lr", math.nan), ("weight_decay", math.nan), ("epsilon", math.inf),
-    ("betas", 0.9), ("momentum", 1.0), ("use_nesterov", True), ("start_preconditioning_step", 0),
+    ("lr", math.inf),
+    ("lr", math.nan),
+    ("weight_decay", math.nan),
+    ("epsilon", math.inf),
+    ("betas", 0.9),
+    ("momentum", 1.0),
+    ("use_nesterov", True),
+    ("start_preconditioning_step", 0),
     ("max_preconditioner_dim", 4),
     ("preconditioner_config", EigenvalueCorrectedShampooPreconditionerConfig()),
     ("grafting_config", SGDPreconditionerConfig()),
@@ -92,8 +116,14 @@ CHANGES_REFUSED = [
 ]
 
 
-@pytest.mark.parametrize(("field", "value"), CHANGES_REFUSED, ids=[f"{f}-{i}" for i, (f, _) in enumerate(CHANGES_REFUSED)])
-def test_invalid_change_between_steps_is_refused_before_anything_moves(field: str, value: Any) -> None:
+@pytest.mark.parametrize(
+    ("field", "value"),
+    CHANGES_REFUSED,
+    ids=[f"{f}-{i}" for i, (f, _) in enumerate(CHANGES_REFUSED)],
+)
+def test_invalid_change_between_steps_is_refused_before_anything_moves(
+    field: str, value: Any
+) -> None:
     opt, params = _two_group_optimizer()
     _set_grads(params, 1)
     opt.step()
@@ -124,7 +154,9 @@ def test_sparse_gradient_is_refused_naming_the_parameter_before_anything_moves()
     before = _snapshot(opt, params)
     _set_grads(params, 2)
     params[2].grad = params[2].grad.to_sparse()
-    with pytest.raises(ValueError, match=r"params'\]\[1\] \(shape \(3, 4, 5\)\) is torch.sparse_coo"):
+    with pytest.raises(
+        ValueError, match=r"params'\]\[1\] \(shape \(3, 4, 5\)\) is torch.sparse_coo"
+    ):
         opt.step()
     _assert_unchanged(opt, params, before)
 
@@ -137,14 +169,21 @@ def test_complex_gradient_is_refused_naming_the_parameter_before_anything_moves(
     _set_grads(params, 2)
     params[1].grad_dtype = None  # torch >= 2.10 otherwise refuses a complex .grad on a real param
     params[1].grad = torch.complex(params[1].grad, params[1].grad)
-    with pytest.raises(ValueError, match=r"params'\]\[0\] \(shape \(7,\)\) has dtype torch.complex64"):
+    with pytest.raises(
+        ValueError, match=r"params'\]\[0\] \(shape \(7,\)\) has dtype torch.complex64"
+    ):
         opt.step()
     _assert_unchanged(opt, params, before)
 
 
 def test_complex_parameter_is_refused_at_construction() -> None:
     with pytest.raises(ValueError, match=r"^params\[1\] is complex"):
-        DistributedShampoo([torch.nn.Parameter(torch.zeros(3)), torch.nn.Parameter(torch.zeros(3, dtype=torch.cfloat))])
+        DistributedShampoo(
+            [
+                torch.nn.Parameter(torch.zeros(3)),
+                torch.nn.Parameter(torch.zeros(3, dtype=torch.cfloat)),
+            ]
+        )
 
 
 def test_invalid_group_added_later_leaves_the_optimizer_as_it_was() -> None:
@@ -161,11 +200,15 @@ def test_momentum_and_weight_decay_turned_on_after_construction_apply_from_the_n
     """The case of the issue: momentum and weight decay set on the group after construction.
     From zero momentum, the first step's update is the same as without momentum (times
     ``1 - dampening``), and decoupled decay adds ``lr * wd * W``, exactly."""
-    w = torch.nn.Parameter(torch.randn(6, 5, generator=torch.Generator().manual_seed(3), dtype=torch.float64))
+    w = torch.nn.Parameter(
+        torch.randn(6, 5, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    )
     twin = torch.nn.Parameter(w.detach().clone())
     config = RootInvShampooPreconditionerConfig(factor_matrix_dtype=torch.float64)
     opts = [
-        DistributedShampoo([p], lr=0.1, epsilon=1e-6, max_preconditioner_dim=8, preconditioner_config=config)
+        DistributedShampoo(
+            [p], lr=0.1, epsilon=1e-6, max_preconditioner_dim=8, preconditioner_config=config
+        )
         for p in (w, twin)
     ]
     gen = torch.Generator().manual_seed(4)

@@ -61,7 +61,9 @@ BLOCK_CASES = [
 ]
 
 
-def _block_shapes(shape: tuple[int, ...], max_dim: int | float, target: int | float) -> list[tuple[int, ...]]:
+def _block_shapes(
+    shape: tuple[int, ...], max_dim: int | float, target: int | float
+) -> list[tuple[int, ...]]:
     config = SingleDeviceDistributedConfig(target_parameter_dimensionality=target)
     optimizer = DistributedShampoo(
         [torch.zeros(shape)], max_preconditioner_dim=max_dim, distributed_config=config
@@ -79,7 +81,10 @@ def test_block_shapes_follow_the_target_dimensionality(
 @pytest.mark.parametrize("config_class", CONFIG_CLASSES)
 def test_default_is_one_and_the_field_is_keyword_only(config_class: type) -> None:
     assert config_class().target_parameter_dimensionality == 1
-    assert config_class(target_parameter_dimensionality=math.inf).target_parameter_dimensionality == math.inf
+    assert (
+        config_class(target_parameter_dimensionality=math.inf).target_parameter_dimensionality
+        == math.inf
+    )
     # Keyword-only: positional arguments keep meaning what they meant before the field existed.
     if config_class is DDPDistributedConfig:
         assert config_class(torch.bfloat16).communication_dtype == torch.bfloat16
@@ -88,7 +93,9 @@ def test_default_is_one_and_the_field_is_keyword_only(config_class: type) -> Non
 @pytest.mark.parametrize("config_class", CONFIG_CLASSES)
 @pytest.mark.parametrize("bad", [0, -1, 1.5, 2.0, -math.inf, math.nan, True, "2", None])
 def test_invalid_target_is_refused_naming_the_field(config_class: type, bad: object) -> None:
-    with pytest.raises(ValueError, match="^target_parameter_dimensionality must be an int >= 1 or math.inf"):
+    with pytest.raises(
+        ValueError, match="^target_parameter_dimensionality must be an int >= 1 or math.inf"
+    ):
         config_class(target_parameter_dimensionality=bad)
 
 
@@ -100,7 +107,9 @@ def test_spectral_descent_merges_to_matrices_without_changing_the_config() -> No
         distributed_config=config,
         preconditioner_config=SpectralDescentPreconditionerConfig(),
     )
-    assert [tuple(b.shape) for b in optimizer._runtimes[0].distributor.local_blocked_params] == [(4, 15)]
+    assert [tuple(b.shape) for b in optimizer._runtimes[0].distributor.local_blocked_params] == [
+        (4, 15)
+    ]
     assert config.target_parameter_dimensionality == 1
 
 
@@ -118,8 +127,13 @@ def test_a_3d_parameter_at_target_2_is_shampoo_on_its_matrix_view() -> None:
     grads = [torch.randn(4, 3, 5, generator=generator) for _ in range(steps)]
     param = torch.zeros(4, 3, 5)
     optimizer = DistributedShampoo(
-        [param], lr=lr, betas=(0.0, 1.0), epsilon=eps, max_preconditioner_dim=64,
-        precondition_frequency=1, start_preconditioning_step=1,
+        [param],
+        lr=lr,
+        betas=(0.0, 1.0),
+        epsilon=eps,
+        max_preconditioner_dim=64,
+        precondition_frequency=1,
+        start_preconditioning_step=1,
         distributed_config=SingleDeviceDistributedConfig(target_parameter_dimensionality=2),
     )
     w = np.zeros(60)

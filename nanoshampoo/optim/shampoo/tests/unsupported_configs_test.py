@@ -33,15 +33,23 @@ def test_the_error_is_both_value_error_and_not_implemented_error() -> None:
     assert issubclass(UnsupportedConfigError, NotImplementedError)
 
 
-@pytest.mark.parametrize("config, replacement", [
-    (FSDPDistributedConfig(param_to_metadata={}), "FullyShardDistributedConfig"),
-    (HSDPDistributedConfig(param_to_metadata={}, device_mesh=None), "HybridShardDistributedConfig"),
-])
+@pytest.mark.parametrize(
+    "config, replacement",
+    [
+        (FSDPDistributedConfig(param_to_metadata={}), "FullyShardDistributedConfig"),
+        (
+            HSDPDistributedConfig(param_to_metadata={}, device_mesh=None),
+            "HybridShardDistributedConfig",
+        ),
+    ],
+)
 @pytest.mark.parametrize("caught", [ValueError, NotImplementedError])
 def test_fsdp1_configs_are_refused_naming_their_replacement(
     config: object, replacement: str, caught: type[Exception]
 ) -> None:
-    with pytest.raises(caught, match=rf"^distributed_config: {type(config).__name__} .*use {replacement}$"):
+    with pytest.raises(
+        caught, match=rf"^distributed_config: {type(config).__name__} .*use {replacement}$"
+    ):
         _build(distributed_config=config)
 
 
@@ -53,7 +61,9 @@ def test_an_unknown_preconditioner_config_is_refused(caught: type[Exception]) ->
 
 @pytest.mark.parametrize("caught", [ValueError, NotImplementedError])
 def test_a_shampoo_config_as_grafting_is_refused(caught: type[Exception]) -> None:
-    with pytest.raises(caught, match="^grafting_config must be None or an SGD/AdaGrad/RMSprop/Adam"):
+    with pytest.raises(
+        caught, match="^grafting_config must be None or an SGD/AdaGrad/RMSprop/Adam"
+    ):
         _build(grafting_config=RootInvShampooPreconditionerConfig())
 
 
@@ -66,6 +76,10 @@ def test_a_non_config_grafting_value_is_a_plain_value_error() -> None:
 def test_a_refused_group_is_not_kept() -> None:
     opt = _build()
     with pytest.raises(UnsupportedConfigError):
-        opt.add_param_group({"params": [torch.nn.Parameter(torch.zeros(2))],
-                             "distributed_config": FSDPDistributedConfig()})
+        opt.add_param_group(
+            {
+                "params": [torch.nn.Parameter(torch.zeros(2))],
+                "distributed_config": FSDPDistributedConfig(),
+            }
+        )
     assert len(opt.param_groups) == 1

@@ -56,7 +56,9 @@ def direction_error(got: torch.Tensor, want: np.ndarray, factor: np.ndarray) -> 
     return float(np.sqrt(np.trace(delta @ factor @ delta) / np.trace(want @ factor @ want)))
 
 
-def slowly_changing_factors(size: int, columns: int, steps: int, seed: int = 0) -> list[torch.Tensor]:
+def slowly_changing_factors(
+    size: int, columns: int, steps: int, seed: int = 0
+) -> list[torch.Tensor]:
     """Bias-corrected ``F_t = 0.95 F_(t-1) + 0.05 G G^T`` (float64), ``G`` Gaussian plus a
     rank-4 drift, so the spectrum has a few large and a bulk of small eigenvalues."""
     gen = torch.Generator().manual_seed(seed)
@@ -84,7 +86,12 @@ def test_error_estimate_matches_the_actual_root_error_in_float64(lag: int) -> No
     basis = torch.linalg.eigh(factors[-1 - lag])[1].flip(-1)
     exponents = torch.tensor([exponent], dtype=torch.float64)
     roots, _, _, fell_back = warm_started_eigh_inverse_root(
-        a[None], exponents, 0.0, basis[None], torch.tensor([True]), max_iterations=0,
+        a[None],
+        exponents,
+        0.0,
+        basis[None],
+        torch.tensor([True]),
+        max_iterations=0,
         tolerance=float("inf"),
     )
     assert not fell_back.any()
@@ -92,18 +99,23 @@ def test_error_estimate_matches_the_actual_root_error_in_float64(lag: int) -> No
     projected = basis.T @ a @ basis
     order = projected.diagonal().argsort(descending=True)
     projected = projected[order][:, order]
-    estimate = float(root_error_estimate(projected[None], projected.diagonal().pow(-exponent)[None],
-                                         exponents))
+    estimate = float(
+        root_error_estimate(projected[None], projected.diagonal().pow(-exponent)[None], exponents)
+    )
     assert 0.85 * actual <= estimate <= 1.15 * actual, (estimate, actual)
     assert actual > 1e-3  # the stale basis did make a measurable error
 
 
 def test_error_estimate_ignores_mixing_inside_the_floored_null_space() -> None:
     """Two directions floored to the same weight: any basis of their span gives the same root."""
-    projected = torch.tensor([[[4.0, 0.0, 0.0], [0.0, 1e-20, 1e-20], [0.0, 1e-20, 2e-20]]],
-                             dtype=torch.float64)
+    projected = torch.tensor(
+        [[[4.0, 0.0, 0.0], [0.0, 1e-20, 1e-20], [0.0, 1e-20, 2e-20]]], dtype=torch.float64
+    )
     weights = torch.tensor([[0.5, 1e3, 1e3]], dtype=torch.float64)
-    assert float(root_error_estimate(projected, weights, torch.tensor([0.5], dtype=torch.float64))) == 0.0
+    assert (
+        float(root_error_estimate(projected, weights, torch.tensor([0.5], dtype=torch.float64)))
+        == 0.0
+    )
 
 
 @pytest.mark.parametrize("exponent", [0.25, 0.5])
@@ -143,9 +155,13 @@ def test_qr_iterations_lower_the_error_before_falling_back() -> None:
     want = plain_root(factors[-1].numpy(), 0.25)
     stale, _, _, _ = warm_started_eigh_inverse_root(new, exponents, EPSILON, old, warm, 0, 1.0)
     tolerance = 0.9 * direction_error(stale[0], want, factors[-1].numpy())
-    _, _, _, fell_back = warm_started_eigh_inverse_root(new, exponents, EPSILON, old, warm, 0, tolerance)
+    _, _, _, fell_back = warm_started_eigh_inverse_root(
+        new, exponents, EPSILON, old, warm, 0, tolerance
+    )
     assert fell_back.item()
-    roots, _, ok, fell_back = warm_started_eigh_inverse_root(new, exponents, EPSILON, old, warm, 8, tolerance)
+    roots, _, ok, fell_back = warm_started_eigh_inverse_root(
+        new, exponents, EPSILON, old, warm, 8, tolerance
+    )
     assert ok.item() and not fell_back.item()
     assert direction_error(roots[0], want, factors[-1].numpy()) <= 1.25 * tolerance
 
@@ -181,12 +197,21 @@ def test_first_solve_and_missing_basis_use_eigh() -> None:
     torch.testing.assert_close(roots, want, rtol=1e-5, atol=1e-6 * want.abs().max().item())
 
 
-def _optimizer(params: list[torch.nn.Parameter], solver: Any, frequency: int = 1) -> DistributedShampoo:
+def _optimizer(
+    params: list[torch.nn.Parameter], solver: Any, frequency: int = 1
+) -> DistributedShampoo:
     return DistributedShampoo(
-        params, lr=0.01, betas=(0.9, 0.95), epsilon=EPSILON, max_preconditioner_dim=64,
-        precondition_frequency=frequency, start_preconditioning_step=frequency,
+        params,
+        lr=0.01,
+        betas=(0.9, 0.95),
+        epsilon=EPSILON,
+        max_preconditioner_dim=64,
+        precondition_frequency=frequency,
+        start_preconditioning_step=frequency,
         grafting_config=AdamPreconditionerConfig(beta2=0.95, epsilon=1e-8),
-        preconditioner_config=RootInvShampooPreconditionerConfig(amortized_computation_config=solver),
+        preconditioner_config=RootInvShampooPreconditionerConfig(
+            amortized_computation_config=solver
+        ),
     )
 
 
@@ -211,9 +236,16 @@ def test_pseudo_inverse_warm_roots_stay_finite_on_rank_one_gradients() -> None:
     rank_one = torch.outer(torch.randn(32, generator=gen), torch.randn(16, generator=gen))
     solver = WarmStartedEigenConfig(rank_deficient_stability_config=PseudoInverseConfig())
     opt = DistributedShampoo(
-        [param], lr=0.01, betas=(0.0, 0.95), epsilon=0.0, max_preconditioner_dim=64,
-        precondition_frequency=1, start_preconditioning_step=1,
-        preconditioner_config=RootInvShampooPreconditionerConfig(amortized_computation_config=solver),
+        [param],
+        lr=0.01,
+        betas=(0.0, 0.95),
+        epsilon=0.0,
+        max_preconditioner_dim=64,
+        precondition_frequency=1,
+        start_preconditioning_step=1,
+        preconditioner_config=RootInvShampooPreconditionerConfig(
+            amortized_computation_config=solver
+        ),
     )
     for _ in range(5):
         param.grad = rank_one.clone()
@@ -226,13 +258,21 @@ def test_pseudo_inverse_warm_roots_stay_finite_on_rank_one_gradients() -> None:
 def test_pseudo_inverse_with_a_tight_tolerance_follows_the_eigh_run() -> None:
     """Wide blocks (rank-deficient factors) with epsilon 0: the warm-started pseudo-inverse run
     with a tight tolerance stays within the issue-9 bound of the eigh pseudo-inverse run."""
+
     def run(solver: Any) -> torch.Tensor:
         gen = torch.Generator().manual_seed(8)
         param = torch.nn.Parameter(torch.zeros(8, 64))
         opt = DistributedShampoo(
-            [param], lr=1.0, betas=(0.0, 0.999), epsilon=0.0, max_preconditioner_dim=64,
-            precondition_frequency=1, start_preconditioning_step=1,
-            preconditioner_config=RootInvShampooPreconditionerConfig(amortized_computation_config=solver),
+            [param],
+            lr=1.0,
+            betas=(0.0, 0.999),
+            epsilon=0.0,
+            max_preconditioner_dim=64,
+            precondition_frequency=1,
+            start_preconditioning_step=1,
+            preconditioner_config=RootInvShampooPreconditionerConfig(
+                amortized_computation_config=solver
+            ),
         )
         for _ in range(6):
             param.grad = torch.randn(8, 64, generator=gen)
@@ -246,9 +286,13 @@ def test_pseudo_inverse_with_a_tight_tolerance_follows_the_eigh_run() -> None:
     assert float((got - want).norm() / want.norm()) < recipe.SHAMPOO_BOUND
 
 
-def _train(solver: Any, steps: int, frequency: int = 1) -> tuple[list[torch.nn.Parameter], DistributedShampoo]:
+def _train(
+    solver: Any, steps: int, frequency: int = 1
+) -> tuple[list[torch.nn.Parameter], DistributedShampoo]:
     gen = torch.Generator().manual_seed(6)
-    params = [torch.nn.Parameter(torch.randn(s, generator=gen)) for s in [(40, 24), (24,), (3, 8, 5)]]
+    params = [
+        torch.nn.Parameter(torch.randn(s, generator=gen)) for s in [(40, 24), (24,), (3, 8, 5)]
+    ]
     opt = _optimizer(params, solver, frequency)
     for _ in range(steps):
         for p in params:
@@ -301,11 +345,16 @@ def test_load_state_dict_validates_the_eigenvectors(breakage: str) -> None:
     before = eigenvectors[0].clone()
     if breakage == "missing":
         del eigenvectors[0]
-        with pytest.raises(KeyError, match=r"missing block state 0\.block_0\.shampoo\.factor_matrices_eigenvectors\.0"):
+        with pytest.raises(
+            KeyError,
+            match=r"missing block state 0\.block_0\.shampoo\.factor_matrices_eigenvectors\.0",
+        ):
             opt.load_state_dict(state)
     else:
         eigenvectors[0] = eigenvectors[0].double()
-        with pytest.raises(ValueError, match=r"0\.block_0\.shampoo\.factor_matrices_eigenvectors\.0 must be"):
+        with pytest.raises(
+            ValueError, match=r"0\.block_0\.shampoo\.factor_matrices_eigenvectors\.0 must be"
+        ):
             opt.load_state_dict(state)
     live = flat_state(opt.state_dict())[0][key]
     assert torch.equal(live, before)

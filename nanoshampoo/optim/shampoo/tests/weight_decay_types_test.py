@@ -40,8 +40,13 @@ def _run(decay_type: WeightDecayType, momentum: float, peak_lr: float | None) ->
     if peak_lr is not None:
         group["peak_lr"] = peak_lr
     opt = DistributedShampoo(
-        [group], lr=LRS[0], betas=(0.0, 1.0), epsilon=1e-12, weight_decay=WD,
-        weight_decay_type=decay_type, momentum=momentum,
+        [group],
+        lr=LRS[0],
+        betas=(0.0, 1.0),
+        epsilon=1e-12,
+        weight_decay=WD,
+        weight_decay_type=decay_type,
+        momentum=momentum,
         preconditioner_config=SGDPreconditionerConfig(),
     )
     peak = LRS[0] if peak_lr is None else peak_lr
@@ -73,13 +78,22 @@ def test_a_group_may_set_its_own_peak_lr(decay_type: WeightDecayType) -> None:
 
 
 def test_peak_lr_defaults_to_the_group_lr() -> None:
-    opt = DistributedShampoo([{"params": [torch.nn.Parameter(torch.zeros(2))]},
-                              {"params": [torch.nn.Parameter(torch.zeros(2))], "lr": 0.5}], lr=0.25)
+    opt = DistributedShampoo(
+        [
+            {"params": [torch.nn.Parameter(torch.zeros(2))]},
+            {"params": [torch.nn.Parameter(torch.zeros(2))], "lr": 0.5},
+        ],
+        lr=0.25,
+    )
     assert [group["peak_lr"] for group in opt.param_groups] == [0.25, 0.5]
 
 
 @pytest.mark.parametrize("decay_type", [WeightDecayType.CORRECTED, WeightDecayType.INDEPENDENT])
 def test_a_zero_peak_lr_is_refused_where_it_divides(decay_type: WeightDecayType) -> None:
     with pytest.raises(ValueError, match="^peak_lr must be > 0.0"):
-        DistributedShampoo([torch.nn.Parameter(torch.zeros(2))], lr=0.0, weight_decay=WD,
-                           weight_decay_type=decay_type)
+        DistributedShampoo(
+            [torch.nn.Parameter(torch.zeros(2))],
+            lr=0.0,
+            weight_decay=WD,
+            weight_decay_type=decay_type,
+        )

@@ -148,8 +148,14 @@ def _exchange_buffers(
     group_rank: int,
     communication_dtype: torch.dtype,
     device: torch.device,
-) -> tuple[torch.Tensor, torch.Tensor, tuple[torch.Tensor, ...], list[torch.Tensor | None],
-           list[tuple[torch.Tensor, ...]], list[tuple[torch.Tensor, ...]]]:
+) -> tuple[
+    torch.Tensor,
+    torch.Tensor,
+    tuple[torch.Tensor, ...],
+    list[torch.Tensor | None],
+    list[tuple[torch.Tensor, ...]],
+    list[tuple[torch.Tensor, ...]],
+]:
     """The send and receive buffers of the round plan, this rank's send views, every block's
     view of the receive buffer, and each round's all-to-all inputs and outputs."""
     group_size, total = len(owned_by_rank), sum(round_sizes)
@@ -230,16 +236,22 @@ def prepare_update_param_buffers(
     owners = [rank for _, rank in block_assignment]
     device, communication_dtype = _check_blocks(blocks, owners, group_size, communication_dtype)
     owned_by_rank, round_sizes, round_offsets = _plan_rounds(blocks, owners, group_size)
-    send_buffer, recv_buffer, send_views, received, round_inputs, round_outputs = (
-        _exchange_buffers(blocks, owned_by_rank, round_sizes, round_offsets, group_rank,
-                          communication_dtype, device))
+    send_buffer, recv_buffer, send_views, received, round_inputs, round_outputs = _exchange_buffers(
+        blocks, owned_by_rank, round_sizes, round_offsets, group_rank, communication_dtype, device
+    )
     return UpdateParamBuffers(
-        group=group, group_size=group_size, group_rank=group_rank,
-        communication_dtype=communication_dtype, local_blocks=tuple(blocks),
-        owned_block_indices=tuple(owned_by_rank[group_rank]), send_views=send_views,
-        send_buffer=send_buffer, recv_buffer=recv_buffer,
+        group=group,
+        group_size=group_size,
+        group_rank=group_rank,
+        communication_dtype=communication_dtype,
+        local_blocks=tuple(blocks),
+        owned_block_indices=tuple(owned_by_rank[group_rank]),
+        send_views=send_views,
+        send_buffer=send_buffer,
+        recv_buffer=recv_buffer,
         received_views=tuple(view for view in received if view is not None),
-        round_inputs=tuple(round_inputs), round_outputs=tuple(round_outputs),
+        round_inputs=tuple(round_inputs),
+        round_outputs=tuple(round_outputs),
     )
 
 

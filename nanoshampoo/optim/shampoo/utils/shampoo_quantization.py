@@ -373,7 +373,9 @@ def _validated_items(
             "QuantizedTensorList.quantized_data: min/max must be all None or all set, got a mix"
         )
     for tensor, _, _ in items:
-        if tensor.dtype != quantized_dtype and not {tensor.dtype, quantized_dtype} <= set(FLOAT_DTYPES):
+        if tensor.dtype != quantized_dtype and not {tensor.dtype, quantized_dtype} <= set(
+            FLOAT_DTYPES
+        ):
             raise InvalidArgumentError(
                 f"QuantizedTensorList.quantized_data: a {tensor.dtype} tensor cannot be stored as "
                 f"{quantized_dtype} (only the float formats {list(FLOAT_DTYPES)} convert)"

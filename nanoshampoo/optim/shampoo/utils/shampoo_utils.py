@@ -97,8 +97,13 @@ def merge_small_dims(
         raise InvalidArgumentError(
             f"merge_small_dims: tensor_shape must have dims >= 0, got {shape}"
         )
-    target = check_argument(check_int, "merge_small_dims: target_tensor_dimensionality",
-                            target_tensor_dimensionality, at_least=1, or_infinity=True)
+    target = check_argument(
+        check_int,
+        "merge_small_dims: target_tensor_dimensionality",
+        target_tensor_dimensionality,
+        at_least=1,
+        or_infinity=True,
+    )
     return _merge_small_dims_cached(shape, threshold, target)
 
 
@@ -147,8 +152,9 @@ def multi_dim_split(tensor: torch.Tensor, split_size: int | float) -> tuple[torc
     """
     if split_size == math.inf:
         return (tensor,)
-    check_argument(check_int, "multi_dim_split: split_size", split_size, at_least=1,
-                   or_infinity=True)
+    check_argument(
+        check_int, "multi_dim_split: split_size", split_size, at_least=1, or_infinity=True
+    )
     return reduce(
         lambda blocks, dim: tuple(
             piece
@@ -305,8 +311,7 @@ def pack_upper_triangular(matrix: torch.Tensor) -> torch.Tensor:
     """
     if matrix.dim() < 2 or matrix.shape[-1] != matrix.shape[-2]:
         raise InvalidArgumentError(
-            "pack_upper_triangular: matrix must have shape (..., d, d), "
-            f"got {tuple(matrix.shape)}"
+            f"pack_upper_triangular: matrix must have shape (..., d, d), got {tuple(matrix.shape)}"
         )
     rows, cols = _triu_indices(matrix.shape[-1], matrix.device)
     return matrix[..., rows, cols].contiguous()

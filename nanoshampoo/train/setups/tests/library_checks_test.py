@@ -13,29 +13,53 @@ from nanoshampoo.train.config import TrainConfig
 from nanoshampoo.train.setups.library_checks import check_shampoo_group, with_trainer_label
 
 GRAFTING_BF16_SLOW_EMA = {"shampoo.grafting_dtype": "bfloat16", "shampoo.grafting_beta2": 0.999}
-EARLY_FIRST_ROOT = {"preconditioner.start_preconditioning_step": 2,
-                    "shampoo.precondition_frequency": 5}
+EARLY_FIRST_ROOT = {
+    "preconditioner.start_preconditioning_step": 2,
+    "shampoo.precondition_frequency": 5,
+}
 
 
-@pytest.mark.parametrize("overrides, trainer, library", [
-    (GRAFTING_BF16_SLOW_EMA, "shampoo.grafting_dtype (--shampoo.grafting-dtype)",
-     "AdamPreconditionerConfig.second_moment_dtype torch.bfloat16 cannot hold this EMA"),
-    (EARLY_FIRST_ROOT,
-     "preconditioner.start_preconditioning_step (--preconditioner.start-preconditioning-step)",
-     "DistributedShampoo.start_preconditioning_step must be -1, math.inf"),
-    ({"preconditioner.momentum_dtype": "bfloat16", "shampoo.beta1": 0.995},
-     "preconditioner.momentum_dtype (--preconditioner.momentum-dtype)",
-     "DistributedShampoo.momentum_dtype torch.bfloat16 cannot hold this EMA: 1 - betas[0]"),
-    ({"optimizer": "muon", "preconditioner.momentum_dtype": "bfloat16", "muon.momentum": 0.999},
-     "preconditioner.momentum_dtype (--preconditioner.momentum-dtype)",
-     "DistributedShampoo.momentum_dtype torch.bfloat16"),
-    ({"optimizer": "soap-distadam", "soap.precondition_frequency": 10,
-      "preconditioner.start_preconditioning_step": 5},
-     "preconditioner.start_preconditioning_step (--preconditioner.start-preconditioning-step)",
-     "(10), got 5"),
-])
+@pytest.mark.parametrize(
+    "overrides, trainer, library",
+    [
+        (
+            GRAFTING_BF16_SLOW_EMA,
+            "shampoo.grafting_dtype (--shampoo.grafting-dtype)",
+            "AdamPreconditionerConfig.second_moment_dtype torch.bfloat16 cannot hold this EMA",
+        ),
+        (
+            EARLY_FIRST_ROOT,
+            "preconditioner.start_preconditioning_step (--preconditioner.start-preconditioning-step)",
+            "DistributedShampoo.start_preconditioning_step must be -1, math.inf",
+        ),
+        (
+            {"preconditioner.momentum_dtype": "bfloat16", "shampoo.beta1": 0.995},
+            "preconditioner.momentum_dtype (--preconditioner.momentum-dtype)",
+            "DistributedShampoo.momentum_dtype torch.bfloat16 cannot hold this EMA: 1 - betas[0]",
+        ),
+        (
+            {
+                "optimizer": "muon",
+                "preconditioner.momentum_dtype": "bfloat16",
+                "muon.momentum": 0.999,
+            },
+            "preconditioner.momentum_dtype (--preconditioner.momentum-dtype)",
+            "DistributedShampoo.momentum_dtype torch.bfloat16",
+        ),
+        (
+            {
+                "optimizer": "soap-distadam",
+                "soap.precondition_frequency": 10,
+                "preconditioner.start_preconditioning_step": 5,
+            },
+            "preconditioner.start_preconditioning_step (--preconditioner.start-preconditioning-step)",
+            "(10), got 5",
+        ),
+    ],
+)
 def test_a_library_rule_reaches_the_user_naming_the_trainer_flag(
-        overrides: dict, trainer: str, library: str) -> None:
+    overrides: dict, trainer: str, library: str
+) -> None:
     with pytest.raises(ValueError) as raised:
         TrainConfig(**overrides)
     message = str(raised.value)
@@ -52,7 +76,8 @@ def test_lifting_the_librarys_ema_rule_lifts_the_trainers(monkeypatch: pytest.Mo
 
 
 def test_lifting_the_librarys_schedule_rule_lifts_the_trainers(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     with pytest.raises(ValueError, match="start_preconditioning_step"):
         TrainConfig(**EARLY_FIRST_ROOT)
     monkeypatch.setattr(group_validation, "_validate_schedule", lambda group: None)
@@ -60,7 +85,8 @@ def test_lifting_the_librarys_schedule_rule_lifts_the_trainers(
 
 
 def test_a_stricter_library_rule_refuses_the_trainers_defaults(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """The trainer has no copy of the grafting epsilon's rule: tightening the library's
     (epsilon > 1e-9, say) refuses the recipe's 1e-10, naming the trainer's flag."""
     TrainConfig()
@@ -72,8 +98,10 @@ def test_a_stricter_library_rule_refuses_the_trainers_defaults(
     monkeypatch.setattr(preconditioner_types, "check_positive", at_least_1e_9)
     with pytest.raises(ValueError) as raised:
         TrainConfig()
-    assert str(raised.value) == ("shampoo.grafting_epsilon (--shampoo.grafting-epsilon): "
-                                 "AdamPreconditionerConfig.epsilon must be > 1e-9, got 1e-10")
+    assert str(raised.value) == (
+        "shampoo.grafting_epsilon (--shampoo.grafting-epsilon): "
+        "AdamPreconditionerConfig.epsilon must be > 1e-9, got 1e-10"
+    )
 
 
 def test_a_setup_that_does_not_run_shampoo_does_not_ask_it() -> None:
@@ -82,19 +110,25 @@ def test_a_setup_that_does_not_run_shampoo_does_not_ask_it() -> None:
 
 
 def test_an_unknown_library_field_is_blamed_on_every_trainer_field_behind_the_config() -> None:
-    err = with_trainer_label(ValueError("mystery must be 1, got 2"), "SomeConfig",
-                             {"a": "t.a (--t.a)", "b": "t.b (--t.b)", "c": "t.a (--t.a)"})
+    err = with_trainer_label(
+        ValueError("mystery must be 1, got 2"),
+        "SomeConfig",
+        {"a": "t.a (--t.a)", "b": "t.b (--t.b)", "c": "t.a (--t.a)"},
+    )
     assert str(err) == "t.a (--t.a), t.b (--t.b): SomeConfig.mystery must be 1, got 2"
 
 
 def test_the_librarys_error_class_is_kept() -> None:
-    err = with_trainer_label(UnsupportedConfigError("x is not supported, got 1"), "C",
-                             {"x": "t.x (--t.x)"})
+    err = with_trainer_label(
+        UnsupportedConfigError("x is not supported, got 1"), "C", {"x": "t.x (--t.x)"}
+    )
     assert isinstance(err, UnsupportedConfigError) and str(err).startswith("t.x (--t.x): C.x ")
 
 
 def test_an_indexed_library_field_finds_its_trainer_field() -> None:
-    with pytest.raises(ValueError, match=re.escape("shampoo.beta1 (--b1): DistributedShampoo.betas[0]")):
+    with pytest.raises(
+        ValueError, match=re.escape("shampoo.beta1 (--b1): DistributedShampoo.betas[0]")
+    ):
         check_shampoo_group({"betas": (1.5, 0.9)}, {"betas[0]": "shampoo.beta1 (--b1)"})
 
 

@@ -102,7 +102,12 @@ def block_keys(optimizer: DistributedShampoo) -> list[str]:
     """``"<param_index>.<block_j>"`` of every block whose state this rank holds."""
     state = optimizer.state_dict()["state"]
     return sorted(
-        {f"{index}.{key}" for index, entries in state.items() for key in entries if key.startswith("block_")}
+        {
+            f"{index}.{key}"
+            for index, entries in state.items()
+            for key in entries
+            if key.startswith("block_")
+        }
     )
 
 

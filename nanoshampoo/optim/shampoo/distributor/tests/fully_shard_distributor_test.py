@@ -49,15 +49,21 @@ LOSSLESS = [
 SINGLE_PROCESS = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 
 
-
 def params_model(seed: int = 0) -> ParamsModel:
     """Parameters of ``SHAPES`` and a smooth, non-quadratic loss of them, new each step."""
     return ParamsModel(SHAPES, seed)
 
+
 def make_optimizer(params: list[torch.Tensor], config: DistributedConfig) -> DistributedShampoo:
     return DistributedShampoo(
-        params, lr=0.05, betas=(0.9, 0.99), epsilon=1e-6, momentum=0.5, weight_decay=0.01,
-        max_preconditioner_dim=MAX_DIM, precondition_frequency=2,
+        params,
+        lr=0.05,
+        betas=(0.9, 0.99),
+        epsilon=1e-6,
+        momentum=0.5,
+        weight_decay=0.01,
+        max_preconditioner_dim=MAX_DIM,
+        precondition_frequency=2,
         grafting_config=AdamPreconditionerConfig(beta2=0.99, epsilon=1e-8),
         distributed_config=config,
     )
@@ -76,7 +82,11 @@ def train(model: torch.nn.Module, optimizer: DistributedShampoo, steps: range) -
 
 def reference_lossless(steps: int) -> list[torch.Tensor]:
     model = params_model()
-    train(model, make_optimizer(list(model.parameters()), SingleDeviceDistributedConfig()), range(steps))
+    train(
+        model,
+        make_optimizer(list(model.parameters()), SingleDeviceDistributedConfig()),
+        range(steps),
+    )
     return [p.detach().clone() for p in model.parameters()]
 
 
@@ -137,7 +147,9 @@ def local_bytes(tensors: list[torch.Tensor | None]) -> int:
 
 def run_strategy(strategy: FSDPParamAssignmentStrategy, communicate: bool) -> dict[str, Any]:
     model = fsdp_model()
-    config = FullyShardDistributedConfig(param_assignment_strategy=strategy, communicate_params=communicate)
+    config = FullyShardDistributedConfig(
+        param_assignment_strategy=strategy, communicate_params=communicate
+    )
     optimizer = make_optimizer(list(model.parameters()), config)
     train(model, optimizer, range(STEPS))
     grads = [p.grad for p in model.parameters()]
@@ -152,11 +164,18 @@ def run_strategy(strategy: FSDPParamAssignmentStrategy, communicate: bool) -> di
 def save_checkpoint(checkpoint: str) -> dict[str, Any]:
     """ROUND_ROBIN at this world: train, DCP-save, train on; returns the saved state and the end."""
     model = fsdp_model()
-    config = FullyShardDistributedConfig(param_assignment_strategy=FSDPParamAssignmentStrategy.ROUND_ROBIN)
+    config = FullyShardDistributedConfig(
+        param_assignment_strategy=FSDPParamAssignmentStrategy.ROUND_ROBIN
+    )
     optimizer = make_optimizer(list(model.parameters()), config)
     train(model, optimizer, range(RESUME_AT))
-    dcp.save({"optim": optimizer.state_dict(), "model": model.state_dict()}, checkpoint_id=checkpoint)
-    saved = {i: {k: v.clone() for k, v in flatten_tree(s).items()} for i, s in optimizer.state_dict()["state"].items()}
+    dcp.save(
+        {"optim": optimizer.state_dict(), "model": model.state_dict()}, checkpoint_id=checkpoint
+    )
+    saved = {
+        i: {k: v.clone() for k, v in flatten_tree(s).items()}
+        for i, s in optimizer.state_dict()["state"].items()
+    }
     train(model, optimizer, range(RESUME_AT, STEPS))
     return {"saved_state": saved, "params": full_params(model)}
 
@@ -164,13 +183,18 @@ def save_checkpoint(checkpoint: str) -> dict[str, Any]:
 def load_checkpoint(checkpoint: str) -> dict[str, Any]:
     """A fresh, differently initialized ROUND_ROBIN model and optimizer restored from DCP."""
     model = fsdp_model(seed=99)
-    config = FullyShardDistributedConfig(param_assignment_strategy=FSDPParamAssignmentStrategy.ROUND_ROBIN)
+    config = FullyShardDistributedConfig(
+        param_assignment_strategy=FSDPParamAssignmentStrategy.ROUND_ROBIN
+    )
     optimizer = make_optimizer(list(model.parameters()), config)
     template: dict[str, Any] = {"optim": optimizer.state_dict(), "model": model.state_dict()}
     dcp.load(template, checkpoint_id=checkpoint)
     model.load_state_dict(template["model"])
     optimizer.load_state_dict(template["optim"])
-    state = {i: {k: v.clone() for k, v in flatten_tree(s).items()} for i, s in optimizer.state_dict()["state"].items()}
+    state = {
+        i: {k: v.clone() for k, v in flatten_tree(s).items()}
+        for i, s in optimizer.state_dict()["state"].items()
+    }
     restored = full_params(model)
     train(model, optimizer, range(RESUME_AT, STEPS))
     return {"loaded_state": state, "restored": restored, "params": full_params(model)}
@@ -211,9 +235,14 @@ def assert_close(got: list[torch.Tensor], want: list[torch.Tensor]) -> None:
 @pytest.mark.slow
 @pytest.mark.distributed
 @pytest.mark.parametrize("world", [2, 4])
-@pytest.mark.parametrize("strategy, communicate", LOSSLESS, ids=lambda v: getattr(v, "name", str(v)))
+@pytest.mark.parametrize(
+    "strategy, communicate", LOSSLESS, ids=lambda v: getattr(v, "name", str(v))
+)
 def test_lossless_strategies_equal_single_device(
-    world: int, strategy: FSDPParamAssignmentStrategy, communicate: bool, request: pytest.FixtureRequest
+    world: int,
+    strategy: FSDPParamAssignmentStrategy,
+    communicate: bool,
+    request: pytest.FixtureRequest,
 ) -> None:
     results = request.getfixturevalue(f"world{world}")
     want = reference_lossless(STEPS)
@@ -224,7 +253,9 @@ def test_lossless_strategies_equal_single_device(
 @pytest.mark.slow
 @pytest.mark.distributed
 @pytest.mark.parametrize("world", [2, 4])
-def test_default_equals_single_device_on_local_shards(world: int, request: pytest.FixtureRequest) -> None:
+def test_default_equals_single_device_on_local_shards(
+    world: int, request: pytest.FixtureRequest
+) -> None:
     results = request.getfixturevalue(f"world{world}")
     want = reference_default(world, STEPS)
     for result in results:
@@ -288,7 +319,9 @@ def test_per_rank_memory_shrinks_with_world_size(
 ) -> None:
     model = params_model()
     total_params = sum(p.numel() * p.element_size() for p in model.parameters())
-    single = make_optimizer(list(model.parameters()), SingleDeviceDistributedConfig()).optimizer_state_bytes()
+    single = make_optimizer(
+        list(model.parameters()), SingleDeviceDistributedConfig()
+    ).optimizer_state_bytes()
     largest_state = max(
         make_optimizer([p], SingleDeviceDistributedConfig()).optimizer_state_bytes()
         for p in model.parameters()
@@ -298,13 +331,17 @@ def test_per_rank_memory_shrinks_with_world_size(
         for key in ("param_bytes", "grad_bytes", "state_bytes"):
             per_rank = [r["ROUND_ROBIN-False"][key] for r in results]
             report[(world, key)] = per_rank
-        params, grads, states = (report[(world, k)] for k in ("param_bytes", "grad_bytes", "state_bytes"))
+        params, grads, states = (
+            report[(world, k)] for k in ("param_bytes", "grad_bytes", "state_bytes")
+        )
         # Shards and owned state partition the single-device totals exactly...
         assert sum(params) == sum(grads) == total_params
         assert sum(states) == single
         # ...and no rank holds much more than its 1 / world share (a shard is at most a row
         # longer than the even split; the owner balance is within one parameter's state).
-        rows = sum(-(-p.shape[0] // world) * p[0].numel() * p.element_size() for p in model.parameters())
+        rows = sum(
+            -(-p.shape[0] // world) * p[0].numel() * p.element_size() for p in model.parameters()
+        )
         assert max(params) <= rows < total_params
         assert max(states) <= single / world + largest_state
     print("\nper-rank bytes (world, kind): ranks", report)
@@ -315,7 +352,9 @@ def test_per_rank_memory_shrinks_with_world_size(
 
 
 @pytest.mark.parametrize("dim0, world", [(7, 4), (3, 4), (2, 4), (12, 2), (1, 2), (9, 4)])
-def test_shard_row_ranges_follow_torch_chunk_padded_with_empty_shards(dim0: int, world: int) -> None:
+def test_shard_row_ranges_follow_torch_chunk_padded_with_empty_shards(
+    dim0: int, world: int
+) -> None:
     chunks = torch.arange(dim0).chunk(world)
     want = [(int(c[0]), int(c[-1]) + 1) for c in chunks]
     want += [(dim0, dim0)] * (world - len(want))
@@ -337,6 +376,8 @@ def test_invalid_config_raises_naming_the_field(kwargs: dict[str, Any], field: s
 
 def test_plain_tensor_params_are_rejected_before_any_state_is_built() -> None:
     model = params_model()
-    config = FullyShardDistributedConfig(param_assignment_strategy=FSDPParamAssignmentStrategy.ROUND_ROBIN)
+    config = FullyShardDistributedConfig(
+        param_assignment_strategy=FSDPParamAssignmentStrategy.ROUND_ROBIN
+    )
     with pytest.raises(ValueError, match=r"^params\[0\] must be a DTensor"):
         make_optimizer(list(model.parameters()), config)

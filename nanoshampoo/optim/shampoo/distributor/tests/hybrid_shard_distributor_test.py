@@ -63,7 +63,9 @@ def body(rank: int, world: int) -> dict[str, Any]:
         f"{strategy.name}-{communicate}": run_case(
             hsdp_mesh,
             HybridShardDistributedConfig(
-                device_mesh=hsdp_mesh, param_assignment_strategy=strategy, communicate_params=communicate
+                device_mesh=hsdp_mesh,
+                param_assignment_strategy=strategy,
+                communicate_params=communicate,
             ),
         )
         for strategy, communicate in CASES
@@ -72,7 +74,9 @@ def body(rank: int, world: int) -> dict[str, Any]:
     shard_mesh = hsdp_mesh["shard"]
     results["fsdp"] = run_case(
         shard_mesh,
-        FullyShardDistributedConfig(param_assignment_strategy=FSDPParamAssignmentStrategy.ROUND_ROBIN),
+        FullyShardDistributedConfig(
+            param_assignment_strategy=FSDPParamAssignmentStrategy.ROUND_ROBIN
+        ),
     )
     # One replica: the 4 ranks as a 2 x 1 x 2 mesh, whose last two dims are a 1 x 2 HSDP mesh
     # (ranks 0, 1 form one, ranks 2, 3 another; both train the same model). The replicate group
@@ -84,7 +88,9 @@ def body(rank: int, world: int) -> dict[str, Any]:
         results[f"1x2-{strategy.name}-{communicate}"] = run_case(
             one_replica,
             HybridShardDistributedConfig(
-                device_mesh=one_replica, param_assignment_strategy=strategy, communicate_params=communicate
+                device_mesh=one_replica,
+                param_assignment_strategy=strategy,
+                communicate_params=communicate,
             ),
         )
     # An invalid replica count is refused before any collective, so no rank hangs.
@@ -137,7 +143,9 @@ def test_hsdp_splits_the_shard_work_over_the_replicas(world4: list[dict[str, Any
     model = params_model()
     from nanoshampoo.optim.shampoo import SingleDeviceDistributedConfig
 
-    single = make_optimizer(list(model.parameters()), SingleDeviceDistributedConfig()).optimizer_state_bytes()
+    single = make_optimizer(
+        list(model.parameters()), SingleDeviceDistributedConfig()
+    ).optimizer_state_bytes()
     hsdp = [r["ROUND_ROBIN-False"]["state_bytes"] for r in world4]
     fsdp = [r["fsdp"]["state_bytes"] for r in world4]
     # Ranks (0, s) and (1, s) hold disjoint halves of what rank s holds without replicas.
@@ -148,9 +156,13 @@ def test_hsdp_splits_the_shard_work_over_the_replicas(world4: list[dict[str, Any
 
 @pytest.mark.slow
 @pytest.mark.distributed
-def test_num_trainers_per_group_other_than_the_replicas_is_refused(world4: list[dict[str, Any]]) -> None:
+def test_num_trainers_per_group_other_than_the_replicas_is_refused(
+    world4: list[dict[str, Any]],
+) -> None:
     for result in world4:
-        assert result["invalid_trainers"].startswith("num_trainers_per_group must be -1 or the replicate")
+        assert result["invalid_trainers"].startswith(
+            "num_trainers_per_group must be -1 or the replicate"
+        )
 
 
 @pytest.mark.parametrize(

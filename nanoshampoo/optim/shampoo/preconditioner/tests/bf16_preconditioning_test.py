@@ -109,8 +109,9 @@ def test_bf16_product_is_the_float64_product_of_the_rounded_inputs(
     # The bound has teeth: dropping any one root breaks it.
     for dim, root in enumerate(rounded):
         if root is not None:
-            missing = _product([None if d == dim else r for d, r in enumerate(rounded)],
-                               _rounded64(grad))
+            missing = _product(
+                [None if d == dim else r for d, r in enumerate(rounded)], _rounded64(grad)
+            )
             assert ((out.double() - missing).abs() > bound).any(), dim
 
 
@@ -159,8 +160,13 @@ def test_distributed_shampoo_with_bf16_gemms_stays_finite_on_rank_deficient_fact
     params = [torch.nn.Parameter(torch.randn(shape)) for shape in ((32, 16), (8, 64), (48,))]
     initial = [p.detach().clone() for p in params]
     optimizer = DistributedShampoo(
-        params, lr=1e-2, betas=(0.9, 0.95), epsilon=EPSILON, max_preconditioner_dim=64,
-        precondition_frequency=1, start_preconditioning_step=1,
+        params,
+        lr=1e-2,
+        betas=(0.9, 0.95),
+        epsilon=EPSILON,
+        max_preconditioner_dim=64,
+        precondition_frequency=1,
+        start_preconditioning_step=1,
         grafting_config=AdamPreconditionerConfig(beta2=0.95, epsilon=1e-10),
         preconditioner_config=RootInvShampooPreconditionerConfig(precondition_dtype=BF16),
     )

@@ -118,7 +118,9 @@ class ReferenceSOAP:
                     # earlier basis (the identity at first) pairs with columns by position.
                     # (The implementation's bases are descending, with D reversed once, at
                     # the first basis: the same pairing.)
-                    self.bases[dim] = self.basis(self.factors[dim] / (1.0 - b2**t), self.bases[dim], t == s)
+                    self.bases[dim] = self.basis(
+                        self.factors[dim] / (1.0 - b2**t), self.bases[dim], t == s
+                    )
         self.d = b2 * self.d + weight * self.rotate(g) ** 2  # in the basis used below
         bc2 = 1.0 - b2**t
         self.m = b1 * self.m + (1 - b1) * g
@@ -129,7 +131,9 @@ class ReferenceSOAP:
             p_g = gbar / (np.sqrt(self.v / (1.0 - graft.beta2**t)) + graft.epsilon)
         if t >= s or graft is None:
             # Without grafting SOAP steps from step 1, in the identity basis until t == s.
-            p = self.rotate(self.rotate(gbar) / (np.sqrt(self.d / bc2) + h["epsilon"]), inverse=True)
+            p = self.rotate(
+                self.rotate(gbar) / (np.sqrt(self.d / bc2) + h["epsilon"]), inverse=True
+            )
             if graft is not None:
                 p = p * np.linalg.norm(p_g) / (np.linalg.norm(p) + 1e-16)
         else:
@@ -138,13 +142,21 @@ class ReferenceSOAP:
 
 
 DEFAULTS: dict[str, Any] = dict(
-    lr=0.05, betas=(0.9, 0.95), epsilon=1e-6, precondition_frequency=1, grafting_config=None, ignored={},
-    solver="eigh", sort=True,
+    lr=0.05,
+    betas=(0.9, 0.95),
+    epsilon=1e-6,
+    precondition_frequency=1,
+    grafting_config=None,
+    ignored={},
+    solver="eigh",
+    sort=True,
 )
 CASES = {
     "frequency1": {},
     "frequency3": dict(precondition_frequency=3),
-    "frequency1_adam_grafting": dict(grafting_config=AdamPreconditionerConfig(beta2=0.99, epsilon=1e-8)),
+    "frequency1_adam_grafting": dict(
+        grafting_config=AdamPreconditionerConfig(beta2=0.99, epsilon=1e-8)
+    ),
     "frequency3_adam_grafting": dict(
         precondition_frequency=3, grafting_config=AdamPreconditionerConfig(beta2=0.99, epsilon=1e-8)
     ),
@@ -152,14 +164,22 @@ CASES = {
 }
 
 
-def _params_and_grads(seed: int, steps: int) -> tuple[list[torch.nn.Parameter], list[list[torch.Tensor]]]:
+def _params_and_grads(
+    seed: int, steps: int
+) -> tuple[list[torch.nn.Parameter], list[list[torch.Tensor]]]:
     gen = torch.Generator().manual_seed(seed)
-    params = [torch.nn.Parameter(torch.randn(s, generator=gen, dtype=torch.float64)) for s in SHAPES]
-    grads = [[torch.randn(s, generator=gen, dtype=torch.float64) for s in SHAPES] for _ in range(steps)]
+    params = [
+        torch.nn.Parameter(torch.randn(s, generator=gen, dtype=torch.float64)) for s in SHAPES
+    ]
+    grads = [
+        [torch.randn(s, generator=gen, dtype=torch.float64) for s in SHAPES] for _ in range(steps)
+    ]
     return params, grads
 
 
-def _optimizer(params: list[torch.nn.Parameter], h: dict[str, Any], **config: Any) -> DistributedShampoo:
+def _optimizer(
+    params: list[torch.nn.Parameter], h: dict[str, Any], **config: Any
+) -> DistributedShampoo:
     kwargs = {k: v for k, v in h.items() if k not in ("ignored", "solver", "sort")}
     preconditioner = EigenvalueCorrectedShampooPreconditionerConfig(
         ignored_basis_change_dims=h["ignored"], **F64, **config
@@ -169,24 +189,32 @@ def _optimizer(params: list[torch.nn.Parameter], h: dict[str, Any], **config: An
     )
 
 
-def _run(opt: DistributedShampoo, params: list[torch.nn.Parameter], grads: list[list[torch.Tensor]]) -> None:
+def _run(
+    opt: DistributedShampoo, params: list[torch.nn.Parameter], grads: list[list[torch.Tensor]]
+) -> None:
     for step_grads in grads:
         for p, g in zip(params, step_grads):
             p.grad = g.clone()
         opt.step()
 
 
-def _reference(params: list[torch.nn.Parameter], grads: list[list[torch.Tensor]], h: dict[str, Any]) -> list[torch.Tensor]:
+def _reference(
+    params: list[torch.nn.Parameter], grads: list[list[torch.Tensor]], h: dict[str, Any]
+) -> list[torch.Tensor]:
     weights = [p.detach().clone() for p in params]
     blocks = [[ReferenceSOAP(tuple(b.shape), h) for b in reference_blocks(w)] for w in weights]
     for t, step_grads in enumerate(grads, start=1):
         for index, g in enumerate(step_grads):
-            for block, wb, gb in zip(blocks[index], reference_blocks(weights[index]), reference_blocks(g)):
+            for block, wb, gb in zip(
+                blocks[index], reference_blocks(weights[index]), reference_blocks(g)
+            ):
                 wb.copy_(torch.from_numpy(block.step(t, gb.numpy(), wb.numpy().copy())))
     return weights
 
 
-def _assert_close_relative(params: list[torch.nn.Parameter], expected: list[torch.Tensor], tolerance: float) -> None:
+def _assert_close_relative(
+    params: list[torch.nn.Parameter], expected: list[torch.Tensor], tolerance: float
+) -> None:
     for p, e in zip(params, expected):
         relative = (torch.linalg.vector_norm(p.detach() - e) / torch.linalg.vector_norm(e)).item()
         assert relative < tolerance, (tuple(p.shape), relative)
@@ -207,8 +235,14 @@ REFRESHES = {**DEFAULTS, "precondition_frequency": 10}
 SOLVERS: dict[str, tuple[Any, Any]] = {
     "eigh": ("eigh", EighEigendecompositionConfig()),
     "qr": (("qr", 1, 0.0), QREigendecompositionConfig()),
-    "qr_3_iterations_tolerance_1e-3": (("qr", 3, 1e-3), QREigendecompositionConfig(max_iterations=3, tolerance=1e-3)),
-    "qr_keep_descending_order": (("descending", 1, 0.0), QREigendecompositionConfig(keep_descending_order=True)),
+    "qr_3_iterations_tolerance_1e-3": (
+        ("qr", 3, 1e-3),
+        QREigendecompositionConfig(max_iterations=3, tolerance=1e-3),
+    ),
+    "qr_keep_descending_order": (
+        ("descending", 1, 0.0),
+        QREigendecompositionConfig(keep_descending_order=True),
+    ),
 }
 
 
@@ -228,9 +262,15 @@ def test_qr_refresh_pairs_d_with_the_re_sorted_columns() -> None:
     h = {**REFRESHES, "solver": ("qr", 1, 0.0)}
     params, grads = _params_and_grads(4, 30)
     unsorted = _reference(params, grads, {**h, "sort": False})
-    _run(_optimizer(params, h, amortized_computation_config=QREigendecompositionConfig()), params, grads)
-    worst = max((torch.linalg.vector_norm(p.detach() - e) / torch.linalg.vector_norm(e)).item()
-                for p, e in zip(params, unsorted))
+    _run(
+        _optimizer(params, h, amortized_computation_config=QREigendecompositionConfig()),
+        params,
+        grads,
+    )
+    worst = max(
+        (torch.linalg.vector_norm(p.detach() - e) / torch.linalg.vector_norm(e)).item()
+        for p, e in zip(params, unsorted)
+    )
     assert worst > 1e-3
 
 
@@ -252,7 +292,9 @@ def test_qr_eigenbasis_converges_to_the_eigh_subspaces() -> None:
     exact, ok = eigh_eigenbasis(matrices)
     assert ok.all()
     # Start from a perturbed eigenbasis, as after the factors moved since the last computation.
-    start = torch.linalg.qr(exact + 0.05 * torch.randn(3, 6, 6, generator=gen, dtype=torch.float64)).Q
+    start = torch.linalg.qr(
+        exact + 0.05 * torch.randn(3, 6, 6, generator=gen, dtype=torch.float64)
+    ).Q
     one, _ = qr_eigenbasis(matrices, start, max_iterations=1, tolerance=0.0)
     many, ok = qr_eigenbasis(matrices, start, max_iterations=300, tolerance=1e-14)
     assert ok.all()
@@ -281,10 +323,17 @@ def test_state_dict_round_trip_and_bit_exact_resume() -> None:
     snapshot = [p.detach().clone() for p in params]
     _run(opt, params, grads[5:])
 
-    state = {i: {k: v.clone() for k, v in flatten_tree(e).items()} for i, e in opt.state_dict()["state"].items()}
-    assert {"block_0.shampoo.factor_matrices.0", "block_0.shampoo.factor_matrices_eigenvectors.1",
-            "block_0.shampoo.corrected_eigenvalues", "block_0.shampoo.eigenvectors_computed.0",
-            "step"} <= set(state[0])
+    state = {
+        i: {k: v.clone() for k, v in flatten_tree(e).items()}
+        for i, e in opt.state_dict()["state"].items()
+    }
+    assert {
+        "block_0.shampoo.factor_matrices.0",
+        "block_0.shampoo.factor_matrices_eigenvectors.1",
+        "block_0.shampoo.corrected_eigenvalues",
+        "block_0.shampoo.eigenvectors_computed.0",
+        "step",
+    } <= set(state[0])
 
     resumed = [torch.nn.Parameter(s.clone()) for s in snapshot]
     opt2 = _optimizer(resumed, h, amortized_computation_config=qr)
@@ -300,10 +349,16 @@ def test_state_dict_round_trip_and_bit_exact_resume() -> None:
             assert torch.equal(value, state[index][key]), key
 
 
-def test_failed_eigendecomposition_keeps_the_basis_and_counts(caplog: pytest.LogCaptureFixture) -> None:
+def test_failed_eigendecomposition_keeps_the_basis_and_counts(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     w = torch.nn.Parameter(torch.zeros(4, 3, dtype=torch.float64))
     opt = DistributedShampoo(
-        [w], lr=0.1, betas=(0.0, 0.9), epsilon=1e-8, max_preconditioner_dim=MAX_DIM,
+        [w],
+        lr=0.1,
+        betas=(0.0, 0.9),
+        epsilon=1e-8,
+        max_preconditioner_dim=MAX_DIM,
         preconditioner_config=EigenvalueCorrectedShampooPreconditionerConfig(
             num_tolerated_failed_amortized_computations=1, **F64
         ),
@@ -328,29 +383,63 @@ def test_failed_eigendecomposition_keeps_the_basis_and_counts(caplog: pytest.Log
     ("factory", "field"),
     [
         # A root solver that is not an eigendecomposition (EigenConfig is one, as in the reference).
-        (lambda: EigenvalueCorrectedShampooPreconditionerConfig(amortized_computation_config=CoupledNewtonConfig()),
-         "amortized_computation_config"),
-        (lambda: EigenvalueCorrectedShampooPreconditionerConfig(factor_matrix_dtype=torch.int32),
-         "factor_matrix_dtype"),
-        (lambda: EigenvalueCorrectedShampooPreconditionerConfig(corrected_eigenvalues_dtype="float"),
-         "corrected_eigenvalues_dtype"),
-        (lambda: EigenvalueCorrectedShampooPreconditionerConfig(ignored_basis_change_dims={2: [2]}),
-         "ignored_basis_change_dims"),
-        (lambda: EigenvalueCorrectedShampooPreconditionerConfig(ignored_basis_change_dims={2: [0, 0]}),
-         "ignored_basis_change_dims"),
-        (lambda: EigenvalueCorrectedShampooPreconditionerConfig(ignored_basis_change_dims={-1: [0]}),
-         "ignored_basis_change_dims"),
-        (lambda: EigenvalueCorrectedShampooPreconditionerConfig(inverse_exponent_override={2: 0.0}),
-         "inverse_exponent_override"),
-        (lambda: EigenvalueCorrectedShampooPreconditionerConfig(num_tolerated_failed_amortized_computations=-1),
-         "num_tolerated_failed_amortized_computations"),
+        (
+            lambda: EigenvalueCorrectedShampooPreconditionerConfig(
+                amortized_computation_config=CoupledNewtonConfig()
+            ),
+            "amortized_computation_config",
+        ),
+        (
+            lambda: EigenvalueCorrectedShampooPreconditionerConfig(factor_matrix_dtype=torch.int32),
+            "factor_matrix_dtype",
+        ),
+        (
+            lambda: EigenvalueCorrectedShampooPreconditionerConfig(
+                corrected_eigenvalues_dtype="float"
+            ),
+            "corrected_eigenvalues_dtype",
+        ),
+        (
+            lambda: EigenvalueCorrectedShampooPreconditionerConfig(
+                ignored_basis_change_dims={2: [2]}
+            ),
+            "ignored_basis_change_dims",
+        ),
+        (
+            lambda: EigenvalueCorrectedShampooPreconditionerConfig(
+                ignored_basis_change_dims={2: [0, 0]}
+            ),
+            "ignored_basis_change_dims",
+        ),
+        (
+            lambda: EigenvalueCorrectedShampooPreconditionerConfig(
+                ignored_basis_change_dims={-1: [0]}
+            ),
+            "ignored_basis_change_dims",
+        ),
+        (
+            lambda: EigenvalueCorrectedShampooPreconditionerConfig(
+                inverse_exponent_override={2: 0.0}
+            ),
+            "inverse_exponent_override",
+        ),
+        (
+            lambda: EigenvalueCorrectedShampooPreconditionerConfig(
+                num_tolerated_failed_amortized_computations=-1
+            ),
+            "num_tolerated_failed_amortized_computations",
+        ),
         (lambda: QREigendecompositionConfig(max_iterations=0), "max_iterations"),
         (lambda: QREigendecompositionConfig(tolerance=1.5), "tolerance"),
         (lambda: QREigendecompositionConfig(keep_descending_order=1), "keep_descending_order"),
         (lambda: EighEigendecompositionConfig(retry_double_precision=1), "retry_double_precision"),
         # Root-inverse Shampoo needs eigenvalues too: a QR eigenbasis solver is rejected there.
-        (lambda: RootInvShampooPreconditionerConfig(amortized_computation_config=QREigendecompositionConfig()),
-         "amortized_computation_config"),
+        (
+            lambda: RootInvShampooPreconditionerConfig(
+                amortized_computation_config=QREigendecompositionConfig()
+            ),
+            "amortized_computation_config",
+        ),
     ],
 )
 def test_invalid_configs_name_the_field(factory: Any, field: str) -> None:

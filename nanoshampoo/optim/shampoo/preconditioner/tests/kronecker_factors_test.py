@@ -74,7 +74,9 @@ def test_failures_are_counted_warned_and_raised_past_the_tolerance(
     stats = KroneckerFactors([bucket], torch.float32, lambda b, dim: b.shape[dim])
     pool = stats.pools[2]
     # Row 0 fails, row 2 succeeds; row 1 is solved only when all rows are.
-    failed_first = torch.tensor([False, True]) if rows is not None else torch.tensor([False, True, True])
+    failed_first = (
+        torch.tensor([False, True]) if rows is not None else torch.tensor([False, True, True])
+    )
     all_ok = torch.ones_like(failed_first)
 
     def solve(ok: torch.Tensor) -> None:
@@ -111,7 +113,9 @@ def test_share_rows_cover_every_factor_once_balanced_by_cost() -> None:
     small = BlockBucket((4,), torch.float32, torch.device("cpu"), ("b block_0",) * 4)
     stats = KroneckerFactors([big, small], torch.float32, lambda b, dim: b.shape[dim])
     shares = stats.share_rows(3)
-    solved = sorted((key, row) for share in shares for key, rows in share.items() for row in rows.tolist())
+    solved = sorted(
+        (key, row) for share in shares for key, rows in share.items() for row in rows.tolist()
+    )
     assert solved == [(4, r) for r in range(4)] + [(8, r) for r in range(4)]
     # Four 8x8 factors (cost 512) and four 4x4 ones (64) over 3 shares: 2 + 1 + 1 big ones,
     # the small ones on the two lighter shares.

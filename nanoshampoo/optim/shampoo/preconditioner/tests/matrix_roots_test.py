@@ -39,10 +39,14 @@ def _rank_deficient_float32(n: int = 48, rank: int = 1, scale: float = 5000.0) -
 
 
 @pytest.mark.parametrize("perturb_before", [True, False])
-def test_plain_shift_is_finite_when_lambda_min_is_far_below_minus_epsilon(perturb_before: bool) -> None:
+def test_plain_shift_is_finite_when_lambda_min_is_far_below_minus_epsilon(
+    perturb_before: bool,
+) -> None:
     factor = _rank_deficient_float32()
     assert float(torch.linalg.eigvalsh(factor).min()) < -1e-9  # the case that used to give inf
-    stability = PerturbationConfig(perturb_before_computation=perturb_before, eigenvalue_floor_rtol=0.0)
+    stability = PerturbationConfig(
+        perturb_before_computation=perturb_before, eigenvalue_floor_rtol=0.0
+    )
     roots, ok = eigh_inverse_root(factor, torch.tensor([0.5]), 1e-12, stability=stability)
     assert bool(ok.all()) and bool(torch.isfinite(roots).all())
 
@@ -66,16 +70,21 @@ def test_spectrum_rules_match_the_float64_formula(rule: str) -> None:
     factors = g @ g.mT  # rank 3 of 6
     rtol = 1e-6
     stability = (
-        PseudoInverseConfig(rank_rtol=rtol) if rule == "pinv"
+        PseudoInverseConfig(rank_rtol=rtol)
+        if rule == "pinv"
         else PerturbationConfig(perturb_before_computation=False, eigenvalue_floor_rtol=rtol)
     )
     eps = 0.0 if rule == "pinv" else 1e-12
-    roots, ok = eigh_inverse_root(factors, torch.tensor([0.25, 0.5], dtype=torch.float64), eps, stability=stability)
+    roots, ok = eigh_inverse_root(
+        factors, torch.tensor([0.25, 0.5], dtype=torch.float64), eps, stability=stability
+    )
     assert bool(ok.all())
     for index, exponent in enumerate((0.25, 0.5)):
         a = factors[index].numpy()
         expected = _numpy_root(a, exponent, rule, eps, rtol * np.linalg.eigvalsh(a).max())
-        np.testing.assert_allclose(roots[index].numpy(), expected, rtol=1e-7, atol=1e-7 * np.abs(expected).max())
+        np.testing.assert_allclose(
+            roots[index].numpy(), expected, rtol=1e-7, atol=1e-7 * np.abs(expected).max()
+        )
 
 
 def test_pseudo_inverse_drops_the_null_space() -> None:
@@ -132,9 +141,18 @@ def test_eigh_eigenbasis_of_float32_and_float64_factors_agree_on_the_null_space(
 @pytest.mark.parametrize(
     ("factory", "field"),
     [
-        (lambda: EigenConfig(rank_deficient_stability_config="perturb"), "rank_deficient_stability_config"),
-        (lambda: EighEigendecompositionConfig(rank_deficient_stability_config=None), "rank_deficient_stability_config"),
-        (lambda: QREigendecompositionConfig(rank_deficient_stability_config=1), "rank_deficient_stability_config"),
+        (
+            lambda: EigenConfig(rank_deficient_stability_config="perturb"),
+            "rank_deficient_stability_config",
+        ),
+        (
+            lambda: EighEigendecompositionConfig(rank_deficient_stability_config=None),
+            "rank_deficient_stability_config",
+        ),
+        (
+            lambda: QREigendecompositionConfig(rank_deficient_stability_config=1),
+            "rank_deficient_stability_config",
+        ),
         (lambda: PerturbationConfig(perturb_before_computation=1), "perturb_before_computation"),
         (lambda: PerturbationConfig(eigenvalue_floor_rtol=-1.0), "eigenvalue_floor_rtol"),
         (lambda: PseudoInverseConfig(rank_atol=float("inf")), "rank_atol"),

@@ -39,7 +39,11 @@ def orthonormal(count: int, size: int, seed: int) -> torch.Tensor:
 def explicit_ratio(a: torch.Tensor, q: torch.Tensor) -> float:
     b = q.T @ a @ q
     total = torch.linalg.matrix_norm(b).item()
-    return 0.0 if total == 0.0 else torch.linalg.matrix_norm(b - torch.diag(b.diagonal())).item() / total
+    return (
+        0.0
+        if total == 0.0
+        else torch.linalg.matrix_norm(b - torch.diag(b.diagonal())).item() / total
+    )
 
 
 def test_one_product_ratio_equals_explicit_projection() -> None:
@@ -86,7 +90,9 @@ def test_stacked_qr_split_equals_batched(threads: None) -> None:
         assert torch.allclose(split[1], batched[1], rtol=tolerance, atol=0.0)
 
 
-def explicit_refresh(a: torch.Tensor, q: torch.Tensor, iterations: int, tolerance: float) -> torch.Tensor:
+def explicit_refresh(
+    a: torch.Tensor, q: torch.Tensor, iterations: int, tolerance: float
+) -> torch.Tensor:
     for _ in range(iterations):
         if explicit_ratio(a, q) <= tolerance:
             break

@@ -60,7 +60,9 @@ def blocks_of(tensor: torch.Tensor) -> list[torch.Tensor]:
 
 def run_shampoo(steps: int, **settings: object) -> list[torch.Tensor]:
     params = [torch.nn.Parameter(p) for p in initial_params(torch.float32)]
-    optimizer = DistributedShampoo(params, **{"epsilon": 1e-12, "max_preconditioner_dim": 8, **settings})
+    optimizer = DistributedShampoo(
+        params, **{"epsilon": 1e-12, "max_preconditioner_dim": 8, **settings}
+    )
     for _ in range(steps):
         optimizer.zero_grad()
         loss_of(params).backward()
@@ -85,8 +87,12 @@ def test_config_defaults_and_validation() -> None:
         SignDescentPreconditionerConfig(scale_fn=2.0)
 
 
-@pytest.mark.parametrize("scale_fn", [None, l1_scale, inverse_sqrt_size], ids=["unit", "l1_tensor", "float"])
-def test_sign_descent_matches_a_float64_loop(scale_fn: Callable[[torch.Tensor], object] | None) -> None:
+@pytest.mark.parametrize(
+    "scale_fn", [None, l1_scale, inverse_sqrt_size], ids=["unit", "l1_tensor", "float"]
+)
+def test_sign_descent_matches_a_float64_loop(
+    scale_fn: Callable[[torch.Tensor], object] | None,
+) -> None:
     """``betas[0] = 0``: ``W <- W - lr sign(G) scale_fn(G)`` per block, from step 1 even with a
     ``precondition_frequency`` of 100 (stateless: taken as 1)."""
     config = SignDescentPreconditionerConfig(**({} if scale_fn is None else {"scale_fn": scale_fn}))
@@ -120,8 +126,13 @@ def lion_float64(lr: float, beta1: float, beta2: float, weight_decay: float) -> 
 def test_lion_is_sign_descent_of_the_two_beta_filter(use_bias_correction: bool) -> None:
     lr, beta1, beta2, wd = 3e-3, 0.9, 0.99, 0.1
     ours = run_shampoo(
-        STEPS, lr=lr, betas=(beta2, 1.0), beta3=beta1, weight_decay=wd,
-        use_bias_correction=use_bias_correction, preconditioner_config=DefaultSignDescentPreconditionerConfig,
+        STEPS,
+        lr=lr,
+        betas=(beta2, 1.0),
+        beta3=beta1,
+        weight_decay=wd,
+        use_bias_correction=use_bias_correction,
+        preconditioner_config=DefaultSignDescentPreconditionerConfig,
     )
     for a, b in zip(ours, lion_float64(lr, beta1, beta2, wd)):
         torch.testing.assert_close(a.double(), b, rtol=1e-6, atol=1e-6)
@@ -134,8 +145,13 @@ def test_zero_gradient_entries_take_no_step_and_tiny_ones_stay_finite(grafted: b
     params = [torch.nn.Parameter(p) for p in initial_params(torch.float32)]
     grafting = AdamPreconditionerConfig(beta2=0.999, epsilon=1e-8) if grafted else None
     optimizer = DistributedShampoo(
-        params, lr=0.01, betas=(0.9, 0.999), epsilon=1e-12, max_preconditioner_dim=8,
-        preconditioner_config=DefaultSignDescentPreconditionerConfig, grafting_config=grafting,
+        params,
+        lr=0.01,
+        betas=(0.9, 0.999),
+        epsilon=1e-12,
+        max_preconditioner_dim=8,
+        preconditioner_config=DefaultSignDescentPreconditionerConfig,
+        grafting_config=grafting,
     )
     before = [p.detach().clone() for p in params]
     for param in params:

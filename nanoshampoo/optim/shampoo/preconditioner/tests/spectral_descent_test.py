@@ -35,11 +35,19 @@ def numpy_polar(g: np.ndarray) -> np.ndarray:
     return u @ vt
 
 
-def _one_step_direction(params: list[torch.nn.Parameter], config: SpectralDescentPreconditionerConfig,
-                        grads: list[torch.Tensor]) -> list[torch.Tensor]:
+def _one_step_direction(
+    params: list[torch.nn.Parameter],
+    config: SpectralDescentPreconditionerConfig,
+    grads: list[torch.Tensor],
+) -> list[torch.Tensor]:
     """``-(W_1 - W_0)`` of one step with lr 1, no filtering, no grafting: the direction ``P``."""
-    opt = DistributedShampoo(params, lr=1.0, betas=(0.0, 1.0), max_preconditioner_dim=MAX_DIM,
-                             preconditioner_config=config)
+    opt = DistributedShampoo(
+        params,
+        lr=1.0,
+        betas=(0.0, 1.0),
+        max_preconditioner_dim=MAX_DIM,
+        preconditioner_config=config,
+    )
     before = [p.detach().clone() for p in params]
     for p, g in zip(params, grads):
         p.grad = g.clone()
@@ -51,19 +59,30 @@ def test_svd_mode_equals_u_vt_per_block() -> None:
     gen = torch.Generator().manual_seed(0)
     # (16, 5) -> two (8, 5) blocks in one bucket; (6, 5) and (3, 7) (wide) are their own buckets.
     shapes = [(16, 5), (6, 5), (3, 7)]
-    params = [torch.nn.Parameter(torch.randn(s, generator=gen, dtype=torch.float64)) for s in shapes]
+    params = [
+        torch.nn.Parameter(torch.randn(s, generator=gen, dtype=torch.float64)) for s in shapes
+    ]
     grads = [torch.randn(s, generator=gen, dtype=torch.float64) for s in shapes]
-    config = SpectralDescentPreconditionerConfig(orthogonalization_config=SVDOrthogonalizationConfig())
+    config = SpectralDescentPreconditionerConfig(
+        orthogonalization_config=SVDOrthogonalizationConfig()
+    )
     directions = _one_step_direction(params, config, grads)
     for g, direction in zip(grads, directions):
-        expected = np.concatenate([numpy_polar(block) for block in np.split(g.numpy(), range(8, g.shape[0], 8))])
+        expected = np.concatenate(
+            [numpy_polar(block) for block in np.split(g.numpy(), range(8, g.shape[0], 8))]
+        )
         np.testing.assert_allclose(direction.numpy(), expected, rtol=0, atol=1e-12)
 
 
 def test_svd_mode_scales_by_nuclear_norm_and_dims_and_maps_zero_to_zero() -> None:
     gen = torch.Generator().manual_seed(1)
-    params = [torch.nn.Parameter(torch.randn(6, 3, generator=gen, dtype=torch.float64)) for _ in range(2)]
-    grads = [torch.randn(6, 3, generator=gen, dtype=torch.float64), torch.zeros(6, 3, dtype=torch.float64)]
+    params = [
+        torch.nn.Parameter(torch.randn(6, 3, generator=gen, dtype=torch.float64)) for _ in range(2)
+    ]
+    grads = [
+        torch.randn(6, 3, generator=gen, dtype=torch.float64),
+        torch.zeros(6, 3, dtype=torch.float64),
+    ]
     method = SVDOrthogonalizationConfig(scale_by_nuclear_norm=True, scale_by_dims_fn=muon_scale)
     directions = _one_step_direction(params, SpectralDescentPreconditionerConfig(method), grads)
     g = grads[0].numpy()
@@ -72,7 +91,9 @@ def test_svd_mode_scales_by_nuclear_norm_and_dims_and_maps_zero_to_zero() -> Non
     assert torch.equal(directions[1], torch.zeros(6, 3, dtype=torch.float64))
 
 
-def _reference_newton_schulz_singular_values(s: np.ndarray, frobenius: float, steps: int) -> np.ndarray:
+def _reference_newton_schulz_singular_values(
+    s: np.ndarray, frobenius: float, steps: int
+) -> np.ndarray:
     """The iteration is an odd matrix polynomial: it maps each singular value by the scalar one.
 
     The implementation divides by ``||G||_F + 1e-7`` (the 1e-7 keeps zero blocks zero).
@@ -85,7 +106,9 @@ def _reference_newton_schulz_singular_values(s: np.ndarray, frobenius: float, st
 
 
 @pytest.mark.parametrize("shape", [(16, 32), (32, 16), (24, 24)])
-def test_newton_schulz_maps_singular_values_by_the_scalar_polynomial(shape: tuple[int, int]) -> None:
+def test_newton_schulz_maps_singular_values_by_the_scalar_polynomial(
+    shape: tuple[int, int],
+) -> None:
     gen = torch.Generator().manual_seed(2)
     g = torch.randn(3, *shape, generator=gen, dtype=torch.float64)
     out = newton_schulz_orthogonalize(g, MUON, 5)
@@ -135,14 +158,23 @@ def test_newton_schulz_through_the_optimizer_matches_the_function() -> None:
 
 def test_vector_blocks_are_rejected_naming_the_field() -> None:
     model = torch.nn.Linear(4, 3)  # weight (3, 4) stays 2-D with max dim 8; bias (3,) is 1-D
-    with pytest.raises(ValueError, match=r"^preconditioner_config: .*blocks of >= 2 dims.*'bias'.*shape \(3,\)"):
-        DistributedShampoo(model.named_parameters(), max_preconditioner_dim=MAX_DIM,
-                           preconditioner_config=SpectralDescentPreconditionerConfig())
+    with pytest.raises(
+        ValueError, match=r"^preconditioner_config: .*blocks of >= 2 dims.*'bias'.*shape \(3,\)"
+    ):
+        DistributedShampoo(
+            model.named_parameters(),
+            max_preconditioner_dim=MAX_DIM,
+            preconditioner_config=SpectralDescentPreconditionerConfig(),
+        )
     # Spectral descent merges only down to matrices (target_parameter_dimensionality 2, as in
     # the reference library): under the default max_preconditioner_dim (3 * 4 <= 1024) the
     # weight stays a (3, 4) block instead of merging into a vector.
-    optimizer = DistributedShampoo([model.weight], preconditioner_config=SpectralDescentPreconditionerConfig())
-    assert [tuple(b.shape) for b in optimizer._runtimes[0].distributor.local_blocked_params] == [(3, 4)]
+    optimizer = DistributedShampoo(
+        [model.weight], preconditioner_config=SpectralDescentPreconditionerConfig()
+    )
+    assert [tuple(b.shape) for b in optimizer._runtimes[0].distributor.local_blocked_params] == [
+        (3, 4)
+    ]
 
 
 @pytest.mark.parametrize(
@@ -150,12 +182,19 @@ def test_vector_blocks_are_rejected_naming_the_field() -> None:
     [
         (lambda: NewtonSchulzOrthogonalizationConfig(num_iterations=0), "num_iterations"),
         (lambda: NewtonSchulzOrthogonalizationConfig(coefficients=(1.0, 2.0)), "coefficients"),
-        (lambda: NewtonSchulzOrthogonalizationConfig(coefficients=(1.0, float("nan"), 0.0)), "coefficients"),
+        (
+            lambda: NewtonSchulzOrthogonalizationConfig(coefficients=(1.0, float("nan"), 0.0)),
+            "coefficients",
+        ),
         (lambda: NewtonSchulzOrthogonalizationConfig(scale_by_dims_fn=2.0), "scale_by_dims_fn"),
         (lambda: NewtonSchulzOrthogonalizationConfig(compute_dtype=torch.int32), "compute_dtype"),
         (lambda: SVDOrthogonalizationConfig(scale_by_nuclear_norm="yes"), "scale_by_nuclear_norm"),
-        (lambda: SpectralDescentPreconditionerConfig(orthogonalization_config=AdamPreconditionerConfig()),
-         "orthogonalization_config"),
+        (
+            lambda: SpectralDescentPreconditionerConfig(
+                orthogonalization_config=AdamPreconditionerConfig()
+            ),
+            "orthogonalization_config",
+        ),
     ],
 )
 def test_invalid_configs_name_the_field(factory: Any, field: str) -> None:
@@ -172,12 +211,20 @@ def test_state_dict_round_trip_and_bit_exact_resume() -> None:
     def build(weights: list[torch.Tensor]) -> tuple[list[torch.nn.Parameter], DistributedShampoo]:
         params = [torch.nn.Parameter(w.clone()) for w in weights]
         return params, DistributedShampoo(
-            params, lr=0.02, betas=(0.95, 0.99), momentum=0.5, use_nesterov=True, weight_decay=0.01,
-            max_preconditioner_dim=MAX_DIM, grafting_config=AdamPreconditionerConfig(),
+            params,
+            lr=0.02,
+            betas=(0.95, 0.99),
+            momentum=0.5,
+            use_nesterov=True,
+            weight_decay=0.01,
+            max_preconditioner_dim=MAX_DIM,
+            grafting_config=AdamPreconditionerConfig(),
             preconditioner_config=SpectralDescentPreconditionerConfig(),
         )
 
-    def run(params: list[torch.nn.Parameter], opt: DistributedShampoo, steps: list[list[torch.Tensor]]) -> None:
+    def run(
+        params: list[torch.nn.Parameter], opt: DistributedShampoo, steps: list[list[torch.Tensor]]
+    ) -> None:
         for step_grads in steps:
             for p, g in zip(params, step_grads):
                 p.grad = g.clone()

@@ -116,7 +116,9 @@ def test_unsupported_storage_builds_and_raises_not_implemented_at_conversion(
         quantized.dequantize(torch.float16)
     with pytest.raises(NotImplementedError, match=rf"QuantizedTensor storage dtype: {unsupported}"):
         quantized.quantize(torch.ones(3))
-    qlist = QuantizedTensorList([(torch.zeros(3, dtype=dtype), None, None)] * 2, dtype, torch.float64)
+    qlist = QuantizedTensorList(
+        [(torch.zeros(3, dtype=dtype), None, None)] * 2, dtype, torch.float64
+    )
     assert len(qlist) == 2
     storage = rf"QuantizedTensorList storage dtype: {unsupported}"
     with pytest.raises(NotImplementedError, match=storage):

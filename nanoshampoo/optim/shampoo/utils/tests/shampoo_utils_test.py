@@ -72,8 +72,13 @@ def test_merge_small_dims_matches_reference_and_keeps_numel(threshold: int, targ
 
 @pytest.mark.parametrize(
     ("shape", "expected"),
-    [((1, 2, 5, 1), (1, 2, 5, 1)), ((), ()), ((1,), (1,)), ((32, 3, 64, 64), (32, 3, 64, 64)),
-     ((4, 0, 1), (0,))],
+    [
+        ((1, 2, 5, 1), (1, 2, 5, 1)),
+        ((), ()),
+        ((1,), (1,)),
+        ((32, 3, 64, 64), (32, 3, 64, 64)),
+        ((4, 0, 1), (0,)),
+    ],
     ids=str,
 )
 def test_merge_small_dims_inf_target_keeps_the_shape(
@@ -91,7 +96,10 @@ def test_merge_small_dims_accepts_torch_size_and_lists() -> None:
 
 @pytest.mark.parametrize("target", [2.0, 0.5, -math.inf, math.nan])
 def test_merge_small_dims_rejects_finite_float_targets(target: float) -> None:
-    with pytest.raises(InvalidArgumentError, match=r"target_tensor_dimensionality must be an int >= 1 or math.inf, got"):
+    with pytest.raises(
+        InvalidArgumentError,
+        match=r"target_tensor_dimensionality must be an int >= 1 or math.inf, got",
+    ):
         merge_small_dims((2, 3), 10, target)
 
 
