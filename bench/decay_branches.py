@@ -6,8 +6,8 @@ separate runs of ``round(b N)`` steps for every fraction and of ``N`` steps, eac
 trainer's command line in its own process (``python -m nanoshampoo.train --preset P
 --num-iterations K --cooldown-frac c --val-every 0 --save-final-checkpoint false --compile false
 --progress false`` plus ``--train-args``), same seed; which side goes first alternates with
-``c``. Measured: each process's wall time (start-up, data, validations included) and the
-training time of every step it took (for the branched run: the main run's, plus each branch's
+``c``. Measured: each process's wall time and CPU time (start-up, data, validations included)
+and the training time of every step it took (for the branched run: the main run's, plus each branch's
 own, from its record's time less the main run's time at its fork).
 
 Expected: the branched run takes ``N + sum(N_b - fork_b)`` optimizer steps (the forks from
@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shlex
 import subprocess
 import sys
@@ -63,7 +64,8 @@ def train(
     args: argparse.Namespace,
     fractions: Sequence[float] = (),
 ) -> dict[str, Any]:
-    """One trainer process; its wall time, its log's training time and final losses."""
+    """One trainer process; its wall time, its CPU time (user + system, which a busy machine
+    inflates far less than the wall time), its log's training time and final losses."""
     command = [
         sys.executable,
         "-m",
@@ -92,9 +94,10 @@ def train(
     ]
     if fractions:
         command += ["--decay-branches", ",".join(map(str, fractions))]
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), _children_cpu_s()
     subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
     wall = time.perf_counter() - start
+    cpu = _children_cpu_s() - cpu_start
     log = out_dir / f"{run_id}.jsonl"
     run = read_run(log)
     records = [json.loads(line) for line in log.read_text().splitlines()]
@@ -102,9 +105,16 @@ def train(
     branch_ms = sum(b.train_time_ms - at_step[b.fork_step] for b in run.branches.values())
     return {
         "wall_s": wall,
+        "cpu_s": cpu,
         "train_time_s": (run.train_time_ms + branch_ms) / 1000,
         "final_losses": {str(k): v for k, v in run.final_losses_by_steps().items()},
     }
+
+
+def _children_cpu_s() -> float:
+    """User + system seconds of every finished child process so far."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def compare(cooldown: float, first: str, args: argparse.Namespace, work: Path) -> dict[str, Any]:
@@ -135,6 +145,9 @@ def compare(cooldown: float, first: str, args: argparse.Namespace, work: Path) -
         "branched_wall_s": one["wall_s"],
         "separate_wall_s": separate_wall,
         "measured_ratio": one["wall_s"] / separate_wall,
+        "branched_cpu_s": one["cpu_s"],
+        "separate_cpu_s": sum(r["cpu_s"] for r in alone),
+        "measured_cpu_ratio": one["cpu_s"] / sum(r["cpu_s"] for r in alone),
         "branched_train_time_s": one["train_time_s"],
         "separate_train_time_s": separate_train,
         "measured_train_time_ratio": one["train_time_s"] / separate_train,
@@ -170,7 +183,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         print(
             f"cooldown {cooldown}: branched {r['branched_wall_s']:.1f} s "
             f"({r['branched_steps']} steps) vs separate {r['separate_wall_s']:.1f} s "
-            f"({r['separate_steps']} steps): measured {r['measured_ratio']:.3f} (training "
+            f"({r['separate_steps']} steps): measured {r['measured_ratio']:.3f} (CPU time "
+            f"{r['measured_cpu_ratio']:.3f}, training "
             f"time {r['measured_train_time_ratio']:.3f}), expected "
             f"{r['expected_ratio']:.3f} (N(1 + c sum b) / N(1 + sum b) = "
             f"{r['formula_ratio']:.3f}); same final losses: {r['same_final_loss']}"
