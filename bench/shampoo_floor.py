@@ -32,7 +32,7 @@ printed: medians over rounds.
 
 Usage:
     python bench/shampoo_floor.py [--shapes 768x768,...] [--max-preconditioner-dim 1024]
-        [--frequency 1] [--rounds 5] [--steps 3] [--threads 1] [--json OUT]
+        [--frequency 1] [--rounds 5] [--steps 3] [--threads 0] [--json OUT]
 
 Measured figures and their command:
 ``docs/results/peers.md`` "Shampoo at frequency 1: the floor" and "Shampoo at frequency 10: the floor".
@@ -59,6 +59,7 @@ from nanoshampoo.optim.shampoo import (
     RootInvShampooPreconditionerConfig,
 )
 from nanoshampoo.optim.shampoo.preconditioner.parallel_eigh import parallel_width, stacked_eigh
+from nanoshampoo.train.hardware import available_cores
 
 GPT_SMALL_SHAPES = "768x768,768x768,768x768,768x768,768x3072,3072x768"
 
@@ -248,7 +249,13 @@ def main(argv: Sequence[str] | None = None) -> dict[str, object]:
     parser.add_argument(
         "--steps", type=int, default=3, help="our timed windows of F steps per round"
     )
-    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=0,
+        help="intra-op threads; 0 (default): every available core, as a training run on idle "
+        "cores uses",
+    )
     parser.add_argument("--json", default="")
     args = parser.parse_args(argv)
     parse_shapes(args.shapes)
@@ -256,10 +263,12 @@ def main(argv: Sequence[str] | None = None) -> dict[str, object]:
     if len(gemm) != 3 or not all(p.isdigit() and int(p) > 0 for p in gemm):
         raise ValueError(f"--gemm-shape: expected MxKxN, got {args.gemm_shape!r}")
     args.gemm_shape = tuple(int(p) for p in gemm)
-    for name in ("max_preconditioner_dim", "frequency", "rounds", "steps", "threads"):
+    for name in ("max_preconditioner_dim", "frequency", "rounds", "steps"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
-    torch.set_num_threads(args.threads)
+    if args.threads < 0:
+        raise ValueError(f"--threads must be >= 0, got {args.threads}")
+    torch.set_num_threads(args.threads or available_cores())
     result = measure(args)
     print(report(result))
     if args.json:

@@ -8,7 +8,10 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
+import torch
 from bench_scripts_test import load_script
+
+from nanoshampoo.train.hardware import available_cores
 
 
 @pytest.fixture(scope="module")
@@ -51,29 +54,37 @@ def test_tiny_run_reports_ours_over_its_floor(
     floor: ModuleType, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     out = tmp_path / "floor.json"
-    result = floor.main(
-        [
-            "--shapes",
-            "16x16,16x40",
-            "--max-preconditioner-dim",
-            "32",
-            "--rounds",
-            "2",
-            "--steps",
-            "2",
-            "--gemm-shape",
-            "32x32x32",
-            "--json",
-            str(out),
-        ]
-    )
+    threads_before = torch.get_num_threads()
+    try:
+        result = floor.main(
+            [
+                "--shapes",
+                "16x16,16x40",
+                "--max-preconditioner-dim",
+                "32",
+                "--rounds",
+                "2",
+                "--steps",
+                "2",
+                "--gemm-shape",
+                "32x32x32",
+                "--json",
+                str(out),
+            ]
+        )
+    finally:
+        torch.set_num_threads(threads_before)
+    # By default the bench uses the threads a run on idle cores uses: every available core.
+    assert result["threads"] == available_cores()
+    printed = capsys.readouterr().out
+    assert f"{available_cores()} threads" in printed.splitlines()[0]
+    assert "ours / floor" in printed
     assert result["factors_per_size"] == {8: 1, 16: 4, 32: 1}
     for r in result["rounds"]:
         assert r["floor_ms"] > 0 and r["ours_over_floor"] == pytest.approx(
             r["ours_ms"] / r["floor_ms"]
         )
     assert json.loads(out.read_text())["ours_over_floor"] == result["ours_over_floor"]
-    assert "ours / floor" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize(
