@@ -132,7 +132,8 @@ def main(argv: list[str] | None = None) -> int:
         print("noise of a bfloat16 EMA factor, |L_bf16 - L_64|_2 / lambda_max, in units of 2^-8:")
         for size, cols in ((128, 512), (512, 128), (128, 128)):
             print(
-                f"  {size}x{size} factor of {size}x{cols} gradients: {storage_noise(size, cols):.2f}"
+                f"  {size}x{size} factor of {size}x{cols} gradients: "
+                f"{storage_noise(size, cols):.2f}"
             )
         rows: list[tuple[str, torch.dtype, float | None]] = [
             ("float32 factors, default floor", torch.float32, None),

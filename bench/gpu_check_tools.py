@@ -256,7 +256,8 @@ def format_markdown(summary: dict[str, Any], work: Path) -> str:
         "",
         where or "environment not recorded",
         "",
-        f"Total {summary['total_seconds']:.0f} s; {summary['passed']}/{len(summary['steps'])} steps passed.",
+        f"Total {summary['total_seconds']:.0f} s; {summary['passed']}/{len(summary['steps'])} "
+        "steps passed.",
         "",
         "| step | status | seconds | limit s |",
         "|---|---|---|---|",

@@ -115,7 +115,8 @@ def example5(args: argparse.Namespace) -> None:
         )
         config = "DefaultSOAPConfig" if qr else "DefaultEigenvalueCorrectedShampooConfig"
         print(
-            f"{config}, {args.steps} steps: ours vs reference {max_relative(runs['ours'], runs['reference']):.2e}, "
+            f"{config}, {args.steps} steps: ours vs reference "
+            f"{max_relative(runs['ours'], runs['reference']):.2e}, "
             f"reference vs AdamW {max_relative(runs['reference'], runs['adamw']):.2e}, "
             f"ours vs AdamW {max_relative(runs['ours'], runs['adamw']):.2e}"
         )
@@ -196,7 +197,8 @@ def variants(args: argparse.Namespace) -> None:
                 runs.append(train(model, optimizer, args.steps, features=12))
             label = name if grafting is None else f"{name}, grafting {grafting}"
             print(
-                f"{label}: {args.steps} float64 steps, ours vs reference {max_relative(runs[1], runs[0]):.2e}"
+                f"{label}: {args.steps} float64 steps, ours vs reference "
+                f"{max_relative(runs[1], runs[0]):.2e}"
             )
 
 

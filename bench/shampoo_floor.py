@@ -231,8 +231,8 @@ def report(result: dict[str, object]) -> str:
             f"{result['load_average']:.2f}",
             f"eigh (per size, every root computation): {eigh}; per step "
             f"{result['eigh_ms_per_step']:.1f} ms",
-            f"GEMMs per step: {result['gemm_gflop']:.2f} GFLOP at {result['gemm_gflop_s']:.1f} GFLOP/s = "
-            f"{result['gemm_ms_at_rate']:.1f} ms",
+            f"GEMMs per step: {result['gemm_gflop']:.2f} GFLOP at "
+            f"{result['gemm_gflop_s']:.1f} GFLOP/s = {result['gemm_ms_at_rate']:.1f} ms",
             f"floor {result['floor_ms']:.1f} ms; ours {result['ours_ms']:.1f} ms; "
             f"ours / floor {result['ours_over_floor']:.2f}x (medians over rounds)",
         ]

@@ -319,10 +319,12 @@ def main() -> None:
         ),
     ]
     print(
-        f"root-inverse Shampoo: float32 vs float64 plain (epsilon={EPSILON}); cpu ms at GPT-small, 1 thread"
+        f"root-inverse Shampoo: float32 vs float64 plain (epsilon={EPSILON}); cpu ms at GPT-small, "
+        "1 thread"
     )
     print(
-        f"{'option':40s} {'5 steps':>8s} {'20 steps':>9s} {'one step':>9s} {'3 steps':>9s} {'cpu ms':>7s}"
+        f"{'option':40s} {'5 steps':>8s} {'20 steps':>9s} {'one step':>9s} {'3 steps':>9s} "
+        f"{'cpu ms':>7s}"
     )
     references = {steps: trajectory(shampoo(factor_dtype=F64), F64, steps) for steps in (5, 20)}
     for row in rows:
@@ -343,10 +345,12 @@ def main() -> None:
         print(f"{row.name:40s} {cells} {row.cost():7.0f}", flush=True)
 
     print(
-        "\nSOAP: float32 vs float64 (epsilon=1e-12); 'vs same' compares with float64 of the same option"
+        "\nSOAP: float32 vs float64 (epsilon=1e-12); 'vs same' compares with float64 of the same "
+        "option"
     )
     print(
-        f"{'option':40s} {'5 steps':>8s} {'20 steps':>9s} {'3 steps':>9s} {'vs same':>9s} {'cpu ms':>7s}"
+        f"{'option':40s} {'5 steps':>8s} {'20 steps':>9s} {'3 steps':>9s} {'vs same':>9s} "
+        f"{'cpu ms':>7s}"
     )
     soap_costs = {False: Cost(soap_cost(NO_FLOOR)), True: Cost(soap_cost(default))}
     for qr in (False, True):
@@ -366,7 +370,8 @@ def main() -> None:
                 trajectory(config, torch.float32, 20), trajectory(same64, F64, 20), start
             )
             print(
-                f"{('QR ' if qr else 'eigh ') + name:40s} {100 * errors[0]:7.2f}% {100 * errors[1]:8.2f}% "
+                f"{('QR ' if qr else 'eigh ') + name:40s} {100 * errors[0]:7.2f}% "
+                f"{100 * errors[1]:8.2f}% "
                 f"{100 * direction_error(config, plain64):8.3f}% {100 * same_error:8.3f}% "
                 f"{soap_costs[stability is not NO_FLOOR]():7.0f}",
                 flush=True,

@@ -191,8 +191,8 @@ def main() -> None:
         "1 thread per rank"
     )
     print(
-        "| world | mode | step (ms) | root step (ms) | sent/rank/step (MiB) | params+grads/rank (MiB) "
-        "| state/rank (MiB) | buffers/rank (MiB) |"
+        "| world | mode | step (ms) | root step (ms) | sent/rank/step (MiB) "
+        "| params+grads/rank (MiB) | state/rank (MiB) | buffers/rank (MiB) |"
     )
     print("|---|---|---|---|---|---|---|---|")
     ratios: dict[tuple[int, str], float] = {}

@@ -46,7 +46,8 @@ def main() -> None:
     for bf16, ts in times.items():
         med = statistics.median(ts)
         print(
-            f"autocast {'bf16' if bf16 else 'off'}: median step {1000 * med:.1f} ms, {tokens / med:,.0f} tok/s"
+            f"autocast {'bf16' if bf16 else 'off'}: median step {1000 * med:.1f} ms, "
+            f"{tokens / med:,.0f} tok/s"
         )
     print(
         f"speedup of bf16: {statistics.median(times[False]) / statistics.median(times[True]):.2f}x"

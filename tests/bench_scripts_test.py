@@ -381,7 +381,8 @@ def test_summary_names_failures_and_writes_three_files(tools: ModuleType, tmp_pa
     (work / "logs" / "trace.log").write_text("line\n" * 40 + "error: no trace files in /x\n")
     (work / "cuda_tests.xml").write_text(
         '<testsuites><testsuite tests="3" failures="1" errors="0" skipped="1">'
-        '<testcase classname="m" name="ok"/><testcase classname="m" name="bad"><failure/></testcase>'
+        '<testcase classname="m" name="ok"/><testcase classname="m" '
+        'name="bad"><failure/></testcase>'
         '<testcase classname="m" name="skip"><skipped/></testcase></testsuite></testsuites>'
     )
     summary = tools.summarize(work, out, "cuda", 12.0)

@@ -68,7 +68,8 @@ def _format_group(group: GroupReport, target: float) -> str:
             f"  final val loss   {_mean_std(group.final_val_loss, 4)}",
             f"  vs target {target:g}   "
             + (
-                f"t = {test.t_statistic:.3f}  p = {format_p(test.p_value)}  (one-sided, H1: mean < target)"
+                f"t = {test.t_statistic:.3f}  p = {format_p(test.p_value)}  (one-sided, H1: mean < "
+                "target)"
                 if test.p_value is not None
                 else "t-test needs at least 2 runs"
             ),

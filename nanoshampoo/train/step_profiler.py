@@ -109,7 +109,8 @@ class StepProfiler:
         """Mark the start of training step ``step_index`` (strictly increasing by one)."""
         if self._last_step is not None and step_index != self._last_step + 1:
             raise ValueError(
-                f"step_index: expected {self._last_step + 1} after {self._last_step}, got {step_index}"
+                f"step_index: expected {self._last_step + 1} after {self._last_step}, got "
+                f"{step_index}"
             )
         self._last_step = step_index
         # torch.profiler increments step_num and then asks the schedule; aligning step_num with

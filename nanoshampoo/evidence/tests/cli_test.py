@@ -159,7 +159,8 @@ def test_stats_reads_and_marks_diverged_runs(
     (group / "run_seed2.jsonl").write_text(
         '{"kind": "config", "run_id": "run_seed2", "seed": 2}\n'
         '{"kind": "val", "step": 0, "total_steps": 100, "val_loss": 9.0, "train_time_ms": 0.0}\n'
-        '{"kind": "diverged", "step": 40, "total_steps": 100, "reason": "loss is nan", "train_time_ms": "nan"}\n'
+        '{"kind": "diverged", "step": 40, "total_steps": 100, "reason": "loss is nan", '
+        '"train_time_ms": "nan"}\n'
     )
     (group / "run_seed3.jsonl").write_text(  # today's trainer: ran to the end, NaN written as null
         '{"kind": "config", "run_id": "run_seed3", "seed": 3}\n'

@@ -73,16 +73,19 @@ def write_jsonl(
 def write_txt(path: Path, final_loss: float, train_time_s: float) -> Path:
     lines = [
         "import torch",
-        'print0(f"step:{step}/{train_steps} val_loss:{val_loss:.4f} train_time:{t:.0f}ms step_avg:{a:.2f}ms")',
+        'print0(f"step:{step}/{train_steps} val_loss:{val_loss:.4f} train_time:{t:.0f}ms '
+        'step_avg:{a:.2f}ms")',
         "=" * 40,
     ]
     for step, loss, time_ms in curve_for(final_loss, train_time_s):
         avg = time_ms / max(step, 1)
         lines.append(
-            f"step:{step}/{TOTAL_STEPS} train_loss:{loss + 0.1:.4f} train_time:{time_ms:.0f}ms step_avg:{avg:.2f}ms"
+            f"step:{step}/{TOTAL_STEPS} train_loss:{loss + 0.1:.4f} train_time:{time_ms:.0f}ms "
+            f"step_avg:{avg:.2f}ms"
         )
         lines.append(
-            f"step:{step}/{TOTAL_STEPS} val_loss:{loss:.4f} train_time:{time_ms:.0f}ms step_avg:{avg:.2f}ms"
+            f"step:{step}/{TOTAL_STEPS} val_loss:{loss:.4f} train_time:{time_ms:.0f}ms "
+            f"step_avg:{avg:.2f}ms"
         )
     lines.append("peak memory allocated: 321 MiB reserved: 400 MiB")
     path.write_text("\n".join(lines) + "\n")

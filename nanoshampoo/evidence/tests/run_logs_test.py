@@ -130,8 +130,10 @@ def test_diverged_record_ends_a_run(tmp_path: Path) -> None:
         [
             CONFIG,
             '{"kind": "val", "step": 0, "total_steps": 300, "val_loss": 7.0, "train_time_ms": 0.0}',
-            '{"kind": "val", "step": 50, "total_steps": 300, "val_loss": 5.0, "train_time_ms": 1000.0}',
-            '{"kind": "train", "step": 60, "total_steps": 300, "train_loss": "inf", "train_time_ms": 1200.0}',
+            '{"kind": "val", "step": 50, "total_steps": 300, "val_loss": 5.0, "train_time_ms": '
+            "1000.0}",
+            '{"kind": "train", "step": 60, "total_steps": 300, "train_loss": "inf", '
+            '"train_time_ms": 1200.0}',
             '{"kind": "diverged", "step": 61, "total_steps": 300, "reason": "non-finite loss; first'
             ' non-finite gradient: blocks.0.attn.qkv.weight", "train_time_ms": 1220.0}',
         ],
@@ -180,7 +182,8 @@ def test_text_log_with_nan_final_loss_is_diverged(tmp_path: Path) -> None:
             "field 'val_loss' is not a number: 'low'",
         ),
         (
-            '{"kind": "diverged", "step": 1.5, "total_steps": 2, "reason": "x", "train_time_ms": 0}',
+            '{"kind": "diverged", "step": 1.5, "total_steps": 2, "reason": "x", "train_time_ms": '
+            "0}",
             "field 'step' is not an integer",
         ),
         (
@@ -203,11 +206,15 @@ def test_a_diverged_run_resumed_to_the_end_is_finished(tmp_path: Path) -> None:
         [
             CONFIG,
             '{"kind": "val", "step": 0, "total_steps": 100, "val_loss": 7.0, "train_time_ms": 0.0}',
-            '{"kind": "val", "step": 50, "total_steps": 100, "val_loss": 5.0, "train_time_ms": 500.0}',
-            '{"kind": "diverged", "step": 60, "total_steps": 100, "reason": "loss is nan", "train_time_ms": 600.0}',
+            '{"kind": "val", "step": 50, "total_steps": 100, "val_loss": 5.0, "train_time_ms": '
+            "500.0}",
+            '{"kind": "diverged", "step": 60, "total_steps": 100, "reason": "loss is nan", '
+            '"train_time_ms": 600.0}',
             CONFIG.replace("}", ', "resumed_from": {"step": 50}}'),
-            '{"kind": "val", "step": 50, "total_steps": 100, "val_loss": 4.9, "train_time_ms": 510.0}',
-            '{"kind": "final", "step": 100, "total_steps": 100, "val_loss": 4.0, "train_time_ms": 1000.0,'
+            '{"kind": "val", "step": 50, "total_steps": 100, "val_loss": 4.9, "train_time_ms": '
+            "510.0}",
+            '{"kind": "final", "step": 100, "total_steps": 100, "val_loss": 4.0, "train_time_ms": '
+            "1000.0,"
             ' "step_avg_ms": 10.0, "peak_memory_mib": 1.0}',
         ],
     )

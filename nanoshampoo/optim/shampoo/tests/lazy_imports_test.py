@@ -34,14 +34,16 @@ print(" ".join(sorted(m.rsplit(".", 1)[1] for m in sys.modules
         (
             "RootInvShampooPreconditionerConfig",
             "adagrad_preconditioner descent_types distributor distributor_types factor_matrix_ops "
-            "kronecker_factored_preconditioner kronecker_factors matrix_functions_types matrix_roots "
+            "kronecker_factored_preconditioner kronecker_factors matrix_functions_types "
+            "matrix_roots "
             "parallel_eigh preconditioner preconditioner_types shampoo_preconditioner "
             "shampoo_variant_types single_device_distributor",
         ),
         (
             "SpectralDescentPreconditionerConfig",
             "adagrad_preconditioner descent_types distributor distributor_types "
-            "matrix_functions_types preconditioner preconditioner_types shampoo_variant_types single_device_distributor "
+            "matrix_functions_types preconditioner preconditioner_types shampoo_variant_types "
+            "single_device_distributor "
             "spectral_descent_preconditioner",
         ),
     ],

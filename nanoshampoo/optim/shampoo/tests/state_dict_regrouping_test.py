@@ -148,7 +148,8 @@ def test_a_group_gathering_saved_groups_of_other_hyperparameters_raises_and_load
     before = {k: v.clone() for k, v in flat_state(target.state_dict())[0].items()}
     with pytest.raises(
         ValueError,
-        match=r"^param_groups\[0\] takes parameters from saved param groups \[0, 1\], whose entries \['lr'\] differ",
+        match=r"^param_groups\[0\] takes parameters from saved param groups \[0, 1\], whose "
+        r"entries \['lr'\] differ",
     ):
         target.load_state_dict(source.state_dict())
     for key, value in flat_state(target.state_dict())[0].items():
