@@ -7,8 +7,8 @@ trainer's command line in its own process (``python -m nanoshampoo.train --prese
 --num-iterations K --cooldown-frac c --val-every 0 --save-final-checkpoint false --compile false
 --progress false`` plus ``--train-args``), same seed; which side goes first alternates with
 ``c``. Measured: each process's wall time and CPU time (start-up, data, validations included)
-and the training time of every step it took (for the branched run: the main run's, plus each branch's
-own, from its record's time less the main run's time at its fork).
+and the training time of every step it took (for the branched run: the main run's, plus each
+branch's own, from its record's time less the main run's time at its fork).
 
 Expected: the branched run takes ``N + sum(N_b - fork_b)`` optimizer steps (the forks from
 ``train/branches.py``), about ``N (1 + c sum(b))``; the separate runs take ``N + sum(N_b)``,

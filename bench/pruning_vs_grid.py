@@ -14,8 +14,9 @@ the two best points' full-grid values differ by less than the seed spread (``--n
 std of the final loss over seeds at that setup; e.g. from a study's Welch table).
 
 Usage:
-    python bench/pruning_vs_grid.py --tune 'adamw:adamw.lr=0.001,0.002,0.004;adamw.weight_decay=0,0.1,0.2' \\
-        --tune 'muon:muon.lr=0.005,0.01,0.02;muon.weight_decay=0,0.05,0.1' --rungs 0.125,0.25,0.5 \\
+    python bench/pruning_vs_grid.py \\
+        --tune 'adamw:adamw.lr=0.001,0.002,0.004;adamw.weight_decay=0,0.2,0.4' \\
+        --tune 'muon:muon.lr=0.01,0.02,0.04;muon.weight_decay=0,0.05,0.1' --rungs 0.125,0.25,0.5 \\
         --noise 0.005 --out-dir runs/pruning -- --num-iterations 128 --threads 2 \\
         --autocast off --compile false --val-every 0 --save-final-checkpoint false
 """

@@ -154,8 +154,10 @@ def variant_configs(library: ModuleType) -> dict[str, Any]:
         "CoupledHigherOrderConfig": library.RootInvShampooPreconditionerConfig(
             amortized_computation_config=higher, **f64, **roots
         ),
-        "SOAP drop_weighting_factor_on_gsquare": library.EigenvalueCorrectedShampooPreconditionerConfig(
-            drop_weighting_factor_on_gsquare=True, **f64, **soap
+        "SOAP drop_weighting_factor_on_gsquare": (
+            library.EigenvalueCorrectedShampooPreconditionerConfig(
+                drop_weighting_factor_on_gsquare=True, **f64, **soap
+            )
         ),
     }
 

@@ -34,8 +34,8 @@ Usage:
     python bench/shampoo_floor.py [--shapes 768x768,...] [--max-preconditioner-dim 1024]
         [--frequency 1] [--rounds 5] [--steps 3] [--threads 0] [--json OUT]
 
-Measured figures and their command:
-``docs/results/peers.md`` "Shampoo at frequency 1: the floor" and "Shampoo at frequency 10: the floor".
+Measured figures and their command: ``docs/results/peers.md`` "Shampoo at frequency 1: the
+floor" and "Shampoo at frequency 10: the floor".
 """
 
 from __future__ import annotations

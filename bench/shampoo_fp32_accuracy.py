@@ -15,7 +15,8 @@ Columns:
   every step and no grafting.
 - ``vs same`` (SOAP): 20-step error against float64 of the *same* option. SOAP's eigenbasis of a
   null space is arbitrary, so the plain float64 run is itself only defined up to that choice.
-- ``cpu ms``: CPU time (one thread, see :func:`gpt_small_cost_ms`) of the amortized computation at GPT-small shapes
+- ``cpu ms``: CPU time (one thread, see :func:`gpt_small_cost_ms`) of the amortized computation
+  at GPT-small shapes
   (4x 768x768, 768x3072, 3072x768 with ``max_preconditioner_dim=1024``: 14 factors of 768, 6 of
   1024 of rank 768), timed once on one factor of each size; rows with the same solve share one
   timing. The accuracy runs use 2 threads.
@@ -341,7 +342,10 @@ def main() -> None:
                 for s in (5, 20)
             ]
             direction = direction_error(row.config, shampoo(factor_dtype=F64))
-            cells = f"{100 * errors[0]:7.2f}% {100 * errors[1]:8.2f}% {one_step} {100 * direction:8.3f}%"
+            cells = (
+                f"{100 * errors[0]:7.2f}% {100 * errors[1]:8.2f}% {one_step} "
+                f"{100 * direction:8.3f}%"
+            )
         print(f"{row.name:40s} {cells} {row.cost():7.0f}", flush=True)
 
     print(

@@ -1,3 +1,3 @@
-"""nanoshampoo: an optimizer-research speedrun system (Distributed Shampoo, DistAdam, a GPT trainer, evidence tools)."""
+"""nanoshampoo: optimizer research at speedrun pace: Shampoo, DistAdam, a GPT trainer, evidence."""
 
 __version__ = "0.1.0"

@@ -1,1 +1,1 @@
-"""Evidence tools: statistics over repeated runs, the compare leaderboard, plots, profiler trace analysis."""
+"""Evidence tools: statistics over repeated runs, the compare leaderboard, plots, trace analysis."""

@@ -10,7 +10,8 @@ Three ways to form groups, all returning ``{name: [RunRecord, ...]}`` in a stabl
   ``preset``, ``world_size``) or by any field of the run's ``TrainConfig``.
 
 Example:
-    >>> groups = groups_from_specs(["base=runs/base/*.jsonl", "hook=runs/hook/*.jsonl"])  # doctest: +SKIP
+    >>> specs = ["base=runs/base/*.jsonl", "hook=runs/hook/*.jsonl"]
+    >>> groups = groups_from_specs(specs)  # doctest: +SKIP
     >>> sorted(groups)  # doctest: +SKIP
     ['base', 'hook']
 """

@@ -4,9 +4,9 @@ Curves of a group are averaged run by run at equal progress through each run (st
 training seconds), so a mean curve ends at the group's mean final loss; the band is ±1 unbiased
 std over seeds. The whole curves are drawn on a log loss axis with plain tick labels, and a zoom
 shows the last 30 % of every setup's curve, where the target is decided (every setup stays in
-it, also one that ended early). A run validated only at its end is a point. The A/B figure shows every run's final loss and train time per
-group, with the group mean and its 95 % t confidence interval. Diverged runs are left out of
-every figure (the legend counts them).
+it, also one that ended early). A run validated only at its end is a point. The A/B figure
+shows every run's final loss and train time per group, with the group mean and its 95 % t
+confidence interval. Diverged runs are left out of every figure (the legend counts them).
 
 Matplotlib runs on the Agg backend, so plotting needs no display.
 

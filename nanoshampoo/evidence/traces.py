@@ -23,7 +23,8 @@ collectives, ``barrier``), runs on a gloo worker thread (named ``pt_gloo_runloop
 ``python``, so threads are recognized by their events, not their names) as a
 ``user_annotation`` named ``gloo:<collective>`` (``gloo:all_reduce`` -- gloo runs
 reduce-scatter as an all-reduce --, ``gloo:all_gather``, ``gloo:barrier``), which may contain
-the worker's own ``aten::`` ops (copies, the ``div_`` of an AVG reduction). The main thread shows the launch as a ``cpu_op`` named
+the worker's own ``aten::`` ops (copies, the ``div_`` of an AVG reduction). The main thread
+shows the launch as a ``cpu_op`` named
 ``c10d::<op>_`` (``c10d::_reduce_scatter_base_``, ``c10d::_allgather_base_``,
 ``c10d::allreduce_``, ``c10d::barrier``), containing staging ``aten::clone``/``aten::copy_``;
 functional collectives add ``_c10d_functional::all_reduce`` and a blocking

@@ -6,8 +6,9 @@ loss over its seeds that did not diverge), each seed's final loss and each rung'
 Then the best complete trial, a warning for every key whose best value lies on the edge of
 what was tried (a grid's first or last value, a range's smallest or largest sample), and the
 tunability: the share of the trials within ``TUNABILITY_TOLERANCE`` (1 %) of the best value
-(a pruned or failed trial is not; ``setup_scores.tunability``), with their count. A flat optimum (a high share) means the setup is easy to tune at this
-budget; a low share means few points are near the best.
+(a pruned or failed trial is not; ``setup_scores.tunability``), with their count. A flat
+optimum (a high share) means the setup is easy to tune at this budget; a low share means few
+points are near the best.
 
 Example:
     >>> print(_toml_value({"lr": 0.01, "betas": [0.9, 0.95], "name": "x"}))

@@ -71,8 +71,9 @@ class GPTConfig:
         return self.model_dim // self.head_dim
 
 
-# The ladder of sizes, smallest first (a test keeps that order); the study's sizes are named by their parameters outside
-# the embedding and the head (``non_embedding_parameters``), the older names by their role.
+# The ladder of sizes, smallest first (a test keeps that order); the study's sizes are named by
+# their parameters outside the embedding and the head (``non_embedding_parameters``), the older
+# names by their role.
 _PRESETS: dict[str, dict[str, int]] = {
     # 0.22 M parameters outside the embedding and head: the small end of a 2-core study.
     "gpt-0.2m": dict(num_layers=2, model_dim=96, head_dim=32, max_seq_len=256),

@@ -464,13 +464,15 @@ def test_cli_refuses_an_out_dir_that_is_a_file(
     assert main(["compare", "--out-dir", str(tmp_path / "file")]) == 2
     assert (
         capsys.readouterr().err
-        == f"nanoshampoo compare: error: out-dir: {tmp_path / 'file'} exists and is not a directory\n"
+        == f"nanoshampoo compare: error: out-dir: {tmp_path / 'file'} exists and is not a "
+        "directory\n"
     )
 
 
 @pytest.mark.slow
 def test_real_runs_then_reuse(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """Two real 2-step runs (adamw, shampoo) on the embedded corpus; a second call trains nothing."""
+    """Two real 2-step runs (adamw, shampoo) on the embedded corpus; a second call trains
+    nothing."""
     argv = [
         "compare",
         "--setups",

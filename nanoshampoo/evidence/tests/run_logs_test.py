@@ -98,7 +98,10 @@ def _jsonl(path: Path, records: list[str]) -> Path:
     return path
 
 
-CONFIG = '{"kind": "config", "run_id": "r", "seed": 0, "preset": "tiny", "optimizer": "adamw", "world_size": 1}'
+CONFIG = (
+    '{"kind": "config", "run_id": "r", "seed": 0, "preset": "tiny", "optimizer": "adamw", '
+    '"world_size": 1}'
+)
 
 
 @pytest.mark.parametrize("nan", ["null", '"nan"', "NaN", '"inf"', "Infinity", '"-inf"'])
@@ -111,10 +114,13 @@ def test_non_finite_final_loss_in_every_spelling_reads_as_diverged(
         tmp_path / "r.jsonl",
         [
             CONFIG,
-            f'{{"kind": "train", "step": 10, "total_steps": 20, "train_loss": {nan}, "train_time_ms": 5.0}}',
+            f'{{"kind": "train", "step": 10, "total_steps": 20, "train_loss": {nan}, '
+            '"train_time_ms": 5.0}',
             '{"kind": "val", "step": 0, "total_steps": 20, "val_loss": 7.0, "train_time_ms": 0.0}',
-            f'{{"kind": "val", "step": 10, "total_steps": 20, "val_loss": {nan}, "train_time_ms": 5.0}}',
-            f'{{"kind": "final", "step": 20, "total_steps": 20, "val_loss": {nan}, "train_time_ms": 10.0,'
+            f'{{"kind": "val", "step": 10, "total_steps": 20, "val_loss": {nan}, '
+            '"train_time_ms": 5.0}',
+            f'{{"kind": "final", "step": 20, "total_steps": 20, "val_loss": {nan}, '
+            '"train_time_ms": 10.0,'
             f' "step_avg_ms": 0.5, "peak_memory_mib": {nan}}}',
         ],
     )
