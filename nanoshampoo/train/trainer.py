@@ -22,7 +22,11 @@ branch is recorded as such; the main run goes on.
 
 A non-finite loss, gradient, parameter (checked before each checkpoint) or validation loss stops
 the run with :class:`TrainingDiverged`, after a ``diverged`` record in the logs; no checkpoint is
-written after it, so the last one on disk is the last good state.
+written after it, so the last one on disk is the last good state. Any other exception in the
+loop closes the logs with a ``failed`` record and propagates; one in a user's optimizer's
+``step()`` becomes :class:`OptimizerStepFailed` (one line: the optimizer, the step, the
+exception's last line). The first checkpoint is preceded by a check that every optimizer's
+state loads back under ``weights_only=True`` (``checkpoint.check_state_loadable``).
 
 Example:
     >>> result = Trainer(TrainConfig(num_iterations=20, out_dir="/tmp/runs")).run()
@@ -52,6 +56,7 @@ from nanoshampoo.train.branches import Branch, TrainingSnapshot, branches_to_mak
 from nanoshampoo.train.checkpoint import (
     CheckpointRecords,
     check_no_checkpoint_replaced,
+    check_state_loadable,
     checkpoint_path,
     latest_checkpoint,
     publish_checkpoint,
@@ -90,7 +95,13 @@ from nanoshampoo.train.optimizers import (
     build_optimizer_setup,
     param_group_settings,
 )
-from nanoshampoo.train.outcomes import TrainingDiverged, TrainResult
+from nanoshampoo.train.outcomes import (
+    OptimizerStepFailed,
+    TrainingDiverged,
+    TrainResult,
+    is_users_optimizer,
+    last_line,
+)
 from nanoshampoo.train.preflight import check_device, check_dist_timeout, check_memory
 from nanoshampoo.train.profiling import make_step_profiler
 from nanoshampoo.train.run_log import RunLog
@@ -178,6 +189,7 @@ class Trainer:
         )
         self.start_step = 0
         self.train_time_ms = 0.0
+        self.state_checked = False  # check_state_loadable, before the first checkpoint
         if checkpoint is not None:
             # The config's peak lrs win over the checkpoint's; any other changed setting is
             # refused (the log must record what runs).
@@ -302,7 +314,7 @@ class Trainer:
                 f"({cfg.parallel}), "
                 f"{torch.get_num_threads()} threads ({self.threads.reason}), autocast "
                 f"{self.autocast.name} ({self.autocast.reason}), compile {self.compiled.name} "
-                f"({self.compiled.reason}); {self.mfu.header}",
+                f"({self.compiled.reason}) for the model only; {self.mfu.header}",
                 flush=True,
             )
         bar = tqdm(
@@ -332,6 +344,10 @@ class Trainer:
                 Path(cfg.resume) if cfg.resume else None
             )
             raise TrainingInterrupted(self.steps_done, total, last) from None
+        except Exception as exc:  # the logs say the run failed and why, then it propagates
+            reason = str(exc) if isinstance(exc, UserError) else last_line(exc)
+            self.log.failed(self.steps_done, total, reason, self.train_time_ms)
+            raise
         finally:
             bar.close()
         self._finish(val_loss)
@@ -469,6 +485,10 @@ class Trainer:
                 opt.step()
             except NonFiniteGradientError as exc:  # DistAdam's own check, on every rank
                 raise self.guard.non_finite_gradient(step, exc) from None
+            except Exception as exc:  # a user's code: one line; the project's: a bug, traceback
+                if not is_users_optimizer(opt):
+                    raise
+                raise OptimizerStepFailed(opt, step + 1, exc) from exc
         for opt in self.setup.optimizers:
             opt.zero_grad(set_to_none=True)
         return total
@@ -515,6 +535,9 @@ class Trainer:
     def _save_checkpoint(self, step: int) -> Path:
         """Save a checkpoint of the state after ``step`` steps, unless a parameter is NaN/Inf."""
         self.guard.check_parameters(step)
+        if not self.state_checked:  # before anything is written: no .partial is left
+            self._on_every_rank(lambda: check_state_loadable(self.setup.optimizers))
+            self.state_checked = True
         directory = checkpoint_path(self.cfg.out_dir, self.run_id, step)
         if self.cfg.parallel == "ddp":
             save_checkpoint(
