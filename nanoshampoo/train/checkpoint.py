@@ -208,8 +208,8 @@ def check_state_loadable(optimizers: list[torch.optim.Optimizer]) -> None:
     not come back from ``torch.load(weights_only=True)`` (what a resume reads): a function, a
     lambda or an object of the user's own class in its state.
 
-    Serializes to memory and loads back; each plain tensor stands in as an empty one of its
-    dtype (tensors always load), so the check costs no copy of the state.
+    Serializes to memory and loads back; each tensor stands in as an empty one of its dtype
+    (tensors always load), so the check costs no copy of the state.
     """
     for optimizer in optimizers:
         state = _without_tensor_data(optimizer.state_dict())
@@ -230,8 +230,10 @@ def check_state_loadable(optimizers: list[torch.optim.Optimizer]) -> None:
 
 
 def _without_tensor_data(value: Any) -> Any:
-    if type(value) is torch.Tensor or type(value) is nn.Parameter:
-        return value.new_empty(0)
+    # Every tensor, DTensors included (a sharded checkpoint writes them through DCP, not
+    # pickle), as an empty plain one of its dtype.
+    if isinstance(value, torch.Tensor):
+        return torch.empty(0, dtype=value.dtype)
     if isinstance(value, dict):
         return {k: _without_tensor_data(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
