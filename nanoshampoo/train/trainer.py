@@ -25,7 +25,8 @@ the run with :class:`TrainingDiverged`, after a ``diverged`` record in the logs;
 written after it, so the last one on disk is the last good state. Any other exception in the
 loop closes the logs with a ``failed`` record and propagates; one in a user's optimizer's
 ``step()`` becomes :class:`OptimizerStepFailed` (one line: the optimizer, the step, the
-exception's last line). The first checkpoint is preceded by a check that every optimizer's
+exception's last line), and a file that cannot be written (a full disk) one line naming it and
+the last good checkpoint. The first checkpoint is preceded by a check that every optimizer's
 state loads back under ``weights_only=True`` (``checkpoint.check_state_loadable``).
 
 Example:
@@ -50,6 +51,7 @@ from torch import nn
 from tqdm import tqdm
 
 from nanoshampoo.data.loader import DistributedTokenLoader, validation_batches
+from nanoshampoo.io_utils import OutputPathError
 from nanoshampoo.model.gpt import GPT, GPTConfig, gpt_preset, non_embedding_parameters
 from nanoshampoo.optim.errors import NonFiniteGradientError
 from nanoshampoo.train.branches import Branch, TrainingSnapshot, branches_to_make, plan_branches
@@ -340,19 +342,35 @@ class Trainer:
             _say(line, ctx, bar)
             raise
         except KeyboardInterrupt:  # Ctrl-C: the logs are kept; say how to continue
-            last = latest_checkpoint(cfg.out_dir, self.run_id) or (
-                Path(cfg.resume) if cfg.resume else None
-            )
-            raise TrainingInterrupted(self.steps_done, total, last) from None
+            raise TrainingInterrupted(self.steps_done, total, self._last_checkpoint()) from None
         except Exception as exc:  # the logs say the run failed and why, then it propagates
-            reason = str(exc) if isinstance(exc, UserError) else last_line(exc)
+            error = self._failure(exc)
+            reason = str(error) if isinstance(error, UserError) else last_line(error)
             self.log.failed(self.steps_done, total, reason, self.train_time_ms)
-            raise
+            if error is exc:
+                raise
+            raise error from exc
         finally:
             bar.close()
         self._finish(val_loss)
         return TrainResult(
             self.run_id, val_loss, self.log.text_path, self.log.jsonl_path, last_checkpoint
+        )
+
+    def _last_checkpoint(self) -> Path | None:
+        """This run's latest checkpoint on disk, else the one it resumed from."""
+        resumed = Path(self.cfg.resume) if self.cfg.resume else None
+        return latest_checkpoint(self.cfg.out_dir, self.run_id) or resumed
+
+    def _failure(self, exc: Exception) -> Exception:
+        """What the user is told of ``exc``: a file that could not be written (a log or a
+        trace on a full disk) as one line naming it and the last good checkpoint; else itself."""
+        if not isinstance(exc, OSError):
+            return exc
+        last = self._last_checkpoint()
+        return OutputPathError(
+            f"could not write {exc.filename or 'a file'} ({exc.strerror or exc}); the last "
+            f"good checkpoint is {last if last is not None else 'none of this run'}"
         )
 
     def _loop(self, bar: tqdm, profiler: Any) -> tuple[float, Path | None]:

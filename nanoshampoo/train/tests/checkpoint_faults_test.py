@@ -4,6 +4,7 @@ optimizer and the key), and a full disk (naming the file and the last good check
 
 from __future__ import annotations
 
+import errno
 import json
 import re
 from pathlib import Path
@@ -178,3 +179,28 @@ def test_a_full_disk_is_one_line_naming_the_last_good_checkpoint(
     last = read_jsonl(tmp_path / "run.jsonl")[-1]
     assert (last["kind"], last["step"]) == ("failed", 4)
     assert json.dumps(last["reason"]).count("step_000002") == 1
+
+
+def test_a_full_disk_under_the_log_is_one_line_naming_the_last_good_checkpoint(
+    shards: dict[str, str],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The disk fills up after the step-2 checkpoint: the log's next line cannot be written."""
+    from nanoshampoo.train.run_log import RunLog
+
+    line = RunLog._line
+
+    def fills_up(self: RunLog, text: str) -> None:
+        if (tmp_path / "run.ckpt" / "step_000002").is_dir():
+            raise OSError(errno.ENOSPC, "No space left on device", str(self.text_path))
+        line(self, text)
+
+    monkeypatch.setattr(RunLog, "_line", fills_up)
+    argv = flags(tiny_config(shards, tmp_path, num_iterations=4, val_every=0, checkpoint_every=2))
+    assert cli_main(argv) == 2
+    assert capsys.readouterr().err == (
+        f"python -m nanoshampoo.train: error: could not write {tmp_path / 'run.txt'} (No space "
+        f"left on device); the last good checkpoint is {tmp_path / 'run.ckpt' / 'step_000002'}\n"
+    )
