@@ -57,6 +57,8 @@ FORMAT_VERSION = 1
 PARTIAL_SUFFIX = ".partial"
 SHARDED_META = "meta.pt"
 _STEP_DIR = re.compile(r"^step_(\d+)$")
+# The class in the weights-only unpickler's refusal: "Unsupported global: GLOBAL pkg.Class ...".
+_REFUSED_GLOBAL = re.compile(r"Unsupported global: GLOBAL ([\w.]+)")
 
 
 class _Missing:
@@ -554,7 +556,15 @@ def _load(path: Path) -> dict[str, Any]:
         record = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # noqa: BLE001 - any failure to unpickle means a damaged file
         # The exception's own text may suggest weights_only=False: wrong advice for a damaged
-        # file, and unsafe. Name the file and the failure's type only.
+        # file, and unsafe. Name the file and the failure's type only, or the class that the
+        # weights-only loader refused (a whole file written before check_state_loadable).
+        refused = _REFUSED_GLOBAL.search(str(exc))
+        if refused:
+            raise UserError(
+                f"--resume: {path} holds an object of class {refused[1]}, which "
+                "torch.load(weights_only=True) does not load (an optimizer kept it in its "
+                "state); the file is whole, but no resume can read it"
+            ) from exc
         raise UserError(
             f"--resume: {path} is not a readable checkpoint (empty, truncated or "
             f"corrupt: {type(exc).__name__})"

@@ -204,3 +204,19 @@ def test_a_full_disk_under_the_log_is_one_line_naming_the_last_good_checkpoint(
         f"python -m nanoshampoo.train: error: could not write {tmp_path / 'run.txt'} (No space "
         f"left on device); the last good checkpoint is {tmp_path / 'run.ckpt' / 'step_000002'}\n"
     )
+
+
+def test_a_checkpoint_holding_an_object_is_named_as_such_on_resume_not_as_damaged(
+    tmp_path: Path,
+) -> None:
+    """A whole file written before the check existed: resume names the refused class."""
+    step = tmp_path / "run.ckpt" / "step_000002"
+    step.mkdir(parents=True)
+    torch.save({"step": 2, "optimizers": [{"state": {0: {"k": Key()}}}]}, step / "rank0.pt")
+    with pytest.raises(UserError) as refused:
+        read_checkpoint(step, 0, 1)
+    assert str(refused.value) == (
+        f"--resume: {step / 'rank0.pt'} holds an object of class checkpoint_faults_test.Key, "
+        "which torch.load(weights_only=True) does not load (an optimizer kept it in its "
+        "state); the file is whole, but no resume can read it"
+    )
