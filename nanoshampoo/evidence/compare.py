@@ -33,6 +33,12 @@ JSONL log ended (finished or diverged) is reused; anything else is trained under
 never one whose files exist, so an earlier run's logs are never overwritten. The code is not
 part of the identity: use a fresh ``--out-dir`` after changing the trainer.
 
+Several commands may share an out dir (two ``compare`` commands, or a re-run after one was
+killed): each run is claimed before it trains (``run_claims``), so no run trains twice. A
+command that finds a run claimed trains its other runs first, then waits for the claim and
+reuses the run (or trains it, if its claimant stopped without an ended log); one line says
+which.
+
 The leaderboard built from the runs is ``nanoshampoo.evidence.leaderboard``'s; ``rule``
 (``--rule welch|track3``) picks its statistics.
 
@@ -59,6 +65,7 @@ from typing import Any
 
 from nanoshampoo.evidence.logs import LogFormatError, RunRecord, read_run
 from nanoshampoo.evidence.repeat import check_unmanaged, fresh_run_id, train_command
+from nanoshampoo.evidence.run_claims import RunClaim, claim_path
 from nanoshampoo.evidence.trainer_process import run_trainer
 from nanoshampoo.io_utils import atomic_output, check_output_dir
 from nanoshampoo.validation import check_float
@@ -451,9 +458,13 @@ def run_compare(
 ) -> dict[str, list[RunRecord]]:
     """Train (or reuse) every (setup, seed) in turn; return the runs by setup name.
 
-    Prints one line per run reused, started and ended. A run that exits without a finished or
-    diverged log raises ``RuntimeError`` naming it and its output file; the runs before it
-    stay on disk and are reused by the next invocation.
+    Prints one line per run reused, started, ended, skipped or waited for. A run that exits
+    without a finished or diverged log raises ``RuntimeError`` naming it and its output file;
+    the runs before it stay on disk and are reused by the next invocation.
+
+    A run is trained only under its claim (``run_claims``). One that another command has
+    claimed is skipped until the others are done, then waited for: reused once its claimant's
+    log ended, trained here when the claimant stopped without one.
     """
     defaults = train_config_defaults()
     plans = plan_runs(config, resolve, defaults)
@@ -469,9 +480,25 @@ def run_compare(
         if plan.reused is not None:
             say(f"[compare] reused   {plan.label}: {_outcome(plan.reused)} ({plan.reused.path})")
             groups[plan.setup.name].append(plan.reused)
+    claimed_elsewhere: list[tuple[PlannedRun, RunClaim, str]] = []
     for index, plan in enumerate(to_train, start=1):
+        position = f"{index}/{len(to_train)}"
+        claim = RunClaim(claim_path(plan.directory, plan.base_run_id))
+        if not claim.try_take():
+            say(
+                f"[compare] skipped  {plan.label} for now: {claim.holder()} is training it; "
+                "back to it after the others"
+            )
+            claimed_elsewhere.append((plan, claim, position))
+            continue
         groups[plan.setup.name].append(
-            _train(plan, config.nproc, launch, say, f"{index}/{len(to_train)}")
+            _train_claimed(plan, claim, config.nproc, launch, say, position, defaults)
+        )
+    for plan, claim, position in claimed_elsewhere:
+        say(f"[compare] waiting  for {plan.label}: {claim.holder()} is training it")
+        claim.wait()
+        groups[plan.setup.name].append(
+            _train_claimed(plan, claim, config.nproc, launch, say, position, defaults)
         )
     for runs in groups.values():
         runs.sort(key=lambda run: -1 if run.seed is None else run.seed)
@@ -494,6 +521,30 @@ def write_manifest(plan: PlannedRun, run_id: str, command: Sequence[str], nproc:
     }
     with atomic_output(plan.directory / f"{run_id}{MANIFEST_SUFFIX}") as tmp:
         tmp.write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
+
+
+def _train_claimed(
+    plan: PlannedRun,
+    claim: RunClaim,
+    nproc: int,
+    launch: Launcher,
+    say: Callable[[str], None],
+    position: str,
+    defaults: Mapping[str, Any],
+) -> RunRecord:
+    """Under ``claim`` (held; released here): reuse the run if another command ended it since
+    the plan was made, else train it."""
+    try:
+        done = find_reusable(plan.directory, plan.config, nproc, defaults)
+        if done is not None:
+            say(
+                f"[compare] reused   {plan.label}: {_outcome(done)} ({done.path}), "
+                "trained meanwhile by another command"
+            )
+            return done
+        return _train(plan, nproc, launch, say, position)
+    finally:
+        claim.release()
 
 
 def _train(

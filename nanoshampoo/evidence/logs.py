@@ -21,7 +21,9 @@ Both are reduced to a :class:`RunRecord`. A run must have ended, one of two ways
   is read as diverged at its first non-finite validation.
 
 A run that ended neither way (crashed, killed, still running) is refused, because its final
-loss and train time are not comparable with finished ones.
+loss and train time are not comparable with finished ones. So is a run that failed (JSONL: a
+``failed`` record ``{"step": N, "total_steps": M, "reason": ...}``; text: a line ``failed after
+step:N/M: <reason>``): the refusal says that it failed, where and why.
 
 A resumed run appends to its logs (JSONL: a new ``config`` record; text: a ``resumed from``
 line); the last record per step counts, and the last segment decides whether the run ended.
@@ -69,6 +71,7 @@ _TRAIN_LINE = re.compile(
 _PEAK_LINE = re.compile(rf"^peak memory allocated: (?P<alloc>{_NUMBER}) MiB")
 _RESUMED_PREFIX = "resumed from "
 _DIVERGED_LINE = re.compile(r"^diverged at step:(?P<step>\d+)/(?P<total>\d+): (?P<reason>.*)$")
+_FAILED_LINE = re.compile(r"^failed after step:(?P<step>\d+)/(?P<total>\d+): (?P<reason>.*)$")
 _BRANCH_LINE = re.compile(
     rf"^branch:(?P<fraction>{_NUMBER}) step:(?P<steps>\d+)/\d+ val_loss:(?P<loss>{_NUMBER}) "
     rf"train_time:(?P<time>{_NUMBER})ms step_avg:(?:{_NUMBER})ms "
@@ -232,7 +235,9 @@ def _read_txt(path: Path) -> RunRecord:
             )
         total_steps = total
 
-    for line in _read_text(path).splitlines():
+    lines = _read_text(path).splitlines()
+    _refuse_failed_text(path, lines)
+    for line in lines:
         if match := _VAL_LINE.match(line):
             step, total = int(match["step"]), int(match["total"])
             check_total(total, line)
@@ -296,12 +301,23 @@ def _read_txt(path: Path) -> RunRecord:
     )
 
 
+def _refuse_failed_text(path: Path, lines: list[str]) -> None:
+    """The refusal of a text log whose last segment (after its last ``resumed from`` line)
+    records that the run failed."""
+    for line in reversed(lines):
+        if line.startswith(_RESUMED_PREFIX):
+            return
+        if match := _FAILED_LINE.match(line):
+            raise _failed_run(path, int(match["step"]), int(match["total"]), match["reason"])
+
+
 def _scan_jsonl(
     path: Path,
     branches: dict[int, BranchResult],
 ) -> tuple[dict[str, Any], dict[int, ValPoint], dict[str, Any] | None, dict[str, Any] | None]:
-    """The last segment's ``(config, val points, final, diverged)`` records, each checked;
-    every segment's decay branches go into ``branches``."""
+    """The last segment's ``(config, val points, final, diverged)`` records, each checked
+    (``diverged`` may be the segment's ``failed`` record); every segment's decay branches go
+    into ``branches``."""
     config: dict[str, Any] = {}
     points: dict[int, ValPoint] = {}
     final: dict[str, Any] | None = None
@@ -328,10 +344,19 @@ def _scan_jsonl(
                 _integer(path, lineno, record, name)
             _number(path, lineno, record, "train_time_ms")
             diverged = record
+        elif kind == "failed":
+            for name in ("step", "total_steps"):
+                _integer(path, lineno, record, name)
+            diverged = record  # read as the run's end; _read_jsonl refuses it as failed
         elif kind == "branch":
             branch = _branch(path, lineno, record)
             branches[branch.steps] = branch
     return config, points, final, diverged
+
+
+def _failed_run(path: Path, step: int, total_steps: int, reason: str) -> LogFormatError:
+    """The refusal of a run whose trainer recorded that it failed (``RunLog.failed``)."""
+    return LogFormatError(f"{path}: the run failed after step {step} of {total_steps}: {reason}")
 
 
 def _branch(path: Path, lineno: int, record: dict[str, Any]) -> BranchResult:
@@ -355,6 +380,10 @@ def _branch(path: Path, lineno: int, record: dict[str, Any]) -> BranchResult:
 def _read_jsonl(path: Path) -> RunRecord:
     branches: dict[int, BranchResult] = {}
     config, points, final, diverged = _scan_jsonl(path, branches)
+    if diverged is not None and diverged["kind"] == "failed":
+        raise _failed_run(
+            path, diverged["step"], diverged["total_steps"], str(diverged.get("reason", ""))
+        )
     peak = None if final is None else final.get("peak_memory_mib")
     if not isinstance(config.get("config") or {}, dict):
         raise LogFormatError(f"{path}: the config record's 'config' is not an object")

@@ -15,6 +15,13 @@ and once all have written (a barrier), rank 0 renames it to ``step_NNNNNN``
 (:func:`publish_checkpoint`). A run killed mid-write leaves at most a ``.partial`` directory,
 which nothing loads; the previous checkpoint is untouched.
 
+A write that fails (the disk is full: ``OSError`` ENOSPC, or torch's ``RuntimeError`` from its
+zip writer) removes the rank's ``.partial`` directory and raises :class:`CheckpointWriteError`,
+one line naming the file and the run's last good checkpoint. Before the run's first
+checkpoint, :func:`check_state_loadable` refuses an optimizer state that a resume could not
+load under ``weights_only=True`` (a user's optimizer keeping a function or an object of its
+own there), naming the optimizer and the state's key.
+
 Under ``parallel`` ``fsdp2`` / ``hsdp`` a checkpoint is a sharded ``torch.distributed.checkpoint``
 (DCP) directory instead: every rank writes its shards of the model and optimizer state
 (``dcp.save``, published the same way), and rank 0 adds ``meta.pt`` (step, clock, loader
@@ -28,9 +35,12 @@ Example:
 
 from __future__ import annotations
 
+import errno
+import io
 import re
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,14 +48,17 @@ from typing import Any
 import torch
 from torch import nn
 
-from nanoshampoo.io_utils import atomic_output
+from nanoshampoo.io_utils import OutputPathError, atomic_output
 from nanoshampoo.train.config import UserError, check_run_id
+from nanoshampoo.train.outcomes import last_line, optimizer_name
 from nanoshampoo.validation import check_float, check_int
 
 FORMAT_VERSION = 1
 PARTIAL_SUFFIX = ".partial"
 SHARDED_META = "meta.pt"
 _STEP_DIR = re.compile(r"^step_(\d+)$")
+# The class in the weights-only unpickler's refusal: "Unsupported global: GLOBAL pkg.Class ...".
+_REFUSED_GLOBAL = re.compile(r"Unsupported global: GLOBAL ([\w.]+)")
 
 
 class _Missing:
@@ -138,12 +151,124 @@ def save_checkpoint(
     }
     if rank == 0:
         record["model"] = model.state_dict()
-    with atomic_output(partial_path(directory) / f"rank{rank}.pt") as tmp:
-        _write_record(record, tmp)
+    with _removing_partial_on_write_failure(directory, f"rank{rank}.pt"):
+        with atomic_output(partial_path(directory) / f"rank{rank}.pt") as tmp:
+            _write_record(record, tmp)
 
 
 def _write_record(record: dict[str, Any], path: Path) -> None:
     torch.save(record, path)
+
+
+class CheckpointWriteError(UserError):
+    """A checkpoint file could not be written (a full disk); the message names the file, the
+    reason and the run's last good checkpoint."""
+
+
+def _is_write_failure(exc: BaseException) -> bool:
+    """An ``OSError`` or torch's zip writer failing (``[enforce fail at inline_container.cc``:
+    what ``torch.save`` to a path raises when the disk fills up under it)."""
+    if isinstance(exc, (OSError, OutputPathError)):
+        return True
+    text = str(exc)
+    return isinstance(exc, RuntimeError) and (
+        "inline_container.cc" in text or "PytorchStreamWriter" in text
+    )
+
+
+@contextmanager
+def _removing_partial_on_write_failure(directory: Path, name: str) -> Iterator[None]:
+    """A write failure inside: remove ``directory``'s ``.partial`` (never trusted anyway) and
+    raise :class:`CheckpointWriteError` naming ``name`` and the last good checkpoint."""
+    try:
+        yield
+    except (OSError, RuntimeError, OutputPathError) as exc:
+        if not _is_write_failure(exc):
+            raise
+        staged = partial_path(directory)
+        shutil.rmtree(staged, ignore_errors=True)
+        if isinstance(exc, OutputPathError):  # atomic_output could not create the file
+            why = str(exc.__cause__ or exc)
+        elif isinstance(exc, OSError):
+            why = exc.strerror or str(exc)
+            if exc.errno != errno.ENOSPC:
+                why = f"{why} [errno {exc.errno}]"
+        else:  # torch's message says only that the zip writer failed: say what is left
+            free = shutil.disk_usage(directory.parent if directory.parent.is_dir() else ".").free
+            why = f"{last_line(exc)}; {free:,} bytes free on its disk"
+        run_id = directory.parent.name.removesuffix(".ckpt")
+        last = latest_checkpoint(str(directory.parent.parent), run_id)
+        raise CheckpointWriteError(
+            f"checkpoint {directory}: could not write {name} ({why}); "
+            f"{staged.name} removed; the last good checkpoint is "
+            f"{last if last is not None else 'none of this run'}"
+        ) from exc
+
+
+def check_state_loadable(optimizers: list[torch.optim.Optimizer]) -> None:
+    """``UserError`` naming the optimizer and the state key if an optimizer's state dict would
+    not come back from ``torch.load(weights_only=True)`` (what a resume reads): a function, a
+    lambda or an object of the user's own class in its state.
+
+    Serializes to memory and loads back; each tensor stands in as an empty one of its dtype
+    (tensors always load), so the check costs no copy of the state.
+    """
+    for optimizer in optimizers:
+        state = _without_tensor_data(optimizer.state_dict())
+        if _round_trip_error(state) is None:
+            continue
+        for key, value in _state_leaves(state):
+            error = _round_trip_error(value)
+            if error is not None:
+                raise UserError(
+                    f"optimizer {optimizer_name(optimizer)}: its state {key} holds a "
+                    f"{type(value).__qualname__}, which a checkpoint cannot hold ({error}); "
+                    "keep tensors, numbers, strings and lists, tuples and dicts of them"
+                )
+        raise UserError(  # each leaf alone loads, the whole does not: name the whole
+            f"optimizer {optimizer_name(optimizer)}: its state dict does not load back under "
+            f"torch.load(weights_only=True) ({_round_trip_error(state)})"
+        )
+
+
+def _without_tensor_data(value: Any) -> Any:
+    # Every tensor, DTensors included (a sharded checkpoint writes them through DCP, not
+    # pickle), as an empty plain one of its dtype.
+    if isinstance(value, torch.Tensor):
+        return torch.empty(0, dtype=value.dtype)
+    if isinstance(value, dict):
+        return {k: _without_tensor_data(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_without_tensor_data(v) for v in value)
+    return value
+
+
+def _round_trip_error(value: Any) -> str | None:
+    """Why ``value`` does not survive ``torch.save`` then ``torch.load(weights_only=True)``."""
+    buffer = io.BytesIO()
+    try:
+        torch.save(value, buffer)
+    except Exception as exc:  # noqa: BLE001 - pickling a user's object may raise anything
+        return f"it cannot be saved: {last_line(exc)}"
+    buffer.seek(0)
+    try:
+        torch.load(buffer, weights_only=True)
+    except Exception:  # noqa: BLE001 - the weights-only unpickler's refusal, whatever its type
+        return "torch.load(weights_only=True) refuses it"
+    return None
+
+
+def _state_leaves(value: Any, label: str = "") -> Iterator[tuple[str, Any]]:
+    """``(label, leaf)`` of a state dict, e.g. ``("state[0]['fn']", <lambda>)``; dicts,
+    lists and tuples are walked through."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            yield from _state_leaves(item, f"{label}[{key!r}]" if label else str(key))
+    elif isinstance(value, (list, tuple)):
+        for index, item in enumerate(value):
+            yield from _state_leaves(item, f"{label}[{index}]")
+    else:
+        yield label, value
 
 
 def save_sharded_checkpoint(
@@ -169,7 +294,8 @@ def save_sharded_checkpoint(
     if rank == 0:  # a crashed save's files (maybe of another world size) must not mix in
         shutil.rmtree(staged, ignore_errors=True)
     dist.barrier()
-    dcp.save(_sharded_state(model, optimizers), checkpoint_id=staged)
+    with _removing_partial_on_write_failure(directory, f"rank {rank}'s shards"):
+        dcp.save(_sharded_state(model, optimizers), checkpoint_id=staged)
     if rank == 0:
         record: dict[str, Any] = {
             "format_version": FORMAT_VERSION,
@@ -184,8 +310,9 @@ def save_sharded_checkpoint(
             "cpu_rng": torch.get_rng_state(),
             "cuda_rng": torch.cuda.get_rng_state() if torch.cuda.is_available() else None,
         }
-        with atomic_output(staged / SHARDED_META) as tmp:
-            _write_record(record, tmp)
+        with _removing_partial_on_write_failure(directory, SHARDED_META):
+            with atomic_output(staged / SHARDED_META) as tmp:
+                _write_record(record, tmp)
 
 
 def _sharded_state(model: nn.Module, optimizers: list[torch.optim.Optimizer]) -> dict[str, Any]:
@@ -429,7 +556,15 @@ def _load(path: Path) -> dict[str, Any]:
         record = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # noqa: BLE001 - any failure to unpickle means a damaged file
         # The exception's own text may suggest weights_only=False: wrong advice for a damaged
-        # file, and unsafe. Name the file and the failure's type only.
+        # file, and unsafe. Name the file and the failure's type only, or the class that the
+        # weights-only loader refused (a whole file written before check_state_loadable).
+        refused = _REFUSED_GLOBAL.search(str(exc))
+        if refused:
+            raise UserError(
+                f"--resume: {path} holds an object of class {refused[1]}, which "
+                "torch.load(weights_only=True) does not load (an optimizer kept it in its "
+                "state); the file is whole, but no resume can read it"
+            ) from exc
         raise UserError(
             f"--resume: {path} is not a readable checkpoint (empty, truncated or "
             f"corrupt: {type(exc).__name__})"

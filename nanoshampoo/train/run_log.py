@@ -13,6 +13,11 @@ or, for a run stopped by a non-finite loss, gradient or parameter, instead of th
 
     diverged at step:57/300: <reason>
 
+or, for a run stopped by an exception (a user's optimizer raised, a checkpoint could not be
+written), after the steps it completed::
+
+    failed after step:57/300: <one line: what failed and why>
+
 A run with decay branches (``train/branches.py``) writes one line per branch when it is done,
 where it forked (its lines never start with ``step:``, so readers of the run's own steps skip
 them)::
@@ -21,8 +26,8 @@ them)::
     branch:0.5 diverged at step:97/150: <reason> (forked at step 45)
 
 ``<out_dir>/<run_id>.jsonl`` has one object per line, ``kind`` in ``config``, ``train``,
-``val``, ``final``, ``diverged``, ``branch`` (fields in ``RunLog``'s methods). A diverged run
-has a ``diverged`` record and no ``final`` one. A ``branch`` record is written only once its
+``val``, ``final``, ``diverged``, ``failed``, ``branch`` (fields in ``RunLog``'s methods). A
+diverged run has a ``diverged`` record and no ``final`` one; a failed run a ``failed`` one. A ``branch`` record is written only once its
 branch is complete (validated, or diverged: a branch is a run of its own, and the main run goes
 on). Non-finite floats anywhere in a record are written as
 the strings ``"nan"``, ``"inf"``, ``"-inf"`` (JSON has no such numbers).
@@ -254,6 +259,26 @@ class RunLog:
                 "train_time_ms": train_time_ms,
             }
         )
+        return line
+
+    def failed(self, step: int, total_steps: int, reason: str, train_time_ms: float) -> str:
+        """Record that the run stopped on an exception after ``step`` completed optimizer
+        steps; ``reason`` is one line. Readers refuse the run as failed
+        (``evidence/logs.py``). A log that cannot be written any more (a full disk) is left
+        as it is: the exception that stopped the run is what the user must see."""
+        line = f"failed after step:{step}/{total_steps}: {reason}"
+        record = {
+            "kind": "failed",
+            "step": step,
+            "total_steps": total_steps,
+            "reason": reason,
+            "train_time_ms": train_time_ms,
+        }
+        try:
+            self._line(line)
+            self._json(record)
+        except OSError:
+            pass
         return line
 
     def branch(

@@ -22,7 +22,12 @@ branch is recorded as such; the main run goes on.
 
 A non-finite loss, gradient, parameter (checked before each checkpoint) or validation loss stops
 the run with :class:`TrainingDiverged`, after a ``diverged`` record in the logs; no checkpoint is
-written after it, so the last one on disk is the last good state.
+written after it, so the last one on disk is the last good state. Any other exception in the
+loop closes the logs with a ``failed`` record and propagates; one in a user's optimizer's
+``step()`` becomes :class:`OptimizerStepFailed` (one line: the optimizer, the step, the
+exception's last line), and a file that cannot be written (a full disk) one line naming it and
+the last good checkpoint. The first checkpoint is preceded by a check that every optimizer's
+state loads back under ``weights_only=True`` (``checkpoint.check_state_loadable``).
 
 Example:
     >>> result = Trainer(TrainConfig(num_iterations=20, out_dir="/tmp/runs")).run()
@@ -46,12 +51,14 @@ from torch import nn
 from tqdm import tqdm
 
 from nanoshampoo.data.loader import DistributedTokenLoader, validation_batches
+from nanoshampoo.io_utils import OutputPathError
 from nanoshampoo.model.gpt import GPT, GPTConfig, gpt_preset, non_embedding_parameters
 from nanoshampoo.optim.errors import NonFiniteGradientError
 from nanoshampoo.train.branches import Branch, TrainingSnapshot, branches_to_make, plan_branches
 from nanoshampoo.train.checkpoint import (
     CheckpointRecords,
     check_no_checkpoint_replaced,
+    check_state_loadable,
     checkpoint_path,
     latest_checkpoint,
     publish_checkpoint,
@@ -90,7 +97,13 @@ from nanoshampoo.train.optimizers import (
     build_optimizer_setup,
     param_group_settings,
 )
-from nanoshampoo.train.outcomes import TrainingDiverged, TrainResult
+from nanoshampoo.train.outcomes import (
+    OptimizerStepFailed,
+    TrainingDiverged,
+    TrainResult,
+    is_users_optimizer,
+    last_line,
+)
 from nanoshampoo.train.preflight import check_device, check_dist_timeout, check_memory
 from nanoshampoo.train.profiling import make_step_profiler
 from nanoshampoo.train.run_log import RunLog
@@ -178,6 +191,7 @@ class Trainer:
         )
         self.start_step = 0
         self.train_time_ms = 0.0
+        self.state_checked = False  # check_state_loadable, before the first checkpoint
         if checkpoint is not None:
             # The config's peak lrs win over the checkpoint's; any other changed setting is
             # refused (the log must record what runs).
@@ -302,7 +316,7 @@ class Trainer:
                 f"({cfg.parallel}), "
                 f"{torch.get_num_threads()} threads ({self.threads.reason}), autocast "
                 f"{self.autocast.name} ({self.autocast.reason}), compile {self.compiled.name} "
-                f"({self.compiled.reason}); {self.mfu.header}",
+                f"({self.compiled.reason}) for the model only; {self.mfu.header}",
                 flush=True,
             )
         bar = tqdm(
@@ -328,15 +342,35 @@ class Trainer:
             _say(line, ctx, bar)
             raise
         except KeyboardInterrupt:  # Ctrl-C: the logs are kept; say how to continue
-            last = latest_checkpoint(cfg.out_dir, self.run_id) or (
-                Path(cfg.resume) if cfg.resume else None
-            )
-            raise TrainingInterrupted(self.steps_done, total, last) from None
+            raise TrainingInterrupted(self.steps_done, total, self._last_checkpoint()) from None
+        except Exception as exc:  # the logs say the run failed and why, then it propagates
+            error = self._failure(exc)
+            reason = str(error) if isinstance(error, UserError) else last_line(error)
+            self.log.failed(self.steps_done, total, reason, self.train_time_ms)
+            if error is exc:
+                raise
+            raise error from exc
         finally:
             bar.close()
         self._finish(val_loss)
         return TrainResult(
             self.run_id, val_loss, self.log.text_path, self.log.jsonl_path, last_checkpoint
+        )
+
+    def _last_checkpoint(self) -> Path | None:
+        """This run's latest checkpoint on disk, else the one it resumed from."""
+        resumed = Path(self.cfg.resume) if self.cfg.resume else None
+        return latest_checkpoint(self.cfg.out_dir, self.run_id) or resumed
+
+    def _failure(self, exc: Exception) -> Exception:
+        """What the user is told of ``exc``: a file that could not be written (a log or a
+        trace on a full disk) as one line naming it and the last good checkpoint; else itself."""
+        if not isinstance(exc, OSError):
+            return exc
+        last = self._last_checkpoint()
+        return OutputPathError(
+            f"could not write {exc.filename or 'a file'} ({exc.strerror or exc}); the last "
+            f"good checkpoint is {last if last is not None else 'none of this run'}"
         )
 
     def _loop(self, bar: tqdm, profiler: Any) -> tuple[float, Path | None]:
@@ -469,6 +503,10 @@ class Trainer:
                 opt.step()
             except NonFiniteGradientError as exc:  # DistAdam's own check, on every rank
                 raise self.guard.non_finite_gradient(step, exc) from None
+            except Exception as exc:  # a user's code: one line; the project's: a bug, traceback
+                if not is_users_optimizer(opt):
+                    raise
+                raise OptimizerStepFailed(opt, step + 1, exc) from exc
         for opt in self.setup.optimizers:
             opt.zero_grad(set_to_none=True)
         return total
@@ -515,6 +553,9 @@ class Trainer:
     def _save_checkpoint(self, step: int) -> Path:
         """Save a checkpoint of the state after ``step`` steps, unless a parameter is NaN/Inf."""
         self.guard.check_parameters(step)
+        if not self.state_checked:  # before anything is written: no .partial is left
+            self._on_every_rank(lambda: check_state_loadable(self.setup.optimizers))
+            self.state_checked = True
         directory = checkpoint_path(self.cfg.out_dir, self.run_id, step)
         if self.cfg.parallel == "ddp":
             save_checkpoint(
