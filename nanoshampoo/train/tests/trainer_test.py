@@ -195,8 +195,8 @@ def test_cli_run_lowers_the_loss_and_writes_both_logs(
     val_lines = [m for m in step_lines if m.group(3) == "val_loss"]
     assert [float(m.group(4)) for m in val_lines] == [round(r["val_loss"], 4) for r in vals]
     assert re.fullmatch(r"peak memory allocated: \d+ MiB reserved: \d+ MiB", lines[-1])
-    first_step = next(i for i, line in enumerate(lines) if STEP_LINE.match(line))
-    assert "class Trainer" in "\n".join(lines[:first_step])
+    assert re.fullmatch(r"# ===== source: sources/[0-9a-f]{64}\.source =====", lines[0])
+    assert "class Trainer" in source
 
 
 @pytest.mark.slow
