@@ -130,6 +130,9 @@ def store_source(out_dir: Path, source: str) -> str:
                 f"--out-dir: cannot store the run's source in {path.parent} ({exc})"
             ) from None
         try:
+            umask = os.umask(0)
+            os.umask(umask)
+            os.fchmod(fd, 0o666 & ~umask)  # as a plain open() would (mkstemp makes it 0600)
             with os.fdopen(fd, "wb") as f:
                 f.write(data)
             os.link(tmp, path)

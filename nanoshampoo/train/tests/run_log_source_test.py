@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -24,6 +25,9 @@ def test_runs_of_the_same_code_share_one_source_file(tmp_path: Path) -> None:
     stored = sorted((tmp_path / "sources").iterdir())
     digest = hashlib.sha256(training_source().encode()).hexdigest()
     assert [p.name for p in stored] == [f"{digest}.source"]
+    umask = os.umask(0)
+    os.umask(umask)
+    assert stored[0].stat().st_mode & 0o777 == 0o666 & ~umask  # readable as any output file
     before = stored[0].stat()
     second = start(tmp_path, "b")
     assert sorted((tmp_path / "sources").iterdir()) == stored  # no second copy, no temporary
