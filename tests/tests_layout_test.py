@@ -32,6 +32,7 @@ WHOLE_PROJECT = {
     "docs_flags_test.py",  # flags, commands and make targets the docs name exist
     "docs_results_test.py",  # docs/results/ holds no history and no outside path
     "architecture_map_test.py",  # docs/architecture.md maps every module (tools/)
+    "results_tables_test.py",  # docs/results/ tables equal their bench JSON (tools/)
     "docstring_examples_test.py",  # the examples in every docstring run
     "layers_test.py",  # imports point down the layers; file sizes
     "tests_layout_test.py",  # this file
