@@ -305,8 +305,11 @@ def summarize(work: Path, out_dir: Path, device: str, total_seconds: float) -> d
 
 
 def _archive_filter(info: tarfile.TarInfo) -> tarfile.TarInfo | None:
-    # A run's .txt log starts with the full source that ran; the tree is in git, keep the .jsonl.
-    return None if info.name.startswith("gpu_check/runs/") and info.name.endswith(".txt") else info
+    # The source that ran (runs/sources/, or a .txt log's head) is the tree in git; keep the .jsonl.
+    run_file = info.name.startswith("gpu_check/runs/")
+    if run_file and (info.name.endswith(".txt") or info.name.startswith("gpu_check/runs/sources")):
+        return None
+    return info
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -374,6 +374,21 @@ def test_synthetic_shards_hold_random_tokens_in_range(tools: ModuleType, tmp_pat
     assert len(set(tokens.tolist())) > 250  # uniform: nearly every id appears
 
 
+@pytest.mark.parametrize(
+    ("name", "kept"),
+    [
+        ("gpu_check/runs/tiny-s0.jsonl", True),
+        ("gpu_check/runs/tiny-s0.txt", False),
+        ("gpu_check/runs/sources", False),
+        ("gpu_check/runs/sources/" + "0" * 64 + ".source", False),
+        ("gpu_check/logs/train.log", True),
+    ],
+)
+def test_the_archive_keeps_no_copy_of_the_source(tools: ModuleType, name: str, kept: bool) -> None:
+    info = tarfile.TarInfo(name)
+    assert (tools._archive_filter(info) is info) == kept
+
+
 def test_summary_names_failures_and_writes_three_files(tools: ModuleType, tmp_path: Path) -> None:
     work, out = tmp_path / "work", tmp_path / "out"
     (work / "logs").mkdir(parents=True)
@@ -478,6 +493,7 @@ def test_gpu_check_cpu_fallback_runs_every_step(tmp_path: Path) -> None:
     assert not any(
         n.startswith("gpu_check/shards") or n.endswith(".txt") and "/runs/" in n for n in names
     )
+    assert not any(n.startswith("gpu_check/runs/sources") for n in names)
 
 
 # --- bench/shampoo_configs/ -----------------------------------------------------------------

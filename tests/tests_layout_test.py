@@ -29,6 +29,10 @@ WHOLE_PROJECT = {
     "bench_train_compile_test.py",  # bench/train_compile*.py figures from logs and step times
     "bench_shampoo_floor_test.py",  # bench/shampoo_floor.py's work count and a tiny run
     "docs_references_test.py",  # references into docs/ and the README resolve
+    "docs_flags_test.py",  # flags, commands and make targets the docs name exist
+    "docs_results_test.py",  # docs/results/ holds no history and no outside path
+    "architecture_map_test.py",  # docs/architecture.md maps every module (tools/)
+    "results_tables_test.py",  # docs/results/ tables equal their bench JSON (tools/)
     "docstring_examples_test.py",  # the examples in every docstring run
     "layers_test.py",  # imports point down the layers; file sizes
     "tests_layout_test.py",  # this file

@@ -92,6 +92,7 @@ RUN_IDENTITY_IGNORED = (
     "run_id",
     "out_dir",
     "progress",
+    "embed_source",
     "save_final_checkpoint",
     "checkpoint_every",
     "preset",

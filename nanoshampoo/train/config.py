@@ -166,6 +166,9 @@ class TrainConfig:
     run_id: str = ""
     seed: int = 0
     progress: bool = True
+    # false: the imported source is stored once, as OUT_DIR/sources/<sha256>.source, and the
+    # text log names it; true: the log holds it (the self-contained log a record submission needs).
+    embed_source: bool = False
     # --- execution
     device: str = "auto"
     # "auto": bf16 on CUDA with bf16 support, or on a CPU where a probe finds bf16 matmuls faster.

@@ -1,9 +1,17 @@
 """The run's records: the speedrun text log and the JSONL event stream (rank 0 writes both).
 
-``<out_dir>/<run_id>.txt`` starts with the source of the project's modules that the run
-imported (from ``sys.modules``: trainer, model, the optimizer that ran, data; tests and
-examples left out; each under a ``# ===== <path> =====`` header), then a line of ``=``, the
-config and environment, another line of ``=``, then one line per event::
+The source of the project's modules that the run imported (from ``sys.modules``: trainer,
+model, the optimizer that ran, data; tests and examples left out; each under a
+``# ===== <path> =====`` header) is stored once per distinct source, beside the runs, in
+``<out_dir>/sources/<sha256>.source`` (created atomically, never overwritten: its name is its
+content's hash), and ``<out_dir>/<run_id>.txt`` starts with one line that names it::
+
+    # ===== source: sources/<sha256>.source =====
+
+With ``embed_source`` (``--embed-source true``: the self-contained log a record submission
+needs) the log starts with that source itself instead. Either way a line of ``=``, the config
+and environment, another line of ``=`` follow, then one line per event
+(:func:`logged_source` reads the source back from either form)::
 
     step:100/300 val_loss:4.1234 train_time:5432ms step_avg:54.32ms
     step:101/300 train_loss:4.0917 train_time:5486ms step_avg:54.32ms
@@ -45,10 +53,13 @@ Example:
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
+import re
 import sys
+import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from types import ModuleType
@@ -59,6 +70,9 @@ from nanoshampoo.train.branches import Branch
 from nanoshampoo.train.config import UserError
 
 SEPARATOR = "=" * 100
+SOURCES_DIR = "sources"
+# The first line of a log whose source is stored beside it (``store_source``).
+_SOURCE_POINTER = re.compile(r"# ===== source: (sources/([0-9a-f]{64})\.source) =====")
 # Source order in the log: the trainer first (a reader starts there), then what it drives.
 _SOURCE_ORDER = ("nanoshampoo.train", "nanoshampoo.model", "nanoshampoo.optim", "nanoshampoo")
 _NOT_RUN_CODE = {"tests", "examples", "testing"}
@@ -100,6 +114,67 @@ def training_source(modules: Mapping[str, ModuleType] | None = None) -> str:
     return "\n".join(parts)
 
 
+def store_source(out_dir: Path, source: str) -> str:
+    """Store ``source`` as ``out_dir/sources/<sha256>.source`` unless it is there already; return
+    that path relative to ``out_dir`` (what a log's first line names).
+
+    The file appears whole or not at all (written aside, then hard-linked into place, which
+    fails rather than replaces), so runs that start together store it once and never rewrite
+    it. ``UserError`` if a file of that name holds other bytes (damaged: delete it).
+    """
+    data = source.encode()
+    digest = hashlib.sha256(data).hexdigest()
+    relative = f"{SOURCES_DIR}/{digest}.source"
+    path = out_dir / relative
+    if not path.exists():
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{digest}.", suffix=".tmp")
+        except OSError as exc:
+            raise UserError(
+                f"--out-dir: cannot store the run's source in {path.parent} ({exc})"
+            ) from None
+        try:
+            umask = os.umask(0)
+            os.umask(umask)
+            os.fchmod(fd, 0o666 & ~umask)  # as a plain open() would (mkstemp makes it 0600)
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            os.link(tmp, path)
+        except FileExistsError:
+            pass  # another run stored the same source first
+        finally:
+            os.unlink(tmp)
+    if hashlib.sha256(path.read_bytes()).hexdigest() != digest:
+        raise UserError(f"{path}: does not hold the source its name is the hash of; delete it")
+    return relative
+
+
+def logged_source(text_log: Path) -> str:
+    """The source of the code a run's text log records: the file its first line names (checked
+    against its hash), or the source embedded at its start (``embed_source``).
+
+    ``UserError`` if the named file is missing or does not match its hash."""
+    with text_log.open() as f:
+        first = f.readline().rstrip("\n")
+        pointer = _SOURCE_POINTER.fullmatch(first)
+        if pointer is None:
+            lines = [first]
+            for line in f:
+                if line.rstrip("\n") == SEPARATOR:
+                    break
+                lines.append(line.rstrip("\n"))
+            return "\n".join(lines)
+    path = text_log.parent / pointer.group(1)
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise UserError(f"{text_log}: its source {path} cannot be read ({exc.strerror})") from None
+    if hashlib.sha256(data).hexdigest() != pointer.group(2):
+        raise UserError(f"{path}: does not hold the source its name is the hash of")
+    return data.decode()
+
+
 def json_safe(value: Any) -> Any:
     """``value`` with every non-finite float (also inside dicts and lists) as a string."""
     if isinstance(value, float) and not math.isfinite(value):
@@ -118,9 +193,17 @@ class RunLog:
     otherwise the files must not exist yet.
     """
 
-    def __init__(self, out_dir: str, run_id: str, enabled: bool, append: bool = False) -> None:
+    def __init__(
+        self,
+        out_dir: str,
+        run_id: str,
+        enabled: bool,
+        append: bool = False,
+        embed_source: bool = False,
+    ) -> None:
         self.enabled = enabled
         self.append = append
+        self.embed_source = embed_source
         self.text_path = Path(out_dir) / f"{run_id}.txt"
         self.jsonl_path = Path(out_dir) / f"{run_id}.jsonl"
 
@@ -138,6 +221,9 @@ class RunLog:
                 f"for a file name here ({self.jsonl_path.name[:20]}... exceeds "
                 f"{limit} bytes)"
             )
+        sources = out_dir / SOURCES_DIR
+        if not self.embed_source and sources.exists() and not sources.is_dir():
+            raise UserError(f"--out-dir: {sources} is a file; the runs' sources are stored there")
         if not self.append:
             for path in (self.text_path, self.jsonl_path):
                 if path.exists():
@@ -164,7 +250,11 @@ class RunLog:
             with self.text_path.open("a") as f:
                 f.write("\n".join(lines) + "\n")
         else:
-            header = [training_source(), SEPARATOR, config_line, environment, SEPARATOR]
+            source = training_source()
+            if not self.embed_source:
+                stored = store_source(self.text_path.parent, source)
+                source = f"# ===== source: {stored} ====="
+            header = [source, SEPARATOR, config_line, environment, SEPARATOR]
             with self.text_path.open("x" if not self.append else "w") as f:
                 f.write("\n".join(header) + "\n")
         if not (self.append and self.jsonl_path.exists()):

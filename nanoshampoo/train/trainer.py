@@ -48,7 +48,6 @@ from typing import Any
 
 import torch
 from torch import nn
-from tqdm import tqdm
 
 from nanoshampoo.data.loader import DistributedTokenLoader, validation_batches
 from nanoshampoo.io_utils import OutputPathError
@@ -106,6 +105,7 @@ from nanoshampoo.train.outcomes import (
 )
 from nanoshampoo.train.preflight import check_device, check_dist_timeout, check_memory
 from nanoshampoo.train.profiling import make_step_profiler
+from nanoshampoo.train.progress import Progress, progress_bar
 from nanoshampoo.train.run_log import RunLog
 from nanoshampoo.train.schedule import (
     apply_lr_multiplier,
@@ -157,7 +157,13 @@ class Trainer:
             )
         self.run_id = self._agree_on_run_id(checkpoint)
         append = checkpoint is not None and self.run_id == checkpoint.run_id
-        self.log = RunLog(cfg.out_dir, self.run_id, enabled=ctx.is_main, append=append)
+        self.log = RunLog(
+            cfg.out_dir,
+            self.run_id,
+            enabled=ctx.is_main,
+            append=append,
+            embed_source=cfg.embed_source,
+        )
         self._on_every_rank(self.log.check_can_start)
         kept = checkpoint.step if checkpoint is not None and append else 0
         self._on_every_rank(lambda: check_no_checkpoint_replaced(cfg.out_dir, self.run_id, kept))
@@ -307,26 +313,8 @@ class Trainer:
         self.steps_done = self.start_step  # for Ctrl-C's report; each step advances it
         self.log.start(self._config_record(), self._environment())
         if ctx.is_main:
-            tokens = total * cfg.tokens_per_step
-            print(
-                f"run {self.run_id}: {cfg.optimizer}, model {cfg.model} "
-                f"({self.non_embedding_params:,} non-embedding parameters, {tokens:,} tokens: "
-                f"{tokens / self.non_embedding_params:.2g} per parameter) "
-                f"on {ctx.device.type} x{ctx.world_size} "
-                f"({cfg.parallel}), "
-                f"{torch.get_num_threads()} threads ({self.threads.reason}), autocast "
-                f"{self.autocast.name} ({self.autocast.reason}), compile {self.compiled.name} "
-                f"({self.compiled.reason}) for the model only; {self.mfu.header}",
-                flush=True,
-            )
-        bar = tqdm(
-            total=total,
-            initial=self.start_step,
-            disable=not (ctx.is_main and cfg.progress),
-            desc=self.run_id,
-            unit="step",
-            dynamic_ncols=True,
-        )
+            print(self._header(), flush=True)
+        bar = progress_bar(total, self.start_step, ctx.is_main and cfg.progress, self.run_id)
         recorded: set[int] = broadcast_object(  # type: ignore[assignment]
             self.log.recorded_branch_steps() if ctx.is_main else None, ctx
         )
@@ -373,7 +361,24 @@ class Trainer:
             f"good checkpoint is {last if last is not None else 'none of this run'}"
         )
 
-    def _loop(self, bar: tqdm, profiler: Any) -> tuple[float, Path | None]:
+    def _header(self) -> str:
+        """The run's first lines on stdout: what runs, then one labelled line per choice."""
+        cfg, ctx = self.cfg, self.ctx
+        tokens = cfg.num_iterations * cfg.tokens_per_step
+        return "\n".join(
+            [
+                f"run {self.run_id}: {cfg.optimizer}, model {cfg.model} "
+                f"({self.non_embedding_params:,} non-embedding parameters, {tokens:,} tokens: "
+                f"{tokens / self.non_embedding_params:.2g} per parameter)",
+                f"  device {ctx.device.type} x{ctx.world_size} ({cfg.parallel})",
+                f"  threads {torch.get_num_threads()} ({self.threads.reason})",
+                f"  autocast {self.autocast.name} ({self.autocast.reason})",
+                f"  compile {self.compiled.name} ({self.compiled.reason}), for the model only",
+                f"  {self.mfu.header}",
+            ]
+        )
+
+    def _loop(self, bar: Progress, profiler: Any) -> tuple[float, Path | None]:
         cfg, total = self.cfg, self.cfg.num_iterations
         val_loss, last_checkpoint = math.nan, None
         for step in range(self.start_step, total + 1):
@@ -399,7 +404,7 @@ class Trainer:
         periodic = self.cfg.checkpoint_every and step % self.cfg.checkpoint_every == 0
         return bool(periodic or (last and self.cfg.save_final_checkpoint))
 
-    def _run_branch(self, branch: Branch, bar: tqdm) -> None:
+    def _run_branch(self, branch: Branch, bar: Progress) -> None:
         """Train ``branch`` from here (the state after its fork step) as the separate run of
         ``branch.steps`` steps would, validate and record it, then restore the main run."""
         cfg, main_time_ms = self.cfg, self.train_time_ms
@@ -454,7 +459,7 @@ class Trainer:
         self.train_time_ms += elapsed_ms
         return elapsed_ms, loss
 
-    def _timed_step(self, step: int, bar: tqdm) -> None:
+    def _timed_step(self, step: int, bar: Progress) -> None:
         cfg, total = self.cfg, self.cfg.num_iterations
         elapsed_ms, loss = self._take_step(step, total)
         done = self.steps_done = step + 1
@@ -635,7 +640,7 @@ class Trainer:
         )
 
 
-def _say(line: str, ctx: DistributedContext, bar: tqdm) -> None:
+def _say(line: str, ctx: DistributedContext, bar: Progress) -> None:
     """Print on rank 0, above the progress bar when there is one."""
     if ctx.is_main:
         if bar.disable:

@@ -26,7 +26,7 @@ from nanoshampoo.evidence.logs import read_run
 from nanoshampoo.train.checkpoint import read_checkpoint
 from nanoshampoo.train.cli import main as cli_main
 from nanoshampoo.train.config import TrainConfig, UserError
-from nanoshampoo.train.run_log import RunLog
+from nanoshampoo.train.run_log import RunLog, logged_source
 from nanoshampoo.train.setups.adam import AdamConfig
 from nanoshampoo.train.trainer import Trainer, TrainingDiverged
 
@@ -337,8 +337,8 @@ def test_kill_9_during_a_checkpoint_write_keeps_the_previous_checkpoint(
     assert sorted(p.name for p in checkpoints.iterdir()) == ["step_000002", "step_000004.partial"]
     assert read_checkpoint(checkpoints / "step_000002", rank=0, world_size=1).step == 2
     # The log holds the source of what ran: AdamW needs no Shampoo code.
-    text = (tmp_path / "killed.txt").read_text()
-    headers = [line for line in text.splitlines() if line.startswith("# ===== ")]
+    source = logged_source(tmp_path / "killed.txt")
+    headers = [line for line in source.splitlines() if line.startswith("# ===== ")]
     assert "# ===== nanoshampoo/train/trainer.py =====" in headers
     assert not [h for h in headers if "/optim/shampoo/" in h]
 

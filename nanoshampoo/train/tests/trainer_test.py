@@ -17,6 +17,7 @@ from nanoshampoo.testing.distributed import run_on_gloo
 from nanoshampoo.train import thread_tuner
 from nanoshampoo.train.cli import main as cli_main
 from nanoshampoo.train.config import TrainConfig, UserError
+from nanoshampoo.train.run_log import logged_source
 from nanoshampoo.train.setups import setup_names
 from nanoshampoo.train.throughput import gpt_matmul_flops_per_token
 from nanoshampoo.train.trainer import Trainer
@@ -177,24 +178,25 @@ def test_cli_run_lowers_the_loss_and_writes_both_logs(
     assert read_run(tmp_path / "e2e.jsonl").mfu == final["mfu"]  # the leaderboard's MFU column
 
     text = (tmp_path / "e2e.txt").read_text()
-    assert text.startswith("# ===== nanoshampoo/train/")
+    source = logged_source(tmp_path / "e2e.txt")  # stored once beside the runs, named by hash
+    assert source.startswith("# ===== nanoshampoo/train/")
     trainer_source = Path(Trainer.__module__.replace(".", "/") + ".py")
-    assert f"# ===== {trainer_source.as_posix()} =====" in text
-    assert "# ===== nanoshampoo/model/gpt.py =====" in text
+    assert f"# ===== {trainer_source.as_posix()} =====" in source
+    assert "# ===== nanoshampoo/model/gpt.py =====" in source
     # The optimizer under study is part of the code that ran; its tests are not.
-    assert "# ===== nanoshampoo/optim/shampoo/distributed_shampoo.py =====" in text
+    assert "# ===== nanoshampoo/optim/shampoo/distributed_shampoo.py =====" in source
     assert "/tests/" not in "".join(
-        line for line in text.splitlines() if line.startswith("# =====")
+        line for line in source.splitlines() if line.startswith("# =====")
     )
-    assert Path(__import__("nanoshampoo.model.gpt").model.gpt.__file__).read_text() in text
+    assert Path(__import__("nanoshampoo.model.gpt").model.gpt.__file__).read_text() in source
     lines = text.splitlines()
     step_lines = [m for m in map(STEP_LINE.match, lines) if m]
     assert len(step_lines) == 3 + 8
     val_lines = [m for m in step_lines if m.group(3) == "val_loss"]
     assert [float(m.group(4)) for m in val_lines] == [round(r["val_loss"], 4) for r in vals]
     assert re.fullmatch(r"peak memory allocated: \d+ MiB reserved: \d+ MiB", lines[-1])
-    first_step = next(i for i, line in enumerate(lines) if STEP_LINE.match(line))
-    assert "class Trainer" in "\n".join(lines[:first_step])
+    assert re.fullmatch(r"# ===== source: sources/[0-9a-f]{64}\.source =====", lines[0])
+    assert "class Trainer" in source
 
 
 @pytest.mark.slow

@@ -40,40 +40,17 @@ Layout, as in root-inverse Shampoo: all factors of one size share one ``(N, n, n
 a matching stack of eigenbases, so one batched ``eigh`` (or QR iteration) per size serves every
 block; per-bucket tensors are stacked ``(B, *shape)``.
 
-Rank-deficient factors in float32 (``bench/shampoo_fp32_accuracy.py``, ``epsilon=1e-12``).
-Two effects, each with its fix (the ``rank_deficient_stability_config`` of the solver):
+Rank-deficient factors in float32 (``epsilon=1e-12``). Two effects, each with its fix (the
+``rank_deficient_stability_config`` of the solver):
 
 - Rotated coordinates in a factor's null space hold rounding noise ``~u |G|``, and so does
   their ``D``: the plain rule gives them weight ``noise / (noise + eps) ~ 1`` where float64
-  gives ``~1e-4``. One step with a fresh basis on a rank-1 32x16 gradient was 22x too long.
-  Fix: floor ``D / bc2`` at ``eps_fp32 * max(D / bc2)`` per block (direction error 2260 % ->
-  0.8 %; vector 16: 387 % -> 0.09 %; wide 8x64: 794 % -> 2 %).
+  gives ``~1e-4``. Fix: floor ``D / bc2`` at ``eps_fp32 * max(D / bc2)`` per block.
 - The eigenvectors of a null space are any basis of it, picked by rounding, and SOAP is not
-  rotation invariant: two float64 runs whose factors differ by 1e-12 differ by 3.5 % in
-  parameters after 5 steps, exactly as much as float32 vs float64. Fix: a canonical basis of
-  the null space (:func:`eigenbasis.canonical_null_space_basis`).
+  rotation invariant, so two runs whose factors differ by rounding drift apart. Fix: a
+  canonical basis of the null space (:func:`eigenbasis.canonical_null_space_basis`).
 
-Same setup as root-inverse Shampoo's table; ``vs same``: 20 steps against float64 of the same
-option (the plain float64 run is only defined up to its null-space basis); CPU ms (one thread)
-of the eigenbases at GPT-small shapes, where the 1024-factors have rank 768:
-
-=====================================  =======  ========  =========  =======  ======
-float32 option                         5 steps  20 steps  3 steps    vs same  cpu ms
-=====================================  =======  ========  =========  =======  ======
-eigh baseline (no floor, as computed)  3.47 %   2.65 %    2281 %     2.65 %   1743
-**eigh default**                       3.47 %   2.71 %    0.94 %     0.001 %  3837
-eigh pseudo-inverse                    3.47 %   2.71 %    0.93 %     0.001 %  3837
-QR baseline                            3.47 %   4.41 %    2260 %     4.41 %   1743
-**QR keep_descending_order** (*)       3.47 %   4.56 %    61 %       0.001 %  3837
-=====================================  =======  ========  =========  =======  ======
-
-(*) Measured when this was the QR default, before issue 19 made the reference library's order
-the default (``bench/shampoo_fp32_accuracy.py`` runs the default); on the float32 recipe cases
-the reference order is up to 4x further from float64 (``docs/compat.md``).
-
-The 5/20-step columns against the plain float64 run do not move: they measure the null-space
-basis that float64 picked. The canonical basis costs one more ``eigh`` per rank-deficient pool.
-QR's 61 % is against plain float64 QR, whose null columns are rounding noise.
+Measured against float64: docs/results/float32-accuracy.md "SOAP: which float32 option".
 """
 
 from __future__ import annotations

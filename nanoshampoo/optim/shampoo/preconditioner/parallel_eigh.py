@@ -10,17 +10,9 @@ column, so it parallelises unevenly at the sizes Shampoo uses. A batched ``eigh`
 decomposes its matrices one after the other, each with every intra-op thread. Here each thread
 takes whole matrices instead (one single-threaded LAPACK call per chunk of the stack): the same
 arithmetic with no synchronisation between threads, so one slow or busy core delays only its own
-chunk. Measured on a 2-core AMD EPYC (fp32, GPT-small factors at ``max_preconditioner_dim=1024``:
-fourteen 768s and six 1024s; ``bench/parallel_eigh.py``, ``bench/shampoo_step.py --eigh-split``):
-
-* idle cores: as fast as the batched call (0.99x at 768, 1.01x at 1024): MKL's two-thread
-  ``syevd`` scaled well then (1.8x over one thread);
-* one core partly busy (load ~1): 950 ms against 1318 ms for the twenty (0.72x), the batched
-  call's two-thread scaling having dropped to 1.3x;
-* in a Shampoo step at frequency 1 (idle), three side-by-side commands: step 0.95x, 0.93x, 1.04x
-  (neutral within the machine's noise of about 5 %).
-
-A single matrix keeps every thread (one 1024x1024 ``eigh``: 153 ms on one thread, 88 ms on two).
+chunk. On idle cores the split is as fast as the batched call; with a core partly busy it is
+faster: docs/results/shampoo-step.md "The eigendecompositions split over the threads".
+A single matrix keeps every thread.
 
 Each chunk's decomposition is the single-threaded ``torch.linalg.eigh`` of that chunk whichever
 worker runs it, so the output is repeatable and does not depend on the scheduling. It can differ
@@ -28,11 +20,10 @@ in the last bits from one batched call (MKL's kernels depend on the thread count
 matrix's position in the batched workspace), as two thread counts already do.
 
 :func:`stacked_qr` splits the same way. A batched QR on CPU also factors its matrices one
-after the other with every thread, and it parallelises poorly as well: measured on a 2-core
-Intel Xeon (fp32), two 3072s split 1007 ms against 1479 ms batched, ten 768s 103 against 152 ms.
-It calls ``torch.geqrf`` and ``torch.linalg.householder_product``, the two LAPACK steps of
-``torch.linalg.qr`` without building ``R`` (only its diagonal is needed): the same ``Q``, same
-signs, up to rounding.
+after the other with every thread, and it parallelises poorly as well; the split's gain:
+docs/results/peers.md "What SOAP's step does to meet its goals". It calls ``torch.geqrf`` and
+``torch.linalg.householder_product``, the two LAPACK steps of ``torch.linalg.qr`` without
+building ``R`` (only its diagonal is needed): the same ``Q``, same signs, up to rounding.
 
 CUDA stacks, stacks of one matrix, small matrices (below :data:`MIN_PARALLEL_SIZE`, where
 the thread hand-off costs more than it saves) and a single intra-op thread go straight to

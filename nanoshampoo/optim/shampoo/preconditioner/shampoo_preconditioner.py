@@ -27,58 +27,9 @@ many warm solves fell back to ``eigh``.
 Rank-deficient factors (vectors, wide blocks, the first steps) are the normal case. In float32
 their null-space eigenvalues are rounding noise, and ``eps = 1e-12`` would weight the noise the
 gradient has in those directions by ``eps^(-e)``; the default ``PerturbationConfig`` floors the
-spectrum at ``sqrt(n) * eps * lambda_max`` (:mod:`matrix_roots`). Measured with
-``bench/shampoo_fp32_accuracy.py`` against float64 (float64 factors and ``eigh``, no floor, same
-steps): parameter relative error on shapes (64,32), (16,), (4,8,6), (200,70), (1,48), (3,3,5,5),
-``max_preconditioner_dim=64``, ``precondition_frequency=3``, Adam grafting; worst direction
-error over a 16-vector, a rank-1 32x16 gradient and a wide 8x64 block, for one gradient and for
-step 3 with a fresh root every step; CPU ms (one thread) of the roots at GPT-small shapes
-(14 factors of 768, 6 of 1024):
-
-=========================================  =======  ========  ========  =======  ======
-float32 option                             5 steps  20 steps  one step  3 steps  cpu ms
-=========================================  =======  ========  ========  =======  ======
-baseline: eigh, shift, no floor            13.9 %   9.55 %    38.6 %    6.0 %    2304
-symmetrize before eigh                     -        -         38.6 %    -        2304
-rescale by trace before eigh               -        -         44.9 %    -        2304
-float64 eigh of the float32 factor         -        -         12.7 %    -        4369
-float64 factors and eigh, no floor         0.32 %   0.23 %    -         112 %    4369
-floor ``64 eps``                           1.19 %   2.00 %    0.006 %   0.005 %  2304
-floor ``1e-6``                             0.71 %   1.22 %    0.013 %   0.012 %  2304
-**floor sqrt(n) eps (default)**            0.70 %   1.20 %    0.023 %   0.021 %  2304
-pseudo-inverse (epsilon 0)                 17.6 %   12.7 %    0.000 %   0.000 %  2304
-coupled Newton, ridge ``sqrt(n) eps``      0.87 %   1.54 %    0.098 %   0.12 %   118846
-=========================================  =======  ========  ========  =======  ======
-
-The floor is free and beats the baseline 8-20x in parameters and 300x in direction. Symmetrizing
-and rescaling change nothing (``eigh`` reads one triangle; the trouble is the noise, not the
-scale). Float64 factors are the most accurate over 20 steps but cost 2x, and a float32 root
-without a floor still amplifies its own rounding (112 % on a fresh root). The pseudo-inverse
-is exact for one step but drops what a stale root does not cover: later gradients'
-null-space components, which the float64 run weights by ``eps^(-e)``.
-
-Storage in bfloat16 (``inv_factor_matrix_dtype``, and ``second_moment_dtype`` /
-``momentum_dtype`` elsewhere), measured against the float32 run: shapes 64x64, 64x96, 96x64,
-(32,), ``max_preconditioner_dim=64``, ``precondition_frequency=5``, betas (0.9, 0.99), Adam
-grafting beta2 0.99, epsilon 1e-12; largest relative error of a parameter's change
-``|W - W_fp32| / |W_fp32 - W_0|``, one thread:
-
-============================================  =========  ========  ===================
-bfloat16 storage of                           20 steps   200 steps state B / param B
-============================================  =========  ========  ===================
-nothing (float32)                             0          0         6.37
-roots, eigenvalue floor at float32's eps      19.7 %     6.1 %     5.28
-roots, eigenvalue floor at bfloat16's eps     50.7 %     24.8 %    5.28
-factors (``factor_matrix_dtype``)             50.8 %     24.6 %    5.28
-grafting second moment                        0.07 %     0.15 %    5.87
-filtered gradient                             26.3 %     7.6 %     5.87
-factors + roots + grafting + filtered         50.8 %     24.6 %    3.18 (0.50x)
-============================================  =========  ========  ===================
-
-Early on the factors are rank-deficient and the floor weights their null space by about
-``(sqrt(n) eps_32)^(-1/2)``; rounding noise of a bfloat16 root or gradient that falls there is
-amplified accordingly, hence the larger errors at 20 steps. Whether these errors change the
-loss is a training question (``nanoshampoo stats``), not settled by this table.
+spectrum at ``sqrt(n) * eps * lambda_max`` (:mod:`matrix_roots`). The float32 options against
+float64: docs/results/float32-accuracy.md "Root-inverse Shampoo: which float32 option"; the
+error of bfloat16 storage: docs/results/shampoo-state.md "bf16 storage: the parameter error".
 """
 
 from __future__ import annotations

@@ -1,0 +1,76 @@
+"""The result tables of ``docs/results/`` that a bench's JSON backs are what
+``tools/results_tables.py`` renders from that JSON."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SPEC = importlib.util.spec_from_file_location(
+    "results_tables", ROOT / "tools" / "results_tables.py"
+)
+assert SPEC is not None and SPEC.loader is not None
+results_tables = importlib.util.module_from_spec(SPEC)
+SPEC.loader.exec_module(results_tables)
+
+BEGIN = "<!-- table: rendered by tools/results_tables.py from {} -->\n"
+END = "<!-- end of table -->"
+
+
+@pytest.mark.parametrize(
+    "page",
+    sorted((ROOT / "docs" / "results").rglob("*.md")),
+    ids=lambda p: str(p.relative_to(ROOT)),
+)
+def test_every_rendered_table_is_what_its_json_says(page: Path) -> None:
+    text = page.read_text()
+    assert results_tables.render_page(text, page.parent) == text, (
+        f"{page.relative_to(ROOT)}: a table differs from its JSON; run tools/results_tables.py"
+    )
+
+
+def test_every_renderer_has_its_table() -> None:
+    pages = "".join(p.read_text() for p in (ROOT / "docs" / "results").rglob("*.md"))
+    assert [n for n in results_tables.RENDERERS if BEGIN.format(n) not in pages] == []
+
+
+def branches_json(same: dict[str, bool]) -> dict[str, object]:
+    row = {
+        "branched_steps": 130,
+        "separate_steps": 160,
+        "expected_ratio": 0.8125,
+        "branched_wall_s": 105.87,
+        "separate_wall_s": 114.2,
+        "measured_ratio": 0.9271,
+        "measured_cpu_ratio": 0.9262,
+        "measured_train_time_ratio": 0.84049,
+        "same_final_loss": same,
+    }
+    return {"fractions": [0.25, 0.5, 0.75], "results": {"0.7": row}}
+
+
+def test_the_decay_branches_table_is_rendered_from_its_fields(tmp_path: Path) -> None:
+    (tmp_path / "decay-branches.json").write_text(
+        json.dumps(branches_json({"16": True, "32": False}))
+    )
+    page = f"# Q\n\n{BEGIN.format('decay-branches.json')}| stale |\n{END}\n\ntext\n"
+    assert results_tables.render_page(page, tmp_path) == (
+        f"# Q\n\n{BEGIN.format('decay-branches.json')}"
+        "| cooldown | branched run | 4 separate runs | wall ratio | CPU-time ratio "
+        "| training-time ratio | step ratio (exact) | same final losses |\n"
+        "|---|---|---|---|---|---|---|---|\n"
+        "| 0.7 | 105.9 s, 130 steps | 114.2 s, 160 steps | 0.927 | 0.926 | 0.840 | 0.81 "
+        "| 16 steps: yes; 32 steps: no |\n"
+        f"{END}\n\ntext\n"
+    )
+
+
+def test_an_unknown_or_missing_json_is_named(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="other.json: no renderer"):
+        results_tables.render_page(f"{BEGIN.format('other.json')}{END}", tmp_path)
+    with pytest.raises(ValueError, match="decay-branches.json: missing"):
+        results_tables.render_page(f"{BEGIN.format('decay-branches.json')}{END}", tmp_path)

@@ -1,0 +1,111 @@
+"""Write the result tables of ``docs/results/`` from the JSON their bench scripts wrote.
+
+A rendered table sits in its page between two marker lines that name its JSON file::
+
+    <!-- table: rendered by tools/results_tables.py from decay-branches.json -->
+    | ... |
+    <!-- end of table -->
+
+so the numbers in the text and those the bench measured cannot disagree. After a bench run
+writes its JSON (the command is printed above each table), this script rewrites the tables;
+``tests/results_tables_test.py`` fails while a page differs from what it writes.
+
+Usage (from the project's root)::
+
+    python tools/results_tables.py          # rewrite every rendered table
+    python tools/results_tables.py --check  # exit 1 if one is out of date
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from nanoshampoo.io_utils import atomic_output
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "docs" / "results"
+TABLE = re.compile(
+    r"(<!-- table: rendered by tools/results_tables\.py from (?P<json>[\w./-]+\.json) -->\n)"
+    r"(?P<body>.*?)"
+    r"(<!-- end of table -->)",
+    re.DOTALL,
+)
+
+
+def decay_branches(data: dict[str, Any]) -> str:
+    """``bench/decay_branches.py --json``: per cooldown, the branched run against separate runs."""
+    runs = len(data["fractions"]) + 1
+    lines = [
+        f"| cooldown | branched run | {runs} separate runs | wall ratio | CPU-time ratio "
+        "| training-time ratio | step ratio (exact) | same final losses |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for cooldown, row in data["results"].items():
+        same = row["same_final_loss"]
+        steps = ", ".join(same)
+        verdict = (
+            f"{steps} steps: yes"
+            if all(same.values())
+            else "; ".join(f"{s} steps: {'yes' if ok else 'no'}" for s, ok in same.items())
+        )
+        lines.append(
+            f"| {cooldown} | {row['branched_wall_s']:.1f} s, {row['branched_steps']} steps "
+            f"| {row['separate_wall_s']:.1f} s, {row['separate_steps']} steps "
+            f"| {row['measured_ratio']:.3f} | {row['measured_cpu_ratio']:.3f} "
+            f"| {row['measured_train_time_ratio']:.3f} | {row['expected_ratio']:.2f} | {verdict} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+# JSON file name (relative to docs/results/) -> its table's renderer.
+RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
+    "decay-branches.json": decay_branches,
+    "decay-branches-repeat.json": decay_branches,
+}
+
+
+def render_page(text: str, folder: Path) -> str:
+    """``text`` with every marked table rendered from its JSON in ``folder``.
+
+    ``ValueError`` naming the JSON when no renderer knows it or the file is missing."""
+
+    def table(match: re.Match[str]) -> str:
+        name = match.group("json")
+        if name not in RENDERERS:
+            raise ValueError(f"{name}: no renderer in tools/results_tables.py knows this JSON")
+        path = folder / name
+        if not path.is_file():
+            raise ValueError(f"{path}: missing (run the bench command above the table)")
+        return match.group(1) + RENDERERS[name](json.loads(path.read_text())) + match.group(4)
+
+    return TABLE.sub(table, text)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--check", action="store_true", help="exit 1 if a table is out of date")
+    args = parser.parse_args(argv)
+    stale = []
+    for page in sorted(RESULTS.rglob("*.md")):
+        text = page.read_text()
+        wanted = render_page(text, page.parent)
+        if wanted == text:
+            continue
+        stale.append(page)
+        if not args.check:
+            with atomic_output(page) as tmp:
+                tmp.write_text(wanted)
+    if args.check and stale:
+        print(f"out of date: {', '.join(str(p.relative_to(ROOT)) for p in stale)}; run {__file__}")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
