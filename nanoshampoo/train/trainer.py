@@ -100,6 +100,7 @@ from nanoshampoo.train.schedule import (
     remember_peak_lrs,
 )
 from nanoshampoo.train.telemetry import Telemetry, resolve_every
+from nanoshampoo.train.tensorboard_scalars import TensorBoardScalars
 from nanoshampoo.train.thread_tuner import ThreadTuner
 from nanoshampoo.train.throughput import mfu_meter
 
@@ -157,6 +158,11 @@ class Trainer:
                 "run_id": checkpoint.run_id,
                 "step": checkpoint.step,
             }
+        )
+        self.scalars = (
+            TensorBoardScalars(cfg.tensorboard, self.run_id, ctx.is_main)
+            if cfg.tensorboard
+            else None
         )
         # After the checks above: a refused resume or run id prepares no data on disk.
         self.data: DataSource = resolve_data(cfg, ctx)
@@ -352,6 +358,8 @@ class Trainer:
             raise TrainingInterrupted(self.steps_done, total, last) from None
         finally:
             bar.close()
+            if self.scalars is not None:
+                self.scalars.close()
         self._finish(val_loss)
         return TrainResult(
             self.run_id, val_loss, self.log.text_path, self.log.jsonl_path, last_checkpoint
@@ -371,6 +379,8 @@ class Trainer:
                 with self.setup.evaluation_point():
                     val_loss = self._validation_loss()
                 _say(self.log.val(step, total, val_loss, self.train_time_ms), self.ctx, bar)
+                if self.scalars is not None:
+                    self.scalars.val(step, val_loss)
                 self.guard.check_validation(step, val_loss)
             if last:
                 break
@@ -447,11 +457,16 @@ class Trainer:
         elapsed_ms, loss = self._take_step(step, total, snapshot=recorded)
         done = self.steps_done = step + 1
         if recorded:  # after the timed step, as validation is
-            self.log.telemetry(self.telemetry.record(done))  # type: ignore[union-attr]
+            records = self.telemetry.record(done)  # type: ignore[union-attr]
+            self.log.telemetry(records)
+            if self.scalars is not None:
+                self.scalars.telemetry(records)
         if done == total or (cfg.log_every > 0 and done % cfg.log_every == 0):
             train_loss = float(all_reduce_mean_(loss.float(), self.ctx).item())
             if self.telemetry is not None:
                 self.telemetry.watch.add_loss(done, train_loss)
+            if self.scalars is not None:
+                self.scalars.train(done, train_loss, self.setup.optimizers)
             tokens_per_s = cfg.tokens_per_step / (elapsed_ms / 1000)
             self.log.train(
                 done,
