@@ -14,7 +14,6 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import TINY_GPT, VOCAB
 from nanoshampoo.model.gpt import GPT, GPTConfig
 from nanoshampoo.testing.distributed import run_on_gloo
 from nanoshampoo.train.config import TrainConfig
@@ -25,6 +24,11 @@ from nanoshampoo.train.telemetry import DepartureWatch, Telemetry, resolve_every
 from nanoshampoo.train.trainer import Trainer
 
 STEPS = 3
+EPS32 = float(torch.finfo(torch.float32).eps)
+# conftest's tiny GPT, spelled here: the gloo workers import this module in a fresh process,
+# where ``conftest`` names the repository's root conftest.
+VOCAB = 64
+TINY_GPT = dict(vocab_size=VOCAB, num_layers=2, model_dim=32, head_dim=16, max_seq_len=16)
 # Every matrix of the tiny GPT one block (none merged into a vector, as the 8192 default would
 # do at these sizes), and roots often, so that every statistic moves within STEPS steps.
 SETTINGS = {
@@ -202,7 +206,11 @@ def test_two_ranks_record_what_one_process_records(setup_name: str) -> None:
     for got, want in zip(ranks[0], expected):
         assert sorted(got) == sorted(want)
         for key in want:
-            assert got[key] == pytest.approx(want[key], rel=1e-5, abs=1e-9), key
+            # Each rank stacks other blocks side by side, so its float32 products round
+            # differently from one process's: the two trajectories agree to ~1e-4 after three
+            # steps, and kappa moves by ~kappa eps relatively (lambda_min by ~eps lambda_max).
+            slack = want[key] * EPS32 if key.endswith("condition_number") else 0.0
+            assert got[key] == pytest.approx(want[key], rel=1e-3 + 4 * slack, abs=1e-9), key
 
 
 def test_resolve_every_and_departure_watch() -> None:
