@@ -48,9 +48,9 @@ def last_step_values(path: str | Path) -> dict[str, list[float]]:
     if not records:
         return out
     last = max(int(r["step"]) for r in records)  # type: ignore[call-overload]
-    for record in records:
-        if record["step"] != last:
-            continue
+    # A resumed run may record a step twice: the last record of each layer wins.
+    final = {r.get("layer"): r for r in records if r["step"] == last}
+    for record in final.values():
         for key, value in record.items():
             stat = key.rsplit(".", 1)[-1]
             if stat in out and isinstance(value, (int, float)) and math.isfinite(value):

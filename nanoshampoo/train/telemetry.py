@@ -276,40 +276,47 @@ class _Departure:
 class DepartureWatch:
     """Which series left its own running range first (rank 0's records and the train loss).
 
-    A value *departs* when its series has at least ``min_history`` earlier finite values and
-    it is non-finite or outside ``[low / margin, high * margin]``, ``[low, high]`` the range of
-    those values. A departure stays open while the later values stay outside that frozen range
-    (a transient that comes back is forgotten). The loss departs when it is non-finite or
-    above every earlier logged loss.
+    A series' running range at a record is ``[low, high]``, the extremes of its finite values
+    up to ``lag`` records earlier (at least ``min_history`` of them): so a steady blow-up
+    (say 5x per record) leaves it although each step stays within ``margin`` of the last. A
+    value *departs* when it is non-finite or outside ``[low / margin, high * margin]``; the
+    departure stays open while the later values stay outside that frozen range (a transient
+    that comes back is forgotten). The loss departs when it is non-finite or more than
+    ``loss_margin`` (relative) above its running range's top.
     """
 
     min_history: int = 3
+    lag: int = 2
     margin: float = 10.0
+    loss_margin: float = 0.05
     _history: dict[tuple[str, str], list[float]] = field(default_factory=dict)
     _open: dict[tuple[str, str], _Departure] = field(default_factory=dict)
     _losses: list[float] = field(default_factory=list)
     loss_departure: int | None = None
 
+    def _reference(self, history: list[float]) -> list[float]:
+        """The finite values the running range is taken over (empty: too few)."""
+        finite = [v for v in history[: max(0, len(history) - self.lag)] if math.isfinite(v)]
+        return finite if len(finite) >= self.min_history else []
+
     def add(self, step: int, layer: str, statistic: str, value: float) -> None:
         key = (layer, statistic)
         history = self._history.setdefault(key, [])
-        finite = [v for v in history if math.isfinite(v)]
-        if len(finite) >= self.min_history:
-            low, high = min(finite), max(finite)
-            outside = not math.isfinite(value) or not (
-                low / self.margin <= value <= high * self.margin
-            )
-            opened = self._open.get(key)
-            if opened is not None and not outside_range(value, opened, self.margin):
-                del self._open[key]
-            elif opened is None and outside:
-                self._open[key] = _Departure(step, layer, statistic, value, low, high)
+        reference = self._reference(history)
+        opened = self._open.get(key)
+        if opened is not None and not outside_range(value, opened, self.margin):
+            del self._open[key]
+        elif opened is None and reference:
+            departure = _Departure(step, layer, statistic, value, min(reference), max(reference))
+            if outside_range(value, departure, self.margin):
+                self._open[key] = departure
         history.append(value)
 
     def add_loss(self, step: int, loss: float) -> None:
+        reference = self._reference(self._losses)
         if self.loss_departure is None and (
             not math.isfinite(loss)
-            or (len(self._losses) >= self.min_history and loss > max(self._losses))
+            or (reference and loss > max(reference) + self.loss_margin * abs(max(reference)))
         ):
             self.loss_departure = step
         self._losses.append(loss)

@@ -89,7 +89,7 @@ def test_the_command_writes_beside_the_run_and_says_where(
 ) -> None:
     write_run(tmp_path / "a.jsonl", 0.01)
     assert main(["telemetry", str(tmp_path / "a")]) == 0
-    assert capsys.readouterr().out.strip() == f"9 figures in {tmp_path / 'a.telemetry'}"
+    assert capsys.readouterr().out.strip() == f"6 figures in {tmp_path / 'a.telemetry'}"
     assert main(["telemetry", str(tmp_path / "none")]) == 2
     assert "nanoshampoo telemetry: error:" in capsys.readouterr().err
 

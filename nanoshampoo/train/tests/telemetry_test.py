@@ -216,23 +216,23 @@ def test_two_ranks_record_what_one_process_records(setup_name: str) -> None:
 def test_resolve_every_and_departure_watch() -> None:
     assert (resolve_every(-1, 50), resolve_every(0, 50), resolve_every(7, 50)) == (50, 0, 7)
     watch = DepartureWatch()
-    for step, value in enumerate([1.0, 2.0, 1.5, 30.0, 2.0, 1e4, 1e5], start=1):
-        watch.add(step, "a", "update_ratio", value)  # 30 goes out and comes back: forgotten
+    # The range is taken over the values at least two records old (lag 2, three of them).
+    for step, value in enumerate([1.0, 2.0, 1.5, 1.0, 2.0, 50.0, 2.0, 1e4, 1e5], start=1):
+        watch.add(step, "a", "update_ratio", value)  # 50 goes out and comes back: forgotten
         watch.add(step, "b", "grad_rms", 1.0)
-    for step, loss in enumerate([5.0, 4.0, 3.9, 3.8, 3.7, 3.6, 9.0], start=1):
+    for step, loss in enumerate([5.0, 4.0, 3.9, 3.8, 3.7, 3.6, 3.5, 9.0, math.nan], start=1):
         watch.add_loss(step, loss)
-    assert watch.loss_departure == 7
-    assert watch.first_departure(stop_step=8) == (
-        "first to leave its running range before the loss: a update ratio 1e+04 at step 6 "
-        "(range 1-30)"
+    assert watch.loss_departure == 8  # 9.0 > 5.0 * 1.05, the top of its range
+    assert watch.first_departure(stop_step=9) == (
+        "first to leave its running range before the loss: a update ratio 1e+04 at step 8 "
+        "(range 1-2)"
     )
+    assert watch.first_departure(stop_step=7) is None  # the 50 came back
     assert DepartureWatch().first_departure(stop_step=3) is None
 
 
-def test_a_forced_divergence_names_the_first_layer_that_ran_away(
-    shards: dict[str, str], tmp_path: Path
-) -> None:
-    cfg = TrainConfig(
+def small_config(shards: dict[str, str], out_dir: Path, **overrides: Any) -> TrainConfig:
+    fields: dict[str, Any] = dict(
         preset="test",
         model="tiny",
         dataset="shards",
@@ -243,18 +243,33 @@ def test_a_forced_divergence_names_the_first_layer_that_ran_away(
         val_every=0,
         val_tokens=512,
         log_every=1,
-        telemetry_every=1,
         progress=False,
-        out_dir=str(tmp_path),
+        out_dir=str(out_dir),
         run_id="run",
         save_final_checkpoint=False,
         autocast="off",
         compile="false",
         threads=1,
-        optimizer="adamw",
-        **{"adamw.lr": 30.0},
         **shards,
     )
+    return TrainConfig(**{**fields, **overrides})
+
+
+def test_off_builds_nothing_and_the_default_follows_validation(
+    shards: dict[str, str], tmp_path: Path
+) -> None:
+    assert Trainer(small_config(shards, tmp_path, telemetry_every=0)).telemetry is None
+    default = Trainer(small_config(shards, tmp_path, val_every=4)).telemetry
+    assert default is not None and default.every == 4
+    assert Trainer(small_config(shards, tmp_path, val_every=0)).telemetry is None
+    with pytest.raises(ValueError, match=r"TrainConfig.telemetry_every \(--telemetry-every\)"):
+        small_config(shards, tmp_path, telemetry_every=-2)
+
+
+def test_a_forced_divergence_names_the_first_layer_that_ran_away(
+    shards: dict[str, str], tmp_path: Path
+) -> None:
+    cfg = small_config(shards, tmp_path, telemetry_every=1, optimizer="adamw", **{"adamw.lr": 30.0})
     with pytest.raises(TrainingDiverged) as raised:
         Trainer(cfg).run()
     match = re.search(
@@ -270,10 +285,10 @@ def test_a_forced_divergence_names_the_first_layer_that_ran_away(
     series = [r[key] for r in records if r["kind"] == "telemetry" and r["layer"] == layer]
     steps = [r["step"] for r in records if r["kind"] == "telemetry" and r["layer"] == layer]
     at = steps.index(step)
-    earlier = [float(v) for v in series[:at]]
+    earlier = [float(v) for v in series[: at - 2]]  # the running range: records 2+ older
     low, high = min(earlier), max(earlier)
     named = float(series[at])
-    assert f"{named:.3g}" == value
+    assert (f"{named:.3g}", f"{low:.3g}", f"{high:.3g}") == (value, *match.group(5, 6))
     assert not (low / 10 <= named <= high * 10)
     text = (tmp_path / "run.txt").read_text().splitlines()[-1]
     assert text.endswith(match.group(0))
