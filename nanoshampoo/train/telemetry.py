@@ -245,9 +245,11 @@ class Telemetry:
                     if any(s is None for s in slices):
                         continue
                     v = torch.cat(slices)
-                elif v is None or index % self.ctx.world_size != self.ctx.rank:
+                elif v is None:
                     continue
-                local[by_id[id(p)]]["sqrt_v_spread"] = spread(_full(v))
+                v = _full(v)  # FSDP2's AdamW holds DTensor moments: a collective, every rank
+                if sharded(p) or index % self.ctx.world_size == self.ctx.rank:
+                    local[by_id[id(p)]]["sqrt_v_spread"] = spread(v)
 
     def _gather(self, local: dict[str, dict[str, float]]) -> dict[str, dict[str, float]]:
         """Every rank's dicts merged on rank 0 (in rank order; equal keys: the later rank)."""
