@@ -19,7 +19,9 @@ Subcommands:
 * ``study [--study cpu|gpt2|PATH.toml] [--setups ...] [--sizes ...] [--storage URL] --
   TRAIN_ARGS`` -- setups x model sizes x budgets x seeds, each tuned at an equal budget, then
   speedups as curves (``nanoshampoo.evidence.study``);
-* ``trace PATH... [--json OUT]`` -- communication/computation overlap in profiler traces.
+* ``trace PATH... [--json OUT]`` -- communication/computation overlap in profiler traces;
+* ``telemetry RUN... [--out DIR]`` -- heatmaps (layer x step) and run comparisons of the
+  runs' telemetry records (``nanoshampoo.evidence.telemetry_plots``).
 
 A user error (a bad flag, a file that cannot be read, a run that failed) prints one line
 ``nanoshampoo COMMAND: error: ...`` and exits with status 2.
@@ -156,6 +158,23 @@ def _parser() -> argparse.ArgumentParser:
     )
     trace.add_argument("--json", type=Path, help="also write the figures as JSON here")
     trace.set_defaults(handler=_run_trace)
+
+    telemetry = commands.add_parser(
+        "telemetry", help="draw the runs' per-layer telemetry (heatmaps, comparisons)"
+    )
+    telemetry.add_argument(
+        "runs",
+        nargs="+",
+        metavar="RUN",
+        help="run logs (runs/<id>, .jsonl or .txt) or directories of them",
+    )
+    telemetry.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="folder for the PNGs (default: <first RUN>.telemetry beside it)",
+    )
+    telemetry.set_defaults(handler=_run_telemetry)
     return parser
 
 
@@ -344,6 +363,17 @@ def _target(text: str) -> float | None:
         return float(text)
     except ValueError:
         raise ValueError(f"target: expected auto or a number, got {text!r}") from None
+
+
+def _run_telemetry(args: argparse.Namespace) -> int:
+    from nanoshampoo.evidence.telemetry_plots import write_telemetry_plots
+
+    first = Path(args.runs[0])
+    out = args.out or (first / "telemetry" if first.is_dir() else first.with_suffix(".telemetry"))
+    check_output_dir(out, "--out")
+    paths = write_telemetry_plots(args.runs, out)
+    print(f"{len(paths)} figures in {out}")
+    return 0
 
 
 def _run_trace(args: argparse.Namespace) -> int:

@@ -37,7 +37,17 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-COMMANDS = ("train", "prepare", "stats", "repeat", "compare", "tune", "study", "trace")
+COMMANDS = (
+    "train",
+    "prepare",
+    "stats",
+    "repeat",
+    "compare",
+    "tune",
+    "study",
+    "trace",
+    "telemetry",
+)
 # Shown in --help as aliases of a newer spelling, which is the one the documentation uses.
 RETIRED = {"--autocast-bf16"}
 # Programs whose own flags the documentation may name; they are not ours to check.
@@ -332,3 +342,14 @@ def test_mentions_are_attributed_to_their_command(tmp_path: Path) -> None:
         if not exists(m)
     ]
     assert missing == [("--muon-lr", TRAIN), ("frobnicate", ANY)]
+
+
+def test_the_commands_checked_are_the_cli_s_commands() -> None:
+    """A new ``nanoshampoo`` command is checked too: this list is the CLI's, in any order."""
+    import argparse
+
+    from nanoshampoo import cli
+
+    parser = cli._parser()
+    (sub,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    assert sorted(sub.choices) == sorted(COMMANDS)

@@ -61,6 +61,7 @@ from nanoshampoo.evidence.speedrun_rules import (
 )
 from nanoshampoo.evidence.stats import BudgetSummary, GroupReport, Summary, build_report
 from nanoshampoo.evidence.tables import format_markdown_table
+from nanoshampoo.evidence.telemetry_summary import telemetry_section
 from nanoshampoo.io_utils import atomic_output
 
 RULE_TEXT = {
@@ -381,6 +382,9 @@ def format_leaderboard(board: Leaderboard) -> str:
         *_schedule_section(board),
         *budget_section(board),
         *fitted_section(board),
+        *telemetry_section(
+            {row.setup: [r.path for r in board.runs if r.setup == row.setup] for row in board.rows}
+        ),
         "## Runs",
         "",
         *format_markdown_table(_run_rows(board)),

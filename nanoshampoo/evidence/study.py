@@ -51,6 +51,7 @@ from nanoshampoo.evidence.setup_scores import PerformanceProfile, performance_pr
 from nanoshampoo.evidence.stats import summarize
 from nanoshampoo.evidence.study_definition import StudyDefinition
 from nanoshampoo.evidence.tables import format_markdown_table
+from nanoshampoo.evidence.telemetry_summary import telemetry_section
 from nanoshampoo.evidence.tune import TuneConfig, TuneSession
 from nanoshampoo.evidence.tune_report import TuneResult
 from nanoshampoo.evidence.tune_space import parse_search
@@ -261,6 +262,7 @@ def format_study(result: StudyResult) -> str:
         "",
     ]
     lines += _tunability_table(result)
+    lines += ["", *telemetry_section(_runs_by_setup(result))]
     lines += [
         "",
         "![speedup against budget](speedups.png)",
@@ -271,6 +273,14 @@ def format_study(result: StudyResult) -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+def _runs_by_setup(result: StudyResult) -> dict[str, list[str]]:
+    """The run logs of each setup's best points, every size together (for the telemetry)."""
+    runs: dict[str, list[str]] = {}
+    for cell in result.cells:
+        runs.setdefault(cell.setup, []).extend(str(run.path) for run in cell.runs)
+    return runs
 
 
 def _definition_lines(result: StudyResult) -> list[str]:

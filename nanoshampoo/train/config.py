@@ -156,6 +156,11 @@ class TrainConfig:
     hsdp_shard_size: int = 0
     # --- evaluation, logging, checkpoints
     val_every: int = 50
+    # Steps between telemetry records (train/telemetry.py); -1: at each validation
+    # (every val_every steps), 0: off.
+    telemetry_every: int = -1
+    # A directory for TensorBoard scalars (loss, lr, telemetry); "": none.
+    tensorboard: str = ""
     val_tokens: int = 32768
     log_every: int = 10
     checkpoint_every: int = 0
@@ -231,6 +236,11 @@ class TrainConfig:
         ):
             if getattr(self, name) < 0:
                 raise ValueError(f"TrainConfig.{name} must be >= 0, got {getattr(self, name)}")
+        if self.telemetry_every < -1:
+            raise ValueError(
+                "TrainConfig.telemetry_every (--telemetry-every) must be >= 0, or -1 for every "
+                f"validation, got {self.telemetry_every}"
+            )
         if self.seed > MAX_SEED:
             raise ValueError(
                 f"TrainConfig.seed (--seed) must be at most {MAX_SEED} (the random "

@@ -34,8 +34,10 @@ them)::
     branch:0.5 diverged at step:97/150: <reason> (forked at step 45)
 
 ``<out_dir>/<run_id>.jsonl`` has one object per line, ``kind`` in ``config``, ``train``,
-``val``, ``final``, ``diverged``, ``failed``, ``branch`` (fields in ``RunLog``'s methods). A
-diverged run has a ``diverged`` record and no ``final`` one; a failed run a ``failed`` one. A ``branch`` record is written only once its
+``val``, ``final``, ``diverged``, ``failed``, ``branch``, ``telemetry`` (fields in ``RunLog``'s
+methods; ``telemetry`` in ``train/telemetry.py``, its cadence in the ``config`` record's
+``telemetry_every``). A diverged run has a ``diverged`` record and no ``final`` one; a failed run
+a ``failed`` one. A ``branch`` record is written only once its
 branch is complete (validated, or diverged: a branch is a run of its own, and the main run goes
 on). Non-finite floats anywhere in a record are written as
 the strings ``"nan"``, ``"inf"``, ``"-inf"`` (JSON has no such numbers).
@@ -335,6 +337,11 @@ class RunLog:
                 "mfu": mfu,
             }
         )
+
+    def telemetry(self, records: list[dict[str, Any]]) -> None:
+        """Telemetry records (``train/telemetry.py``), JSONL only: one per block matrix."""
+        for record in records:
+            self._json(record)
 
     def diverged(self, step: int, total_steps: int, reason: str, train_time_ms: float) -> str:
         """Record that the run stopped at ``step`` (optimizer steps completed) for ``reason``."""

@@ -112,6 +112,8 @@ from nanoshampoo.train.schedule import (
     lr_multiplier,
     remember_peak_lrs,
 )
+from nanoshampoo.train.telemetry import Telemetry, resolve_every
+from nanoshampoo.train.tensorboard_scalars import TensorBoardScalars
 from nanoshampoo.train.thread_tuner import ThreadTuner
 from nanoshampoo.train.throughput import mfu_meter
 
@@ -176,6 +178,11 @@ class Trainer:
                 "step": checkpoint.step,
             }
         )
+        self.scalars = (
+            TensorBoardScalars(cfg.tensorboard, self.run_id, ctx.is_main)
+            if cfg.tensorboard
+            else None
+        )
         # After the checks above: a refused resume or run id prepares no data on disk.
         self.data: DataSource = resolve_data(cfg, ctx)
 
@@ -185,6 +192,19 @@ class Trainer:
         # when the trainer checks the others; DistAdam checks its own after waiting for them.
         self.guard = DivergenceGuard(self.model, self.setup.trainer_checked_params(self.model), ctx)
         remember_peak_lrs(self.setup.optimizers)
+        every = resolve_every(cfg.telemetry_every, cfg.val_every)
+        self.telemetry: Telemetry | None = (
+            Telemetry(
+                every,
+                self.model,
+                self.setup.groups["matrix"],
+                self.setup.optimizers,
+                self.setup.self_reducing_params,
+                ctx,
+            )
+            if every > 0
+            else None
+        )
         self.compiled: CompileChoice = broadcast_object(  # type: ignore[assignment]
             resolve_compile(cfg.compile, ctx.device, ctx.world_size, cfg.num_iterations)
             if ctx.is_main
@@ -326,6 +346,10 @@ class Trainer:
             with profiler:
                 val_loss, last_checkpoint = self._loop(bar, profiler)
         except TrainingDiverged as exc:
+            if self.telemetry is not None:  # name the first series that ran away, if one did
+                first = self.telemetry.watch.first_departure(exc.step)
+                if first is not None:
+                    exc.reason = f"{exc.reason}; {first}"
             line = self.log.diverged(exc.step, total, exc.reason, self.train_time_ms)
             _say(line, ctx, bar)
             raise
@@ -340,6 +364,8 @@ class Trainer:
             raise error from exc
         finally:
             bar.close()
+            if self.scalars is not None:
+                self.scalars.close()
         self._finish(val_loss)
         return TrainResult(
             self.run_id, val_loss, self.log.text_path, self.log.jsonl_path, last_checkpoint
@@ -392,6 +418,8 @@ class Trainer:
                 with self.setup.evaluation_point():
                     val_loss = self._validation_loss()
                 _say(self.log.val(step, total, val_loss, self.train_time_ms), self.ctx, bar)
+                if self.scalars is not None:
+                    self.scalars.val(step, val_loss)
                 self.guard.check_validation(step, val_loss)
             if last:
                 break
@@ -448,12 +476,15 @@ class Trainer:
             bar,
         )
 
-    def _take_step(self, step: int, schedule_steps: int) -> tuple[float, torch.Tensor]:
+    def _take_step(
+        self, step: int, schedule_steps: int, snapshot: bool = False
+    ) -> tuple[float, torch.Tensor]:
         """One timed optimizer step on the schedule of a ``schedule_steps`` run; returns its
-        milliseconds (added to ``train_time_ms``) and its loss."""
+        milliseconds (added to ``train_time_ms``) and its loss. ``snapshot``: telemetry keeps
+        the matrices before the optimizers step."""
         synchronize_device(self.ctx)
         start = time.perf_counter()
-        loss = self._train_step(step, schedule_steps)
+        loss = self._train_step(step, schedule_steps, snapshot)
         synchronize_device(self.ctx)
         elapsed_ms = 1000 * (time.perf_counter() - start)
         self.train_time_ms += elapsed_ms
@@ -461,10 +492,20 @@ class Trainer:
 
     def _timed_step(self, step: int, bar: Progress) -> None:
         cfg, total = self.cfg, self.cfg.num_iterations
-        elapsed_ms, loss = self._take_step(step, total)
+        recorded = self.telemetry is not None and self.telemetry.due(step + 1)
+        elapsed_ms, loss = self._take_step(step, total, snapshot=recorded)
         done = self.steps_done = step + 1
+        if recorded:  # after the timed step, as validation is
+            records = self.telemetry.record(done)  # type: ignore[union-attr]
+            self.log.telemetry(records)
+            if self.scalars is not None:
+                self.scalars.telemetry(records)
         if done == total or (cfg.log_every > 0 and done % cfg.log_every == 0):
             train_loss = float(all_reduce_mean_(loss.float(), self.ctx).item())
+            if self.telemetry is not None:
+                self.telemetry.watch.add_loss(done, train_loss)
+            if self.scalars is not None:
+                self.scalars.train(done, train_loss, self.setup.optimizers)
             tokens_per_s = cfg.tokens_per_step / (elapsed_ms / 1000)
             self.log.train(
                 done,
@@ -477,9 +518,10 @@ class Trainer:
             bar.set_postfix(loss=f"{train_loss:.3f}", tok_s=f"{tokens_per_s:,.0f}")
         bar.update(1)
 
-    def _train_step(self, step: int, schedule_steps: int) -> torch.Tensor:
+    def _train_step(self, step: int, schedule_steps: int, snapshot: bool = False) -> torch.Tensor:
         """One optimizer step over ``grad_accum_steps`` micro-batches at the learning rate of a
-        ``schedule_steps`` run's step ``step``; returns the mean loss.
+        ``schedule_steps`` run's step ``step``; returns the mean loss. ``snapshot``: telemetry
+        keeps the matrices before the optimizers step (:meth:`Telemetry.snapshot`).
 
         The rank's batch is split along the batch dim into equal micro-batches, so the summed
         scaled gradients equal the gradient of the whole batch's mean loss.
@@ -503,6 +545,8 @@ class Trainer:
             step, schedule_steps, self.cfg.cooldown_frac, self.cfg.warmup_steps
         )
         apply_lr_multiplier(self.setup.optimizers, multiplier)
+        if snapshot:
+            self.telemetry.snapshot()  # type: ignore[union-attr]
         for opt in self.setup.optimizers:
             try:
                 opt.step()
@@ -622,6 +666,8 @@ class Trainer:
             "resumed_from": self.resumed_from,
             "mfu": dataclasses.asdict(self.mfu),
             "non_embedding_params": self.non_embedding_params,
+            # Records of kind "telemetry" in the JSONL (train/telemetry.py): every this many steps.
+            "telemetry_every": 0 if self.telemetry is None else self.telemetry.every,
             "config": self.cfg.to_dict(),
         }
 

@@ -223,10 +223,12 @@ def test_ctrl_c_prints_the_step_the_checkpoint_and_the_resume_command(
 ) -> None:
     train_step = Trainer._train_step
 
-    def interrupted_at_step_3(self: Trainer, step: int, schedule_steps: int) -> torch.Tensor:
+    def interrupted_at_step_3(
+        self: Trainer, step: int, schedule_steps: int, *rest: bool
+    ) -> torch.Tensor:
         if step == 3:
             raise KeyboardInterrupt
-        return train_step(self, step, schedule_steps)
+        return train_step(self, step, schedule_steps, *rest)
 
     argv = train_argv(shards, tmp_path, num_iterations=6, checkpoint_every=2)
     with monkeypatch.context() as patch:

@@ -117,6 +117,9 @@ class GroupRuntime:
             )
         )
         self.grads = [b.zeros() for b in self.buckets]
+        # Per bucket, the last step's grafting scale ``||P_g|| / ||P_s||`` (B,): kept, not
+        # computed, for inspection (empty until a grafted step).
+        self.graft_scales: list[torch.Tensor] = []
         self.updates = [b.zeros() for b in self.buckets]
         self.params: list[torch.Tensor] = []
         self.filtered: list[torch.Tensor] = []
@@ -519,10 +522,13 @@ class GroupRuntime:
         return self.filtered_out
 
     def _graft(self, directions: Sequence[torch.Tensor], grafted: Sequence[torch.Tensor]) -> None:
-        """``updates = P_s * ||P_g|| / (||P_s|| + 1e-16)``, norms per block."""
+        """``updates = P_s * ||P_g|| / (||P_s|| + 1e-16)``, norms per block; the scales are
+        kept in :attr:`graft_scales`."""
+        self.graft_scales = []
         for out, direction, graft in zip(self.updates, directions, grafted):
             dims = tuple(range(1, direction.dim()))
             scale = torch.linalg.vector_norm(graft, dim=dims) / (
                 torch.linalg.vector_norm(direction, dim=dims) + _GRAFTING_NORM_EPSILON
             )
             torch.mul(direction, scale.view(-1, *([1] * len(dims))), out=out)
+            self.graft_scales.append(scale)

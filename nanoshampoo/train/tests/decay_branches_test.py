@@ -279,11 +279,11 @@ def test_a_diverged_branch_is_recorded_and_the_main_run_goes_on(
     finals = _branch_finals(monkeypatch)
     train_step = Trainer._train_step
 
-    def poisoned(self: Trainer, step: int, schedule_steps: int) -> torch.Tensor:
+    def poisoned(self: Trainer, step: int, schedule_steps: int, *rest: bool) -> torch.Tensor:
         if self.cfg.decay_branches and schedule_steps == 8 and step == 6:  # the 8-step branch
             with torch.no_grad():
                 next(self.model.parameters()).fill_(math.nan)
-        return train_step(self, step, schedule_steps)
+        return train_step(self, step, schedule_steps, *rest)
 
     monkeypatch.setattr(Trainer, "_train_step", poisoned)
     runs = _branches_against_separate_runs(shards, tmp_path, finals, optimizer="adamw")

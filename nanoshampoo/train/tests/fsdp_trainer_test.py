@@ -269,3 +269,28 @@ def test_sharded_presets_differ_from_their_base_only_in_model_and_parallel() -> 
         assert {k for k in fields if fields[k] != base.get(k)} <= {"preset", "model", "parallel"}
         assert fields["parallel"] == "fsdp2" and fields["model"] == model
         TrainConfig(**fields)
+
+
+def test_fsdp2_telemetry_matches_ddp(two_rank_results: tuple[Path, list[Any]]) -> None:
+    """Telemetry computed where FSDP2's blocks live (full tensors gathered, Shampoo's blocks on
+    their round-robin owners) gives the ddp run's records, up to the runs' float32 agreement
+    (a condition number moves by ~kappa eps relatively: lambda_min by ~eps lambda_max)."""
+    out, _ = two_rank_results
+
+    def telemetry(run: str) -> dict[tuple[int, str], dict[str, Any]]:
+        return {
+            (r["step"], r["layer"]): r
+            for r in read_jsonl(out / f"{run}.jsonl")
+            if r["kind"] == "telemetry"
+        }
+
+    ddp, fsdp2 = telemetry("ddp"), telemetry("fsdp2")
+    assert ddp and sorted(fsdp2) == sorted(ddp)
+    eps = float(torch.finfo(torch.float32).eps)
+    for point, want in ddp.items():
+        got = fsdp2[point]
+        assert sorted(got) == sorted(want), point
+        for key, value in want.items():
+            if isinstance(value, float):
+                slack = 4 * value * eps if key.endswith("condition_number") else 0.0
+                assert got[key] == pytest.approx(value, rel=1e-4 + slack, abs=1e-9), (point, key)

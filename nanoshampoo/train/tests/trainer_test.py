@@ -44,6 +44,7 @@ JSONL_KEYS = {
         "resumed_from",
         "mfu",
         "non_embedding_params",
+        "telemetry_every",
         "config",
     },
     "train": {
@@ -149,7 +150,8 @@ def test_cli_run_lowers_the_loss_and_writes_both_logs(
 
     records = read_jsonl(tmp_path / "e2e.jsonl")
     for record in records:
-        assert set(record) == JSONL_KEYS[record["kind"]], record
+        if record["kind"] != "telemetry":  # keys by setup: telemetry_test.py
+            assert set(record) == JSONL_KEYS[record["kind"]], record
     config = records[0]
     assert config["kind"] == "config" and config["optimizer"] == "shampoo"
     assert (config["run_id"], config["seed"], config["world_size"]) == ("e2e", 3, 1)
@@ -162,6 +164,8 @@ def test_cli_run_lowers_the_loss_and_writes_both_logs(
     )
     vals = [r for r in records if r["kind"] == "val"]
     assert [r["step"] for r in vals] == [0, 20, 40]
+    # Telemetry by default at each validation, after the step that ends there.
+    assert sorted({r["step"] for r in records if r["kind"] == "telemetry"}) == [20, 40]
     assert vals[-1]["val_loss"] < vals[0]["val_loss"] - 1.0  # from ~ln(64) = 4.16
     assert [r["step"] for r in records if r["kind"] == "train"] == list(range(5, 41, 5))
     assert records[-1]["kind"] == "final" and records[-1]["val_loss"] == vals[-1]["val_loss"]

@@ -12,9 +12,11 @@ from __future__ import annotations
 
 from abc import abstractmethod
 from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
 
 import torch
 
+from nanoshampoo.optim.shampoo.preconditioner.eigenbasis import off_diagonal_ratio
 from nanoshampoo.optim.shampoo.preconditioner.factor_matrix_ops import (
     keep_previous_where_failed,
     solve_dtype,
@@ -32,6 +34,21 @@ from nanoshampoo.optim.shampoo.shampoo_types import (
     EigenvalueCorrectedShampooPreconditionerConfig,
     ShampooPreconditionerConfig,
 )
+
+
+@dataclass(frozen=True)
+class FactorHealth:
+    """What one dim's factors of a bucket look like now, for inspection (telemetry).
+
+    ``eigenvalues`` ``(B, n)`` float64, ascending: of the bias-corrected factors ``F / bc2``
+    (no ridge, no trace scaling); ``off_diagonal`` ``(B,)`` float64: ``off_diagonal_ratio`` of
+    the eigenbasis in force against those factors (None: the preconditioner keeps no basis);
+    ``failures`` ``(B,)`` int64: consecutive failed amortized computations.
+    """
+
+    eigenvalues: torch.Tensor
+    off_diagonal: torch.Tensor | None
+    failures: torch.Tensor
 
 
 class KroneckerFactoredPreconditioner(Preconditioner):
@@ -235,6 +252,40 @@ class KroneckerFactoredPreconditioner(Preconditioner):
             computation=self.computation,
             kept=self.kept,
         )
+
+    def factor_health(self, step: int) -> list[list[FactorHealth | None]]:
+        """Per bucket, per dim (None: no factor), the factors' :class:`FactorHealth` after
+        ``step`` steps: one batched float64 ``eigvalsh`` per pool. Reads the state, changes
+        nothing; called for inspection only, never by the step."""
+        bias_correction = self._bias_correction(step)
+        spectra: dict[Hashable, torch.Tensor] = {}
+        off: dict[Hashable, torch.Tensor] = {}
+        keeps_bases = self.result_state_name == "factor_matrices_eigenvectors"
+        for key, pool in self._factors.pools.items():
+            factors = self._factors.matrices(pool, None, torch.float64, bias_correction)
+            spectra[key] = torch.linalg.eigvalsh(factors)
+            if keeps_bases:
+                off[key] = off_diagonal_ratio(factors, self._results[key].to(torch.float64))
+        health: list[list[FactorHealth | None]] = []
+        for index, bucket in enumerate(self._buckets):
+            count = bucket.num_blocks
+            health.append(
+                [
+                    None
+                    if slot is None
+                    else FactorHealth(
+                        eigenvalues=KroneckerFactors.rows(slot, count, spectra),
+                        off_diagonal=KroneckerFactors.rows(slot, count, off)
+                        if keeps_bases
+                        else None,
+                        failures=self._factors.pools[slot.pool_key].failure_counts[
+                            slot.offset : slot.offset + count
+                        ],
+                    )
+                    for slot in self._factors.slots[index]
+                ]
+            )
+        return health
 
     def _bucket_results(self, bucket_index: int) -> list[torch.Tensor | None]:
         """Per dim, the ``(B, n, n)`` results of bucket ``bucket_index`` (None: no factor)."""

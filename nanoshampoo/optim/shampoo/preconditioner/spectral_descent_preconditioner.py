@@ -304,6 +304,17 @@ class SpectralDescentPreconditioner(Preconditioner):
             raise TypeError(f"unsupported orthogonalization_config {method!r}")
         return self._outputs
 
+    def last_directions(self) -> list[torch.Tensor]:
+        """Per bucket, the ``(B, rows, cols)`` orthogonalized directions of the last
+        :meth:`precondition` before the ``scale_by_dims_fn`` factor (``orth(G)``), for
+        inspection: a new tensor divided from the kept outputs, nothing recomputed."""
+        method = self._config.orthogonalization_config
+        directions = []
+        for output, (rows, cols) in zip(self._outputs, self._matrix_shapes):
+            scale = float(method.scale_by_dims_fn(cols, rows))
+            directions.append(output.view(-1, rows, cols) / scale)
+        return directions
+
     def _newton_schulz(
         self,
         stack: _WideStack,

@@ -1,0 +1,294 @@
+"""Telemetry records of real optimizer steps against float64 computations from the definitions
+(weights before and after, the gradient, the optimizer's state), the gloo run against one
+process, and the divergence line."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from nanoshampoo.model.gpt import GPT, GPTConfig
+from nanoshampoo.testing.distributed import run_on_gloo
+from nanoshampoo.train.config import TrainConfig
+from nanoshampoo.train.distributed import DistributedContext
+from nanoshampoo.train.optimizers import build_optimizer_setup
+from nanoshampoo.train.outcomes import TrainingDiverged
+from nanoshampoo.train.telemetry import DepartureWatch, Telemetry, resolve_every
+from nanoshampoo.train.trainer import Trainer
+
+STEPS = 3
+EPS32 = float(torch.finfo(torch.float32).eps)
+# conftest's tiny GPT, spelled here: the gloo workers import this module in a fresh process,
+# where ``conftest`` names the repository's root conftest.
+VOCAB = 64
+TINY_GPT = dict(vocab_size=VOCAB, num_layers=2, model_dim=32, head_dim=16, max_seq_len=16)
+# Every matrix of the tiny GPT one block (none merged into a vector, as the 8192 default would
+# do at these sizes), and roots often, so that every statistic moves within STEPS steps.
+SETTINGS = {
+    "preconditioner.max_preconditioner_dim": 128,
+    "shampoo.precondition_frequency": 1,
+    "soap.precondition_frequency": 2,
+}
+
+
+def one_process() -> DistributedContext:
+    return DistributedContext(
+        rank=0, world_size=1, device=torch.device("cpu"), owns_process_group=False
+    )
+
+
+def batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
+    generator = torch.Generator().manual_seed(100 + step)
+    tokens = torch.randint(0, VOCAB, (4, 17), generator=generator)
+    return tokens[:, :-1], tokens[:, 1:]
+
+
+def train_and_record(
+    setup_name: str, ctx: DistributedContext
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """``STEPS`` steps of the tiny GPT (gradients averaged over ranks); the records of the
+    last one, and what a reference needs: weights before and after (float64), gradients,
+    the optimizers."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(**TINY_GPT))
+    cfg = TrainConfig(optimizer=setup_name, **SETTINGS)
+    setup = build_optimizer_setup(model, cfg, ctx.world_size)
+    telemetry = Telemetry(
+        1, model, setup.groups["matrix"], setup.optimizers, setup.self_reducing_params, ctx
+    )
+    records: list[dict[str, Any]] = []
+    seen: dict[str, Any] = {}
+    for step in range(STEPS):
+        x, y = batch(step)
+        model(x, y).backward()
+        if ctx.world_size > 1:
+            for p in setup.all_reduce_params:
+                torch.distributed.all_reduce(p.grad, op=torch.distributed.ReduceOp.AVG)
+        last = step == STEPS - 1
+        if last:
+            seen["before"] = {n: p.detach().double().clone() for n, p in model.named_parameters()}
+            seen["grads"] = {n: p.grad.double().clone() for n, p in model.named_parameters()}
+            telemetry.snapshot()
+        for opt in setup.optimizers:
+            opt.step()
+        if last:
+            records = telemetry.record(STEPS)
+        for opt in setup.optimizers:
+            opt.zero_grad(set_to_none=True)
+    seen["after"] = {n: p.detach().double().clone() for n, p in model.named_parameters()}
+    seen["setup"] = setup
+    seen["model"] = model
+    return records, seen
+
+
+def root_mean_square(x: np.ndarray) -> float:
+    return math.sqrt(float((x**2).sum()) / x.size)
+
+
+@pytest.mark.parametrize("setup_name", ["shampoo", "soap", "muon", "adamw", "distadam"])
+def test_every_setup_records_the_update_against_float64(setup_name: str) -> None:
+    records, seen = train_and_record(setup_name, one_process())
+    matrices = [
+        n
+        for n, p in seen["model"].named_parameters()
+        if any(p is m for m in seen["setup"].groups["matrix"])
+    ]
+    assert [r["layer"] for r in records] == matrices
+    for record in records:
+        name = record["layer"]
+        before, after = seen["before"][name].numpy(), seen["after"][name].numpy()
+        update = after - before
+        assert record["kind"] == "telemetry" and record["step"] == STEPS
+        assert record["grad_rms"] == pytest.approx(root_mean_square(seen["grads"][name].numpy()))
+        assert record["weight_rms"] == pytest.approx(root_mean_square(after))
+        assert record["update_rms"] == pytest.approx(root_mean_square(update), rel=1e-5)
+        assert record["update_ratio"] == pytest.approx(
+            root_mean_square(update) / root_mean_square(before), rel=1e-5
+        )
+        sigma = np.linalg.svd(update.reshape(update.shape[0], -1), compute_uv=False)
+        # Power iteration: a lower bound, close after 8 steps.
+        assert 0.9 * sigma[0] <= record["update_top_sv"] <= sigma[0] * (1 + 1e-5)
+
+
+def bias_corrected_factor(state: Any, dim: int, beta2: float) -> np.ndarray:
+    return state.factor_matrices[dim].double().numpy() / (1.0 - beta2**STEPS)
+
+
+def reference_spectrum(eigenvalues: np.ndarray, epsilon: float) -> tuple[float, float, float]:
+    values = np.clip(eigenvalues, 0.0, None)
+    p = values / values.sum()
+    entropy = -sum(float(q * math.log(q)) for q in p if q > 0)
+    below = float(np.mean(values < epsilon))
+    return (values.max() + epsilon) / (values.min() + epsilon), math.exp(entropy), below
+
+
+@pytest.mark.parametrize(("setup_name", "table"), [("shampoo", "shampoo"), ("soap", "soap")])
+def test_factor_statistics_from_the_optimizer_state_in_float64(setup_name: str, table: str) -> None:
+    records, seen = train_and_record(setup_name, one_process())
+    cfg = TrainConfig(optimizer=setup_name, **SETTINGS)
+    epsilon, beta2 = cfg.table(table).epsilon, cfg.table(table).beta2
+    shampoo = seen["setup"].optimizers[-1]
+    by_name = dict(seen["model"].named_parameters())
+    for record in records:
+        state = shampoo.state[by_name[record["layer"]]]["block_0"]["shampoo"]
+        for dim in (0, 1):
+            factor = bias_corrected_factor(state, dim, beta2)
+            expected = reference_spectrum(np.linalg.eigvalsh(factor), epsilon)
+            got = tuple(
+                record[f"factor{dim}.{k}"]
+                for k in ("condition_number", "effective_rank", "share_below_epsilon")
+            )
+            assert got == pytest.approx(expected, rel=1e-6)
+            assert record[f"factor{dim}.failures"] == 0.0
+            if setup_name == "soap":
+                q = state.factor_matrices_eigenvectors[dim].double().numpy()
+                rotated = q.T @ factor @ q
+                off = np.linalg.norm(rotated - np.diag(np.diag(rotated))) / np.linalg.norm(rotated)
+                assert record[f"factor{dim}.off_diagonal"] == pytest.approx(off, rel=1e-5)
+        if setup_name == "shampoo":
+            assert record["graft_ratio"] > 0.0
+
+
+def test_muon_orthogonality_from_the_update_itself() -> None:
+    """Muon without weight decay moves ``W`` by ``-lr scale U``: ``U`` from the update."""
+    records, seen = train_and_record("muon", one_process())
+    lr = TrainConfig(optimizer="muon").table("muon").lr
+    assert TrainConfig(optimizer="muon").table("muon").weight_decay == 0.0
+    for record in records:
+        name = record["layer"]
+        update = seen["after"][name].numpy() - seen["before"][name].numpy()
+        rows, cols = update.shape
+        u = -update / (lr * max(1.0, rows / cols) ** 0.5)
+        gram = u @ u.T if rows <= cols else u.T @ u
+        error = np.linalg.norm(gram - np.eye(gram.shape[0])) / math.sqrt(gram.shape[0])
+        sigma = np.linalg.svd(u, compute_uv=False)
+        assert record["ns_orthogonality_error"] == pytest.approx(error, rel=1e-3, abs=1e-5)
+        assert record["ns_sigma_min"] == pytest.approx(sigma.min(), rel=1e-3)
+        assert record["ns_sigma_max"] == pytest.approx(sigma.max(), rel=1e-3)
+
+
+def test_adam_second_moment_spread_against_float64() -> None:
+    records, seen = train_and_record("adamw", one_process())
+    (adamw,) = seen["setup"].optimizers
+    by_name = dict(seen["model"].named_parameters())
+    for record in records:
+        roots = np.sort(
+            np.sqrt(adamw.state[by_name[record["layer"]]]["exp_avg_sq"].double().numpy()).ravel()
+        )
+        expected = roots[-1] / roots[(roots.size - 1) // 2]
+        assert record["sqrt_v_spread"] == pytest.approx(expected, rel=1e-12)
+
+
+def _gloo_records(rank: int, world_size: int, setup_name: str) -> list[dict[str, Any]]:
+    ctx = DistributedContext(
+        rank=rank, world_size=world_size, device=torch.device("cpu"), owns_process_group=False
+    )
+    records, _ = train_and_record(setup_name, ctx)
+    return [{k: v for k, v in r.items() if k not in ("kind", "layer")} for r in records]
+
+
+@pytest.mark.parametrize("setup_name", ["shampoo", "distadam"])
+def test_two_ranks_record_what_one_process_records(setup_name: str) -> None:
+    """World size 2 (Shampoo's DDP distributor: each rank holds half of the blocks; DistAdam:
+    each rank one slice of the moments): rank 0's records equal one process's."""
+    single, _ = train_and_record(setup_name, one_process())
+    ranks = run_on_gloo(_gloo_records, 2, setup_name)
+    assert ranks[1] == []
+    expected = [{k: v for k, v in r.items() if k not in ("kind", "layer")} for r in single]
+    assert len(ranks[0]) == len(expected)
+    for got, want in zip(ranks[0], expected):
+        assert sorted(got) == sorted(want)
+        for key in want:
+            # Each rank stacks other blocks side by side, so its float32 products round
+            # differently from one process's: the two trajectories agree to ~1e-4 after three
+            # steps, and kappa moves by ~kappa eps relatively (lambda_min by ~eps lambda_max).
+            slack = want[key] * EPS32 if key.endswith("condition_number") else 0.0
+            assert got[key] == pytest.approx(want[key], rel=1e-3 + 4 * slack, abs=1e-9), key
+
+
+def test_resolve_every_and_departure_watch() -> None:
+    assert (resolve_every(-1, 50), resolve_every(0, 50), resolve_every(7, 50)) == (50, 0, 7)
+    watch = DepartureWatch()
+    # The range is taken over the values at least two records old (lag 2, three of them).
+    for step, value in enumerate([1.0, 2.0, 1.5, 1.0, 2.0, 50.0, 2.0, 1e4, 1e5], start=1):
+        watch.add(step, "a", "update_ratio", value)  # 50 goes out and comes back: forgotten
+        watch.add(step, "b", "grad_rms", 1.0)
+    for step, loss in enumerate([5.0, 4.0, 3.9, 3.8, 3.7, 3.6, 3.5, 9.0, math.nan], start=1):
+        watch.add_loss(step, loss)
+    assert watch.loss_departure == 8  # 9.0 > 5.0 * 1.05, the top of its range
+    assert watch.first_departure(stop_step=9) == (
+        "first to leave its running range before the loss: a update ratio 1e+04 at step 8 "
+        "(range 1-2)"
+    )
+    assert watch.first_departure(stop_step=7) is None  # the 50 came back
+    assert DepartureWatch().first_departure(stop_step=3) is None
+
+
+def small_config(shards: dict[str, str], out_dir: Path, **overrides: Any) -> TrainConfig:
+    fields: dict[str, Any] = dict(
+        preset="test",
+        model="tiny",
+        dataset="shards",
+        vocab_size=VOCAB,
+        seq_len=32,
+        batch_size=4,
+        num_iterations=60,
+        val_every=0,
+        val_tokens=512,
+        log_every=1,
+        progress=False,
+        out_dir=str(out_dir),
+        run_id="run",
+        save_final_checkpoint=False,
+        autocast="off",
+        compile="false",
+        threads=1,
+        **shards,
+    )
+    return TrainConfig(**{**fields, **overrides})
+
+
+def test_off_builds_nothing_and_the_default_follows_validation(
+    shards: dict[str, str], tmp_path: Path
+) -> None:
+    assert Trainer(small_config(shards, tmp_path, telemetry_every=0)).telemetry is None
+    default = Trainer(small_config(shards, tmp_path, val_every=4)).telemetry
+    assert default is not None and default.every == 4
+    assert Trainer(small_config(shards, tmp_path, val_every=0)).telemetry is None
+    with pytest.raises(ValueError, match=r"TrainConfig.telemetry_every \(--telemetry-every\)"):
+        small_config(shards, tmp_path, telemetry_every=-2)
+
+
+def test_a_forced_divergence_names_the_first_layer_that_ran_away(
+    shards: dict[str, str], tmp_path: Path
+) -> None:
+    cfg = small_config(shards, tmp_path, telemetry_every=1, optimizer="adamw", **{"adamw.lr": 30.0})
+    with pytest.raises(TrainingDiverged) as raised:
+        Trainer(cfg).run()
+    match = re.search(
+        r"first to leave its running range before the loss: (\S+) (.+) (\S+) at step (\d+) "
+        r"\(range (\S+)-(\S+)\)$",
+        raised.value.reason,
+    )
+    assert match is not None, raised.value.reason
+    layer, label, value, step = match.group(1), match.group(2), match.group(3), int(match.group(4))
+    assert layer.startswith("blocks.") and step <= raised.value.step
+    records = [json.loads(line) for line in (tmp_path / "run.jsonl").read_text().splitlines()]
+    key = label.replace(" ", "_")
+    series = [r[key] for r in records if r["kind"] == "telemetry" and r["layer"] == layer]
+    steps = [r["step"] for r in records if r["kind"] == "telemetry" and r["layer"] == layer]
+    at = steps.index(step)
+    earlier = [float(v) for v in series[: at - 2]]  # the running range: records 2+ older
+    low, high = min(earlier), max(earlier)
+    named = float(series[at])
+    assert (f"{named:.3g}", f"{low:.3g}", f"{high:.3g}") == (value, *match.group(5, 6))
+    assert not (low / 10 <= named <= high * 10)
+    text = (tmp_path / "run.txt").read_text().splitlines()[-1]
+    assert text.endswith(match.group(0))
