@@ -10,6 +10,13 @@ from nanoshampoo.train.cli import config_from_args, main
 from nanoshampoo.train.config import LEGACY_FIELDS, TrainConfig
 from nanoshampoo.train.presets import PRESET_DIR, load_preset, preset_names
 from nanoshampoo.train.setups import setup_names
+from nanoshampoo.train.setups.adam import AdamConfig, AdamWConfig
+from nanoshampoo.train.setups.shampoo_family import (
+    MuonConfig,
+    PreconditionerConfig,
+    ShampooConfig,
+    SoapConfig,
+)
 
 
 @pytest.mark.parametrize(
@@ -130,20 +137,20 @@ def test_legacy_flat_names_set_their_table_fields() -> None:
         precondition_frequency=7,
         factor_dtype="bfloat16",
     )
-    assert (cfg.table("adamw").lr, cfg.table("shampoo").lr) == (0.002, 0.002)
-    assert (cfg.table("muon").lr, cfg.table("adam").eps) == (0.03, 1e-8)
-    assert cfg.table("shampoo").precondition_frequency == 7
-    assert cfg.table("preconditioner").factor_dtype == "bfloat16"
+    assert (cfg.table(AdamWConfig).lr, cfg.table(ShampooConfig).lr) == (0.002, 0.002)
+    assert (cfg.table(MuonConfig).lr, cfg.table(AdamConfig).eps) == (0.03, 1e-8)
+    assert cfg.table(ShampooConfig).precondition_frequency == 7
+    assert cfg.table(PreconditionerConfig).factor_dtype == "bfloat16"
     # The new spellings win over the old ones.
-    assert TrainConfig(matrix_lr=0.1, **{"shampoo.lr": 0.2}).table("shampoo").lr == 0.2
+    assert TrainConfig(matrix_lr=0.1, **{"shampoo.lr": 0.2}).table(ShampooConfig).lr == 0.2
 
 
 def test_legacy_flags_and_new_flags_apply_in_order() -> None:
     cfg = config_from_args(
         ["--matrix-lr", "0.1", "--shampoo.lr", "0.2", "--muon.lr", "0.3", "--muon-lr", "0.4"]
     )
-    assert (cfg.table("shampoo").lr, cfg.table("adamw").lr) == (0.2, 0.1)
-    assert cfg.table("muon").lr == 0.4
+    assert (cfg.table(ShampooConfig).lr, cfg.table(AdamWConfig).lr) == (0.2, 0.1)
+    assert cfg.table(MuonConfig).lr == 0.4
 
 
 def test_to_dict_rebuilds_the_config_and_holds_only_the_setups_tables() -> None:
@@ -156,7 +163,11 @@ def test_to_dict_rebuilds_the_config_and_holds_only_the_setups_tables() -> None:
 
 def test_defaults_are_the_optimization_track_shampoo_recipe() -> None:
     cfg = TrainConfig()
-    adam, shampoo, pre = cfg.table("adam"), cfg.table("shampoo"), cfg.table("preconditioner")
+    adam, shampoo, pre = (
+        cfg.table(AdamConfig),
+        cfg.table(ShampooConfig),
+        cfg.table(PreconditionerConfig),
+    )
     assert (adam.embed_lr, adam.head_lr, adam.scalar_lr) == (0.3, 1 / 320, 0.01)
     assert (adam.beta1, adam.beta2, adam.eps) == (0.8, 0.95, 1e-10)
     assert (shampoo.lr, shampoo.beta1, shampoo.beta2) == (0.0015, 0.9, 0.95)
@@ -208,8 +219,8 @@ def test_flags_override_the_preset_with_typed_values() -> None:
 
 def test_precondition_dtype_flag_sets_the_shampoo_table() -> None:
     cfg = config_from_args(["--shampoo.precondition-dtype", "bfloat16"])
-    assert cfg.table("shampoo").precondition_dtype == "bfloat16"
-    assert config_from_args([]).table("shampoo").precondition_dtype == "float32"
+    assert cfg.table(ShampooConfig).precondition_dtype == "bfloat16"
+    assert config_from_args([]).table(ShampooConfig).precondition_dtype == "float32"
 
 
 def test_a_table_field_takes_the_presets_spelling_too(capsys: pytest.CaptureFixture[str]) -> None:
@@ -234,8 +245,8 @@ def test_a_table_field_takes_the_presets_spelling_too(capsys: pytest.CaptureFixt
         ]
     )
     assert dashed.to_dict() == underscored.to_dict()
-    assert underscored.table("soap").precondition_frequency == 7
-    assert underscored.table("preconditioner").start_preconditioning_step == 14
+    assert underscored.table(SoapConfig).precondition_frequency == 7
+    assert underscored.table(PreconditionerConfig).start_preconditioning_step == 14
     with pytest.raises(SystemExit):
         main(["--help"])
     assert "--soap.precondition_frequency" not in capsys.readouterr().out  # one spelling listed
