@@ -273,7 +273,7 @@ def test_tune_refuses_a_range_without_positive_trials(
 
 @pytest.mark.parametrize(
     "key",
-    ["seed", "run_id", "out_dir", "resume", "optimizer", "preset", "decay_branches", "run-id"],
+    ["seed", "run_id", "out_dir", "resume", "optimizer", "preset", "decay_branches"],
 )
 def test_tune_refuses_to_search_a_field_it_sets_for_each_run(
     key: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
