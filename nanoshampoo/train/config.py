@@ -115,9 +115,14 @@ RENAMED: dict[str, tuple[str, ...]] = {
 
 
 def renamed_message(key: str, spelling: str = "key") -> str | None:
-    """The one line for an old name (a key of ``RENAMED``, or a table field spelled with
-    underscores as a flag), spelled as ``spelling`` says: ``"key"`` (``muon.lr``), ``"flag"``
-    (``--muon.lr``) or ``"preset"`` (``[muon] lr``); None for a name that was never ours."""
+    """The one line for an old name (a key of ``RENAMED``) that names its new spelling as
+    ``spelling`` says: ``"key"`` (``muon.lr``), ``"flag"`` (``--muon.lr``) or ``"preset"``
+    (``[muon] lr``); None for any other name.
+
+    Example:
+        >>> renamed_message("muon_ns_steps", "flag")
+        '--muon-ns-steps is now --muon.ns-steps'
+    """
     if key not in RENAMED:
         return None
     new = RENAMED[key]
