@@ -371,7 +371,14 @@ class TrainConfig:
 def flatten_tables(values: Mapping[str, Any]) -> dict[str, Any]:
     """``values`` with every table (a registered table's name holding a ``{field: value}`` dict
     or its dataclass instance) spelled as ``TABLE.FIELD`` keys, in order; other keys unchanged.
-    The one place a table becomes flag-spelled keys (``to_dict``, ``--help``, compare)."""
+    The one place a table becomes flag-spelled keys (``to_dict``, ``--help``, compare).
+
+    Example:
+        >>> from nanoshampoo.train.setups.shampoo_family import MuonConfig
+        >>> flatten_tables({"seed": 1, "muon": MuonConfig(lr=0.02), "adam": {"eps": 1e-8}})
+        ... # doctest: +ELLIPSIS
+        {'seed': 1, 'muon.lr': 0.02, 'muon.momentum': 0.95, ..., 'adam.eps': 1e-08}
+    """
     tables = table_classes()
     flat: dict[str, Any] = {}
     for key, value in values.items():
