@@ -1,4 +1,5 @@
-"""The package's layers point one way, and its files stay small.
+"""The package's layers point one way, its modules import each other in no cycle, and its
+files stay small.
 
 Layers, lowest first (``docs/architecture.md``, "Layers"): the foundation (the root package,
 ``io_utils``, ``errors``, ``matmul_speed``, ``validation``, ``testing``), ``optim``, ``model``, ``data``, ``train``, ``evidence``, ``cli``
