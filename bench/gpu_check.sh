@@ -68,9 +68,9 @@ case "$DEVICE" in
     TINY=(--device cpu --threads 1 --compile false --num-iterations 2 --seq-len 32 --batch-size 2 --val-tokens 64)
     BATCH_TOKENS=64
     GPT2=(--device cpu --threads 1 --compile false --model tiny --seq-len 32 --batch-size 2
-          --val-tokens "$BATCH_TOKENS" --max-preconditioner-dim 256 --num-iterations 2 --profile-steps 1)
+          --val-tokens "$BATCH_TOKENS" --preconditioner.max-preconditioner-dim 256 --num-iterations 2 --profile-steps 1)
     FSDP2=(--device cpu --threads 1 --compile false --model tiny --seq-len 32 --batch-size 2
-           --val-tokens "$BATCH_TOKENS" --max-preconditioner-dim 256 --num-iterations 2)
+           --val-tokens "$BATCH_TOKENS" --preconditioner.max-preconditioner-dim 256 --num-iterations 2)
     ;;
   *)
     echo "GPU_CHECK_DEVICE must be cuda or cpu, got '$DEVICE'" >&2

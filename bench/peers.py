@@ -63,8 +63,15 @@ from nanoshampoo.optim.shampoo import (
 )
 from nanoshampoo.train.config import TrainConfig
 from nanoshampoo.train.hardware import cpu_name
+from nanoshampoo.train.setups.adam import AdamConfig, AdamWConfig
 from nanoshampoo.train.setups.registry import BuildContext
-from nanoshampoo.train.setups.shampoo_family import build_matrix_optimizer, muon_shape_scale
+from nanoshampoo.train.setups.shampoo_family import (
+    MuonConfig,
+    PreconditionerConfig,
+    SoapConfig,
+    build_matrix_optimizer,
+    muon_shape_scale,
+)
 
 GPT_SMALL_SHAPES = "768x768,768x768,768x768,768x768,768x3072,3072x768"
 ROWS = ("muon", "soap", "shampoo", "adamw")
@@ -161,7 +168,7 @@ def load_package(directory: Path | None, package: str, flag: str) -> tuple[Modul
 def ours_muon(compute_dtype: torch.dtype | str | None) -> Factory:
     """The trainer's Muon (its ``muon`` setup) with a given Newton-Schulz dtype."""
     cfg = TrainConfig(optimizer="muon")
-    muon, pre = cfg.table("muon"), cfg.table("preconditioner")
+    muon, pre = cfg.table(MuonConfig), cfg.table(PreconditionerConfig)
 
     def build(params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
         method = NewtonSchulzOrthogonalizationConfig(
@@ -187,7 +194,7 @@ def ours_muon(compute_dtype: torch.dtype | str | None) -> Factory:
 
 
 def muon_rows(directory: Path | None, log: list[str]) -> list[Row]:
-    muon = TrainConfig(optimizer="muon").table("muon")
+    muon = TrainConfig(optimizer="muon").table(MuonConfig)
     rows = []
     for label, patch, dtype in (
         ("bf16 NS, its default", None, "auto"),
@@ -219,11 +226,11 @@ def soap_rows(directory: Path | None, log: list[str]) -> list[Row]:
     if module is None:
         return []
     cfg = TrainConfig(optimizer="soap")
-    soap = cfg.table("soap")
+    soap = cfg.table(SoapConfig)
     frequency = soap.precondition_frequency
 
     def ours(params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
-        return build_matrix_optimizer(BuildContext({"matrix": params}, cfg, world_size=1))
+        return build_matrix_optimizer(BuildContext({"matrix": params}, cfg, world_size=1), "soap")
 
     def peer(params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
         return module.SOAP(
@@ -288,11 +295,11 @@ def shampoo_rows(directory: Path | None, log: list[str]) -> list[Row]:
 
 def adamw_rows(device: torch.device, log: list[str]) -> list[Row]:
     cfg = TrainConfig(optimizer="adamw")
-    adamw = cfg.table("adamw")
+    adamw = cfg.table(AdamWConfig)
     options = dict(
         lr=adamw.lr,
         betas=(adamw.beta1, adamw.beta2),
-        eps=cfg.table("adam").eps,
+        eps=cfg.table(AdamConfig).eps,
         weight_decay=adamw.weight_decay,
     )
 

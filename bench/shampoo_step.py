@@ -91,7 +91,7 @@ On this CPU a warm-started root costs three GEMMs and the error estimate against
 ``eigh`` here, so ``--warm-max-iterations 0`` is the faster CPU setting. The eigenvectors are
 kept as state (+2.06 B/param B). The large-factor schedule halves the freq-10 roots; with
 warm-qr they are 0.38x of the plain freq-10 roots. Whether the losses stay equal is measured
-with ``nanoshampoo stats`` (``--root-method``, ``--large-factor-*`` of the trainer).
+with ``nanoshampoo stats`` (the trainer's ``--shampoo.root-method``, ``--shampoo.large-factor-*``).
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""The package's layers point one way, and its files stay small.
+"""The package's layers point one way, its modules import each other in no cycle, and its
+files stay small.
 
 Layers, lowest first (``docs/architecture.md``, "Layers"): the foundation (the root package,
 ``io_utils``, ``errors``, ``matmul_speed``, ``validation``, ``testing``), ``optim``, ``model``, ``data``, ``train``, ``evidence``, ``cli``
@@ -147,3 +148,98 @@ def test_the_statement_count_counts_nested_statements_and_not_lines() -> None:
 def test_at_most_three_functions_are_over_45_statements_and_each_is_named_here() -> None:
     assert len(LONG_FUNCTIONS) <= 3
     assert long_functions() <= LONG_FUNCTIONS, sorted(long_functions() - LONG_FUNCTIONS)
+
+
+# --- No import cycle anywhere in the package -----------------------------------------------
+# Every import statement counts, lazy ones and those under ``if TYPE_CHECKING:`` included: a
+# cycle that only runs lazily is still two modules that cannot be read, or changed, apart.
+# ``from package import name`` depends on the submodule ``package.name`` when there is one, else
+# on the package; a module's implicit import of its parent package is not an edge (Python runs
+# the parent first, which is no cycle of the code's making).
+
+
+def import_graph(root: Path, package: str) -> dict[str, set[str]]:
+    """Module -> the modules of ``package`` (under ``root``) it imports; test modules out."""
+    paths = {
+        ".".join(p.relative_to(root).with_suffix("").parts).removesuffix(".__init__"): p
+        for p in (root / package).rglob("*.py")
+        if "tests" not in p.relative_to(root / package).parts
+    }
+    graph: dict[str, set[str]] = {}
+    for module, path in paths.items():
+        is_package = path.name == "__init__.py"
+        base = module.split(".") if is_package else module.split(".")[:-1]
+        targets: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                targets.update(alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                parent = base[: len(base) - node.level + 1] if node.level else []
+                source = ".".join(parent + ([node.module] if node.module else []))
+                for alias in node.names:
+                    sub = f"{source}.{alias.name}"
+                    targets.add(sub if sub in paths else source)
+        graph[module] = {t for t in targets if t in paths and t != module}
+    return graph
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Every strongly connected set of two or more modules (each sorted), found by Tarjan's
+    algorithm: each is at least one cycle."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    cycles: list[list[str]] = []
+
+    def visit(module: str) -> None:
+        index[module] = low[module] = len(index)
+        stack.append(module)
+        for target in sorted(graph.get(module, ())):
+            if target not in index:
+                visit(target)
+                low[module] = min(low[module], low[target])
+            elif target in stack:
+                low[module] = min(low[module], index[target])
+        if low[module] == index[module]:
+            members = []
+            while True:
+                member = stack.pop()
+                members.append(member)
+                if member == module:
+                    break
+            if len(members) > 1:
+                cycles.append(sorted(members))
+
+    for module in sorted(graph):
+        if module not in index:
+            visit(module)
+    return sorted(cycles)
+
+
+def test_no_import_cycle_in_the_package() -> None:
+    graph = import_graph(PACKAGE.parent, "nanoshampoo")
+    assert "nanoshampoo.train.setups" in graph["nanoshampoo.train.config"]
+    assert import_cycles(graph) == []
+
+
+def test_the_cycle_check_sees_lazy_type_checking_and_from_package_imports(
+    tmp_path: Path,
+) -> None:
+    """The checker itself: a cycle through a lazy import, one through ``TYPE_CHECKING``, one
+    through ``from package import module``; and an acyclic chain that is not one."""
+    files = {
+        "pkg/__init__.py": "",
+        "pkg/a.py": "def later():\n    from pkg import b\n",
+        "pkg/b.py": "from . import a\n",
+        "pkg/c.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg.d import X\n",
+        "pkg/d.py": "from pkg.sub import e\n",
+        "pkg/sub/__init__.py": "",
+        "pkg/sub/e.py": "from ..c import Y\n",
+        "pkg/f.py": "import pkg.a\nfrom pkg.sub import e\n",
+    }
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    graph = import_graph(tmp_path, "pkg")
+    assert graph["pkg.f"] == {"pkg.a", "pkg.sub.e"}
+    assert import_cycles(graph) == [["pkg.a", "pkg.b"], ["pkg.c", "pkg.d", "pkg.sub.e"]]

@@ -6,16 +6,13 @@ mid-run, inside the baseline's own decay, cannot give)."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING
 
 from nanoshampoo.evidence.logs import RunRecord
 from nanoshampoo.evidence.report import budget_rows
 from nanoshampoo.evidence.scaling import Observation, ScalingStudy, estimate_speedups
 from nanoshampoo.evidence.scaling_report import format_count, format_speedup
+from nanoshampoo.evidence.stats import BudgetSummary
 from nanoshampoo.evidence.tables import format_markdown_table
-
-if TYPE_CHECKING:
-    from nanoshampoo.evidence.leaderboard import Leaderboard
 
 
 def model_scale(runs: Sequence[RunRecord]) -> str:
@@ -73,11 +70,12 @@ def fitted_speedups(
         return None, str(exc)
 
 
-def budget_section(board: Leaderboard) -> list[str]:
-    """``## Final val loss at each budget (decay branches)`` (only when runs have branches)."""
+def budget_section(budgets: Sequence[tuple[str, tuple[BudgetSummary, ...]]]) -> list[str]:
+    """``## Final val loss at each budget (decay branches)`` of ``(setup, its budgets)`` in
+    the leaderboard's order (only when runs have branches)."""
     rows = [["setup", *row] for row in budget_rows((), "—")]
-    for row in board.rows:
-        rows += [[row.setup, *line] for line in budget_rows(row.budgets, "—")[1:]]
+    for setup, summaries in budgets:
+        rows += [[setup, *line] for line in budget_rows(summaries, "—")[1:]]
     if len(rows) == 1:
         return []
     return [
@@ -92,12 +90,12 @@ def budget_section(board: Leaderboard) -> list[str]:
     ]
 
 
-def fitted_section(board: Leaderboard) -> list[str]:
-    """``## Speedup off the baseline's fitted curve`` (only when the runs have branches)."""
-    title = f"## Speedup off {board.baseline}'s fitted loss-versus-budget curve"
-    if board.fitted is None:
-        return [title, "", f"No fit: {board.fitted_note}.", ""] if board.fitted_note else []
-    study = board.fitted
+def fitted_section(baseline: str, study: ScalingStudy | None, note: str) -> list[str]:
+    """``## Speedup off the baseline's fitted curve`` from ``fitted_speedups``' answer (only
+    when the runs have branches)."""
+    title = f"## Speedup off {baseline}'s fitted loss-versus-budget curve"
+    if study is None:
+        return [title, "", f"No fit: {note}.", ""] if note else []
     fit = study.fit(FITTED_SIZE)
     budgets = sorted({s.tokens for s in study.speedups})
     rows = [["setup", *[f"{steps} steps" for steps in budgets]]]
@@ -110,9 +108,9 @@ def fitted_section(board: Leaderboard) -> list[str]:
         "",
         *format_markdown_table(rows),
         "",
-        f"{board.baseline}'s mean final losses at {', '.join(map(str, fit.tokens))} steps fitted "
+        f"{baseline}'s mean final losses at {', '.join(map(str, fit.tokens))} steps fitted "
         f"by L(D) = a·D^(−α) + c: α {fit.alpha:.4f}, c {fit.c:.4f}; residuals {residuals}. A "
-        f"cell is the budget {board.baseline} would need to reach the setup's mean final loss "
+        f"cell is the budget {baseline} would need to reach the setup's mean final loss "
         f"there, per budget given (D_eff / D), with a {100 * study.confidence:.0f}% bootstrap "
         f"interval over seeds ({study.resamples} resamples); a loss beyond the fitted range is "
         "a bound (> or <), its extrapolation labelled as one. Unlike steps to target, each "

@@ -50,7 +50,6 @@ Example:
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import hashlib
 import io
 import json
@@ -293,13 +292,11 @@ def expand_setups(config: CompareConfig, baseline_steps: int) -> tuple[Setup, ..
 def train_config_defaults() -> dict[str, Any]:
     """``TrainConfig``'s field defaults, as ``to_dict`` writes them (JSON types): the run fields
     and the ``TABLE.FIELD`` of every registered table (``to_dict`` keeps only the setup's)."""
-    from nanoshampoo.train.config import TrainConfig  # imports torch: only when comparing
+    # imports torch: only when comparing
+    from nanoshampoo.train.config import TrainConfig, flatten_tables
 
     config = TrainConfig()
-    defaults = config.to_dict()
-    for name, table in config.tables.items():
-        defaults.update({f"{name}.{k}": v for k, v in dataclasses.asdict(table).items()})
-    return json.loads(json.dumps(defaults))
+    return json.loads(json.dumps(flatten_tables(config.to_dict() | config.tables)))
 
 
 def plan_runs(
@@ -371,9 +368,9 @@ def find_reusable(
 
     A manifest written before a config field existed lacks that field: the run counts as the
     same when the field's value now equals its default in ``defaults`` (a new field's default
-    keeps the old behaviour), and as a different run otherwise. A manifest written before the
-    setup registry spells the hyper-parameters flat (``muon_lr``): see
-    :func:`upgrade_legacy_config`.
+    keeps the old behaviour), and as a different run otherwise. A manifest that spells the
+    config with names from before (``muon_lr``: ``TrainConfig``'s ``RENAMED``) is not reused,
+    with one line saying so.
     """
     if not directory.is_dir():
         return None
@@ -382,7 +379,16 @@ def find_reusable(
     for manifest in sorted(directory.glob(f"*{MANIFEST_SUFFIX}")):
         try:
             data = json.loads(manifest.read_text(encoding="utf-8"))
-            logged = upgrade_legacy_config(dict(data["config"]), resolved)
+            logged = dict(data["config"])
+            old = old_spelling(logged)
+            if old:
+                print(
+                    f"[compare] not reusing {manifest}: it spells the config as before "
+                    f"({old}); training it again",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                continue
             for key, value in resolved.items():
                 if key not in logged and key in defaults and _same_json(value, defaults[key]):
                     logged[key] = value
@@ -413,7 +419,7 @@ def _log_disagrees(run: RunRecord, resolved: Mapping[str, Any]) -> str:
     seed and every config field it recorded, a non-negative training time); "" when none."""
     if run.seed is not None and str(run.seed) != str(resolved.get("seed", run.seed)):
         return f"its log says seed {run.seed}, the manifest {resolved['seed']}"
-    logged = upgrade_legacy_config(dict(run.config), resolved)  # spelled as fields are now
+    logged = run.config
     for key, value in resolved.items():
         if key in RUN_IDENTITY_IGNORED or key not in logged:
             continue
@@ -424,21 +430,19 @@ def _log_disagrees(run: RunRecord, resolved: Mapping[str, Any]) -> str:
     return ""
 
 
-def upgrade_legacy_config(logged: dict[str, Any], resolved: Mapping[str, Any]) -> dict[str, Any]:
-    """A manifest's config with the flat names from before the setup registry (``muon_lr``,
-    ``matrix_lr``: ``TrainConfig.LEGACY_FIELDS``) as the table fields they are now, kept only
-    for the tables that ``resolved`` (the run asked for now) reads; others pass unchanged.
-    A run field once a bool and now spelled (``compile``: ``False`` -> ``"false"``) is spelled
-    as the config spells it now."""
-    from nanoshampoo.train.config import LEGACY_FIELDS, spelled_value  # imports torch
+def old_spelling(config: Mapping[str, Any]) -> str:
+    """The first name of ``config`` (a manifest's) that is spelled as before, with its new
+    spelling (``"muon_lr is now muon.lr"``); "" when there is none. A boolean ``compile`` is
+    one."""
+    from nanoshampoo.train.config import renamed_message  # imports torch
 
-    tables = {key.split(".", 1)[0] for key in resolved if "." in key}
-    upgraded = {k: spelled_value(k, v) for k, v in logged.items() if k not in LEGACY_FIELDS}
-    for key, value in logged.items():
-        for target in LEGACY_FIELDS.get(key, ()):
-            if target.split(".", 1)[0] in tables:
-                upgraded.setdefault(target, value)
-    return upgraded
+    for key, value in config.items():
+        message = renamed_message(key)
+        if message:
+            return message
+        if key == "compile" and isinstance(value, bool):
+            return f'compile {value!r} is now "{str(value).lower()}"'
+    return ""
 
 
 def _same_json(a: Any, b: Any) -> bool:

@@ -380,8 +380,8 @@ def format_leaderboard(board: Leaderboard) -> str:
         "",
         *_track3_section(board),
         *_schedule_section(board),
-        *budget_section(board),
-        *fitted_section(board),
+        *budget_section([(row.setup, row.budgets) for row in board.rows]),
+        *fitted_section(board.baseline, board.fitted, board.fitted_note),
         *telemetry_section(
             {row.setup: [r.path for r in board.runs if r.setup == row.setup] for row in board.rows}
         ),

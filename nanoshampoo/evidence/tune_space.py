@@ -1,12 +1,12 @@
 """What ``nanoshampoo tune`` searches: the ``--search`` spelling and the space it spans.
 
-A search names a train field as the trainer's flags do, without the dashes: a run field
-(``cooldown_frac``, ``--cooldown-frac``), a table field (``muon.lr``, ``--muon.lr``;
-``muon_cwd.weight_decay``), or one entry of a table of keyword arguments
-(``custom.matrix_kwargs.lr``: the trial passes ``--custom.matrix-kwargs`` with the setup's dict
-and that entry replaced, so the other entries stay). Hyphens and underscores are the same in
-the table and field names. ``KEY=V1,V2,...`` is a grid of flag texts; ``KEY=log:LO:HI`` a
-log-uniform range of real numbers.
+A search names a train field as a preset does: a run field (``cooldown_frac``, the flag
+``--cooldown-frac``), a table field (``muon.lr``, ``--muon.lr``; ``muon_cwd.weight_decay``), or
+one entry of a table of keyword arguments (``custom.matrix_kwargs.lr``: the trial passes
+``--custom.matrix-kwargs`` with the setup's dict and that entry replaced, so the other entries
+stay). A key spelled with the flags' dashes, or an old name (``muon_lr``), fails with one line
+naming its spelling. ``KEY=V1,V2,...`` is a grid of flag texts; ``KEY=log:LO:HI`` a log-uniform
+range of real numbers.
 
 Fields that set a trial's budget (``num_iterations``, ``batch_size``, ``seq_len``,
 ``grad_accum_steps``) cannot be searched: every trial shares them. Nor can the fields tune sets
@@ -16,7 +16,7 @@ Example:
     >>> search = parse_search("muon.lr=0.01,0.02,0.04")
     >>> search.key, search.values, search.choices
     ('muon.lr', ('0.01', '0.02', '0.04'), (0.01, 0.02, 0.04))
-    >>> parse_search("custom.matrix-kwargs.lr=log:1e-4:1e-2").flag
+    >>> parse_search("custom.matrix_kwargs.lr=log:1e-4:1e-2").flag
     '--custom.matrix-kwargs'
 """
 
@@ -40,7 +40,8 @@ MAX_TRIALS = 10_000
 
 
 def normalize_key(key: str) -> str:
-    """``muon-cwd.weight-decay`` -> ``muon_cwd.weight_decay``; a kwargs entry keeps its name."""
+    """A flag's key: ``muon-cwd.weight-decay`` -> ``muon_cwd.weight_decay``; a kwargs entry
+    keeps its name."""
     parts = key.split(".")
     return ".".join([part.replace("-", "_") for part in parts[:2]] + parts[2:])
 
@@ -116,7 +117,10 @@ def parse_search(text: str) -> Search:
         raise ValueError(f"search: {key!r} is a field name (muon.lr), not a flag")
     if any(not part for part in key.split(".")):
         raise ValueError(f"search: {key!r} has an empty name between its dots")
-    key = normalize_key(key)
+    if normalize_key(key) != key:
+        raise ValueError(
+            f"search: write {normalize_key(key)}, not {key} (a key is spelled as in a preset)"
+        )
     field = ".".join(key.split(".")[:2])
     if field in BUDGET_FIELDS:
         raise ValueError(
@@ -232,6 +236,7 @@ def build_space(
     naming the key."""
     from nanoshampoo.train.config import (  # imports torch: only when a tune is planned
         TrainConfig,
+        renamed_message,
         table_field_types,
     )
 
@@ -240,6 +245,8 @@ def build_space(
     run_types = typing.get_type_hints(TrainConfig)
     bases: dict[str, dict[str, Any]] = {}
     for s in searches:
+        if renamed_message(s.field):
+            raise ValueError(f"search: {renamed_message(s.field)}")
         table, _, name = s.field.partition(".")
         if not name and table in tables:
             raise ValueError(

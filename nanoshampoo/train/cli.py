@@ -4,12 +4,10 @@ Every ``TrainConfig`` run field is a flag (underscores become dashes): ``--seed 
 ``--num-iterations 500``, ``--autocast off``, ``--profile-steps 5,6,7``, ``--decay-branches
 0.25,0.5,0.75``; every field of a setup's hyper-parameter table is ``--TABLE.FIELD``:
 ``--muon.lr 0.03``, ``--shampoo.epsilon 1e-12``, ``--custom.matrix-kwargs '{"lr": 1e-4}'``
-(a JSON object). The flat flags from before
-the setup registry (``--muon-lr``, ``--matrix-lr``: ``config.LEGACY_FIELDS``) still work and
-are left out of ``--help``. Flags override the preset, which overrides the defaults;
-``--preset NAME --help`` shows the preset's values.
-``--autocast-bf16 true|false`` is kept as an alias of ``--autocast bf16|off``. Runs as one
-process or under ``torchrun``.
+(a JSON object). That is the one spelling: an old flag (``--muon-lr``, ``--autocast-bf16``,
+``--shampoo.warm_qr_tolerance``) fails with one line naming the new one. Flags override the
+preset, which overrides the defaults; ``--preset NAME --help`` shows the preset's values. Runs
+as one process or under ``torchrun``.
 
 Exit status: 0 done; 2 a user error (a bad flag value, a missing or damaged file), printed as
 one line without a traceback; 3 the run diverged (NaN/Inf; the logs say where); 130 Ctrl-C (it
@@ -35,10 +33,11 @@ from typing import Any, NoReturn
 from nanoshampoo.errors import EXIT_USER_ERROR, run_command, user_input
 from nanoshampoo.train.allocator import exec_with_tuned_malloc
 from nanoshampoo.train.config import (
-    LEGACY_FIELDS,
     TrainConfig,
+    flag_of,
+    flatten_tables,
+    renamed_message,
     run_fields,
-    table_field_types,
 )
 from nanoshampoo.train.interrupt import EXIT_INTERRUPTED, TrainingInterrupted, interrupted_message
 from nanoshampoo.train.presets import load_preset, preset_names
@@ -47,8 +46,6 @@ from nanoshampoo.train.setups import setup_names, table_classes
 DEFAULT_PRESET = "tiny-shampoo"
 PROG = "python -m nanoshampoo.train"
 EXIT_DIVERGED = 3
-# The namespace attribute that collects the legacy flags given (for error messages).
-LEGACY_USED = "legacy flags used"
 
 
 class _OneLineErrorParser(argparse.ArgumentParser):
@@ -81,11 +78,6 @@ def parse_float_tuple(text: str) -> tuple[float, ...]:
         raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from exc
 
 
-def parse_autocast_bf16(text: str) -> str:
-    """The ``--autocast-bf16 true|false`` alias: ``bf16`` or ``off``."""
-    return "bf16" if parse_bool(text) else "off"
-
-
 def parse_json_table(text: str) -> dict[str, Any]:
     """A table of keyword arguments given as a JSON object: ``'{"lr": 1e-4}'``."""
     try:
@@ -114,30 +106,6 @@ def _metavar(annotation: Any) -> str:
     return "JSON" if kind.startswith("dict") else kind.upper()
 
 
-class _SetEvery(argparse.Action):
-    """A legacy flat flag (``--matrix-lr``): sets every table field it stands for, in order
-    with the other flags (the last flag for a field wins)."""
-
-    def __init__(
-        self, option_strings: list[str], dest: str, targets: tuple[str, ...] = (), **kwargs: Any
-    ) -> None:
-        super().__init__(option_strings, dest, **kwargs)
-        self.targets = targets
-
-    def __call__(
-        self,
-        parser: argparse.ArgumentParser,
-        namespace: argparse.Namespace,
-        values: Any,
-        option_string: str | None = None,
-    ) -> None:
-        for target in self.targets:
-            setattr(namespace, target, values)
-        used = getattr(namespace, LEGACY_USED, {})
-        used[option_string or self.dest] = self.targets
-        setattr(namespace, LEGACY_USED, used)
-
-
 def _shown(key: str, default: Any, preset: str, preset_values: dict[str, Any]) -> str:
     if key in preset_values:
         return f"(preset {preset}: {preset_values[key]!r}; default {default!r})"
@@ -149,7 +117,7 @@ def build_parser(
 ) -> argparse.ArgumentParser:
     """The flag parser; each flag's help shows ``preset_values``' value where the preset has
     one. Run fields are ``--field-name``, table fields ``--table.field-name``."""
-    flat = flatten(preset_values or {})
+    flat = flatten_tables(preset_values or {})
     parser = _OneLineErrorParser(
         prog=PROG,
         usage="%(prog)s [--preset NAME] [--FIELD VALUE ...] [--TABLE.FIELD VALUE ...]",
@@ -189,53 +157,33 @@ def build_parser(
                 field.default_factory() if field.default is dataclasses.MISSING else field.default
             )
             group.add_argument(
-                f"--{table}.{field.name.replace('_', '-')}",
+                flag_of(key),
                 dest=key,
                 type=_parser_for(field.type),
                 default=argparse.SUPPRESS,
                 metavar=_metavar(field.type),
                 help=_shown(key, default, preset, flat),
             )
-            if "_" in field.name:  # the preset's spelling works too (not listed in --help)
-                group.add_argument(
-                    f"--{key}",
-                    dest=key,
-                    type=_parser_for(field.type),
-                    default=argparse.SUPPRESS,
-                    help=argparse.SUPPRESS,
-                )
-    for name, targets in LEGACY_FIELDS.items():
-        table, field_name = targets[0].split(".", 1)
-        annotation = table_field_types()[table][field_name]
-        parser.add_argument(
-            "--" + name.replace("_", "-"),
-            dest="legacy." + name,
-            action=_SetEvery,
-            targets=targets,
-            type=_parser_for(annotation),
-            default=argparse.SUPPRESS,
-            help=argparse.SUPPRESS,
-        )
-    parser.add_argument(
-        "--autocast-bf16",
-        dest="autocast",
-        type=parse_autocast_bf16,
-        default=argparse.SUPPRESS,
-        help="alias: true = --autocast bf16, false = --autocast off",
-    )
     return parser
 
 
-def flatten(values: dict[str, Any]) -> dict[str, Any]:
-    """Preset values with their tables spelled ``table.field`` (as the flags are)."""
-    tables = table_classes()
-    flat: dict[str, Any] = {}
-    for key, value in values.items():
-        if key in tables and isinstance(value, dict):
-            flat.update({f"{key}.{name}": item for name, item in value.items()})
-        else:
-            flat[key] = value
-    return flat
+def check_old_flags(parser: argparse.ArgumentParser, argv: Sequence[str]) -> None:
+    """``ValueError`` with one line naming the new spelling of the first old flag in ``argv``:
+    a name from ``config.RENAMED`` (``--muon-lr``), or a table field spelled with underscores
+    (``--shampoo.warm_qr_tolerance``). Other unknown flags are left to the parser."""
+    known = set(parser._option_string_actions)
+    for arg in argv:
+        if arg == "--":
+            break
+        name = arg.split("=", 1)[0]
+        if not name.startswith("--") or name in known:
+            continue
+        key = name[2:].replace("-", "_")
+        if "." in key and flag_of(key) in known:
+            raise ValueError(f"{name} is now {flag_of(key)}")
+        message = renamed_message(key, "flag")
+        if message:
+            raise ValueError(message)
 
 
 def config_from_args(
@@ -256,49 +204,23 @@ def config_from_args(
             preset_values = {}  # still show the help; the parse below reports the preset
         else:
             raise
-    args = vars(build_parser(preset, preset_values).parse_args(argv))
-    legacy: dict[str, tuple[str, ...]] = args.pop(LEGACY_USED, {})
+    parser = build_parser(preset, preset_values)
+    check_old_flags(parser, argv)
+    args = vars(parser.parse_args(argv))
     fields = load_preset(args.pop("preset"))
-    for key, value in args.items():
-        table, dot, name = key.partition(".")
-        if dot:
-            fields[table] = {**fields.get(table, {}), name: value}
-        else:
-            fields[key] = value
-    try:
-        cfg = TrainConfig(**fields)
-    except ValueError as exc:
-        named = [
-            f"{flag} sets {', '.join(targets)}"
-            for flag, targets in legacy.items()
-            if any(target in str(exc) for target in targets)
-        ]
-        if not named:
-            raise
-        raise ValueError(f"{exc} ({'; '.join(named)})") from None
+    # A flag's TABLE.FIELD wins over the preset's [TABLE] (see ``split_values``).
+    cfg = TrainConfig(**{**fields, **args})
     if refuse_unread_tables:
-        check_tables_read(cfg, [key for key in args if "." in key], legacy)
+        check_tables_read(cfg, [key for key in args if "." in key])
     return cfg
 
 
-def check_tables_read(
-    cfg: TrainConfig, table_keys: Sequence[str], legacy: dict[str, tuple[str, ...]]
-) -> None:
-    """``ValueError`` naming a ``--TABLE.FIELD`` flag (or a legacy flag) of a table that the
-    setup does not read: the flag would change nothing, yet a user who typed it expects it to.
-    (A preset's other tables are fine: ``--optimizer`` may switch away from them.)"""
+def check_tables_read(cfg: TrainConfig, table_keys: Sequence[str]) -> None:
+    """``ValueError`` naming a ``--TABLE.FIELD`` flag of a table that the setup does not read:
+    the flag would change nothing, yet a user who typed it expects it to. (A preset's other
+    tables are fine: ``--optimizer`` may switch away from them.)"""
     read = set(cfg.setup.tables)
-    by_legacy = {target for targets in legacy.values() for target in targets}
-    unread = [
-        "--" + key.replace("_", "-")
-        for key in table_keys
-        if key not in by_legacy and key.split(".", 1)[0] not in read
-    ]
-    unread += [
-        flag
-        for flag, targets in legacy.items()
-        if not any(t.split(".", 1)[0] in read for t in targets)
-    ]
+    unread = [flag_of(key) for key in table_keys if key.split(".", 1)[0] not in read]
     if unread:
         raise ValueError(
             f"{', '.join(unread)}: setup {cfg.optimizer!r} (--optimizer) does not "

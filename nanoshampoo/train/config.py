@@ -7,14 +7,20 @@ override the preset field by field.
 
 ``optimizer`` names a registered setup (``nanoshampoo.train.setups``); each setup reads its
 hyper-parameters from registered tables (``[adam]``, ``[muon]``, ...), held in ``tables`` and
-read with ``cfg.table("muon").lr``. Keyword arguments, presets and flags spell a table field
-``muon.lr`` (``{"muon": {"lr": 0.02}}`` also works); the flat names from before the registry
-(``muon_lr``, ``matrix_lr``, ...: ``LEGACY_FIELDS``) are still accepted and translated.
+read by class: ``cfg.table(MuonConfig).lr``. Keyword arguments, presets and flags spell a table
+field ``muon.lr`` (a preset's ``[muon]`` table, ``{"muon": {"lr": 0.02}}``, holds the same
+keys). That is the one spelling: a name from before (``muon_lr``, ``--autocast-bf16``) fails
+with one line naming its new spelling (``RENAMED``, used for nothing else).
 
 Example:
+    >>> from nanoshampoo.train.setups.adam import AdamWConfig
     >>> cfg = TrainConfig(optimizer="adamw", num_iterations=100, **{"adamw.lr": 0.003})
-    >>> cfg.tokens_per_step, cfg.table("adamw").lr, cfg.setup.rest
+    >>> cfg.tokens_per_step, cfg.table(AdamWConfig).lr, cfg.setup.rest
     (2048, 0.003, 'adamw')
+    >>> TrainConfig(muon_lr=0.02)
+    Traceback (most recent call last):
+    ...
+    ValueError: TrainConfig.muon_lr is now muon.lr
     >>> TrainConfig(run_id="a/b")
     Traceback (most recent call last):
     ...
@@ -28,31 +34,29 @@ import os
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from nanoshampoo.errors import UserError  # noqa: F401 - re-exported: the trainer's modules raise it
 from nanoshampoo.model.gpt import gpt_preset_names
 from nanoshampoo.train.branches import branch_steps
 from nanoshampoo.train.compile_choice import COMPILE_CHOICES
-from nanoshampoo.train.setups import SetupSpec, get_setup, table_classes
+from nanoshampoo.train.setups import SetupSpec, get_setup, table_classes, table_name
 from nanoshampoo.train.setups.checks import check_value_type
-from nanoshampoo.train.setups.shampoo_family import STORAGE_DTYPES
 
 DATASETS = ("embedded", "shards")
 DEVICES = ("auto", "cpu", "cuda")
-DISTRIBUTORS = ("auto", "single", "ddp")
 # How the model is spread over ranks: "ddp" replicates it (the trainer averages gradients);
 # "fsdp2" shards every parameter over all ranks (``fully_shard``); "hsdp" shards within groups
 # of ``hsdp_shard_size`` ranks and replicates across the groups (a 2-D mesh).
 PARALLEL_MODES = ("ddp", "fsdp2", "hsdp")
-# FSDPParamAssignmentStrategy of the sharded Shampoo (see its docstring): "round_robin" and
-# "replicate" are lossless, "default" preconditions each rank's shard on its own.
-FSDP_ASSIGNMENTS = ("default", "round_robin", "replicate")
 AUTOCAST_CHOICES = ("auto", "bf16", "off")
+Table = TypeVar("Table")
 
-# The flat names of the hyper-parameters before the setup registry, and the table fields they
-# set now (a name that fed several setups sets each of their fields).
-LEGACY_FIELDS: dict[str, tuple[str, ...]] = {
+# Names that are no longer a config key or flag, and the keys that took their place: used only to
+# say so in the one-line error a user who types the old name gets (a name that fed several
+# setups names each of their fields). The flat hyper-parameter names from before the setup
+# tables, the Shampoo distributor's settings from before ``[distributor]``, and a flag alias.
+RENAMED: dict[str, tuple[str, ...]] = {
     "embed_lr": ("adam.embed_lr",),
     "head_lr": ("adam.head_lr",),
     "scalar_lr": ("adam.scalar_lr",),
@@ -101,7 +105,44 @@ LEGACY_FIELDS: dict[str, tuple[str, ...]] = {
             "large_factor_frequency_multiplier",
         )
     },
+    "distributor": ("distributor.kind",),
+    **{
+        name: (f"distributor.{name}",)
+        for name in ("communication_dtype", "communicate_params", "fsdp_assignment")
+    },
+    "autocast_bf16": ("autocast",),
 }
+
+
+def renamed_message(key: str, spelling: str = "key") -> str | None:
+    """The one line for an old name (a key of ``RENAMED``) that names its new spelling as
+    ``spelling`` says: ``"key"`` (``muon.lr``), ``"flag"`` (``--muon.lr``) or ``"preset"``
+    (``[muon] lr``); None for any other name.
+
+    Example:
+        >>> renamed_message("muon_ns_steps", "flag")
+        '--muon-ns-steps is now --muon.ns-steps'
+    """
+    if key not in RENAMED:
+        return None
+    new = RENAMED[key]
+    if spelling == "flag":
+        old = "--" + key.replace("_", "-")
+        text = " or ".join(flag_of(k) for k in new)
+    elif spelling == "preset":
+        old = key
+        text = " or ".join(f"[{k.replace('.', '] ', 1)}" if "." in k else k for k in new)
+    else:
+        old, text = key, " or ".join(new)
+    hint = " (true: bf16, false: off)" if key == "autocast_bf16" else ""
+    return f"{old} is now {text}{hint}"
+
+
+def flag_of(key: str) -> str:
+    """A config key's flag: ``num_iterations`` -> ``--num-iterations``, ``muon.ns_steps`` ->
+    ``--muon.ns-steps`` (dashes for underscores, the table name kept as it is)."""
+    table, dot, name = key.rpartition(".")
+    return f"--{table}{dot}{name.replace('_', '-')}"
 
 
 @dataclass(init=False)
@@ -114,8 +155,9 @@ class TrainConfig:
     ``seq_len`` tokens per optimizer step over all ranks together; it must divide by
     ``world_size * grad_accum_steps`` (each rank runs ``grad_accum_steps`` micro-batches).
 
-    Construct with keyword arguments: the fields below, ``TABLE.FIELD`` (or ``TABLE={...}``)
-    for the tables, and the flat ``LEGACY_FIELDS``; later spellings win in that order.
+    Construct with keyword arguments: the fields below, and ``TABLE.FIELD`` (or
+    ``TABLE={...}``, a table's fields, or ``TABLE=instance``) for the tables; ``TABLE.FIELD``
+    wins over ``TABLE={...}``.
     """
 
     preset: str = "tiny-shampoo"
@@ -142,16 +184,10 @@ class TrainConfig:
     decay_branches: tuple[float, ...] = ()
     # --- the optimizer setup (a registered name); its hyper-parameters are in ``tables``.
     optimizer: str = "shampoo"
-    # How DistributedShampoo spreads its work (the shampoo, soap and muon setups).
-    # "auto": DDP when world size > 1; "single": every rank computes every block.
-    distributor: str = "auto"
-    communication_dtype: str = "float32"
-    communicate_params: bool = True
-    # --- model parallelism (PARALLEL_MODES). Under fsdp2/hsdp the Shampoo-family matrix
-    # optimizer shards with ``fsdp_assignment``, ``distributor`` must stay "auto", and the
-    # embed/head/scalars use AdamW (DistAdam does not apply to sharded parameters).
+    # --- model parallelism (PARALLEL_MODES). Under fsdp2/hsdp a setup built on
+    # DistributedShampoo shards as its ``[distributor]`` table says, and the embed/head/scalars
+    # use AdamW (DistAdam does not apply to sharded parameters).
     parallel: str = "ddp"
-    fsdp_assignment: str = "round_robin"
     # Ranks per shard group under hsdp; 0: the local world size (shard within a node).
     hsdp_shard_size: int = 0
     # --- evaluation, logging, checkpoints
@@ -182,7 +218,7 @@ class TrainConfig:
     # or 1 when a probe finds the cores busy (re-probed every 10 steps).
     threads: int = 0
     # torch.compile of the model: "true", "false", or "auto": where it was measured to pay for
-    # its compilation within the run (train/compile_choice.py). A boolean means "true"/"false".
+    # its compilation within the run (train/compile_choice.py).
     compile: str = "auto"
     # Seconds a collective may wait for another rank before the run fails (a dead peer).
     dist_timeout_s: float = 600.0
@@ -206,21 +242,17 @@ class TrainConfig:
     def __post_init__(self) -> None:
         # Long on purpose: the run's one validation pass, a check per field in field order, so
         # a bad config fails here, where it is built, and nowhere later.
-        self.compile = spelled_value("compile", self.compile)
         hints = typing.get_type_hints(TrainConfig)
         for f in run_fields():
-            check_value_type(f"TrainConfig.{f.name}", getattr(self, f.name), hints[f.name])
+            check_run_value(f"TrainConfig.{f.name}", f.name, getattr(self, f.name), hints)
         self.profile_steps = tuple(self.profile_steps)
         _check_choice("model", self.model, tuple(gpt_preset_names()))
         _check_choice("dataset", self.dataset, DATASETS)
         spec = get_setup(self.optimizer)
         _check_choice("device", self.device, DEVICES)
-        _check_choice("distributor", self.distributor, DISTRIBUTORS)
-        _check_choice("communication_dtype", self.communication_dtype, STORAGE_DTYPES)
         _check_choice("autocast", self.autocast, AUTOCAST_CHOICES)
         _check_choice("compile", self.compile, COMPILE_CHOICES)
         _check_choice("parallel", self.parallel, PARALLEL_MODES)
-        _check_choice("fsdp_assignment", self.fsdp_assignment, FSDP_ASSIGNMENTS)
         for name in ("seq_len", "batch_size", "grad_accum_steps", "num_iterations", "val_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"TrainConfig.{name} must be >= 1, got {getattr(self, name)}")
@@ -325,22 +357,16 @@ class TrainConfig:
                 f"under parallel={self.parallel!r} (sharded parameters); use an AdamW setup "
                 f"such as {adamw_setup!r}"
             )
-        if self.distributor != "auto":
-            raise ValueError(
-                f"TrainConfig.distributor must be 'auto' under parallel="
-                f"{self.parallel!r} (the sharding decides), got {self.distributor!r}"
-            )
 
     @property
     def setup(self) -> SetupSpec:
         """The registered setup that ``optimizer`` names."""
         return get_setup(self.optimizer)
 
-    def table(self, name: str) -> Any:
-        """The hyper-parameter table ``name`` (a registered table's dataclass instance)."""
-        if name not in self.tables:
-            raise KeyError(f"no hyper-parameter table {name!r}; tables: {list(self.tables)}")
-        return self.tables[name]
+    def table(self, cls: type[Table]) -> Table:
+        """The run's instance of the hyper-parameter table ``cls`` (a registered table's
+        dataclass: ``cfg.table(MuonConfig).lr``)."""
+        return self.tables[table_name(cls)]
 
     @property
     def tokens_per_step(self) -> int:
@@ -350,22 +376,43 @@ class TrainConfig:
         """Plain JSON-serialisable dict: the run fields, then ``TABLE.FIELD`` for every field of
         the tables the setup reads (tuples become lists). ``TrainConfig(**to_dict())`` rebuilds
         the config."""
-        out: dict[str, object] = {}
-        for f in run_fields():
-            value = getattr(self, f.name)
-            out[f.name] = list(value) if isinstance(value, tuple) else value
-        for name in self.setup.tables:
-            for key, value in dataclasses.asdict(self.tables[name]).items():
-                out[f"{name}.{key}"] = list(value) if isinstance(value, tuple) else value
-        return out
+        values = {f.name: getattr(self, f.name) for f in run_fields()}
+        flat = flatten_tables(values | {name: self.tables[name] for name in self.setup.tables})
+        return {key: list(v) if isinstance(v, tuple) else v for key, v in flat.items()}
 
 
-def spelled_value(name: str, value: Any) -> Any:
-    """A run field's value as the field spells it: a boolean ``compile`` (``compile = true`` in
-    a preset, ``compile=True`` in code, from when the field was a bool) is "true"/"false"."""
+def flatten_tables(values: Mapping[str, Any]) -> dict[str, Any]:
+    """``values`` with every table (a registered table's name holding a ``{field: value}`` dict
+    or its dataclass instance) spelled as ``TABLE.FIELD`` keys, in order; other keys unchanged.
+    The one place a table becomes flag-spelled keys (``to_dict``, ``--help``, compare).
+
+    Example:
+        >>> from nanoshampoo.train.setups.shampoo_family import MuonConfig
+        >>> flatten_tables({"seed": 1, "muon": MuonConfig(lr=0.02), "adam": {"eps": 1e-8}})
+        ... # doctest: +ELLIPSIS
+        {'seed': 1, 'muon.lr': 0.02, 'muon.momentum': 0.95, ..., 'adam.eps': 1e-08}
+    """
+    tables = table_classes()
+    flat: dict[str, Any] = {}
+    for key, value in values.items():
+        if key in tables and dataclasses.is_dataclass(value):
+            value = {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
+        if key in tables and isinstance(value, Mapping):
+            flat.update({f"{key}.{name}": item for name, item in value.items()})
+        else:
+            flat[key] = value
+    return flat
+
+
+def check_run_value(label: str, name: str, value: Any, hints: Mapping[str, Any]) -> None:
+    """``ValueError`` naming ``label`` unless ``value`` fits run field ``name``'s type; a
+    boolean ``compile`` (its type before it took "auto") is told its spelling."""
     if name == "compile" and isinstance(value, bool):
-        return "true" if value else "false"
-    return value
+        raise ValueError(
+            f'{label} is "true", "false" or "auto" (a string), got {value!r}: '
+            f'write "{str(value).lower()}"'
+        )
+    check_value_type(label, value, hints[name])
 
 
 def run_fields() -> tuple[dataclasses.Field[Any], ...]:
@@ -384,34 +431,34 @@ def table_field_types() -> dict[str, dict[str, Any]]:
 def split_values(values: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     """Keyword values -> (run fields, {table: {field: value}} or {table: instance}).
 
-    Precedence: legacy flat names, then ``TABLE={...}``, then ``TABLE.FIELD``. ``ValueError``
-    naming every unknown key.
+    Precedence: ``TABLE={...}``, then ``TABLE.FIELD``. ``ValueError`` naming every unknown
+    key (one line naming the new spelling for an old name).
     """
     run_names = {f.name for f in run_fields()}
     tables = table_field_types()
     run: dict[str, Any] = {}
     nested: dict[str, Any] = {}
-    legacy, dotted, unknown = {}, {}, []
+    dotted, unknown = {}, []
     for key, value in values.items():
         if key in run_names:
             run[key] = value
         elif key == "tables":
             nested.update(value)
-        elif key in tables:
+        elif key in tables and (
+            isinstance(value, Mapping) or isinstance(value, table_classes()[key])
+        ):
             nested[key] = value
-        elif key in LEGACY_FIELDS:
-            legacy[key] = value
         elif "." in key and key.split(".", 1)[0] in tables:
             dotted[key] = value
         else:
             unknown.append(key)
+    for key in unknown:
+        message = renamed_message(key)
+        if message:
+            raise ValueError(f"TrainConfig.{message}")
     if unknown:
         raise ValueError(f"TrainConfig has no fields {sorted(unknown)}")
     merged: dict[str, Any] = {}
-    for key, value in legacy.items():
-        for target in LEGACY_FIELDS[key]:
-            table, name = target.split(".", 1)
-            merged.setdefault(table, {})[name] = value
     for table, given in nested.items():
         if isinstance(given, Mapping):
             merged.setdefault(table, {}).update(given)

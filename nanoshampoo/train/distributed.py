@@ -185,7 +185,7 @@ def shard_model(
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    from nanoshampoo.train.config import UserError
+    from nanoshampoo.errors import UserError
 
     if parallel == "hsdp":
         shard = hsdp_shard_size or local_world_size()

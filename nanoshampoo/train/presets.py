@@ -1,8 +1,8 @@
 """Named run presets: TOML files of ``TrainConfig`` overrides in ``nanoshampoo/train/presets/``.
 
 A preset names only what differs from the ``TrainConfig`` defaults (the tiny CPU run): run
-fields at the top, a setup's hyper-parameters in its table (``[muon]`` / ``lr = 0.02``). The
-flat names from before the setup registry (``muon_lr = 0.02``) are read as their table fields.
+fields at the top, a setup's hyper-parameters in its table (``[muon]`` / ``lr = 0.02``). A
+name from before (``muon_lr = 0.02``) fails with one line naming its table field.
 ``preset`` is set to the preset's name. ``extends = "other"`` starts from another preset.
 
 Names and paths: text that ends in ``.toml`` or contains a path separator is a path (relative
@@ -27,10 +27,10 @@ from pathlib import Path
 from typing import Any
 
 from nanoshampoo.train.config import (
-    LEGACY_FIELDS,
     TrainConfig,
+    check_run_value,
+    renamed_message,
     run_fields,
-    spelled_value,
     table_field_types,
 )
 from nanoshampoo.train.setups.checks import check_value_type
@@ -108,8 +108,8 @@ def _load(path: Path, seen: tuple[Path, ...]) -> dict[str, Any]:
 
 
 def normalize(raw: dict[str, Any]) -> dict[str, Any]:
-    """A preset file's keys -> run fields and ``{table: {field: value}}``; legacy flat names
-    become their table fields. ``ValueError`` naming an unknown key or a value of the wrong
+    """A preset file's keys -> run fields and ``{table: {field: value}}``. ``ValueError``
+    naming an unknown key (and the new spelling of an old name) or a value of the wrong
     type."""
     hints = typing.get_type_hints(TrainConfig)
     run_names = {f.name for f in run_fields()}
@@ -117,8 +117,7 @@ def normalize(raw: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, value in raw.items():
         if key in run_names:
-            value = spelled_value(key, value)
-            check_value_type(key, value, hints[key])
+            check_run_value(key, key, value, hints)
             out[key] = value
         elif key in tables and isinstance(value, dict):
             for name, item in value.items():
@@ -128,11 +127,8 @@ def normalize(raw: dict[str, Any]) -> dict[str, Any]:
                     )
                 check_value_type(f"[{key}] {name}", item, tables[key][name])
             out.setdefault(key, {}).update(value)
-        elif key in LEGACY_FIELDS:
-            for target in LEGACY_FIELDS[key]:
-                table, name = target.split(".", 1)
-                check_value_type(f"{key} (now [{table}] {name})", value, tables[table][name])
-                out.setdefault(table, {}).setdefault(name, value)
+        elif renamed_message(key, "preset"):
+            raise ValueError(renamed_message(key, "preset"))
         else:
             raise ValueError(f"unknown TrainConfig fields [{key!r}]")
     return out

@@ -28,6 +28,7 @@ Example:
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -61,7 +62,11 @@ class MfuMeter:
     dtype_name: str
 
     def of_step(self, seconds: float) -> float:
-        """MFU of a step that took ``seconds`` (a fraction, not a percentage)."""
+        """MFU of a step that took ``seconds`` (a fraction, not a percentage); NaN for a time
+        that is not positive (a resumed run with no step left, or a checkpoint's recorded
+        training time of 0), where there is no rate to report."""
+        if not seconds > 0:
+            return math.nan
         return self.flops_per_step / seconds / self.peak_flops_per_second
 
     @property

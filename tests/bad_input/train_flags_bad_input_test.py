@@ -19,6 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from nanoshampoo.train.cli import PROG, main
+from nanoshampoo.train.setups.shampoo_family import MuonConfig
 
 
 @pytest.fixture(autouse=True)
@@ -45,8 +46,8 @@ def _refused(argv: list[str], capsys: pytest.CaptureFixture[str], root: Path, *n
         (["--muon.lr", "0.1"], ["--muon.lr", "'adamw'", "[adamw]"]),
         (["--shampoo.epsilon", "1e-10"], ["--shampoo.epsilon"]),
         (["--custom.matrix-kwargs", '{"lr": 1}'], ["--custom.matrix-kwargs"]),
-        (["--muon-lr", "0.1"], ["--muon-lr", "'adamw'"]),  # a legacy flat flag
-        (["--precondition-frequency", "3"], ["--precondition-frequency"]),
+        (["--preconditioner.factor-dtype", "bfloat16"], ["--preconditioner.factor-dtype"]),
+        (["--distributor.kind", "ddp"], ["--distributor.kind", "'adamw'"]),
     ],
 )
 def test_a_flag_of_a_table_the_setup_does_not_read_is_refused(
@@ -61,13 +62,22 @@ def test_a_flag_of_a_table_the_setup_does_not_read_is_refused(
     _refused([*train_argv(shards, tmp_path), *flags], capsys, tmp_path, *names)
 
 
-def test_a_legacy_flag_that_feeds_the_setup_still_works(
-    shards: dict[str, str], tmp_path: Path
+@pytest.mark.parametrize(
+    "flags, names",
+    [
+        (["--muon-lr", "0.1"], ["--muon-lr is now --muon.lr"]),
+        (["--precondition-frequency", "3"], ["is now --shampoo.precondition-frequency"]),
+        (["--autocast-bf16", "true"], ["--autocast-bf16 is now --autocast"]),
+    ],
+)
+def test_an_old_flag_is_refused_naming_its_new_spelling(
+    flags: list[str],
+    names: list[str],
+    shards: dict[str, str],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
-    from nanoshampoo.train.cli import config_from_args
-
-    cfg = config_from_args([*train_argv(shards, tmp_path), "--matrix-lr", "0.01"])
-    assert cfg.table("adamw").lr == 0.01  # --matrix-lr also sets shampoo.lr, unread by adamw
+    _refused([*train_argv(shards, tmp_path), *flags], capsys, tmp_path, *names)
 
 
 def test_a_preset_table_that_the_setup_does_not_read_is_fine(
@@ -76,7 +86,7 @@ def test_a_preset_table_that_the_setup_does_not_read_is_fine(
     from nanoshampoo.train.cli import config_from_args
 
     cfg = config_from_args(["--preset", "tiny-muon", *train_argv(shards, tmp_path)])
-    assert cfg.optimizer == "adamw" and cfg.table("muon").lr == 0.02
+    assert cfg.optimizer == "adamw" and cfg.table(MuonConfig).lr == 0.02
 
 
 @settings(

@@ -51,10 +51,13 @@ def _refused(argv: list[str], capsys: pytest.CaptureFixture[str], root: Path, *n
         ("nosuch=1", ["--nosuch"]),
         ("muon.lr=0.1", ["muon.lr", "adamw"]),
         ("num_iterations=1,2", ["num_iterations", "budget", "cannot be searched"]),
-        ("num-iterations=1,2", ["num_iterations", "cannot be searched"]),
-        ("batch-size=log:1:8", ["batch_size", "cannot be searched"]),
+        ("num-iterations=1,2", ["search: write num_iterations, not num-iterations"]),
+        ("batch_size=log:1:8", ["batch_size", "cannot be searched"]),
         ("seq_len=64,128", ["seq_len", "cannot be searched"]),
-        ("grad-accum-steps=1,2", ["grad_accum_steps", "cannot be searched"]),
+        ("grad_accum_steps=1,2", ["grad_accum_steps", "cannot be searched"]),
+        ("adamw.weight-decay=0,0.1", ["search: write adamw.weight_decay, not adamw.weight-decay"]),
+        ("matrix_lr=0.01,0.02", ["search: matrix_lr is now shampoo.lr or adamw.lr"]),
+        ("distributor=ddp", ["search: distributor is now distributor.kind"]),
         ("adamw=1,2", ["search", "adamw is a table", "adamw.FIELD"]),
         ("adamw.lr.x=1,2", ["adamw.lr", "not a table of keyword arguments"]),
         (
@@ -270,7 +273,7 @@ def test_tune_refuses_a_range_without_positive_trials(
 
 @pytest.mark.parametrize(
     "key",
-    ["seed", "run_id", "out_dir", "resume", "optimizer", "preset", "decay_branches", "run-id"],
+    ["seed", "run_id", "out_dir", "resume", "optimizer", "preset", "decay_branches"],
 )
 def test_tune_refuses_to_search_a_field_it_sets_for_each_run(
     key: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
@@ -387,6 +390,22 @@ def test_compare_refuses_a_table_flag_that_a_setup_does_not_read(
         "--muon.lr",
         "adamw",
     )
+
+
+@pytest.mark.parametrize(
+    "argv, names",
+    [
+        ([*TRAIN, "--muon-lr", "0.1"], ["train flags: --muon-lr is now --muon.lr"]),
+        (
+            ["--tune", "adamw:matrix_lr=0.1,0.2", *TRAIN],
+            ["search: matrix_lr is now shampoo.lr or adamw.lr"],
+        ),
+    ],
+)
+def test_compare_refuses_an_old_name_naming_its_new_spelling(
+    argv: list[str], names: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _refused(["compare", "--setups", "adamw", *argv], capsys, tmp_path, *names)
 
 
 @pytest.mark.parametrize("flag", ["--seed", "--run-id", "--out-dir", "--resume"])

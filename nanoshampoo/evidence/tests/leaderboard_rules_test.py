@@ -120,40 +120,35 @@ def write_ended_run(directory: Path, config: dict[str, object]) -> Path:
     return directory
 
 
-def test_a_run_logged_before_the_setup_registry_is_reused(tmp_path: Path) -> None:
-    """A manifest with the flat names (``muon_lr``) matches today's ``muon.lr`` config."""
-    from nanoshampoo.evidence.compare import find_reusable, resolve_train_config
-    from nanoshampoo.train.config import LEGACY_FIELDS
-
-    resolved = resolve_train_config(["--preset", "tiny-muon", "--seed", "0"])
-    every_table = {**compare_defaults(), **resolved}
-    old = {k: v for k, v in resolved.items() if "." not in k}
-    old.update({name: every_table[targets[0]] for name, targets in LEGACY_FIELDS.items()})
-    directory = write_ended_run(tmp_path / "muon", old)
-    reused = find_reusable(directory, resolved, 1, compare_defaults())
-    assert reused is not None and reused.run_id == "old"
-    changed = resolve_train_config(["--preset", "tiny-muon", "--seed", "0", "--muon.lr", "0.03"])
-    assert find_reusable(directory, changed, 1, compare_defaults()) is None
-
-
 @pytest.mark.parametrize(
-    "logged, flags, reused",
+    "old_key, new_key, value, why",
     [
-        (False, ["--compile", "false"], True),
-        (True, ["--compile", "true"], True),
-        (False, [], False),  # the default is now "auto", which may compile: another run
+        ("muon_lr", "muon.lr", 0.02, "muon_lr is now muon.lr"),
+        ("distributor", "distributor.kind", "auto", "distributor is now distributor.kind"),
+        ("compile", "compile", False, 'compile False is now "false"'),
     ],
 )
-def test_a_run_logged_when_compile_was_a_bool_is_reused_at_its_spelling(
-    logged: bool, flags: list[str], reused: bool, tmp_path: Path
+def test_a_run_logged_in_an_old_spelling_is_not_reused_and_one_line_says_why(
+    old_key: str,
+    new_key: str,
+    value: object,
+    why: str,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     from nanoshampoo.evidence.compare import find_reusable, resolve_train_config
 
-    resolved = resolve_train_config(["--preset", "tiny-adamw", "--seed", "0", *flags])
-    old = {**resolved, "compile": logged}
-    directory = write_ended_run(tmp_path / "adamw", old)
-    found = find_reusable(directory, resolved, 1, compare_defaults())
-    assert (found is not None) == reused
+    resolved = resolve_train_config(["--preset", "tiny-muon", "--seed", "0", "--compile", "false"])
+    same = find_reusable(write_ended_run(tmp_path / "now", resolved), resolved, 1)
+    assert same is not None and same.run_id == "old"  # the same run in today's spelling is
+    old = {k: v for k, v in resolved.items() if k != new_key} | {old_key: value}
+    directory = write_ended_run(tmp_path / "before", old)
+    capsys.readouterr()
+    assert find_reusable(directory, resolved, 1, compare_defaults()) is None
+    assert capsys.readouterr().err == (
+        f"[compare] not reusing {directory / 'old.compare.json'}: it spells the config as "
+        f"before ({why}); training it again\n"
+    )
 
 
 def compare_defaults() -> dict[str, object]:

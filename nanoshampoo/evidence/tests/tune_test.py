@@ -280,7 +280,7 @@ def test_a_kwargs_entry_is_searched_and_the_other_entries_stay(tmp_path: Path) -
         "matrix_kwargs = {lr = 0.05, momentum = 0.9}\n"
     )
     cfg = config(
-        tmp_path, "custom.matrix-kwargs.lr=0.01,0.02,0.04", setup=Setup("sgd", str(preset))
+        tmp_path, "custom.matrix_kwargs.lr=0.01,0.02,0.04", setup=Setup("sgd", str(preset))
     )
     result = tune(cfg, resolve_train_config, fake_command, lambda line: None)
     passed = [

@@ -17,21 +17,25 @@ from nanoshampoo.train.setups import (  # noqa: F401 - registers
 from nanoshampoo.train.setups.registry import (
     BuildContext,
     OptimizerPart,
+    SetupInputs,
     SetupSpec,
     get_setup,
     register_setup,
     register_table,
     setup_names,
     table_classes,
+    table_name,
 )
 
 __all__ = [
     "BuildContext",
     "OptimizerPart",
+    "SetupInputs",
     "SetupSpec",
     "get_setup",
     "register_setup",
     "register_table",
     "setup_names",
     "table_classes",
+    "table_name",
 ]

@@ -74,7 +74,7 @@ class AdamWConfig:
 
 def rest_param_groups(ctx: BuildContext) -> list[dict[str, Any]]:
     """The embed / head / scalar param groups (the non-empty ones) at the ``[adam]`` lrs."""
-    lrs = ctx.cfg.table("adam").lrs()
+    lrs = ctx.cfg.table(AdamConfig).lrs()
     return [dict(params=ctx.groups[name], lr=lrs[name]) for name in REST_GROUPS if ctx.groups[name]]
 
 
@@ -83,7 +83,7 @@ def build_rest_adamw(
 ) -> OptimizerPart:
     """One AdamW over the embed / head / scalar groups (and ``extra_groups``), no weight decay
     but where a group sets its own."""
-    adam: AdamConfig = ctx.cfg.table("adam")
+    adam = ctx.cfg.table(AdamConfig)
     groups = rest_param_groups(ctx) + list(extra_groups or [])
     return OptimizerPart(
         torch.optim.AdamW(groups, betas=(adam.beta1, adam.beta2), eps=adam.eps, weight_decay=0.0)
@@ -94,7 +94,7 @@ def build_rest_distadam(ctx: BuildContext) -> list[OptimizerPart]:
     """One DistAdam per non-empty embed / head / scalar group (sharded over the ranks)."""
     from nanoshampoo.optim.dist_adam import DistAdam
 
-    adam: AdamConfig = ctx.cfg.table("adam")
+    adam = ctx.cfg.table(AdamConfig)
     return [
         OptimizerPart(
             DistAdam(group["params"], lr=group["lr"], eps=adam.eps, betas=(adam.beta1, adam.beta2)),
@@ -107,7 +107,7 @@ def build_rest_distadam(ctx: BuildContext) -> list[OptimizerPart]:
 @register_setup("adamw", tables=("adam", "adamw"), matrix="adamw", rest="adamw")
 def build_adamw(ctx: BuildContext) -> list[OptimizerPart]:
     """AdamW for every parameter; the block matrices at the ``[adamw]`` hyper-parameters."""
-    matrix: AdamWConfig = ctx.cfg.table("adamw")
+    matrix = ctx.cfg.table(AdamWConfig)
     group = dict(
         params=ctx.groups["matrix"],
         lr=matrix.lr,
@@ -122,8 +122,8 @@ def build_distadam(ctx: BuildContext) -> list[OptimizerPart]:
     """DistAdam for every parameter; the block matrices at the ``[adamw]`` hyper-parameters."""
     from nanoshampoo.optim.dist_adam import DistAdam
 
-    adam: AdamConfig = ctx.cfg.table("adam")
-    matrix: AdamWConfig = ctx.cfg.table("adamw")
+    adam = ctx.cfg.table(AdamConfig)
+    matrix = ctx.cfg.table(AdamWConfig)
     blocks = DistAdam(
         ctx.groups["matrix"],
         lr=matrix.lr,

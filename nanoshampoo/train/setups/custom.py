@@ -22,7 +22,7 @@ import inspect
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
@@ -31,12 +31,10 @@ from nanoshampoo.train.setups.checks import check_types, field_label
 from nanoshampoo.train.setups.registry import (
     BuildContext,
     OptimizerPart,
+    SetupInputs,
     register_setup,
     register_table,
 )
-
-if TYPE_CHECKING:
-    from nanoshampoo.train.config import TrainConfig
 
 
 def load_optimizer_class(spec: str, label: str) -> type[torch.optim.Optimizer]:
@@ -107,8 +105,8 @@ class CustomConfig:
             )
 
 
-def check_custom_config(cfg: TrainConfig) -> None:
-    if not cfg.table("custom").matrix_optimizer:
+def check_custom_config(cfg: SetupInputs) -> None:
+    if not cfg.table(CustomConfig).matrix_optimizer:
         raise ValueError(
             f"{field_label('custom', 'matrix_optimizer')} is required by "
             "optimizer='custom' ('package.module:Class')"
@@ -145,7 +143,7 @@ def _construct(spec: str, label: str, params: Any, kwargs: dict[str, Any]) -> to
 )
 def build_custom(ctx: BuildContext) -> list[OptimizerPart]:
     """The user's block-matrix optimizer, and the user's rest optimizer or the recipe's AdamW."""
-    hp: CustomConfig = ctx.cfg.table("custom")
+    hp = ctx.cfg.table(CustomConfig)
     matrix = _construct(
         hp.matrix_optimizer,
         field_label("custom", "matrix_optimizer"),

@@ -2,7 +2,8 @@
 matrices, with the optimization-track Shampoo recipe around it (Adam grafting, decoupled weight
 decay, bias-corrected momentum), the recipe's AdamW for the rest.
 
-Table ``[kl_shampoo]`` (:class:`KLShampooConfig`), and the shared ``[preconditioner]``. The
+Table ``[kl_shampoo]`` (:class:`KLShampooConfig`), and the shared ``[preconditioner]`` and
+``[distributor]``. The
 block matrices get one ``DistributedShampoo`` with ``RootInvKLShampooPreconditionerConfig``:
 each factor is updated from the gradient preconditioned by the other factor's current root,
 ``L <- b2 L + (1 - b2) G X_R^2 G^T``, ``R <- b2 R + (1 - b2) G^T X_L^2 G``, and the roots are
@@ -14,7 +15,7 @@ direction ``X_L Gbar X_R`` is grafted onto Adam's norm per block.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
@@ -31,19 +32,18 @@ from nanoshampoo.train.setups.library_checks import check_shampoo_group
 from nanoshampoo.train.setups.registry import (
     BuildContext,
     OptimizerPart,
+    SetupInputs,
     register_setup,
     register_table,
 )
 from nanoshampoo.train.setups.shampoo_family import (
     PreconditionerConfig,
+    check_distributor,
     common_kwargs,
     distributed_config,
     group_labels,
     stability_config,
 )
-
-if TYPE_CHECKING:
-    from nanoshampoo.train.config import TrainConfig
 
 
 @register_table("kl_shampoo")
@@ -110,19 +110,20 @@ def kl_shampoo_kwargs(pre: PreconditionerConfig, hp: KLShampooConfig) -> dict[st
     )
 
 
-def check_kl_config(cfg: TrainConfig) -> None:
+def check_kl_config(cfg: SetupInputs) -> None:
     """The setup's values by the optimizer's own group rules (``library_checks``), errors
     naming the trainer's fields."""
-    kwargs = kl_shampoo_kwargs(cfg.table("preconditioner"), cfg.table("kl_shampoo"))
+    kwargs = kl_shampoo_kwargs(cfg.table(PreconditionerConfig), cfg.table(KLShampooConfig))
     # The [kl_shampoo] table names its fields as [shampoo] does, so the family's labels fit.
     check_shampoo_group(kwargs, group_labels("kl_shampoo"))
+    check_distributor(cfg)
 
 
 def build_kl_shampoo_matrix(ctx: BuildContext) -> torch.optim.Optimizer:
     """``DistributedShampoo``, root-inverse KL-Shampoo with Adam grafting, block matrices."""
     from nanoshampoo.optim.shampoo import DistributedShampoo
 
-    kwargs = kl_shampoo_kwargs(ctx.cfg.table("preconditioner"), ctx.cfg.table("kl_shampoo"))
+    kwargs = kl_shampoo_kwargs(ctx.cfg.table(PreconditionerConfig), ctx.cfg.table(KLShampooConfig))
     return DistributedShampoo(
         ctx.groups["matrix"], distributed_config=distributed_config(ctx), **kwargs
     )
@@ -130,7 +131,7 @@ def build_kl_shampoo_matrix(ctx: BuildContext) -> torch.optim.Optimizer:
 
 @register_setup(
     "kl-shampoo",
-    tables=("adam", "preconditioner", "kl_shampoo"),
+    tables=("adam", "preconditioner", "kl_shampoo", "distributor"),
     matrix="kl-shampoo",
     rest="adamw",
     check=check_kl_config,

@@ -71,7 +71,7 @@ class MuonCwdConfig:
 def build_normuon(ctx: BuildContext) -> list[OptimizerPart]:
     from nanoshampoo.optim.normuon import NorMuon
 
-    hp: NorMuonConfig = ctx.cfg.table("normuon")
+    hp = ctx.cfg.table(NorMuonConfig)
     matrix = NorMuon(
         ctx.groups["matrix"],
         lr=hp.lr,
@@ -88,7 +88,7 @@ def build_normuon(ctx: BuildContext) -> list[OptimizerPart]:
 def build_muon_cwd(ctx: BuildContext) -> list[OptimizerPart]:
     from nanoshampoo.optim.muon import Muon
 
-    hp: MuonCwdConfig = ctx.cfg.table("muon_cwd")
+    hp = ctx.cfg.table(MuonCwdConfig)
     matrix = Muon(
         ctx.groups["matrix"],
         lr=hp.lr,
@@ -129,7 +129,7 @@ class SoapMuonConfig:
 def build_soap_muon(ctx: BuildContext) -> list[OptimizerPart]:
     from nanoshampoo.optim.soap_muon import SOAPMuon
 
-    hp: SoapMuonConfig = ctx.cfg.table("soap_muon")
+    hp = ctx.cfg.table(SoapMuonConfig)
     matrix = SOAPMuon(
         ctx.groups["matrix"],
         lr=hp.lr,

@@ -2,11 +2,12 @@
 
 A *table* is a small dataclass of one component's hyper-parameters (``MuonConfig`` under
 ``muon``), validated in its ``__post_init__``. Presets reach it as a ``[muon]`` table, flags as
-``--muon.lr``, ``TrainConfig`` holds one instance per registered table (``cfg.table("muon")``).
+``--muon.lr``, ``TrainConfig`` holds one instance per registered table, read by its class
+(``cfg.table(MuonConfig)``, typed ``MuonConfig``).
 
 A *setup* (``TrainConfig.optimizer``) is one builder: given the model's parameter groups
-(``embed``, ``head``, ``scalar``, ``matrix``: see ``nanoshampoo.train.optimizers``), the config
-and the world size, it returns the optimizers as :class:`OptimizerPart`s. ``register_setup`` is
+(``embed``, ``head``, ``scalar``, ``matrix``: see ``nanoshampoo.train.optimizers``), what it
+reads of the config (:class:`SetupInputs`: its tables and the parallel mode) and the world size, it returns the optimizers as :class:`OptimizerPart`s. ``register_setup`` is
 the only way in and takes the builder itself, so a setup without a builder cannot exist; the
 trainer then checks that every trainable parameter is owned by exactly one optimizer.
 
@@ -22,13 +23,22 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol, TypeVar
 
 import torch
 from torch import nn
 
-if TYPE_CHECKING:
-    from nanoshampoo.train.config import TrainConfig
+Table = TypeVar("Table")
+
+
+class SetupInputs(Protocol):
+    """What a setup reads of a run's config (``TrainConfig`` is one): its tables, by class, and
+    the parallel mode. The setups see only this, so they never import the config."""
+
+    @property
+    def parallel(self) -> str: ...
+
+    def table(self, cls: type[Table]) -> Table: ...
 
 
 @dataclass(frozen=True)
@@ -42,11 +52,12 @@ class OptimizerPart:
 
 @dataclass(frozen=True)
 class BuildContext:
-    """What a builder gets: the parameter groups (``GROUP_NAMES``), the config, the world size
-    and whether the parameters are FSDP-sharded DTensors (``cfg.parallel`` fsdp2 / hsdp)."""
+    """What a builder gets: the parameter groups (``GROUP_NAMES``), the config's tables and
+    parallel mode, the world size, and whether the parameters are FSDP-sharded DTensors
+    (``cfg.parallel`` fsdp2 / hsdp)."""
 
     groups: Mapping[str, list[nn.Parameter]]
-    cfg: TrainConfig
+    cfg: SetupInputs
     world_size: int
 
     @property
@@ -56,7 +67,7 @@ class BuildContext:
 
 Builder = Callable[[BuildContext], list[OptimizerPart]]
 # A cross-table check of a config that selects the setup; raises ValueError naming the field.
-ConfigCheck = Callable[["TrainConfig"], None]
+ConfigCheck = Callable[[SetupInputs], None]
 
 
 @dataclass(frozen=True)
@@ -127,3 +138,11 @@ def get_setup(name: str) -> SetupSpec:
 def table_classes() -> dict[str, type]:
     """Table name -> its dataclass, in registration order."""
     return dict(_TABLES)
+
+
+def table_name(cls: type) -> str:
+    """The name ``cls`` is registered under (``MuonConfig`` -> ``"muon"``)."""
+    for name, registered in _TABLES.items():
+        if registered is cls:
+            return name
+    raise KeyError(f"{cls.__name__} is not a registered hyper-parameter table")

@@ -1,7 +1,7 @@
 """The ``schedule-free`` setup: Schedule-Free AdamW (Defazio et al. 2024, "The Road Less
 Scheduled", arXiv 2405.15682) for the block matrices, the recipe's AdamW for the rest.
 
-Table ``[schedule_free]`` (:class:`ScheduleFreeAdamWConfig`). The block matrices get one
+Table ``[schedule_free]`` (:class:`ScheduleFreeAdamWConfig`), and ``[distributor]``. The block matrices get one
 ``DistributedShampoo`` with an Adam preconditioner (bias-corrected second moment, no first
 moment: ``betas=(0.0, beta2)``) and ``ScheduleFreeConfig``; per block, with ``P`` the
 preconditioned gradient at the training point ``y`` (the parameters while training)::
@@ -41,7 +41,7 @@ from nanoshampoo.train.setups.registry import (
     register_setup,
     register_table,
 )
-from nanoshampoo.train.setups.shampoo_family import distributed_config
+from nanoshampoo.train.setups.shampoo_family import check_distributor, distributed_config
 
 
 @register_table("schedule_free")
@@ -80,7 +80,7 @@ def build_schedule_free_matrix(ctx: BuildContext) -> torch.optim.Optimizer:
         WeightDecayType,
     )
 
-    hp: ScheduleFreeAdamWConfig = ctx.cfg.table("schedule_free")
+    hp = ctx.cfg.table(ScheduleFreeAdamWConfig)
     return DistributedShampoo(
         ctx.groups["matrix"],
         lr=hp.lr,
@@ -100,7 +100,11 @@ def build_schedule_free_matrix(ctx: BuildContext) -> torch.optim.Optimizer:
 
 
 @register_setup(
-    "schedule-free", tables=("adam", "schedule_free"), matrix="schedule-free", rest="adamw"
+    "schedule-free",
+    tables=("adam", "schedule_free", "distributor"),
+    matrix="schedule-free",
+    rest="adamw",
+    check=check_distributor,
 )
 def build_schedule_free(ctx: BuildContext) -> list[OptimizerPart]:
     return [build_rest_adamw(ctx), OptimizerPart(build_schedule_free_matrix(ctx))]

@@ -11,22 +11,23 @@ with AdamW (or DistAdam in ``*-distadam``) for the embedding, head and 1-D param
   ``beta3 = m**2``, no bias correction) times ``max(1, rows / cols)**0.5``.
 
 ``[preconditioner]`` holds what the three share. A ``"float32"`` storage dtype is passed as
-None (the blocks' float32 computation dtype), so the defaults build the plain optimizer. The
-distributor comes from ``TrainConfig``'s ``distributor``, ``communication_dtype``,
-``communicate_params``, ``parallel`` and ``fsdp_assignment``.
+None (the blocks' float32 computation dtype), so the defaults build the plain optimizer.
+``[distributor]`` (:class:`DistributorConfig`) says how every setup built on
+``DistributedShampoo`` (these, ``kl-shampoo``, ``schedule-free``, ``lion``) spreads its work
+over the ranks, with the run's ``parallel`` mode.
 
 Where the rules live: a table's ``__post_init__`` checks what its fields must be whatever the
 setup (types, choices, finite learning rates, betas in [0, 1)), without importing the optimizer,
 so an unused table is checked too. The optimizer's own rules (storage dtypes that cannot hold an
 EMA, the first root vs the precondition frequency, every config field) are not repeated here:
-``check_family_config`` builds the library's configs and validates the group they make, for the
+each setup's check builds the library's configs and validates the group they make, for the
 setup that runs, and the error names the trainer's flag (``library_checks``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
@@ -44,14 +45,16 @@ from nanoshampoo.train.setups.library_checks import check_shampoo_group, library
 from nanoshampoo.train.setups.registry import (
     BuildContext,
     OptimizerPart,
+    SetupInputs,
     register_setup,
     register_table,
 )
 
-if TYPE_CHECKING:
-    from nanoshampoo.train.config import TrainConfig
-
 STORAGE_DTYPES = ("float32", "bfloat16")
+DISTRIBUTOR_KINDS = ("auto", "single", "ddp")
+# FSDPParamAssignmentStrategy of the sharded Shampoo (see its docstring): "round_robin" and
+# "replicate" are lossless, "default" preconditions each rank's shard on its own.
+FSDP_ASSIGNMENTS = ("default", "round_robin", "replicate")
 RANK_DEFICIENT_STABILITY = ("perturbation", "pseudo-inverse")
 ROOT_METHODS = ("eigh", "warm-qr")
 
@@ -90,6 +93,40 @@ class PreconditionerConfig:
                 f"{field_label('preconditioner', 'eigenvalue_floor_rtol')} must be "
                 f"in [0, 1), or -1 for the optimizer's default, got {floor}"
             )
+
+
+@register_table("distributor")
+@dataclass
+class DistributorConfig:
+    """How ``DistributedShampoo`` spreads its work over the ranks (every setup built on it).
+
+    ``kind`` "auto": DDP (each rank computes its share of the blocks) when the world size is
+    above 1; "single": every rank computes every block; "ddp": DDP always. Under ``parallel``
+    fsdp2 / hsdp the sharding decides (``kind`` must stay "auto") and ``fsdp_assignment`` says
+    which rank preconditions which block. ``communication_dtype`` carries the blocks' updates
+    between ranks; ``communicate_params`` sends the updated parameters rather than the updates.
+    """
+
+    kind: str = "auto"
+    communication_dtype: str = "float32"
+    communicate_params: bool = True
+    fsdp_assignment: str = "round_robin"
+
+    def __post_init__(self) -> None:
+        check_types("distributor", self)
+        check_choice("distributor", self, "kind", DISTRIBUTOR_KINDS)
+        check_choice("distributor", self, "communication_dtype", STORAGE_DTYPES)
+        check_choice("distributor", self, "fsdp_assignment", FSDP_ASSIGNMENTS)
+
+
+def check_distributor(cfg: SetupInputs) -> None:
+    """``[distributor]`` against the run's ``parallel`` mode (``ValueError`` naming the field)."""
+    kind = cfg.table(DistributorConfig).kind
+    if cfg.parallel != "ddp" and kind != "auto":
+        raise ValueError(
+            f"{field_label('distributor', 'kind')} must be 'auto' under parallel="
+            f"{cfg.parallel!r} (the sharding decides), got {kind!r}"
+        )
 
 
 @register_table("shampoo")
@@ -186,14 +223,6 @@ class MuonConfig:
         check_choice("muon", self, "ns_dtype", ("auto", "float32", "bfloat16"))
 
 
-def check_family_config(cfg: TrainConfig) -> None:
-    """The setup's values by the optimizer's own rules (``library_checks``): every library
-    config is built and the group it would hold validated, errors naming the trainer's field."""
-    matrix = cfg.setup.matrix
-    kwargs = MATRIX_KWARGS[matrix](cfg.table("preconditioner"), cfg.table(matrix))
-    check_shampoo_group(kwargs, group_labels(matrix))
-
-
 def labels(table: str, **library_to_trainer: str) -> dict[str, str]:
     """Library field -> trainer label: ``labels("shampoo", inv_factor_matrix_dtype="root_dtype")``."""
     return {lib: field_label(table, ours) for lib, ours in library_to_trainer.items()}
@@ -250,9 +279,8 @@ torch.serialization.add_safe_globals([muon_shape_scale])
 
 
 def distributed_config(ctx: BuildContext) -> Any:
-    """DDP (each rank computes its share of the blocks) when ``distributor`` is ``ddp``, or
-    ``auto`` on more than one rank; else every rank computes every block. Under ``parallel``
-    fsdp2 / hsdp: the fully- / hybrid-sharded distributor with ``fsdp_assignment``."""
+    """The library's distributor config, as ``[distributor]`` and the run's ``parallel`` say
+    (see :class:`DistributorConfig`)."""
     from nanoshampoo.optim.shampoo import (
         DDPDistributedConfig,
         FSDPParamAssignmentStrategy,
@@ -261,21 +289,21 @@ def distributed_config(ctx: BuildContext) -> Any:
         SingleDeviceDistributedConfig,
     )
 
-    cfg = ctx.cfg
-    communication_dtype = getattr(torch, cfg.communication_dtype)
-    if cfg.parallel == "ddp":
-        if cfg.distributor == "ddp" or (cfg.distributor == "auto" and ctx.world_size > 1):
+    dist = ctx.cfg.table(DistributorConfig)
+    communication_dtype = getattr(torch, dist.communication_dtype)
+    if ctx.cfg.parallel == "ddp":
+        if dist.kind == "ddp" or (dist.kind == "auto" and ctx.world_size > 1):
             return DDPDistributedConfig(
-                communication_dtype=communication_dtype, communicate_params=cfg.communicate_params
+                communication_dtype=communication_dtype, communicate_params=dist.communicate_params
             )
         return SingleDeviceDistributedConfig()
     sharded = (
-        FullyShardDistributedConfig if cfg.parallel == "fsdp2" else HybridShardDistributedConfig
+        FullyShardDistributedConfig if ctx.cfg.parallel == "fsdp2" else HybridShardDistributedConfig
     )
     return sharded(
-        param_assignment_strategy=FSDPParamAssignmentStrategy[cfg.fsdp_assignment.upper()],
+        param_assignment_strategy=FSDPParamAssignmentStrategy[dist.fsdp_assignment.upper()],
         communication_dtype=communication_dtype,
-        communicate_params=cfg.communicate_params,
+        communicate_params=dist.communicate_params,
     )
 
 
@@ -450,39 +478,52 @@ def muon_kwargs(pre: PreconditionerConfig, hp: MuonConfig) -> dict[str, Any]:
     )
 
 
-MATRIX_KWARGS = {"shampoo": shampoo_kwargs, "soap": soap_kwargs, "muon": muon_kwargs}
+# Each matrix setup: its table's class and the DistributedShampoo arguments it makes.
+MATRIX_KWARGS: dict[str, tuple[type, Any]] = {
+    "shampoo": (ShampooConfig, shampoo_kwargs),
+    "soap": (SoapConfig, soap_kwargs),
+    "muon": (MuonConfig, muon_kwargs),
+}
 
 
-def build_matrix_optimizer(ctx: BuildContext) -> torch.optim.Optimizer:
-    """``DistributedShampoo`` for the block matrices, as the setup's ``[MATRIX]`` table says."""
+def matrix_kwargs(cfg: SetupInputs, matrix: str) -> dict[str, Any]:
+    """The ``DistributedShampoo`` arguments of setup ``matrix`` (no parameters, no
+    distributor), from ``[preconditioner]`` and ``[MATRIX]``."""
+    table, kwargs = MATRIX_KWARGS[matrix]
+    return kwargs(cfg.table(PreconditionerConfig), cfg.table(table))
+
+
+def build_matrix_optimizer(ctx: BuildContext, matrix: str) -> torch.optim.Optimizer:
+    """``DistributedShampoo`` for the block matrices, as setup ``matrix``'s tables say."""
     from nanoshampoo.optim.shampoo import DistributedShampoo
 
-    matrix = ctx.cfg.setup.matrix
-    kwargs = MATRIX_KWARGS[matrix](ctx.cfg.table("preconditioner"), ctx.cfg.table(matrix))
     return DistributedShampoo(
-        ctx.groups["matrix"], distributed_config=distributed_config(ctx), **kwargs
+        ctx.groups["matrix"],
+        distributed_config=distributed_config(ctx),
+        **matrix_kwargs(ctx.cfg, matrix),
     )
 
 
 def _register_family(matrix: str) -> None:
     """Register ``MATRIX`` (AdamW for the rest) and ``MATRIX-distadam`` (DistAdam for it)."""
-    tables = ("adam", "preconditioner", matrix)
+    tables = ("adam", "preconditioner", matrix, "distributor")
+
+    def check(cfg: SetupInputs) -> None:
+        """The setup's values by the optimizer's own rules (``library_checks``): every library
+        config is built and the group it would hold validated, errors naming the trainer's
+        field; then ``[distributor]`` against the parallel mode."""
+        check_shampoo_group(matrix_kwargs(cfg, matrix), group_labels(matrix))
+        check_distributor(cfg)
 
     def with_adamw(ctx: BuildContext) -> list[OptimizerPart]:
-        return [build_rest_adamw(ctx), OptimizerPart(build_matrix_optimizer(ctx))]
+        return [build_rest_adamw(ctx), OptimizerPart(build_matrix_optimizer(ctx, matrix))]
 
     def with_distadam(ctx: BuildContext) -> list[OptimizerPart]:
-        return [*build_rest_distadam(ctx), OptimizerPart(build_matrix_optimizer(ctx))]
+        return [*build_rest_distadam(ctx), OptimizerPart(build_matrix_optimizer(ctx, matrix))]
 
-    register_setup(matrix, tables=tables, matrix=matrix, rest="adamw", check=check_family_config)(
-        with_adamw
-    )
+    register_setup(matrix, tables=tables, matrix=matrix, rest="adamw", check=check)(with_adamw)
     register_setup(
-        f"{matrix}-distadam",
-        tables=tables,
-        matrix=matrix,
-        rest="distadam",
-        check=check_family_config,
+        f"{matrix}-distadam", tables=tables, matrix=matrix, rest="distadam", check=check
     )(with_distadam)
 
 

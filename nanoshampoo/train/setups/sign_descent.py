@@ -1,10 +1,10 @@
 """The ``lion`` setup: Lion (Chen et al. 2023, "Symbolic Discovery of Optimization Algorithms",
 arXiv 2302.06675, Algorithm 2) for the block matrices, the recipe's AdamW for the rest.
 
-Table ``[lion]`` (:class:`LionConfig`). The block matrices get one ``DistributedShampoo`` with
-``SignDescentPreconditionerConfig`` (``sign(Gbar)``, unit scale), the filtered gradient set up
-so that ``Gbar`` is Lion's interpolation and ``M`` its momentum (``betas=(beta2, .)``,
-``beta3=beta1``, no bias correction), and decoupled weight decay::
+Table ``[lion]`` (:class:`LionConfig`), and ``[distributor]``. The block matrices get one
+``DistributedShampoo`` with ``SignDescentPreconditionerConfig`` (``sign(Gbar)``, unit scale),
+the filtered gradient set up so that ``Gbar`` is Lion's interpolation and ``M`` its momentum
+(``betas=(beta2, .)``, ``beta3=beta1``, no bias correction), and decoupled weight decay::
 
     c = beta1 m + (1 - beta1) g
     W <- W - lr (sign(c) + wd W)
@@ -32,7 +32,7 @@ from nanoshampoo.train.setups.registry import (
     register_setup,
     register_table,
 )
-from nanoshampoo.train.setups.shampoo_family import distributed_config
+from nanoshampoo.train.setups.shampoo_family import check_distributor, distributed_config
 
 
 @register_table("lion")
@@ -60,7 +60,7 @@ def build_lion_matrix(ctx: BuildContext) -> torch.optim.Optimizer:
         WeightDecayType,
     )
 
-    hp: LionConfig = ctx.cfg.table("lion")
+    hp = ctx.cfg.table(LionConfig)
     return DistributedShampoo(
         # betas[1] is unused by the stateless sign-descent preconditioner.
         ctx.groups["matrix"],
@@ -77,6 +77,12 @@ def build_lion_matrix(ctx: BuildContext) -> torch.optim.Optimizer:
     )
 
 
-@register_setup("lion", tables=("adam", "lion"), matrix="lion", rest="adamw")
+@register_setup(
+    "lion",
+    tables=("adam", "lion", "distributor"),
+    matrix="lion",
+    rest="adamw",
+    check=check_distributor,
+)
 def build_lion(ctx: BuildContext) -> list[OptimizerPart]:
     return [build_rest_adamw(ctx), OptimizerPart(build_lion_matrix(ctx))]

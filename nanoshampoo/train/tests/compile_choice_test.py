@@ -97,9 +97,10 @@ def test_probe_passes_with_a_cpp_compiler() -> None:
 
 def test_config_spellings() -> None:
     assert TrainConfig().compile == "auto"
-    assert TrainConfig(compile=True).compile == "true"
-    assert TrainConfig(compile=False).compile == "false"
-    assert load_preset("gpt2-124m-shampoo")["compile"] == "true"  # `compile = true` there
+    assert TrainConfig(compile="true").compile == "true"
+    assert load_preset("gpt2-124m-shampoo")["compile"] == "true"
+    with pytest.raises(ValueError, match=r'TrainConfig.compile is "true", .* write "false"'):
+        TrainConfig(compile=False)  # the field's type before it took "auto"
     with pytest.raises(
         ValueError,
         match=r"TrainConfig.compile must be one of \['auto', "

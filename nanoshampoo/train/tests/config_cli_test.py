@@ -7,9 +7,15 @@ import tomllib
 import pytest
 
 from nanoshampoo.train.cli import config_from_args, main
-from nanoshampoo.train.config import LEGACY_FIELDS, TrainConfig
+from nanoshampoo.train.config import RENAMED, TrainConfig
 from nanoshampoo.train.presets import PRESET_DIR, load_preset, preset_names
 from nanoshampoo.train.setups import setup_names
+from nanoshampoo.train.setups.adam import AdamConfig
+from nanoshampoo.train.setups.shampoo_family import (
+    PreconditionerConfig,
+    ShampooConfig,
+    SoapConfig,
+)
 
 
 @pytest.mark.parametrize(
@@ -29,10 +35,10 @@ from nanoshampoo.train.setups import setup_names
         (dict(dataset="shards", val_files="v*", vocab_size=10), "train_files"),
         (dict(dataset="shards", train_files="t*", val_files="v*"), "vocab_size"),
         (dict(profile_steps=(3, 4)), "profile_dir"),
-        (dict(distributor="fsdp"), "distributor"),
+        ({"distributor.kind": "fsdp"}, r"distributor\.kind \(--distributor\.kind\)"),
         (dict(autocast="fp16"), "autocast"),
         ({"preconditioner.factor_dtype": "float16"}, "factor_dtype"),
-        (dict(communication_dtype="int8"), "communication_dtype"),
+        ({"distributor.communication_dtype": "int8"}, r"distributor\.communication_dtype"),
         ({"shampoo.root_dtype": "float16"}, "root_dtype"),
         ({"shampoo.precondition_dtype": "float16"}, r"shampoo\.precondition_dtype"),
         ({"shampoo.grafting_dtype": "float64"}, "grafting_dtype"),
@@ -104,59 +110,74 @@ def test_non_finite_or_zero_epsilons_and_lrs_are_refused_naming_the_flag(
 
 
 @pytest.mark.parametrize(
-    "legacy, table, field, value",
+    "argv, message",
     [
-        ("--adam-eps", "adam", "eps", "inf"),
-        ("--grafting-epsilon", "shampoo", "grafting_epsilon", "inf"),
-        ("--matrix-lr", "shampoo", "lr", "inf"),
-        ("--shampoo-epsilon", "shampoo", "epsilon", "0"),
-        ("--matrix-beta2", "shampoo", "beta2", "0"),
+        (["--muon-lr", "0.1"], "--muon-lr is now --muon.lr"),
+        (["--matrix-lr=0.1"], "--matrix-lr is now --shampoo.lr or --adamw.lr"),
+        (
+            ["--max-preconditioner-dim", "64"],
+            "--max-preconditioner-dim is now --preconditioner.max-preconditioner-dim",
+        ),
+        (["--distributor", "ddp"], "--distributor is now --distributor.kind"),
+        (
+            ["--communication-dtype", "bfloat16"],
+            "--communication-dtype is now --distributor.communication-dtype",
+        ),
+        (["--autocast-bf16", "true"], "--autocast-bf16 is now --autocast (true: bf16, false: off)"),
+        (
+            ["--shampoo.warm_qr_tolerance", "0.1"],
+            "--shampoo.warm_qr_tolerance is now --shampoo.warm-qr-tolerance",
+        ),
     ],
 )
-def test_legacy_flags_are_refused_the_same_way(
-    legacy: str, table: str, field: str, value: str, capsys: pytest.CaptureFixture[str]
+def test_an_old_flag_fails_with_one_line_naming_the_new_spelling(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert main([legacy, value]) == 2
+    assert main(["--seed", "1", *argv]) == 2
     err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and f"{table}.{field}" in err and legacy in err, err
+    assert err == f"python -m nanoshampoo.train: error: {message}"
 
 
-def test_legacy_flat_names_set_their_table_fields() -> None:
-    cfg = TrainConfig(
-        optimizer="adamw",
-        matrix_lr=0.002,
-        muon_lr=0.03,
-        adam_eps=1e-8,
-        precondition_frequency=7,
-        factor_dtype="bfloat16",
-    )
-    assert (cfg.table("adamw").lr, cfg.table("shampoo").lr) == (0.002, 0.002)
-    assert (cfg.table("muon").lr, cfg.table("adam").eps) == (0.03, 1e-8)
-    assert cfg.table("shampoo").precondition_frequency == 7
-    assert cfg.table("preconditioner").factor_dtype == "bfloat16"
-    # The new spellings win over the old ones.
-    assert TrainConfig(matrix_lr=0.1, **{"shampoo.lr": 0.2}).table("shampoo").lr == 0.2
-
-
-def test_legacy_flags_and_new_flags_apply_in_order() -> None:
-    cfg = config_from_args(
-        ["--matrix-lr", "0.1", "--shampoo.lr", "0.2", "--muon.lr", "0.3", "--muon-lr", "0.4"]
-    )
-    assert (cfg.table("shampoo").lr, cfg.table("adamw").lr) == (0.2, 0.1)
-    assert cfg.table("muon").lr == 0.4
+@pytest.mark.parametrize(
+    "values, message",
+    [
+        (dict(muon_lr=0.03), "TrainConfig.muon_lr is now muon.lr"),
+        (
+            dict(matrix_weight_decay=0.1),
+            "is now shampoo.weight_decay or soap.weight_decay or adamw",
+        ),
+        (dict(fsdp_assignment="replicate"), "TrainConfig.fsdp_assignment is now distributor.fsdp"),
+        (dict(compile=True), 'TrainConfig.compile is "true", "false" or "auto" .* write "true"'),
+        (dict(distributor="ddp"), "TrainConfig.distributor is now distributor.kind"),
+    ],
+)
+def test_an_old_keyword_fails_naming_its_new_spelling(
+    values: dict[str, object], message: str
+) -> None:
+    with pytest.raises(ValueError, match=message):
+        TrainConfig(**values)
 
 
 def test_to_dict_rebuilds_the_config_and_holds_only_the_setups_tables() -> None:
     cfg = TrainConfig(optimizer="muon", **{"muon.lr": 0.03, "adam.head_lr": 0.01})
     data = cfg.to_dict()
     assert data["muon.lr"] == 0.03 and data["adam.head_lr"] == 0.01
-    assert {key.split(".")[0] for key in data if "." in key} == {"adam", "preconditioner", "muon"}
+    assert {key.split(".")[0] for key in data if "." in key} == {
+        "adam",
+        "preconditioner",
+        "muon",
+        "distributor",
+    }
     assert TrainConfig(**data) == cfg
 
 
 def test_defaults_are_the_optimization_track_shampoo_recipe() -> None:
     cfg = TrainConfig()
-    adam, shampoo, pre = cfg.table("adam"), cfg.table("shampoo"), cfg.table("preconditioner")
+    adam, shampoo, pre = (
+        cfg.table(AdamConfig),
+        cfg.table(ShampooConfig),
+        cfg.table(PreconditionerConfig),
+    )
     assert (adam.embed_lr, adam.head_lr, adam.scalar_lr) == (0.3, 1 / 320, 0.01)
     assert (adam.beta1, adam.beta2, adam.eps) == (0.8, 0.95, 1e-10)
     assert (shampoo.lr, shampoo.beta1, shampoo.beta2) == (0.0015, 0.9, 0.95)
@@ -184,8 +205,8 @@ def test_flags_override_the_preset_with_typed_values() -> None:
             "7",
             "--cooldown-frac",
             "0.5",
-            "--autocast-bf16",
-            "false",
+            "--autocast",
+            "off",
             "--profile-steps",
             "5,6,7",
             "--profile-dir",
@@ -208,12 +229,12 @@ def test_flags_override_the_preset_with_typed_values() -> None:
 
 def test_precondition_dtype_flag_sets_the_shampoo_table() -> None:
     cfg = config_from_args(["--shampoo.precondition-dtype", "bfloat16"])
-    assert cfg.table("shampoo").precondition_dtype == "bfloat16"
-    assert config_from_args([]).table("shampoo").precondition_dtype == "float32"
+    assert cfg.table(ShampooConfig).precondition_dtype == "bfloat16"
+    assert config_from_args([]).table(ShampooConfig).precondition_dtype == "float32"
 
 
-def test_a_table_field_takes_the_presets_spelling_too(capsys: pytest.CaptureFixture[str]) -> None:
-    dashed = config_from_args(
+def test_a_table_field_flag_is_spelled_with_dashes(capsys: pytest.CaptureFixture[str]) -> None:
+    cfg = config_from_args(
         [
             "--preset",
             "tiny-soap",
@@ -223,27 +244,17 @@ def test_a_table_field_takes_the_presets_spelling_too(capsys: pytest.CaptureFixt
             "14",
         ]
     )
-    underscored = config_from_args(
-        [
-            "--preset",
-            "tiny-soap",
-            "--soap.precondition_frequency",
-            "7",
-            "--preconditioner.start_preconditioning_step",
-            "14",
-        ]
-    )
-    assert dashed.to_dict() == underscored.to_dict()
-    assert underscored.table("soap").precondition_frequency == 7
-    assert underscored.table("preconditioner").start_preconditioning_step == 14
+    assert cfg.table(SoapConfig).precondition_frequency == 7
+    assert cfg.table(PreconditionerConfig).start_preconditioning_step == 14
     with pytest.raises(SystemExit):
         main(["--help"])
-    assert "--soap.precondition_frequency" not in capsys.readouterr().out  # one spelling listed
+    out = capsys.readouterr().out
+    assert "--soap.precondition-frequency" in out and "--soap.precondition_frequency" not in out
 
 
 def test_bad_flag_value_and_unknown_preset_are_rejected(tmp_path) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(SystemExit):
-        config_from_args(["--autocast-bf16", "maybe"])
+        config_from_args(["--save-final-checkpoint", "maybe"])
     with pytest.raises(ValueError, match="unknown preset"):
         config_from_args(["--preset", "no-such-preset"])
     bad = tmp_path / "bad.toml"
@@ -276,7 +287,7 @@ def test_presets_hold_only_what_differs_from_the_defaults() -> None:
             for table, values in raw.items()
             if isinstance(values, dict)
             for k, v in values.items()
-            if getattr(defaults.table(table), k) == v
+            if getattr(defaults.tables[table], k) == v
         )
         assert same == [], f"{name} repeats defaults {same}"
     # The tiny shampoo run is the defaults but for the matrix lr tuned on the embedded task.
@@ -291,7 +302,7 @@ def test_presets_hold_only_what_differs_from_the_defaults() -> None:
 def test_shipped_presets_use_the_table_spelling() -> None:
     for name in preset_names():
         raw = tomllib.loads((PRESET_DIR / f"{name}.toml").read_text())
-        assert not set(raw) & set(LEGACY_FIELDS), name
+        assert not set(raw) & set(RENAMED), name
 
 
 def test_extends_starts_from_the_named_preset(tmp_path) -> None:  # type: ignore[no-untyped-def]
@@ -317,13 +328,8 @@ def test_help_shows_the_presets_values(capsys: pytest.CaptureFixture[str]) -> No
     assert "--soap.lr FLOAT (default 0.003)" in text
     assert "--custom.matrix-kwargs JSON (default {})" in text
     assert "--decay-branches DECAY_BRANCHES (default ())" in text
-    assert "--muon-lr" not in text  # the legacy flags work but are not listed
-
-
-def test_autocast_bf16_flag_is_an_alias() -> None:
-    assert config_from_args(["--autocast-bf16", "true"]).autocast == "bf16"
-    assert config_from_args(["--autocast-bf16", "no"]).autocast == "off"
-    assert config_from_args([]).autocast == "auto"
+    assert "--distributor.kind STR (default 'auto')" in text
+    assert "--muon-lr" not in text and "--autocast-bf16" not in text  # one spelling
 
 
 @pytest.mark.parametrize(
@@ -332,7 +338,10 @@ def test_autocast_bf16_flag_is_an_alias() -> None:
         ('save_final_checkpoint = "false"\n', "save_final_checkpoint must be a bool, got 'false'"),
         ("num_iterations = 2.5\n", "num_iterations must be an int, got 2.5"),
         ('num_iterations = "abc"\n', "num_iterations must be an int"),
-        ('matrix_lr = "0.1"\n', r"matrix_lr \(now \[shampoo\] lr\) must be a float, got '0.1'"),
+        ("muon_lr = 0.1\n", r"muon_lr is now \[muon\] lr$"),
+        ("matrix_lr = 0.1\n", r"matrix_lr is now \[shampoo\] lr or \[adamw\] lr$"),
+        ('distributor = "ddp"\n', r"distributor is now \[distributor\] kind$"),
+        ("compile = true\n", r'compile is "true", "false" or "auto" \(a string\), got True: write'),
         ('profile_steps = "5"\n', "profile_steps must be a list of integers"),
         ('decay_branches = [0.5, "x"]\n', "decay_branches must be a list of numbers"),
         ("resume = 5\n", "resume must be a str"),

@@ -245,11 +245,17 @@ def test_fsdp2_with_distadam_is_a_one_line_error(
     ("fields", "named"),
     [
         ({"parallel": "zero3"}, "TrainConfig.parallel"),
-        ({"parallel": "fsdp2", "fsdp_assignment": "owner"}, "TrainConfig.fsdp_assignment"),
+        (
+            {"parallel": "fsdp2", "distributor.fsdp_assignment": "owner"},
+            r"distributor\.fsdp_assignment \(--distributor\.fsdp-assignment\)",
+        ),
         ({"parallel": "hsdp", "hsdp_shard_size": -1}, "TrainConfig.hsdp_shard_size"),
         ({"parallel": "fsdp2", "hsdp_shard_size": 2}, "TrainConfig.hsdp_shard_size"),
         ({"parallel": "hsdp", "optimizer": "soap-distadam"}, "TrainConfig.optimizer"),
-        ({"parallel": "fsdp2", "distributor": "single"}, "TrainConfig.distributor"),
+        (
+            {"parallel": "fsdp2", "distributor.kind": "single"},
+            r"distributor\.kind \(--distributor\.kind\) must be 'auto' under parallel='fsdp2'",
+        ),
     ],
 )
 def test_config_validation_names_the_field(fields: dict[str, Any], named: str) -> None:

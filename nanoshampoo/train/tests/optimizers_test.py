@@ -26,7 +26,7 @@ def build_shampoo(
 ) -> torch.optim.Optimizer:
     """The setup's DistributedShampoo alone, over ``params`` as its block matrices."""
     groups = {"embed": [], "head": [], "scalar": [], "matrix": list(params)}
-    return build_matrix_optimizer(BuildContext(groups, cfg, world_size))
+    return build_matrix_optimizer(BuildContext(groups, cfg, world_size), cfg.setup.matrix)
 
 
 def names_of(model: GPT, params: list[torch.nn.Parameter]) -> set[str]:
@@ -78,7 +78,7 @@ def test_partition_check_names_duplicate_missing_and_foreign_params(
 
 def test_adamw_setup_group_hyperparameters(tiny_gpt: Callable[..., GPT]) -> None:
     model = tiny_gpt()
-    cfg = TrainConfig(optimizer="adamw", matrix_lr=0.002, matrix_weight_decay=0.1)
+    cfg = TrainConfig(optimizer="adamw", **{"adamw.lr": 0.002, "adamw.weight_decay": 0.1})
     setup = build_optimizer_setup(model, cfg, world_size=1)
     (opt,) = setup.optimizers
     assert isinstance(opt, torch.optim.AdamW)
@@ -148,7 +148,7 @@ def test_every_setup_builds(
     tiny_gpt: Callable[..., GPT], setup_name: str, kinds: list[str]
 ) -> None:
     # 128: no test matrix (at least 32 x 32) merges into a vector, which spectral descent refuses.
-    cfg = TrainConfig(optimizer=setup_name, max_preconditioner_dim=128)
+    cfg = TrainConfig(optimizer=setup_name, **{"preconditioner.max_preconditioner_dim": 128})
     setup = build_optimizer_setup(tiny_gpt(), cfg, world_size=1)
     assert [type(o).__name__ for o in setup.optimizers] == kinds
 
@@ -159,12 +159,14 @@ def test_factor_dtype_and_distributor_fields_reach_the_optimizer(
 ) -> None:
     cfg = TrainConfig(
         optimizer="shampoo",
-        factor_dtype=dtype,
-        distributor="ddp",
-        communication_dtype="bfloat16",
-        communicate_params=False,
-        max_preconditioner_dim=16,
-        start_preconditioning_step=10,
+        **{
+            "preconditioner.factor_dtype": dtype,
+            "distributor.kind": "ddp",
+            "distributor.communication_dtype": "bfloat16",
+            "distributor.communicate_params": False,
+            "preconditioner.max_preconditioner_dim": 16,
+            "preconditioner.start_preconditioning_step": 10,
+        },
     )
     (group,) = build_shampoo(list(tiny_gpt().blocks.parameters())[:1], cfg, 1).param_groups
     assert group["preconditioner_config"].factor_matrix_dtype == getattr(torch, dtype)
@@ -193,12 +195,14 @@ def test_root_method_and_large_factor_fields_reach_the_optimizer(
     tiny_gpt: Callable[..., GPT],
 ) -> None:
     cfg = TrainConfig(
-        root_method="warm-qr",
-        warm_qr_tolerance=0.02,
-        warm_qr_max_iterations=0,
-        large_factor_dim=32,
-        large_factor_frequency_multiplier=3,
-        rank_deficient_stability="pseudo-inverse",
+        **{
+            "shampoo.root_method": "warm-qr",
+            "shampoo.warm_qr_tolerance": 0.02,
+            "shampoo.warm_qr_max_iterations": 0,
+            "shampoo.large_factor_dim": 32,
+            "shampoo.large_factor_frequency_multiplier": 3,
+            "preconditioner.rank_deficient_stability": "pseudo-inverse",
+        },
     )
     (group,) = build_shampoo(list(tiny_gpt().blocks.parameters())[:1], cfg, 1).param_groups
     config = group["preconditioner_config"]
@@ -216,12 +220,14 @@ def test_speed_and_memory_knobs_reach_the_optimizer(
 ) -> None:
     cfg = TrainConfig(
         optimizer=setup_name,
-        amortize_roots=True,
-        root_dtype="bfloat16",
-        grafting_dtype="bfloat16",
-        momentum_dtype="bfloat16",
-        pack_factors=True,
-        max_preconditioner_dim=64,
+        **{
+            "preconditioner.amortize_roots": True,
+            "shampoo.root_dtype": "bfloat16",
+            "shampoo.grafting_dtype": "bfloat16",
+            "preconditioner.momentum_dtype": "bfloat16",
+            "shampoo.pack_factors": True,
+            "preconditioner.max_preconditioner_dim": 64,
+        },
     )
     params = [p for p in tiny_gpt().blocks.parameters() if p.ndim == 2]
     opt = build_shampoo(params, cfg, 1)
@@ -272,11 +278,13 @@ def test_muon_setup_matches_a_hand_written_muon_step(monkeypatch: pytest.MonkeyP
     lr, momentum, wd, steps = 0.05, 0.95, 0.1, 3
     cfg = TrainConfig(
         optimizer="muon",
-        muon_lr=lr,
-        muon_momentum=momentum,
-        muon_weight_decay=wd,
-        muon_ns_steps=5,
-        max_preconditioner_dim=64,
+        **{
+            "muon.lr": lr,
+            "muon.momentum": momentum,
+            "muon.weight_decay": wd,
+            "muon.ns_steps": 5,
+            "preconditioner.max_preconditioner_dim": 64,
+        },
     )
     opt = build_shampoo(params, cfg, world_size=1)
     ref = [p.detach().double().clone() for p in params]
@@ -320,11 +328,11 @@ def test_rank_deficient_stability_choice_reaches_the_solver(
     config_type: type,
     epsilon: float | None,
 ) -> None:
-    cfg = TrainConfig(optimizer=setup_name, rank_deficient_stability=choice)
+    cfg = TrainConfig(optimizer=setup_name, **{"preconditioner.rank_deficient_stability": choice})
     (group,) = build_shampoo(list(tiny_gpt().blocks.parameters())[:1], cfg, 1).param_groups
     solver = group["preconditioner_config"].amortized_computation_config
     assert isinstance(solver.rank_deficient_stability_config, config_type)
-    recipe_epsilon = cfg.table(setup_name).epsilon
+    recipe_epsilon = cfg.tables[setup_name].epsilon
     assert group["epsilon"] == (recipe_epsilon if epsilon is None else epsilon)
 
 
@@ -342,11 +350,20 @@ def test_eigenvalue_floor_rtol_reaches_the_solver(
             stability.rank_rtol if choice == "pseudo-inverse" else stability.eigenvalue_floor_rtol
         )
 
-    assert tolerance(TrainConfig(optimizer=setup_name, rank_deficient_stability=choice)) is None
+    assert (
+        tolerance(
+            TrainConfig(optimizer=setup_name, **{"preconditioner.rank_deficient_stability": choice})
+        )
+        is None
+    )
     assert (
         tolerance(
             TrainConfig(
-                optimizer=setup_name, rank_deficient_stability=choice, eigenvalue_floor_rtol=0.0078
+                optimizer=setup_name,
+                **{
+                    "preconditioner.rank_deficient_stability": choice,
+                    "preconditioner.eigenvalue_floor_rtol": 0.0078,
+                },
             )
         )
         == 0.0078
@@ -354,7 +371,11 @@ def test_eigenvalue_floor_rtol_reaches_the_solver(
     assert (
         tolerance(
             TrainConfig(
-                optimizer=setup_name, rank_deficient_stability=choice, eigenvalue_floor_rtol=0.0
+                optimizer=setup_name,
+                **{
+                    "preconditioner.rank_deficient_stability": choice,
+                    "preconditioner.eigenvalue_floor_rtol": 0.0,
+                },
             )
         )
         == 0.0
@@ -364,4 +385,4 @@ def test_eigenvalue_floor_rtol_reaches_the_solver(
 @pytest.mark.parametrize("value", [-0.5, 1.0, float("nan"), float("inf")])
 def test_eigenvalue_floor_rtol_out_of_range_is_refused(value: float) -> None:
     with pytest.raises(ValueError, match="eigenvalue_floor_rtol"):
-        TrainConfig(eigenvalue_floor_rtol=value)
+        TrainConfig(**{"preconditioner.eigenvalue_floor_rtol": value})

@@ -96,7 +96,7 @@ def test_the_builtin_setups_own_every_parameter_once(tiny_gpt: Callable[..., GPT
     for name in setup_names():
         if name == "custom":
             continue
-        cfg = TrainConfig(optimizer=name, max_preconditioner_dim=128)
+        cfg = TrainConfig(optimizer=name, **{"preconditioner.max_preconditioner_dim": 128})
         setup = build_optimizer_setup(model, cfg, world_size=1)
         owned = [id(p) for o in setup.optimizers for g in o.param_groups for p in g["params"]]
         assert sorted(owned) == sorted(id(p) for p in model.parameters()), name

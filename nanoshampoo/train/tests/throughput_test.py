@@ -49,6 +49,7 @@ def test_attention_is_four_t_c_per_layer_and_token_forward(config: GPTConfig) ->
 def test_the_meter_divides_flops_by_time_and_peak() -> None:
     meter = MfuMeter(flops_per_step=3 * 10**9, peak_flops_per_second=2e11, dtype_name="bfloat16")
     assert math.isclose(meter.of_step(0.1), 3e9 / 0.1 / 2e11)
+    assert math.isnan(meter.of_step(0.0)) and math.isnan(meter.of_step(-1.0))
     assert "3 GFLOP/step" in meter.header and "bfloat16 matmul peak of 200 GFLOP/s" in meter.header
 
 

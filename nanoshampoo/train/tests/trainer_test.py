@@ -89,7 +89,7 @@ def tiny_config(shards: dict[str, str], out_dir: Path, **overrides: Any) -> Trai
         save_final_checkpoint=False,
         autocast="off",
         threads=1,
-        precondition_frequency=2,
+        **{"shampoo.precondition_frequency": 2},
         **shards,
     )
     fields.update(overrides)
@@ -309,7 +309,7 @@ def train_every_setup_on_rank(
             Path(out_dir),
             optimizer=optimizer,
             run_id=run_id,
-            distributor=distributor,
+            **{"distributor.kind": distributor},
             checkpoint_every=4,
         )
         trainer = Trainer(cfg)
@@ -326,7 +326,7 @@ def train_every_setup_on_rank(
                     Path(out_dir),
                     optimizer=optimizer,
                     run_id=f"{run_id}-resumed",
-                    distributor=distributor,
+                    **{"distributor.kind": distributor},
                     resume=str(Path(out_dir) / f"{run_id}.ckpt" / "step_000004"),
                 )
             )
@@ -380,7 +380,7 @@ def test_grad_accumulation_equals_one_large_batch(
     # eps 1e-8 (Shampoo: 1e-6), not the recipe's 1e-10 (1e-12): Adam divides by sqrt(v) + eps
     # and Shampoo inverts rank-deficient factors + eps I; both turn rounding-level
     # gradient differences of near-zero entries into large update differences.
-    eps = dict(adam_eps=1e-8, grafting_epsilon=1e-8, shampoo_epsilon=1e-6)
+    eps = {"adam.eps": 1e-8, "shampoo.grafting_epsilon": 1e-8, "shampoo.epsilon": 1e-6}
     one = params_after(shards, tmp_path, optimizer=optimizer, run_id="k1", **eps)
     four = params_after(
         shards, tmp_path, optimizer=optimizer, run_id="k4", grad_accum_steps=4, **eps
@@ -410,9 +410,7 @@ def accumulate_on_rank(
             optimizer=optimizer,
             run_id=f"{optimizer}-k{k}",
             grad_accum_steps=k,
-            adam_eps=1e-8,
-            grafting_epsilon=1e-8,
-            shampoo_epsilon=1e-6,
+            **{"adam.eps": 1e-8, "shampoo.grafting_epsilon": 1e-8, "shampoo.epsilon": 1e-6},
         )
         for optimizer in ("distadam", "shampoo")
         for k in (1, 2)
@@ -438,8 +436,14 @@ def test_grad_accumulation_on_two_ranks_equals_one_large_batch(
     "optimizer, extra",
     [
         *[(setup, {}) for setup in setup_names() if setup != "custom"],  # custom: its own test
-        ("shampoo", {"rank_deficient_stability": "pseudo-inverse"}),
-        ("soap", {"rank_deficient_stability": "pseudo-inverse", "factor_dtype": "bfloat16"}),
+        ("shampoo", {"preconditioner.rank_deficient_stability": "pseudo-inverse"}),
+        (
+            "soap",
+            {
+                "preconditioner.rank_deficient_stability": "pseudo-inverse",
+                "preconditioner.factor_dtype": "bfloat16",
+            },
+        ),
     ],
 )
 def test_every_setup_trains(

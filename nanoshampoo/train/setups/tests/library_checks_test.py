@@ -11,6 +11,7 @@ from nanoshampoo.optim.shampoo import UnsupportedConfigError, group_validation
 from nanoshampoo.optim.shampoo.preconditioner import preconditioner_types
 from nanoshampoo.train.config import TrainConfig
 from nanoshampoo.train.setups.library_checks import check_shampoo_group, with_trainer_label
+from nanoshampoo.train.setups.shampoo_family import PreconditionerConfig, ShampooConfig
 
 GRAFTING_BF16_SLOW_EMA = {"shampoo.grafting_dtype": "bfloat16", "shampoo.grafting_beta2": 0.999}
 EARLY_FIRST_ROOT = {
@@ -72,7 +73,7 @@ def test_lifting_the_librarys_ema_rule_lifts_the_trainers(monkeypatch: pytest.Mo
         TrainConfig(**GRAFTING_BF16_SLOW_EMA)
     monkeypatch.setattr(preconditioner_types, "check_ema_storage_dtype", lambda *args: None)
     cfg = TrainConfig(**GRAFTING_BF16_SLOW_EMA)
-    assert cfg.table("shampoo").grafting_dtype == "bfloat16"
+    assert cfg.table(ShampooConfig).grafting_dtype == "bfloat16"
 
 
 def test_lifting_the_librarys_schedule_rule_lifts_the_trainers(
@@ -81,7 +82,9 @@ def test_lifting_the_librarys_schedule_rule_lifts_the_trainers(
     with pytest.raises(ValueError, match="start_preconditioning_step"):
         TrainConfig(**EARLY_FIRST_ROOT)
     monkeypatch.setattr(group_validation, "_validate_schedule", lambda group: None)
-    assert TrainConfig(**EARLY_FIRST_ROOT).table("preconditioner").start_preconditioning_step == 2
+    assert (
+        TrainConfig(**EARLY_FIRST_ROOT).table(PreconditionerConfig).start_preconditioning_step == 2
+    )
 
 
 def test_a_stricter_library_rule_refuses_the_trainers_defaults(
