@@ -96,6 +96,7 @@ from typing import Any
 
 import torch
 
+from nanoshampoo.optim.shampoo.config_checks import error_field, field_error
 from nanoshampoo.optim.shampoo.group_runtime import GroupRuntime
 from nanoshampoo.optim.shampoo.group_validation import (
     check_ordered_params,
@@ -335,6 +336,8 @@ class DistributedShampoo(torch.optim.Optimizer):
         param_group.setdefault("peak_lr", param_group.get("lr", self.defaults["lr"]))
         super().add_param_group(param_group)
         group = self.param_groups[-1]
+        # Preformatted, as the reference logs it (record.msg holds the text).
+        logger.info(f"Checking param_group {len(self.param_groups) - 1} hyperparameters...")
         try:
             validate_group(group)
             validate_params(group["params"], group.get("param_names"))
@@ -382,8 +385,9 @@ class DistributedShampoo(torch.optim.Optimizer):
                 plans.append(runtime.plan(group))
                 runtime.check_grads(self._runtime_config.eager_nan_check)
             except ValueError as error:
-                raise ValueError(
-                    f"{error} (param_groups[{index}]; no parameter or state was changed)"
+                raise field_error(
+                    error_field(error),
+                    f"{error} (param_groups[{index}]; no parameter or state was changed)",
                 ) from None
             runtime.check_train_mode()
         masks = [runtime.gather_grads() for runtime in self._runtimes]
@@ -397,7 +401,7 @@ class DistributedShampoo(torch.optim.Optimizer):
                 message = f"non-finite gradient (NaN or Inf) in {', '.join(bad) or 'a parameter'}"
                 if self._nonfinite_grad_policy == "raise":
                     raise NonFiniteGradientError(message + "; no parameter or state was changed")
-                logger.warning("%s; skipping this step", message)
+                logger.warning(f"{message}; skipping this step")
                 return loss
         for g, (runtime, hyperparameters) in enumerate(zip(self._runtimes, plans)):
             if runtime.configure(hyperparameters):
