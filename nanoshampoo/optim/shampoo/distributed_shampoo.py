@@ -276,6 +276,8 @@ class DistributedShampoo(torch.optim.Optimizer):
         self._runtime_config = shampoo_runtime_config
         self._concurrency_config = concurrency_config
         self._step_compiled: list[bool] = []
+        # Per compiled group: the "has a gradient" masks its step has run with, and the last one.
+        self._compiled_masks: list[tuple[set[tuple[bool, ...]], list[bool] | None]] = []
         self._runtimes: list[GroupRuntime] = []
         self._scalars: list[GroupScalars] = []
         self._packed_roots: list[bool] = []  # per group: its state dict packs the roots
@@ -352,6 +354,7 @@ class DistributedShampoo(torch.optim.Optimizer):
             runtime.apply_step, self._compile_config, device
         )
         self._step_compiled.append(compiled)
+        self._compiled_masks.append((set(), None))
         self._runtimes.append(runtime)
         self._scalars.append(GroupScalars(runtime.hyperparameters.primal_averaging is not None))
         self._packed_roots.append(
@@ -406,11 +409,32 @@ class DistributedShampoo(torch.optim.Optimizer):
         for g, (runtime, hyperparameters) in enumerate(zip(self._runtimes, plans)):
             if runtime.configure(hyperparameters):
                 self._register_state(g)
+        for g, mask in enumerate(masks):
+            if mask is not None and self._step_compiled[g]:
+                self._warn_of_a_recompile(g, mask)
         for runtime, mask in active:
             runtime.apply_step(mask)
         for runtime, scalars in zip(self._runtimes, self._scalars):
             scalars.write_from(runtime)
         return loss
+
+    def _warn_of_a_recompile(self, g: int, mask: list[bool]) -> None:
+        """Warn, in the reference's words, when group ``g``'s compiled step meets a "has a
+        gradient" mask it has not run with: the compiled step specializes on the mask, so a new
+        one compiles it again (a mask seen before reuses its compiled code, and a group without
+        any gradient does not step at all)."""
+        seen, last = self._compiled_masks[g]
+        self._compiled_masks[g] = (seen, mask)
+        if last is not None and tuple(mask) not in seen:
+            changed = [i for i, (was, now) in enumerate(zip(last, mask)) if was != now]
+            logger.warning(
+                "PT2 will recompile because the gradient selection of model parameters have "
+                "changed from the previous step. Possible reasons include some gradients are "
+                "None. If this is not intended, please check the data and/or model.\nDetails:\n"
+                f"- Current step: {self._runtimes[g].step}\n"
+                f"- Changed gradient selector indices: {changed}"
+            )
+        seen.add(tuple(mask))
 
     @property
     def step_compiled(self) -> bool:

@@ -36,6 +36,7 @@ from nanoshampoo.optim.shampoo import (
     RMSpropPreconditionerConfig,
     RootInvShampooPreconditionerConfig,
     ScheduleFreeConfig,
+    ShampooPT2CompileConfig,
     SignDescentPreconditionerConfig,
     SingleDeviceDistributedConfig,
     SpectralDescentPreconditionerConfig,
@@ -418,3 +419,40 @@ def test_a_stateless_preconditioner_warns_what_has_no_effect(
     assert all(r.args == () for r in warnings)
     # The caller's config object is left as it was (the reference writes 2 into it).
     assert distributed.target_parameter_dimensionality == 1
+
+
+@pytest.mark.slow
+def test_a_compiled_step_warns_once_per_new_gradient_selection(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The compiled step specializes on which blocks have a gradient: a selection it has not run
+    with compiles again, and the reference's warning says so; a selection seen before reuses its
+    code and is not warned about."""
+    layer = torch.nn.Linear(5, 10)
+    optimizer = DistributedShampoo(
+        layer.parameters(),
+        lr=0.01,
+        precondition_frequency=1,
+        start_preconditioning_step=1,
+        shampoo_pt2_compile_config=ShampooPT2CompileConfig(backend="eager"),
+    )
+    assert optimizer.step_compiled
+
+    def step(with_bias_grad: bool) -> None:
+        optimizer.zero_grad()
+        layer.weight.grad = torch.ones_like(layer.weight)
+        if with_bias_grad:
+            layer.bias.grad = torch.ones_like(layer.bias)
+        optimizer.step()
+
+    with caplog.at_level(logging.WARNING):
+        for with_bias_grad in (True, True, False, True, False):
+            step(with_bias_grad)
+    warnings = [r for r in caplog.records if r.msg.startswith("PT2 will recompile")]
+    assert len(warnings) == 1
+    assert warnings[0].msg.startswith(
+        "PT2 will recompile because the gradient selection of model parameters have changed "
+        "from the previous step. Possible reasons include some gradients are None. If this is "
+        "not intended, please check the data and/or model."
+    )
+    assert warnings[0].msg.endswith("- Current step: 2\n- Changed gradient selector indices: [1]")
