@@ -349,6 +349,18 @@ class DistributedShampoo(torch.optim.Optimizer):
         except Exception:
             self.param_groups.pop()
             raise
+        if group["params"] and not runtime.block_infos:
+            # As the reference warns (its words), when this rank computes no block of the group.
+            logger.warning(
+                "There is no params assigned to the current rank. In DDP Shampoo, this may happen "
+                "when the value of num_trainers_per_group field in "
+                f"group[DISTRIBUTED_CONFIG]={group['distributed_config']!r} is more than the number "
+                "of global blocked params so some trainers get assigned no blocked params. This "
+                "will cause idle ranks. Please check the num_trainers_per_group setting and consider "
+                "reducing it. Similarly, in FSDP lossless Shampoo, this can happen under ROUND_ROBIN "
+                "assignment strategy and when the optimizer shard group size is larger than the "
+                "number of params."
+            )
         device = group["params"][0].device if group["params"] else torch.device("cpu")
         runtime.apply_step, compiled = compile_step(
             runtime.apply_step, self._compile_config, device
