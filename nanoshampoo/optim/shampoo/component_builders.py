@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 import torch
 
+from nanoshampoo.optim.shampoo.config_checks import field_error
 from nanoshampoo.optim.shampoo.distributor.distributor import Distributor
 from nanoshampoo.optim.shampoo.preconditioner.preconditioner import (
     BlockBucket,
@@ -131,7 +132,11 @@ def build_preconditioner(
         return AdaGradPreconditioner(
             buckets, 1.0, config.epsilon, False, config.second_moment_dtype
         )
-    raise UnsupportedConfigError(f"preconditioner_config: unsupported config {config!r}")
+    raise field_error(
+        "preconditioner_config",
+        f"preconditioner_config={config!r} not supported!",
+        UnsupportedConfigError,
+    )
 
 
 def target_dimensionality(
@@ -142,10 +147,16 @@ def target_dimensionality(
     does; it logs the override, and so does this, but leaves the user's config unchanged)."""
     target = config.target_parameter_dimensionality
     if isinstance(preconditioner_config, SpectralDescentPreconditionerConfig) and target != 2:
+        # The reference's warning, word for word (it also writes 2 into the config object; this
+        # library builds the group's blocks with 2 and leaves the caller's object as it was).
         logger.warning(
             f"param_group[DISTRIBUTED_CONFIG].target_parameter_dimensionality={target!r} is not "
-            "equal to 2. SpectralDescentPreconditionerConfig uses 2 (its blocks are matrices); the "
-            "config itself is left unchanged."
+            "equal to 2. Setting target_parameter_dimensionality to 2..."
+        )
+        logger.info(
+            "SpectralDescentPreconditionerConfig: this group's blocks are matrices "
+            "(target_parameter_dimensionality 2); the DistributedConfig object passed in is left "
+            "unchanged."
         )
         return 2
     return target
@@ -193,9 +204,15 @@ def build_distributor(
         return HybridShardDistributor(params, max_preconditioner_dim, first_param_index, config)
     for fsdp1_config, replacement in _FSDP1_REPLACEMENTS:
         if isinstance(config, fsdp1_config):
-            raise UnsupportedConfigError(
-                f"distributed_config: {type(config).__name__} (torch's deprecated FSDP1 wrapper) is "
-                f"not supported; wrap the model with torch.distributed.fsdp.fully_shard (FSDP2) and "
-                f"use {replacement}"
+            raise field_error(
+                "distributed_config",
+                f"distributed_config: {type(config).__name__} (torch's deprecated FSDP1 wrapper) "
+                "is not supported; wrap the model with torch.distributed.fsdp.fully_shard (FSDP2) "
+                f"and use {replacement}",
+                UnsupportedConfigError,
             )
-    raise UnsupportedConfigError(f"distributed_config: unsupported config {config!r}")
+    raise field_error(
+        "distributed_config",
+        f"distributed_config={config!r} not supported!",
+        UnsupportedConfigError,
+    )

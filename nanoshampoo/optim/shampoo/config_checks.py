@@ -1,16 +1,23 @@
 """Field checks shared by the Shampoo config dataclasses, and the error for unsupported configs.
 
-Each check raises ``ValueError`` whose message starts with the field name, so a config's
-``__post_init__`` reads as one line per field. The checks are the Shampoo configs' names for the
-rules of :mod:`nanoshampoo.validation`, which holds them once.
+Each check raises ``ValueError`` naming the field, so a config's ``__post_init__`` reads as one
+line per field. Where the reference library has a rule for the field, the message starts with the
+reference's sentence (``"Invalid epsilon value: 0.0. Must be > 0.0."``), so a script written
+against it recognises the error, and this library's hint follows; the error's ``field`` attribute
+names the field either way (:func:`field_error`). The other checks are the Shampoo configs' names
+for the rules of :mod:`nanoshampoo.validation`, which holds them once.
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
+from typing import Any
+
 import torch
 
 from nanoshampoo import validation
-from nanoshampoo.validation import check_bool, check_dtype, check_float
+from nanoshampoo.validation import check_bool, check_dtype, check_float, is_int, is_real
 
 __all__ = [
     "FLOAT_DTYPES",
@@ -21,6 +28,10 @@ __all__ = [
     "check_open_closed_unit",
     "check_optional_tolerance",
     "check_positive",
+    "check_rule",
+    "error_field",
+    "field_error",
+    "refuse",
 ]
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -33,6 +44,57 @@ class UnsupportedConfigError(ValueError, NotImplementedError):
     (what the well-known Distributed Shampoo library raises there), so a script written for
     either catches it.
     """
+
+
+def field_error(field: str, message: str, error: type[ValueError] = ValueError) -> ValueError:
+    """``error(message)`` with ``field`` (the config field or group entry it is about, e.g.
+    ``"betas[0]"``) as its ``field`` attribute: the message starts with the reference library's
+    sentence, so a caller that names the field in its own words (the trainer names its flag)
+    reads it from there."""
+    err = error(message)
+    err.field = field  # type: ignore[attr-defined]
+    return err
+
+
+def error_field(err: ValueError) -> str:
+    """The config field or group entry ``err`` is about: its ``field`` attribute
+    (:func:`field_error`), else the first word of its message (the checks without a reference
+    sentence start with the field's name: ``"use_nesterov must be a bool, got 1"``)."""
+    field = getattr(err, "field", None)
+    return field if isinstance(field, str) else str(err).split(" ", 1)[0].rstrip(":")
+
+
+def refuse(field: str, sentence: str, hint: str = "") -> ValueError:
+    """The error for a bad ``field``: the reference library's ``sentence``, then ``hint`` (what
+    this library adds: a reason, or what to use instead)."""
+    return field_error(field, f"{sentence} {hint}" if hint else sentence)
+
+
+def check_rule(
+    field: str,
+    prefix: str,
+    value: Any,
+    requirement: str,
+    ok: Callable[[Any], bool],
+    *,
+    integer: bool = False,
+    finite: bool = True,
+    hint: str = "",
+) -> None:
+    """Raise :func:`refuse` with the reference's sentence ``f"{prefix} {requirement}"`` unless
+    ``ok(value)``; ``prefix`` is the reference's ``"Invalid <field> value: <value>."``.
+
+    This library's stricter rules come in the same form: first ``value`` must be a number
+    (``integer``: an int), not a bool (``prefix`` + ``"Must be a number."``); last, ``finite``:
+    not infinite (``"Must be finite."``). ``ok`` is written so that NaN fails it (every
+    comparison with NaN is false), as it fails the reference's rule.
+    """
+    if not (is_int(value) if integer else is_real(value)):
+        raise refuse(field, f"{prefix} Must be {'an integer' if integer else 'a number'}.")
+    if not ok(value):
+        raise refuse(field, f"{prefix} {requirement}", hint)
+    if finite and not math.isfinite(value):
+        raise refuse(field, f"{prefix} Must be finite.")
 
 
 def check_open_closed_unit(name: str, value: float, low_open: bool, high_open: bool) -> None:

@@ -96,6 +96,7 @@ from typing import Any
 
 import torch
 
+from nanoshampoo.optim.shampoo.config_checks import error_field, field_error
 from nanoshampoo.optim.shampoo.group_runtime import GroupRuntime
 from nanoshampoo.optim.shampoo.group_validation import (
     check_ordered_params,
@@ -275,6 +276,8 @@ class DistributedShampoo(torch.optim.Optimizer):
         self._runtime_config = shampoo_runtime_config
         self._concurrency_config = concurrency_config
         self._step_compiled: list[bool] = []
+        # Per compiled group: the "has a gradient" masks its step has run with, and the last one.
+        self._compiled_masks: list[tuple[set[tuple[bool, ...]], list[bool] | None]] = []
         self._runtimes: list[GroupRuntime] = []
         self._scalars: list[GroupScalars] = []
         self._packed_roots: list[bool] = []  # per group: its state dict packs the roots
@@ -335,6 +338,8 @@ class DistributedShampoo(torch.optim.Optimizer):
         param_group.setdefault("peak_lr", param_group.get("lr", self.defaults["lr"]))
         super().add_param_group(param_group)
         group = self.param_groups[-1]
+        # Preformatted, as the reference logs it (record.msg holds the text).
+        logger.info(f"Checking param_group {len(self.param_groups) - 1} hyperparameters...")
         try:
             validate_group(group)
             validate_params(group["params"], group.get("param_names"))
@@ -344,11 +349,24 @@ class DistributedShampoo(torch.optim.Optimizer):
         except Exception:
             self.param_groups.pop()
             raise
+        if group["params"] and not runtime.block_infos:
+            # As the reference warns (its words), when this rank computes no block of the group.
+            logger.warning(
+                "There is no params assigned to the current rank. In DDP Shampoo, this may happen "
+                "when the value of num_trainers_per_group field in "
+                f"group[DISTRIBUTED_CONFIG]={group['distributed_config']!r} is more than the number "
+                "of global blocked params so some trainers get assigned no blocked params. This "
+                "will cause idle ranks. Please check the num_trainers_per_group setting and consider "
+                "reducing it. Similarly, in FSDP lossless Shampoo, this can happen under ROUND_ROBIN "
+                "assignment strategy and when the optimizer shard group size is larger than the "
+                "number of params."
+            )
         device = group["params"][0].device if group["params"] else torch.device("cpu")
         runtime.apply_step, compiled = compile_step(
             runtime.apply_step, self._compile_config, device
         )
         self._step_compiled.append(compiled)
+        self._compiled_masks.append((set(), None))
         self._runtimes.append(runtime)
         self._scalars.append(GroupScalars(runtime.hyperparameters.primal_averaging is not None))
         self._packed_roots.append(
@@ -382,8 +400,9 @@ class DistributedShampoo(torch.optim.Optimizer):
                 plans.append(runtime.plan(group))
                 runtime.check_grads(self._runtime_config.eager_nan_check)
             except ValueError as error:
-                raise ValueError(
-                    f"{error} (param_groups[{index}]; no parameter or state was changed)"
+                raise field_error(
+                    error_field(error),
+                    f"{error} (param_groups[{index}]; no parameter or state was changed)",
                 ) from None
             runtime.check_train_mode()
         masks = [runtime.gather_grads() for runtime in self._runtimes]
@@ -397,16 +416,37 @@ class DistributedShampoo(torch.optim.Optimizer):
                 message = f"non-finite gradient (NaN or Inf) in {', '.join(bad) or 'a parameter'}"
                 if self._nonfinite_grad_policy == "raise":
                     raise NonFiniteGradientError(message + "; no parameter or state was changed")
-                logger.warning("%s; skipping this step", message)
+                logger.warning(f"{message}; skipping this step")
                 return loss
         for g, (runtime, hyperparameters) in enumerate(zip(self._runtimes, plans)):
             if runtime.configure(hyperparameters):
                 self._register_state(g)
+        for g, mask in enumerate(masks):
+            if mask is not None and self._step_compiled[g]:
+                self._warn_of_a_recompile(g, mask)
         for runtime, mask in active:
             runtime.apply_step(mask)
         for runtime, scalars in zip(self._runtimes, self._scalars):
             scalars.write_from(runtime)
         return loss
+
+    def _warn_of_a_recompile(self, g: int, mask: list[bool]) -> None:
+        """Warn, in the reference's words, when group ``g``'s compiled step meets a "has a
+        gradient" mask it has not run with: the compiled step specializes on the mask, so a new
+        one compiles it again (a mask seen before reuses its compiled code, and a group without
+        any gradient does not step at all)."""
+        seen, last = self._compiled_masks[g]
+        self._compiled_masks[g] = (seen, mask)
+        if last is not None and tuple(mask) not in seen:
+            changed = [i for i, (was, now) in enumerate(zip(last, mask)) if was != now]
+            logger.warning(
+                "PT2 will recompile because the gradient selection of model parameters have "
+                "changed from the previous step. Possible reasons include some gradients are "
+                "None. If this is not intended, please check the data and/or model.\nDetails:\n"
+                f"- Current step: {self._runtimes[g].step}\n"
+                f"- Changed gradient selector indices: {changed}"
+            )
+        seen.add(tuple(mask))
 
     @property
     def step_compiled(self) -> bool:

@@ -182,9 +182,11 @@ class GroupRuntime:
     def check_train_mode(self) -> None:
         """Raise ``RuntimeError`` if primal averaging's parameters hold ``x`` (after ``eval()``)."""
         if not self.train_mode:
+            # The reference's message names its private method; its instruction is kept.
             raise RuntimeError(
-                "the parameters hold the averaged (evaluation) iterate: call optimizer.train() "
-                "before optimizer.step()"
+                "Called optimizer.step() when not in train mode: the parameters hold the "
+                "averaged (evaluation) iterate. Call optimizer.train() before calling "
+                "optimizer.step()!"
             )
 
     def configure(self, hyperparameters: Hyperparameters) -> bool:

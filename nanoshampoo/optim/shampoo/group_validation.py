@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from nanoshampoo.optim.errors import NonFiniteGradientError
+from nanoshampoo.optim.shampoo.config_checks import check_rule, field_error, refuse
 from nanoshampoo.optim.shampoo.iterate_averaging_types import (
     PRIMAL_AVERAGING_CONFIG_TYPES,
     ClassicMomentumConfig,
@@ -78,10 +79,6 @@ STATELESS_PRECONDITIONER_TYPES = (
 )
 
 
-def _is_finite_number(value: Any) -> bool:
-    return is_real(value) and math.isfinite(value)
-
-
 def uses_pseudo_inverse(config: PreconditionerConfig) -> bool:
     """Whether ``config`` drops numerically-zero eigenvalues (then ``epsilon`` must be 0)."""
     solver = getattr(config, "amortized_computation_config", None)
@@ -91,7 +88,7 @@ def uses_pseudo_inverse(config: PreconditionerConfig) -> bool:
 def _require(group: Mapping[str, Any], ok: bool, name: str, requirement: str) -> None:
     """Raise ``ValueError("<name> <requirement>, got <value>")`` unless ``ok``."""
     if not ok:
-        raise ValueError(f"{name} {requirement}, got {group.get(name.split('[')[0])!r}")
+        raise field_error(name, f"{name} {requirement}, got {group.get(name.split('[')[0])!r}")
 
 
 def validate_group(group: Mapping[str, Any]) -> None:
@@ -130,42 +127,68 @@ def validate_group(group: Mapping[str, Any]) -> None:
     _validate_schedule(group)
 
 
+def _check_entry(
+    group: Mapping[str, Any],
+    field: str,
+    requirement: str,
+    ok: Callable[[Any], bool],
+    *,
+    integer: bool = False,
+    finite: bool = True,
+    hint: str = "",
+) -> None:
+    """The reference's rule for the group entry ``field`` (``"betas[0]"``), its sentence
+    ``"Invalid param_group[BETAS][0]=<value>. <requirement>"`` first (``check_rule``)."""
+    key, _, index = field.partition("[")
+    value = group[key][int(index[:-1])] if index else group[key]
+    expression = f"param_group[{key.upper()}]" + (f"[{index}" if index else "")
+    check_rule(
+        field,
+        f"Invalid {expression}={value!r}.",
+        value,
+        requirement,
+        ok,
+        integer=integer,
+        finite=finite,
+        hint=hint,
+    )
+
+
 def _validate_step_sizes(group: Mapping[str, Any]) -> None:
     """The entries that scale a step: lr, betas, beta3, epsilon, momentum, weight decay."""
-    lr, betas, beta3, eps = group["lr"], group["betas"], group["beta3"], group["epsilon"]
-    _require(group, _is_finite_number(lr) and lr >= 0.0, "lr", "must be finite and >= 0.0")
+    betas, beta3 = group["betas"], group["beta3"]
+    _check_entry(group, "lr", "Must be >= 0.0.", lambda lr: lr >= 0.0)
     _require(
         group,
         isinstance(betas, (tuple, list)) and len(betas) == 2,
         "betas",
         "must be a pair (beta1, beta2)",
     )
-    _require(
-        group, is_real(betas[0]) and 0.0 <= betas[0] < 1.0, "betas[0]", "must be in [0.0, 1.0)"
-    )
-    _require(
-        group, is_real(betas[1]) and 0.0 <= betas[1] <= 1.0, "betas[1]", "must be in [0.0, 1.0]"
-    )
-    _require(
-        group,
-        is_real(beta3) and (beta3 == -1.0 or 0.0 <= beta3 < 1.0),
-        "beta3",
-        "must be -1.0 or in [0.0, 1.0)",
-    )
-    _require(group, _is_finite_number(eps) and eps >= 0.0, "epsilon", "must be finite and >= 0.0")
-    if uses_pseudo_inverse(group["preconditioner_config"]):
-        _require(
+    _check_entry(group, "betas[0]", "Must be in [0.0, 1.0).", lambda b: 0.0 <= b < 1.0)
+    _check_entry(group, "betas[1]", "Must be in [0.0, 1.0].", lambda b: 0.0 <= b <= 1.0)
+    if beta3 != -1.0:  # the sentinel for betas[0], resolved when the group is added
+        _check_entry(
             group,
-            eps == 0.0,
+            "beta3",
+            "Must be in [0.0, 1.0).",
+            lambda b: 0.0 <= b < 1.0,
+            hint="(-1.0: betas[0])",
+        )
+    if uses_pseudo_inverse(group["preconditioner_config"]):
+        _check_entry(
+            group,
             "epsilon",
-            "must be 0.0 with a PseudoInverseConfig (the pseudo-inverse adds no ridge)",
+            "Must be == 0.0 when PseudoInverseConfig is used.",
+            lambda e: e == 0.0,
+            hint="(the pseudo-inverse adds no ridge)",
         )
     else:
-        _require(
+        _check_entry(
             group,
-            eps > 0.0,
             "epsilon",
-            "must be > 0.0 (0.0 only with a PseudoInverseConfig rank_deficient_stability_config)",
+            "Must be > 0.0.",
+            lambda e: e > 0.0,
+            hint="(0.0 only with a PseudoInverseConfig rank_deficient_stability_config)",
         )
     momentum, dampening = group["momentum"], group["dampening"]
     _require(
@@ -178,24 +201,22 @@ def _validate_step_sizes(group: Mapping[str, Any]) -> None:
     _require(
         group, not group["use_nesterov"] or momentum > 0.0, "use_nesterov", "needs momentum > 0.0"
     )
-    wd = group["weight_decay"]
-    _require(
-        group, _is_finite_number(wd) and wd >= 0.0, "weight_decay", "must be finite and >= 0.0"
-    )
+    _check_entry(group, "weight_decay", "Must be >= 0.0.", lambda wd: wd >= 0.0)
     _require(
         group,
         isinstance(group["weight_decay_type"], WeightDecayType),
         "weight_decay_type",
         "must be a WeightDecayType",
     )
-    peak_lr = group["peak_lr"]
-    _require(
-        group, _is_finite_number(peak_lr) and peak_lr >= 0.0, "peak_lr", "must be finite and >= 0.0"
-    )
     if group["weight_decay_type"] in _PEAK_LR_DECAY_TYPES:
-        _require(
-            group, peak_lr > 0.0, "peak_lr", f"must be > 0.0 with {group['weight_decay_type']}"
+        _check_entry(
+            group,
+            "peak_lr",
+            "Must be > 0.0 when using WeightDecayType.CORRECTED or WeightDecayType.INDEPENDENT.",
+            lambda peak: peak > 0.0,
         )
+    else:  # unused by the other types; still a number, so that a switch of type can use it
+        _check_entry(group, "peak_lr", "Must be >= 0.0.", lambda peak: peak >= 0.0)
     # The filtered gradient is an EMA with new-sample weight 1 - beta1; momentum adds whole
     # updates, so only the former limits the storage dtype.
     check_ema_storage_dtype(
@@ -212,9 +233,12 @@ def _validate_iterate_averaging(group: Mapping[str, Any]) -> None:
     if not (config is None or isinstance(config, ITERATE_AVERAGING_CONFIG_TYPES)):
         # Another IterateAveragingConfig subclass: the reference raises NotImplementedError.
         error = UnsupportedConfigError if isinstance(config, IterateAveragingConfig) else ValueError
-        raise error(
-            "iterate_averaging_config must be None or a ClassicMomentumConfig, "
-            f"GeneralizedPrimalAveragingConfig or ScheduleFreeConfig, got {config!r}"
+        raise field_error(
+            "iterate_averaging_config",
+            f"group[ITERATE_AVERAGING_CONFIG]={config!r} is not supported! Supported configs: "
+            "ClassicMomentumConfig, GeneralizedPrimalAveragingConfig, ScheduleFreeConfig. "
+            "(None: no averaging)",
+            error,
         )
     legacy = (group["momentum"], group["dampening"], group["use_nesterov"]) != (0.0, 0.0, False)
     _require(
@@ -228,23 +252,49 @@ def _validate_iterate_averaging(group: Mapping[str, Any]) -> None:
 
 def _validate_schedule(group: Mapping[str, Any]) -> None:
     """The entries that decide blocks and when roots are computed."""
-    max_dim = group["max_preconditioner_dim"]
-    _require(
+    _check_entry(
         group,
-        (is_int(max_dim) and max_dim >= 1) or max_dim == math.inf,
         "max_preconditioner_dim",
-        "must be an int >= 1 or math.inf",
+        "Must be an integer or math.inf.",
+        lambda dim: is_int(dim) or dim == math.inf,
+        finite=False,
     )
-    frequency, start = group["precondition_frequency"], group["start_preconditioning_step"]
-    _require(
-        group, is_int(frequency) and frequency >= 1, "precondition_frequency", "must be an int >= 1"
+    _check_entry(
+        group, "max_preconditioner_dim", "Must be >= 1.", lambda dim: dim >= 1, finite=False
     )
-    _require(
+    _check_entry(group, "precondition_frequency", "Must be >= 1.", lambda f: f >= 1, integer=True)
+    never = "(-1 means precondition_frequency; math.inf: never, grafting only)"
+    _check_entry(
         group,
-        (is_int(start) and (start == -1 or start >= frequency)) or start == math.inf,
         "start_preconditioning_step",
-        f"must be -1, math.inf (never: grafting only) or an int >= precondition_frequency ({frequency})",
+        "Must be an integer or math.inf.",
+        lambda start: is_int(start) or start == math.inf,
+        finite=False,
+        hint=never,
     )
+    _check_entry(
+        group,
+        "start_preconditioning_step",
+        "Must be >= -1.",
+        lambda start: start >= -1,
+        finite=False,
+        hint=never,
+    )
+    # Sign and spectral descent step with frequency 1 whatever the entry says (the reference
+    # writes 1 into the group before this check).
+    frequency = (
+        1
+        if isinstance(group["preconditioner_config"], STATELESS_PRECONDITIONER_TYPES)
+        else group["precondition_frequency"]
+    )
+    start = group["start_preconditioning_step"]
+    if start != -1 and start < frequency:
+        raise refuse(
+            "start_preconditioning_step",
+            f"Invalid param_group[START_PRECONDITIONING_STEP]={start!r}. Must be >= "
+            f"param_group[PRECONDITION_FREQUENCY]={frequency!r}.",
+            never,
+        )
     _require(
         group,
         isinstance(group["use_bias_correction"], bool),

@@ -27,9 +27,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from nanoshampoo.optim.shampoo.config_checks import check_bool, check_open_closed_unit
+from nanoshampoo.optim.shampoo.config_checks import check_bool, check_rule
 from nanoshampoo.optim.shampoo.utils.abstract_dataclass import AbstractDataclass
 from nanoshampoo.validation import check_float
+
+
+def _check_train_interp_coeff(mu_y: object) -> None:
+    check_rule(
+        "train_interp_coeff",
+        f"Invalid self.train_interp_coeff={mu_y!r}.",
+        mu_y,
+        "Must be within (0.0, 1.0].",
+        lambda coefficient: 0.0 < coefficient <= 1.0,
+    )
 
 
 @dataclass(init=False)
@@ -65,8 +75,21 @@ class ClassicMomentumConfig(IterateAveragingConfig):
     use_nesterov: bool = False
 
     def __post_init__(self) -> None:
-        check_open_closed_unit("momentum", self.momentum, low_open=True, high_open=True)
-        check_open_closed_unit("dampening", self.dampening, low_open=False, high_open=True)
+        check_rule(
+            "momentum",
+            f"Invalid self.momentum={self.momentum!r}.",
+            self.momentum,
+            "Must be within (0.0, 1.0).",
+            lambda m: 0.0 < m < 1.0,
+            hint="(0 would do nothing: pass iterate_averaging_config=None)",
+        )
+        check_rule(
+            "dampening",
+            f"Invalid self.dampening={self.dampening!r}.",
+            self.dampening,
+            "Must be within [0.0, 1.0).",
+            lambda d: 0.0 <= d < 1.0,
+        )
         check_bool("use_nesterov", self.use_nesterov)
 
 
@@ -90,12 +113,14 @@ class GeneralizedPrimalAveragingConfig(IterateAveragingConfig):
     train_interp_coeff: float = 0.8
 
     def __post_init__(self) -> None:
-        check_open_closed_unit(
-            "eval_interp_coeff", self.eval_interp_coeff, low_open=False, high_open=True
+        check_rule(
+            "eval_interp_coeff",
+            f"Invalid self.eval_interp_coeff={self.eval_interp_coeff!r}.",
+            self.eval_interp_coeff,
+            "Must be within [0.0, 1.0).",
+            lambda mu_x: 0.0 <= mu_x < 1.0,
         )
-        check_open_closed_unit(
-            "train_interp_coeff", self.train_interp_coeff, low_open=True, high_open=False
-        )
+        _check_train_interp_coeff(self.train_interp_coeff)
 
 
 @dataclass(kw_only=True)
@@ -121,9 +146,7 @@ class ScheduleFreeConfig(IterateAveragingConfig):
     eval_coeff_lr_power: int = 2
 
     def __post_init__(self) -> None:
-        check_open_closed_unit(
-            "train_interp_coeff", self.train_interp_coeff, low_open=True, high_open=False
-        )
+        _check_train_interp_coeff(self.train_interp_coeff)
         check_float("eval_coeff_lr_power", self.eval_coeff_lr_power, at_least=0.0)
 
 

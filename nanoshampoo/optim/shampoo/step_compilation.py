@@ -67,10 +67,8 @@ def compile_step(
     reason = probe_compile(config, device)
     if reason is not None:
         logger.warning(
-            "shampoo_pt2_compile_config: backend %r cannot compile on %s (%s); the step runs eagerly",
-            config.backend,
-            device.type,
-            reason,
+            f"shampoo_pt2_compile_config: backend {config.backend!r} cannot compile on "
+            f"{device.type} ({reason}); the step runs eagerly"
         )
         return step, False
     return torch.compile(step, **config.compile_kwargs()), True

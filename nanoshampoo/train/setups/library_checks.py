@@ -21,16 +21,21 @@ from typing import Any
 
 
 def with_trainer_label(err: ValueError, owner: str, labels: Mapping[str, str]) -> ValueError:
-    """``err`` (a library ``ValueError`` whose message starts with its field name) re-made with
-    the trainer label of that field in front, and ``owner`` before the library's field name.
-    A field ``labels`` does not know is blamed on every trainer field that reaches ``owner``."""
+    """``err`` (a library ``ValueError`` naming its field: ``config_checks.error_field``) re-made
+    with the trainer label of that field in front, and ``owner`` before the library's field name
+    (``"owner.field: <message>"`` where the message starts with the reference library's
+    sentence). A field ``labels`` does not know is blamed on every trainer field that reaches
+    ``owner``."""
+    from nanoshampoo.optim.shampoo.config_checks import error_field
+
     message = str(err)
-    name = message.split(" ", 1)[0].rstrip(":")
+    name = error_field(err)
     label = labels.get(name) or labels.get(name.split("[", 1)[0])
     if label is None:
         label = ", ".join(dict.fromkeys(labels.values()))
+    text = message if message.startswith(name) else f"{name}: {message}"
     # Keep the library's class (UnsupportedConfigError is a ValueError too).
-    return type(err)(f"{label}: {owner}.{message}")
+    return type(err)(f"{label}: {owner}.{text}")
 
 
 def library_config(cls: type, labels: Mapping[str, str], **kwargs: Any) -> Any:

@@ -102,8 +102,8 @@ def test_bad_kl_shampoo_values_are_refused_naming_the_field(
 def test_a_start_before_the_first_root_is_refused() -> None:
     with pytest.raises(
         ValueError,
-        match=r"preconditioner\.start_preconditioning_step .* >= "
-        r"precondition_frequency \(5\), got 2",
+        match=r"preconditioner\.start_preconditioning_step .*=2\. Must be >= "
+        r"param_group\[PRECONDITION_FREQUENCY\]=5\.",
     ):
         TrainConfig(optimizer="kl-shampoo", **{"preconditioner.start_preconditioning_step": 2})
 

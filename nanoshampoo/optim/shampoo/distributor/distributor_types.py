@@ -6,12 +6,13 @@ Every config validates its fields in ``__post_init__`` (``ValueError`` naming th
 from __future__ import annotations
 
 import enum
+import math
 from dataclasses import KW_ONLY, dataclass, field
 
 import torch
 
 from nanoshampoo import validation
-from nanoshampoo.optim.shampoo.config_checks import FLOAT_DTYPES
+from nanoshampoo.optim.shampoo.config_checks import FLOAT_DTYPES, check_rule, refuse
 from nanoshampoo.optim.shampoo.utils.abstract_dataclass import AbstractDataclass
 from nanoshampoo.optim.shampoo.utils.load_balancing_utils import LoadBalancingConfig
 
@@ -36,12 +37,14 @@ class DistributedConfig(AbstractDataclass):
     target_parameter_dimensionality: int | float = 1
 
     def __post_init__(self) -> None:
-        validation.check_int(
-            "target_parameter_dimensionality",
-            self.target_parameter_dimensionality,
-            at_least=1,
-            or_infinity=True,
-        )
+        target = self.target_parameter_dimensionality
+        prefix = f"Invalid self.target_parameter_dimensionality={target!r} value."
+        if not (validation.is_int(target) or (validation.is_real(target) and target == math.inf)):
+            raise refuse(
+                "target_parameter_dimensionality", f"{prefix} Must be an integer or math.inf."
+            )
+        if target < 1:
+            raise refuse("target_parameter_dimensionality", f"{prefix} Must be >= 1.")
 
 
 def _check_num_trainers_per_group(trainers: object) -> None:
@@ -121,14 +124,25 @@ class FSDPParamAssignmentStrategy(enum.Enum):
 def _check_sharded_exchange_fields(
     config: FullyShardDistributedConfig | HybridShardDistributedConfig,
 ) -> None:
-    _check_load_balancing_config(config)
     sub_groups = config.num_sub_groups
-    validation.check_int("num_sub_groups", sub_groups, at_least=1)
-    if sub_groups > 1 and config.param_assignment_strategy == FSDPParamAssignmentStrategy.DEFAULT:
-        raise ValueError(
-            f"num_sub_groups {sub_groups} > 1 needs param_assignment_strategy REPLICATE or "
-            "ROUND_ROBIN (the lossless strategies, the only ones that split a group)"
+    check_rule(
+        "num_sub_groups",
+        f"Invalid self.num_sub_groups={sub_groups!r}.",
+        sub_groups,
+        "Must be >= 1.",
+        lambda count: count >= 1,
+        integer=True,
+    )
+    strategy = config.param_assignment_strategy
+    if sub_groups > 1 and strategy == FSDPParamAssignmentStrategy.DEFAULT:
+        raise refuse(
+            "num_sub_groups",
+            "num_sub_groups > 1 requires param_assignment_strategy != DEFAULT (REPLICATE or "
+            "ROUND_ROBIN); only the lossless FSDP/HSDP distributors support param-group "
+            f"splitting. Got self.num_sub_groups={sub_groups!r}, "
+            f"self.param_assignment_strategy={strategy!r}.",
         )
+    _check_load_balancing_config(config)
     if config.communication_dtype not in FLOAT_DTYPES:
         raise ValueError(
             f"communication_dtype must be one of {FLOAT_DTYPES}, got {config.communication_dtype!r}"
@@ -207,11 +221,12 @@ class HybridShardDistributedConfig(DistributedConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        # The reference's order: num_sub_groups (its parent's rule) before the mesh.
+        _check_sharded_exchange_fields(self)
         if self.device_mesh is not None and getattr(self.device_mesh, "ndim", None) != 2:
             raise ValueError(
                 f"device_mesh must be None or a 2-D DeviceMesh, got {self.device_mesh!r}"
             )
-        _check_sharded_exchange_fields(self)
         _check_num_trainers_per_group(self.num_trainers_per_group)
         if not isinstance(self.param_assignment_strategy, FSDPParamAssignmentStrategy):
             raise ValueError(

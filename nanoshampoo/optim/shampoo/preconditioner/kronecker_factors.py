@@ -258,11 +258,8 @@ class KroneckerFactors:
                         "matrix is probably non-finite (check the gradients and the loss)"
                     )
                 logger.warning(
-                    "%s failed for %s (%d consecutive); keeping the previous %s",
-                    computation,
-                    pool.labels[index],
-                    counts[index],
-                    kept,
+                    f"{computation} failed for {pool.labels[index]} ({counts[index]} "
+                    f"consecutive); keeping the previous {kept}"
                 )
 
     def share_rows(

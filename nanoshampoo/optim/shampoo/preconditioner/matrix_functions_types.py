@@ -21,6 +21,8 @@ from nanoshampoo.optim.shampoo.config_checks import (
     check_bool,
     check_int,
     check_optional_tolerance,
+    check_rule,
+    refuse,
 )
 from nanoshampoo.optim.shampoo.utils.abstract_dataclass import AbstractDataclass
 
@@ -34,7 +36,13 @@ def _check_rank_deficient_stability_config(value: object) -> None:
 
 
 def _check_unit_tolerance(value: object) -> None:
-    validation.check_float("tolerance", value, at_least=0.0, at_most=1.0)
+    check_rule(
+        "tolerance",
+        f"Invalid tolerance value: {value}.",
+        value,
+        "Must be in the interval [0.0, 1.0].",
+        lambda tolerance: 0.0 <= tolerance <= 1.0,
+    )
 
 
 def _check_device_name(name: str, value: object) -> None:
@@ -261,9 +269,11 @@ class EigenConfig(RootInvConfig, EighEigendecompositionConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.tolerance != 0.0:
-            raise ValueError(
-                f"tolerance must be 0.0 for {type(self).__name__} (a root needs the current "
-                f"eigenvalues; see WarmStartedEigenConfig), got {self.tolerance!r}"
+            raise refuse(
+                "tolerance",
+                f"Invalid tolerance value: {self.tolerance}. Must be 0.0 for "
+                f"{type(self).__name__}.",
+                "(a root needs the current eigenvalues; WarmStartedEigenConfig reuses eigenvectors)",
             )
 
 

@@ -20,8 +20,8 @@ from nanoshampoo.optim.shampoo.config_checks import (
     check_bool,
     check_ema_storage_dtype,
     check_int,
-    check_open_closed_unit,
-    check_positive,
+    check_rule,
+    refuse,
 )
 from nanoshampoo.optim.shampoo.preconditioner.matrix_functions_types import (
     CoupledNewtonConfig,
@@ -36,6 +36,17 @@ from nanoshampoo.optim.shampoo.utils.abstract_dataclass import AbstractDataclass
 # ---------------------------------------------------------------------------------------------
 # Diagonal preconditioners (also the grafting configs)
 # ---------------------------------------------------------------------------------------------
+
+
+def _check_diagonal_epsilon(epsilon: object) -> None:
+    # The reference's rule (> 0); an infinite epsilon would divide every update to zero.
+    check_rule(
+        "epsilon",
+        f"Invalid epsilon value: {epsilon}.",
+        epsilon,
+        "Must be > 0.0.",
+        lambda eps: eps > 0.0,
+    )
 
 
 @dataclass(init=False)
@@ -66,7 +77,7 @@ class AdaGradPreconditionerConfig(PreconditionerConfig):
     second_moment_dtype: torch.dtype | None = None
 
     def __post_init__(self) -> None:
-        check_positive("epsilon", self.epsilon)
+        _check_diagonal_epsilon(self.epsilon)
         check_ema_storage_dtype("second_moment_dtype", self.second_moment_dtype, 0.0, "1 - beta2")
 
 
@@ -89,8 +100,14 @@ class RMSpropPreconditionerConfig(AdaGradPreconditionerConfig):
     drop_weighting_factor_on_gsquare: bool = False
 
     def __post_init__(self) -> None:
-        check_open_closed_unit("beta2", self.beta2, low_open=True, high_open=False)
-        check_positive("epsilon", self.epsilon)
+        _check_diagonal_epsilon(self.epsilon)
+        check_rule(
+            "beta2",
+            f"Invalid grafting beta2 parameter: {self.beta2}.",
+            self.beta2,
+            "Must be in (0.0, 1.0].",
+            lambda beta2: 0.0 < beta2 <= 1.0,
+        )
         check_bool("drop_weighting_factor_on_gsquare", self.drop_weighting_factor_on_gsquare)
         check_ema_storage_dtype(
             "second_moment_dtype", self.second_moment_dtype, 1.0 - self.beta2, "1 - beta2"
@@ -124,6 +141,30 @@ GRAFTING_CONFIG_TYPES = (
 # ---------------------------------------------------------------------------------------------
 
 
+def _check_num_tolerated(count: object) -> None:
+    check_rule(
+        "num_tolerated_failed_amortized_computations",
+        f"Invalid num_tolerated_failed_amortized_computations value: {count}.",
+        count,
+        "Must be >= 0.",
+        lambda n: n >= 0,
+        integer=True,
+    )
+
+
+def _at_least_zero(exponent: object) -> bool:
+    return validation.is_real(exponent) and exponent >= 0
+
+
+def _check_orders(name: str, override: dict[object, object]) -> None:
+    """The reference's rule for the keys of ``inverse_exponent_override`` and
+    ``ignored_basis_change_dims``: block orders, ints >= 0."""
+    if bad := [order for order in override if not (validation.is_int(order) and order >= 0)]:
+        raise refuse(
+            name, f"Invalid orders in self.{name}={override!r}: {bad}. All orders must be >= 0."
+        )
+
+
 @dataclass(init=False, kw_only=True)
 class BaseShampooPreconditionerConfig(PreconditionerConfig):
     """Base of the Kronecker-factored preconditioners: classic Shampoo (a root of each factor,
@@ -151,11 +192,12 @@ class BaseShampooPreconditionerConfig(PreconditionerConfig):
         check_bool("use_trace_scaling", self.use_trace_scaling)
         exponent = self.trace_scaling_exponent
         if self.use_trace_scaling:
-            validation.check_float(
-                "trace_scaling_exponent (with use_trace_scaling)",
+            check_rule(
+                "trace_scaling_exponent",
+                f"Invalid trace_scaling_exponent value: {exponent}.",
                 exponent,
-                greater_than=0.0,
-                at_most=1.0,
+                "Must be in (0.0, 1.0] when use_trace_scaling=True.",
+                lambda e: 0.0 < e <= 1.0,
             )
         elif not validation.is_real(exponent):
             # Unused without use_trace_scaling: any number (even NaN) passes, as before.
@@ -242,11 +284,7 @@ class ClassicShampooPreconditionerConfig(BaseShampooPreconditionerConfig):
             raise ValueError(
                 f"precondition_dtype must be None or torch.bfloat16, got {self.precondition_dtype!r}"
             )
-        check_int(
-            "num_tolerated_failed_amortized_computations",
-            self.num_tolerated_failed_amortized_computations,
-            minimum=0,
-        )
+        _check_num_tolerated(self.num_tolerated_failed_amortized_computations)
         self._validate_inverse_exponent_override()
         check_int("large_factor_dim", self.large_factor_dim, minimum=0)
         check_int(
@@ -282,15 +320,29 @@ class ClassicShampooPreconditionerConfig(BaseShampooPreconditionerConfig):
         name = "inverse_exponent_override"
         if not isinstance(override, dict):
             raise ValueError(f"{name} must be a dict, got {override!r}")
+        _check_orders(name, override)
         coupled = isinstance(self.amortized_computation_config, CoupledNewtonConfig)
         for order, value in override.items():
-            check_int(f"{name} keys (block orders)", order, minimum=0)
-            per_dim = value if isinstance(value, dict) else {None: value}
-            for dim, exponent in per_dim.items():
-                if dim is not None:
-                    validation.check_int(
-                        f"{name}[{order}] keys (dims)", dim, at_least=0, less_than=order
+            where = f"self.inverse_exponent_override[{order}]={value}"
+            if isinstance(value, dict):
+                last_dim = max(order - 1, 0)
+                if bad := [d for d in value if not (validation.is_int(d) and 0 <= d <= last_dim)]:
+                    raise refuse(
+                        name,
+                        f"Invalid dimensions in {where}: {bad}. All dimensions must be within "
+                        f"[0, {last_dim}].",
                     )
+                if bad := [e for e in value.values() if not _at_least_zero(e)]:
+                    raise refuse(
+                        name,
+                        f"Invalid override value in {where}: {bad}. All overrides must be >= 0.",
+                    )
+            elif not _at_least_zero(value):
+                raise refuse(
+                    name, f"Invalid override value in {where}: {value}. All overrides must be >= 0."
+                )
+            per_dim = value if isinstance(value, dict) else {None: value}
+            for exponent in per_dim.values():
                 validation.check_float(f"{name}[{order}] exponents", exponent, at_least=0.0)
                 if (
                     coupled
@@ -398,11 +450,7 @@ class EigenvalueCorrectedShampooPreconditionerConfig(BaseShampooPreconditionerCo
                 "amortized_computation_config must be an EighEigendecompositionConfig or "
                 f"QREigendecompositionConfig, got {self.amortized_computation_config!r}"
             )
-        check_int(
-            "num_tolerated_failed_amortized_computations",
-            self.num_tolerated_failed_amortized_computations,
-            minimum=0,
-        )
+        _check_num_tolerated(self.num_tolerated_failed_amortized_computations)
         for name in (
             "factor_matrix_dtype",
             "factor_matrix_eigenvectors_dtype",
@@ -414,12 +462,17 @@ class EigenvalueCorrectedShampooPreconditionerConfig(BaseShampooPreconditionerCo
                 )
         self._validate_ignored_basis_change_dims()
         override = self.inverse_exponent_override
+        name = "inverse_exponent_override"
         if not isinstance(override, dict):
-            raise ValueError(f"inverse_exponent_override must be a dict, got {override!r}")
+            raise ValueError(f"{name} must be a dict, got {override!r}")
+        _check_orders(name, override)
         for order, exponent in override.items():
-            check_int("inverse_exponent_override keys", order, minimum=0)
-            validation.check_float(
-                f"inverse_exponent_override[{order}]", exponent, greater_than=0.0
+            check_rule(
+                name,
+                f"Invalid override value in self.inverse_exponent_override[order]={exponent}:",
+                exponent,
+                f"{exponent}. All overrides must be > 0.",
+                lambda e: e > 0,
             )
 
     def _validate_ignored_basis_change_dims(self) -> None:
@@ -427,16 +480,25 @@ class EigenvalueCorrectedShampooPreconditionerConfig(BaseShampooPreconditionerCo
         ignored = self.ignored_basis_change_dims
         if not isinstance(ignored, dict):
             raise ValueError(f"{name} must be a dict, got {ignored!r}")
+        _check_orders(name, ignored)
         for order, dims in ignored.items():
-            check_int(f"{name} keys", order, minimum=0)
             if not isinstance(dims, (list, tuple)):
                 raise ValueError(f"{name}[{order}] must be a list of dims, got {dims!r}")
-            for dim in dims:
-                validation.check_int(
-                    f"{name}[{order}] dims", dim, at_least=0, at_most=max(order - 1, 0)
+            # The reference's sentences name the entry "[order]" literally.
+            where = f"self.ignored_basis_change_dims[order]={dims!r}"
+            last_dim = max(order - 1, 0)
+            if bad := [d for d in dims if not (validation.is_int(d) and 0 <= d <= last_dim)]:
+                raise refuse(
+                    name,
+                    f"Invalid dimensions in {where}: {bad}. All dimensions must be within "
+                    f"[0, {last_dim}].",
                 )
             if len(set(dims)) != len(dims):
-                raise ValueError(f"{name}[{order}] has duplicate dims: {dims!r}")
+                raise refuse(
+                    name,
+                    f"Invalid ignored dimensions in {where}. Duplicate dimensions found in "
+                    f"{dims}. All dimensions must be unique.",
+                )
 
     def corrected_eigenvalue_exponent(self, order: int) -> float:
         """The exponent ``e`` of ``(D / bc2)^e`` for an order-``order`` block (default ``1/2``)."""

@@ -271,7 +271,7 @@ class SpectralDescentPreconditioner(Preconditioner):
             for stack in self._stacks
         )
         for line in self.compute_dtype_reasons:
-            logger.info("spectral descent Newton-Schulz %s", line)
+            logger.info(f"spectral descent Newton-Schulz {line}")
 
     def _wide_stacks(self, requested: torch.dtype | str | None) -> list[_WideStack]:
         groups: dict[tuple[int, int, torch.dtype, torch.device], list[tuple[int, bool]]] = {}

@@ -182,13 +182,16 @@ def test_cpu_and_meta_parameters_mixed_are_refused_naming_the_parameter() -> Non
 )
 @pytest.mark.parametrize("value", [math.inf, -math.inf, math.nan])
 def test_nonfinite_grafting_epsilons_are_refused(config_class: type, value: float) -> None:
-    with pytest.raises(ValueError, match="^epsilon must be finite and > 0.0"):
+    with pytest.raises(
+        ValueError, match=r"^Invalid epsilon value: (-?inf|nan)\. Must be (> 0\.0|finite)\.$"
+    ):
         config_class(epsilon=value)
 
 
 @pytest.mark.parametrize("value", [math.inf, math.nan])
 def test_a_nonfinite_group_epsilon_is_refused_at_construction_and_at_the_step(value: float) -> None:
-    with pytest.raises(ValueError, match="^epsilon must be finite"):
+    refusal = r"^Invalid param_group\[EPSILON\]=(inf|nan)\. Must be (finite|> 0\.0)\."
+    with pytest.raises(ValueError, match=refusal):
         DistributedShampoo([torch.nn.Parameter(torch.ones(3))], epsilon=value)
 
     def step_with(optimizer: DistributedShampoo, model: torch.nn.Module) -> None:
@@ -199,7 +202,7 @@ def test_a_nonfinite_group_epsilon_is_refused_at_construction_and_at_the_step(va
         finally:
             optimizer.param_groups[0]["epsilon"] = 1e-12
 
-    _refused(step_with, ValueError, "^epsilon must be finite")
+    _refused(step_with, ValueError, refusal)
 
 
 @pytest.mark.parametrize("other", ["adam", "sgd"])

@@ -50,5 +50,7 @@ def test_the_range_of_betas_1_is_closed() -> None:
     for beta2 in (0.0, 1.0):
         opt = DistributedShampoo([torch.nn.Parameter(torch.zeros(2))], betas=(0.9, beta2))
         assert opt.param_groups[0]["betas"] == (0.9, beta2)
-    with pytest.raises(ValueError, match=r"^betas\[1\] must be in \[0.0, 1.0\]"):
+    with pytest.raises(
+        ValueError, match=r"^Invalid param_group\[BETAS\]\[1\]=-0\.1\. Must be in \[0\.0, 1\.0\]\."
+    ):
         DistributedShampoo([torch.nn.Parameter(torch.zeros(2))], betas=(0.9, -0.1))

@@ -32,6 +32,7 @@ from nanoshampoo.optim.shampoo import (
     WarmStartedEigenConfig,
     WeightDecayType,
 )
+from nanoshampoo.optim.shampoo.config_checks import error_field
 
 
 @pytest.mark.parametrize(
@@ -122,8 +123,9 @@ def test_subclasses_keep_their_own_defaults_and_inherit_the_rest() -> None:
     ],
 )
 def test_invalid_fields_raise_value_error_naming_the_field(make, field: str) -> None:
-    with pytest.raises(ValueError, match=f"^{field}"):
+    with pytest.raises(ValueError) as info:
         make()
+    assert error_field(info.value) == field and field in str(info.value)
 
 
 def test_configs_are_keyword_only_like_the_reference() -> None:

@@ -9,6 +9,7 @@ asked for (the float32 noise term alone keeps it converging).
 from __future__ import annotations
 
 import math
+import re
 from fractions import Fraction
 from typing import Any
 
@@ -21,6 +22,7 @@ from nanoshampoo.optim.shampoo import (
     DistributedShampoo,
     RootInvShampooPreconditionerConfig,
 )
+from nanoshampoo.optim.shampoo.config_checks import error_field
 from nanoshampoo.optim.shampoo.preconditioner.matrix_roots import (
     coupled_higher_order_inverse_root,
     higher_order_coefficients,
@@ -160,5 +162,6 @@ def test_optimizer_float32_rank_deficient_at_epsilon_1e_12_never_fails() -> None
     ],
 )
 def test_invalid_config_names_the_field(kwargs: dict[str, Any], field: str) -> None:
-    with pytest.raises(ValueError, match=f"^{field}"):
+    with pytest.raises(ValueError) as info:
         CoupledHigherOrderConfig(**kwargs)
+    assert re.match(field, error_field(info.value)), str(info.value)

@@ -21,6 +21,7 @@ The optimizer runs in float32 on a small MLP at epsilon 1e-12 (the settings user
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -40,6 +41,7 @@ from nanoshampoo.optim.shampoo import (
     UnsupportedConfigError,
     WeightDecayType,
 )
+from nanoshampoo.optim.shampoo.config_checks import error_field
 
 STEPS = 6
 RTOL, ATOL = 2e-5, 1e-6
@@ -126,20 +128,25 @@ def test_defaults_follow_the_reference_library() -> None:
     ],
 )
 def test_invalid_config_raises_naming_the_field(make: Callable[[], Any], field: str) -> None:
-    with pytest.raises(ValueError, match=f"^{field} "):
+    with pytest.raises(ValueError) as info:
         make()
+    assert re.match(field, error_field(info.value)), str(info.value)
 
 
 def test_the_optimizer_refuses_a_bad_iterate_averaging_config_or_both_momentum_forms() -> None:
     params = [torch.nn.Parameter(p) for p in initial_params()]
-    with pytest.raises(ValueError, match="^iterate_averaging_config must be None or"):
+    with pytest.raises(
+        ValueError, match=r"^group\[ITERATE_AVERAGING_CONFIG\]=.* is not supported!"
+    ):
         DistributedShampoo(params, iterate_averaging_config=SGDPreconditionerConfig())
 
     @dataclass(kw_only=True)
     class TailAveragingConfig(IterateAveragingConfig):
         window: int = 10
 
-    with pytest.raises(UnsupportedConfigError, match="^iterate_averaging_config must be None or"):
+    with pytest.raises(
+        UnsupportedConfigError, match=r"^group\[ITERATE_AVERAGING_CONFIG\]=.* is not supported!"
+    ):
         DistributedShampoo(params, iterate_averaging_config=TailAveragingConfig())
     assert issubclass(UnsupportedConfigError, NotImplementedError)
     with pytest.raises(ValueError, match="^momentum .*ClassicMomentumConfig"):

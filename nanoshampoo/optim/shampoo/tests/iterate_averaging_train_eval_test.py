@@ -88,7 +88,10 @@ def test_a_step_in_eval_mode_raises_and_changes_nothing() -> None:
     before = [p.detach().clone() for p in params]
     state = {k: v.clone() for k, v in flat_state(optimizer.state_dict())[0].items()}
     loss_of(params).backward()
-    with pytest.raises(RuntimeError, match=r"call optimizer.train\(\) before optimizer.step\(\)"):
+    with pytest.raises(
+        RuntimeError,
+        match=r"not in train mode.*Call optimizer\.train\(\) before calling optimizer\.step\(\)!",
+    ):
         optimizer.step()
     assert all(torch.equal(p, q) for p, q in zip(params, before))
     assert all(torch.equal(flat_state(optimizer.state_dict())[0][k], v) for k, v in state.items())

@@ -121,7 +121,7 @@ CORRUPTIONS: list[tuple[Callable[[dict[str, Any]], None], type[Exception], str]]
     ),
     (_wrong_dtype, ValueError, r"3\.block_0\.adagrad must be a torch.float32 tensor"),
     (_not_a_tensor, ValueError, "got float"),
-    (_nan_lr, ValueError, "lr must be finite"),
+    (_nan_lr, ValueError, r"Invalid param_group\[LR\]=nan\. Must be >= 0\.0\."),
     (_scalar_betas, ValueError, "betas must be a pair"),
     (_negative_step, ValueError, r"state\[0\]\['step'\] must be"),
     (_other_blocking, ValueError, "max_preconditioner_dim"),

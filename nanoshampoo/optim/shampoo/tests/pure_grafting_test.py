@@ -116,5 +116,9 @@ def test_adam_grafting_alone_is_torch_adam() -> None:
 def test_an_infinite_start_is_kept_in_the_group_and_finite_floats_are_refused() -> None:
     opt = DistributedShampoo(_params(), start_preconditioning_step=math.inf)
     assert opt.param_groups[0]["start_preconditioning_step"] == math.inf
-    with pytest.raises(ValueError, match="^start_preconditioning_step must be -1, math.inf"):
+    with pytest.raises(
+        ValueError,
+        match=r"^Invalid param_group\[START_PRECONDITIONING_STEP\]=5\.0\. Must be an integer or "
+        r"math\.inf\.",
+    ):
         DistributedShampoo(_params(), start_preconditioning_step=5.0)

@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import numpy as np
@@ -23,6 +24,7 @@ from nanoshampoo.optim.shampoo import (
     RootInvShampooPreconditionerConfig,
     SGDPreconditionerConfig,
 )
+from nanoshampoo.optim.shampoo.config_checks import error_field
 from nanoshampoo.optim.shampoo.utils.shampoo_utils import unpack_upper_triangular
 from nanoshampoo.testing.shampoo_reference import run_reference
 
@@ -232,8 +234,9 @@ def test_grafting_dropped_weighting_factor(config_type: type) -> None:
     ],
 )
 def test_invalid_values_name_the_field(make: Any, field: str) -> None:
-    with pytest.raises(ValueError, match=f"^{field}"):
+    with pytest.raises(ValueError) as info:
         make()
+    assert re.match(field, error_field(info.value)), str(info.value)
 
 
 def test_exponent_outside_its_range_is_fine_while_trace_scaling_is_off() -> None:

@@ -90,7 +90,7 @@ def test_peak_lr_defaults_to_the_group_lr() -> None:
 
 @pytest.mark.parametrize("decay_type", [WeightDecayType.CORRECTED, WeightDecayType.INDEPENDENT])
 def test_a_zero_peak_lr_is_refused_where_it_divides(decay_type: WeightDecayType) -> None:
-    with pytest.raises(ValueError, match="^peak_lr must be > 0.0"):
+    with pytest.raises(ValueError, match=r"^Invalid param_group\[PEAK_LR\]=0\.0\. Must be > 0\.0"):
         DistributedShampoo(
             [torch.nn.Parameter(torch.zeros(2))],
             lr=0.0,

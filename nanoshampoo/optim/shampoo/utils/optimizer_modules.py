@@ -264,6 +264,6 @@ class _Loader:
     def skip(self, path: str, expected: str, new: Any) -> None:
         if self.write:
             logger.warning(
-                "load_state_dict: state at %r: expected %s, got %s; keeping the current value",
-                path or "<root>", expected, type(new).__name__,
-            )  # fmt: skip
+                f"load_state_dict: state at {path or '<root>'!r}: expected {expected}, got "
+                f"{type(new).__name__}; keeping the current value"
+            )

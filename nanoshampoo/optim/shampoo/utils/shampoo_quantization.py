@@ -26,6 +26,7 @@ without a cache logs a warning (in the reference's words) instead of raising.
 from __future__ import annotations
 
 import logging
+import typing
 from collections.abc import Sequence
 
 import torch
@@ -359,6 +360,16 @@ def _validated_items(
             "QuantizedTensorList.quantized_data must be all (tensor, min, max) tuples or all "
             "QuantizedTensor, got a mix"
         )
+    if kinds != {True}:
+        for index, item in enumerate(items):
+            if not (isinstance(item, tuple) and len(item) == 3):
+                # The reference's sentence (its type hint, then the container's type), then
+                # which item is wrong.
+                hint = typing.get_type_hints(QuantizedTensorList.__init__)["quantized_data"]
+                raise TypeError(
+                    f"quantized_data must be {hint} but get {type(quantized_data)}: item {index} "
+                    f"is a {type(item).__name__}, not a (tensor, min, max) tuple"
+                )
     if kinds == {True}:
         items = [(q.quantized_values, q.min_value, q.max_value) for q in items]
         stored_dtypes = {t.dtype for t, _, _ in items}

@@ -79,7 +79,7 @@ def update_param_state_dict_object(
             )
             if enable_missing_key_check:
                 raise KeyError(message)
-            logger.warning("%s Keeping the current value.", message)
+            logger.warning(f"{message} Keeping the current value.")
             continue
         loaded = param_state_dict_to_load[key]
         if isinstance(current, dict):

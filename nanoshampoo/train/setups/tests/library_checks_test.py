@@ -31,7 +31,9 @@ EARLY_FIRST_ROOT = {
         (
             EARLY_FIRST_ROOT,
             "preconditioner.start_preconditioning_step (--preconditioner.start-preconditioning-step)",
-            "DistributedShampoo.start_preconditioning_step must be -1, math.inf",
+            "DistributedShampoo.start_preconditioning_step: Invalid "
+            "param_group[START_PRECONDITIONING_STEP]=2. Must be >= "
+            "param_group[PRECONDITION_FREQUENCY]=5.",
         ),
         (
             {"preconditioner.momentum_dtype": "bfloat16", "shampoo.beta1": 0.995},
@@ -54,7 +56,7 @@ EARLY_FIRST_ROOT = {
                 "preconditioner.start_preconditioning_step": 5,
             },
             "preconditioner.start_preconditioning_step (--preconditioner.start-preconditioning-step)",
-            "(10), got 5",
+            "=5. Must be >= param_group[PRECONDITION_FREQUENCY]=10.",
         ),
     ],
 )
@@ -94,11 +96,11 @@ def test_a_stricter_library_rule_refuses_the_trainers_defaults(
     (epsilon > 1e-9, say) refuses the recipe's 1e-10, naming the trainer's flag."""
     TrainConfig()
 
-    def at_least_1e_9(name: str, value: float) -> None:
+    def at_least_1e_9(value: float) -> None:
         if value <= 1e-9:
-            raise ValueError(f"{name} must be > 1e-9, got {value!r}")
+            raise ValueError(f"epsilon must be > 1e-9, got {value!r}")
 
-    monkeypatch.setattr(preconditioner_types, "check_positive", at_least_1e_9)
+    monkeypatch.setattr(preconditioner_types, "_check_diagonal_epsilon", at_least_1e_9)
     with pytest.raises(ValueError) as raised:
         TrainConfig()
     assert str(raised.value) == (

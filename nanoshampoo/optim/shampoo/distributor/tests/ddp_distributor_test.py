@@ -13,6 +13,7 @@ Each spawned run checks several configurations, because a spawn costs about 3 s.
 from __future__ import annotations
 
 import io
+import logging
 from typing import Any
 
 import pytest
@@ -194,11 +195,33 @@ def cases(world_size: int) -> list[tuple[str, list[tuple[int, ...]], DDPDistribu
     ]
 
 
+class _Warnings(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
 def ddp_body(rank: int, world_size: int) -> dict[str, Any]:
     result: dict[str, Any] = {}
+    logger = logging.getLogger("nanoshampoo.optim.shampoo.distributed_shampoo")
     for name, shapes, config in cases(world_size):
-        params, optimizer, _ = train(shapes, config, range(1, STEPS + 1))
-        result[name] = {"params": [p.detach() for p in params], "keys": block_keys(optimizer)}
+        warnings = _Warnings()
+        logger.addHandler(warnings)
+        try:
+            params, optimizer, _ = train(shapes, config, range(1, STEPS + 1))
+        finally:
+            logger.removeHandler(warnings)
+        result[name] = {
+            "params": [p.detach() for p in params],
+            "keys": block_keys(optimizer),
+            "idle_warning": any(
+                m.startswith("There is no params assigned to the current rank.")
+                for m in warnings.messages
+            ),
+        }
     config = DDPDistributedConfig()
     result["resumed"] = resumed_params(UNEVEN_SHAPES, config)
     result["skipped_nan"] = skipped_nan_params(config)
@@ -280,6 +303,9 @@ def test_ddp_matches_single_device(world_size: int) -> None:
             assert keys == [results[r][name]["keys"] for r in range(group_size)], name
         if shapes is FEW_SHAPES and world_size > len(expected_keys(shapes)):
             assert any(result[name]["keys"] == [] for result in results), "a rank owns no block"
+        # A rank that computes no block says so, in the reference's words; the others do not.
+        for result in results:
+            assert result[name]["idle_warning"] == (result[name]["keys"] == []), name
 
     # Resume from a per-rank state dict continues exactly like the uninterrupted run.
     for result in results:
@@ -304,7 +330,12 @@ def test_ddp_matches_single_device(world_size: int) -> None:
         want, _, _ = changed_hyperparameters_run(shapes, SingleDeviceDistributedConfig())
         for result in results:
             got, message, unchanged = result["changed"][name]
-            assert message.startswith("lr must be finite") and unchanged, (name, message)
+            assert (
+                message.startswith("Invalid param_group[LR]=inf. Must be finite.") and unchanged
+            ), (
+                name,
+                message,
+            )
             for g, w in zip(got, want, strict=True):
                 torch.testing.assert_close(g, w, rtol=0.0, atol=1e-6, msg=name)
 

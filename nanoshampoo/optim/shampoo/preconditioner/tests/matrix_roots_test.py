@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import numpy as np
@@ -16,6 +17,7 @@ from nanoshampoo.optim.shampoo import (
     PseudoInverseConfig,
     QREigendecompositionConfig,
 )
+from nanoshampoo.optim.shampoo.config_checks import error_field
 from nanoshampoo.optim.shampoo.preconditioner.eigenbasis import (
     canonical_null_space_basis,
     eigh_eigenbasis,
@@ -160,8 +162,9 @@ def test_eigh_eigenbasis_of_float32_and_float64_factors_agree_on_the_null_space(
     ],
 )
 def test_invalid_stability_configs_name_the_field(factory: Any, field: str) -> None:
-    with pytest.raises(ValueError, match=f"^{field}"):
+    with pytest.raises(ValueError) as info:
         factory()
+    assert re.match(field, error_field(info.value)), str(info.value)
 
 
 def test_coupled_newton_has_no_pseudo_inverse_field() -> None:

@@ -309,6 +309,20 @@ def test_list_rejects_bad_construction(
         QuantizedTensorList(items, torch.bfloat16, computation_dtype)
 
 
+@pytest.mark.parametrize("bad", [torch.ones(1), (torch.ones(1), None), [torch.ones(1), None, None]])
+def test_list_refuses_an_item_that_is_no_triple_with_the_reference_sentence(bad: object) -> None:
+    """A bare tensor, a pair or a list where a ``(tensor, min, max)`` tuple belongs: the
+    reference's ``TypeError`` sentence, then which item is wrong (not an IndexError later)."""
+    with pytest.raises(TypeError) as info:
+        QuantizedTensorList([_ONE, bad], torch.float32, torch.float32)
+    assert str(info.value).startswith(
+        "quantized_data must be collections.abc.Sequence[tuple[torch.Tensor, torch.Tensor | None, "
+        "torch.Tensor | None]] | collections.abc.Sequence["
+        "nanoshampoo.optim.shampoo.utils.shampoo_quantization.QuantizedTensor] but get "
+        "<class 'list'>: item 1 is a "
+    )
+
+
 def test_list_state_dict_round_trip_excludes_cache() -> None:
     source = QuantizedTensorList([(t, None, None) for t in _fp32_list(1)], torch.bfloat16)
     target = QuantizedTensorList(
