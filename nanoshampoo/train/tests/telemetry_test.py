@@ -20,6 +20,7 @@ from nanoshampoo.train.config import TrainConfig
 from nanoshampoo.train.distributed import DistributedContext
 from nanoshampoo.train.optimizers import build_optimizer_setup
 from nanoshampoo.train.outcomes import TrainingDiverged
+from nanoshampoo.train.setups.shampoo_family import MuonConfig
 from nanoshampoo.train.telemetry import DepartureWatch, Telemetry, resolve_every
 from nanoshampoo.train.trainer import Trainer
 
@@ -159,8 +160,8 @@ def test_factor_statistics_from_the_optimizer_state_in_float64(setup_name: str, 
 def test_muon_orthogonality_from_the_update_itself() -> None:
     """Muon without weight decay moves ``W`` by ``-lr scale U``: ``U`` from the update."""
     records, seen = train_and_record("muon", one_process())
-    lr = TrainConfig(optimizer="muon").table("muon").lr
-    assert TrainConfig(optimizer="muon").table("muon").weight_decay == 0.0
+    lr = TrainConfig(optimizer="muon").table(MuonConfig).lr
+    assert TrainConfig(optimizer="muon").table(MuonConfig).weight_decay == 0.0
     for record in records:
         name = record["layer"]
         update = seen["after"][name].numpy() - seen["before"][name].numpy()

@@ -16,7 +16,6 @@ from dataclasses import dataclass
 
 import torch
 
-from nanoshampoo.optim.shampoo.preconditioner.eigenbasis import off_diagonal_ratio
 from nanoshampoo.optim.shampoo.preconditioner.factor_matrix_ops import (
     keep_previous_where_failed,
     solve_dtype,
@@ -257,6 +256,9 @@ class KroneckerFactoredPreconditioner(Preconditioner):
         """Per bucket, per dim (None: no factor), the factors' :class:`FactorHealth` after
         ``step`` steps: one batched float64 ``eigvalsh`` per pool. Reads the state, changes
         nothing; called for inspection only, never by the step."""
+        # Imported here: a run without eigenbases (root-inverse Shampoo) never loads the module.
+        from nanoshampoo.optim.shampoo.preconditioner.eigenbasis import off_diagonal_ratio
+
         bias_correction = self._bias_correction(step)
         spectra: dict[Hashable, torch.Tensor] = {}
         off: dict[Hashable, torch.Tensor] = {}
