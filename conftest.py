@@ -1,8 +1,11 @@
 """Fixtures shared by test folders in different packages (pytest finds this file at the root).
 
-Fixtures of one folder live in that folder's ``conftest.py`` (``docs/architecture.md``, "Tests").
-Under pytest-xdist (``make test`` runs the suite on one worker per core) two more things hold:
-each worker's torch uses its share of the cores, and the embedded corpus is prepared once.
+Fixtures of one folder live in that folder's ``conftest.py`` (``docs/architecture.md``,
+"Tests"). The trainer processes the tests start get the trainer's malloc settings from this
+environment, so they run as they would after their re-exec (``nanoshampoo.train.allocator``)
+without importing torch and the package a second time. Under pytest-xdist (``make test`` runs
+the suite on one worker per core) two more things hold: each worker's torch uses its share of
+the cores, and the embedded corpus is prepared once.
 """
 
 from __future__ import annotations
@@ -13,8 +16,12 @@ import os
 import pytest
 import torch
 
+from nanoshampoo.train.allocator import TUNED_MALLOC_ENV
+
 
 def pytest_configure(config: pytest.Config) -> None:
+    for name, value in TUNED_MALLOC_ENV.items():  # the tests that re-exec remove them
+        os.environ.setdefault(name, value)
     workers = os.environ.get("PYTEST_XDIST_WORKER_COUNT")
     if workers:  # a worker: its share of the cores, not all of them per worker
         torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // int(workers)))
