@@ -120,6 +120,7 @@ def _without_the_permission_override() -> None:
         raise OSError(ctypes.get_errno(), "prctl(PR_CAPBSET_DROP, CAP_DAC_OVERRIDE)")
 
 
+@pytest.mark.slow  # a trainer process
 def test_an_unwritable_out_dir_is_one_line(shards: dict[str, str], tmp_path: Path) -> None:
     """A directory without write permission (0o555), in a real trainer process. Root writes
     anywhere through CAP_DAC_OVERRIDE, so under root (as CI runs) the process runs without it."""
@@ -330,6 +331,7 @@ def test_any_corrupted_checkpoint_field_is_one_line_or_loads(
     assert {k: v for k, v in after.items() if not k.startswith("out")} == before
 
 
+@pytest.mark.slow  # a trainer process
 def test_a_real_sigint_exits_130_with_the_resume_command(
     shards: dict[str, str], tmp_path: Path
 ) -> None:
