@@ -90,7 +90,7 @@ def reached(names: set[str], modules: dict[str, Path]) -> set[str]:
     return found
 
 
-def test_file_imports(test_file: Path) -> set[str]:
+def imports_of_test_file(test_file: Path) -> set[str]:
     """What a test file imports, with the helpers beside it that it imports by their bare
     names and the ``conftest.py`` files of its folder and the folders above it."""
     names: set[str] = set()
@@ -166,7 +166,7 @@ def test_the_quick_tests_reach_every_module(request: pytest.FixtureRequest) -> N
     modules = package_modules()
     files = quick_test_files(request, quick)
     assert len(files) > 100  # a collection that went wrong is not an answer
-    names = set().union(*(test_file_imports(path) for path in files))
+    names = set().union(*(imports_of_test_file(path) for path in files))
     missing = {name for name, path in modules.items() if holds_code(path)} - reached(names, modules)
     assert not missing, f"modules no quick test reaches: {sorted(missing)}"
 
