@@ -342,19 +342,23 @@ def test_a_real_sigint_exits_130_with_the_resume_command(
     argv = train_argv(
         shards, tmp_path, num_iterations=100_000, checkpoint_every=1, log_every=1, compile="false"
     )
-    process = subprocess.Popen(
-        [sys.executable, "-m", "nanoshampoo.train", *argv],
-        env=_trainer_env(),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    # Its stderr goes to a file, not a pipe: reading a pipe waits for every process that holds
+    # it, this one's children included, and a file is there to read whenever it is needed.
+    err_path = tmp_path / "trainer.err"
+    with err_path.open("w") as err_file:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "nanoshampoo.train", *argv],
+            env=_trainer_env(),
+            stdout=subprocess.DEVNULL,
+            stderr=err_file,
+        )
     log = tmp_path / "R.jsonl"
     while '"step": 3,' not in (log.read_text() if log.exists() else ""):
-        assert process.poll() is None, process.communicate()[1]
+        assert process.poll() is None, err_path.read_text()
         time.sleep(0.1)
     process.send_signal(signal.SIGINT)
-    _, err = process.communicate()
+    process.wait()
+    err = err_path.read_text()
     assert process.returncode == 130, err
     assert "Traceback" not in err
     assert f"{PROG}: interrupted after step " in err
