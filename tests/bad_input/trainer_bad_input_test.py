@@ -331,13 +331,20 @@ def test_any_corrupted_checkpoint_field_is_one_line_or_loads(
     assert {k: v for k, v in after.items() if not k.startswith("out")} == before
 
 
+def _with_the_default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.mark.slow  # a trainer process
 def test_a_real_sigint_exits_130_with_the_resume_command(
     shards: dict[str, str], tmp_path: Path
 ) -> None:
-    """The signal itself, in a real ``python -m nanoshampoo.train`` process. No wait here has a
-    deadline of its own: on a loaded machine the start alone can take a minute, and only the
-    suite's timeout bounds the test."""
+    """The signal itself, in a real ``python -m nanoshampoo.train`` process, which starts with
+    SIGINT at its default action as a shell's foreground job does: a process started in the
+    background inherits SIGINT ignored (so would pytest's, started so), Python then installs no
+    handler, and the run trained on through the signal. No wait here has a deadline of its own:
+    on a loaded machine the start alone can take minutes, and only the suite's timeout bounds
+    the test."""
     # Eager: a run this long would compile under --compile auto, and the test is about SIGINT.
     argv = train_argv(
         shards, tmp_path, num_iterations=100_000, checkpoint_every=1, log_every=1, compile="false"
@@ -351,6 +358,7 @@ def test_a_real_sigint_exits_130_with_the_resume_command(
             env=_trainer_env(),
             stdout=subprocess.DEVNULL,
             stderr=err_file,
+            preexec_fn=_with_the_default_sigint,
         )
     log = tmp_path / "R.jsonl"
     while '"step": 3,' not in (log.read_text() if log.exists() else ""):
