@@ -22,11 +22,15 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
+# The tests run on one pytest-xdist worker per core, each test file on one worker (its
+# module-scoped fixtures, such as a gloo run that several tests check, are made once).
+# PYTEST_ARGS adds flags: PYTEST_ARGS="-n 0" runs them in this process alone.
+PYTEST_PARALLEL ?= -n auto --dist loadfile
 test: $(STAMP)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q $(PYTEST_PARALLEL) $(PYTEST_ARGS)
 
 test-quick: $(STAMP)
-	$(PY) -m pytest -q -m "not slow and not distributed"
+	$(PY) -m pytest -q $(PYTEST_PARALLEL) -m "not slow and not distributed" $(PYTEST_ARGS)
 
 train: $(STAMP)
 	$(PY) -m nanoshampoo.train --preset tiny-shampoo

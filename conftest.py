@@ -1,12 +1,30 @@
 """Fixtures shared by test folders in different packages (pytest finds this file at the root).
 
-Fixtures of one folder live in that folder's ``conftest.py`` (``docs/architecture.md``, "Tests").
+Fixtures of one folder live in that folder's ``conftest.py`` (``docs/architecture.md``,
+"Tests"). The trainer processes the tests start get the trainer's malloc settings from this
+environment, so they run as they would after their re-exec (``nanoshampoo.train.allocator``)
+without importing torch and the package a second time. Under pytest-xdist (``make test`` runs
+the suite on one worker per core) two more things hold: each worker's torch uses its share of
+the cores, and the embedded corpus is prepared once.
 """
 
 from __future__ import annotations
 
+import fcntl
+import os
+
 import pytest
 import torch
+
+from nanoshampoo.train.allocator import TUNED_MALLOC_ENV
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    for name, value in TUNED_MALLOC_ENV.items():  # the tests that re-exec remove them
+        os.environ.setdefault(name, value)
+    workers = os.environ.get("PYTEST_XDIST_WORKER_COUNT")
+    if workers:  # a worker: its share of the cores, not all of them per worker
+        torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // int(workers)))
 
 
 @pytest.fixture
@@ -15,3 +33,19 @@ def one_thread() -> None:
     more. The setting outlives the test (torch has no scoped one). A test module asks for it
     with ``pytestmark = pytest.mark.usefixtures("one_thread")``."""
     torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def embedded_corpus_prepared_once(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Under pytest-xdist, the trainer's default ``--data-dir`` (``data/embedded``) prepared by
+    one worker at a time before any test: two trainers preparing it at once would each swap
+    their copy in under the other's reads. Once prepared, this is a hash check."""
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        return
+    from nanoshampoo.data.prepare import prepare_embedded
+
+    # The workers' temporary directories share this parent.
+    lock = tmp_path_factory.getbasetemp().parent / "embedded-corpus.lock"
+    with lock.open("w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        prepare_embedded("data/embedded")

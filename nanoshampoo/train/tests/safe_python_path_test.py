@@ -24,6 +24,7 @@ def test_the_environment_keeps_the_users_paths_after_this_package() -> None:
     assert env["PYTHONPATH"].split(os.pathsep) == [root, "/a", "/b"]  # the package once, first
 
 
+@pytest.mark.slow  # the trainer's process imports torch twice (its re-exec is the point)
 @pytest.mark.skipif(
     not CONSOLE_SCRIPT.exists(),
     reason="the package's console script is not installed beside this Python",

@@ -53,7 +53,8 @@ def test_the_meter_divides_flops_by_time_and_peak() -> None:
     assert "3 GFLOP/step" in meter.header and "bfloat16 matmul peak of 200 GFLOP/s" in meter.header
 
 
-@pytest.mark.parametrize("bf16", [False, True])
+# bf16: a matmul probe that takes seconds on a CPU without bf16 kernels.
+@pytest.mark.parametrize("bf16", [False, pytest.param(True, marks=pytest.mark.slow)])
 def test_the_meter_probes_the_run_dtype_per_device(bf16: bool) -> None:
     config = CONFIGS[0]
     meter = mfu_meter(

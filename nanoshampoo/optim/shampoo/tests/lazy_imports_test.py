@@ -28,6 +28,7 @@ print(" ".join(sorted(m.rsplit(".", 1)[1] for m in sys.modules
 """
 
 
+@pytest.mark.slow  # a fresh interpreter imports torch
 @pytest.mark.parametrize(
     "config, expected",
     [
