@@ -20,7 +20,7 @@ Example:
     >>> GeneralizedPrimalAveragingConfig(eval_interp_coeff=1.0)
     Traceback (most recent call last):
     ...
-    ValueError: eval_interp_coeff must be in [0.0, 1.0), got 1.0
+    ValueError: Invalid self.eval_interp_coeff=1.0. Must be within [0.0, 1.0).
 """
 
 from __future__ import annotations

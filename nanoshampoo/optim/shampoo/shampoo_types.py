@@ -22,7 +22,7 @@ Example:
     >>> AdamPreconditionerConfig(beta2=2.0)
     Traceback (most recent call last):
     ...
-    ValueError: beta2 must be in (0.0, 1.0], got 2.0
+    ValueError: Invalid grafting beta2 parameter: 2.0. Must be in (0.0, 1.0].
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ from nanoshampoo.train.config import TrainConfig
 from nanoshampoo.train.distributed import DistributedContext
 from nanoshampoo.train.optimizers import build_optimizer_setup
 from nanoshampoo.train.outcomes import TrainingDiverged
-from nanoshampoo.train.setups.shampoo_family import MuonConfig
+from nanoshampoo.train.setups.shampoo_family import MuonConfig, ShampooConfig, SoapConfig
 from nanoshampoo.train.telemetry import DepartureWatch, Telemetry, resolve_every
 from nanoshampoo.train.trainer import Trainer
 
@@ -130,8 +130,12 @@ def reference_spectrum(eigenvalues: np.ndarray, epsilon: float) -> tuple[float, 
     return (values.max() + epsilon) / (values.min() + epsilon), math.exp(entropy), below
 
 
-@pytest.mark.parametrize(("setup_name", "table"), [("shampoo", "shampoo"), ("soap", "soap")])
-def test_factor_statistics_from_the_optimizer_state_in_float64(setup_name: str, table: str) -> None:
+@pytest.mark.parametrize(
+    ("setup_name", "table"), [("shampoo", ShampooConfig), ("soap", SoapConfig)]
+)
+def test_factor_statistics_from_the_optimizer_state_in_float64(
+    setup_name: str, table: type
+) -> None:
     records, seen = train_and_record(setup_name, one_process())
     cfg = TrainConfig(optimizer=setup_name, **SETTINGS)
     epsilon, beta2 = cfg.table(table).epsilon, cfg.table(table).beta2
