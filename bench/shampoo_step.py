@@ -508,10 +508,12 @@ def format_report(
         f"{where} | torch {env['torch']} | python {env['python']} | threads {env['threads']}",
         f"device {settings['device']} | factor dtype {settings['dtype']} | "
         f"roots {settings.get('roots', 'eigh')} | "
-        f"steps {settings['steps']} (rounded up to whole root periods) | warmup {settings['warmup']} "
+        f"steps {settings['steps']} (rounded up to whole root periods) | warmup "
+        f"{settings['warmup']} "
         f"past the first root | shapes {settings['shapes']}",
         "",
-        f"{'optimizer':<{NAME_WIDTH}} {'median ms':>10} {'mean ms':>10} {'max ms':>10} {'max/med':>8} "
+        f"{'optimizer':<{NAME_WIDTH}} {'median ms':>10} {'mean ms':>10} {'max ms':>10} "
+        f"{'max/med':>8} "
         f"{'x AdamW':>8} {'state B/param B':>16} {'fallback':>9}",
     ]
     for result in (adamw, *results):

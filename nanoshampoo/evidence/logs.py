@@ -464,7 +464,8 @@ def _number(path: Path, lineno: int | None, record: dict[str, Any], name: str) -
         return _NON_FINITE[value.strip().lower()]
     if not is_real(value):
         raise LogFormatError(
-            f"{_where(path, lineno)}: {record.get('kind')!r} field {name!r} is not a number: {value!r}"
+            f"{_where(path, lineno)}: {record.get('kind')!r} field {name!r} is not a number: "
+            f"{value!r}"
         )
     return float(value)
 
@@ -473,7 +474,8 @@ def _integer(path: Path, lineno: int | None, record: dict[str, Any], name: str) 
     value = _field(path, lineno, record, name)
     if not is_int(value):
         raise LogFormatError(
-            f"{_where(path, lineno)}: {record.get('kind')!r} field {name!r} is not an integer: {value!r}"
+            f"{_where(path, lineno)}: {record.get('kind')!r} field {name!r} is not an integer: "
+            f"{value!r}"
         )
     return value
 

@@ -323,7 +323,8 @@ def _definition_lines(result: StudyResult) -> list[str]:
     return (
         [
             f"{definition.seeds} seeds per (setup, size) at its best point; every budget "
-            f"from one run per seed (decay branches: {', '.join(f'{b:g}' for b in definition.branches)} "
+            "from one run per seed (decay branches: "
+            f"{', '.join(f'{b:g}' for b in definition.branches)} "
             f"of the full run). Definition: {definition.source}; train flags: "
             f"`{' '.join(definition.train_args)}`.",
             "",

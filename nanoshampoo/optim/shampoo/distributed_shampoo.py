@@ -259,7 +259,8 @@ class DistributedShampoo(torch.optim.Optimizer):
         # Long for its signature: the reference library's arguments, in its order, plus ours.
         if nonfinite_grad_policy not in NONFINITE_GRAD_POLICIES:
             raise ValueError(
-                f"nonfinite_grad_policy must be one of {NONFINITE_GRAD_POLICIES}, got {nonfinite_grad_policy!r}"
+                f"nonfinite_grad_policy must be one of {NONFINITE_GRAD_POLICIES}, got "
+                f"{nonfinite_grad_policy!r}"
             )
         check_ordered_params("params", params)
         for name, value, kind in (
@@ -354,10 +355,13 @@ class DistributedShampoo(torch.optim.Optimizer):
             logger.warning(
                 "There is no params assigned to the current rank. In DDP Shampoo, this may happen "
                 "when the value of num_trainers_per_group field in "
-                f"group[DISTRIBUTED_CONFIG]={group['distributed_config']!r} is more than the number "
+                f"group[DISTRIBUTED_CONFIG]={group['distributed_config']!r} is more than the "
+                "number "
                 "of global blocked params so some trainers get assigned no blocked params. This "
-                "will cause idle ranks. Please check the num_trainers_per_group setting and consider "
-                "reducing it. Similarly, in FSDP lossless Shampoo, this can happen under ROUND_ROBIN "
+                "will cause idle ranks. Please check the num_trainers_per_group setting and "
+                "consider "
+                "reducing it. Similarly, in FSDP lossless Shampoo, this can happen under "
+                "ROUND_ROBIN "
                 "assignment strategy and when the optimizer shard group size is larger than the "
                 "number of params."
             )

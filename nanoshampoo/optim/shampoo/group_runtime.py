@@ -167,7 +167,8 @@ class GroupRuntime:
             p is not q for p, q in zip(params, self._params)
         ):
             raise ValueError(
-                "params cannot change after the group is added; add a new group with add_param_group"
+                "params cannot change after the group is added; add a new group with "
+                "add_param_group"
             )
         averaging = group["iterate_averaging_config"]
         if isinstance(averaging, PRIMAL_AVERAGING_CONFIG_TYPES) != self._primal_averaging:

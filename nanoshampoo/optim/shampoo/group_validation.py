@@ -108,7 +108,8 @@ def validate_group(group: Mapping[str, Any]) -> None:
     if not (grafting is None or isinstance(grafting, GRAFTING_CONFIG_TYPES)):
         error = UnsupportedConfigError if isinstance(grafting, PreconditionerConfig) else ValueError
         raise error(
-            f"grafting_config must be None or an SGD/AdaGrad/RMSprop/Adam PreconditionerConfig, got {grafting!r}"
+            "grafting_config must be None or an SGD/AdaGrad/RMSprop/Adam PreconditionerConfig, "
+            f"got {grafting!r}"
         )
     _require(
         group,
@@ -339,7 +340,8 @@ def validate_params(params: Sequence[torch.Tensor], names: Sequence[str] | None 
             )
         if param.is_complex():
             raise ValueError(
-                f"{label(index)} is complex ({param.dtype}): DistributedShampoo needs real parameters"
+                f"{label(index)} is complex ({param.dtype}): DistributedShampoo needs real "
+                "parameters"
             )
         if not param.is_floating_point():
             raise ValueError(f"{label(index)} must be a floating-point tensor, got {param.dtype}")
@@ -496,7 +498,8 @@ def write_back_sentinels(group: dict[str, Any]) -> None:
                 f"param_group[{entry}]={value!r} does not have any effect when {name} is used."
             )
         logger.warning(
-            f"param_group[PRECONDITION_FREQUENCY]={group['precondition_frequency']!r} does not have "
+            f"param_group[PRECONDITION_FREQUENCY]={group['precondition_frequency']!r} does not "
+            "have "
             f"any effect when {name} is used. Setting precondition_frequency to 1..."
         )
         group["precondition_frequency"] = 1
@@ -523,11 +526,13 @@ def check_grads(
             continue
         if grad.layout != torch.strided:
             raise ValueError(
-                f"the gradient of {label} is {grad.layout}: DistributedShampoo needs dense gradients"
+                f"the gradient of {label} is {grad.layout}: DistributedShampoo needs dense "
+                "gradients"
             )
         if grad.shape != param.shape:
             raise ValueError(
-                f"the gradient of {label} has shape {tuple(grad.shape)}: DistributedShampoo needs a "
+                f"the gradient of {label} has shape {tuple(grad.shape)}: DistributedShampoo needs "
+                "a "
                 "gradient of its parameter's shape"
             )
         if not grad.is_floating_point():  # complex dtypes are not floating point

@@ -169,7 +169,8 @@ def plan_load(
     """
     if len(loaded_groups) != len(param_groups):
         raise ValueError(
-            f"state_dict has {len(loaded_groups)} param groups, the optimizer has {len(param_groups)}"
+            f"state_dict has {len(loaded_groups)} param groups, the optimizer has "
+            f"{len(param_groups)}"
         )
     state: dict[int, Mapping[Any, Any]] = {}
     for key, entry in loaded_state.items():
@@ -187,7 +188,8 @@ def plan_load(
         first += len(group[PARAMS])
         if len(loaded.get(PARAMS, ())) != len(indices):
             raise ValueError(
-                f"{where} has {len(loaded.get(PARAMS, ()))} params, the optimizer's group has {len(indices)}"
+                f"{where} has {len(loaded.get(PARAMS, ()))} params, the optimizer's group has "
+                f"{len(indices)}"
             )
         try:
             entries = _completed_entries(loaded, group, where)
@@ -382,7 +384,8 @@ def _block_load(
         value = _exact(received.pop(name), exact.get(name))
         if not isinstance(value, torch.Tensor):
             raise ValueError(
-                f"{where} must be a {dtype} tensor of shape {tuple(shape)}, got {type(value).__name__}"
+                f"{where} must be a {dtype} tensor of shape {tuple(shape)}, got "
+                f"{type(value).__name__}"
             )
         if (
             f".{ROOTS}." in name
@@ -397,7 +400,8 @@ def _block_load(
             )
         if value.shape != shape or value.dtype != dtype:
             raise ValueError(
-                f"{where} must be a {dtype} tensor of shape {tuple(shape)}, got {value.dtype} {tuple(value.shape)}"
+                f"{where} must be a {dtype} tensor of shape {tuple(shape)}, got {value.dtype} "
+                f"{tuple(value.shape)}"
             )
         values[key] = value
     if received:

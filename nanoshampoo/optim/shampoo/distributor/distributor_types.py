@@ -58,7 +58,8 @@ def _check_load_balancing_config(
 ) -> None:
     if not isinstance(config.load_balancing_config, LoadBalancingConfig):
         raise ValueError(
-            f"load_balancing_config must be a LoadBalancingConfig, got {config.load_balancing_config!r}"
+            "load_balancing_config must be a LoadBalancingConfig, got "
+            f"{config.load_balancing_config!r}"
         )
 
 
@@ -90,7 +91,8 @@ class DDPDistributedConfig(DistributedConfig):
         _check_load_balancing_config(self)
         if self.communication_dtype not in FLOAT_DTYPES:
             raise ValueError(
-                f"communication_dtype must be one of {FLOAT_DTYPES}, got {self.communication_dtype!r}"
+                f"communication_dtype must be one of {FLOAT_DTYPES}, got "
+                f"{self.communication_dtype!r}"
             )
         _check_num_trainers_per_group(self.num_trainers_per_group)
         validation.check_bool("communicate_params", self.communicate_params)

@@ -84,7 +84,8 @@ def _check_placement(param: torch.Tensor, index: int, shard_mesh_dim: int, mesh_
 
     if not isinstance(param, DTensor):
         raise ValueError(
-            f"params[{index}] must be a DTensor (a fully_shard parameter), got {type(param).__name__}"
+            f"params[{index}] must be a DTensor (a fully_shard parameter), got "
+            f"{type(param).__name__}"
         )
     expected = tuple(Shard(0) if d == shard_mesh_dim else Replicate() for d in range(mesh_ndim))
     if param.device_mesh.ndim != mesh_ndim or tuple(param.placements) != expected:

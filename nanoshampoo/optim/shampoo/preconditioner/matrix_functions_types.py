@@ -273,7 +273,8 @@ class EigenConfig(RootInvConfig, EighEigendecompositionConfig):
                 "tolerance",
                 f"Invalid tolerance value: {self.tolerance}. Must be 0.0 for "
                 f"{type(self).__name__}.",
-                "(a root needs the current eigenvalues; WarmStartedEigenConfig reuses eigenvectors)",
+                "(a root needs the current eigenvalues; WarmStartedEigenConfig reuses "
+                "eigenvectors)",
             )
 
 

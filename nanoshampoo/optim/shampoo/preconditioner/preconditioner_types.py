@@ -270,7 +270,8 @@ class ClassicShampooPreconditionerConfig(BaseShampooPreconditionerConfig):
         self._validate_amortized_computation_config()
         if self.factor_matrix_dtype not in FLOAT_DTYPES:
             raise ValueError(
-                f"factor_matrix_dtype must be one of {FLOAT_DTYPES}, got {self.factor_matrix_dtype!r}"
+                f"factor_matrix_dtype must be one of {FLOAT_DTYPES}, got "
+                f"{self.factor_matrix_dtype!r}"
             )
         if (
             self.inv_factor_matrix_dtype is not None
@@ -282,7 +283,8 @@ class ClassicShampooPreconditionerConfig(BaseShampooPreconditionerConfig):
             )
         if self.precondition_dtype is not None and self.precondition_dtype != torch.bfloat16:
             raise ValueError(
-                f"precondition_dtype must be None or torch.bfloat16, got {self.precondition_dtype!r}"
+                "precondition_dtype must be None or torch.bfloat16, got "
+                f"{self.precondition_dtype!r}"
             )
         _check_num_tolerated(self.num_tolerated_failed_amortized_computations)
         self._validate_inverse_exponent_override()

@@ -62,7 +62,8 @@ class EigendecomposedShampooPreconditionerConfig(ClassicShampooPreconditionerCon
                 )
         if self.inv_factor_matrix_dtype is not None:
             raise ValueError(
-                "inv_factor_matrix_dtype must be None for EigendecomposedShampooPreconditionerConfig "
+                "inv_factor_matrix_dtype must be None for "
+                "EigendecomposedShampooPreconditionerConfig "
                 "(it stores eigenvectors and eigenvalues, see their dtypes), got "
                 f"{self.inv_factor_matrix_dtype!r}"
             )

@@ -96,7 +96,8 @@ def test_epsilon_zero_only_with_a_pseudo_inverse() -> None:
     DistributedShampoo(_params(), epsilon=0.0, preconditioner_config=pseudo)
     with pytest.raises(
         ValueError,
-        match=r"^Invalid param_group\[EPSILON\]=1e-12\. Must be == 0\.0 when PseudoInverseConfig is",
+        match=r"^Invalid param_group\[EPSILON\]=1e-12\. Must be == 0\.0 when PseudoInverseConfig "
+        r"is",
     ):
         DistributedShampoo(_params(), epsilon=1e-12, preconditioner_config=pseudo)
     with pytest.raises(

@@ -30,7 +30,8 @@ EARLY_FIRST_ROOT = {
         ),
         (
             EARLY_FIRST_ROOT,
-            "preconditioner.start_preconditioning_step (--preconditioner.start-preconditioning-step)",
+            "preconditioner.start_preconditioning_step "
+            "(--preconditioner.start-preconditioning-step)",
             "DistributedShampoo.start_preconditioning_step: Invalid "
             "param_group[START_PRECONDITIONING_STEP]=2. Must be >= "
             "param_group[PRECONDITION_FREQUENCY]=5.",
@@ -55,7 +56,8 @@ EARLY_FIRST_ROOT = {
                 "soap.precondition_frequency": 10,
                 "preconditioner.start_preconditioning_step": 5,
             },
-            "preconditioner.start_preconditioning_step (--preconditioner.start-preconditioning-step)",
+            "preconditioner.start_preconditioning_step "
+            "(--preconditioner.start-preconditioning-step)",
             "=5. Must be >= param_group[PRECONDITION_FREQUENCY]=10.",
         ),
     ],
