@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import json
 import math
-import time
+import subprocess
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -175,7 +175,10 @@ def train_seed(
                     break
             if ended:
                 break
-            time.sleep(poll_s)
+            try:  # returns as soon as the trainer exits: no run waits out a whole poll
+                process.wait(poll_s)
+            except subprocess.TimeoutExpired:
+                pass
     finally:
         if process.poll() is None:
             stop_trainer(process)

@@ -62,6 +62,7 @@ import os
 import re
 import sys
 import tempfile
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from types import ModuleType
@@ -208,6 +209,7 @@ class RunLog:
         self.embed_source = embed_source
         self.text_path = Path(out_dir) / f"{run_id}.txt"
         self.jsonl_path = Path(out_dir) / f"{run_id}.jsonl"
+        self.write_s = 0.0  # wall seconds spent writing both logs (the run's "logging" phase)
 
     def check_can_start(self) -> None:
         """``UserError`` if the logs cannot be written as asked (call before any training)."""
@@ -319,8 +321,10 @@ class RunLog:
         peak_allocated_mib: float,
         peak_reserved_mib: float,
         mfu: float,
+        phases_s: dict[str, float] | None = None,
     ) -> None:
-        """``mfu``: model FLOPs utilisation of this run's average step (a fraction)."""
+        """``mfu``: model FLOPs utilisation of this run's average step (a fraction);
+        ``phases_s``: wall seconds per phase of the run (``train/phases.py``), when timed."""
         self._line(
             f"peak memory allocated: {peak_allocated_mib:.0f} MiB "
             f"reserved: {peak_reserved_mib:.0f} MiB"
@@ -335,6 +339,7 @@ class RunLog:
                 "step_avg_ms": train_time_ms / max(step, 1),
                 "peak_memory_mib": peak_allocated_mib,
                 "mfu": mfu,
+                **({} if phases_s is None else {"phases_s": phases_s}),
             }
         )
 
@@ -448,10 +453,14 @@ class RunLog:
 
     def _line(self, line: str) -> None:
         if self.enabled:
+            begin = time.perf_counter()
             with self.text_path.open("a") as f:
                 f.write(line + "\n")
+            self.write_s += time.perf_counter() - begin
 
     def _json(self, record: dict[str, Any]) -> None:
         if self.enabled:
+            begin = time.perf_counter()
             with self.jsonl_path.open("a") as f:
                 f.write(json.dumps(json_safe(record), allow_nan=False) + "\n")
+            self.write_s += time.perf_counter() - begin

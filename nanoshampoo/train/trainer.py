@@ -103,6 +103,7 @@ from nanoshampoo.train.outcomes import (
     is_users_optimizer,
     last_line,
 )
+from nanoshampoo.train.phases import PhaseClock
 from nanoshampoo.train.preflight import check_device, check_dist_timeout, check_memory
 from nanoshampoo.train.profiling import make_step_profiler
 from nanoshampoo.train.progress import Progress, progress_bar
@@ -123,6 +124,8 @@ class Trainer:
     then ``run``. The process group is torn down when construction or the run fails too."""
 
     def __init__(self, cfg: TrainConfig) -> None:
+        self.clock = PhaseClock()
+        built = time.perf_counter()
         self.cfg = cfg
         check_device(cfg.device)
         check_dist_timeout(cfg.dist_timeout_s)
@@ -134,6 +137,8 @@ class Trainer:
         except BaseException:
             teardown_distributed(self.ctx)
             raise
+        measured = self.clock.seconds["data"] + self.clock.seconds["probes"]
+        self.clock.add("setup", time.perf_counter() - built - measured)
 
     def _build(self) -> None:
         cfg, ctx = self.cfg, self.ctx
@@ -144,12 +149,13 @@ class Trainer:
                 f"({cfg.grad_accum_steps})"
             )
         self.threads = ThreadTuner(cfg.threads, ctx)
-        if ctx.device.type == "cpu":
-            self.threads.tune()
-        # Every rank must run the same numerics: rank 0's probe decides.
-        self.autocast: AutocastChoice = broadcast_object(  # type: ignore[assignment]
-            resolve_autocast(cfg.autocast, ctx.device) if ctx.is_main else None, ctx
-        )
+        with self.clock.phase("probes"):
+            if ctx.device.type == "cpu":
+                self.threads.tune()
+            # Every rank must run the same numerics: rank 0's probe decides.
+            self.autocast: AutocastChoice = broadcast_object(  # type: ignore[assignment]
+                resolve_autocast(cfg.autocast, ctx.device) if ctx.is_main else None, ctx
+            )
         checkpoint = self._read_resume_checkpoint()
         if checkpoint is not None and checkpoint.sharded != (cfg.parallel != "ddp"):
             written = checkpoint.own.get("parallel", "ddp")
@@ -184,7 +190,8 @@ class Trainer:
             else None
         )
         # After the checks above: a refused resume or run id prepares no data on disk.
-        self.data: DataSource = resolve_data(cfg, ctx)
+        with self.clock.phase("data"):
+            self.data: DataSource = resolve_data(cfg, ctx)
 
         self._build_model()
         self.setup = build_optimizer_setup(self.model, cfg, ctx.world_size)
@@ -205,12 +212,13 @@ class Trainer:
             if every > 0
             else None
         )
-        self.compiled: CompileChoice = broadcast_object(  # type: ignore[assignment]
-            resolve_compile(cfg.compile, ctx.device, ctx.world_size, cfg.num_iterations)
-            if ctx.is_main
-            else None,
-            ctx,
-        )
+        with self.clock.phase("probes"):
+            self.compiled: CompileChoice = broadcast_object(  # type: ignore[assignment]
+                resolve_compile(cfg.compile, ctx.device, ctx.world_size, cfg.num_iterations)
+                if ctx.is_main
+                else None,
+                ctx,
+            )
         self.forward: nn.Module = torch.compile(self.model) if self.compiled.enabled else self.model  # type: ignore[assignment]
         self.loader = DistributedTokenLoader(
             self.data.train_pattern, cfg.batch_size, cfg.seq_len, ctx.rank, ctx.world_size
@@ -413,9 +421,10 @@ class Trainer:
             last = step == total
             if step > self.start_step and self._checkpoint_due(step, last):
                 with self.setup.evaluation_point():  # before the validation: see its docstring
-                    last_checkpoint = self._save_checkpoint(step)
+                    with self.clock.phase("checkpoint"):
+                        last_checkpoint = self._save_checkpoint(step)
             if last or (cfg.val_every and step % cfg.val_every == 0):
-                with self.setup.evaluation_point():
+                with self.setup.evaluation_point(), self.clock.phase("validation"):
                     val_loss = self._validation_loss()
                 _say(self.log.val(step, total, val_loss, self.train_time_ms), self.ctx, bar)
                 if self.scalars is not None:
@@ -451,7 +460,8 @@ class Trainer:
                         self.guard.check_parameters(step)
                 if last or (cfg.val_every and step % cfg.val_every == 0):
                     with self.setup.evaluation_point():  # only the last validation is computed
-                        val_loss = self._validation_loss() if last else math.nan
+                        with self.clock.phase("validation"):
+                            val_loss = self._validation_loss() if last else math.nan
                 if last:
                     self.guard.check_validation(step, val_loss)
                     break
@@ -488,6 +498,8 @@ class Trainer:
         synchronize_device(self.ctx)
         elapsed_ms = 1000 * (time.perf_counter() - start)
         self.train_time_ms += elapsed_ms
+        first = self.clock.seconds["first_step"] == 0.0
+        self.clock.add("first_step" if first else "steps", elapsed_ms / 1000)
         return elapsed_ms, loss
 
     def _timed_step(self, step: int, bar: Progress) -> None:
@@ -496,7 +508,8 @@ class Trainer:
         elapsed_ms, loss = self._take_step(step, total, snapshot=recorded)
         done = self.steps_done = step + 1
         if recorded:  # after the timed step, as validation is
-            records = self.telemetry.record(done)  # type: ignore[union-attr]
+            with self.clock.phase("telemetry"):
+                records = self.telemetry.record(done)  # type: ignore[union-attr]
             self.log.telemetry(records)
             if self.scalars is not None:
                 self.scalars.telemetry(records)
@@ -641,7 +654,8 @@ class Trainer:
         total = self.cfg.num_iterations
         # train_time_ms counts every step of the run, a resumed one included (as step_avg does).
         mfu = self.mfu.of_step(self.train_time_ms / 1000 / max(total, 1))
-        self.log.final(total, total, val_loss, self.train_time_ms, allocated, reserved, mfu)
+        phases = self.clock.record(self.log.write_s)
+        self.log.final(total, total, val_loss, self.train_time_ms, allocated, reserved, mfu, phases)
         if self.ctx.is_main:
             print(
                 f"final val_loss {val_loss:.4f} after {total} steps "

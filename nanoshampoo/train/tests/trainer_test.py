@@ -67,6 +67,7 @@ JSONL_KEYS = {
         "step_avg_ms",
         "peak_memory_mib",
         "mfu",
+        "phases_s",
     },
 }
 
