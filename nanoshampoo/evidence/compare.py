@@ -65,7 +65,7 @@ from typing import Any
 from nanoshampoo.evidence.logs import LogFormatError, RunRecord, read_run
 from nanoshampoo.evidence.repeat import check_unmanaged, fresh_run_id, train_command
 from nanoshampoo.evidence.run_claims import RunClaim, claim_path
-from nanoshampoo.evidence.trainer_process import run_trainer
+from nanoshampoo.evidence.trainer_process import run_trainer, shared_probe_cache
 from nanoshampoo.io_utils import atomic_output, check_output_dir
 from nanoshampoo.validation import check_float
 
@@ -471,6 +471,16 @@ def run_compare(
     claimed is skipped until the others are done, then waited for: reused once its claimant's
     log ended, trained here when the claimant stopped without one.
     """
+    with shared_probe_cache(config.out_dir):
+        return _run_compare(config, resolve, launch, say)
+
+
+def _run_compare(
+    config: CompareConfig,
+    resolve: ConfigResolver,
+    launch: Launcher,
+    say: Callable[[str], None],
+) -> dict[str, list[RunRecord]]:
     defaults = train_config_defaults()
     plans = plan_runs(config, resolve, defaults)
     to_train = [p for p in plans if p.reused is None]

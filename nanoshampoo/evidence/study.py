@@ -52,6 +52,7 @@ from nanoshampoo.evidence.stats import summarize
 from nanoshampoo.evidence.study_definition import StudyDefinition
 from nanoshampoo.evidence.tables import format_markdown_table
 from nanoshampoo.evidence.telemetry_summary import telemetry_section
+from nanoshampoo.evidence.trainer_process import shared_probe_cache
 from nanoshampoo.evidence.tune import TuneConfig, TuneSession
 from nanoshampoo.evidence.tune_report import TuneResult
 from nanoshampoo.evidence.tune_space import parse_search
@@ -149,6 +150,16 @@ def run_study(
     build: Callable[[TuneConfig], TuneSession] | None = None,
 ) -> StudyResult:
     """Tune and train every (size, setup) (or read them back), then analyse and write."""
+    with shared_probe_cache(plan.out_dir):
+        return _run_study(plan, resolve, say, build)
+
+
+def _run_study(
+    plan: StudyPlan,
+    resolve: ConfigResolver,
+    say: Callable[[str], None],
+    build: Callable[[TuneConfig], TuneSession] | None,
+) -> StudyResult:
     definition = plan.definition
     sessions = check_study(plan, resolve, build)
     cells = len(sessions)

@@ -15,11 +15,13 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import IO
 
 from nanoshampoo.train.allocator import safe_python_environment
+from nanoshampoo.train.probe_cache import CACHE_NAME, CACHE_VAR
 
 # Runs the command after it (argv[2:]) once the kernel kills it with its parent (argv[1] is the
 # parent's pid: if that is gone already, the exec never happens). prctl option 1 is
@@ -31,6 +33,21 @@ _DIE_WITH_PARENT = (
 )
 # Seconds a stopped trainer gets to exit on SIGTERM before SIGKILL.
 KILL_GRACE_S = 10.0
+
+
+@contextmanager
+def shared_probe_cache(out_dir: Path) -> Iterator[None]:
+    """Inside, every trainer this process starts shares one probe cache, ``OUT_DIR/probes.json``
+    (``train/probe_cache.py``): the bf16, inductor and matmul-peak probes run once per machine,
+    not once per run. A file the user named in ``$NANOSHAMPOO_PROBE_CACHE`` is kept."""
+    if os.environ.get(CACHE_VAR):
+        yield
+        return
+    os.environ[CACHE_VAR] = str(Path(out_dir).resolve() / CACHE_NAME)
+    try:
+        yield
+    finally:
+        os.environ.pop(CACHE_VAR, None)
 
 
 def spawn_trainer(command: Sequence[str], output: Path | None = None) -> subprocess.Popen[bytes]:

@@ -52,6 +52,7 @@ from nanoshampoo.evidence.compare import (
     train_config_defaults,
 )
 from nanoshampoo.evidence.repeat import check_unmanaged
+from nanoshampoo.evidence.trainer_process import shared_probe_cache
 from nanoshampoo.evidence.tune_report import (
     TrialResult,
     TuneResult,
@@ -527,4 +528,5 @@ def tune(
 
     ``command`` builds the trainer's command line (default ``python -m nanoshampoo.train``).
     """
-    return TuneSession(config, resolve, command, say).finish()
+    with shared_probe_cache(config.out_dir):
+        return TuneSession(config, resolve, command, say).finish()

@@ -33,6 +33,8 @@ from dataclasses import dataclass
 
 import torch
 
+from nanoshampoo.train.probe_cache import ProbeCache
+
 COMPILE_CHOICES = ("auto", "true", "false")
 # The shortest run "auto" compiles on CPU: the worst payback measured, 291 steps with a cold
 # inductor cache (see the module doc).
@@ -71,12 +73,16 @@ def probe_inductor(device: torch.device) -> str | None:
 
 
 def resolve_compile(
-    choice: str, device: torch.device, world_size: int, num_iterations: int
+    choice: str,
+    device: torch.device,
+    world_size: int,
+    num_iterations: int,
+    cache: ProbeCache | None = None,
 ) -> CompileChoice:
     """Resolve ``TrainConfig.compile`` (``auto|true|false``) for this run; see the module doc.
 
     ``"auto"`` probes inductor (~1 s, a few more on a first run) only when the run is one it
-    would compile.
+    would compile; ``cache``: where that verdict may come from and goes (``probe_cache``).
     """
     if choice not in COMPILE_CHOICES:
         raise ValueError(f"TrainConfig.compile must be one of {COMPILE_CHOICES}, got {choice!r}")
@@ -94,12 +100,15 @@ def resolve_compile(
             f"auto: off for a run of {num_iterations} steps (compiling "
             f"pays after ~{COMPILE_PAYS_AFTER_STEPS} on CPU)",
         )
-    failure = probe_inductor(device)
+    failure, note = (cache or ProbeCache(None)).answer(
+        "inductor", {"device": device.type}, lambda: probe_inductor(device)
+    )
+    noted = f"; probe {note}" if note else ""
     if failure is not None:
-        return CompileChoice(False, f"auto: off, inductor cannot compile here ({failure})")
+        return CompileChoice(False, f"auto: off, inductor cannot compile here ({failure}{noted})")
     return CompileChoice(
         True,
         f"auto: a {num_iterations}-step run on CPU (compiling pays "
         f"after ~{COMPILE_PAYS_AFTER_STEPS} steps, ~15 from inductor's "
-        "cache)",
+        f"cache{noted})",
     )

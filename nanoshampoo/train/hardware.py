@@ -30,7 +30,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from nanoshampoo.matmul_speed import PROBE_SHAPE, probe_cpu_bf16_speedup
+from nanoshampoo.matmul_speed import PROBE_REPEATS, PROBE_SHAPE, probe_cpu_bf16_speedup
+from nanoshampoo.train.probe_cache import ProbeCache
 
 
 @dataclass(frozen=True)
@@ -45,8 +46,11 @@ class AutocastChoice:
         return "bf16" if self.enabled else "off"
 
 
-def resolve_autocast(choice: str, device: torch.device) -> AutocastChoice:
-    """Resolve ``TrainConfig.autocast`` (``auto|bf16|off``) for ``device``; see the module doc."""
+def resolve_autocast(
+    choice: str, device: torch.device, cache: ProbeCache | None = None
+) -> AutocastChoice:
+    """Resolve ``TrainConfig.autocast`` (``auto|bf16|off``) for ``device``; see the module doc.
+    ``cache``: where the CPU probe's verdict may come from and goes (``probe_cache``)."""
     if choice == "bf16":
         return AutocastChoice(True, "autocast=bf16")
     if choice == "off":
@@ -57,12 +61,15 @@ def resolve_autocast(choice: str, device: torch.device) -> AutocastChoice:
             supported,
             "auto: CUDA device " + ("supports bf16" if supported else "without bf16 support"),
         )
-    speedup = probe_cpu_bf16_speedup()
+    settings = {"shape": list(PROBE_SHAPE), "repeats": PROBE_REPEATS}
+    speedup, note = (cache or ProbeCache(None)).answer(
+        "cpu_bf16_speedup", settings, probe_cpu_bf16_speedup
+    )
     verdict = "faster" if speedup > 1.0 else "slower"
     return AutocastChoice(
         speedup > 1.0,
         f"auto: bf16 matmuls are {verdict} than float32 on this "
-        f"CPU (probe: {speedup:.2g}x float32's speed)",
+        f"CPU (probe: {speedup:.2g}x float32's speed{'; ' + note if note else ''})",
     )
 
 

@@ -33,8 +33,9 @@ from dataclasses import dataclass
 
 import torch
 
-from nanoshampoo.matmul_speed import matmul_flops_per_second
+from nanoshampoo.matmul_speed import PEAK_REPEATS, PEAK_SHAPE, matmul_flops_per_second
 from nanoshampoo.model.gpt import GPTConfig
+from nanoshampoo.train.probe_cache import ProbeCache
 
 
 def gpt_matmul_flops_per_token(config: GPTConfig, seq_len: int) -> int:
@@ -86,13 +87,26 @@ def mfu_meter(
     device: torch.device,
     bf16: bool,
     num_devices: int = 1,
+    cache: ProbeCache | None = None,
 ) -> MfuMeter:
     """Count the FLOPs of a step and probe the peak (~50 ms) of ``device`` in the run's dtype.
 
     ``bf16``: the matmuls run under bf16 autocast; ``tokens_per_step``: the global batch's
-    tokens; ``num_devices``: the ranks sharing the step (the peak is per device).
+    tokens; ``num_devices``: the ranks sharing the step (the peak is per device); ``cache``:
+    where the peak may come from and goes (``probe_cache``; on CPU only, keyed by dtype and
+    threads: a GPU's peak depends on which GPU, which the machine key does not name).
     """
     dtype = torch.bfloat16 if bf16 else torch.float32
-    peak = matmul_flops_per_second(dtype, device) * num_devices
+    settings = {
+        "dtype": str(dtype),
+        "threads": torch.get_num_threads(),
+        "shape": list(PEAK_SHAPE),
+        "repeats": PEAK_REPEATS,
+    }
+    cached = cache if device.type == "cpu" else None
+    rate, _ = (cached or ProbeCache(None)).answer(
+        "matmul_peak", settings, lambda: matmul_flops_per_second(dtype, device)
+    )
+    peak = rate * num_devices
     flops = gpt_matmul_flops_per_token(config, seq_len) * tokens_per_step
     return MfuMeter(flops, peak, str(dtype).removeprefix("torch."))

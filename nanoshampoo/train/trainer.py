@@ -105,6 +105,7 @@ from nanoshampoo.train.outcomes import (
 )
 from nanoshampoo.train.phases import PhaseClock
 from nanoshampoo.train.preflight import check_device, check_dist_timeout, check_memory
+from nanoshampoo.train.probe_cache import ProbeCache, cache_path
 from nanoshampoo.train.profiling import make_step_profiler
 from nanoshampoo.train.progress import Progress, progress_bar
 from nanoshampoo.train.run_log import RunLog
@@ -149,12 +150,17 @@ class Trainer:
                 f"({cfg.grad_accum_steps})"
             )
         self.threads = ThreadTuner(cfg.threads, ctx)
+        # Rank 0 probes for every rank, so only it keeps the verdicts.
+        self.probe_cache = ProbeCache(cache_path(cfg.out_dir) if ctx.is_main else None)
         with self.clock.phase("probes"):
             if ctx.device.type == "cpu":
                 self.threads.tune()
             # Every rank must run the same numerics: rank 0's probe decides.
             self.autocast: AutocastChoice = broadcast_object(  # type: ignore[assignment]
-                resolve_autocast(cfg.autocast, ctx.device) if ctx.is_main else None, ctx
+                resolve_autocast(cfg.autocast, ctx.device, self.probe_cache)
+                if ctx.is_main
+                else None,
+                ctx,
             )
         checkpoint = self._read_resume_checkpoint()
         if checkpoint is not None and checkpoint.sharded != (cfg.parallel != "ddp"):
@@ -214,7 +220,9 @@ class Trainer:
         )
         with self.clock.phase("probes"):
             self.compiled: CompileChoice = broadcast_object(  # type: ignore[assignment]
-                resolve_compile(cfg.compile, ctx.device, ctx.world_size, cfg.num_iterations)
+                resolve_compile(
+                    cfg.compile, ctx.device, ctx.world_size, cfg.num_iterations, self.probe_cache
+                )
                 if ctx.is_main
                 else None,
                 ctx,
@@ -259,14 +267,16 @@ class Trainer:
         self._check_model_fits(model_config)
         self.model = GPT(model_config).to(ctx.device)
         self.non_embedding_params = non_embedding_parameters(model_config)
-        self.mfu = mfu_meter(
-            model_config,
-            cfg.seq_len,
-            cfg.tokens_per_step,
-            ctx.device,
-            self.autocast.enabled,
-            ctx.world_size,
-        )
+        with self.clock.phase("probes"):  # the matmul peak
+            self.mfu = mfu_meter(
+                model_config,
+                cfg.seq_len,
+                cfg.tokens_per_step,
+                ctx.device,
+                self.autocast.enabled,
+                ctx.world_size,
+                self.probe_cache,
+            )
         broadcast_parameters(self.model, ctx)
         if cfg.parallel != "ddp":
             # Each rank keeps its dim-0 shard of rank 0's weights.
@@ -340,6 +350,7 @@ class Trainer:
         cfg, ctx, total = self.cfg, self.ctx, self.cfg.num_iterations
         self.steps_done = self.start_step  # for Ctrl-C's report; each step advances it
         self.log.start(self._config_record(), self._environment())
+        self.probe_cache.save()  # after every check: a refused run writes nothing
         if ctx.is_main:
             print(self._header(), flush=True)
         bar = progress_bar(total, self.start_step, ctx.is_main and cfg.progress, self.run_id)
