@@ -7,7 +7,8 @@ Two ways to train the same runs, side by side in one invocation, alternating (``
   runs), ``--workers`` processes on one trial store, as ``make study`` starts them;
 * ``baseline``: the runs that engine pass trained to their end, each as ``make train`` trains
   a run today: its own fresh ``python -m nanoshampoo.train`` with the same flags (the
-  manifest's ``argv``), one after another.
+  manifest's ``argv``), one after another, each with a probe cache of its own (so each probes,
+  where the engine's runs share one), the runs the engine pruned trained to their end.
 
 Reported per pass: wall time, runs per hour, and the runs' own phases summed over the runs
 (the ``phases_s`` of each run's ``final`` record: process start and imports, data, probes,
@@ -23,7 +24,7 @@ scheduling) and does so for every process it starts in a new session (the study'
 so that other users of a shared machine disturb the timing less.
 
 Usage:
-    python bench/study_throughput.py [--setups adamw,muon] [--size gpt-0.2m] [--seeds 2]
+    python bench/study_throughput.py [--setups adamw,muon] [--size gpt-0.2m] [--seeds 3]
         [--num-iterations 32] [--workers 2] [--repeats 1] [--boost]
         [--out-dir runs/study-throughput] [--json docs/results/study-throughput.json]
 """
@@ -50,6 +51,7 @@ from nanoshampoo.evidence.tune_trial import PRUNED_SUFFIX
 from nanoshampoo.io_utils import atomic_output
 from nanoshampoo.train.hardware import cpu_name
 from nanoshampoo.train.phases import PHASES
+from nanoshampoo.train.probe_cache import CACHE_VAR
 
 BOOST_NICE = -15
 MODES = ("engine", "baseline")
@@ -186,7 +188,7 @@ def engine_pass(out_dir: Path, args: argparse.Namespace) -> dict[str, Any]:
     ``compare``, which trains one run at a time)."""
     out_dir.mkdir(parents=True)
     command = engine_command(out_dir, args)
-    workers = 1 if args.engine == "compare" else args.workers
+    processes = 1 if args.engine == "compare" else args.workers
     start, started = time.perf_counter(), time.time()
     workers = [
         subprocess.Popen(
@@ -194,14 +196,14 @@ def engine_pass(out_dir: Path, args: argparse.Namespace) -> dict[str, Any]:
             stdout=(out_dir / f"worker-{i}.out").open("x"),
             stderr=subprocess.STDOUT,
         )
-        for i in range(workers)
+        for i in range(processes)
     ]
     codes = [w.wait() for w in workers]
     wall, ended = time.perf_counter() - start, time.time()
     if any(codes):
         raise SystemExit(f"study worker failed ({codes}); see {out_dir}/worker-*.out")
     runs = study_runs(out_dir / "study")
-    record = pass_record("engine", wall, workers, runs, command)
+    record = pass_record("engine", wall, processes, runs, command)
     record["pruned_runs"] = [r["manifest"] for r in pruned_runs(out_dir / "study")]
     # The engine's own time at both ends: to the first run's process start, and after the
     # last run's final record (the study's report: bootstrap, plots).
@@ -229,9 +231,11 @@ def baseline_pass(
         argv = with_threads(run["argv"], threads)
         command = [sys.executable, "-m", "nanoshampoo.train", *argv]
         command += ["--run-id", run_id, "--out-dir", str(out_dir)]
+        # Each run its own probe cache: every run probes, as each did before runs shared one.
+        env = {**os.environ, CACHE_VAR: str(out_dir / f"{run_id}.probes.json")}
         begin = time.perf_counter()
         with (out_dir / f"{run_id}.out").open("x") as output:
-            code = subprocess.call(command, stdout=output, stderr=subprocess.STDOUT)
+            code = subprocess.call(command, stdout=output, stderr=subprocess.STDOUT, env=env)
         if code:
             raise SystemExit(f"baseline run {run_id} failed ({code}); see {out_dir}")
         walls[run["manifest"]] = round(time.perf_counter() - begin, 2)
@@ -288,7 +292,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--setups", default="adamw,muon")
     parser.add_argument("--size", default="gpt-0.2m")
-    parser.add_argument("--seeds", type=int, default=2)
+    parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--num-iterations", type=int, default=32)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=1)
