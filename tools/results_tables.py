@@ -63,10 +63,104 @@ def decay_branches(data: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+PHASE_LABELS = {
+    "start": "process start, imports",
+    "data": "data",
+    "probes": "probes (threads, bf16, compile, matmul peak)",
+    "setup": "setup (model, optimizers, checks)",
+    "first_step": "first step (compile, when on)",
+    "steps": "optimizer steps",
+    "validation": "validation",
+    "checkpoint": "checkpoints",
+    "telemetry": "telemetry",
+    "logging": "logging",
+    "other": "other (loop, branch snapshots, header)",
+}
+
+
+def study_throughput(data: dict[str, Any]) -> str:
+    """``bench/study_throughput.py --json``: each pass of the first repeat as a column: runs,
+    wall time, runs per hour, the ratio to the baseline, the final losses against the
+    baseline's, then the runs' phases summed over the runs, and the time no run accounts for."""
+    passes = [p for p in data["passes"]]
+    first = {}
+    for p in passes:
+        first.setdefault(p["mode"], p)
+    base = first["baseline"]
+    columns = list(first.values())
+
+    def losses(p: dict[str, Any]) -> str:
+        if p is base:
+            return "(reference)"
+        pairs = [(v, base["losses"][k]) for k, v in p["losses"].items() if k in base["losses"]]
+        same = sum(a == b for a, b in pairs)
+        if same == len(pairs):
+            return f"identical ({same}/{len(pairs)} runs, every branch)"
+        worst = max(abs(a[0] - b[0]) for a, b in pairs)
+        return f"{same}/{len(pairs)} identical (largest final-loss difference {worst:.2g})"
+
+    def cell(p: dict[str, Any], seconds: float) -> str:
+        return f"{seconds:.1f} s ({100 * seconds / (p['wall_s'] * p['processes']):.0f} %)"
+
+    header = [
+        "",
+        *(
+            f"{p['mode']} ({p['processes']} process{'es' if p['processes'] > 1 else ''})"
+            for p in columns
+        ),
+    ]
+    rows = [
+        ["runs (+ pruned)", *(f"{p['runs']} (+{len(p.get('pruned_runs', []))})" for p in columns)],
+        ["wall time", *(f"{p['wall_s']:.0f} s" for p in columns)],
+        ["runs per hour", *(f"{p['runs_per_hour']:.0f}" for p in columns)],
+        ["wall time / baseline's", *(f"{p['wall_s'] / base['wall_s']:.2f}" for p in columns)],
+        ["final and branch losses", *(losses(p) for p in columns)],
+    ]
+    for phase, label in PHASE_LABELS.items():
+        rows.append([label, *(cell(p, p["phases_s"][phase]) for p in columns)])
+    rows.append(
+        [
+            "not in any run (exits, pruned runs, the engine)",
+            *(cell(p, p["overhead_s"]) for p in columns),
+        ]
+    )
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines) + "\n"
+
+
+def thread_choice(data: dict[str, Any]) -> str:
+    """``bench/study_throughput.py --two-threads --json``: the same runs as two 1-thread runs
+    at once (the engine), one 1-thread run at a time and one 2-thread run at a time."""
+    first: dict[str, dict[str, Any]] = {}
+    for p in data["passes"]:
+        first.setdefault(p["mode"], p)
+    labels = {
+        "engine": "two 1-thread runs at once (the study's engine)",
+        "baseline": "one 1-thread run at a time",
+        "two-threads": "one 2-thread run at a time",
+    }
+    base = first["baseline"]
+    lines = [
+        "| how | wall time | runs per hour | wall time / one 1-thread run at a time's |",
+        "|---|---|---|---|",
+    ]
+    for mode, label in labels.items():
+        p = first[mode]
+        lines.append(
+            f"| {label} | {p['wall_s']:.0f} s | {p['runs_per_hour']:.0f} "
+            f"| {p['wall_s'] / base['wall_s']:.2f} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
 # JSON file name (relative to docs/results/) -> its table's renderer.
 RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
     "decay-branches.json": decay_branches,
     "decay-branches-repeat.json": decay_branches,
+    "throughput-study.json": study_throughput,
+    "throughput-compare.json": study_throughput,
+    "throughput-threads.json": thread_choice,
 }
 
 
