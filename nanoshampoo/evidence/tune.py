@@ -74,6 +74,7 @@ from nanoshampoo.evidence.tune_study import (
     HEARTBEAT_S,
     OUTCOME,
     SURPLUS,
+    WAIT_POLL_S,
     NoResult,
     make_pruner,
     open_storage,
@@ -279,7 +280,11 @@ class TuneSession:
         """Run trials while the study has one to run (``wait``: then wait for the other
         workers' trials to end); return how many ran here."""
         return run_worker(
-            self.study, self.config.budget, self._objective, wait, poll_s=self.config.heartbeat_s
+            self.study,
+            self.config.budget,
+            self._objective,
+            wait,
+            poll_s=min(WAIT_POLL_S, self.config.heartbeat_s),
         )
 
     def _objective(self, trial: optuna.Trial, slot_number: int) -> float:
@@ -454,7 +459,9 @@ class TuneSession:
                 raise NoResult(f"{label} diverged")
             return result.final
 
-        run_worker(study, len(extra), objective, wait=True, poll_s=config.heartbeat_s)
+        run_worker(
+            study, len(extra), objective, wait=True, poll_s=min(WAIT_POLL_S, config.heartbeat_s)
+        )
         by_seed = {
             t.params.get("seed"): t
             for t in study.get_trials(deepcopy=False)

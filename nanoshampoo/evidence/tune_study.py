@@ -46,6 +46,10 @@ from optuna.trial import FrozenTrial, TrialState
 STORE_FILE = "study.db"
 # Seconds between a running trial's heartbeats; a trial is stale after GRACE_FACTOR of them.
 HEARTBEAT_S = 20
+# Seconds between two looks at the store of a worker waiting for other workers' trials: a
+# worker that slept a whole heartbeat left a core idle for up to 20 s after each trial it
+# waited for (bench/study_throughput.py; docs/results/throughput.md).
+WAIT_POLL_S = 1.0
 GRACE_FACTOR = 3
 # Times a trial whose worker died is queued again before its slot counts as spent.
 MAX_RETRIES = 3
