@@ -703,28 +703,33 @@ def main(argv: Sequence[str] | None = None) -> list[Result]:
             stack.enter_context(mock.patch.dict(os.environ, {"TORCHINDUCTOR_CACHE_DIR": cache}))
             log.append("compile times: a cold inductor cache (a new TORCHINDUCTOR_CACHE_DIR)")
             print(log[-1], flush=True)
-        results = run_rows(rows, args, device)
+        results = run_rows(rows, args, device, lambda done: write_json(args, header, log, done))
     print(format_table(results))
-    if args.json is not None:
-        with atomic_output(args.json) as tmp:
-            tmp.write_text(
-                json.dumps(
-                    {
-                        "header": header,
-                        "machine": name,
-                        "threads": torch.get_num_threads(),
-                        "torch": torch.__version__,
-                        "commit": git_commit(),
-                        "date": time.strftime("%Y-%m-%d", time.gmtime()),
-                        "load_average": os.getloadavg()[0],
-                        "shapes": [list(s) for s in args.shapes],
-                        "log": log,
-                        "results": [asdict(r) | {"verdict": r.verdict} for r in results],
-                    },
-                    indent=2,
-                )
-            )
     return results
+
+
+def write_json(
+    args: argparse.Namespace, header: str, log: list[str], results: Sequence[Result]
+) -> None:
+    """The results so far to ``--json`` (atomically, after every row: a stopped run keeps its
+    finished rows; ``complete`` says whether every row ran)."""
+    if args.json is None:
+        return
+    record = {
+        "header": header,
+        "machine": cpu_name() if args.device == "cpu" else torch.cuda.get_device_name(),
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "commit": git_commit(),
+        "date": time.strftime("%Y-%m-%d", time.gmtime()),
+        "load_average": os.getloadavg()[0],
+        "shapes": [list(s) for s in args.shapes],
+        "log": log,
+        "complete": len(results) == args.expected_results,
+        "results": [asdict(r) | {"verdict": r.verdict} for r in results],
+    }
+    with atomic_output(args.json) as tmp:
+        tmp.write_text(json.dumps(record, indent=2))
 
 
 def git_commit() -> str:
@@ -748,8 +753,15 @@ def git_commit() -> str:
     return head + ("+changes" if dirty else "")
 
 
-def run_rows(rows: Sequence[Row], args: argparse.Namespace, device: torch.device) -> list[Result]:
-    results = []
+def run_rows(
+    rows: Sequence[Row],
+    args: argparse.Namespace,
+    device: torch.device,
+    after_row: Callable[[list[Result]], None],
+) -> list[Result]:
+    results: list[Result] = []
+    args.expected_results = sum(len(row.figures) for row in rows)
+    after_row(results)
     for row in rows:
         for result in run_row(row, args.shapes, device, args.rounds):
             results.append(result)
@@ -763,6 +775,7 @@ def run_rows(rows: Sequence[Row], args: argparse.Namespace, device: torch.device
                 ),
                 flush=True,
             )
+        after_row(results)
     return results
 
 

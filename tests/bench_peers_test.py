@@ -99,6 +99,7 @@ def test_fake_peers_run_every_row(peers, tmp_path: Path) -> None:
         assert math.isclose(r.ratio, r.ours_ms / r.peer_ms, rel_tol=1e-9)
     saved = json.loads(out.read_text())
     assert [r["name"] for r in saved["results"]] == [r.name for r in results]
+    assert saved["complete"] is True
     assert "(float32 variant)" in " ".join(saved["log"])
 
 

@@ -88,7 +88,9 @@ def peers(data: dict[str, Any]) -> str:
             f"| {r['ratio']:.2f}x | {goal} | {r['verdict']} | {difference} | {compile_s} |"
         )
     choice = [line for line in data["log"] if line.startswith("Muon: ours' Newton-Schulz")]
-    return measured_on(data) + "\n".join(lines + [""] + choice[:1]) + "\n"
+    if not data.get("complete", True):
+        choice.insert(0, f"The run was stopped after these {len(data['results'])} rows.")
+    return measured_on(data) + "\n".join(lines + [""] + choice[:2]) + "\n"
 
 
 def shampoo_floor(data: dict[str, Any]) -> str:
