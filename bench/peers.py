@@ -703,13 +703,16 @@ def main(argv: Sequence[str] | None = None) -> list[Result]:
             stack.enter_context(mock.patch.dict(os.environ, {"TORCHINDUCTOR_CACHE_DIR": cache}))
             log.append("compile times: a cold inductor cache (a new TORCHINDUCTOR_CACHE_DIR)")
             print(log[-1], flush=True)
-        results = run_rows(rows, args, device, lambda done: write_json(args, header, log, done))
+        commit = git_commit()  # of the code this run imported, not of a later checkout
+        results = run_rows(
+            rows, args, device, lambda done: write_json(args, header, commit, log, done)
+        )
     print(format_table(results))
     return results
 
 
 def write_json(
-    args: argparse.Namespace, header: str, log: list[str], results: Sequence[Result]
+    args: argparse.Namespace, header: str, commit: str, log: list[str], results: Sequence[Result]
 ) -> None:
     """The results so far to ``--json`` (atomically, after every row: a stopped run keeps its
     finished rows; ``complete`` says whether every row ran)."""
@@ -720,7 +723,7 @@ def write_json(
         "machine": cpu_name() if args.device == "cpu" else torch.cuda.get_device_name(),
         "threads": torch.get_num_threads(),
         "torch": torch.__version__,
-        "commit": git_commit(),
+        "commit": commit,
         "date": time.strftime("%Y-%m-%d", time.gmtime()),
         "load_average": os.getloadavg()[0],
         "shapes": [list(s) for s in args.shapes],

@@ -219,6 +219,7 @@ def measure(args: argparse.Namespace) -> dict[str, object]:
     """Rounds that interleave the floor's parts and our windows; the floor is the sum of each
     part's best over all rounds (a lower bound at this machine's best speed for it), ours the
     mean step of each window of F steps."""
+    commit = git_commit()  # of the code this run imported, not of a later checkout
     shapes = parse_shapes(args.shapes)
     max_dim = args.max_preconditioner_dim
     sizes, step_flops, root_flops = floor_work(shapes, max_dim)
@@ -273,7 +274,7 @@ def measure(args: argparse.Namespace) -> dict[str, object]:
         "rounds": rounds,
         "machine": cpu_name(),
         "torch": torch.__version__,
-        "commit": git_commit(),
+        "commit": commit,
         "date": time.strftime("%Y-%m-%d", time.gmtime()),
         "load_average": os.getloadavg()[0],
     }

@@ -123,7 +123,6 @@ def shampoo_floor(data: dict[str, Any]) -> str:
 RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
     "decay-branches.json": decay_branches,
     "decay-branches-repeat.json": decay_branches,
-    "peers-gpt-small.json": peers,
     "peers-heavyball.json": peers,
     "peers-muon.json": peers,
     "shampoo-floor-freq1.json": shampoo_floor,
