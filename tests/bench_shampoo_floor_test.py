@@ -4,6 +4,7 @@ count of every product written out, and a tiny run of the whole bench so it cann
 from __future__ import annotations
 
 import json
+from collections import Counter
 from pathlib import Path
 from types import ModuleType
 
@@ -66,8 +67,6 @@ def test_tiny_run_reports_ours_over_its_floor(
                 "2",
                 "--steps",
                 "2",
-                "--gemm-shape",
-                "32x32x32",
                 "--json",
                 str(out),
             ]
@@ -80,10 +79,17 @@ def test_tiny_run_reports_ours_over_its_floor(
     assert f"{available_cores()} threads" in printed.splitlines()[0]
     assert "ours / floor" in printed
     assert result["factors_per_size"] == {8: 1, 16: 4, 32: 1}
-    for r in result["rounds"]:
-        assert r["floor_ms"] > 0 and r["ours_over_floor"] == pytest.approx(
-            r["ours_ms"] / r["floor_ms"]
-        )
+    # The floor is each part's best over the rounds, ours every window of every round.
+    rounds = result["rounds"]
+    assert result["floor_ms"] == pytest.approx(
+        sum(min(r["eigh_ms"][s] for r in rounds) for s in (8, 16, 32))
+        + min(r["step_gemm_ms"] for r in rounds)
+        + min(r["root_gemm_ms"] for r in rounds)
+    )
+    windows = [w for r in rounds for w in r["ours_ms"]]
+    assert len(windows) == 4 and result["ours_min_ms"] == min(windows)
+    assert result["ours_over_floor"] == pytest.approx(result["ours_median_ms"] / result["floor_ms"])
+    assert result["floor_below_every_window"] == (result["floor_ms"] < min(windows))
     assert json.loads(out.read_text())["ours_over_floor"] == result["ours_over_floor"]
 
 
@@ -92,7 +98,7 @@ def test_tiny_run_reports_ours_over_its_floor(
     [
         ["--shapes", "16x16x3"],
         ["--shapes", "0x4"],
-        ["--gemm-shape", "8x8"],
+        ["--repeats", "0"],
         ["--rounds", "0"],
         ["--frequency", "0"],
     ],
@@ -115,11 +121,42 @@ def test_tiny_run_at_frequency_3_spreads_the_roots(floor: ModuleType) -> None:
             "1",
             "--steps",
             "1",
-            "--gemm-shape",
-            "32x32x32",
         ]
     )
     assert result["frequency"] == 3
     assert result["eigh_ms_per_step"] == pytest.approx(sum(result["eigh_ms"].values()) / 3)
+    rounds = result["rounds"]
+    assert result["gemm_ms"] == pytest.approx(
+        min(r["step_gemm_ms"] for r in rounds) + min(r["root_gemm_ms"] for r in rounds) / 3
+    )
     _, step_flops, root_flops = floor.floor_work(floor.parse_shapes("16x16,16x40"), 32)
     assert result["gemm_gflop"] == pytest.approx((step_flops + root_flops / 3) / 1e9)
+
+
+def test_the_floor_times_every_product_of_a_step_at_its_shape(
+    floor: ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The GEMM part times, per block shape (blocks stacked) and per factor size, exactly the
+    products that ``products_of_a_step`` writes out: the updates both ways (full and tiles)."""
+    timed: list[tuple[int, int, int, int]] = []
+
+    def record(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        timed.append((a.shape[0], a.shape[1], a.shape[2], b.shape[2]))
+        return torch.zeros(a.shape[0], a.shape[1], b.shape[2])
+
+    monkeypatch.setattr(floor.torch, "bmm", record)
+    monkeypatch.setattr(floor, "symmetric_rank_update_", lambda f, u, beta, alpha: record(u, u.mT))
+    shapes = [(16, 16), (16, 16), (16, 40)]
+    floor.gemm_seconds(shapes, 32, torch.Generator().manual_seed(0), repeats=1)
+    counted = Counter(timed)  # one untimed call and one timed one per product
+    expected: Counter[tuple[int, int, int, int]] = Counter()
+    for (m, n), count in Counter(floor.blocks(shapes, 32)).items():
+        for i, (rows, inner, cols) in enumerate(products_of_a_step(m, n)):
+            if i in (2, 3):
+                continue  # roots: per factor size below
+            # the factor updates are timed twice (full product and tiles)
+            expected[(count, rows, inner, cols)] += 4 if i < 2 else 2
+    sizes, _, _ = floor.floor_work(shapes, 32)
+    for size, count in sizes.items():
+        expected[(count, size, size, size)] += 2
+    assert counted == expected

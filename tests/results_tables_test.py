@@ -74,3 +74,69 @@ def test_an_unknown_or_missing_json_is_named(tmp_path: Path) -> None:
         results_tables.render_page(f"{BEGIN.format('other.json')}{END}", tmp_path)
     with pytest.raises(ValueError, match="decay-branches.json: missing"):
         results_tables.render_page(f"{BEGIN.format('decay-branches.json')}{END}", tmp_path)
+
+
+RUN = {"commit": "abc1234", "date": "2026-12-02", "machine": "AMD EPYC", "threads": 2}
+RUN |= {"torch": "2.13.0+cpu", "load_average": 3.04}
+
+
+def test_the_peers_table_is_rendered_from_its_fields() -> None:
+    row = {
+        "name": "HeavyBall SOAP, compiled (ours)",
+        "peer_name": "HeavyBall SOAP (compiled)",
+        "peer_ms": 812.34,
+        "ours_ms": 406.17,
+        "ratio": 0.5,
+        "goal": None,
+        "verdict": "-",
+        "update_difference": 0.2812,
+        "compared_with": "nikhilvyas/SOAP",
+        "peer_compile_s": 88.6,
+    }
+    unchecked = row | {"goal": 0.7, "verdict": "met", "compared_with": "-"}
+    log = ["Muon (fp32 NS): loaded", "Muon: ours' Newton-Schulz dtype on this CPU: torch.float32"]
+    results = [row, unchecked | {"peer_compile_s": None}]
+    text = results_tables.peers(RUN | {"results": results, "log": log})
+    assert text.splitlines()[0] == (
+        "Commit abc1234, 2026-12-02, `AMD EPYC`, 2 threads, torch 2.13.0+cpu, load average 3.0."
+    )
+    assert text.splitlines()[-4:] == [
+        "| HeavyBall SOAP, compiled (ours) | HeavyBall SOAP (compiled) | 812.3 | 406.2 | 0.50x "
+        "| - | - | 0.28 vs nikhilvyas/SOAP | 89 s |",
+        "| HeavyBall SOAP, compiled (ours) | HeavyBall SOAP (compiled) | 812.3 | 406.2 | 0.50x "
+        "| <= 0.7x | met | - | - |",
+        "",
+        "Muon: ours' Newton-Schulz dtype on this CPU: torch.float32",
+    ]
+
+
+def test_the_shampoo_floor_table_is_rendered_from_its_fields() -> None:
+    data = RUN | {
+        "frequency": 10,
+        "factors_per_size": {"768": 14, "1024": 6},
+        "eigh_ms": {"768": 300.0, "1024": 400.0},
+        "eigh_ms_per_step": 70.0,
+        "gemm_gflop": 50.88,
+        "gemm_gflop_s": 254.4,
+        "gemm_ms": 200.0,
+        "floor_ms": 270.0,
+        "ours_median_ms": 297.0,
+        "ours_min_ms": 280.0,
+        "ours_over_floor": 1.1,
+        "ours_min_over_floor": 1.037,
+        "floor_below_every_window": True,
+        "rounds_run": 3,
+        "windows_per_round": 2,
+    }
+    lines = results_tables.shampoo_floor(data).splitlines()
+    assert lines[4] == (
+        "| `eigh`: 14 factors of 768 (300.0 ms) + 6 factors of 1024 (400.0 ms), once per 10 "
+        "steps | 70.0 |"
+    )
+    assert lines[5:] == [
+        "| GEMMs: 50.88 GFLOP, each at its shape (254.4 GFLOP/s) | 200.0 |",
+        "| **floor** (each part's best of 3 rounds) | **270.0** |",
+        "| **ours**, median of 6 windows (fastest) | **297.0** (280.0) |",
+        "| **ours / floor**, median (fastest) | **1.10x** (1.04x) |",
+        "| floor below every window | yes |",
+    ]

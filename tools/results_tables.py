@@ -154,6 +154,62 @@ def thread_choice(data: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def measured_on(data: dict[str, Any]) -> str:
+    """The line above a bench's table: its commit, date, machine, threads and load."""
+    return (
+        f"Commit {data['commit']}, {data['date']}, `{data['machine']}`, {data['threads']} "
+        f"threads, torch {data['torch']}, load average {data['load_average']:.1f}.\n\n"
+    )
+
+
+def peers(data: dict[str, Any]) -> str:
+    """``bench/peers.py --json``: each row's step times, ratio, goal, numerics and compile."""
+    lines = [
+        "| optimizer | peer | peer ms | ours ms | ours / peer | goal | | update difference "
+        "| peer compile |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in data["results"]:
+        goal = "-" if r["goal"] is None else f"<= {r['goal']}x"
+        against = r["compared_with"]
+        difference = "-" if against == "-" else f"{r['update_difference']:.2g} vs {against}"
+        compile_s = "-" if r["peer_compile_s"] is None else f"{r['peer_compile_s']:.0f} s"
+        lines.append(
+            f"| {r['name']} | {r['peer_name']} | {r['peer_ms']:.1f} | {r['ours_ms']:.1f} "
+            f"| {r['ratio']:.2f}x | {goal} | {r['verdict']} | {difference} | {compile_s} |"
+        )
+    choice = [line for line in data["log"] if line.startswith("Muon: ours' Newton-Schulz")]
+    if not data.get("complete", True):
+        choice.insert(0, f"The run was stopped after these {len(data['results'])} rows.")
+    return measured_on(data) + "\n".join(lines + [""] + choice[:2]) + "\n"
+
+
+def shampoo_floor(data: dict[str, Any]) -> str:
+    """``bench/shampoo_floor.py --json``: the floor's parts, ours, and ours over the floor."""
+    frequency = data["frequency"]
+    per = "" if frequency == 1 else f", once per {frequency} steps"
+    eigh = " + ".join(
+        f"{n} factors of {size} ({data['eigh_ms'][size]:.1f} ms)"
+        for size, n in data["factors_per_size"].items()
+    )
+    windows = data["rounds_run"] * data["windows_per_round"]
+    lines = [
+        f"| frequency {frequency}, ms per step | measured |",
+        "|---|---|",
+        f"| `eigh`: {eigh}{per} | {data['eigh_ms_per_step']:.1f} |",
+        f"| GEMMs: {data['gemm_gflop']:.2f} GFLOP, each at its shape "
+        f"({data['gemm_gflop_s']:.1f} GFLOP/s) | {data['gemm_ms']:.1f} |",
+        f"| **floor** (each part's best of {data['rounds_run']} rounds) "
+        f"| **{data['floor_ms']:.1f}** |",
+        f"| **ours**, median of {windows} windows (fastest) "
+        f"| **{data['ours_median_ms']:.1f}** ({data['ours_min_ms']:.1f}) |",
+        f"| **ours / floor**, median (fastest) | **{data['ours_over_floor']:.2f}x** "
+        f"({data['ours_min_over_floor']:.2f}x) |",
+        f"| floor below every window | {'yes' if data['floor_below_every_window'] else 'no'} |",
+    ]
+    return measured_on(data) + "\n".join(lines) + "\n"
+
+
 # JSON file name (relative to docs/results/) -> its table's renderer.
 RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
     "decay-branches.json": decay_branches,
@@ -161,6 +217,10 @@ RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
     "throughput-study.json": study_throughput,
     "throughput-compare.json": study_throughput,
     "throughput-threads.json": thread_choice,
+    "peers-heavyball.json": peers,
+    "peers-muon.json": peers,
+    "shampoo-floor-freq1.json": shampoo_floor,
+    "shampoo-floor-freq10.json": shampoo_floor,
 }
 
 

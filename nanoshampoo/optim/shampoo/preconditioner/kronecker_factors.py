@@ -205,9 +205,9 @@ class KroneckerFactors:
                     continue
                 packing = self._packings[pool.size]
                 full = symmetric_rank_update_(
-                    packing.unpack(factors), unfold(grad, dim), beta2, weight
+                    packing.unpack(factors), unfold(grad, dim), beta2, weight, mirror=False
                 )
-                factors.copy_(packing.pack(full))
+                factors.copy_(packing.pack_updated(full))
 
     @staticmethod
     def record_outcome(pool: FactorPool, rows: torch.Tensor | None, ok: torch.Tensor) -> None:
