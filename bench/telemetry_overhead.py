@@ -24,9 +24,8 @@ spread says how much the load moved them. Run::
     python bench/telemetry_overhead.py [--presets tiny-shampoo,tiny-muon] [--rounds 8]
         [--every 0] [--threads 1] [--runs 0] [--run-preset tiny-shampoo] [--json OUT]
 
-``--every 0``: the preset's ``val_every``. ``--json`` writes the figures with the command,
-commit, machine and date (``docs/results/telemetry-overhead.json`` renders the table of
-``docs/results/telemetry.md`` through ``tools/results_tables.py``).
+``--every 0``: the preset's ``val_every``. ``--json`` also writes the figures with the command,
+commit, machine and date; the commands and what they found: docs/results/telemetry.md.
 """
 
 from __future__ import annotations
@@ -220,10 +219,10 @@ def _one_run(base: list[str], out_dir: Path, run_id: str, off: bool) -> tuple[fl
     return wall, train_ms / 1000, val
 
 
-def measure_runs(preset: str, runs: int, threads: int) -> RunOverhead:
+def measure_runs(preset: str, runs: int) -> RunOverhead:
     """Measurement 2 (module docstring): ``runs`` runs with and without telemetry, alternating."""
     base = [sys.executable, "-m", "nanoshampoo.train", "--preset", preset, "--progress", "false"]
-    base += ["--save-final-checkpoint", "false"] + (["--threads", str(threads)] if threads else [])
+    base += ["--save-final-checkpoint", "false"]  # make train's threads: all cores
     walls: dict[str, list[float]] = {"off": [], "on": []}
     trains: dict[str, list[float]] = {"off": [], "on": []}
     losses: dict[str, list[float]] = {"off": [], "on": []}
@@ -267,7 +266,9 @@ def main() -> None:
     parser.add_argument("--presets", default="tiny-shampoo,tiny-muon")
     parser.add_argument("--rounds", type=int, default=8, help="telemetry periods per preset")
     parser.add_argument("--every", type=int, default=0, help="0: the preset's val_every")
-    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument(
+        "--threads", type=int, default=1, help="threads of the step copies (--runs: all cores)"
+    )
     parser.add_argument("--runs", type=int, default=0, help="trainer runs per side (0: none)")
     parser.add_argument("--run-preset", default="tiny-shampoo", help="the preset of --runs")
     parser.add_argument("--json", type=Path, help="also write the figures here")
@@ -289,7 +290,7 @@ def main() -> None:
         )
     runs = None
     if args.runs:
-        runs = measure_runs(args.run_preset, args.runs, args.threads)
+        runs = measure_runs(args.run_preset, args.runs)
         print(
             f"{runs.command}: "
             + _line("wall", runs.wall_s, "s")
