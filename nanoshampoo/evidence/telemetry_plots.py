@@ -3,7 +3,7 @@
 ``nanoshampoo telemetry RUN [RUN ...] [--out DIR]`` draws, for each statistic the runs recorded:
 
 - per run, a heatmap of layer (rows, in the model's order) by step (columns), the colour on a
-  log scale when the positive values span more than two decades (``telemetry.<run>.<stat>.png``);
+  log scale when the positive values span more than a decade (``telemetry.<run>.<stat>.png``);
 - a line plot of the median over layers against the step, one line per run, on a log axis by
   the same rule (``telemetry.compare.<stat>.png``).
 
@@ -52,8 +52,8 @@ UNITS = {
     "ns_sigma_max": "largest singular value of the NS output",
     "sqrt_v_spread": "max / median sqrt(v) (ratio)",
 }
-# Positive values spanning more than this ratio get a log scale.
-LOG_SPAN = 100.0
+# Positive values spanning more than this ratio (a decade) get a log scale.
+LOG_SPAN = 10.0
 
 
 @dataclass(frozen=True)
@@ -171,6 +171,8 @@ def plot_heatmap(run: RunTelemetry, stat: str) -> Figure:
     ax.set_xlabel("optimizer step")
     ax.set_ylabel("layer (parameter)")
     scale = "log colour scale" if isinstance(norm, LogNorm) else "linear colour scale"
+    if finite.size and float(finite.min()) == float(finite.max()):
+        scale = f"every value {float(finite.min()):.3g}"
     ax.set_title(f"{run.name}: {stat} ({scale})", fontsize=9)
     bar = fig.colorbar(image, ax=ax)
     bar.set_label(unit_label(stat), fontsize=8)
@@ -202,8 +204,9 @@ def plot_comparison(runs: Sequence[RunTelemetry], stat: str) -> Figure:
     if drawn and wants_log_scale(np.concatenate(drawn)):
         ax.set_yscale("log")
     ax.set_xlabel("optimizer step")
-    ax.set_ylabel(f"median over layers: {unit_label(stat)}", fontsize=8)
-    ax.set_title(f"{stat}: median over the block matrices", fontsize=9)
+    ax.set_ylabel(unit_label(stat), fontsize=9)
+    scale = "log axis" if ax.get_yscale() == "log" else "linear axis"
+    ax.set_title(f"{stat}: median over the block matrices ({scale})", fontsize=9)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
     fig.tight_layout()

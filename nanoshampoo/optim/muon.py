@@ -22,7 +22,9 @@ same-shape parameters of a group stacked into one ``(B, m, n)`` bucket (one batc
 Newton-Schulz per bucket), the momentum, the weight decay and the parameter update. A subclass
 supplies ``direction`` (``U -> O``) and may extend ``validate_group``, ``bucket_key`` and
 ``after_update``. State is kept per parameter (``momentum_buffer`` of the parameter's shape and
-dtype), so ``state_dict`` / ``load_state_dict`` are torch's own.
+dtype), so ``state_dict`` / ``load_state_dict`` are torch's own. For inspection (telemetry),
+``keep_orthogonalized()`` makes the next step keep a copy of each parameter's Newton-Schulz
+output ``NS(U)``, which ``pop_orthogonalized()`` hands over; otherwise nothing is kept.
 
 Example:
     >>> w = torch.nn.Parameter(torch.ones(4, 3))
@@ -82,8 +84,12 @@ class OrthogonalizedMomentum(torch.optim.Optimizer):
     ``[0, 1)``, ``nesterov`` (bool), ``weight_decay`` (finite, >= 0),
     ``cautious_weight_decay`` (bool), ``ns_steps`` (int >= 1), ``ns_coefficients`` (three finite
     floats). Every parameter must be a 2-D floating tensor. Parameters without a gradient are
-    skipped: their state does not change.
+    skipped: their state does not change. A subclass's ``direction`` orthogonalizes with
+    :meth:`newton_schulz`, so that :meth:`keep_orthogonalized` sees its Newton-Schulz output.
     """
+
+    # Armed by keep_orthogonalized() for one step: parameter -> a copy of its NS(U).
+    _kept_orthogonalized: dict[Tensor, Tensor] | None = None
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         """Validate the group (with the defaults filled in), then add it; nothing half-added."""
@@ -115,6 +121,26 @@ class OrthogonalizedMomentum(torch.optim.Optimizer):
             and all(is_real(c) and math.isfinite(c) for c in coefficients)
         ):
             raise ValueError(f"ns_coefficients must be three finite floats, got {coefficients!r}")
+
+    def keep_orthogonalized(self) -> None:
+        """Make the next :meth:`step` keep a copy of every stepped parameter's ``NS(U)``."""
+        self._kept_orthogonalized = {}
+
+    def pop_orthogonalized(self) -> dict[Tensor, Tensor]:
+        """Per parameter stepped since :meth:`keep_orthogonalized`, its Newton-Schulz output
+        ``NS(U)`` ``(m, n)`` in the parameter's dtype (before any scaling or normalization);
+        stops keeping. Empty when nothing was kept."""
+        kept, self._kept_orthogonalized = self._kept_orthogonalized, None
+        return kept or {}
+
+    def newton_schulz(self, group: dict[str, Any], params: list[Tensor], updates: Tensor) -> Tensor:
+        """``NS(U)`` of a bucket's ``(B, m, n)`` stack with the group's coefficients and steps
+        (a new tensor); a copy per parameter is kept when :meth:`keep_orthogonalized` asked."""
+        out = orthogonalize(updates, group["ns_coefficients"], group["ns_steps"])
+        if self._kept_orthogonalized is not None:
+            for p, o in zip(params, out.unbind(0)):
+                self._kept_orthogonalized[p] = o.clone()
+        return out
 
     def bucket_key(self, param: Tensor) -> tuple[Any, ...]:
         """Parameters of a group with equal keys are stacked and stepped together."""
@@ -244,5 +270,4 @@ class Muon(OrthogonalizedMomentum):
         self, group: dict[str, Any], params: list[Tensor], updates: Tensor, grads: Tensor
     ) -> Tensor:
         rows, cols = updates.shape[-2:]
-        out = orthogonalize(updates, group["ns_coefficients"], group["ns_steps"])
-        return out.mul_(muon_shape_scale(rows, cols))
+        return self.newton_schulz(group, params, updates).mul_(muon_shape_scale(rows, cols))

@@ -47,7 +47,6 @@ from nanoshampoo.optim.muon import (  # noqa: F401 - Muon: docstring example
     Muon,
     OrthogonalizedMomentum,
     muon_shape_scale,
-    orthogonalize,
 )
 from nanoshampoo.optim.shampoo.config_checks import (
     check_open_closed_unit,
@@ -131,7 +130,7 @@ class NorMuon(OrthogonalizedMomentum):
         self, group: dict[str, Any], params: list[Tensor], updates: Tensor, grads: Tensor
     ) -> Tensor:
         rows, cols = updates.shape[-2:]
-        orthogonal = orthogonalize(updates, group["ns_coefficients"], group["ns_steps"])
+        orthogonal = self.newton_schulz(group, params, updates)
         moments = []
         for p in params:
             state = self.state[p]

@@ -49,7 +49,6 @@ from nanoshampoo.optim.muon import (
     MUON_NS_COEFFICIENTS,
     OrthogonalizedMomentum,
     muon_shape_scale,
-    orthogonalize,
 )
 from nanoshampoo.optim.shampoo.config_checks import (
     check_int,
@@ -174,8 +173,7 @@ class SOAPMuon(OrthogonalizedMomentum):
                 group["eps"],
             )
             torch._foreach_copy_([s["exp_avg_sq"] for s in states], list(exp_avg_sq.unbind(0)))
-        out = orthogonalize(updates, group["ns_coefficients"], group["ns_steps"])
-        return out.mul_(muon_shape_scale(rows, cols))
+        return self.newton_schulz(group, params, updates).mul_(muon_shape_scale(rows, cols))
 
     def after_update(self, group: dict[str, Any], params: list[Tensor], grads: Tensor) -> None:
         states = [self.state[p] for p in params]

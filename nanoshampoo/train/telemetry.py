@@ -16,14 +16,19 @@ NAME, ...}`` about the ``s``-th optimizer step:
   the basis in force is from diagonalizing the current factor: with ``telemetry_every`` a
   multiple of the precondition frequency, the basis about to be refreshed); ``graft_ratio``
   (``||P_s|| / ||P_g||``, grafted Shampoo); spectral descent: ``ns_orthogonality_error``
-  (``||U^T U - I||_F / sqrt(n)`` of the orthogonalized direction), ``ns_sigma_min``,
-  ``ns_sigma_max``. A parameter cut into several blocks prefixes the keys of blocks after the
-  first with ``block_j.``;
+  (``||U^T U - I||_F / sqrt(n)`` of the orthogonalized direction, ``n = min(rows, cols)``),
+  ``ns_sigma_min``, ``ns_sigma_max``, on every block (no sampling). A parameter cut into
+  several blocks prefixes the keys of blocks after the first with ``block_j.``;
+- the Muon family outside Shampoo (``Muon`` with cautious weight decay, ``NorMuon``,
+  ``SOAPMuon``): the same three ``ns_*`` statistics of every matrix's Newton-Schulz output
+  ``NS(U)`` (before the aspect-ratio scale, NorMuon's row normalization), which the optimizer
+  keeps for the recorded step only (``keep_orthogonalized``);
 - AdamW / DistAdam: ``sqrt_v_spread`` (``max / median`` of ``sqrt(v)``).
 
 The statistics are defined and tested in :mod:`telemetry_stats`. Cost: with telemetry off
 the trainer calls nothing here. On a recorded step, the step itself gains a copy of the block
-matrices (taken before the optimizers step); the statistics are computed after the timed step,
+matrices (taken before the optimizers step) and, in the Muon family, of their Newton-Schulz
+outputs; the statistics are computed after the timed step,
 like validation (``bench/telemetry_overhead.py`` measures both).
 
 Where things are computed: parameter ``i`` of the matrix group by rank ``i % world_size``
@@ -114,11 +119,19 @@ def shampoo_statistics(optimizer: torch.optim.Optimizer) -> dict[int, dict[str, 
         if view.graft_ratio is not None:
             stats[prefix + "graft_ratio"] = view.graft_ratio
         if view.direction is not None:
-            low, high = singular_value_range(view.direction)
-            stats[prefix + "ns_orthogonality_error"] = orthogonality_error(view.direction)
-            stats[prefix + "ns_sigma_min"] = low
-            stats[prefix + "ns_sigma_max"] = high
+            stats.update(spectral_statistics(view.direction, prefix))
     return out
+
+
+def spectral_statistics(direction: torch.Tensor, prefix: str = "") -> dict[str, float]:
+    """``ns_orthogonality_error``, ``ns_sigma_min``, ``ns_sigma_max`` of one orthogonalized
+    direction ``(rows, cols)`` (keys after ``prefix``)."""
+    low, high = singular_value_range(direction)
+    return {
+        prefix + "ns_orthogonality_error": orthogonality_error(direction),
+        prefix + "ns_sigma_min": low,
+        prefix + "ns_sigma_max": high,
+    }
 
 
 def _is_distributed_shampoo(optimizer: torch.optim.Optimizer) -> bool:
@@ -171,11 +184,16 @@ class Telemetry:
 
     @torch.no_grad()
     def snapshot(self) -> None:
-        """Before the optimizers step: clone the matrices, keep references to their gradients."""
+        """Before the optimizers step: clone the matrices, keep references to their gradients,
+        and ask the Muon-family optimizers to keep this step's Newton-Schulz outputs."""
         self._snapshot = _Snapshot(
             weights=[p.detach().clone() for p in self.matrices],
             grads=[p.grad for p in self.matrices],
         )
+        for optimizer in self.optimizers:
+            keep = getattr(optimizer, "keep_orthogonalized", None)
+            if keep is not None:
+                keep()
 
     @torch.no_grad()
     def record(self, step: int) -> list[dict[str, Any]]:
@@ -203,6 +221,8 @@ class Telemetry:
                         local[by_id[pid]].update(stats)
             elif _is_adam(optimizer):
                 self._adam_statistics(optimizer, by_id, local)
+            elif hasattr(optimizer, "pop_orthogonalized"):
+                self._orthogonalized_statistics(optimizer, local)
         merged = self._gather(local)
         if not self.ctx.is_main:
             return []
@@ -250,6 +270,18 @@ class Telemetry:
                 v = _full(v)  # FSDP2's AdamW holds DTensor moments: a collective, every rank
                 if sharded(p) or index % self.ctx.world_size == self.ctx.rank:
                     local[by_id[id(p)]]["sqrt_v_spread"] = spread(v)
+
+    def _orthogonalized_statistics(
+        self, optimizer: torch.optim.Optimizer, local: dict[str, dict[str, float]]
+    ) -> None:
+        """The spectral statistics of the Newton-Schulz outputs a Muon-family optimizer kept
+        (every rank ran the same replicated step: matrix ``i`` is measured by rank
+        ``i % world_size``)."""
+        kept = {id(p): u for p, u in optimizer.pop_orthogonalized().items()}  # type: ignore[attr-defined]
+        for index, p in enumerate(self.matrices):
+            u = kept.get(id(p))
+            if u is not None and index % self.ctx.world_size == self.ctx.rank:
+                local[self.names[index]].update(spectral_statistics(u))
 
     def _gather(self, local: dict[str, dict[str, float]]) -> dict[str, dict[str, float]]:
         """Every rank's dicts merged on rank 0 (in rank order; equal keys: the later rank)."""

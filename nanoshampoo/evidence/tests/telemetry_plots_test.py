@@ -51,7 +51,8 @@ def test_records_become_layer_by_step_arrays_and_the_last_record_wins(tmp_path: 
 
 def test_log_scale_only_for_positive_values_spanning_decades() -> None:
     assert wants_log_scale(np.array([1.0, 1e3, np.inf]))
-    assert not wants_log_scale(np.array([1.0, 50.0]))
+    assert wants_log_scale(np.array([1.0, 50.0]))  # more than a decade
+    assert not wants_log_scale(np.array([1.0, 5.0]))
     assert not wants_log_scale(np.array([0.0, 1e3]))
 
 
