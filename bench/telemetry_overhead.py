@@ -45,8 +45,8 @@ class Overhead:
 
 
 def _build(cfg: TrainConfig) -> tuple[GPT, OptimizerSetup]:
-    torch.manual_seed(cfg.seed)
-    model = GPT(gpt_preset(cfg.model, VOCAB))
+    torch.manual_seed(cfg.run.seed)
+    model = GPT(gpt_preset(cfg.model.name, VOCAB))
     return model, build_optimizer_setup(model, cfg, world_size=1)
 
 
@@ -65,7 +65,7 @@ def _step(model: GPT, setup: OptimizerSetup, x: torch.Tensor, telemetry: Telemet
 
 def measure(preset: str, steps: int, every: int) -> Overhead:
     cfg = TrainConfig(**load_preset(preset), compile="false", autocast="off")
-    every = every or resolve_every(cfg.telemetry_every, cfg.val_every)
+    every = every or resolve_every(cfg.run.telemetry_every, cfg.schedule.val_every)
     off_model, off_setup = _build(cfg)
     on_model, on_setup = _build(cfg)
     ctx = DistributedContext(0, 1, torch.device("cpu"), owns_process_group=False)
@@ -73,7 +73,9 @@ def measure(preset: str, steps: int, every: int) -> Overhead:
     generator = torch.Generator().manual_seed(0)
     off_times, on_times, record_time, records = [], [], 0.0, 0
     for step in range(steps):
-        x = torch.randint(0, VOCAB, (cfg.batch_size, cfg.seq_len + 1), generator=generator)
+        x = torch.randint(
+            0, VOCAB, (cfg.data.batch_size, cfg.data.seq_len + 1), generator=generator
+        )
         recorded = telemetry.due(step + 1)
         # Alternate which copy goes first, so neither always runs on a warmer cache.
         order = [(False, off_model, off_setup), (True, on_model, on_setup)]

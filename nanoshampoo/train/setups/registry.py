@@ -7,9 +7,10 @@ A *table* is a small dataclass of one component's hyper-parameters (``MuonConfig
 
 A *setup* (``TrainConfig.optimizer``) is one builder: given the model's parameter groups
 (``embed``, ``head``, ``scalar``, ``matrix``: see ``nanoshampoo.train.optimizers``), what it
-reads of the config (:class:`SetupInputs`: its tables and the parallel mode) and the world size, it returns the optimizers as :class:`OptimizerPart`s. ``register_setup`` is
-the only way in and takes the builder itself, so a setup without a builder cannot exist; the
-trainer then checks that every trainable parameter is owned by exactly one optimizer.
+reads of the config (:class:`SetupInputs`: its tables and the parallel mode) and the world
+size, it returns the optimizers as :class:`OptimizerPart`s. ``register_setup`` is the only way
+in and takes the builder itself, so a setup without a builder cannot exist; the trainer then
+checks that every trainable parameter is owned by exactly one optimizer.
 
 Example:
     >>> @register_setup("sgd-demo", tables=(), rest="none", matrix="SGD")  # doctest: +SKIP
@@ -31,12 +32,19 @@ from torch import nn
 Table = TypeVar("Table")
 
 
+class ParallelInputs(Protocol):
+    """What a setup reads of the run's parallel section: the mode (``ddp``, ``fsdp2``, ``hsdp``)."""
+
+    @property
+    def mode(self) -> str: ...
+
+
 class SetupInputs(Protocol):
     """What a setup reads of a run's config (``TrainConfig`` is one): its tables, by class, and
     the parallel mode. The setups see only this, so they never import the config."""
 
     @property
-    def parallel(self) -> str: ...
+    def parallel(self) -> ParallelInputs: ...
 
     def table(self, cls: type[Table]) -> Table: ...
 
@@ -54,7 +62,7 @@ class OptimizerPart:
 class BuildContext:
     """What a builder gets: the parameter groups (``GROUP_NAMES``), the config's tables and
     parallel mode, the world size, and whether the parameters are FSDP-sharded DTensors
-    (``cfg.parallel`` fsdp2 / hsdp)."""
+    (``cfg.parallel.mode`` fsdp2 / hsdp)."""
 
     groups: Mapping[str, list[nn.Parameter]]
     cfg: SetupInputs
@@ -62,7 +70,7 @@ class BuildContext:
 
     @property
     def sharded(self) -> bool:
-        return self.cfg.parallel != "ddp"
+        return self.cfg.parallel.mode != "ddp"
 
 
 Builder = Callable[[BuildContext], list[OptimizerPart]]

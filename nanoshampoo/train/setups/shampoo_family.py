@@ -122,10 +122,10 @@ class DistributorConfig:
 def check_distributor(cfg: SetupInputs) -> None:
     """``[distributor]`` against the run's ``parallel`` mode (``ValueError`` naming the field)."""
     kind = cfg.table(DistributorConfig).kind
-    if cfg.parallel != "ddp" and kind != "auto":
+    if cfg.parallel.mode != "ddp" and kind != "auto":
         raise ValueError(
             f"{field_label('distributor', 'kind')} must be 'auto' under parallel="
-            f"{cfg.parallel!r} (the sharding decides), got {kind!r}"
+            f"{cfg.parallel.mode!r} (the sharding decides), got {kind!r}"
         )
 
 
@@ -291,14 +291,16 @@ def distributed_config(ctx: BuildContext) -> Any:
 
     dist = ctx.cfg.table(DistributorConfig)
     communication_dtype = getattr(torch, dist.communication_dtype)
-    if ctx.cfg.parallel == "ddp":
+    if ctx.cfg.parallel.mode == "ddp":
         if dist.kind == "ddp" or (dist.kind == "auto" and ctx.world_size > 1):
             return DDPDistributedConfig(
                 communication_dtype=communication_dtype, communicate_params=dist.communicate_params
             )
         return SingleDeviceDistributedConfig()
     sharded = (
-        FullyShardDistributedConfig if ctx.cfg.parallel == "fsdp2" else HybridShardDistributedConfig
+        FullyShardDistributedConfig
+        if ctx.cfg.parallel.mode == "fsdp2"
+        else HybridShardDistributedConfig
     )
     return sharded(
         param_assignment_strategy=FSDPParamAssignmentStrategy[dist.fsdp_assignment.upper()],
