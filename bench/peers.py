@@ -230,7 +230,7 @@ def soap_rows(directory: Path | None, log: list[str]) -> list[Row]:
     frequency = soap.precondition_frequency
 
     def ours(params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
-        return build_matrix_optimizer(BuildContext({"matrix": params}, cfg, world_size=1), "soap")
+        return build_matrix_optimizer(BuildContext({"matrix": params}, cfg, world_size=1))
 
     def peer(params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
         return module.SOAP(

@@ -44,7 +44,13 @@ from nanoshampoo.errors import UserError  # noqa: F401 - re-exported: the traine
 from nanoshampoo.model.gpt import gpt_preset_names
 from nanoshampoo.train.branches import branch_steps
 from nanoshampoo.train.compile_choice import COMPILE_CHOICES
-from nanoshampoo.train.setups import SetupSpec, get_setup, table_classes, table_name
+from nanoshampoo.train.setups import (
+    SetupArguments,
+    SetupSpec,
+    get_setup,
+    table_classes,
+    table_name,
+)
 from nanoshampoo.train.setups.checks import check_value_type
 
 DATASETS = ("embedded", "shards")
@@ -441,7 +447,9 @@ class TrainConfig:
     - ``schedule`` (:class:`ScheduleSettings`): steps, learning-rate shape, validation cadence;
     - ``parallel`` (:class:`ParallelSettings`): device, ranks, threads, compile, autocast;
     - ``optimizer``: the registered setup; ``tables``: every registered table's instance
-      (defaults where not given), read by class: ``cfg.table(MuonConfig)``.
+      (defaults where not given), read by class: ``cfg.table(MuonConfig)``;
+      ``setup_arguments``: the optimizer arguments the setup's check built from its tables
+      (:class:`SetupArguments`: the library's configs, built and validated once, here).
 
     The sections are Python's view only: keys stay flat for users (``num_iterations``,
     ``--num-iterations``, ``to_dict``), so construct with flat keyword arguments, and
@@ -457,6 +465,8 @@ class TrainConfig:
     parallel: ParallelSettings
     optimizer: str
     tables: dict[str, Any]
+    # What the setup's check built from the tables (the optimizer's arguments), for its builder.
+    setup_arguments: SetupArguments | None = field(compare=False)
 
     def __init__(self, **values: Any) -> None:
         flat, tables = split_values(values)
@@ -475,11 +485,11 @@ class TrainConfig:
         self.__post_init__()
 
     def __post_init__(self) -> None:
-        """What spans sections: the setup's own checks, the setup and the parallel mode, the
-        profiled steps within the run."""
+        """What spans sections: the setup's own checks (keeping what they build), the setup and
+        the parallel mode, the profiled steps within the run."""
         spec = get_setup(self.optimizer)
-        if spec.check is not None:
-            spec.check(self)
+        built = spec.check(self) if spec.check is not None else None
+        object.__setattr__(self, "setup_arguments", built)
         self._check_parallel(spec)
         steps = self.schedule.num_iterations
         late = [s for s in self.run.profile_steps if s >= steps]

@@ -24,7 +24,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import torch
 from torch import nn
@@ -39,12 +39,33 @@ class ParallelInputs(Protocol):
     def mode(self) -> str: ...
 
 
+@dataclass(frozen=True)
+class SetupArguments:
+    """The optimizer's keyword arguments that a setup's check built from its tables, the
+    library's config objects among them (their ``__post_init__`` validated them there, once).
+    The validated config keeps them (``SetupInputs.setup_arguments``) and the builder passes
+    them on, so they are neither rebuilt nor re-checked. Read-only: ``kwargs`` is a new dict."""
+
+    items: tuple[tuple[str, Any], ...]
+
+    @classmethod
+    def of(cls, kwargs: Mapping[str, Any]) -> SetupArguments:
+        return cls(tuple(kwargs.items()))
+
+    def kwargs(self) -> dict[str, Any]:
+        return dict(self.items)
+
+
 class SetupInputs(Protocol):
-    """What a setup reads of a run's config (``TrainConfig`` is one): its tables, by class, and
-    the parallel mode. The setups see only this, so they never import the config."""
+    """What a setup reads of a run's config (``TrainConfig`` is one): its tables, by class, the
+    parallel mode, and what its check built. The setups see only this, so they never import
+    the config."""
 
     @property
     def parallel(self) -> ParallelInputs: ...
+
+    @property
+    def setup_arguments(self) -> SetupArguments | None: ...
 
     def table(self, cls: type[Table]) -> Table: ...
 
@@ -75,7 +96,8 @@ class BuildContext:
 
 Builder = Callable[[BuildContext], list[OptimizerPart]]
 # A cross-table check of a config that selects the setup; raises ValueError naming the field.
-ConfigCheck = Callable[[SetupInputs], None]
+# It returns the optimizer arguments it built from the tables (the builder reuses them), or None.
+ConfigCheck = Callable[[SetupInputs], SetupArguments | None]
 
 
 @dataclass(frozen=True)
@@ -83,7 +105,8 @@ class SetupSpec:
     """A registered setup: its builder, the tables it reads, and what it runs where.
 
     ``matrix`` / ``rest`` name the optimizers of the block matrices and of the embedding, head
-    and 1-D parameters (for messages and ``--help``); ``check`` validates across tables.
+    and 1-D parameters (for messages and ``--help``); ``check`` validates across tables and may
+    return the optimizer arguments it built (:class:`SetupArguments`).
     """
 
     name: str
