@@ -370,8 +370,12 @@ def validate_params(params: Sequence[torch.Tensor], names: Sequence[str] | None 
 
 
 def step_values(group: Mapping[str, Any]) -> tuple[Any, ...]:
-    """The group entries a step reads, as a comparable snapshot (``betas`` as a tuple)."""
-    return tuple(tuple(group[k]) if k == "betas" else group[k] for k in STEP_GROUP_KEYS)
+    """The group entries a step reads, as a comparable snapshot (a ``betas`` list as a tuple;
+    anything else as it is, so that a bad value reaches the validation that names it)."""
+    return tuple(
+        tuple(group[k]) if k == "betas" and isinstance(group[k], list) else group[k]
+        for k in STEP_GROUP_KEYS
+    )
 
 
 @dataclass(frozen=True)
