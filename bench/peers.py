@@ -294,7 +294,7 @@ def single_file_soap(module: ModuleType) -> Factory:
 def ours_soap(params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
     """The trainer's ``soap`` setup."""
     context = BuildContext({"matrix": params}, TrainConfig(optimizer="soap"), world_size=1)
-    return build_matrix_optimizer(context, "soap")
+    return build_matrix_optimizer(context)
 
 
 def soap_rows(directory: Path | None, log: list[str]) -> list[Row]:

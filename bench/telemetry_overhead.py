@@ -116,8 +116,8 @@ class RunOverhead:
 
 
 def _build(cfg: TrainConfig) -> tuple[GPT, OptimizerSetup]:
-    torch.manual_seed(cfg.seed)
-    model = GPT(gpt_preset(cfg.model, VOCAB))
+    torch.manual_seed(cfg.run.seed)
+    model = GPT(gpt_preset(cfg.model.name, VOCAB))
     return model, build_optimizer_setup(model, cfg, world_size=1)
 
 
@@ -150,7 +150,7 @@ def _step(
 def measure_steps(preset: str, rounds: int, every: int) -> StepOverhead:
     """Measurement 1 (module docstring) for ``preset``: ``rounds`` rounds of ``every`` steps."""
     cfg = TrainConfig(**load_preset(preset), compile="false", autocast="off")
-    every = every or resolve_every(cfg.telemetry_every, cfg.val_every)
+    every = every or resolve_every(cfg.run.telemetry_every, cfg.schedule.val_every)
     off_model, off_setup = _build(cfg)
     on_model, on_setup = _build(cfg)
     ctx = DistributedContext(0, 1, torch.device("cpu"), owns_process_group=False)
@@ -158,7 +158,9 @@ def measure_steps(preset: str, rounds: int, every: int) -> StepOverhead:
     generator = torch.Generator().manual_seed(0)
 
     def batch() -> torch.Tensor:
-        return torch.randint(0, VOCAB, (cfg.batch_size, cfg.seq_len + 1), generator=generator)
+        return torch.randint(
+            0, VOCAB, (cfg.data.batch_size, cfg.data.seq_len + 1), generator=generator
+        )
 
     for _ in range(2):  # the first steps allocate the optimizers' state: not measured
         x = batch()

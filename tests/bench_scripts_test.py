@@ -509,7 +509,7 @@ def test_every_shampoo_config_is_a_valid_tiny_shampoo_variant(path: Path) -> Non
 
     values = load_preset(str(path))
     config = TrainConfig(**values)
-    assert config.optimizer == "shampoo" and config.model == "tiny"
+    assert config.optimizer == "shampoo" and config.model.name == "tiny"
 
 
 def test_pruning_bench_counts_a_stopped_run_to_its_last_fork(tmp_path: Path) -> None:

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import json
 import math
-import typing
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -235,14 +234,14 @@ def build_space(
     is over real numbers, and every grid value is one the trainer accepts. ``ValueError``
     naming the key."""
     from nanoshampoo.train.config import (  # imports torch: only when a tune is planned
-        TrainConfig,
         renamed_message,
+        run_keys,
         table_field_types,
     )
 
     base = resolve(base_argv)
     tables = table_field_types()
-    run_types = typing.get_type_hints(TrainConfig)
+    run_types = {key: k.type for key, k in run_keys().items()}
     bases: dict[str, dict[str, Any]] = {}
     for s in searches:
         if renamed_message(s.field):

@@ -1,6 +1,6 @@
 """Command line: ``python -m nanoshampoo.train [--preset NAME] [--<field> VALUE ...]``.
 
-Every ``TrainConfig`` run field is a flag (underscores become dashes): ``--seed 3``,
+Every ``TrainConfig`` run-level key is a flag (underscores become dashes): ``--seed 3``,
 ``--num-iterations 500``, ``--autocast off``, ``--profile-steps 5,6,7``, ``--decay-branches
 0.25,0.5,0.75``; every field of a setup's hyper-parameter table is ``--TABLE.FIELD``:
 ``--muon.lr 0.03``, ``--shampoo.epsilon 1e-12``, ``--custom.matrix-kwargs '{"lr": 1e-4}'``
@@ -37,7 +37,7 @@ from nanoshampoo.train.config import (
     flag_of,
     flatten_tables,
     renamed_message,
-    run_fields,
+    run_keys,
 )
 from nanoshampoo.train.interrupt import EXIT_INTERRUPTED, TrainingInterrupted, interrupted_message
 from nanoshampoo.train.presets import load_preset, preset_names
@@ -128,10 +128,9 @@ def build_parser(
         + ". Setups (--optimizer): "
         + ", ".join(setup_names()),
     )
-    hints = typing.get_type_hints(TrainConfig)
-    for field in run_fields():
-        flag = "--" + field.name.replace("_", "-")
-        if field.name == "preset":
+    for key in run_keys().values():
+        flag = "--" + key.key.replace("_", "-")
+        if key.key == "preset":
             parser.add_argument(
                 flag,
                 default=DEFAULT_PRESET,
@@ -140,13 +139,12 @@ def build_parser(
                 f"(default {DEFAULT_PRESET!r})",
             )
             continue
-        default = field.default if field.default is not dataclasses.MISSING else None
         parser.add_argument(
             flag,
-            dest=field.name,
-            type=_parser_for(hints[field.name]),
+            dest=key.key,
+            type=_parser_for(key.type),
             default=argparse.SUPPRESS,
-            help=_shown(field.name, default, preset, flat),
+            help=_shown(key.key, key.default, preset, flat),
         )
     for table, cls in table_classes().items():
         doc = (cls.__doc__ or "").strip().split("\n")[0]

@@ -67,28 +67,28 @@ def resolve_data(cfg: TrainConfig, ctx: DistributedContext) -> DataSource:
 
 
 def _data_source(cfg: TrainConfig) -> DataSource:
-    if cfg.dataset == "shards":
-        return DataSource(cfg.train_files, cfg.val_files, cfg.vocab_size)
+    if cfg.data.dataset == "shards":
+        return DataSource(cfg.data.train_files, cfg.data.val_files, cfg.data.vocab_size)
     from nanoshampoo.data.prepare import prepare_embedded
 
-    data_dir = Path(cfg.data_dir)
+    data_dir = Path(cfg.data.data_dir)
     if data_dir.exists() and not data_dir.is_dir():
         raise UserError(f"--data-dir {data_dir}: is a file, not a directory")
     try:
-        prepared = prepare_embedded(cfg.data_dir)
+        prepared = prepare_embedded(cfg.data.data_dir)
     except (OSError, ValueError) as exc:
         raise UserError(
             f"--data-dir {data_dir}: cannot prepare the embedded corpus: {exc}"
         ) from exc
-    if cfg.vocab_size and cfg.vocab_size < prepared.vocab_size:
+    if cfg.data.vocab_size and cfg.data.vocab_size < prepared.vocab_size:
         raise UserError(
-            f"--vocab-size {cfg.vocab_size}: smaller than the embedded tokenizer's "
+            f"--vocab-size {cfg.data.vocab_size}: smaller than the embedded tokenizer's "
             f"vocabulary ({prepared.vocab_size})"
         )
     return DataSource(
         str(prepared.train_pattern),
         str(prepared.val_pattern),
-        cfg.vocab_size or prepared.vocab_size,
+        cfg.data.vocab_size or prepared.vocab_size,
     )
 
 
@@ -101,17 +101,22 @@ def check_data(data: DataSource, cfg: TrainConfig, ctx: DistributedContext) -> N
     ``--val-every 0`` must not train for an hour and then fail on its final validation.
     """
     flags = {"train": "--train-files", "val": "--val-files"}
-    if cfg.dataset == "embedded":
+    if cfg.data.dataset == "embedded":
         flags = {"train": "--data-dir", "val": "--data-dir"}
     try:
         DistributedTokenLoader(
-            data.train_pattern, cfg.batch_size, cfg.seq_len, ctx.rank, ctx.world_size
+            data.train_pattern, cfg.data.batch_size, cfg.data.seq_len, ctx.rank, ctx.world_size
         )
     except (OSError, ValueError) as exc:
         raise UserError(f"{flags['train']} {data.train_pattern}: {exc}") from exc
     try:
         validation_batches(
-            data.val_pattern, cfg.batch_size, cfg.seq_len, ctx.rank, ctx.world_size, cfg.val_tokens
+            data.val_pattern,
+            cfg.data.batch_size,
+            cfg.data.seq_len,
+            ctx.rank,
+            ctx.world_size,
+            cfg.data.val_tokens,
         )
     except (OSError, ValueError) as exc:
         flag = "--val-tokens" if "val_tokens" in str(exc) else flags["val"]

@@ -200,7 +200,7 @@ def build_optimizer_setup(model: GPT, cfg: TrainConfig, world_size: int) -> Opti
     }
     self_reducing = [p for p in model.parameters() if id(p) in own]
     # FSDP reduces every gradient itself under fsdp2 / hsdp.
-    all_reduce = [p for p in model.parameters() if id(p) not in own and cfg.parallel == "ddp"]
+    all_reduce = [p for p in model.parameters() if id(p) not in own and cfg.parallel.mode == "ddp"]
     return OptimizerSetup(
         optimizers=optimizers,
         groups=groups,

@@ -22,15 +22,13 @@ from __future__ import annotations
 
 import os
 import tomllib
-import typing
 from pathlib import Path
 from typing import Any
 
 from nanoshampoo.train.config import (
-    TrainConfig,
     check_run_value,
     renamed_message,
-    run_fields,
+    run_keys,
     table_field_types,
 )
 from nanoshampoo.train.setups.checks import check_value_type
@@ -111,13 +109,12 @@ def normalize(raw: dict[str, Any]) -> dict[str, Any]:
     """A preset file's keys -> run fields and ``{table: {field: value}}``. ``ValueError``
     naming an unknown key (and the new spelling of an old name) or a value of the wrong
     type."""
-    hints = typing.get_type_hints(TrainConfig)
-    run_names = {f.name for f in run_fields()}
+    run_names = run_keys()
     tables = table_field_types()
     out: dict[str, Any] = {}
     for key, value in raw.items():
         if key in run_names:
-            check_run_value(key, key, value, hints)
+            check_run_value(key, key, value)
             out[key] = value
         elif key in tables and isinstance(value, dict):
             for name, item in value.items():

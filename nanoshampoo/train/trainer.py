@@ -128,10 +128,12 @@ class Trainer:
         self.clock = PhaseClock()
         built = time.perf_counter()
         self.cfg = cfg
-        check_device(cfg.device)
-        check_dist_timeout(cfg.dist_timeout_s)
+        check_device(cfg.parallel.device)
+        check_dist_timeout(cfg.parallel.dist_timeout_s)
         self.ctx = setup_distributed(
-            cfg.device, cfg.dist_timeout_s, need_process_group=cfg.parallel != "ddp"
+            cfg.parallel.device,
+            cfg.parallel.dist_timeout_s,
+            need_process_group=cfg.parallel.mode != "ddp",
         )
         try:
             self._build()
@@ -143,44 +145,46 @@ class Trainer:
 
     def _build(self) -> None:
         cfg, ctx = self.cfg, self.ctx
-        if cfg.batch_size % (ctx.world_size * cfg.grad_accum_steps):
+        if cfg.data.batch_size % (ctx.world_size * cfg.data.grad_accum_steps):
             raise UserError(
-                f"--batch-size {cfg.batch_size}: must be divisible by the world size "
+                f"--batch-size {cfg.data.batch_size}: must be divisible by the world size "
                 f"({ctx.world_size}) times --grad-accum-steps "
-                f"({cfg.grad_accum_steps})"
+                f"({cfg.data.grad_accum_steps})"
             )
-        self.threads = ThreadTuner(cfg.threads, ctx)
+        self.threads = ThreadTuner(cfg.parallel.threads, ctx)
         # Rank 0 probes for every rank, so only it keeps the verdicts.
-        self.probe_cache = ProbeCache(cache_path(cfg.out_dir) if ctx.is_main else None)
+        self.probe_cache = ProbeCache(cache_path(cfg.run.out_dir) if ctx.is_main else None)
         with self.clock.phase("probes"):
             if ctx.device.type == "cpu":
                 self.threads.tune()
             # Every rank must run the same numerics: rank 0's probe decides.
             self.autocast: AutocastChoice = broadcast_object(  # type: ignore[assignment]
-                resolve_autocast(cfg.autocast, ctx.device, self.probe_cache)
+                resolve_autocast(cfg.parallel.autocast, ctx.device, self.probe_cache)
                 if ctx.is_main
                 else None,
                 ctx,
             )
         checkpoint = self._read_resume_checkpoint()
-        if checkpoint is not None and checkpoint.sharded != (cfg.parallel != "ddp"):
+        if checkpoint is not None and checkpoint.sharded != (cfg.parallel.mode != "ddp"):
             written = checkpoint.own.get("parallel", "ddp")
             raise UserError(
                 f"--resume {checkpoint.directory}: written with --parallel {written}, "
-                f"this run uses --parallel {cfg.parallel}"
+                f"this run uses --parallel {cfg.parallel.mode}"
             )
         self.run_id = self._agree_on_run_id(checkpoint)
         append = checkpoint is not None and self.run_id == checkpoint.run_id
         self.log = RunLog(
-            cfg.out_dir,
+            cfg.run.out_dir,
             self.run_id,
             enabled=ctx.is_main,
             append=append,
-            embed_source=cfg.embed_source,
+            embed_source=cfg.run.embed_source,
         )
         self._on_every_rank(self.log.check_can_start)
         kept = checkpoint.step if checkpoint is not None and append else 0
-        self._on_every_rank(lambda: check_no_checkpoint_replaced(cfg.out_dir, self.run_id, kept))
+        self._on_every_rank(
+            lambda: check_no_checkpoint_replaced(cfg.run.out_dir, self.run_id, kept)
+        )
         self.resumed_from = (
             None
             if checkpoint is None
@@ -191,8 +195,8 @@ class Trainer:
             }
         )
         self.scalars = (
-            TensorBoardScalars(cfg.tensorboard, self.run_id, ctx.is_main)
-            if cfg.tensorboard
+            TensorBoardScalars(cfg.run.tensorboard, self.run_id, ctx.is_main)
+            if cfg.run.tensorboard
             else None
         )
         # After the checks above: a refused resume or run id prepares no data on disk.
@@ -205,7 +209,7 @@ class Trainer:
         # when the trainer checks the others; DistAdam checks its own after waiting for them.
         self.guard = DivergenceGuard(self.model, self.setup.trainer_checked_params(self.model), ctx)
         remember_peak_lrs(self.setup.optimizers)
-        every = resolve_every(cfg.telemetry_every, cfg.val_every)
+        every = resolve_every(cfg.run.telemetry_every, cfg.schedule.val_every)
         self.telemetry: Telemetry | None = (
             Telemetry(
                 every,
@@ -221,7 +225,11 @@ class Trainer:
         with self.clock.phase("probes"):
             self.compiled: CompileChoice = broadcast_object(  # type: ignore[assignment]
                 resolve_compile(
-                    cfg.compile, ctx.device, ctx.world_size, cfg.num_iterations, self.probe_cache
+                    cfg.parallel.compile,
+                    ctx.device,
+                    ctx.world_size,
+                    cfg.schedule.num_iterations,
+                    self.probe_cache,
                 )
                 if ctx.is_main
                 else None,
@@ -229,7 +237,7 @@ class Trainer:
             )
         self.forward: nn.Module = torch.compile(self.model) if self.compiled.enabled else self.model  # type: ignore[assignment]
         self.loader = DistributedTokenLoader(
-            self.data.train_pattern, cfg.batch_size, cfg.seq_len, ctx.rank, ctx.world_size
+            self.data.train_pattern, cfg.data.batch_size, cfg.data.seq_len, ctx.rank, ctx.world_size
         )
         self.start_step = 0
         self.train_time_ms = 0.0
@@ -249,43 +257,46 @@ class Trainer:
                 )
             )
             self.setup.resume_training_point()  # a checkpoint holds the evaluation point
-            if self.start_step > cfg.num_iterations:
+            if self.start_step > cfg.schedule.num_iterations:
                 raise UserError(
                     f"--resume {checkpoint.directory}: the checkpoint is at step "
-                    f"{self.start_step}, beyond --num-iterations {cfg.num_iterations}"
+                    f"{self.start_step}, beyond --num-iterations {cfg.schedule.num_iterations}"
                 )
         self.branches = plan_branches(
-            cfg.decay_branches, cfg.num_iterations, cfg.cooldown_frac, cfg.warmup_steps
+            cfg.schedule.decay_branches,
+            cfg.schedule.num_iterations,
+            cfg.schedule.cooldown_frac,
+            cfg.schedule.warmup_steps,
         )
 
     def _build_model(self) -> None:
         """The seeded GPT on every rank (rank 0's weights), sharded under fsdp2 / hsdp, and the
         meter of its FLOPs."""
         cfg, ctx = self.cfg, self.ctx
-        torch.manual_seed(cfg.seed)
-        model_config = gpt_preset(cfg.model, self.data.vocab_size, cfg.combined_linear)
+        torch.manual_seed(cfg.run.seed)
+        model_config = gpt_preset(cfg.model.name, self.data.vocab_size, cfg.model.combined_linear)
         self._check_model_fits(model_config)
         self.model = GPT(model_config).to(ctx.device)
         self.non_embedding_params = non_embedding_parameters(model_config)
         with self.clock.phase("probes"):  # the matmul peak
             self.mfu = mfu_meter(
                 model_config,
-                cfg.seq_len,
-                cfg.tokens_per_step,
+                cfg.data.seq_len,
+                cfg.data.tokens_per_step,
                 ctx.device,
                 self.autocast.enabled,
                 ctx.world_size,
                 self.probe_cache,
             )
         broadcast_parameters(self.model, ctx)
-        if cfg.parallel != "ddp":
+        if cfg.parallel.mode != "ddp":
             # Each rank keeps its dim-0 shard of rank 0's weights.
             shard_model(
                 self.model,
                 self.model.blocks,
                 ctx,
-                cfg.parallel,
-                cfg.hsdp_shard_size,
+                cfg.parallel.mode,
+                cfg.parallel.hsdp_shard_size,
                 bf16_params=self.autocast.enabled,
             )
         self.param_names = {id(p): name for name, p in self.model.named_parameters()}
@@ -293,14 +304,14 @@ class Trainer:
     def _check_model_fits(self, model_config: GPTConfig) -> None:
         """``--seq-len`` within the model's reach, its memory within what the device has."""
         cfg, ctx = self.cfg, self.ctx
-        if cfg.seq_len > model_config.max_seq_len:
+        if cfg.data.seq_len > model_config.max_seq_len:
             raise UserError(
-                f"--seq-len {cfg.seq_len}: exceeds the {cfg.model} model's "
+                f"--seq-len {cfg.data.seq_len}: exceeds the {cfg.model.name} model's "
                 f"max_seq_len ({model_config.max_seq_len})"
             )
-        micro_batch = cfg.batch_size // (ctx.world_size * cfg.grad_accum_steps)
+        micro_batch = cfg.data.batch_size // (ctx.world_size * cfg.data.grad_accum_steps)
         self._on_every_rank(
-            lambda: check_memory(model_config, micro_batch, cfg.seq_len, ctx.device)
+            lambda: check_memory(model_config, micro_batch, cfg.data.seq_len, ctx.device)
         )
 
     def _on_every_rank(self, check: Any) -> Any:
@@ -316,10 +327,10 @@ class Trainer:
         return result
 
     def _read_resume_checkpoint(self) -> CheckpointRecords | None:
-        if not self.cfg.resume:
+        if not self.cfg.run.resume:
             return None
         return self._on_every_rank(
-            lambda: read_checkpoint(Path(self.cfg.resume), self.ctx.rank, self.ctx.world_size)
+            lambda: read_checkpoint(Path(self.cfg.run.resume), self.ctx.rank, self.ctx.world_size)
         )
 
     def _agree_on_run_id(self, checkpoint: CheckpointRecords | None) -> str:
@@ -329,15 +340,13 @@ class Trainer:
         second (seeds launched together) never share an id, so never share log files.
         """
         cfg = self.cfg
-        if cfg.run_id:
-            return cfg.run_id
+        if cfg.run.run_id:
+            return cfg.run.run_id
         if checkpoint is not None:
             return checkpoint.run_id
         now = time.time()
         stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(now))
-        run_id = (
-            f"{cfg.preset}-s{cfg.seed}-{stamp}.{int(now % 1 * 1000):03d}-{secrets.token_hex(2)}"
-        )
+        run_id = f"{cfg.run.preset}-s{cfg.run.seed}-{stamp}.{int(now % 1 * 1000):03d}-{secrets.token_hex(2)}"
         return str(broadcast_object(run_id, self.ctx))
 
     def run(self) -> TrainResult:
@@ -347,20 +356,20 @@ class Trainer:
             teardown_distributed(self.ctx)
 
     def _run(self) -> TrainResult:
-        cfg, ctx, total = self.cfg, self.ctx, self.cfg.num_iterations
+        cfg, ctx, total = self.cfg, self.ctx, self.cfg.schedule.num_iterations
         self.steps_done = self.start_step  # for Ctrl-C's report; each step advances it
         self.log.start(self._config_record(), self._environment())
         self.probe_cache.save()  # after every check: a refused run writes nothing
         if ctx.is_main:
             print(self._header(), flush=True)
-        bar = progress_bar(total, self.start_step, ctx.is_main and cfg.progress, self.run_id)
+        bar = progress_bar(total, self.start_step, ctx.is_main and cfg.run.progress, self.run_id)
         recorded: set[int] = broadcast_object(  # type: ignore[assignment]
             self.log.recorded_branch_steps() if ctx.is_main else None, ctx
         )
         self.branches, missed = branches_to_make(self.branches, recorded, self.start_step)
         for branch in missed:
             _say(self.log.branch_not_made(branch, self.start_step), ctx, bar)
-        profiler = make_step_profiler(cfg.profile_steps, cfg.profile_dir, ctx.rank)
+        profiler = make_step_profiler(cfg.run.profile_steps, cfg.run.profile_dir, ctx.rank)
         try:
             with profiler:
                 val_loss, last_checkpoint = self._loop(bar, profiler)
@@ -392,8 +401,8 @@ class Trainer:
 
     def _last_checkpoint(self) -> Path | None:
         """This run's latest checkpoint on disk, else the one it resumed from."""
-        resumed = Path(self.cfg.resume) if self.cfg.resume else None
-        return latest_checkpoint(self.cfg.out_dir, self.run_id) or resumed
+        resumed = Path(self.cfg.run.resume) if self.cfg.run.resume else None
+        return latest_checkpoint(self.cfg.run.out_dir, self.run_id) or resumed
 
     def _failure(self, exc: Exception) -> Exception:
         """What the user is told of ``exc``: a file that could not be written (a log or a
@@ -409,13 +418,13 @@ class Trainer:
     def _header(self) -> str:
         """The run's first lines on stdout: what runs, then one labelled line per choice."""
         cfg, ctx = self.cfg, self.ctx
-        tokens = cfg.num_iterations * cfg.tokens_per_step
+        tokens = cfg.schedule.num_iterations * cfg.data.tokens_per_step
         return "\n".join(
             [
-                f"run {self.run_id}: {cfg.optimizer}, model {cfg.model} "
+                f"run {self.run_id}: {cfg.optimizer}, model {cfg.model.name} "
                 f"({self.non_embedding_params:,} non-embedding parameters, {tokens:,} tokens: "
                 f"{tokens / self.non_embedding_params:.2g} per parameter)",
-                f"  device {ctx.device.type} x{ctx.world_size} ({cfg.parallel})",
+                f"  device {ctx.device.type} x{ctx.world_size} ({cfg.parallel.mode})",
                 f"  threads {torch.get_num_threads()} ({self.threads.reason})",
                 f"  autocast {self.autocast.name} ({self.autocast.reason})",
                 f"  compile {self.compiled.name} ({self.compiled.reason}), for the model only",
@@ -424,7 +433,7 @@ class Trainer:
         )
 
     def _loop(self, bar: Progress, profiler: Any) -> tuple[float, Path | None]:
-        cfg, total = self.cfg, self.cfg.num_iterations
+        cfg, total = self.cfg, self.cfg.schedule.num_iterations
         val_loss, last_checkpoint = math.nan, None
         for step in range(self.start_step, total + 1):
             for branch in (b for b in self.branches if b.fork_step == step):
@@ -449,8 +458,8 @@ class Trainer:
         return val_loss, last_checkpoint
 
     def _checkpoint_due(self, step: int, last: bool) -> bool:
-        periodic = self.cfg.checkpoint_every and step % self.cfg.checkpoint_every == 0
-        return bool(periodic or (last and self.cfg.save_final_checkpoint))
+        periodic = self.cfg.run.checkpoint_every and step % self.cfg.run.checkpoint_every == 0
+        return bool(periodic or (last and self.cfg.run.save_final_checkpoint))
 
     def _run_branch(self, branch: Branch, bar: Progress) -> None:
         """Train ``branch`` from here (the state after its fork step) as the separate run of
@@ -469,7 +478,7 @@ class Trainer:
                 if step > self.start_step and self._checkpoint_due(step, last):
                     with self.setup.evaluation_point():  # the run's checkpoint, not written
                         self.guard.check_parameters(step)
-                if last or (cfg.val_every and step % cfg.val_every == 0):
+                if last or (cfg.schedule.val_every and step % cfg.schedule.val_every == 0):
                     with self.setup.evaluation_point():  # only the last validation is computed
                         with self.clock.phase("validation"):
                             val_loss = self._validation_loss() if last else math.nan
@@ -490,7 +499,7 @@ class Trainer:
                 branch.fork_step,
                 val_loss,
                 branch_time_ms,
-                branch.steps * cfg.tokens_per_step,
+                branch.steps * cfg.data.tokens_per_step,
                 diverged,
             ),
             self.ctx,
@@ -514,7 +523,7 @@ class Trainer:
         return elapsed_ms, loss
 
     def _timed_step(self, step: int, bar: Progress) -> None:
-        cfg, total = self.cfg, self.cfg.num_iterations
+        cfg, total = self.cfg, self.cfg.schedule.num_iterations
         recorded = self.telemetry is not None and self.telemetry.due(step + 1)
         elapsed_ms, loss = self._take_step(step, total, snapshot=recorded)
         done = self.steps_done = step + 1
@@ -524,13 +533,13 @@ class Trainer:
             self.log.telemetry(records)
             if self.scalars is not None:
                 self.scalars.telemetry(records)
-        if done == total or (cfg.log_every > 0 and done % cfg.log_every == 0):
+        if done == total or (cfg.run.log_every > 0 and done % cfg.run.log_every == 0):
             train_loss = float(all_reduce_mean_(loss.float(), self.ctx).item())
             if self.telemetry is not None:
                 self.telemetry.watch.add_loss(done, train_loss)
             if self.scalars is not None:
                 self.scalars.train(done, train_loss, self.setup.optimizers)
-            tokens_per_s = cfg.tokens_per_step / (elapsed_ms / 1000)
+            tokens_per_s = cfg.data.tokens_per_step / (elapsed_ms / 1000)
             self.log.train(
                 done,
                 total,
@@ -550,7 +559,7 @@ class Trainer:
         The rank's batch is split along the batch dim into equal micro-batches, so the summed
         scaled gradients equal the gradient of the whole batch's mean loss.
         """
-        accum = self.cfg.grad_accum_steps
+        accum = self.cfg.data.grad_accum_steps
         inputs, targets = self.loader.next_batch()
         inputs = inputs.to(self.ctx.device, non_blocking=True)
         targets = targets.to(self.ctx.device, non_blocking=True)
@@ -566,7 +575,7 @@ class Trainer:
         all_reduce_gradients(self.setup.all_reduce_params, self.ctx)
         self.guard.check_step(step, total)
         multiplier = lr_multiplier(
-            step, schedule_steps, self.cfg.cooldown_frac, self.cfg.warmup_steps
+            step, schedule_steps, self.cfg.schedule.cooldown_frac, self.cfg.schedule.warmup_steps
         )
         apply_lr_multiplier(self.setup.optimizers, multiplier)
         if snapshot:
@@ -603,11 +612,11 @@ class Trainer:
         total = torch.zeros((), dtype=torch.float32, device=ctx.device)
         batches = validation_batches(
             self.data.val_pattern,
-            cfg.batch_size,
-            cfg.seq_len,
+            cfg.data.batch_size,
+            cfg.data.seq_len,
             ctx.rank,
             ctx.world_size,
-            cfg.val_tokens,
+            cfg.data.val_tokens,
         )
         count = 0
         for inputs, targets in batches:
@@ -629,8 +638,8 @@ class Trainer:
         if not self.state_checked:  # before anything is written: no .partial is left
             self._on_every_rank(lambda: check_state_loadable(self.setup.optimizers))
             self.state_checked = True
-        directory = checkpoint_path(self.cfg.out_dir, self.run_id, step)
-        if self.cfg.parallel == "ddp":
+        directory = checkpoint_path(self.cfg.run.out_dir, self.run_id, step)
+        if self.cfg.parallel.mode == "ddp":
             save_checkpoint(
                 directory,
                 self.ctx.rank,
@@ -652,7 +661,7 @@ class Trainer:
                 self.setup.optimizers,
                 self.loader,
                 self.run_id,
-                self.cfg.parallel,
+                self.cfg.parallel.mode,
             )
         barrier(self.ctx)  # every rank has written its file
         if self.ctx.is_main:
@@ -662,7 +671,7 @@ class Trainer:
 
     def _finish(self, val_loss: float) -> None:
         allocated, reserved = peak_memory_mib(self.ctx)
-        total = self.cfg.num_iterations
+        total = self.cfg.schedule.num_iterations
         # train_time_ms counts every step of the run, a resumed one included (as step_avg does).
         mfu = self.mfu.of_step(self.train_time_ms / 1000 / max(total, 1))
         phases = self.clock.record(self.log.write_s)
@@ -678,8 +687,8 @@ class Trainer:
         return {
             "kind": "config",
             "run_id": self.run_id,
-            "seed": self.cfg.seed,
-            "preset": self.cfg.preset,
+            "seed": self.cfg.run.seed,
+            "preset": self.cfg.run.preset,
             "optimizer": self.cfg.optimizer,
             "world_size": self.ctx.world_size,
             "autocast": self.autocast.name,

@@ -49,7 +49,8 @@ Blocks with the same shape are stacked into buckets and processed by batched ker
 hyperparameters need are allocated when the group is added.
 
 A step is all or nothing. Before anything moves it checks, for every group: the
-hyperparameters (re-validated every step, so that a scheduler's ``lr = inf`` is refused), that
+hyperparameters (validated when the group is added; a step or a load re-checks the entries
+that changed since, so that a scheduler's ``lr = inf`` is refused), that
 the entries fixed at construction are unchanged (``params``, ``max_preconditioner_dim``,
 ``preconditioner_config``, ``grafting_config``, ``distributed_config``, ``momentum_dtype``: they decide the blocks,
 which rank holds them and the layout of their state), and that every gradient is dense, real

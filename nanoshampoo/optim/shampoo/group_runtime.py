@@ -21,7 +21,7 @@ from nanoshampoo.optim.shampoo.group_validation import (
     Hyperparameters,
     check_grads,
     step_values,
-    validate_group,
+    validate_changes,
 )
 from nanoshampoo.optim.shampoo.iterate_averaging import (
     classic_momentum_,
@@ -151,10 +151,12 @@ class GroupRuntime:
     def plan(self, group: Mapping[str, Any]) -> Hyperparameters:
         """Validate ``group`` for this runtime and return the hyperparameters of its next step.
 
-        Changes nothing. Raises ``ValueError`` naming the field for an invalid entry, or for an
-        entry fixed at construction (``params`` and ``FIXED_GROUP_KEYS``) that differs.
+        Changes nothing. Raises ``ValueError`` naming the field for an invalid entry (re-checked
+        only where it changed since the last validated step entries: ``validate_changes``), or
+        for an entry fixed at construction (``params`` and ``FIXED_GROUP_KEYS``) that differs.
         """
-        validate_group(group)
+        values = step_values(group)
+        validate_changes(group, values, self.hyperparameters.group_values)
         for key, built in self._fixed.items():
             value = group[key]
             if value is not built and value != built:
@@ -176,7 +178,7 @@ class GroupRuntime:
                 "iterate_averaging_config cannot turn primal averaging (GPA, Schedule-Free) on or "
                 f"off after the group is added (it decides the block state), got {averaging!r}"
             )
-        if step_values(group) == self.hyperparameters.group_values:
+        if values == self.hyperparameters.group_values:
             return self.hyperparameters
         return Hyperparameters.resolve(group)
 

@@ -1,7 +1,8 @@
 """Validation of a parameter group's entries, and their resolution into :class:`Hyperparameters`.
 
 :func:`validate_group` and :func:`validate_params` raise ``ValueError`` naming the field (or
-``params[i]``); :func:`write_back_sentinels` writes what the ``-1`` sentinels stand for into a
+``params[i]``), when a group is added; :func:`validate_changes` re-checks, at a step or a load,
+only the entries that changed since; :func:`write_back_sentinels` writes what the ``-1`` sentinels stand for into a
 new group, once; :meth:`Hyperparameters.resolve` turns a valid group into the values a step
 uses (resolving a ``-1`` set after construction too).
 """
@@ -94,8 +95,8 @@ def _require(group: Mapping[str, Any], ok: bool, name: str, requirement: str) ->
 def validate_group(group: Mapping[str, Any]) -> None:
     """Raise ``ValueError`` (message starting with the field name) for an invalid group entry.
 
-    Checks every entry but ``params`` (see :func:`validate_params`); cheap Python only, so
-    :meth:`DistributedShampoo.step` runs it on every group at every step.
+    Checks every entry but ``params`` (see :func:`validate_params`). Run when a group is added;
+    afterwards a step or a load re-checks only what changed (:func:`validate_changes`).
     """
     config = group["preconditioner_config"]
     _require(
@@ -158,7 +159,7 @@ def _check_entry(
 def _validate_step_sizes(group: Mapping[str, Any]) -> None:
     """The entries that scale a step: lr, betas, beta3, epsilon, momentum, weight decay."""
     betas, beta3 = group["betas"], group["beta3"]
-    _check_entry(group, "lr", "Must be >= 0.0.", lambda lr: lr >= 0.0)
+    _validate_lr(group)
     _require(
         group,
         isinstance(betas, (tuple, list)) and len(betas) == 2,
@@ -226,6 +227,25 @@ def _validate_step_sizes(group: Mapping[str, Any]) -> None:
         1.0 - betas[0] if betas[0] > 0.0 else 1.0,
         "1 - betas[0]",
     )
+
+
+def _validate_lr(group: Mapping[str, Any]) -> None:
+    _check_entry(group, "lr", "Must be >= 0.0.", lambda lr: lr >= 0.0)
+
+
+def validate_changes(
+    group: Mapping[str, Any], values: tuple[Any, ...], validated: tuple[Any, ...]
+) -> None:
+    """Re-validate ``group``, whose step entries are ``values`` (:func:`step_values`), where
+    they differ from ``validated`` (the snapshot of entries that last passed
+    :func:`validate_group`): nothing when none changed; the ``lr`` rule alone when only ``lr``
+    did (a schedule's write each step: ``lr`` takes part in no other rule); else every rule
+    (rules relate entries: ``epsilon`` and the preconditioner, the schedule's steps)."""
+    changed = [k for k, new, old in zip(STEP_GROUP_KEYS, values, validated) if new != old]
+    if changed == ["lr"]:
+        _validate_lr(group)
+    elif changed:
+        validate_group(group)
 
 
 def _validate_iterate_averaging(group: Mapping[str, Any]) -> None:
@@ -350,8 +370,12 @@ def validate_params(params: Sequence[torch.Tensor], names: Sequence[str] | None 
 
 
 def step_values(group: Mapping[str, Any]) -> tuple[Any, ...]:
-    """The group entries a step reads, as a comparable snapshot (``betas`` as a tuple)."""
-    return tuple(tuple(group[k]) if k == "betas" else group[k] for k in STEP_GROUP_KEYS)
+    """The group entries a step reads, as a comparable snapshot (a ``betas`` list as a tuple;
+    anything else as it is, so that a bad value reaches the validation that names it)."""
+    return tuple(
+        tuple(group[k]) if k == "betas" and isinstance(group[k], list) else group[k]
+        for k in STEP_GROUP_KEYS
+    )
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ from nanoshampoo.train.setups import (  # noqa: F401 - registers
 from nanoshampoo.train.setups.registry import (
     BuildContext,
     OptimizerPart,
+    SetupArguments,
     SetupInputs,
     SetupSpec,
     get_setup,
@@ -30,6 +31,7 @@ from nanoshampoo.train.setups.registry import (
 __all__ = [
     "BuildContext",
     "OptimizerPart",
+    "SetupArguments",
     "SetupInputs",
     "SetupSpec",
     "get_setup",

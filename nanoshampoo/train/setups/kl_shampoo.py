@@ -28,20 +28,19 @@ from nanoshampoo.train.setups.checks import (
     check_types,
     field_label,
 )
-from nanoshampoo.train.setups.library_checks import check_shampoo_group
 from nanoshampoo.train.setups.registry import (
     BuildContext,
     OptimizerPart,
+    SetupArguments,
     SetupInputs,
     register_setup,
     register_table,
 )
 from nanoshampoo.train.setups.shampoo_family import (
     PreconditionerConfig,
-    check_distributor,
+    build_matrix_optimizer,
+    check_shampoo_setup,
     common_kwargs,
-    distributed_config,
-    group_labels,
     stability_config,
 )
 
@@ -110,23 +109,12 @@ def kl_shampoo_kwargs(pre: PreconditionerConfig, hp: KLShampooConfig) -> dict[st
     )
 
 
-def check_kl_config(cfg: SetupInputs) -> None:
-    """The setup's values by the optimizer's own group rules (``library_checks``), errors
-    naming the trainer's fields."""
+def check_kl_config(cfg: SetupInputs) -> SetupArguments:
+    """The setup's ``DistributedShampoo`` arguments, built once and checked by the optimizer's
+    own group rules (errors naming the trainer's fields), kept for the builder."""
     kwargs = kl_shampoo_kwargs(cfg.table(PreconditionerConfig), cfg.table(KLShampooConfig))
     # The [kl_shampoo] table names its fields as [shampoo] does, so the family's labels fit.
-    check_shampoo_group(kwargs, group_labels("kl_shampoo"))
-    check_distributor(cfg)
-
-
-def build_kl_shampoo_matrix(ctx: BuildContext) -> torch.optim.Optimizer:
-    """``DistributedShampoo``, root-inverse KL-Shampoo with Adam grafting, block matrices."""
-    from nanoshampoo.optim.shampoo import DistributedShampoo
-
-    kwargs = kl_shampoo_kwargs(ctx.cfg.table(PreconditionerConfig), ctx.cfg.table(KLShampooConfig))
-    return DistributedShampoo(
-        ctx.groups["matrix"], distributed_config=distributed_config(ctx), **kwargs
-    )
+    return check_shampoo_setup(cfg, kwargs, "kl_shampoo")
 
 
 @register_setup(
@@ -137,4 +125,4 @@ def build_kl_shampoo_matrix(ctx: BuildContext) -> torch.optim.Optimizer:
     check=check_kl_config,
 )
 def build_kl_shampoo(ctx: BuildContext) -> list[OptimizerPart]:
-    return [build_rest_adamw(ctx), OptimizerPart(build_kl_shampoo_matrix(ctx))]
+    return [build_rest_adamw(ctx), OptimizerPart(build_matrix_optimizer(ctx))]

@@ -7,9 +7,10 @@ A *table* is a small dataclass of one component's hyper-parameters (``MuonConfig
 
 A *setup* (``TrainConfig.optimizer``) is one builder: given the model's parameter groups
 (``embed``, ``head``, ``scalar``, ``matrix``: see ``nanoshampoo.train.optimizers``), what it
-reads of the config (:class:`SetupInputs`: its tables and the parallel mode) and the world size, it returns the optimizers as :class:`OptimizerPart`s. ``register_setup`` is
-the only way in and takes the builder itself, so a setup without a builder cannot exist; the
-trainer then checks that every trainable parameter is owned by exactly one optimizer.
+reads of the config (:class:`SetupInputs`: its tables and the parallel mode) and the world
+size, it returns the optimizers as :class:`OptimizerPart`s. ``register_setup`` is the only way
+in and takes the builder itself, so a setup without a builder cannot exist; the trainer then
+checks that every trainable parameter is owned by exactly one optimizer.
 
 Example:
     >>> @register_setup("sgd-demo", tables=(), rest="none", matrix="SGD")  # doctest: +SKIP
@@ -23,7 +24,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import torch
 from torch import nn
@@ -31,12 +32,40 @@ from torch import nn
 Table = TypeVar("Table")
 
 
-class SetupInputs(Protocol):
-    """What a setup reads of a run's config (``TrainConfig`` is one): its tables, by class, and
-    the parallel mode. The setups see only this, so they never import the config."""
+class ParallelInputs(Protocol):
+    """What a setup reads of the run's parallel section: the mode (``ddp``, ``fsdp2``, ``hsdp``)."""
 
     @property
-    def parallel(self) -> str: ...
+    def mode(self) -> str: ...
+
+
+@dataclass(frozen=True)
+class SetupArguments:
+    """The optimizer's keyword arguments that a setup's check built from its tables, the
+    library's config objects among them (their ``__post_init__`` validated them there, once).
+    The validated config keeps them (``SetupInputs.setup_arguments``) and the builder passes
+    them on, so they are neither rebuilt nor re-checked. Read-only: ``kwargs`` is a new dict."""
+
+    items: tuple[tuple[str, Any], ...]
+
+    @classmethod
+    def of(cls, kwargs: Mapping[str, Any]) -> SetupArguments:
+        return cls(tuple(kwargs.items()))
+
+    def kwargs(self) -> dict[str, Any]:
+        return dict(self.items)
+
+
+class SetupInputs(Protocol):
+    """What a setup reads of a run's config (``TrainConfig`` is one): its tables, by class, the
+    parallel mode, and what its check built. The setups see only this, so they never import
+    the config."""
+
+    @property
+    def parallel(self) -> ParallelInputs: ...
+
+    @property
+    def setup_arguments(self) -> SetupArguments | None: ...
 
     def table(self, cls: type[Table]) -> Table: ...
 
@@ -54,7 +83,7 @@ class OptimizerPart:
 class BuildContext:
     """What a builder gets: the parameter groups (``GROUP_NAMES``), the config's tables and
     parallel mode, the world size, and whether the parameters are FSDP-sharded DTensors
-    (``cfg.parallel`` fsdp2 / hsdp)."""
+    (``cfg.parallel.mode`` fsdp2 / hsdp)."""
 
     groups: Mapping[str, list[nn.Parameter]]
     cfg: SetupInputs
@@ -62,12 +91,13 @@ class BuildContext:
 
     @property
     def sharded(self) -> bool:
-        return self.cfg.parallel != "ddp"
+        return self.cfg.parallel.mode != "ddp"
 
 
 Builder = Callable[[BuildContext], list[OptimizerPart]]
 # A cross-table check of a config that selects the setup; raises ValueError naming the field.
-ConfigCheck = Callable[[SetupInputs], None]
+# It returns the optimizer arguments it built from the tables (the builder reuses them), or None.
+ConfigCheck = Callable[[SetupInputs], SetupArguments | None]
 
 
 @dataclass(frozen=True)
@@ -75,7 +105,8 @@ class SetupSpec:
     """A registered setup: its builder, the tables it reads, and what it runs where.
 
     ``matrix`` / ``rest`` name the optimizers of the block matrices and of the embedding, head
-    and 1-D parameters (for messages and ``--help``); ``check`` validates across tables.
+    and 1-D parameters (for messages and ``--help``); ``check`` validates across tables and may
+    return the optimizer arguments it built (:class:`SetupArguments`).
     """
 
     name: str

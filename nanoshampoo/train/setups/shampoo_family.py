@@ -20,8 +20,9 @@ Where the rules live: a table's ``__post_init__`` checks what its fields must be
 setup (types, choices, finite learning rates, betas in [0, 1)), without importing the optimizer,
 so an unused table is checked too. The optimizer's own rules (storage dtypes that cannot hold an
 EMA, the first root vs the precondition frequency, every config field) are not repeated here:
-each setup's check builds the library's configs and validates the group they make, for the
-setup that runs, and the error names the trainer's flag (``library_checks``).
+each setup's check builds the library's configs once and validates the group they make, for the
+setup that runs, and the error names the trainer's flag (``library_checks``); the config keeps
+what it built (``SetupArguments``) and the builder passes it to the optimizer.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ from nanoshampoo.train.setups.library_checks import check_shampoo_group, library
 from nanoshampoo.train.setups.registry import (
     BuildContext,
     OptimizerPart,
+    SetupArguments,
     SetupInputs,
     register_setup,
     register_table,
@@ -122,10 +124,10 @@ class DistributorConfig:
 def check_distributor(cfg: SetupInputs) -> None:
     """``[distributor]`` against the run's ``parallel`` mode (``ValueError`` naming the field)."""
     kind = cfg.table(DistributorConfig).kind
-    if cfg.parallel != "ddp" and kind != "auto":
+    if cfg.parallel.mode != "ddp" and kind != "auto":
         raise ValueError(
             f"{field_label('distributor', 'kind')} must be 'auto' under parallel="
-            f"{cfg.parallel!r} (the sharding decides), got {kind!r}"
+            f"{cfg.parallel.mode!r} (the sharding decides), got {kind!r}"
         )
 
 
@@ -291,14 +293,16 @@ def distributed_config(ctx: BuildContext) -> Any:
 
     dist = ctx.cfg.table(DistributorConfig)
     communication_dtype = getattr(torch, dist.communication_dtype)
-    if ctx.cfg.parallel == "ddp":
+    if ctx.cfg.parallel.mode == "ddp":
         if dist.kind == "ddp" or (dist.kind == "auto" and ctx.world_size > 1):
             return DDPDistributedConfig(
                 communication_dtype=communication_dtype, communicate_params=dist.communicate_params
             )
         return SingleDeviceDistributedConfig()
     sharded = (
-        FullyShardDistributedConfig if ctx.cfg.parallel == "fsdp2" else HybridShardDistributedConfig
+        FullyShardDistributedConfig
+        if ctx.cfg.parallel.mode == "fsdp2"
+        else HybridShardDistributedConfig
     )
     return sharded(
         param_assignment_strategy=FSDPParamAssignmentStrategy[dist.fsdp_assignment.upper()],
@@ -493,33 +497,41 @@ def matrix_kwargs(cfg: SetupInputs, matrix: str) -> dict[str, Any]:
     return kwargs(cfg.table(PreconditionerConfig), cfg.table(table))
 
 
-def build_matrix_optimizer(ctx: BuildContext, matrix: str) -> torch.optim.Optimizer:
-    """``DistributedShampoo`` for the block matrices, as setup ``matrix``'s tables say."""
+def build_matrix_optimizer(ctx: BuildContext) -> torch.optim.Optimizer:
+    """``DistributedShampoo`` for the block matrices, from the arguments the setup's check built
+    from its tables when the config was validated (``setup_arguments``: not rebuilt here)."""
     from nanoshampoo.optim.shampoo import DistributedShampoo
 
+    arguments = ctx.cfg.setup_arguments
+    if arguments is None:
+        raise TypeError("the setup's check built no DistributedShampoo arguments to build from")
     return DistributedShampoo(
-        ctx.groups["matrix"],
-        distributed_config=distributed_config(ctx),
-        **matrix_kwargs(ctx.cfg, matrix),
+        ctx.groups["matrix"], distributed_config=distributed_config(ctx), **arguments.kwargs()
     )
+
+
+def check_shampoo_setup(cfg: SetupInputs, kwargs: dict[str, Any], matrix: str) -> SetupArguments:
+    """A setup's ``DistributedShampoo`` arguments ``kwargs`` (their library configs already
+    built, and so validated) checked by the optimizer's own group rules (``library_checks``),
+    errors naming the trainer's field; then ``[distributor]`` against the parallel mode. The
+    arguments, kept on the config for the builder."""
+    check_shampoo_group(kwargs, group_labels(matrix))
+    check_distributor(cfg)
+    return SetupArguments.of(kwargs)
 
 
 def _register_family(matrix: str) -> None:
     """Register ``MATRIX`` (AdamW for the rest) and ``MATRIX-distadam`` (DistAdam for it)."""
     tables = ("adam", "preconditioner", matrix, "distributor")
 
-    def check(cfg: SetupInputs) -> None:
-        """The setup's values by the optimizer's own rules (``library_checks``): every library
-        config is built and the group it would hold validated, errors naming the trainer's
-        field; then ``[distributor]`` against the parallel mode."""
-        check_shampoo_group(matrix_kwargs(cfg, matrix), group_labels(matrix))
-        check_distributor(cfg)
+    def check(cfg: SetupInputs) -> SetupArguments:
+        return check_shampoo_setup(cfg, matrix_kwargs(cfg, matrix), matrix)
 
     def with_adamw(ctx: BuildContext) -> list[OptimizerPart]:
-        return [build_rest_adamw(ctx), OptimizerPart(build_matrix_optimizer(ctx, matrix))]
+        return [build_rest_adamw(ctx), OptimizerPart(build_matrix_optimizer(ctx))]
 
     def with_distadam(ctx: BuildContext) -> list[OptimizerPart]:
-        return [*build_rest_distadam(ctx), OptimizerPart(build_matrix_optimizer(ctx, matrix))]
+        return [*build_rest_distadam(ctx), OptimizerPart(build_matrix_optimizer(ctx))]
 
     register_setup(matrix, tables=tables, matrix=matrix, rest="adamw", check=check)(with_adamw)
     register_setup(

@@ -58,7 +58,7 @@ def test_auto_stays_eager_where_compiling_was_not_measured_to_pay(
 def test_auto_compiles_a_long_cpu_run_where_inductor_works(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(compile_choice, "probe_inductor", lambda device: None)
     # `make train` (tiny-shampoo, the default 300 steps) is such a run.
-    assert TrainConfig(**load_preset("tiny-shampoo")).num_iterations >= LONG
+    assert TrainConfig(**load_preset("tiny-shampoo")).schedule.num_iterations >= LONG
     assert resolve_compile("auto", CPU, 1, 300) == CompileChoice(
         True,
         f"auto: a 300-step run on CPU (compiling pays after ~{LONG} steps, ~15 from "
@@ -96,8 +96,8 @@ def test_probe_passes_with_a_cpp_compiler() -> None:
 
 
 def test_config_spellings() -> None:
-    assert TrainConfig().compile == "auto"
-    assert TrainConfig(compile="true").compile == "true"
+    assert TrainConfig().parallel.compile == "auto"
+    assert TrainConfig(compile="true").parallel.compile == "true"
     assert load_preset("gpt2-124m-shampoo")["compile"] == "true"
     with pytest.raises(ValueError, match=r'TrainConfig.compile is "true", .* write "false"'):
         TrainConfig(compile=False)  # the field's type before it took "auto"

@@ -7,7 +7,7 @@ import tomllib
 import pytest
 
 from nanoshampoo.train.cli import config_from_args, main
-from nanoshampoo.train.config import RENAMED, TrainConfig
+from nanoshampoo.train.config import RENAMED, TrainConfig, run_keys
 from nanoshampoo.train.presets import PRESET_DIR, load_preset, preset_names
 from nanoshampoo.train.setups import setup_names
 from nanoshampoo.train.setups.adam import AdamConfig
@@ -185,7 +185,7 @@ def test_defaults_are_the_optimization_track_shampoo_recipe() -> None:
     assert (pre.max_preconditioner_dim, shampoo.precondition_frequency) == (8192, 5)
     assert pre.start_preconditioning_step == -1
     assert (shampoo.grafting_beta2, shampoo.grafting_epsilon) == (0.95, 1e-10)
-    assert cfg.cooldown_frac == 0.7
+    assert cfg.schedule.cooldown_frac == 0.7
 
 
 def test_every_preset_loads_into_a_valid_config() -> None:
@@ -193,7 +193,7 @@ def test_every_preset_loads_into_a_valid_config() -> None:
     assert {"tiny-shampoo", "tiny-adamw", "gpt2-124m-shampoo"} <= set(names)
     for name in names:
         cfg = TrainConfig(**load_preset(name))
-        assert cfg.preset == name
+        assert cfg.run.preset == name
 
 
 def test_flags_override_the_preset_with_typed_values() -> None:
@@ -219,12 +219,12 @@ def test_flags_override_the_preset_with_typed_values() -> None:
             "0.25,0.5,0.75",
         ]
     )
-    assert cfg.preset == "tiny-adamw" and cfg.optimizer == "adamw"
-    assert (cfg.seed, cfg.cooldown_frac, cfg.autocast) == (7, 0.5, "off")
-    assert cfg.profile_steps == (5, 6, 7)
-    assert cfg.decay_branches == (0.25, 0.5, 0.75)
-    assert (cfg.run_id, cfg.out_dir) == ("abc", "/tmp/o")
-    assert cfg.num_iterations == TrainConfig().num_iterations
+    assert cfg.run.preset == "tiny-adamw" and cfg.optimizer == "adamw"
+    assert (cfg.run.seed, cfg.schedule.cooldown_frac, cfg.parallel.autocast) == (7, 0.5, "off")
+    assert cfg.run.profile_steps == (5, 6, 7)
+    assert cfg.schedule.decay_branches == (0.25, 0.5, 0.75)
+    assert (cfg.run.run_id, cfg.run.out_dir) == ("abc", "/tmp/o")
+    assert cfg.schedule.num_iterations == TrainConfig().schedule.num_iterations
 
 
 def test_precondition_dtype_flag_sets_the_shampoo_table() -> None:
@@ -280,7 +280,7 @@ def test_presets_hold_only_what_differs_from_the_defaults() -> None:
         same = sorted(
             k
             for k, v in raw.items()
-            if k != "extends" and not isinstance(v, dict) and getattr(defaults, k) == v
+            if k != "extends" and not isinstance(v, dict) and run_keys()[k].read(defaults) == v
         )
         same += sorted(
             f"{table}.{k}"

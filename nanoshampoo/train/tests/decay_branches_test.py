@@ -126,14 +126,14 @@ def test_bad_fractions_are_refused_naming_the_field(value: tuple[Any, ...], mess
 def test_the_flag_and_the_preset_key_set_the_fractions(tmp_path: Path) -> None:
     preset = tmp_path / "branched.toml"
     preset.write_text("num_iterations = 16\ndecay_branches = [0.25, 0.5, 0.75]\n")
-    assert config_from_args(["--preset", str(preset)]).decay_branches == FRACTIONS
+    assert config_from_args(["--preset", str(preset)]).schedule.decay_branches == FRACTIONS
     assert (
         config_from_args(
             ["--num-iterations", "16", "--decay-branches", "0.25,0.5,0.75"]
-        ).decay_branches
+        ).schedule.decay_branches
         == FRACTIONS
     )
-    assert config_from_args([]).decay_branches == ()
+    assert config_from_args([]).schedule.decay_branches == ()
 
 
 def _flat(model: torch.nn.Module) -> torch.Tensor:
@@ -280,7 +280,9 @@ def test_a_diverged_branch_is_recorded_and_the_main_run_goes_on(
     train_step = Trainer._train_step
 
     def poisoned(self: Trainer, step: int, schedule_steps: int, *rest: bool) -> torch.Tensor:
-        if self.cfg.decay_branches and schedule_steps == 8 and step == 6:  # the 8-step branch
+        if (
+            self.cfg.schedule.decay_branches and schedule_steps == 8 and step == 6
+        ):  # the 8-step branch
             with torch.no_grad():
                 next(self.model.parameters()).fill_(math.nan)
         return train_step(self, step, schedule_steps, *rest)

@@ -13,7 +13,7 @@ from trainer_test import tiny_config
 from nanoshampoo.testing.shampoo_reference import ReferenceShampoo
 from nanoshampoo.train.config import TrainConfig
 from nanoshampoo.train.setups import BuildContext
-from nanoshampoo.train.setups.kl_shampoo import build_kl_shampoo_matrix
+from nanoshampoo.train.setups.shampoo_family import build_matrix_optimizer
 from nanoshampoo.train.trainer import Trainer
 
 HP = {
@@ -68,7 +68,7 @@ def test_the_matrix_steps_are_kl_shampoos_grafted_onto_adam() -> None:
     generator = torch.Generator().manual_seed(0)
     param = torch.nn.Parameter(torch.randn(6, 5, generator=generator))
     w0 = param.detach().double().numpy().copy()
-    optimizer = build_kl_shampoo_matrix(
+    optimizer = build_matrix_optimizer(
         BuildContext({"matrix": [param]}, TrainConfig(optimizer="kl-shampoo", **HP, **BLOCK), 1)
     )
     grads = [torch.randn(6, 5, generator=generator) for _ in range(8)]

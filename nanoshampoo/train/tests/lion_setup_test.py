@@ -58,7 +58,7 @@ def test_trainer_steps_move_the_matrices_by_lions_steps(
 
     optimizer.step = recording_step  # type: ignore[method-assign]
     trainer.run()
-    multipliers = [lr_multiplier(t, 3, cfg.cooldown_frac) for t in range(3)]
+    multipliers = [lr_multiplier(t, 3, cfg.schedule.cooldown_frac) for t in range(3)]
     assert len(seen) == 3
     for i, (p, w0) in enumerate(zip(matrices, before)):
         grads = [g[i] for g in seen]

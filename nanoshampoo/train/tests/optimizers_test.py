@@ -26,7 +26,7 @@ def build_shampoo(
 ) -> torch.optim.Optimizer:
     """The setup's DistributedShampoo alone, over ``params`` as its block matrices."""
     groups = {"embed": [], "head": [], "scalar": [], "matrix": list(params)}
-    return build_matrix_optimizer(BuildContext(groups, cfg, world_size), cfg.setup.matrix)
+    return build_matrix_optimizer(BuildContext(groups, cfg, world_size))
 
 
 def names_of(model: GPT, params: list[torch.nn.Parameter]) -> set[str]:

@@ -87,7 +87,7 @@ def validation_loss_by_hand(model: GPT, cfg: TrainConfig) -> float:
     losses = [
         model(x, y).float()
         for x, y in validation_batches(
-            cfg.val_files, cfg.batch_size, cfg.seq_len, 0, 1, cfg.val_tokens
+            cfg.data.val_files, cfg.data.batch_size, cfg.data.seq_len, 0, 1, cfg.data.val_tokens
         )
     ]
     model.train()

@@ -160,7 +160,7 @@ def test_cli_run_lowers_the_loss_and_writes_both_logs(
     assert (
         TrainConfig(
             **{k: tuple(v) if isinstance(v, list) else v for k, v in config["config"].items()}
-        ).num_iterations
+        ).schedule.num_iterations
         == 40
     )
     vals = [r for r in records if r["kind"] == "val"]

@@ -20,6 +20,7 @@ from nanoshampoo.optim.shampoo import (
     PseudoInverseConfig,
     RootInvShampooPreconditionerConfig,
     SGDPreconditionerConfig,
+    group_validation,
 )
 from nanoshampoo.optim.shampoo.config_checks import error_field
 
@@ -238,3 +239,43 @@ def test_momentum_and_weight_decay_turned_on_after_construction_apply_from_the_n
     torch.testing.assert_close(w.detach(), expected, rtol=1e-12, atol=1e-14)
     momentum = opts[0].state[w]["block_0"]["momentum_buffer"]
     torch.testing.assert_close(momentum, (w_before - w.detach()) / 0.1, rtol=1e-12, atol=1e-14)
+
+
+def test_a_step_re_checks_only_the_entries_that_changed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Validation runs when a group is added; a step with unchanged entries runs none, one
+    after a schedule's ``lr`` write runs the ``lr`` rule alone, and one after any other change
+    runs every rule (they relate entries)."""
+    opt, params = _two_group_optimizer()
+    calls = []
+    real = group_validation.validate_group
+    monkeypatch.setattr(group_validation, "validate_group", lambda g: calls.append(1) or real(g))
+    for seed, change, expected in [
+        (1, {}, 0),
+        (2, {}, 0),
+        (3, {"lr": 0.005}, 0),
+        (4, {"betas": (0.8, 1.0)}, 1),
+        (5, {}, 0),
+    ]:
+        opt.param_groups[0].update(change)
+        _set_grads(params, seed)
+        opt.step()
+        assert len(calls) == expected, (seed, change)
+        calls.clear()
+
+
+def test_a_scheduler_writing_lr_steps_as_that_lr_given_at_construction() -> None:
+    """``LambdaLR`` halving lr 0.02 at every step moves the parameters exactly as lr 0.01 set
+    at construction does (halving is exact in binary floating point)."""
+    moved = []
+    for lr, factor in [(0.02, 0.5), (0.01, 1.0)]:
+        params = _params()
+        opt = DistributedShampoo(
+            params, lr=lr, epsilon=1e-8, grafting_config=AdamPreconditionerConfig()
+        )
+        schedule = torch.optim.lr_scheduler.LambdaLR(opt, lambda step, f=factor: f)
+        for seed in range(1, 4):
+            _set_grads(params, seed)
+            opt.step()
+            schedule.step()
+        moved.append([p.detach().clone() for p in params])
+    assert all(torch.equal(a, b) for a, b in zip(*moved, strict=True))

@@ -6,12 +6,18 @@ from __future__ import annotations
 import re
 
 import pytest
+import torch
 
 from nanoshampoo.optim.shampoo import UnsupportedConfigError, group_validation
 from nanoshampoo.optim.shampoo.preconditioner import preconditioner_types
 from nanoshampoo.train.config import TrainConfig
+from nanoshampoo.train.setups import BuildContext
 from nanoshampoo.train.setups.library_checks import check_shampoo_group, with_trainer_label
-from nanoshampoo.train.setups.shampoo_family import PreconditionerConfig, ShampooConfig
+from nanoshampoo.train.setups.shampoo_family import (
+    PreconditionerConfig,
+    ShampooConfig,
+    build_matrix_optimizer,
+)
 
 GRAFTING_BF16_SLOW_EMA = {"shampoo.grafting_dtype": "bfloat16", "shampoo.grafting_beta2": 0.999}
 EARLY_FIRST_ROOT = {
@@ -142,3 +148,20 @@ def test_an_indexed_library_field_finds_its_trainer_field() -> None:
 def test_an_argument_that_is_no_group_entry_is_a_programming_error() -> None:
     with pytest.raises(TypeError, match="nonfinite_grad_policy"):
         check_shampoo_group({"nonfinite_grad_policy": "skip"}, {})
+
+
+@pytest.mark.parametrize("optimizer", ["shampoo", "soap-distadam", "muon", "kl-shampoo"])
+def test_the_builder_passes_on_the_configs_the_check_built(optimizer: str) -> None:
+    """The library's configs are built once, where the config is validated: the optimizer's
+    group holds those very objects, not copies rebuilt from the tables."""
+    cfg = TrainConfig(optimizer=optimizer)
+    assert cfg.setup_arguments is not None
+    built = cfg.setup_arguments.kwargs()
+    param = torch.nn.Parameter(torch.randn(8, 4))
+    group = build_matrix_optimizer(BuildContext({"matrix": [param]}, cfg, 1)).param_groups[0]
+    for name in ("preconditioner_config", "grafting_config"):
+        assert group[name] is built[name], name
+
+
+def test_a_setup_without_library_configs_keeps_none() -> None:
+    assert TrainConfig(optimizer="adamw").setup_arguments is None
