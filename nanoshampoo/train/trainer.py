@@ -443,7 +443,7 @@ class Trainer:
                 with self.setup.evaluation_point():  # before the validation: see its docstring
                     with self.clock.phase("checkpoint"):
                         last_checkpoint = self._save_checkpoint(step)
-            if last or (cfg.val_every and step % cfg.val_every == 0):
+            if last or (cfg.schedule.val_every and step % cfg.schedule.val_every == 0):
                 with self.setup.evaluation_point(), self.clock.phase("validation"):
                     val_loss = self._validation_loss()
                 _say(self.log.val(step, total, val_loss, self.train_time_ms), self.ctx, bar)
