@@ -18,7 +18,8 @@ AdamW                               ``torch.optim.AdamW`` fused / foreach       
 Ours: Muon is ``DistributedShampoo`` with spectral descent at the trainer's Muon settings
 (``train/optimizers.py``: momentum 0.95, Nesterov, 5 Newton-Schulz steps, Muon's shape scale),
 its Newton-Schulz dtype automatic (bf16 where bf16 matmuls are fast) or forced to float32
-against the fp32 peer; SOAP is the trainer's ``soap`` setup (``build_matrix_optimizer``) and the peer gets
+against the fp32 peer; SOAP is the trainer's ``soap`` setup (``build_matrix_optimizer``) and the
+peer gets
 the same lr, betas, epsilon, weight decay and frequency; Shampoo is built with identical keyword
 arguments from both libraries (their public names are the same): eigh roots, Adam grafting,
 ``max_preconditioner_dim`` 1024; AdamW is DistAdam (one process). One sample is a window of

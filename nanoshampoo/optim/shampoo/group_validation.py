@@ -229,7 +229,8 @@ def _validate_step_sizes(group: Mapping[str, Any]) -> None:
 
 
 def _validate_iterate_averaging(group: Mapping[str, Any]) -> None:
-    """``iterate_averaging_config``, and that the deprecated momentum entries are not set with it."""
+    """``iterate_averaging_config``, and that the deprecated momentum entries are not set with
+    it."""
     config = group["iterate_averaging_config"]
     if not (config is None or isinstance(config, ITERATE_AVERAGING_CONFIG_TYPES)):
         # Another IterateAveragingConfig subclass: the reference raises NotImplementedError.

@@ -7,7 +7,8 @@ A *table* is a small dataclass of one component's hyper-parameters (``MuonConfig
 
 A *setup* (``TrainConfig.optimizer``) is one builder: given the model's parameter groups
 (``embed``, ``head``, ``scalar``, ``matrix``: see ``nanoshampoo.train.optimizers``), what it
-reads of the config (:class:`SetupInputs`: its tables and the parallel mode) and the world size, it returns the optimizers as :class:`OptimizerPart`s. ``register_setup`` is
+reads of the config (:class:`SetupInputs`: its tables and the parallel mode) and the world size, it
+returns the optimizers as :class:`OptimizerPart`s. ``register_setup`` is
 the only way in and takes the builder itself, so a setup without a builder cannot exist; the
 trainer then checks that every trainable parameter is owned by exactly one optimizer.
 

@@ -57,7 +57,8 @@ def symmetric_rank_update_(
     ``factors`` ``(B, n, n)`` symmetric, ``unfolded`` ``(B, n, m)``. torch has no ``syrk``,
     so for ``n >= TILED_UPDATE_MIN_SIZE`` the rows are cut into ``k = n // TILE_SIZE`` tiles;
     tile ``(i, j)`` with ``i <= j`` is one ``baddbmm_`` and tile ``(j, i)`` its transpose:
-    ``(k + 1) / 2k`` of the flops. Tiles below the diagonal are exact copies of their mirrors. Measured on the 2-core
+    ``(k + 1) / 2k`` of the flops. Tiles below the diagonal are exact copies of their mirrors.
+    Measured on the 2-core
     EPYC (1 thread, float32, GPT-small blocks): 768-factors of 768x768 blocks 161 -> 133 ms,
     1024-factors of 1024x768 blocks 241-310 -> 183-203 ms, per bucket update.
     """
