@@ -23,9 +23,11 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff format --check .
 
 # The tests run on one pytest-xdist worker per core, each test file on one worker (its
-# module-scoped fixtures, such as a gloo run that several tests check, are made once).
+# module-scoped fixtures, such as a gloo run that several tests check, are made once), the files
+# handed out costliest first (conftest.py orders them; xdist would otherwise put the files with
+# the most tests first, which leaves the few long trained runs to the end).
 # PYTEST_ARGS adds flags: PYTEST_ARGS="-n 0" runs them in this process alone.
-PYTEST_PARALLEL ?= -n auto --dist loadfile
+PYTEST_PARALLEL ?= -n auto --dist loadfile --no-loadscope-reorder
 test: $(STAMP)
 	$(PY) -m pytest -q $(PYTEST_PARALLEL) $(PYTEST_ARGS)
 

@@ -4,14 +4,17 @@ Fixtures of one folder live in that folder's ``conftest.py`` (``docs/architectur
 "Tests"). The trainer processes the tests start get the trainer's malloc settings from this
 environment, so they run as they would after their re-exec (``nanoshampoo.train.allocator``)
 without importing torch and the package a second time. Under pytest-xdist (``make test`` runs
-the suite on one worker per core) two more things hold: each worker's torch uses its share of
-the cores, and the embedded corpus is prepared once.
+the suite on one worker per core, a test file at a time) three more things hold: each worker's
+torch uses its share of the cores, the embedded corpus is prepared once, and the files that cost
+the most are handed out first.
 """
 
 from __future__ import annotations
 
 import fcntl
 import os
+from collections import defaultdict
+from pathlib import Path
 
 import pytest
 import torch
@@ -25,6 +28,28 @@ def pytest_configure(config: pytest.Config) -> None:
     workers = os.environ.get("PYTEST_XDIST_WORKER_COUNT")
     if workers:  # a worker: its share of the cores, not all of them per worker
         torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // int(workers)))
+
+
+# A test's estimated cost in units of a slow test: a slow or distributed test (a trained run, a
+# gloo process group) takes seconds to minutes, any other test well under a second.
+SLOW_COST, DISTRIBUTED_COST, QUICK_COST = 1.0, 1.0, 0.01
+
+
+def estimated_cost(item: pytest.Item) -> float:
+    """The estimated cost of one test, from its markers."""
+    cost = SLOW_COST if item.get_closest_marker("slow") else QUICK_COST
+    return cost + (DISTRIBUTED_COST if item.get_closest_marker("distributed") else 0.0)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The test files in order of their estimated cost, the costliest first; the order within a
+    file is kept. ``make test`` hands whole files to the workers in this order
+    (``--dist loadfile --no-loadscope-reorder``), so that the longest files start first and the
+    short ones fill the gaps, rather than a long file starting last and running alone."""
+    file_cost: dict[Path, float] = defaultdict(float)
+    for item in items:
+        file_cost[item.path] += estimated_cost(item)
+    items.sort(key=lambda item: -file_cost[item.path])  # stable: a file's tests stay in order
 
 
 @pytest.fixture

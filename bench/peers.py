@@ -21,7 +21,8 @@ HeavyBall PSGD-Kron (both modes)    ``heavyball.PSGDKron`` against our SOAP     
 Ours: Muon is ``DistributedShampoo`` with spectral descent at the trainer's Muon settings
 (``train/optimizers.py``: momentum 0.95, Nesterov, 5 Newton-Schulz steps, Muon's shape scale),
 its Newton-Schulz dtype automatic (bf16 where bf16 matmuls are fast) or forced to float32
-against the fp32 peer; SOAP is the trainer's ``soap`` setup (``build_matrix_optimizer``) and the peer gets
+against the fp32 peer; SOAP is the trainer's ``soap`` setup (``build_matrix_optimizer``) and the
+peer gets
 the same lr, betas, epsilon, weight decay and frequency; Shampoo is built with identical keyword
 arguments from both libraries (their public names are the same): eigh roots, Adam grafting,
 ``max_preconditioner_dim`` 1024; AdamW is DistAdam (one process). One sample is a window of
@@ -621,7 +622,8 @@ def format_table(results: Sequence[Result]) -> str:
         compile_s = "-" if r.peer_compile_s is None else f"{r.peer_compile_s:.1f}"
         lines.append(
             f"| {r.name} | {r.peer_name} | {r.peer_ms:.1f} | {r.ours_ms:.1f} | "
-            f"{r.ratio:.2f}x | {goal} | {r.verdict} | {r.update_difference:.2g} | {r.compared_with} | {compile_s} |"
+            f"{r.ratio:.2f}x | {goal} | {r.verdict} | {r.update_difference:.2g} | "
+            f"{r.compared_with} | {compile_s} |"
         )
     return "\n".join(lines)
 

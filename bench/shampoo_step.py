@@ -10,7 +10,8 @@ for each ``max_preconditioner_dim`` in ``--max-dims`` and ``precondition_frequen
 (``WarmStartedEigenConfig``; the fallback column is the share of warm solves that needed a full
 eigh); ``--large-factor-multiplier 1,4`` adds rows where factors of at least
 ``--large-factor-dim`` (default 1024: GPT-small's 3072-dims split into 1024 blocks) get their
-root every ``f * 4`` steps (the window is then a multiple of ``f * 4``). ``--eigh-split off|both`` adds rows
+root every ``f * 4`` steps (the window is then a multiple of ``f * 4``). ``--eigh-split off|both``
+adds rows
 where each stack of factors is decomposed by one batched ``eigh`` with every thread instead of
 being split over the threads (``preconditioner/parallel_eigh.py``), to measure that side by side.
 ``--precondition-dtype float32,bfloat16`` adds rows whose preconditioning GEMMs ``X_L G X_R`` run

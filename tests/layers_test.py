@@ -2,7 +2,8 @@
 files stay small.
 
 Layers, lowest first (``docs/architecture.md``, "Layers"): the foundation (the root package,
-``io_utils``, ``errors``, ``matmul_speed``, ``validation``, ``testing``), ``optim``, ``model``, ``data``, ``train``, ``evidence``, ``cli``
+``io_utils``, ``errors``, ``matmul_speed``, ``validation``, ``testing``), ``optim``, ``model``,
+``data``, ``train``, ``evidence``, ``cli``
 (``nanoshampoo/cli.py`` and ``__main__.py``). A module may import from its own layer or a lower
 one. Every ``import`` statement counts, also those inside functions (a lazy import is still a
 dependency). The imports are read with ``ast``, so nothing is executed. Test modules in the
@@ -231,7 +232,9 @@ def test_the_cycle_check_sees_lazy_type_checking_and_from_package_imports(
         "pkg/__init__.py": "",
         "pkg/a.py": "def later():\n    from pkg import b\n",
         "pkg/b.py": "from . import a\n",
-        "pkg/c.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg.d import X\n",
+        "pkg/c.py": (
+            "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg.d import X\n"
+        ),
         "pkg/d.py": "from pkg.sub import e\n",
         "pkg/sub/__init__.py": "",
         "pkg/sub/e.py": "from ..c import Y\n",

@@ -28,7 +28,8 @@ a tuned setup's best trial), its seed, ``nproc`` and the effective
 ``TrainConfig`` that the trainer's own parser makes of preset + flags (so ``--lr=1`` and
 ``--lr 1`` are the same run, and editing a preset file retrains its setup), less the fields that
 do not change the result (``RUN_IDENTITY_IGNORED``). A field that the manifest lacks (added to
-``TrainConfig`` after the run) matches when its value is the field's default. A run whose manifest matches and whose
+``TrainConfig`` after the run) matches when its value is the field's default. A run whose manifest
+matches and whose
 JSONL log ended (finished or diverged) is reused; anything else is trained under a new run id,
 never one whose files exist, so an earlier run's logs are never overwritten. The code is not
 part of the identity: use a fresh ``--out-dir`` after changing the trainer.
@@ -266,7 +267,8 @@ def expand_setups(config: CompareConfig, baseline_steps: int) -> tuple[Setup, ..
 
     The variant of setup ``S`` at fraction ``f`` trains ``S``'s preset for
     ``max(1, round(f * baseline_steps))`` steps (its cooldown, a fraction of the schedule,
-    shrinks with it; a ``warmup_steps`` warmup keeps its length): the speedrun's way of asking whether ``S`` reaches the
+    shrinks with it; a ``warmup_steps`` warmup keeps its length): the speedrun's way of asking
+    whether ``S`` reaches the
     baseline's loss in ``f`` times the baseline's steps.
     """
     setups: list[Setup] = []

@@ -4,7 +4,8 @@ Two formats describe the same run (the trainer writes both):
 
 * ``<run_id>.txt`` -- the modded-nanogpt speedrun log: the full source of the training code
   (or one line naming the file beside the runs that holds it:
-  ``nanoshampoo.train.run_log.logged_source`` reads either), then lines ``step:N/M val_loss:X train_time:Yms step_avg:Zms`` (and ``train_loss`` lines),
+  ``nanoshampoo.train.run_log.logged_source`` reads either), then lines ``step:N/M val_loss:X
+  train_time:Yms step_avg:Zms`` (and ``train_loss`` lines),
   then ``peak memory allocated: X MiB reserved: Y MiB``. Logs of the original
   modded-nanogpt records parse as well.
 * ``<run_id>.jsonl`` -- one JSON object per line with ``"kind"`` in ``config``, ``train``,

@@ -429,6 +429,18 @@ class _StudyRecord:
     tunes: list[dict[str, Any]]
 
 
+def stored_storage(url: str, out_dir: Path) -> str:
+    """A trial store as study.json records it: a SQLite file inside ``out_dir`` as its path
+    relative to ``out_dir`` (``tiny/adamw/study.db``), so the file names no folder outside the
+    study; any other store as its URL (password hidden, as ``tune`` shows it)."""
+    prefix = "sqlite:///"
+    if url.startswith(prefix):
+        path = Path(url.removeprefix(prefix))
+        if path.is_relative_to(out_dir.resolve()):
+            return path.relative_to(out_dir.resolve()).as_posix()
+    return url
+
+
 def study_json(result: StudyResult) -> dict[str, Any]:
     """study.json: the definition, the scaling analysis, every observation, Welch at every
     budget, and each tune's best point, trials, tunability and seed runs."""
@@ -437,7 +449,7 @@ def study_json(result: StudyResult) -> dict[str, Any]:
             "size": c.size,
             "setup": c.setup,
             "study": c.tune.study,
-            "storage": c.tune.storage,
+            "storage": stored_storage(c.tune.storage, result.plan.out_dir),
             "best": c.tune.best_values,
             "best_value": c.tune.best_value,
             "tunability": c.tune.tunability,

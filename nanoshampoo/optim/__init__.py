@@ -1,1 +1,2 @@
-"""Optimizers: Distributed Shampoo (`nanoshampoo.optim.shampoo`) and sharded Adam (`nanoshampoo.optim.dist_adam`)."""
+"""Optimizers: Distributed Shampoo (`nanoshampoo.optim.shampoo`) and sharded Adam
+(`nanoshampoo.optim.dist_adam`)."""

@@ -8,9 +8,9 @@ names the machine and the probe: host name, CPU model, available cores, torch an
 versions, and the probe's own settings (shape, dtype, threads). A verdict is reused only when
 its key matches exactly and it is younger than :data:`MAX_AGE_S`; otherwise the probe runs
 again and its verdict replaces the old one when the run calls :meth:`ProbeCache.save`
-(the trainer does once its checks passed: a refused run writes nothing). A run that reuses a verdict says so, with the file
-and the verdict's age, in the reason its header and log record; a file that cannot be read is
-named there too, and replaced.
+(the trainer does once its checks passed: a refused run writes nothing). A run that reuses a
+verdict says so, with the file and the verdict's age, in the reason its header and log record;
+a file that cannot be read is named there too, and replaced.
 
 The file is ``probes.json`` in the run's ``--out-dir``, or ``$NANOSHAMPOO_PROBE_CACHE``:
 ``compare``, ``tune`` and ``study`` set that to their own out dir's file, so all their runs

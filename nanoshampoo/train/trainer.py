@@ -346,7 +346,8 @@ class Trainer:
             return checkpoint.run_id
         now = time.time()
         stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(now))
-        run_id = f"{cfg.run.preset}-s{cfg.run.seed}-{stamp}.{int(now % 1 * 1000):03d}-{secrets.token_hex(2)}"
+        millis = int(now % 1 * 1000)
+        run_id = f"{cfg.run.preset}-s{cfg.run.seed}-{stamp}.{millis:03d}-{secrets.token_hex(2)}"
         return str(broadcast_object(run_id, self.ctx))
 
     def run(self) -> TrainResult:

@@ -13,6 +13,7 @@ from scipy import stats
 
 from nanoshampoo.cli import main
 from nanoshampoo.errors import UserError
+from nanoshampoo.evidence.study import stored_storage
 from nanoshampoo.evidence.study_definition import load_definition, packaged_studies
 
 TRAIN_ARGS = [
@@ -121,6 +122,16 @@ def test_geometric_rungs_are_required_of_the_budgets(
     assert "rungs" in err and len(err.strip().splitlines()) == 1
 
 
+def test_a_sqlite_store_inside_the_out_dir_is_recorded_relative_to_it(tmp_path: Path) -> None:
+    out = tmp_path / "study"
+    inside = f"sqlite:///{(out / 'tiny' / 'adamw' / 'study.db').resolve()}"
+    assert stored_storage(inside, out) == "tiny/adamw/study.db"
+    outside = f"sqlite:///{(tmp_path / 'elsewhere.db').resolve()}"
+    assert stored_storage(outside, out) == outside
+    shared = "postgresql+psycopg://user:***@host:5432/db"
+    assert stored_storage(shared, out) == shared
+
+
 def _logged_losses(jsonl: Path) -> tuple[int, dict[int, float]]:
     """(seed, {steps: final val loss}) of a run, read from its JSONL the obvious way."""
     seed, losses = -1, {}
@@ -151,6 +162,7 @@ def test_a_study_end_to_end_reports_what_its_runs_logged(tmp_path: Path) -> None
     # Every observation is a seed run's logged branch or final loss, at steps x 4 x 32 tokens.
     logged: dict[tuple[str, int, int], float] = {}
     for tune in data["tunes"]:
+        assert tune["storage"] == f"gpt-0.2m/{tune['setup']}/study.db"
         assert len(tune["runs"]) == 2
         for run in tune["runs"]:
             seed, losses = _logged_losses(Path(run))

@@ -58,11 +58,11 @@ def _classic_shampoo(
 ) -> Preconditioner:
     """Root-inverse or eigendecomposed Shampoo, each also in its KL-Shampoo form."""
     if isinstance(config, EigendecomposedShampooPreconditionerConfig):
-        from nanoshampoo.optim.shampoo.preconditioner.eigendecomposed_shampoo_preconditioner import (
-            EigendecomposedShampooPreconditioner,
+        from nanoshampoo.optim.shampoo.preconditioner import (
+            eigendecomposed_shampoo_preconditioner as eigendecomposed,
         )
 
-        return EigendecomposedShampooPreconditioner(
+        return eigendecomposed.EigendecomposedShampooPreconditioner(
             buckets, config, beta2, epsilon, use_bias_correction
         )
     from nanoshampoo.optim.shampoo.preconditioner.shampoo_preconditioner import (
@@ -90,11 +90,11 @@ def build_preconditioner(
     if isinstance(config, ShampooPreconditionerConfig):
         return _classic_shampoo(config, buckets, beta2, epsilon, use_bias_correction)
     if isinstance(config, EigenvalueCorrectedShampooPreconditionerConfig):
-        from nanoshampoo.optim.shampoo.preconditioner.eigenvalue_corrected_shampoo_preconditioner import (
-            EigenvalueCorrectedShampooPreconditioner,
+        from nanoshampoo.optim.shampoo.preconditioner import (
+            eigenvalue_corrected_shampoo_preconditioner as eigenvalue_corrected,
         )
 
-        return EigenvalueCorrectedShampooPreconditioner(
+        return eigenvalue_corrected.EigenvalueCorrectedShampooPreconditioner(
             buckets, config, beta2, epsilon, use_bias_correction
         )
     if isinstance(config, SpectralDescentPreconditionerConfig):

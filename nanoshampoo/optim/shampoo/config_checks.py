@@ -110,7 +110,8 @@ def check_open_closed_unit(name: str, value: float, low_open: bool, high_open: b
 
 
 def check_positive(name: str, value: float) -> None:
-    """Finite and > 0: an infinite epsilon divides every update to zero (a step that does nothing)."""
+    """Finite and > 0: an infinite epsilon divides every update to zero (a step that does
+    nothing)."""
     check_float(name, value, greater_than=0.0)
 
 

@@ -52,7 +52,8 @@ A step is all or nothing. Before anything moves it checks, for every group: the
 hyperparameters (validated when the group is added; a step or a load re-checks the entries
 that changed since, so that a scheduler's ``lr = inf`` is refused), that
 the entries fixed at construction are unchanged (``params``, ``max_preconditioner_dim``,
-``preconditioner_config``, ``grafting_config``, ``distributed_config``, ``momentum_dtype``: they decide the blocks,
+``preconditioner_config``, ``grafting_config``, ``distributed_config``, ``momentum_dtype``: they
+decide the blocks,
 which rank holds them and the layout of their state), and that every gradient is dense, real
 and of its parameter's shape; a failure raises ``ValueError`` naming the field or parameter.
 Then one fused finiteness check over all gradients: with ``nonfinite_grad_policy="raise"``
@@ -177,8 +178,9 @@ class DistributedShampoo(torch.optim.Optimizer):
             deterministic schedule).
         momentum_dtype: storage dtype of the filtered gradient and the momentum (None: the
             block's computation dtype). The filtered gradient is updated in the computation
-            dtype and rounded once per step, momentum in its storage dtype. A narrow dtype needs ``1 - betas[0] >= finfo(dtype).eps`` (bfloat16:
-            ``betas[0] <= 0.992``). Fixed at construction.
+            dtype and rounded once per step, momentum in its storage dtype. A narrow dtype needs
+            ``1 - betas[0] >= finfo(dtype).eps`` (bfloat16: ``betas[0] <= 0.992``). Fixed at
+            construction.
         grafting_config: None or an SGD/AdaGrad/RMSprop/Adam config: norm of the update per block.
         use_pin_memory: a bool group entry, accepted for the reference library's scripts and
             without effect: there it pins the CPU copy of ``lr`` sent to the GPU each step;
@@ -472,7 +474,8 @@ class DistributedShampoo(torch.optim.Optimizer):
 
     @torch.no_grad()
     def eval(self) -> None:
-        """Parameters of primal-averaging groups (GPA, Schedule-Free) to ``x``, the averaged iterate.
+        """Parameters of primal-averaging groups (GPA, Schedule-Free) to ``x``, the averaged
+        iterate.
 
         ``W <- W + (1 - 1/mu_y)(z - W)``, i.e. ``x = (y - (1 - mu_y) z) / mu_y``; no-op for other
         groups and for groups already in eval mode. :meth:`step` refuses to run until

@@ -1,6 +1,7 @@
 """``GroupRuntime``: one parameter group's buckets, buffers and preconditioners, and its step.
 
-:meth:`GroupRuntime.apply_step` is the step order of :mod:`~nanoshampoo.optim.shampoo.distributed_shampoo`'s
+:meth:`GroupRuntime.apply_step` is the step order of
+:mod:`~nanoshampoo.optim.shampoo.distributed_shampoo`'s
 module docstring, line by line; new optimizer features belong in that list and in that function.
 """
 
@@ -90,10 +91,11 @@ class GroupRuntime:
         )
         self.block_infos = self.distributor.local_block_info_list
         blocked_params = self.distributor.local_blocked_params
+        shapes = [tuple(p.shape) for p in group["params"]]
         self.param_labels = [
-            f"{names[o]!r} (shape {tuple(group['params'][o].shape)})"
+            f"{names[o]!r} (shape {shapes[o]})"
             if names
-            else f"param_groups[{group_index}]['params'][{o}] (shape {tuple(group['params'][o].shape)})"
+            else f"param_groups[{group_index}]['params'][{o}] (shape {shapes[o]})"
             for o in range(len(group["params"]))
         ]
         self.local_block_offsets = offsets
@@ -364,7 +366,8 @@ class GroupRuntime:
         )
 
     def nonfinite_param_labels(self) -> list[str]:
-        """Labels of the parameters whose gradient holds NaN/Inf (slow; only after a failed check)."""
+        """Labels of the parameters whose gradient holds NaN/Inf (slow; only after a failed
+        check)."""
         bad = set()
         for k, buffer in enumerate(self.grads):
             finite = torch.isfinite(buffer).flatten(1).all(dim=1).tolist()
@@ -426,7 +429,8 @@ class GroupRuntime:
         self.distributor.update_params(self._local_updates)
 
     def _precondition(self, filtered: list[torch.Tensor], t: int, start: int | float) -> None:
-        """Step 6 of the module docstring: :attr:`updates` = the (grafted) direction of ``filtered``."""
+        """Step 6 of the module docstring: :attr:`updates` = the (grafted) direction of
+        ``filtered``."""
         if self.grafting is not None and t < start:
             self.preconditioner.complete_statistics()
             torch._foreach_copy_(self.updates, self.grafting.precondition(filtered, t))
@@ -480,7 +484,8 @@ class GroupRuntime:
     def switch_mode(self, to_train: bool) -> None:
         """Move the parameters between ``y`` (train) and ``x`` (eval) under primal averaging.
 
-        ``W <- W + c (z - W)`` (:func:`~nanoshampoo.optim.shampoo.iterate_averaging.mode_switch_updates_`)
+        ``W <- W + c (z - W)``
+        (:func:`~nanoshampoo.optim.shampoo.iterate_averaging.mode_switch_updates_`)
         through the distributor (collective: every rank calls it). Does nothing without primal
         averaging or when already in that mode.
         """

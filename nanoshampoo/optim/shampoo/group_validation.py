@@ -2,9 +2,9 @@
 
 :func:`validate_group` and :func:`validate_params` raise ``ValueError`` naming the field (or
 ``params[i]``), when a group is added; :func:`validate_changes` re-checks, at a step or a load,
-only the entries that changed since; :func:`write_back_sentinels` writes what the ``-1`` sentinels stand for into a
-new group, once; :meth:`Hyperparameters.resolve` turns a valid group into the values a step
-uses (resolving a ``-1`` set after construction too).
+only the entries that changed since; :func:`write_back_sentinels` writes what the ``-1``
+sentinels stand for into a new group, once; :meth:`Hyperparameters.resolve` turns a valid group
+into the values a step uses (resolving a ``-1`` set after construction too).
 """
 
 from __future__ import annotations
@@ -249,7 +249,8 @@ def validate_changes(
 
 
 def _validate_iterate_averaging(group: Mapping[str, Any]) -> None:
-    """``iterate_averaging_config``, and that the deprecated momentum entries are not set with it."""
+    """``iterate_averaging_config``, and that the deprecated momentum entries are not set with
+    it."""
     config = group["iterate_averaging_config"]
     if not (config is None or isinstance(config, ITERATE_AVERAGING_CONFIG_TYPES)):
         # Another IterateAveragingConfig subclass: the reference raises NotImplementedError.

@@ -1,4 +1,5 @@
-"""The maths of iterate averaging (configs in :mod:`~nanoshampoo.optim.shampoo.iterate_averaging_types`).
+"""The maths of iterate averaging (configs in
+:mod:`~nanoshampoo.optim.shampoo.iterate_averaging_types`).
 
 Every function takes per-bucket lists of stacked block tensors (``(B, *block_shape)``, the
 bucket's computation dtype) and updates them in place with ``torch._foreach_*`` kernels; the

@@ -1,4 +1,5 @@
-"""Configs of iterate averaging (``iterate_averaging_config``): classic momentum, GPA, Schedule-Free.
+"""Configs of iterate averaging (``iterate_averaging_config``): classic momentum, GPA,
+Schedule-Free.
 
 Each applies after the search direction ``P`` of a block is formed (preconditioned, grafted,
 decoupled decay added); the maths is in :mod:`~nanoshampoo.optim.shampoo.iterate_averaging`.

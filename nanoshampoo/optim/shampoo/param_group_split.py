@@ -69,7 +69,8 @@ def split_param_groups(param_groups: Sequence[dict[str, Any]]) -> list[dict[str,
         >>> config = FullyShardDistributedConfig(
         ...     param_assignment_strategy=FSDPParamAssignmentStrategy.REPLICATE, num_sub_groups=2)
         >>> params = [torch.zeros(n) for n in (5, 3, 3, 1)]
-        >>> groups = split_param_groups([{"params": params, "distributed_config": config, "lr": 0.1}])
+        >>> group = {"params": params, "distributed_config": config, "lr": 0.1}
+        >>> groups = split_param_groups([group])
         >>> [([p.numel() for p in g["params"]], g["lr"]) for g in groups]
         [([5, 1], 0.1), ([3, 3], 0.1)]
     """

@@ -17,7 +17,8 @@ A ``torch.distributed.checkpoint`` keys its entries by position too, and loads i
 of the saved grouping: re-key a fresh optimizer's state dict onto that grouping (the
 :func:`split_param_groups` of the saved ``num_sub_groups``), load, then load the result::
 
-    saved = split_param_groups([{"params": list(model.named_parameters()), "distributed_config": saved_config}])
+    group = {"params": list(model.named_parameters()), "distributed_config": saved_config}
+    saved = split_param_groups([group])
     template = {"optim": regroup_by_param_names(optimizer.state_dict(), saved)}
     dcp.load(template, checkpoint_id=path)
     optimizer.load_state_dict(template["optim"])

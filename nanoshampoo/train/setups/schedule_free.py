@@ -1,7 +1,8 @@
 """The ``schedule-free`` setup: Schedule-Free AdamW (Defazio et al. 2024, "The Road Less
 Scheduled", arXiv 2405.15682) for the block matrices, the recipe's AdamW for the rest.
 
-Table ``[schedule_free]`` (:class:`ScheduleFreeAdamWConfig`), and ``[distributor]``. The block matrices get one
+Table ``[schedule_free]`` (:class:`ScheduleFreeAdamWConfig`), and ``[distributor]``. The block
+matrices get one
 ``DistributedShampoo`` with an Adam preconditioner (bias-corrected second moment, no first
 moment: ``betas=(0.0, beta2)``) and ``ScheduleFreeConfig``; per block, with ``P`` the
 preconditioned gradient at the training point ``y`` (the parameters while training)::

@@ -226,7 +226,8 @@ class MuonConfig:
 
 
 def labels(table: str, **library_to_trainer: str) -> dict[str, str]:
-    """Library field -> trainer label: ``labels("shampoo", inv_factor_matrix_dtype="root_dtype")``."""
+    """Library field -> trainer label: ``labels("shampoo",
+    inv_factor_matrix_dtype="root_dtype")``."""
     return {lib: field_label(table, ours) for lib, ours in library_to_trainer.items()}
 
 

@@ -116,7 +116,8 @@ class Distributor(ABC):
         self._global_block_positions = tuple(positions)
 
     def _split(self, tensor: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """``tensor`` (a parameter, its gradient or a buffer of its shape) as this group's blocks."""
+        """``tensor`` (a parameter, its gradient or a buffer of its shape) as this group's
+        blocks."""
         return split_into_blocks(tensor, self._max_preconditioner_dim, self._target_dimensionality)
 
     @property

@@ -139,7 +139,8 @@ class HybridShardDistributor(FullyShardDistributor):
         return super().bytes_sent_per_step + rounds
 
     def local_blocked_grads(self) -> tuple[torch.Tensor | None, ...]:
-        """Collective (shard group, lossless strategies): the work gradients of this rank's blocks."""
+        """Collective (shard group, lossless strategies): the work gradients of this rank's
+        blocks."""
         grads = super().local_blocked_grads()
         return tuple(grads[k] for k in self._mine)
 

@@ -1,1 +1,2 @@
-"""Runnable examples of DistributedShampoo (``python -m nanoshampoo.optim.shampoo.examples.<name>``)."""
+"""Runnable examples of DistributedShampoo (``python -m
+nanoshampoo.optim.shampoo.examples.<name>``)."""

@@ -14,7 +14,8 @@ from nanoshampoo.optim.shampoo.preconditioner.preconditioner import (
 
 
 class AdaGradPreconditioner(Preconditioner):
-    """``V <- b2 V + w G^2`` (``w = 1`` if ``b2 == 1`` else ``1 - b2``); ``P = G / (sqrt(V / bc) + eps)``.
+    """``V <- b2 V + w G^2`` (``w = 1`` if ``b2 == 1`` else ``1 - b2``);
+    ``P = G / (sqrt(V / bc) + eps)``.
 
     ``drop_weighting_factor``: ``w = 1`` for any ``b2`` and no bias correction (RMSprop/Adam's
     ``drop_weighting_factor_on_gsquare``).

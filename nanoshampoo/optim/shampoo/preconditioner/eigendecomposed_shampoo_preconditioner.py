@@ -1,4 +1,5 @@
-"""Eigendecomposed Shampoo: classic Shampoo that caches ``(Q, lambda)`` of each factor, not its root.
+"""Eigendecomposed Shampoo: classic Shampoo that caches ``(Q, lambda)`` of each factor, not its
+root.
 
 On the amortized schedule each factor ``A = F_i / bc2`` (``+ eps I`` when the perturbation
 config says so, exactly as :func:`matrix_roots.eigh_inverse_root` does) is decomposed,

@@ -97,7 +97,8 @@ class EigenvalueCorrectedShampooPreconditioner(KroneckerFactoredPreconditioner):
     the same step (it re-folds them into ``D`` in the new basis).
 
     Example:
-        >>> from nanoshampoo.optim.shampoo.shampoo_types import DefaultEigenvalueCorrectedShampooConfig
+        >>> from nanoshampoo.optim.shampoo.shampoo_types import (
+        ...     DefaultEigenvalueCorrectedShampooConfig)
         >>> bucket = BlockBucket((3, 2), torch.float32, torch.device("cpu"), ("w block_0",))
         >>> soap = EigenvalueCorrectedShampooPreconditioner(
         ...     [bucket], DefaultEigenvalueCorrectedShampooConfig, 0.999, 1e-8, True)

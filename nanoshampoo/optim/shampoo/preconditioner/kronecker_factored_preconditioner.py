@@ -72,7 +72,8 @@ class KroneckerFactoredPreconditioner(Preconditioner):
             weighting factor ``1 - b2``).
 
     The config's ``drop_weighting_factor_on_gsquare`` and trace scaling apply here, to every
-    subclass: the statistics weight ``w`` (:meth:`BaseShampooPreconditionerConfig.statistics_weight`)
+    subclass: the statistics weight ``w``
+    (:meth:`BaseShampooPreconditionerConfig.statistics_weight`)
     and the scaling of the factors each amortized computation sees (:meth:`_trace_scaled`).
     """
 

@@ -3,7 +3,8 @@
 Each names the preconditioner a group uses (``preconditioner_config``) or grafts onto
 (``grafting_config``); the matrix functions they need are configured by
 :mod:`~nanoshampoo.optim.shampoo.preconditioner.matrix_functions_types`, the spectral and sign
-descent configs live in :mod:`~nanoshampoo.optim.shampoo.preconditioner.descent_types`. Every config validates
+descent configs live in :mod:`~nanoshampoo.optim.shampoo.preconditioner.descent_types`. Every config
+validates
 its fields in ``__post_init__`` (``ValueError`` naming the field).
 """
 
@@ -204,7 +205,8 @@ class BaseShampooPreconditionerConfig(PreconditionerConfig):
             raise ValueError(f"trace_scaling_exponent must be a float, got {exponent!r}")
 
     def statistics_weight(self, beta2: float) -> float:
-        """``w`` of ``F <- b2 F + w G G^T``: 1 for a sum (``beta2 = 1`` or dropped), else ``1 - b2``."""
+        """``w`` of ``F <- b2 F + w G G^T``: 1 for a sum (``beta2 = 1`` or dropped), else
+        ``1 - b2``."""
         return 1.0 if beta2 == 1.0 or self.drop_weighting_factor_on_gsquare else 1.0 - beta2
 
 
@@ -357,7 +359,8 @@ class ClassicShampooPreconditionerConfig(BaseShampooPreconditionerConfig):
                     )
 
     def inverse_exponent(self, order: int, dim: int) -> float:
-        """The root exponent ``e`` of dim ``dim`` of an order-``order`` block (``1/(2k)`` default)."""
+        """The root exponent ``e`` of dim ``dim`` of an order-``order`` block (``1/(2k)``
+        default)."""
         value = self.inverse_exponent_override.get(order, {})
         if isinstance(value, dict):
             return float(value.get(dim, 1.0 / (2 * order)))
@@ -507,7 +510,8 @@ class EigenvalueCorrectedShampooPreconditionerConfig(BaseShampooPreconditionerCo
         return float(self.inverse_exponent_override.get(order, 0.5))
 
     def rotates(self, order: int, dim: int) -> bool:
-        """Whether dim ``dim`` of an order-``order`` block is rotated into its factor's eigenbasis."""
+        """Whether dim ``dim`` of an order-``order`` block is rotated into its factor's
+        eigenbasis."""
         return dim not in self.ignored_basis_change_dims.get(order, ())
 
 

@@ -6,7 +6,8 @@ direction is ``X_1 x_1 ... X_k x_k G`` (``x_i`` multiplies along dim ``i``). For
 block: ``X_L G X_R``.
 
 Layout: factors are pooled by ``(size, block dtype)``; each pool has a matching ``(N, n, n)``
-stack of roots (in ``inv_factor_matrix_dtype``, by default the block dtype), so all roots of one size are one batched ``eigh`` call.
+stack of roots (in ``inv_factor_matrix_dtype``, by default the block dtype), so all roots of one
+size are one batched ``eigh`` call.
 With ``use_symmetric_packing`` (the default) the factors keep only their upper triangles (half
 their bytes, the same numbers: :mod:`kronecker_factors`); the roots stay full matrices, exactly
 symmetric (:meth:`ShampooPreconditioner._solve`), and a state dict holds their upper triangles.

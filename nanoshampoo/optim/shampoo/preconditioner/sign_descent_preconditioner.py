@@ -27,7 +27,8 @@ class SignDescentPreconditioner(Preconditioner):
     Example:
         >>> bucket = BlockBucket((3,), torch.float32, torch.device("cpu"), ("b",))
         >>> l1 = SignDescentPreconditionerConfig(scale_fn=lambda g: g.abs().sum())
-        >>> SignDescentPreconditioner([bucket], l1).precondition([torch.tensor([[2.0, -1.0, 0.0]])], 1)
+        >>> grad = torch.tensor([[2.0, -1.0, 0.0]])
+        >>> SignDescentPreconditioner([bucket], l1).precondition([grad], 1)
         [tensor([[ 3., -3.,  0.]])]
     """
 

@@ -1,4 +1,5 @@
-"""Bad input to the ``DistributedShampoo`` API is refused, naming what is wrong, before anything moves.
+"""Bad input to the ``DistributedShampoo`` API is refused, naming what is wrong, before anything
+moves.
 
 One test per case (issue 21): each asserts the exception type, that the message names the
 field or the parameter, and that the parameters and the optimizer state are as they were.

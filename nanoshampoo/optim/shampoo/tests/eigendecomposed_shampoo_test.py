@@ -1,4 +1,5 @@
-"""Eigendecomposed Shampoo: the root rebuilt from a cached ``(Q, lambda)`` is root-inverse Shampoo's.
+"""Eigendecomposed Shampoo: the root rebuilt from a cached ``(Q, lambda)`` is root-inverse
+Shampoo's.
 
 Against a float64 dense reference (``nanoshampoo.testing.shampoo_reference``, and an explicit
 Kronecker product for a matrix), against root-inverse Shampoo with ``EigenConfig`` in float32,

@@ -1,4 +1,5 @@
-"""Float32 at the recipe's settings (``epsilon=1e-12``) against float64 references from the equations.
+"""Float32 at the recipe's settings (``epsilon=1e-12``) against float64 references from the
+equations.
 
 Every case is rank-deficient, which is the normal case for Shampoo's factors: a vector block, a
 rank-1 gradient, a wide block (``n > m``), the first root step, small dims merged into a vector,

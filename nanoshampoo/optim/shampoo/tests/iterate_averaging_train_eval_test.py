@@ -14,7 +14,9 @@ from typing import Any
 import pytest
 import torch
 from flat_shampoo_state import flat_state
-from iterate_averaging_test import (  # the neighbouring test module (pytest puts its dir on sys.path)
+
+# The neighbouring test module (pytest puts its dir on sys.path).
+from iterate_averaging_test import (
     ADAM,
     STEPS,
     WARMUP_LRS,

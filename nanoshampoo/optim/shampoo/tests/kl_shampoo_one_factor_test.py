@@ -79,7 +79,8 @@ def _run(
     epsilon: float = 1e-12,
     rank_one: bool = False,
 ) -> tuple[torch.Tensor, list[torch.Tensor], torch.Tensor]:
-    """``(W_0, gradients, W_steps)``: the KL tests' steps, ungrafted, first root at ``frequency``."""
+    """``(W_0, gradients, W_steps)``: the KL tests' steps, ungrafted, first root at
+    ``frequency``."""
     return _steps(
         config,
         shape,

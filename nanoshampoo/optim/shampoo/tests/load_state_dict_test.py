@@ -154,7 +154,8 @@ def test_a_bad_state_dict_raises_and_leaves_every_block_bit_identical(
 
 def test_checkpoint_after_hyperparameter_changes_resumes_bit_identically() -> None:
     """A checkpoint saved after momentum was turned on and epsilon/betas changed loads into a
-    fresh optimizer built with the original values; the continuation equals the uninterrupted run."""
+    fresh optimizer built with the original values; the continuation equals the uninterrupted
+    run."""
 
     def run(
         params: list[torch.nn.Parameter], opt: DistributedShampoo, first: int, last: int

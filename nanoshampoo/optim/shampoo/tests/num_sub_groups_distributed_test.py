@@ -139,7 +139,8 @@ def run_case(mesh: Any, strategy: FSDPParamAssignmentStrategy, sub_groups: int) 
 def resume_across(
     mesh: Any, strategy: FSDPParamAssignmentStrategy, saved_at: int, loaded_at: int, checkpoint: str
 ) -> list[torch.Tensor]:
-    """Train at ``saved_at`` sub-groups, save a DCP checkpoint, load it at ``loaded_at``, train on."""
+    """Train at ``saved_at`` sub-groups, save a DCP checkpoint, load it at ``loaded_at``, train
+    on."""
     import torch.distributed.checkpoint as dcp
 
     model, optimizer = sharded_run(mesh, config_for(mesh, strategy, saved_at))

@@ -1,5 +1,6 @@
 """``use_symmetric_packing``: factors kept as one triangle, laid out as the reference library's
-upper triangle, give the same numbers in half the bytes (update, roots, steps, checkpoints, DDP), at the
+upper triangle, give the same numbers in half the bytes (update, roots, steps, checkpoints, DDP), at
+the
 recipe's float32 settings; ``pack_factor_matrices`` is its deprecated alias."""
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""A state dict of named parameters loads into another grouping of them (``regroup_by_param_names``).
+"""A state dict of named parameters loads into another grouping of them
+(``regroup_by_param_names``).
 
 One process, single-device Shampoo at the recipe's settings (float32, epsilon 1e-12): the blocks
 and their state are the parameters', whichever group holds them, so a run saved under one

@@ -1,4 +1,5 @@
-"""``drop_weighting_factor_on_gsquare`` and trace scaling, each against a float64 loop of its equation.
+"""``drop_weighting_factor_on_gsquare`` and trace scaling, each against a float64 loop of its
+equation.
 
 - Dropped weighting factor: ``F <- b2 F + G G^T`` (Shampoo), ``D <- b2 D + R(G)^2`` (SOAP),
   ``V <- b2 V + G^2`` (RMSprop/Adam grafting), and no ``beta2`` bias correction.
@@ -160,7 +161,8 @@ def test_trace_scaling_float32_rank_deficient_or_zero_never_fails(
 
 
 def test_soap_dropped_weighting_factor_in_the_identity_basis() -> None:
-    """Before its first eigenbasis SOAP is ``Gbar / (sqrt(D) + eps)``, ``D = sum b2^(t-s) g_s^2``."""
+    """Before its first eigenbasis SOAP is ``Gbar / (sqrt(D) + eps)``,
+    ``D = sum b2^(t-s) g_s^2``."""
     param, grads = _data((6, 5), torch.float64, 6)
     w = param.detach().numpy().copy()
     config = EigenvalueCorrectedShampooPreconditionerConfig(
@@ -183,7 +185,8 @@ def test_soap_dropped_weighting_factor_in_the_identity_basis() -> None:
 
 @pytest.mark.parametrize("config_type", [RMSpropPreconditionerConfig, AdamPreconditionerConfig])
 def test_grafting_dropped_weighting_factor(config_type: type) -> None:
-    """``V <- b2 V + G^2`` and ``P = Gbar / (sqrt(V) + eps)`` for both: Adam loses its correction."""
+    """``V <- b2 V + G^2`` and ``P = Gbar / (sqrt(V) + eps)`` for both: Adam loses its
+    correction."""
     param, grads = _data((6, 5), torch.float64, 6)
     w = param.detach().numpy().copy()
     grafting = config_type(beta2=0.9, epsilon=1e-8, drop_weighting_factor_on_gsquare=True)

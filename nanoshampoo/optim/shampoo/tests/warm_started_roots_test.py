@@ -12,7 +12,8 @@ from __future__ import annotations
 import io
 from typing import Any
 
-import float32_recipe_test as recipe  # the neighbouring test module (pytest puts its dir on sys.path)
+# The neighbouring test module (pytest puts its dir on sys.path).
+import float32_recipe_test as recipe
 import numpy as np
 import pytest
 import torch
@@ -39,7 +40,8 @@ EPSILON = 1e-12
 
 
 def plain_root(a: np.ndarray, exponent: float, epsilon: float = EPSILON) -> np.ndarray:
-    """``(A + eps I)^(-e)`` in float64 (spectrum shifted up to ``eps`` where rounding made it lower)."""
+    """``(A + eps I)^(-e)`` in float64 (spectrum shifted up to ``eps`` where rounding made it
+    lower)."""
     mu, q = np.linalg.eigh(a)
     lam = mu - min(mu.min(), 0.0) + epsilon
     return (q * lam ** (-exponent)) @ q.T

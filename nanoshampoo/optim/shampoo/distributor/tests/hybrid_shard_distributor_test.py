@@ -16,7 +16,9 @@ from typing import Any
 
 import pytest
 import torch
-from fully_shard_distributor_test import (  # the neighbouring test module (pytest puts its dir on sys.path)
+
+# The neighbouring test module (pytest puts its dir on sys.path).
+from fully_shard_distributor_test import (
     STEPS,
     assert_close,
     full_params,

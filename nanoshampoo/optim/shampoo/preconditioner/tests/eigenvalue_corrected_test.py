@@ -31,7 +31,8 @@ from nanoshampoo.optim.shampoo.state_dict_trees import flatten_tree
 torch.set_num_threads(1)
 
 MAX_DIM = 8
-# Blocks with max_preconditioner_dim 8: (6, 5) 2-D; (3,) 1-D; (3, 4, 5) 3-D; (10, 3) -> (8, 3), (2, 3).
+# Blocks with max_preconditioner_dim 8: (6, 5) 2-D; (3,) 1-D; (3, 4, 5) 3-D;
+# (10, 3) -> (8, 3), (2, 3).
 # Every factor is full rank from step 3 on: a rank-deficient factor has no unique eigenbasis (its
 # null space may be spanned any way), and a later gradient reaching into that null space would
 # make the reference ambiguous whenever the basis is not recomputed every step.

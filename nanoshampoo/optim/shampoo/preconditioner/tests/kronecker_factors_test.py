@@ -145,8 +145,8 @@ def test_both_preconditioners_keep_results_where_the_solve_failed_and_count(
     kind: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The shared solve loop: a failed factor keeps its result and is counted, the rest update."""
-    from nanoshampoo.optim.shampoo.preconditioner.eigenvalue_corrected_shampoo_preconditioner import (
-        EigenvalueCorrectedShampooPreconditioner,
+    from nanoshampoo.optim.shampoo.preconditioner import (
+        eigenvalue_corrected_shampoo_preconditioner as eigenvalue_corrected,
     )
     from nanoshampoo.optim.shampoo.preconditioner.shampoo_preconditioner import (
         ShampooPreconditioner,
@@ -161,7 +161,7 @@ def test_both_preconditioners_keep_results_where_the_solve_failed_and_count(
         preconditioner = ShampooPreconditioner([bucket], DefaultShampooConfig, 1.0, 1e-6, True)
         name = "inv_factor_matrices"
     else:
-        preconditioner = EigenvalueCorrectedShampooPreconditioner(
+        preconditioner = eigenvalue_corrected.EigenvalueCorrectedShampooPreconditioner(
             [bucket], DefaultEigenvalueCorrectedShampooConfig, 1.0, 1e-6, True
         )
         name = "factor_matrices_eigenvectors"
