@@ -229,9 +229,10 @@ def test_a_full_disk_in_a_run_resumed_under_a_new_id_names_the_checkpoint_it_res
     capsys: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Run "run" writes step 2; "again" resumes from it under its own id and cannot write its
-    step-4 checkpoint: it has none of its own, so the last good one is the one it resumed from."""
-    first = tiny_config(shards, tmp_path, num_iterations=2, val_every=0, checkpoint_every=2)
+    """Run "run" writes steps 2 and 4; "again" resumes from step 2 under its own id and cannot
+    write its step-4 checkpoint: it has none of its own, so the last good one is the one it
+    resumed from."""
+    first = tiny_config(shards, tmp_path, num_iterations=4, val_every=0, checkpoint_every=2)
     assert cli_main(flags(first)) == 0
     capsys.readouterr()
     resumed_from = tmp_path / "run.ckpt" / "step_000002"
