@@ -6,8 +6,11 @@ Before a run trains, the command claims it: an exclusive ``flock`` on the run's 
 claims the same file). The holder writes its pid, host and start time into the file, for the
 others' messages. The kernel releases a flock when its holder dies, however it dies (SIGKILL
 included): a dead claimant's claim is free at once, and its trainer died with it
-(``trainer_process``). A command that finds a run claimed trains the others first, then waits
-for the claim and reuses the run if its log ended (or trains it, if its claimant failed).
+(``trainer_process``). A trainer started while a claim is held holds it too (it inherits the
+claim's descriptor: :func:`held_claim_fds`), so where no parent-death signal stops an orphaned
+trainer, its run stays claimed until it ends. A command that finds a run claimed trains the
+others first, then waits for the claim and reuses the run if its log ended (or trains it, if
+its claimant failed).
 
 Claim files stay: removing one would race with a command opening it to claim the run. They
 are hidden (``.`` first) and hold no result.
@@ -28,6 +31,15 @@ import time
 from pathlib import Path
 
 CLAIM_SUFFIX = ".claim"
+# The descriptors of the claims this process holds: a trainer it starts inherits them.
+_HELD_FDS: set[int] = set()
+
+
+def held_claim_fds() -> tuple[int, ...]:
+    """The descriptors of the claims this process holds, for a child to inherit (``pass_fds``):
+    a flock is released when the last descriptor of its file description closes, so the claim
+    stays held while the child lives, whatever becomes of this process."""
+    return tuple(sorted(_HELD_FDS))
 
 
 def claim_path(directory: Path, base_run_id: str) -> Path:
@@ -79,6 +91,7 @@ class RunClaim:
         if self._fd is None:
             return
         fd, self._fd = self._fd, None
+        _HELD_FDS.discard(fd)
         try:
             os.ftruncate(fd, 0)
         finally:
@@ -104,3 +117,4 @@ class RunClaim:
         os.ftruncate(fd, 0)
         os.pwrite(fd, json.dumps(record).encode(), 0)
         self._fd = fd
+        _HELD_FDS.add(fd)

@@ -5,8 +5,11 @@ included, are stopped together by their process group) and, on Linux, asks the k
 it when the tool that started it dies (``PR_SET_PDEATHSIG``): a ``compare``, ``tune`` or
 ``repeat`` killed with SIGKILL leaves no trainer behind to write into a run that a re-run would
 start again. The wrapper checks that its parent is still the tool after arming the signal, so a
-tool killed in between leaves nothing running either. Its Python never puts the working
-directory first on ``sys.path`` (``allocator.safe_python_environment``).
+tool killed in between leaves nothing running either. Where there is no such signal, the
+trainer inherits the run claims its tool holds (``run_claims.held_claim_fds``): an orphaned
+trainer keeps its run claimed until it ends, so a re-run waits for it instead of training the
+run again. Its Python never puts the working directory first on ``sys.path``
+(``allocator.safe_python_environment``).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO
 
+from nanoshampoo.evidence.run_claims import held_claim_fds
 from nanoshampoo.train.allocator import safe_python_environment
 from nanoshampoo.train.probe_cache import CACHE_NAME, CACHE_VAR
 
@@ -57,12 +61,18 @@ def spawn_trainer(command: Sequence[str], output: Path | None = None) -> subproc
     if sys.platform.startswith("linux"):
         argv = [sys.executable, "-c", _DIE_WITH_PARENT, str(os.getpid()), *argv]
     environment = safe_python_environment(os.environ)
+    claims = held_claim_fds()
     if output is None:
-        return subprocess.Popen(argv, start_new_session=True, env=environment)
+        return subprocess.Popen(argv, start_new_session=True, env=environment, pass_fds=claims)
     out: IO[str]
     with output.open("x", encoding="utf-8") as out:
         return subprocess.Popen(
-            argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=environment
+            argv,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env=environment,
+            pass_fds=claims,
         )
 
 

@@ -132,11 +132,13 @@ def save_checkpoint(
     optimizers: list[torch.optim.Optimizer],
     loader: Any,
     run_id: str,
+    resumed_from: Path | None = None,
 ) -> None:
     """Write this rank's ``rank{rank}.pt`` under ``partial_path(directory)`` (created if needed).
 
     The checkpoint exists at ``directory`` only after every rank has saved and rank 0 has
-    called :func:`publish_checkpoint`.
+    called :func:`publish_checkpoint`. ``resumed_from``: the checkpoint the run resumed from,
+    named as the last good one by a failed write when the run has none of its own yet.
     """
     record: dict[str, Any] = {
         "format_version": FORMAT_VERSION,
@@ -151,7 +153,7 @@ def save_checkpoint(
     }
     if rank == 0:
         record["model"] = model.state_dict()
-    with _removing_partial_on_write_failure(directory, f"rank{rank}.pt"):
+    with _removing_partial_on_write_failure(directory, f"rank{rank}.pt", resumed_from):
         with atomic_output(partial_path(directory) / f"rank{rank}.pt") as tmp:
             _write_record(record, tmp)
 
@@ -177,9 +179,12 @@ def _is_write_failure(exc: BaseException) -> bool:
 
 
 @contextmanager
-def _removing_partial_on_write_failure(directory: Path, name: str) -> Iterator[None]:
+def _removing_partial_on_write_failure(
+    directory: Path, name: str, resumed_from: Path | None
+) -> Iterator[None]:
     """A write failure inside: remove ``directory``'s ``.partial`` (never trusted anyway) and
-    raise :class:`CheckpointWriteError` naming ``name`` and the last good checkpoint."""
+    raise :class:`CheckpointWriteError` naming ``name`` and the last good checkpoint: the run's
+    latest, else ``resumed_from`` (a run resumed under a new run id has none of its own)."""
     try:
         yield
     except (OSError, RuntimeError, OutputPathError) as exc:
@@ -197,7 +202,7 @@ def _removing_partial_on_write_failure(directory: Path, name: str) -> Iterator[N
             free = shutil.disk_usage(directory.parent if directory.parent.is_dir() else ".").free
             why = f"{last_line(exc)}; {free:,} bytes free on its disk"
         run_id = directory.parent.name.removesuffix(".ckpt")
-        last = latest_checkpoint(str(directory.parent.parent), run_id)
+        last = latest_checkpoint(str(directory.parent.parent), run_id) or resumed_from
         raise CheckpointWriteError(
             f"checkpoint {directory}: could not write {name} ({why}); "
             f"{staged.name} removed; the last good checkpoint is "
@@ -281,9 +286,11 @@ def save_sharded_checkpoint(
     loader: Any,
     run_id: str,
     parallel: str,
+    resumed_from: Path | None = None,
 ) -> None:
     """Collective: ``dcp.save`` this rank's shards under ``partial_path(directory)``; rank 0
-    also writes ``meta.pt``. Published, like :func:`save_checkpoint`, after a barrier.
+    also writes ``meta.pt``. Published, like :func:`save_checkpoint`, after a barrier
+    (``resumed_from`` as there).
 
     The loader position is rank 0's: it counts global steps, the same on every rank.
     """
@@ -294,7 +301,7 @@ def save_sharded_checkpoint(
     if rank == 0:  # a crashed save's files (maybe of another world size) must not mix in
         shutil.rmtree(staged, ignore_errors=True)
     dist.barrier()
-    with _removing_partial_on_write_failure(directory, f"rank {rank}'s shards"):
+    with _removing_partial_on_write_failure(directory, f"rank {rank}'s shards", resumed_from):
         dcp.save(_sharded_state(model, optimizers), checkpoint_id=staged)
     if rank == 0:
         record: dict[str, Any] = {
@@ -310,7 +317,7 @@ def save_sharded_checkpoint(
             "cpu_rng": torch.get_rng_state(),
             "cuda_rng": torch.cuda.get_rng_state() if torch.cuda.is_available() else None,
         }
-        with _removing_partial_on_write_failure(directory, SHARDED_META):
+        with _removing_partial_on_write_failure(directory, SHARDED_META, resumed_from):
             with atomic_output(staged / SHARDED_META) as tmp:
                 _write_record(record, tmp)
 

@@ -454,13 +454,23 @@ class RunLog:
     def _line(self, line: str) -> None:
         if self.enabled:
             begin = time.perf_counter()
-            with self.text_path.open("a") as f:
-                f.write(line + "\n")
+            _append(self.text_path, line + "\n")
             self.write_s += time.perf_counter() - begin
 
     def _json(self, record: dict[str, Any]) -> None:
         if self.enabled:
             begin = time.perf_counter()
-            with self.jsonl_path.open("a") as f:
-                f.write(json.dumps(json_safe(record), allow_nan=False) + "\n")
+            _append(self.jsonl_path, json.dumps(json_safe(record), allow_nan=False) + "\n")
             self.write_s += time.perf_counter() - begin
+
+
+def _append(path: Path, text: str) -> None:
+    """Append ``text`` to ``path``; an ``OSError`` (a full disk fails at the flush, where
+    Python names no file) names ``path``."""
+    try:
+        with path.open("a") as f:
+            f.write(text)
+    except OSError as exc:
+        if exc.filename is not None:
+            raise
+        raise OSError(exc.errno, exc.strerror, str(path)) from exc

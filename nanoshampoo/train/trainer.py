@@ -73,6 +73,7 @@ from nanoshampoo.train.distributed import (
     DistributedContext,
     all_reduce_gradients,
     all_reduce_mean_,
+    any_rank_true,
     barrier,
     broadcast_object,
     broadcast_parameters,
@@ -400,10 +401,12 @@ class Trainer:
             self.run_id, val_loss, self.log.text_path, self.log.jsonl_path, last_checkpoint
         )
 
+    def _resumed_checkpoint(self) -> Path | None:
+        return Path(self.cfg.run.resume) if self.cfg.run.resume else None
+
     def _last_checkpoint(self) -> Path | None:
         """This run's latest checkpoint on disk, else the one it resumed from."""
-        resumed = Path(self.cfg.run.resume) if self.cfg.run.resume else None
-        return latest_checkpoint(self.cfg.run.out_dir, self.run_id) or resumed
+        return latest_checkpoint(self.cfg.run.out_dir, self.run_id) or self._resumed_checkpoint()
 
     def _failure(self, exc: Exception) -> Exception:
         """What the user is told of ``exc``: a file that could not be written (a log or a
@@ -581,6 +584,7 @@ class Trainer:
         apply_lr_multiplier(self.setup.optimizers, multiplier)
         if snapshot:
             self.telemetry.snapshot()  # type: ignore[union-attr]
+        failed: OptimizerStepFailed | None = None
         for opt in self.setup.optimizers:
             try:
                 opt.step()
@@ -589,10 +593,25 @@ class Trainer:
             except Exception as exc:  # a user's code: one line; the project's: a bug, traceback
                 if not is_users_optimizer(opt):
                     raise
-                raise OptimizerStepFailed(opt, step + 1, exc) from exc
+                failed = OptimizerStepFailed(opt, step + 1, exc)
+                failed.__cause__ = exc
+                break
+        self._stop_every_rank_if_one_failed(failed)
         for opt in self.setup.optimizers:
             opt.zero_grad(set_to_none=True)
         return total
+
+    def _stop_every_rank_if_one_failed(self, failed: OptimizerStepFailed | None) -> None:
+        """Raise ``failed`` here, and its message on every other rank: a user's optimizer may
+        raise on one rank only, and the others would wait in the next step's collectives until
+        the timeout. One tiny all-reduce per step, only with a user's optimizer on several
+        ranks (the project's optimizers raise on every rank alike, or are a bug)."""
+        if self.ctx.world_size > 1 and any(map(is_users_optimizer, self.setup.optimizers)):
+            if any_rank_true(failed is not None, self.ctx):
+                message = first_error_on_any_rank(None if failed is None else str(failed), self.ctx)
+                raise failed if failed is not None else UserError(str(message))
+        if failed is not None:
+            raise failed
 
     def _set_gradient_sync(self, enabled: bool) -> None:
         """Whether this backward reduces gradients across ranks (the optimizers' hooks, FSDP)."""
@@ -651,6 +670,7 @@ class Trainer:
                 self.setup.optimizers,
                 self.loader,
                 self.run_id,
+                self._resumed_checkpoint(),
             )
         else:
             save_sharded_checkpoint(
@@ -663,6 +683,7 @@ class Trainer:
                 self.loader,
                 self.run_id,
                 self.cfg.parallel.mode,
+                self._resumed_checkpoint(),
             )
         barrier(self.ctx)  # every rank has written its file
         if self.ctx.is_main:

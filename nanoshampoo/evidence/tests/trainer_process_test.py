@@ -51,3 +51,48 @@ def test_a_tool_killed_with_sigkill_takes_its_trainer_with_it(tmp_path: Path) ->
     while _alive(trainer):
         assert time.monotonic() < deadline, f"trainer {trainer} outlived the killed tool"
         time.sleep(0.1)
+
+
+# The same tool on a platform without a parent-death signal (``sys.platform`` says so): it
+# claims a run first, as ``compare`` does before it trains one.
+CLAIMING_TOOL = """
+import sys
+from pathlib import Path
+sys.platform = "darwin"
+from nanoshampoo.evidence.compare import launch_subprocess
+from nanoshampoo.evidence.run_claims import RunClaim
+out = Path(sys.argv[1])
+assert RunClaim(out / ".run.claim").try_take()
+launch_subprocess([sys.executable, "-c",
+                   "import os, sys, time; open(sys.argv[1], 'w').write(str(os.getpid())); "
+                   "time.sleep(120)", str(out / "trainer.pid")], out / "trainer.out")
+"""
+
+
+def test_an_orphaned_trainer_keeps_its_run_claimed_until_it_ends(tmp_path: Path) -> None:
+    """Without a parent-death signal the trainer outlives a killed tool; it holds the tool's
+    claim on its run, so a re-run cannot train that run while the orphan does."""
+    from nanoshampoo.evidence.run_claims import RunClaim
+
+    tool = subprocess.Popen([sys.executable, "-c", CLAIMING_TOOL, str(tmp_path)])
+    pid_file = tmp_path / "trainer.pid"
+    deadline = time.monotonic() + 60
+    while not (pid_file.exists() and pid_file.read_text()):
+        assert time.monotonic() < deadline, "the trainer never started"
+        time.sleep(0.1)
+    trainer = int(pid_file.read_text())
+    tool.send_signal(signal.SIGKILL)
+    tool.wait()
+    claim = RunClaim(tmp_path / ".run.claim")
+    try:
+        assert _alive(trainer)
+        assert not claim.try_take()  # the orphan holds it
+        os.killpg(trainer, signal.SIGKILL)  # the trainer leads its own session
+        deadline = time.monotonic() + 10
+        while not claim.try_take():
+            assert time.monotonic() < deadline, "the claim outlived the trainer"
+            time.sleep(0.1)
+    finally:
+        claim.release()
+        if _alive(trainer):
+            os.killpg(trainer, signal.SIGKILL)

@@ -118,6 +118,7 @@ from nanoshampoo.optim.shampoo.runtime_types import (
     ShampooRuntimeConfig,
 )
 from nanoshampoo.optim.shampoo.shampoo_types import (
+    LR_SUM,
     DefaultShampooConfig,
     DefaultSingleDeviceDistributedConfig,
     DistributedConfig,
@@ -499,7 +500,11 @@ class DistributedShampoo(torch.optim.Optimizer):
         """State-dict post-hook: the live state as nested dicts (``state_dict_layout.py``); a
         warning for a group entry holding a lambda (``torch.save`` cannot pickle it)."""
         assert isinstance(optimizer, DistributedShampoo)
-        saved_state(state_dict, optimizer._packed_roots)
+        lr_sums = [
+            runtime.lr_power_sum if LR_SUM in scalars.tensors else None
+            for runtime, scalars in zip(optimizer._runtimes, optimizer._scalars)
+        ]
+        saved_state(state_dict, optimizer._packed_roots, lr_sums)
         for group in state_dict["param_groups"]:
             for key, value in group.items():
                 if holds_lambda(value):

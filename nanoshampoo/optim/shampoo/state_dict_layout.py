@@ -8,7 +8,7 @@ group, as the reference library keeps them)::
                             "adagrad": V, "filtered_grad": M, "momentum_buffer": B,
                             "weight_buffer": z},
                 "step": tensor(t, int64),                      # every group
-                "lr_sum": tensor(float64), "train_mode": tensor(bool)}   # primal averaging
+                "lr_sum": tensor(float32), "train_mode": tensor(bool)}   # primal averaging
 
 Live (``optimizer.state``) the preconditioner's entry is an ``OptimizerModule`` of views into the
 stacked state; ``state_dict()`` turns it into nested dicts (:func:`saved_state`). Names map from
@@ -20,15 +20,20 @@ preconditioner and grafting keeps grafting under ``grafting``. What differs from
   they are saved packed (the upper triangle, lossless) and unpacked on load.
 - ``failure_counts`` (consecutive failed root computations) are not saved, as in the
   reference: a loaded optimizer counts from 0 (a checkpoint that holds them still loads them).
-- ``lr_sum`` is a float64 CPU tensor (the reference's is float32), so that a resumed
-  Schedule-Free run continues bit for bit; either dtype loads.
+- ``lr_sum`` is a float32 CPU tensor, as the reference's, but Schedule-Free sums ``lr^r`` in
+  float64 (a float32 sum drifts: see :data:`LR_SUM_EXACT`); where float32 does not hold the
+  sum exactly, the group also saves it as ``"lr_sum_float64"``, so a resume continues bit for
+  bit. A loaded ``lr_sum`` of either dtype is taken as it is.
 - SOAP's bases and corrected eigenvalues ``D``: both libraries pair coordinate ``j`` with the
   eigenvector of the ``j``-th smallest eigenvalue; the reference stores its bases ascending,
   ours descending (coordinate ``j`` is column ``n - 1 - j``). A state dict holds them as the
   reference does: each computed basis with its columns, and ``D`` along its dim, reversed
   (:func:`reorder_soap_bases`; an identity basis not yet computed is the same in both).
-- SOAP also saves ``eigenvectors_computed`` per factor (QR refreshes warm-start only from
-  computed bases); a checkpoint without it (the reference's) gets ``step >= start``.
+- SOAP (and eigendecomposed Shampoo) keep ``eigenvectors_computed`` per factor (QR refreshes
+  warm-start only from computed bases). The reference has no such entry, and a load without it
+  takes ``step >= start_preconditioning_step``: a block's flags are saved only where they
+  differ from that (a failed or not yet due computation), so a state dict is the reference's
+  wherever it can be and a resume is bit for bit wherever it is not.
 
 ``param_groups`` are the groups' entries, config objects included, except the entries only this
 optimizer has (:data:`EXTENSION_DEFAULTS`), which are left out where they hold their defaults,
@@ -41,6 +46,7 @@ group) are converted on load by :func:`from_flat_layout`.
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -60,8 +66,14 @@ _DIAGONAL = ("second_moment",)
 FAILURE_COUNTS, EIGENVECTORS_COMPUTED = "failure_counts", "eigenvectors_computed"
 ROOTS = "inv_factor_matrices"
 BASES, CORRECTED = "factor_matrices_eigenvectors", "corrected_eigenvalues"
-# The group scalars, with their dtypes.
-GROUP_SCALARS = {STEP: torch.int64, LR_SUM: torch.float64, TRAIN_MODE: torch.bool}
+# The group scalars, with their dtypes (the reference's).
+GROUP_SCALARS = {STEP: torch.int64, LR_SUM: torch.float32, TRAIN_MODE: torch.bool}
+# A saved group's Schedule-Free sum of lr^r as a Python float, where float32 does not hold it:
+# the runtime sums in float64, because a float32 sum drifts (over 3,000 steps of the trainer's
+# schedule, lr 0.006 then a linear cooldown, r = 2: 8e-6 relative in 1 - mu_x;
+# iterate_averaging_test.py). It is used only while it rounds to the saved ``lr_sum`` (a dict
+# whose ``lr_sum`` was changed since, or that another library saved back, loads its ``lr_sum``).
+LR_SUM_EXACT = "lr_sum_float64"
 # Group entries only this optimizer has, with their defaults: left out of a saved group that
 # holds the default, filled in with it when a loaded group lacks them.
 EXTENSION_DEFAULTS: dict[str, Any] = {
@@ -117,16 +129,24 @@ class GroupScalars:
             self.tensors[TRAIN_MODE].fill_(True)
 
     def read_into(self, runtime: Any) -> None:
-        """The runtime's step (and ``lr_sum``) from the tensors, which a user may have written."""
+        """The runtime's step (and ``lr_sum``) from the tensors, which a user may have written;
+        the float64 sum stays while the float32 tensor still holds it rounded."""
         runtime.step = int(self.tensors[STEP])
         if LR_SUM in self.tensors:
-            runtime.lr_power_sum = float(self.tensors[LR_SUM])
+            written = float(self.tensors[LR_SUM])
+            if written != as_float32(runtime.lr_power_sum):
+                runtime.lr_power_sum = written
 
     def write_from(self, runtime: Any) -> None:
         self.tensors[STEP].fill_(runtime.step)
         if LR_SUM in self.tensors:
             self.tensors[LR_SUM].fill_(runtime.lr_power_sum)
             self.tensors[TRAIN_MODE].fill_(runtime.train_mode)
+
+
+def as_float32(value: float) -> float:
+    """``value`` rounded to float32 (what an ``lr_sum`` tensor holds)."""
+    return float(torch.tensor(value, dtype=torch.float32))
 
 
 def reorder_soap_bases(shampoo: Any, computed_by_default: bool) -> Any:
@@ -159,31 +179,51 @@ def reorder_soap_bases(shampoo: Any, computed_by_default: bool) -> Any:
     return {**shampoo, BASES: bases, CORRECTED: corrected}
 
 
-def _saved_tree(value: Any, packed: bool) -> Any:
+def _saved_tree(value: Any, packed: bool, implied_computed: bool) -> Any:
+    """A live entry as saved; ``implied_computed``: what a load infers for its bases'
+    ``eigenvectors_computed`` flags (``step >= start_preconditioning_step``)."""
     if isinstance(value, OptimizerModule):
         value = value.state_dict()
     if not isinstance(value, Mapping):
         return value
-    tree = {k: _saved_tree(v, packed) for k, v in value.items() if k != FAILURE_COUNTS}
+    tree = {
+        k: _saved_tree(v, packed, implied_computed) for k, v in value.items() if k != FAILURE_COUNTS
+    }
     if packed and isinstance(tree.get(ROOTS), Mapping):
         tree[ROOTS] = {
             d: pack_upper_triangular(r) if r.dim() == 2 else r for d, r in tree[ROOTS].items()
         }
-    return reorder_soap_bases(tree, computed_by_default=False)
+    tree = reorder_soap_bases(tree, computed_by_default=False)
+    flags = tree.get(EIGENVECTORS_COMPUTED)
+    if isinstance(flags, Mapping) and all(bool(f) == implied_computed for f in flags.values()):
+        del tree[EIGENVECTORS_COMPUTED]
+    return tree
 
 
-def saved_state(state_dict: dict[str, Any], packed_roots: Sequence[bool]) -> None:
+def saved_state(
+    state_dict: dict[str, Any], packed_roots: Sequence[bool], lr_sums: Sequence[float | None]
+) -> None:
     """``state_dict()``'s post-hook, in place: live state to nested dicts (roots packed in the
-    groups whose built config packs, ``packed_roots[g]``), and the groups without the extension
-    entries that hold their defaults."""
+    groups whose built config packs, ``packed_roots[g]``), the groups without the extension
+    entries that hold their defaults, and with :data:`LR_SUM_EXACT` where float32 does not hold
+    the group's float64 sum ``lr_sums[g]`` (None: no primal averaging)."""
     packed: dict[Any, bool] = {}
-    for group, packs in zip(state_dict["param_groups"], packed_roots):
+    start: dict[Any, float] = {}
+    for group, packs, lr_sum in zip(state_dict["param_groups"], packed_roots, lr_sums):
         packed.update((index, packs) for index in group["params"])
+        start.update((index, group["start_preconditioning_step"]) for index in group["params"])
+        if lr_sum is not None and as_float32(lr_sum) != lr_sum:
+            group[LR_SUM_EXACT] = lr_sum
         for key, default in EXTENSION_DEFAULTS.items():
             if key in group and group[key] == default and type(group[key]) is type(default):
                 del group[key]
     state_dict["state"] = {
-        index: {k: _saved_tree(v, packed.get(index, False)) for k, v in entry.items()}
+        index: {
+            k: _saved_tree(
+                v, packed.get(index, False), int(entry.get(STEP, 0)) >= start.get(index, math.inf)
+            )
+            for k, v in entry.items()
+        }
         for index, entry in state_dict["state"].items()
     }
 
@@ -219,8 +259,8 @@ def from_flat_layout(state_dict: Mapping[str, Any]) -> dict[str, Any]:
     kept, and each group's ``step`` (``lr_sum``, ``train_mode``) as tensors under its params."""
     groups, state = [], {}
     for group in state_dict["param_groups"]:
-        scalars = {
-            name: torch.tensor(group[name], dtype=dtype)
+        scalars = {  # its lr_sum was float64: kept so (the loader takes either)
+            name: torch.tensor(group[name], dtype=torch.float64 if name == LR_SUM else dtype)
             for name, dtype in GROUP_SCALARS.items()
             if name in group
         }

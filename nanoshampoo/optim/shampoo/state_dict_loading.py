@@ -11,8 +11,9 @@ post-hooks. DistributedShampoo takes part at each point:
    and the saved tensors as they were before torch's cast (:class:`PendingLoad`);
 2. ``__setstate__``: :func:`plan_load` checks everything and changes nothing; then
    :func:`apply_load` writes. A tensor whose dtype torch's cast changed (a float64 factor under
-   float32 parameters, a bfloat16 parameter's float32 state, the float64 ``lr_sum``) is taken
-   from the saved original, so a resume is not rounded;
+   float32 parameters, a bfloat16 parameter's float32 state, an earlier float64 ``lr_sum``) is
+   taken from the saved original, so a resume is not rounded, and a group's float64 sum
+   (``state_dict_layout.LR_SUM_EXACT``) replaces its float32 ``lr_sum`` while it rounds to it;
 3. load post-hook: each group goes back to the caller's train/eval mode (primal averaging moves
    the parameters, as ``train()`` / ``eval()`` do), as in the reference library.
 
@@ -54,7 +55,9 @@ from nanoshampoo.optim.shampoo.state_dict_layout import (
     EXTENSION_DEFAULTS,
     FAILURE_COUNTS,
     GROUP_SCALARS,
+    LR_SUM_EXACT,
     ROOTS,
+    as_float32,
     from_flat_layout,
     is_block_key,
     is_flat_layout,
@@ -218,13 +221,22 @@ def plan_load(
                 )
             )
         step, found = scalars
-        lr_sum_and_mode = (found[LR_SUM], found[TRAIN_MODE]) if averaging else None
+        lr_sum_and_mode = (_lr_sum(found[LR_SUM], loaded), found[TRAIN_MODE]) if averaging else None
         plans.append(GroupLoad(entries, hyperparameters, step, lr_sum_and_mode, blocks))
     if unexpected:
         raise KeyError(
             f"unexpected state in state_dict: {sorted(f'{i}.{k}' for i, k in unexpected)[:4]}"
         )
     return plans
+
+
+def _lr_sum(saved: float, group: Mapping[str, Any]) -> float:
+    """The group's Schedule-Free sum: its float64 value (:data:`LR_SUM_EXACT`) where the group
+    carries one that rounds to the saved ``lr_sum``, else the saved ``lr_sum``."""
+    exact = group.get(LR_SUM_EXACT)
+    if isinstance(exact, float) and as_float32(exact) == saved:
+        return exact
+    return saved
 
 
 _OURS_BY_NAME = {value.__name__: value for value in CHECKPOINT_GLOBALS if isinstance(value, type)}
@@ -291,7 +303,7 @@ def _completed_entries(
         if k in FIXED_GROUP_KEYS and _is_foreign(v)
         else as_our_config(v, f"{where}[{k!r}]")
         for k, v in loaded.items()
-        if k not in (PARAMS, DISTRIBUTED_CONFIG)
+        if k not in (PARAMS, DISTRIBUTED_CONFIG, LR_SUM_EXACT)
     }
     for key, value in group.items():
         if key == PARAMS:

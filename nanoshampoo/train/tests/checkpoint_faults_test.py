@@ -220,3 +220,59 @@ def test_a_checkpoint_holding_an_object_is_named_as_such_on_resume_not_as_damage
         "which torch.load(weights_only=True) does not load (an optimizer kept it in its "
         "state); the file is whole, but no resume can read it"
     )
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full (Linux)")
+def test_a_full_disk_in_a_run_resumed_under_a_new_id_names_the_checkpoint_it_resumed_from(
+    shards: dict[str, str],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Run "run" writes steps 2 and 4; "again" resumes from step 2 under its own id and cannot
+    write its step-4 checkpoint: it has none of its own, so the last good one is the one it
+    resumed from."""
+    first = tiny_config(shards, tmp_path, num_iterations=4, val_every=0, checkpoint_every=2)
+    assert cli_main(flags(first)) == 0
+    capsys.readouterr()
+    resumed_from = tmp_path / "run.ckpt" / "step_000002"
+    monkeypatch.setattr(checkpoint, "_write_record", _dev_full_file)
+    again = tiny_config(
+        shards,
+        tmp_path,
+        num_iterations=4,
+        val_every=0,
+        checkpoint_every=2,
+        run_id="again",
+        resume=str(resumed_from),
+    )
+    assert cli_main(flags(again)) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1
+    assert err.endswith(f"the last good checkpoint is {resumed_from}\n"), err
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full (Linux)")
+def test_a_full_disk_under_the_final_log_record_is_one_line(
+    shards: dict[str, str],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The run ends and writes its step-4 checkpoint; its final record goes to a full disk
+    (the JSONL log on /dev/full): one line naming the file and the last good checkpoint."""
+    from nanoshampoo.train.run_log import RunLog
+
+    final = RunLog.final
+
+    def onto_a_full_disk(self: RunLog, *args: Any, **kwargs: Any) -> None:
+        self.jsonl_path = Path("/dev/full")
+        final(self, *args, **kwargs)
+
+    monkeypatch.setattr(RunLog, "final", onto_a_full_disk)
+    argv = flags(tiny_config(shards, tmp_path, num_iterations=4, val_every=0, checkpoint_every=2))
+    assert cli_main(argv) == 2
+    assert capsys.readouterr().err == (
+        "python -m nanoshampoo.train: error: could not write /dev/full (No space left on "
+        f"device); the last good checkpoint is {tmp_path / 'run.ckpt' / 'step_000004'}\n"
+    )

@@ -232,3 +232,57 @@ def test_a_diverging_custom_optimizer_stops_the_run(shards: dict[str, str], tmp_
     with pytest.raises(TrainingDiverged, match="non-finite|train loss is"):
         Trainer(cfg).run()
     assert read_jsonl(tmp_path / "run.jsonl")[-1]["kind"] == "diverged"
+
+
+# An SGD that raises in its second step on rank 1 only (as an optimizer whose state differs by
+# rank may); rank 0 would go on into the next step's gradient all-reduce and wait there.
+RAISES_ON_RANK_ONE = """import torch
+import torch.distributed as dist
+
+
+class OneRankFails(torch.optim.SGD):
+    def step(self, closure=None):
+        self.steps = getattr(self, "steps", 0) + 1
+        if self.steps == 2 and dist.get_rank() == 1:
+            raise ValueError("the preconditioner is singular")
+        return super().step(closure)
+"""
+
+
+def fail_on_one_rank(rank: int, world_size: int, shards: dict[str, str], out_dir: str) -> str:
+    optimizer_file = Path(out_dir) / "one_rank_fails.py"
+    config = tiny_config(
+        shards,
+        Path(out_dir),
+        run_id="one-rank-fails",
+        num_iterations=4,
+        val_every=0,
+        **{
+            "optimizer": "custom",
+            "custom.matrix_optimizer": f"{optimizer_file}:OneRankFails",
+            "custom.matrix_kwargs": {"lr": 0.05},
+        },
+    )
+    try:
+        Trainer(config).run()
+    except UserError as exc:
+        return str(exc)
+    return "no error"
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_an_optimizer_raising_on_one_rank_stops_every_rank_with_its_line(
+    shards: dict[str, str], tmp_path: Path
+) -> None:
+    """Both ranks stop at once with rank 1's one line (not rank 0 at the distributed timeout:
+    pytest's own timeout would end the test first)."""
+    (tmp_path / "one_rank_fails.py").write_text(RAISES_ON_RANK_ONE)
+    rank0, rank1 = run_on_gloo(fail_on_one_rank, 2, shards, str(tmp_path))
+    assert rank1 == (
+        f"optimizer OneRankFails ({tmp_path / 'one_rank_fails.py'}) raised in step 2: "
+        "ValueError: the preconditioner is singular"
+    )
+    assert rank0 == rank1
+    records = read_jsonl(tmp_path / "one-rank-fails.jsonl")
+    assert records[-1]["kind"] == "failed"

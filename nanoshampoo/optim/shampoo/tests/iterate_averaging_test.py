@@ -20,6 +20,7 @@ The optimizer runs in float32 on a small MLP at epsilon 1e-12 (the settings user
 
 from __future__ import annotations
 
+import io
 import math
 import re
 from collections.abc import Callable, Sequence
@@ -42,6 +43,7 @@ from nanoshampoo.optim.shampoo import (
     WeightDecayType,
 )
 from nanoshampoo.optim.shampoo.config_checks import error_field
+from nanoshampoo.optim.shampoo.iterate_averaging import interp_coeffs
 
 STEPS = 6
 RTOL, ATOL = 2e-5, 1e-6
@@ -411,3 +413,86 @@ def test_root_inverse_shampoo_on_rank_one_gradients_stays_finite(
     optimizer.eval()
     assert all(torch.isfinite(p).all() for p in params)
     assert not torch.equal(params[0].detach(), initial_params()[0])
+
+
+# ------------------------------------------------------------------------------------------
+# Schedule-Free's sum of lr^r in a state dict
+# ------------------------------------------------------------------------------------------
+
+
+def _trainer_schedule(steps: int, lr: float = 0.006, cooldown_frac: float = 0.7) -> list[float]:
+    """The trainer's lr schedule at the schedule-free setup's lr: constant, then a linear
+    cooldown to 0 over the last ``cooldown_frac`` of the steps."""
+    start = steps * (1.0 - cooldown_frac)
+    return [lr * min(1.0, (steps - t) / (steps - start)) for t in range(steps)]
+
+
+def test_the_sum_of_lr_powers_is_kept_in_float64_because_a_float32_sum_drifts() -> None:
+    """Over 3,000 steps of the trainer's schedule (r = 2), ``1 - mu_x = lr^r / sum`` from a
+    float32 running sum (the reference's) is off by more than 1e-6 relative; ours stays within
+    1e-12 of the exact sum (``math.fsum``). This is why ``lr_sum`` is summed in float64 and a
+    state dict carries the float64 value beside the reference's float32 one."""
+    config = ScheduleFreeConfig(eval_coeff_lr_power=2.0)
+    ours, as_float32, exact_terms = 0.0, torch.zeros((), dtype=torch.float32), []
+    worst_ours, worst_float32 = 0.0, 0.0
+    for lr in _trainer_schedule(3000):
+        weight = lr**2
+        exact_terms.append(weight)
+        if weight == 0.0:
+            continue
+        _, _, ours = interp_coeffs(config, lr, ours)  # the sum that mu_x = 1 - lr^r / sum uses
+        as_float32 += weight
+        exact = weight / math.fsum(exact_terms)
+        worst_ours = max(worst_ours, abs(weight / ours / exact - 1.0))
+        worst_float32 = max(worst_float32, abs(weight / float(as_float32) / exact - 1.0))
+    assert worst_ours < 1e-12
+    assert worst_float32 > 1e-6
+
+
+def test_lr_sum_is_saved_as_the_references_float32_and_a_resume_continues_bit_for_bit() -> None:
+    """``lr_sum`` is a float32 tensor, as the reference's; the group carries the float64 sum
+    (``lr_sum_float64``: here 3 x 0.01^2 in float64, which float32 does not hold), so a
+    save / ``weights_only`` load / 2 more steps equal 5 steps, bit for bit."""
+    settings: dict[str, Any] = {
+        "lr": 0.01,
+        "iterate_averaging_config": ScheduleFreeConfig(train_interp_coeff=0.9),
+        **ADAM,
+    }
+    straight, _ = run_shampoo(5, **settings)
+    params, optimizer = run_shampoo(3, **settings)
+    buffer = io.BytesIO()
+    torch.save(optimizer.state_dict(), buffer)
+    buffer.seek(0)
+    saved = torch.load(buffer, weights_only=True)
+    lr_sum = saved["state"][0]["lr_sum"]
+    assert lr_sum.dtype == torch.float32 and optimizer.state[params[0]]["lr_sum"] is not lr_sum
+    assert saved["param_groups"][0]["lr_sum_float64"] == 0.01**2 + 0.01**2 + 0.01**2
+    resumed = [torch.nn.Parameter(p.detach().clone()) for p in params]
+    fresh = DistributedShampoo(resumed, **{"epsilon": 1e-12, **settings})
+    fresh.load_state_dict(saved)
+    assert "lr_sum_float64" not in fresh.param_groups[0]
+    run_shampoo(2, params=resumed, optimizer=fresh)
+    for got, want in zip(resumed, straight, strict=True):
+        assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("lr", [0.5, 0.01])
+def test_a_float64_sum_beside_another_lr_sum_is_ignored(lr: float) -> None:
+    """The float64 sum is used only while it rounds to the saved ``lr_sum``: a dict whose
+    ``lr_sum`` was written since (or that another library saved back) loads its ``lr_sum``. At
+    lr 0.5 the sum is exact in float32 and the group carries none."""
+    settings: dict[str, Any] = {
+        "lr": lr,
+        "iterate_averaging_config": ScheduleFreeConfig(train_interp_coeff=0.9),
+        **ADAM,
+    }
+    _, optimizer = run_shampoo(2, **settings)
+    saved = optimizer.state_dict()
+    assert ("lr_sum_float64" in saved["param_groups"][0]) == (lr == 0.01)
+    saved["param_groups"][0]["lr_sum_float64"] = 0.75 + 1e-12
+    for entry in saved["state"].values():
+        entry["lr_sum"] = torch.tensor(0.25)
+    params, fresh = run_shampoo(0, **settings)
+    fresh.load_state_dict(saved)
+    assert fresh.state[params[0]]["lr_sum"].item() == 0.25
+    assert "lr_sum_float64" not in fresh.state_dict()["param_groups"][0]  # the sum is 0.25

@@ -95,7 +95,6 @@ def _fresh_block(config: PreconditionerConfig) -> dict[str, Any]:
         block["shampoo"] = {
             "factor_matrices": {0: factor, 1: factor},
             "factor_matrices_eigenvectors": {0: eye, 1: eye},
-            "eigenvectors_computed": {0: torch.tensor(False), 1: torch.tensor(False)},  # ours only
             "corrected_eigenvalues": zeros,
         }
     elif isinstance(config, EigendecomposedShampooPreconditionerConfig):
@@ -185,7 +184,7 @@ def test_primal_averaging_adds_its_scalars_and_z(averaging: Any) -> None:
                 "block_0": block,
                 "block_1": block,
                 "step": torch.tensor(0),
-                "lr_sum": torch.tensor(0.0, dtype=torch.float64),
+                "lr_sum": torch.tensor(0.0),  # float32, as the reference
                 "train_mode": torch.tensor(True),
             }
         },
@@ -454,9 +453,10 @@ def test_a_checkpoint_of_the_earlier_flat_layout_loads_and_continues() -> None:
 
 
 def test_a_soap_state_without_our_flags_loads_with_them_filled_from_the_step() -> None:
-    """The reference's SOAP state has no ``eigenvectors_computed``: a load fills it with
-    ``step >= start_preconditioning_step`` (QR refreshes warm-start from computed bases only),
-    and the run continues as the uninterrupted one."""
+    """The reference's SOAP state has no ``eigenvectors_computed``, and ours leaves out flags
+    that the step implies: a load fills them with ``step >= start_preconditioning_step`` (QR
+    refreshes warm-start from computed bases only), and the run continues as the uninterrupted
+    one."""
     straight = _mlp()
     _train(straight, _run_optimizer(straight, "soap"), range(5))
     model = _mlp()
@@ -466,7 +466,7 @@ def test_a_soap_state_without_our_flags_loads_with_them_filled_from_the_step() -
     for entry in saved["state"].values():
         for key, block in entry.items():
             if key.startswith("block_"):
-                del block["shampoo"]["eigenvectors_computed"]
+                assert "eigenvectors_computed" not in block["shampoo"]  # implied: not saved
     resumed = copy.deepcopy(model)
     fresh = _run_optimizer(resumed, "soap")
     fresh.load_state_dict(saved)
@@ -474,6 +474,29 @@ def test_a_soap_state_without_our_flags_loads_with_them_filled_from_the_step() -
     _train(resumed, fresh, range(3, 5))
     for got, want in zip(resumed.parameters(), straight.parameters(), strict=True):
         assert torch.equal(got, want)
+
+
+def test_soap_flags_that_the_step_does_not_imply_are_saved_and_load_back() -> None:
+    """A basis not computed at a step past ``start_preconditioning_step`` (as after a failed
+    computation): its block saves ``eigenvectors_computed`` (both of its factors' flags), the
+    other block none, and a load gives the same state."""
+    model = _mlp()
+    optimizer = _run_optimizer(model, "soap")
+    _train(model, optimizer, range(3))
+    first = next(model.parameters())
+    optimizer.state[first]["block_0"]["shampoo"].eigenvectors_computed[1].fill_(False)
+    saved = optimizer.state_dict()
+    flags = saved["state"][0]["block_0"]["shampoo"]["eigenvectors_computed"]
+    assert {dim: bool(flag) for dim, flag in flags.items()} == {0: True, 1: False}
+    assert all(
+        "eigenvectors_computed" not in block["shampoo"]
+        for index, entry in saved["state"].items()
+        for key, block in entry.items()
+        if key.startswith("block_") and (index, key) != (0, "block_0")
+    )
+    fresh = _run_optimizer(copy.deepcopy(model), "soap")
+    fresh.load_state_dict(copy.deepcopy(saved))
+    assert_same_flat_state(flat_state(fresh.state_dict()), flat_state(saved))
 
 
 def test_a_write_to_the_step_tensor_is_the_optimizer_step() -> None:
@@ -565,7 +588,6 @@ def test_soap_bases_are_saved_in_ascending_order_with_their_corrected_eigenvalue
     live = optimizer.state[next(model.parameters())]["block_0"]["shampoo"]
     corrected = live.corrected_eigenvalues
     for dim, basis in saved["factor_matrices_eigenvectors"].items():
-        assert bool(saved["eigenvectors_computed"][dim])
         n = len(basis)
         factor = _full(saved["factor_matrices"][dim], n).double()
         rayleigh = torch.diagonal(basis.double().T @ factor @ basis.double())
