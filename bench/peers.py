@@ -92,7 +92,7 @@ from nanoshampoo.optim.shampoo.preconditioner.spectral_descent_preconditioner im
     resolve_newton_schulz_dtype,
 )
 from nanoshampoo.train.config import TrainConfig
-from nanoshampoo.train.hardware import cpu_name
+from nanoshampoo.train.machine import cpu_name
 from nanoshampoo.train.setups.adam import AdamConfig, AdamWConfig
 from nanoshampoo.train.setups.registry import BuildContext
 from nanoshampoo.train.setups.shampoo_family import (

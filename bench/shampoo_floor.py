@@ -67,7 +67,7 @@ from nanoshampoo.optim.shampoo import (
 )
 from nanoshampoo.optim.shampoo.preconditioner.factor_matrix_ops import symmetric_rank_update_
 from nanoshampoo.optim.shampoo.preconditioner.parallel_eigh import parallel_width, stacked_eigh
-from nanoshampoo.train.hardware import available_cores, cpu_name
+from nanoshampoo.train.machine import available_cores, cpu_name
 
 GPT_SMALL_SHAPES = "768x768,768x768,768x768,768x768,768x3072,3072x768"
 

@@ -26,7 +26,7 @@ so that other users of a shared machine disturb the timing less.
 Usage:
     python bench/study_throughput.py [--setups adamw,muon] [--size gpt-0.2m] [--seeds 3]
         [--num-iterations 32] [--workers 2] [--repeats 1] [--boost]
-        [--out-dir runs/study-throughput] [--json docs/results/study-throughput.json]
+        [--out-dir runs/study-throughput] [--json docs/results/throughput-study.json]
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ from nanoshampoo.evidence.compare import MANIFEST_SUFFIX
 from nanoshampoo.evidence.logs import read_run
 from nanoshampoo.evidence.tune_trial import PRUNED_SUFFIX
 from nanoshampoo.io_utils import atomic_output
-from nanoshampoo.train.hardware import cpu_name
+from nanoshampoo.train.machine import cpu_name
 from nanoshampoo.train.phases import PHASES
 from nanoshampoo.train.probe_cache import CACHE_VAR
 

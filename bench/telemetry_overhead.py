@@ -49,7 +49,7 @@ from nanoshampoo.io_utils import atomic_output
 from nanoshampoo.model.gpt import GPT, gpt_preset
 from nanoshampoo.train.config import TrainConfig
 from nanoshampoo.train.distributed import DistributedContext
-from nanoshampoo.train.hardware import cpu_name
+from nanoshampoo.train.machine import cpu_name
 from nanoshampoo.train.optimizers import OptimizerSetup, build_optimizer_setup
 from nanoshampoo.train.presets import load_preset
 from nanoshampoo.train.telemetry import Telemetry, resolve_every

@@ -12,7 +12,7 @@ import pytest
 import torch
 from bench_scripts_test import load_script
 
-from nanoshampoo.train.hardware import available_cores
+from nanoshampoo.train.machine import available_cores
 
 
 @pytest.fixture(scope="module")

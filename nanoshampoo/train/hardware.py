@@ -22,8 +22,6 @@ Example:
 
 from __future__ import annotations
 
-import os
-import platform
 import time
 from dataclasses import dataclass
 
@@ -31,6 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from nanoshampoo.matmul_speed import PROBE_REPEATS, PROBE_SHAPE, probe_cpu_bf16_speedup
+from nanoshampoo.train.machine import available_cores
 from nanoshampoo.train.probe_cache import ProbeCache
 
 
@@ -71,25 +70,6 @@ def resolve_autocast(
         f"auto: bf16 matmuls are {verdict} than float32 on this "
         f"CPU (probe: {speedup:.2g}x float32's speed{'; ' + note if note else ''})",
     )
-
-
-def cpu_name() -> str:
-    """The CPU's model name (``/proc/cpuinfo`` on Linux), else the architecture."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.machine()
-
-
-def available_cores() -> int:
-    """CPU cores this process may run on (its affinity mask; all cores where there is none)."""
-    if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count() or 1
 
 
 def probe_thread_speedup(

@@ -58,7 +58,7 @@ def machine_key() -> dict[str, Any]:
     # torch, and hardware imports this module.
     import torch
 
-    from nanoshampoo.train.hardware import available_cores, cpu_name
+    from nanoshampoo.train.machine import available_cores, cpu_name
 
     return {
         "host": socket.gethostname(),

@@ -85,13 +85,9 @@ from nanoshampoo.train.distributed import (
     teardown_distributed,
 )
 from nanoshampoo.train.divergence import DivergenceGuard
-from nanoshampoo.train.hardware import (
-    AutocastChoice,
-    available_cores,
-    cpu_name,
-    resolve_autocast,
-)
+from nanoshampoo.train.hardware import AutocastChoice, resolve_autocast
 from nanoshampoo.train.interrupt import TrainingInterrupted
+from nanoshampoo.train.machine import available_cores, cpu_name
 from nanoshampoo.train.optimizers import (
     apply_resumed_settings,
     build_optimizer_setup,
@@ -396,7 +392,10 @@ class Trainer:
             bar.close()
             if self.scalars is not None:
                 self.scalars.close()
-        self._finish(val_loss)
+        try:
+            self._finish(val_loss)
+        except OSError as exc:  # the final record on a full disk: one line, not a traceback
+            raise self._failure(exc) from exc
         return TrainResult(
             self.run_id, val_loss, self.log.text_path, self.log.jsonl_path, last_checkpoint
         )

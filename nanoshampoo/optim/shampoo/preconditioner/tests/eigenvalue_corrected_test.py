@@ -334,9 +334,11 @@ def test_state_dict_round_trip_and_bit_exact_resume() -> None:
         "block_0.shampoo.factor_matrices.0",
         "block_0.shampoo.factor_matrices_eigenvectors.1",
         "block_0.shampoo.corrected_eigenvalues",
-        "block_0.shampoo.eigenvectors_computed.0",
         "step",
     } <= set(state[0])
+    # Every basis was computed when the step implies it, so the flags are left out (the
+    # reference's layout); a load infers them.
+    assert not any("eigenvectors_computed" in key for key in state[0])
 
     resumed = [torch.nn.Parameter(s.clone()) for s in snapshot]
     opt2 = _optimizer(resumed, h, amortized_computation_config=qr)
