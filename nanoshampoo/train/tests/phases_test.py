@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from nanoshampoo.train.config import TrainConfig
 from nanoshampoo.train.phases import PHASES, PhaseClock, process_age_s
+from nanoshampoo.train.tests.trainer_test import tiny_config
 from nanoshampoo.train.trainer import Trainer
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -45,27 +45,14 @@ def test_process_age_is_the_time_since_this_process_started() -> None:
 
 
 def test_final_record_holds_the_run_phases(shards: dict[str, str], tmp_path: Path) -> None:
-    cfg = TrainConfig(
-        preset="test",
-        model="tiny",
-        dataset="shards",
-        vocab_size=64,
-        seq_len=32,
-        batch_size=4,
+    cfg = tiny_config(
+        shards,
+        tmp_path,
         num_iterations=6,
         val_every=3,
-        val_tokens=512,
-        log_every=1,
-        progress=False,
-        out_dir=str(tmp_path),
-        run_id="run",
         checkpoint_every=3,
-        save_final_checkpoint=False,
-        autocast="off",
-        threads=1,
         compile="false",
         decay_branches=(0.5,),
-        **shards,
     )
     result = Trainer(cfg).run()
     records = [json.loads(line) for line in Path(result.jsonl_log).read_text().splitlines()]
