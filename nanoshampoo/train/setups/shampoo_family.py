@@ -27,6 +27,9 @@ what it built (``SetupArguments``) and the builder passes it to the optimizer.
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -506,9 +509,40 @@ def build_matrix_optimizer(ctx: BuildContext) -> torch.optim.Optimizer:
     arguments = ctx.cfg.setup_arguments
     if arguments is None:
         raise TypeError("the setup's check built no DistributedShampoo arguments to build from")
-    return DistributedShampoo(
-        ctx.groups["matrix"], distributed_config=distributed_config(ctx), **arguments.kwargs()
-    )
+    with _quiet_about_the_setups_own_settings():
+        return DistributedShampoo(
+            ctx.groups["matrix"], distributed_config=distributed_config(ctx), **arguments.kwargs()
+        )
+
+
+# What the library warns a user of when sign or spectral descent ignores an entry (as the
+# reference library does). The trainer's setups choose those entries themselves, so a run would
+# print four such lines every time with nothing for the user to change.
+_SETUP_CHOSEN = ("does not have any effect when", "Setting target_parameter_dimensionality to 2")
+_WARNING_LOGGERS = (
+    "nanoshampoo.optim.shampoo.group_validation",
+    "nanoshampoo.optim.shampoo.component_builders",
+)
+
+
+class _SetupChosenFilter(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        return not any(text in message for text in _SETUP_CHOSEN)
+
+
+@contextmanager
+def _quiet_about_the_setups_own_settings() -> Iterator[None]:
+    """Drop the library's "has no effect" warnings while a setup builds its optimizer."""
+    loggers = [logging.getLogger(name) for name in _WARNING_LOGGERS]
+    quiet = _SetupChosenFilter()
+    for logger in loggers:
+        logger.addFilter(quiet)
+    try:
+        yield
+    finally:
+        for logger in loggers:
+            logger.removeFilter(quiet)
 
 
 def check_shampoo_setup(cfg: SetupInputs, kwargs: dict[str, Any], matrix: str) -> SetupArguments:

@@ -165,3 +165,23 @@ def test_the_builder_passes_on_the_configs_the_check_built(optimizer: str) -> No
 
 def test_a_setup_without_library_configs_keeps_none() -> None:
     assert TrainConfig(optimizer="adamw").setup_arguments is None
+
+
+def test_the_muon_setup_builds_without_the_librarys_no_effect_warnings(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The library warns that spectral descent ignores betas[1], epsilon and the frequency (as
+    the reference does), and still does for a user's own construction; the trainer's ``muon``
+    setup, which chose those entries itself, builds without those lines."""
+    param = torch.nn.Parameter(torch.randn(8, 6))
+    cfg = TrainConfig(optimizer="muon")
+    with caplog.at_level("WARNING"):
+        build_matrix_optimizer(BuildContext({"matrix": [param]}, cfg, 1))
+    assert not [r for r in caplog.records if "does not have any effect" in r.getMessage()]
+    assert not [r for r in caplog.records if "target_parameter_dimensionality" in r.getMessage()]
+    kwargs = cfg.setup_arguments.kwargs()  # the same arguments, built outside the trainer
+    with caplog.at_level("WARNING"):
+        from nanoshampoo.optim.shampoo import DistributedShampoo
+
+        DistributedShampoo([torch.nn.Parameter(torch.randn(8, 6))], **kwargs)
+    assert [r for r in caplog.records if "does not have any effect" in r.getMessage()]
