@@ -35,15 +35,19 @@ def _alive(pid: int) -> bool:
     return not stat.exists() or stat.read_text().split(")")[-1].split()[0] != "Z"
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
-def test_a_tool_killed_with_sigkill_takes_its_trainer_with_it(tmp_path: Path) -> None:
-    tool = subprocess.Popen([sys.executable, "-c", TOOL, str(tmp_path)])
-    pid_file = tmp_path / "trainer.pid"
+def _trainer_pid(pid_file: Path) -> int:
+    """The pid the tool's trainer writes into ``pid_file`` once it runs (within 60 s)."""
     deadline = time.monotonic() + 60
     while not (pid_file.exists() and pid_file.read_text()):
         assert time.monotonic() < deadline, "the trainer never started"
         time.sleep(0.1)
-    trainer = int(pid_file.read_text())
+    return int(pid_file.read_text())
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_a_tool_killed_with_sigkill_takes_its_trainer_with_it(tmp_path: Path) -> None:
+    tool = subprocess.Popen([sys.executable, "-c", TOOL, str(tmp_path)])
+    trainer = _trainer_pid(tmp_path / "trainer.pid")
     assert _alive(trainer)
     tool.send_signal(signal.SIGKILL)
     tool.wait()
@@ -75,12 +79,7 @@ def test_an_orphaned_trainer_keeps_its_run_claimed_until_it_ends(tmp_path: Path)
     from nanoshampoo.evidence.run_claims import RunClaim
 
     tool = subprocess.Popen([sys.executable, "-c", CLAIMING_TOOL, str(tmp_path)])
-    pid_file = tmp_path / "trainer.pid"
-    deadline = time.monotonic() + 60
-    while not (pid_file.exists() and pid_file.read_text()):
-        assert time.monotonic() < deadline, "the trainer never started"
-        time.sleep(0.1)
-    trainer = int(pid_file.read_text())
+    trainer = _trainer_pid(tmp_path / "trainer.pid")
     tool.send_signal(signal.SIGKILL)
     tool.wait()
     claim = RunClaim(tmp_path / ".run.claim")
