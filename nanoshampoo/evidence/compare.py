@@ -4,8 +4,8 @@ A *setup* is a trainer preset under a short name: ``adamw`` runs ``--preset tiny
 ``NAME=PRESET`` runs any preset (a name or a ``.toml`` path) under ``NAME``, e.g.
 ``adamw=gpt2-124m-adamw``. The train flags after ``--`` apply to every setup on top of its
 preset. compare sets ``--preset``, ``--seed``, ``--run-id`` and ``--out-dir`` itself and refuses
-them (and ``--resume``, and ``--optimizer``, which belongs to the setup's preset) among the
-train flags.
+them (and ``--resume``, ``--pause-at-step``, and ``--optimizer``, which belongs to the setup's
+preset) among the train flags.
 
 Layout of the out dir::
 
@@ -81,6 +81,8 @@ MANAGED_OPTIONS = (
     "--run-id",
     "--out-dir",
     "--resume",
+    # A paused run has no result to compare (tune pauses its own trials at their rungs).
+    "--pause-at-step",
     "-h",
     "--help",
 )
@@ -96,6 +98,9 @@ RUN_IDENTITY_IGNORED = (
     "save_final_checkpoint",
     "checkpoint_every",
     "preset",
+    # A run resumed (exactly) from its own checkpoint, or paused and resumed, is the same run.
+    "resume",
+    "pause_at_step",
 )
 _SETUP_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")
 MANIFEST_SUFFIX = ".compare.json"

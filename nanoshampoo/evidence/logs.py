@@ -22,10 +22,11 @@ Both are reduced to a :class:`RunRecord`. A run must have ended, one of two ways
   non-finite final validation loss (what the trainer wrote before it stopped diverged runs)
   is read as diverged at its first non-finite validation.
 
-A run that ended neither way (crashed, killed, still running) is refused, because its final
-loss and train time are not comparable with finished ones. So is a run that failed (JSONL: a
-``failed`` record ``{"step": N, "total_steps": M, "reason": ...}``; text: a line ``failed after
-step:N/M: <reason>``): the refusal says that it failed, where and why.
+A run that ended neither way (crashed, killed, still running, or paused by ``--pause-at-step``:
+JSONL ``paused`` record ``{"step": N, "total_steps": M, "checkpoint": PATH}``) is refused,
+because its final loss and train time are not comparable with finished ones. So is a run that
+failed (JSONL: a ``failed`` record ``{"step": N, "total_steps": M, "reason": ...}``; text: a
+line ``failed after step:N/M: <reason>``): the refusal says that it failed, where and why.
 
 A resumed run appends to its logs (JSONL: a new ``config`` record; text: a ``resumed from``
 line); the last record per step counts, and the last segment decides whether the run ended.
@@ -353,6 +354,8 @@ def _scan_jsonl(
         elif kind == "branch":
             branch = _branch(path, lineno, record)
             branches[branch.steps] = branch
+        elif kind == "paused":  # read as the segment's end; _read_jsonl says how to go on
+            diverged = record
     return config, points, final, diverged
 
 
@@ -385,6 +388,11 @@ def _read_jsonl(path: Path) -> RunRecord:
     if diverged is not None and diverged["kind"] == "failed":
         raise _failed_run(
             path, diverged["step"], diverged["total_steps"], str(diverged.get("reason", ""))
+        )
+    if diverged is not None and diverged["kind"] == "paused":
+        raise LogFormatError(
+            f"{path}: the run is paused at step {diverged.get('step')} of "
+            f"{diverged.get('total_steps')} (--resume {diverged.get('checkpoint')} continues it)"
         )
     peak = None if final is None else final.get("peak_memory_mib")
     if not isinstance(config.get("config") or {}, dict):

@@ -190,6 +190,10 @@ class RunSettings(_Section):
     log_every: int = 10
     checkpoint_every: int = 0
     save_final_checkpoint: bool = True
+    # > 0: stop after step S (and the decay branches that fork there) with a checkpoint of step
+    # S and a "paused" record; --resume that checkpoint goes on. Successive halving pauses a
+    # trial at each rung's fork this way (evidence/tune_halving.py).
+    pause_at_step: int = 0
     # Steps between telemetry records (train/telemetry.py); -1: at each validation
     # (every val_every steps), 0: off.
     telemetry_every: int = -1
@@ -205,7 +209,7 @@ class RunSettings(_Section):
     def __post_init__(self) -> None:
         self._check_types()
         self._set("profile_steps", tuple(self.profile_steps))
-        for name in ("log_every", "checkpoint_every", "seed"):
+        for name in ("log_every", "checkpoint_every", "pause_at_step", "seed"):
             if getattr(self, name) < 0:
                 raise ValueError(f"TrainConfig.{name} must be >= 0, got {getattr(self, name)}")
         if self.telemetry_every < -1:

@@ -66,3 +66,5 @@ class TrainResult:
     text_log: Path
     jsonl_log: Path
     last_checkpoint: Path | None
+    # The step a ``--pause-at-step`` run stopped at (its final_val_loss is NaN); None otherwise.
+    paused_at: int | None = None

@@ -26,6 +26,11 @@ written), after the steps it completed::
 
     failed after step:57/300: <one line: what failed and why>
 
+or, for a run stopped by ``--pause-at-step`` (it wrote the checkpoint of that step; a resume of
+it appends the rest of the run)::
+
+    paused at step:57/300; --resume <checkpoint> continues the run
+
 A run with decay branches (``train/branches.py``) writes one line per branch when it is done,
 where it forked (its lines never start with ``step:``, so readers of the run's own steps skip
 them)::
@@ -34,13 +39,13 @@ them)::
     branch:0.5 diverged at step:97/150: <reason> (forked at step 45)
 
 ``<out_dir>/<run_id>.jsonl`` has one object per line, ``kind`` in ``config``, ``train``,
-``val``, ``final``, ``diverged``, ``failed``, ``branch``, ``telemetry`` (fields in ``RunLog``'s
-methods; ``telemetry`` in ``train/telemetry.py``, its cadence in the ``config`` record's
-``telemetry_every``). A diverged run has a ``diverged`` record and no ``final`` one; a failed run
-a ``failed`` one. A ``branch`` record is written only once its
-branch is complete (validated, or diverged: a branch is a run of its own, and the main run goes
-on). Non-finite floats anywhere in a record are written as
-the strings ``"nan"``, ``"inf"``, ``"-inf"`` (JSON has no such numbers).
+``val``, ``final``, ``diverged``, ``failed``, ``paused``, ``branch``, ``telemetry`` (fields in
+``RunLog``'s methods; ``telemetry`` in ``train/telemetry.py``, its cadence in the ``config``
+record's ``telemetry_every``). A diverged run has a ``diverged`` record and no ``final`` one; a
+failed run a ``failed`` one, a paused run a ``paused`` one. A ``branch`` record is written only
+once its branch is complete (validated, or diverged: a branch is a run of its own, and the main
+run goes on). Non-finite floats anywhere in a record are written as the strings ``"nan"``,
+``"inf"``, ``"-inf"`` (JSON has no such numbers).
 
 Files are never overwritten: a fresh run creates both files exclusively, and a resume that
 continues the same run id appends (a second ``config`` record, with ``resumed_from``, then the
@@ -342,6 +347,20 @@ class RunLog:
                 **({} if phases_s is None else {"phases_s": phases_s}),
             }
         )
+
+    def paused(self, step: int, total_steps: int, checkpoint: Path) -> str:
+        """The run stopped at ``--pause-at-step``: ``checkpoint`` (of ``step``) continues it."""
+        line = f"paused at step:{step}/{total_steps}; --resume {checkpoint} continues the run"
+        self._line(line)
+        self._json(
+            {
+                "kind": "paused",
+                "step": step,
+                "total_steps": total_steps,
+                "checkpoint": str(checkpoint),
+            }
+        )
+        return line
 
     def telemetry(self, records: list[dict[str, Any]]) -> None:
         """Telemetry records (``train/telemetry.py``), JSONL only: one per block matrix."""

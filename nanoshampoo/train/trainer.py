@@ -265,6 +265,13 @@ class Trainer:
             cfg.schedule.cooldown_frac,
             cfg.schedule.warmup_steps,
         )
+        pause = cfg.run.pause_at_step
+        if pause and not self.start_step < pause < cfg.schedule.num_iterations:
+            raise UserError(
+                f"--pause-at-step {pause}: must lie after the step the run starts from "
+                f"({self.start_step}) and before --num-iterations "
+                f"({cfg.schedule.num_iterations})"
+            )
 
     def _build_model(self) -> None:
         """The seeded GPT on every rank (rank 0's weights), sharded under fsdp2 / hsdp, and the
@@ -370,7 +377,7 @@ class Trainer:
         profiler = make_step_profiler(cfg.run.profile_steps, cfg.run.profile_dir, ctx.rank)
         try:
             with profiler:
-                val_loss, last_checkpoint = self._loop(bar, profiler)
+                val_loss, last_checkpoint, paused = self._loop(bar, profiler)
         except TrainingDiverged as exc:
             if self.telemetry is not None:  # name the first series that ran away, if one did
                 first = self.telemetry.watch.first_departure(exc.step)
@@ -393,11 +400,20 @@ class Trainer:
             if self.scalars is not None:
                 self.scalars.close()
         try:
-            self._finish(val_loss)
+            if paused:
+                assert last_checkpoint is not None
+                _say(self.log.paused(cfg.run.pause_at_step, total, last_checkpoint), ctx, bar)
+            else:
+                self._finish(val_loss)
         except OSError as exc:  # the final record on a full disk: one line, not a traceback
             raise self._failure(exc) from exc
         return TrainResult(
-            self.run_id, val_loss, self.log.text_path, self.log.jsonl_path, last_checkpoint
+            self.run_id,
+            math.nan if paused else val_loss,
+            self.log.text_path,
+            self.log.jsonl_path,
+            last_checkpoint,
+            paused_at=cfg.run.pause_at_step if paused else None,
         )
 
     def _resumed_checkpoint(self) -> Path | None:
@@ -435,17 +451,22 @@ class Trainer:
             ]
         )
 
-    def _loop(self, bar: Progress, profiler: Any) -> tuple[float, Path | None]:
+    def _loop(self, bar: Progress, profiler: Any) -> tuple[float, Path | None, bool]:
+        """``(final val loss, last checkpoint, paused)``: the run to its end, or to
+        ``--pause-at-step`` (then the val loss is NaN and the checkpoint is the pause's)."""
         cfg, total = self.cfg, self.cfg.schedule.num_iterations
         val_loss, last_checkpoint = math.nan, None
         for step in range(self.start_step, total + 1):
             for branch in (b for b in self.branches if b.fork_step == step):
                 self._run_branch(branch, bar)
             last = step == total
-            if step > self.start_step and self._checkpoint_due(step, last):
+            pause = step == cfg.run.pause_at_step > 0
+            if step > self.start_step and (pause or self._checkpoint_due(step, last)):
                 with self.setup.evaluation_point():  # before the validation: see its docstring
                     with self.clock.phase("checkpoint"):
                         last_checkpoint = self._save_checkpoint(step)
+            if pause:  # the resumed run validates this step if it is due: not twice
+                return val_loss, last_checkpoint, True
             if last or (cfg.schedule.val_every and step % cfg.schedule.val_every == 0):
                 with self.setup.evaluation_point(), self.clock.phase("validation"):
                     val_loss = self._validation_loss()
@@ -458,7 +479,7 @@ class Trainer:
             self.threads.before_step(step, self.start_step)  # others may take or free cores
             profiler.step(step)  # before the step's work: the profiler records chosen steps
             self._timed_step(step, bar)
-        return val_loss, last_checkpoint
+        return val_loss, last_checkpoint, False
 
     def _checkpoint_due(self, step: int, last: bool) -> bool:
         periodic = self.cfg.run.checkpoint_every and step % self.cfg.run.checkpoint_every == 0

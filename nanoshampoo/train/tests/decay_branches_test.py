@@ -16,6 +16,11 @@ Specification:
   a diverged branch is recorded as such and the main run goes on, unchanged;
 - a run resumed past a fork says that branch cannot be made, and keeps the branches its log
   recorded before (none is made twice);
+- a run paused at each branch's fork (``--pause-at-step``: a checkpoint, a ``paused`` record,
+  exit) and resumed from there each time is the uninterrupted run: the same branch records, final
+  loss and parameters, bit for bit (adamw, shampoo, soap, muon, schedule-free); a paused log is
+  refused by the readers with the checkpoint that continues it; a pause outside the run is
+  refused naming the flag;
 - on 2 gloo ranks (ddp with DistAdam and DDP Shampoo, fsdp2 with SOAP) the same holds.
 """
 
@@ -32,12 +37,12 @@ import pytest
 import torch
 from trainer_test import read_jsonl, tiny_config
 
-from nanoshampoo.evidence.logs import read_run
+from nanoshampoo.evidence.logs import LogFormatError, read_run
 from nanoshampoo.testing.distributed import run_on_gloo
 from nanoshampoo.train import branches as branches_module
 from nanoshampoo.train.branches import Branch, branches_to_make, plan_branches
 from nanoshampoo.train.cli import config_from_args
-from nanoshampoo.train.config import TrainConfig
+from nanoshampoo.train.config import TrainConfig, UserError
 from nanoshampoo.train.schedule import lr_multiplier
 from nanoshampoo.train.trainer import Trainer
 
@@ -337,6 +342,87 @@ def test_a_resumed_run_keeps_its_branches_and_says_which_it_cannot_make(
     assert {n: b.val_loss for n, b in read_run(full.jsonl_log).branches.items()} == {
         n: r["val_loss"] for n, r in recorded.items()
     }
+
+
+@pytest.mark.parametrize(
+    "optimizer",
+    [
+        "adamw",
+        pytest.param("shampoo", marks=pytest.mark.slow),
+        pytest.param("soap", marks=pytest.mark.slow),
+        "muon",
+        pytest.param("schedule-free", marks=pytest.mark.slow),
+    ],
+)
+def test_a_run_paused_at_each_fork_and_resumed_is_the_uninterrupted_run(
+    optimizer: str, shards: dict[str, str], tmp_path: Path
+) -> None:
+    config = dict(RUN, optimizer=optimizer, decay_branches=FRACTIONS, **SETUPS[optimizer])
+    if optimizer == "schedule-free":  # the pauses' checkpoints are round trips: both runs do them
+        config["checkpoint_every"] = 1
+    plain = Trainer(tiny_config(shards, tmp_path, run_id="plain", **config))
+    plain_result = plain.run()
+
+    resume, trainer = "", None
+    for pause in (3, 5, 7, 0):  # the forks of the 4-, 8- and 12-step branches, then the end
+        trainer = Trainer(
+            tiny_config(
+                shards, tmp_path, run_id="chain", resume=resume, pause_at_step=pause, **config
+            )
+        )
+        result = trainer.run()
+        if pause:
+            assert result.paused_at == pause and math.isnan(result.final_val_loss)
+            assert result.last_checkpoint == tmp_path / "chain.ckpt" / f"step_{pause:06d}"
+            last = read_jsonl(result.jsonl_log)[-1]
+            assert last == {
+                "kind": "paused",
+                "step": pause,
+                "total_steps": STEPS,
+                "checkpoint": str(result.last_checkpoint),
+            }
+            with pytest.raises(LogFormatError, match=f"paused at step {pause} of {STEPS}"):
+                read_run(result.jsonl_log)
+            resume = str(result.last_checkpoint)
+    assert trainer is not None and result.paused_at is None
+    assert result.final_val_loss == plain_result.final_val_loss
+    assert torch.equal(_flat(trainer.model), _flat(plain.model))
+    chain, uninterrupted = read_run(result.jsonl_log), read_run(plain_result.jsonl_log)
+    assert chain.final_losses_by_steps() == uninterrupted.final_losses_by_steps()
+    assert sorted(chain.branches) == [4, 8, 12]
+    # Each branch was made once, by the segment that reached its fork.
+    made = [r["steps"] for r in read_jsonl(result.jsonl_log) if r["kind"] == "branch"]
+    assert made == [4, 8, 12]
+
+
+@pytest.mark.parametrize(
+    ("pause", "resume_step", "message"),
+    [
+        (
+            STEPS,
+            0,
+            "--pause-at-step 16: must lie after the step the run starts from \\(0\\) "
+            "and before --num-iterations \\(16\\)",
+        ),
+        (3, 4, "--pause-at-step 3: must lie after the step the run starts from \\(4\\)"),
+    ],
+)
+def test_a_pause_outside_the_run_is_refused_naming_the_flag(
+    pause: int, resume_step: int, message: str, shards: dict[str, str], tmp_path: Path
+) -> None:
+    config = dict(RUN, optimizer="adamw")
+    resume = ""
+    if resume_step:
+        Trainer(
+            tiny_config(shards, tmp_path, run_id="first", pause_at_step=resume_step, **config)
+        ).run()
+        resume = str(tmp_path / "first.ckpt" / f"step_{resume_step:06d}")
+    with pytest.raises(UserError, match=message):
+        Trainer(
+            tiny_config(
+                shards, tmp_path, run_id="first", resume=resume, pause_at_step=pause, **config
+            )
+        ).run()
 
 
 # (run id prefix, parallel mode, setup, its fields) of the 2-rank cases.
