@@ -6,8 +6,11 @@ log:0.01:1``, ``custom.matrix_kwargs.lr=...``) span the trials of one Optuna stu
 ranges. Every trial trains with the same train flags, so the same budget, at ``seeds`` seeds
 (the first also trains the rungs' decay branches: ``nanoshampoo.evidence.tune_trial``) and is
 scored by its mean final validation loss (diverged seeds are left out; a trial whose seeds all
-diverged fails). With rungs, successive halving stops a trial whose branch loss at a rung is
-not among the best ``1/eta`` there. The best complete trial is then trained up to
+diverged fails). With rungs, successive halving keeps only the best ``1/eta`` of the trials at
+each rung by their branch losses: synchronously by default (``halving="sync"``, every trial
+paused at each rung until the rung is complete: ``nanoshampoo.evidence.tune_halving``), or
+asynchronously (``"async"``: Optuna's pruner judges a trial against those already at its rung).
+The best complete trial is then trained up to
 ``confirm_seeds`` seeds (a second study, ``STUDY.confirm-N``, so workers share that too).
 
 The study is named after the command (``SETUP-<digest>`` of the preset, train flags, searches,
@@ -53,6 +56,14 @@ from nanoshampoo.evidence.compare import (
 )
 from nanoshampoo.evidence.repeat import check_unmanaged
 from nanoshampoo.evidence.trainer_process import shared_probe_cache
+from nanoshampoo.evidence.tune_halving import (
+    CHECKPOINT,
+    PAUSED_AT,
+    RUN_ID,
+    HalvingPlan,
+    continued,
+    promote,
+)
 from nanoshampoo.evidence.tune_report import (
     TrialResult,
     TuneResult,
@@ -73,6 +84,7 @@ from nanoshampoo.evidence.tune_study import (
     DIVERGED,
     HEARTBEAT_S,
     OUTCOME,
+    SEGMENT,
     SURPLUS,
     WAIT_POLL_S,
     NoResult,
@@ -82,6 +94,7 @@ from nanoshampoo.evidence.tune_study import (
     range_sampler,
     reduction_factor,
     run_worker,
+    rung_steps,
     sampler_for,
     shown_url,
     slot,
@@ -94,6 +107,7 @@ from nanoshampoo.evidence.tune_trial import (
     SeedResult,
     TrainCommand,
     branch_flags,
+    continue_seed,
     train_seed,
     trainer_command,
 )
@@ -101,13 +115,17 @@ from nanoshampoo.io_utils import check_output_dir
 
 __all__ = ["TuneConfig", "TuneSession", "parse_search", "tune"]
 
+# How successive halving decides at a rung (see the module docstring).
+HALVINGS = ("sync", "async")
+
 
 @dataclass(frozen=True)
 class TuneConfig:
     """What to tune: ``setup`` (a compare setup: preset), the searches, ``trials`` (ranges
     only; a grid runs every point), seeds per trial, the best trial's seeds in all
-    (``confirm_seeds``, 0: none), ``rungs`` (fractions of the budget, see ``tune_study``), the
-    store (``storage``: a URL, ``None`` for ``out_dir/study.db``), and where the runs go."""
+    (``confirm_seeds``, 0: none), ``rungs`` (fractions of the budget, see ``tune_study``) and
+    how successive halving decides on them (``halving``: ``sync`` or ``async``), the store
+    (``storage``: a URL, ``None`` for ``out_dir/study.db``), and where the runs go."""
 
     setup: Setup
     searches: tuple[Search, ...]
@@ -120,6 +138,7 @@ class TuneConfig:
     out_dir: Path = Path("runs/tune")
     train_args: tuple[str, ...] = ()
     rungs: tuple[float, ...] = ()
+    halving: str = "sync"
     storage: str | None = None
     study: str = ""
     heartbeat_s: int = HEARTBEAT_S
@@ -157,6 +176,8 @@ class TuneConfig:
         clash = sorted(s.field for s in self.searches if s.field in given)
         if clash:
             raise ValueError(f"train flags: {clash} are searched; leave them to the search")
+        if self.halving not in HALVINGS:
+            raise ValueError(f"halving: {self.halving!r} is not one of {', '.join(HALVINGS)}")
         if self.rungs:
             reduction_factor(self.rungs)
             if "decay_branches" in given:
@@ -189,6 +210,8 @@ class TuneConfig:
             "rungs": self.rungs,
             "nproc": self.nproc,
         }
+        if self.rungs:  # a study without rungs keeps the name it had before halving modes
+            spelled["halving"] = self.halving
         digest = hashlib.sha256(json.dumps(spelled, sort_keys=True).encode()).hexdigest()
         return f"{self.setup.name}-{digest[:10]}"
 
@@ -233,10 +256,22 @@ class TuneSession:
         self.space: SearchSpace = build_space(
             config.searches, resolve, config.base_argv(), config.setup.name
         )
-        self.num_iterations = int(resolve(config.base_argv())["num_iterations"])
-        self.pruner = make_pruner(config.rungs, self.num_iterations)
-        if config.rungs:  # the trainer must know the flag before a trial asks for branches
-            resolve((*config.base_argv(), *branch_flags(config.rungs)))
+        resolved = resolve(config.base_argv())
+        self.num_iterations = int(resolved["num_iterations"])
+        self.halving: HalvingPlan | None = None
+        if config.rungs and config.halving == "sync":
+            self.pruner: optuna.pruners.BasePruner = optuna.pruners.NopPruner()
+            self.halving = HalvingPlan.build(
+                reduction_factor(config.rungs),
+                rung_steps(config.rungs, self.num_iterations),
+                self.num_iterations,
+                float(resolved["cooldown_frac"]),
+                int(resolved["warmup_steps"]),
+            )
+        else:
+            self.pruner = make_pruner(config.rungs, self.num_iterations)
+        if config.rungs:  # the trainer must know the flags before a trial asks for branches
+            resolve((*config.base_argv(), *branch_flags(config.rungs), *self._pause_flags(0)))
         self.url = storage_url(config.storage, config.out_dir)
         self.defaults = train_config_defaults()
         self.storage: RDBStorage | None = None
@@ -264,8 +299,8 @@ class TuneSession:
         counts = study_counts(self._study.get_trials(deepcopy=False), config.budget)
         shape = f"grid {' x '.join(str(len(s.values)) for s in config.searches)}" if grid else "TPE"
         rungs = (
-            f", rungs {','.join(f'{f:g}' for f in config.rungs)} (successive halving, eta "
-            f"{reduction_factor(config.rungs)})"
+            f", rungs {','.join(f'{f:g}' for f in config.rungs)} ({config.halving}hronous "
+            f"successive halving, eta {reduction_factor(config.rungs)})"
             if config.rungs
             else ""
         )
@@ -285,7 +320,24 @@ class TuneSession:
             self._objective,
             wait,
             poll_s=min(WAIT_POLL_S, self.config.heartbeat_s),
+            before_look=None if self.halving is None else self._promote,
         )
+
+    def _promote(self, study: optuna.Study) -> None:
+        """Synchronous halving: queue the next segment of a complete rung's best trials."""
+        assert self.halving is not None
+        queued = promote(study, self.config.budget, self.halving)
+        if queued:
+            self.say(
+                f"[tune] promote  {self.config.setup.name}: "
+                f"{', '.join(trial_name(n) for n in queued)} continue to the next rung"
+            )
+
+    def _pause_flags(self, segment_index: int) -> tuple[str, ...]:
+        """``--pause-at-step`` of a trial's segment under synchronous halving (none for the
+        last segment, or without it)."""
+        step = None if self.halving is None else self.halving.pause_step(segment_index)
+        return () if step is None else ("--pause-at-step", str(step))
 
     def _objective(self, trial: optuna.Trial, slot_number: int) -> float:
         config = self.config
@@ -295,18 +347,48 @@ class TuneSession:
         name = trial_name(slot_number)
         trial.set_user_attr("worker", f"{socket.gethostname()}:{os.getpid()}")
         finals, logs = [], []
+        part = int(trial.user_attrs.get(SEGMENT, 0))  # > 0: a paused trial's continuation
         for index, seed in enumerate(config.seed_list):
             label = (
                 f"{config.setup.name} {name} "
                 f"({', '.join(f'{k}={v}' for k, v in point.items())}) seed {seed}"
             )
-            plan = self._plan(name, point, branch_flags(config.rungs) if index == 0 else (), seed)
+            extra = (*branch_flags(config.rungs), *self._pause_flags(part)) if index == 0 else ()
+            plan = self._plan(name, point, extra, seed)
 
             def on_branch(branch: Branch) -> bool:
                 trial.report(branch.val_loss, step=branch.steps)
-                return trial.should_prune()
+                return self.halving is None and trial.should_prune()
 
-            result = self._train(plan, label, on_branch)
+            if index == 0 and part > 0:
+                assert self.halving is not None
+                result = continue_seed(
+                    plan,
+                    label,
+                    str(trial.user_attrs[RUN_ID]),
+                    self.halving.pause_step(part),
+                    self.command,
+                    on_branch,
+                    self.say,
+                    self.config.poll_s,
+                )
+            else:
+                result = self._train(plan, label, on_branch)
+            if result.paused is not None:
+                branch = result.branches[-1]
+                trial.set_user_attr(PAUSED_AT, branch.steps)
+                trial.set_user_attr(RUN_ID, result.run_id)
+                trial.set_user_attr(CHECKPOINT, str(result.paused))
+                self.say(
+                    f"[tune] paused   {label} at rung {branch.steps} steps (branch val_loss "
+                    f"{branch.val_loss:.4f}): it goes on if among the rung's best"
+                )
+                raise optuna.TrialPruned()
+            if index == 0 and self._pause_flags(part):  # it ended before its pause: diverged
+                trial.set_user_attr("finals", [None])
+                trial.set_user_attr("logs", [str(result.log)])
+                trial.set_user_attr(OUTCOME, DIVERGED)
+                raise NoResult(f"the first seed of trial {name} diverged before its rung")
             if result.stopped:
                 branch = result.branches[-1]
                 self.say(
@@ -380,10 +462,11 @@ class TuneSession:
         config = self.config
         self.work(wait=True)
         trials = self.study.get_trials(deepcopy=False)
+        superseded = continued(trials)  # a paused trial's row is its last segment's
         results = tuple(
             _trial_result(t, trials, self.space)
             for t in trials
-            if t.user_attrs.get(OUTCOME) != SURPLUS
+            if t.user_attrs.get(OUTCOME) != SURPLUS and t.number not in superseded
         )
         best = best_trial(results)
         if best is None:
@@ -493,6 +576,10 @@ def _trial_result(
         TrialState.FAIL: "failed",
     }
     notes = []
+    if trial.state == TrialState.PRUNED and PAUSED_AT in trial.user_attrs:
+        notes.append(f"paused at rung {trial.user_attrs[PAUSED_AT]} steps, not continued")
+    if int(trial.user_attrs.get(SEGMENT, 0)) > 0:
+        notes.append(f"its run continued over {trial.user_attrs[SEGMENT]} pause(s)")
     if "failed_trial" in trial.system_attrs:
         notes.append(f"retry of trial {trial.system_attrs['failed_trial']}")
     if trial.state == TrialState.FAIL and trial.user_attrs.get(OUTCOME) == DIVERGED:

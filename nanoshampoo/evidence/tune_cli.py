@@ -1,19 +1,21 @@
 """The command line of tuning: ``nanoshampoo tune`` and ``nanoshampoo compare --tune``.
 
 ``tune --setup muon --search 'muon.lr=0.01,0.02,0.04' [--search ...] [--trials N]
-[--seeds 1] [--confirm-seeds 3] [--rungs 0.25,0.5] [--storage URL] -- TRAIN_ARGS`` tunes one
-setup (``nanoshampoo.evidence.tune``). The same command started again (another terminal, or
-another machine with the same ``--storage postgresql://...``) is one more worker of the same
-study; run again after the study ended, it trains nothing and writes the files again.
+[--seeds 1] [--confirm-seeds 3] [--rungs 0.25,0.5 [--halving sync]] [--storage URL] --
+TRAIN_ARGS`` tunes one setup (``nanoshampoo.evidence.tune``). The same command started again
+(another terminal, or another machine with the same ``--storage postgresql://...``) is one more
+worker of the same study; run again after the study ended, it trains nothing and writes the
+files again.
 
 ``compare --tune 'adamw:adamw.lr=0.001,0.003,0.01' --tune 'muon:muon.lr=0.01,0.02,0.04'
-[--tune-seeds 1] [--tune-trials N] [--tune-rungs F,...] [--tune-storage URL] ...`` first tunes
-every compared setup, each with the same number of trials (refused otherwise: an equal budget),
-into ``OUT_DIR/tune/SETUP``, then compares them at their tuned presets. Several keys of one
-setup: ``SETUP:K1=...;K2=...``. Every spec is checked before any trial trains; a worker runs
-the trials of every setup's study it can before it waits for another worker's. The best point's
-``--seeds`` seeds are each tune's confirmation, so they too go through the store; the
-comparison then reuses those it finds in the out dir and trains the rest.
+[--tune-seeds 1] [--tune-trials N] [--tune-rungs F,... [--tune-halving sync]]
+[--tune-storage URL] ...`` first tunes every compared setup, each with the same number of trials
+(refused otherwise: an equal budget), into ``OUT_DIR/tune/SETUP``, then compares them at their
+tuned presets. Several keys of one setup: ``SETUP:K1=...;K2=...``. Every spec is checked before
+any trial trains; a worker runs the trials of every setup's study it can before it waits for
+another worker's. The best point's ``--seeds`` seeds are each tune's confirmation, so they too
+go through the store; the comparison then reuses those it finds in the out dir and trains the
+rest.
 """
 
 from __future__ import annotations
@@ -80,6 +82,13 @@ def add_tune_command(commands: argparse._SubParsersAction) -> None:  # type: ign
         "(0.25,0.5): each trial's first seed also trains decay branches there",
     )
     parser.add_argument(
+        "--halving",
+        choices=("sync", "async"),
+        default="sync",
+        help="sync: every trial to each rung, paused there, the best 1/eta continued; "
+        "async: Optuna's pruner judges each trial against those already at its rung",
+    )
+    parser.add_argument(
         "--storage",
         default=None,
         metavar="URL",
@@ -123,6 +132,12 @@ def add_compare_tune_options(compare: argparse.ArgumentParser) -> None:
         default="",
         metavar="F,...",
         help="successive-halving rungs of every tune (see tune --rungs)",
+    )
+    compare.add_argument(
+        "--tune-halving",
+        choices=("sync", "async"),
+        default="sync",
+        help="how every tune halves at its rungs (see tune --halving)",
     )
     compare.add_argument(
         "--tune-storage",
@@ -178,6 +193,7 @@ def _tune_config(args: argparse.Namespace) -> TuneConfig:
         out_dir=args.out_dir or Path("runs/tune") / setup.name,
         train_args=_train_args(args),
         rungs=parse_rungs(args.rungs, "--rungs"),
+        halving=args.halving,
         storage=args.storage,
         study=args.study,
     )
@@ -239,6 +255,7 @@ def tuned_compare_config(config: CompareConfig, args: argparse.Namespace) -> Com
             out_dir=config.out_dir / "tune" / s.name,
             train_args=config.train_args,
             rungs=rungs,
+            halving=args.tune_halving,
             storage=args.tune_storage,
         )
         for s in config.setups

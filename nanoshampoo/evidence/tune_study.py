@@ -23,9 +23,11 @@ and one worker's study is reproducible. (QMC was the alternative: it spreads a s
 evenly, but its sample counter is read and then written in the store, so two workers may draw
 the same point; TPE also narrows in on the good region once it has results.)
 
-Pruner: with rungs (fractions ``1/eta^m, ..., 1/eta`` of the budget: ``0.25,0.5`` is eta 2),
-``SuccessiveHalvingPruner`` with ``reduction_factor`` eta and ``min_resource`` the first
-rung's steps, so its rungs fall on the decay branches' steps; without, none.
+Halving: with rungs (fractions ``1/eta^m, ..., 1/eta`` of the budget: ``0.25,0.5`` is eta 2),
+either synchronous successive halving (``tune_halving``: every trial to the first rung, the best
+``1/eta`` onward, a trial paused at each rung and continued as a new trial of the same slot), or
+asynchronous: ``SuccessiveHalvingPruner`` with ``reduction_factor`` eta and ``min_resource`` the
+first rung's steps, so its rungs fall on the decay branches' steps. Without rungs, none.
 """
 
 from __future__ import annotations
@@ -55,6 +57,9 @@ GRACE_FACTOR = 3
 MAX_RETRIES = 3
 # The user attribute that says why a trial failed without a value (a result or not).
 OUTCOME = "outcome"
+# User attributes of a continued trial (synchronous halving: ``tune_halving``): the slot it
+# continues, and its segment (how many rungs its run has passed when it starts).
+SLOT, SEGMENT = "slot", "segment"
 DIVERGED, SURPLUS, ERROR = "diverged", "surplus", "error"
 # Relative distance from a geometric rung that still counts as on it (0.333 for 1/3).
 RUNG_TOLERANCE = 0.02
@@ -189,28 +194,55 @@ def range_sampler(sample_seed: int, slot: int, budget: int) -> optuna.samplers.T
 
 
 def slot(trial: FrozenTrial) -> int:
-    """The slot a trial holds: the number of the first trial of its retries."""
+    """The slot a trial holds: the slot it continues (a later segment of a paused trial), else
+    the number of the first trial of its retries."""
+    if SLOT in trial.user_attrs:
+        return int(trial.user_attrs[SLOT])
     return int(trial.system_attrs.get("failed_trial", trial.number))
 
 
-def held_slots(trials: Sequence[FrozenTrial]) -> dict[int, FrozenTrial]:
-    """Slot -> the trial holding it: every trial but a surplus one and a failed one that was
-    queued again (its retry holds the slot)."""
+def segment(trial: FrozenTrial) -> int:
+    """How many rungs the trial's run had passed when the trial started (0: a new trial)."""
+    return int(trial.user_attrs.get(SEGMENT, 0))
+
+
+def _set_aside(trials: Sequence[FrozenTrial]) -> set[int]:
+    """Trials that hold no slot: surplus ones, and failed ones queued again (a retry holds it)."""
     retried = {n for t in trials for n in t.system_attrs.get("retry_history", [])}
+    return {
+        t.number
+        for t in trials
+        if t.state == TrialState.FAIL
+        and (t.user_attrs.get(OUTCOME) == SURPLUS or t.number in retried)
+    }
+
+
+def held_slots(trials: Sequence[FrozenTrial]) -> dict[int, FrozenTrial]:
+    """Slot -> the trial holding it: the latest of the slot's trials (a continued trial's last
+    segment), leaving out surplus ones and failed ones that were queued again (the retry holds
+    the slot)."""
+    aside = _set_aside(trials)
     held: dict[int, FrozenTrial] = {}
     for t in sorted(trials, key=lambda t: t.number):
-        if t.state == TrialState.FAIL and (
-            t.user_attrs.get(OUTCOME) == SURPLUS or t.number in retried
-        ):
-            continue
-        held[slot(t)] = t
+        if t.number not in aside:
+            held[slot(t)] = t
     return held
 
 
 def is_surplus(trial: FrozenTrial, trials: Sequence[FrozenTrial], budget: int) -> bool:
     """Whether ``trial`` came after the budget was full (``budget`` slots below its own are
     held), or holds a grid point that another slot's trial holds (two workers' samplers drew
-    the same free point at once)."""
+    the same free point at once), or continues a slot's segment that an earlier trial already
+    continues (two workers promoted the same rung at once)."""
+    if segment(trial) > 0:
+        aside = _set_aside(trials)
+        return any(
+            t.number < trial.number
+            and t.number not in aside
+            and slot(t) == slot(trial)
+            and segment(t) == segment(trial)
+            for t in trials
+        )
     held = held_slots(trials)
     below = [s for s, t in held.items() if s < slot(trial) and t.number != trial.number]
     grid_id = trial.system_attrs.get("grid_id")
@@ -235,19 +267,24 @@ def run_worker(
     objective: Callable[[optuna.Trial, int], float],
     wait: bool = True,
     poll_s: float = float(HEARTBEAT_S),
+    before_look: Callable[[optuna.Study], object] | None = None,
 ) -> int:
-    """Run trials of ``study`` while a slot is free or a retry waits; return how many ran here.
+    """Run trials of ``study`` while a slot is free or a queued trial waits (a retry, or a
+    continued trial of synchronous halving); return how many ran here.
 
     ``objective(trial, slot)`` trains a trial. A trial asked for beyond the budget is failed
     as ``surplus`` before the objective sees it. ``wait``: while other workers' trials run,
     wait for them (and take a dead worker's trial over) instead of returning. An exception of
     the objective other than ``NoResult`` gives the trial back (:func:`give_back`) and
-    propagates.
+    propagates. ``before_look(study)`` runs before each look at the study (synchronous
+    halving queues a rung's promoted trials there, once the rung is complete).
     """
     ran = 0
     while True:
         with quiet_optuna():
             optuna.storages.fail_stale_trials(study)
+            if before_look is not None:
+                before_look(study)
         held = held_slots(study.get_trials(deepcopy=False)).values()
         states = {t.state for t in held}
         if TrialState.WAITING in states or len(held) < budget:

@@ -14,6 +14,11 @@ Runs are ``compare`` runs (a manifest beside the logs, the same run ids): a seed
 already ended in the trial's directory with the same effective config is read back, its
 branches replayed to ``on_branch``, and not trained again.
 
+Synchronous halving (``tune_halving``) trains a run in segments: the trainer pauses itself at a
+rung (``--pause-at-step``: a checkpoint and a ``paused`` record, exit 0), and
+:func:`continue_seed` resumes the same run id from its latest checkpoint (its logs are appended
+to, every branch so far replayed to ``on_branch``). A ``SeedResult`` says where a run paused.
+
 The trainer is started in its own session (so the kill reaches every process of a
 ``torchrun`` launch) and, on Linux, with a parent-death signal, so it does not outlive a worker
 that was killed.
@@ -92,6 +97,12 @@ class SeedResult:
     stopped: bool
     reused: bool
     log: Path
+    # The checkpoint a run paused at (``--pause-at-step``); None when it ended or was stopped.
+    paused: Path | None = None
+
+    @property
+    def run_id(self) -> str:
+        return self.log.stem
 
     @property
     def final(self) -> float:
@@ -122,6 +133,28 @@ def _records(path: Path, offset: int) -> tuple[list[dict[str, Any]], int]:
 
 def _branches(records: Sequence[Mapping[str, Any]]) -> Iterator[Branch]:
     return (parse_branch(r) for r in records if r.get("kind") == "branch")
+
+
+def paused_checkpoint(log: Path) -> Path | None:
+    """The checkpoint of the ``paused`` record that ends the log's last segment, if one does."""
+    paused: Path | None = None
+    for record in _records(log, 0)[0]:
+        if record.get("kind") == "config":
+            paused = None  # a resume appends a new segment
+        elif record.get("kind") == "paused" and isinstance(record.get("checkpoint"), str):
+            paused = Path(record["checkpoint"])
+    return paused
+
+
+def latest_checkpoint_step(directory: Path, run_id: str) -> tuple[int, Path] | None:
+    """``(step, path)`` of run ``run_id``'s published checkpoint with the highest step (the
+    trainer's ``RUN.ckpt/step_NNNNNN``; a ``.partial`` one is never trusted), or None."""
+    found = [
+        (int(path.name[len("step_") :]), path)
+        for path in (directory / f"{run_id}.ckpt").glob("step_*")
+        if path.is_dir() and path.name[len("step_") :].isdigit()
+    ]
+    return max(found) if found else None
 
 
 def train_seed(
@@ -159,8 +192,60 @@ def train_seed(
     run_id = fresh_run_id(plan.directory, plan.base_run_id)
     argv = command(plan.argv, run_id, plan.directory)
     write_manifest(plan, run_id, argv, nproc)
-    output, log = plan.directory / f"{run_id}.out", plan.directory / f"{run_id}.jsonl"
+    output = plan.directory / f"{run_id}.out"
     say(f"[tune] start    {label}: run {run_id}, output {output}")
+    return _follow(plan, label, run_id, argv, output, on_branch, poll_s)
+
+
+def continue_seed(
+    plan: PlannedRun,
+    label: str,
+    run_id: str,
+    target_step: int | None,
+    command: TrainCommand,
+    on_branch: Callable[[Branch], bool],
+    say: Callable[[str], None],
+    poll_s: float = POLL_S,
+) -> SeedResult:
+    """Resume run ``run_id`` of ``plan.directory`` (paused earlier) from its latest checkpoint
+    with ``plan.argv`` (which says where it pauses next: ``target_step``, None for the end).
+
+    Every branch its log holds is handed to ``on_branch``. When a trial
+    that continued it died after its trainer reached ``target_step``, the run is not trained
+    again: that checkpoint is the pause. Raises ``RuntimeError`` when the run has no checkpoint
+    (its files were moved) or the trainer fails.
+    """
+    latest = latest_checkpoint_step(plan.directory, run_id)
+    log = plan.directory / f"{run_id}.jsonl"
+    if latest is None:
+        raise RuntimeError(
+            f"{label}: run {run_id} has no checkpoint in {plan.directory} to continue from"
+        )
+    step, checkpoint = latest
+    if target_step is not None and step >= target_step:
+        branches = tuple(_branches(_records(log, 0)[0]))
+        for branch in branches:
+            on_branch(branch)
+        return SeedResult(plan.seed, None, branches, False, False, log, paused=checkpoint)
+    # One output file per try from this checkpoint (a try that died keeps its own).
+    output = plan.directory / f"{fresh_run_id(plan.directory, f'{run_id}.s{step:06d}')}.out"
+    argv = command((*plan.argv, "--resume", str(checkpoint)), run_id, plan.directory)
+    say(f"[tune] continue {label}: run {run_id} from step {step}, output {output}")
+    return _follow(plan, label, run_id, argv, output, on_branch, poll_s)
+
+
+def _follow(
+    plan: PlannedRun,
+    label: str,
+    run_id: str,
+    argv: list[str],
+    output: Path,
+    on_branch: Callable[[Branch], bool],
+    poll_s: float,
+) -> SeedResult:
+    """Run the trainer ``argv``, hand each branch of its log to ``on_branch`` (True stops the
+    run: see the module docstring), and say how the run ended."""
+    log = plan.directory / f"{run_id}.jsonl"
     process = spawn_trainer(argv, output)
     seen: list[Branch] = []
     offset, stopped = 0, False
@@ -188,6 +273,9 @@ def train_seed(
         manifest = plan.directory / f"{run_id}{MANIFEST_SUFFIX}"
         manifest.rename(plan.directory / f"{run_id}{PRUNED_SUFFIX}")
         return SeedResult(plan.seed, None, tuple(seen), True, False, log)
+    paused = paused_checkpoint(log) if process.returncode == 0 else None
+    if paused is not None:
+        return SeedResult(plan.seed, None, tuple(seen), False, False, log, paused=paused)
     try:
         run = read_run(log)
     except LogFormatError as exc:

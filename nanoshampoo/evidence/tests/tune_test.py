@@ -191,12 +191,12 @@ def successive_halving(branch_values: list[list[float]], eta: int) -> list[int]:
     return passed
 
 
-def test_successive_halving_prunes_on_decay_branches_only(
+def test_asynchronous_halving_prunes_on_decay_branches_only(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("FAKE_STEP_S", "0.15")  # slow enough to be stopped mid-run
     lrs = ("0.002", "0.005", "0.01", "0.02", "0.04", "0.1")
-    result = run(config(tmp_path, f"muon.lr={','.join(lrs)}", rungs=(0.25, 0.5)))
+    result = run(config(tmp_path, f"muon.lr={','.join(lrs)}", rungs=(0.25, 0.5), halving="async"))
     trials = sorted(result.trials, key=lambda t: t.number)
     fractions = {2: 0.25, 4: 0.5}  # 8 steps: the branches end at 2 and 4 steps
     expected = successive_halving(
@@ -234,14 +234,59 @@ def test_successive_halving_prunes_on_decay_branches_only(
     assert expected.count(2) < len(lrs) and result.best_values == {"muon.lr": "0.02"}
     # The same command again: the study is read back; the pruned trials stay pruned.
     launched = len(manifests(tmp_path / "tune"))
-    assert run(config(tmp_path, f"muon.lr={','.join(lrs)}", rungs=(0.25, 0.5))) == result
+    assert (
+        run(config(tmp_path, f"muon.lr={','.join(lrs)}", rungs=(0.25, 0.5), halving="async"))
+        == result
+    )
     assert len(manifests(tmp_path / "tune")) == launched
     # Another study of the same runs reuses the finished ones and trains the pruned again.
-    other = run(config(tmp_path, f"muon.lr={','.join(lrs)}", rungs=(0.25, 0.5), study="other"))
+    other = run(
+        config(
+            tmp_path, f"muon.lr={','.join(lrs)}", rungs=(0.25, 0.5), halving="async", study="other"
+        )
+    )
     assert len(manifests(tmp_path / "tune")) - launched == expected.count(0) + expected.count(1)
     assert [t.state for t in sorted(other.trials, key=lambda t: t.number)] == [
         t.state for t in trials
     ]
+
+
+def test_synchronous_halving_continues_the_best_of_each_rung_from_its_pause(
+    tmp_path: Path,
+) -> None:
+    lrs = ("0.002", "0.005", "0.01", "0.02", "0.04", "0.1")
+    lines: list[str] = []
+    result = run(config(tmp_path, f"muon.lr={','.join(lrs)}", rungs=(0.25, 0.5)), lines)
+    # 8 steps, cooldown 0.5: the rungs' branches of 2 and 4 steps fork at steps 2 and 3.
+    rung = {lr: [fake_loss(float(lr), 0.0, 0, f) for f in (0.25, 0.5)] for lr in lrs}
+    first = sorted(lrs, key=lambda lr: rung[lr][0])[:3]  # 6 trials, eta 2: the best 3 go on
+    second = sorted(first, key=lambda lr: rung[lr][1])[:1]  # then the best 1 of those 3
+    assert len(result.trials) == len(lrs)  # one row per point: its last segment
+    for trial in result.trials:
+        lr = trial.params["muon.lr"]
+        passed = 2 if lr in second else 1 if lr in first else 0
+        assert trial.rungs == dict(list(zip((2, 4), rung[lr]))[: passed + 1])
+        assert trial.state == ("complete" if passed == 2 else "pruned")
+        if passed < 2:
+            assert trial.note.startswith(f"paused at rung {(2, 4)[passed]} steps, not continued")
+        # One run per point, in the trial's own directory: trained once, paused at each rung
+        # it reached, resumed from its checkpoint there.
+        (log,) = (tmp_path / "tune" / "trials" / result.study / trial.name).glob("*.jsonl")
+        kinds = [r["kind"] for r in records(log)]
+        assert kinds.count("config") == passed + 1
+        assert kinds.count("paused") == min(passed + 1, 2)
+        assert [r["steps"] for r in records(log) if r["kind"] == "branch"] == [2, 4][: passed + 1]
+        assert (kinds[-1] == "final") == (passed == 2)
+    assert result.best_values == {"muon.lr": second[0]} == {"muon.lr": "0.02"}
+    # Training: 6 runs to step 2, 3 on to step 3, 1 on to step 8 (the branches' own cooldowns
+    # beside them), where the grid trains 6 x 8 steps.
+    assert len(manifests(tmp_path / "tune")) == len(lrs)
+    assert sum("[tune] continue" in line for line in lines) == 3 + 1
+    assert sum("[tune] promote" in line for line in lines) == 2
+    # The same command again: the study is read back and nothing trains.
+    outputs = sorted((tmp_path / "tune").rglob("*.out"))
+    assert run(config(tmp_path, f"muon.lr={','.join(lrs)}", rungs=(0.25, 0.5))) == result
+    assert sorted((tmp_path / "tune").rglob("*.out")) == outputs
 
 
 def test_a_trial_whose_seeds_all_diverged_fails_and_is_no_candidate(tmp_path: Path) -> None:
