@@ -360,35 +360,7 @@ class TuneSession:
                 trial.report(branch.val_loss, step=branch.steps)
                 return self.halving is None and trial.should_prune()
 
-            if index == 0 and part > 0:
-                assert self.halving is not None
-                result = continue_seed(
-                    plan,
-                    label,
-                    str(trial.user_attrs[RUN_ID]),
-                    self.halving.pause_step(part),
-                    self.command,
-                    on_branch,
-                    self.say,
-                    self.config.poll_s,
-                )
-            else:
-                result = self._train(plan, label, on_branch)
-            if result.paused is not None:
-                branch = result.branches[-1]
-                trial.set_user_attr(PAUSED_AT, branch.steps)
-                trial.set_user_attr(RUN_ID, result.run_id)
-                trial.set_user_attr(CHECKPOINT, str(result.paused))
-                self.say(
-                    f"[tune] paused   {label} at rung {branch.steps} steps (branch val_loss "
-                    f"{branch.val_loss:.4f}): it goes on if among the rung's best"
-                )
-                raise optuna.TrialPruned()
-            if index == 0 and self._pause_flags(part):  # it ended before its pause: diverged
-                trial.set_user_attr("finals", [None])
-                trial.set_user_attr("logs", [str(result.log)])
-                trial.set_user_attr(OUTCOME, DIVERGED)
-                raise NoResult(f"the first seed of trial {name} diverged before its rung")
+            result = self._train_seed(trial, part if index == 0 else 0, plan, label, on_branch)
             if result.stopped:
                 branch = result.branches[-1]
                 self.say(
@@ -409,6 +381,48 @@ class TuneSession:
             trial.set_user_attr(OUTCOME, DIVERGED)
             raise NoResult(f"every seed of trial {name} diverged")
         return sum(finished) / len(finished)
+
+    def _train_seed(
+        self,
+        trial: optuna.Trial,
+        part: int,
+        plan: PlannedRun,
+        label: str,
+        on_branch: Callable[[Branch], bool],
+    ) -> SeedResult:
+        """Train segment ``part`` of ``plan``'s run (0: from the start, or a whole run); raise
+        ``TrialPruned`` when it paused at its rung (the trial then says where), ``NoResult``
+        when it ended before a pause it was given (it diverged)."""
+        if part > 0:
+            assert self.halving is not None
+            result = continue_seed(
+                plan,
+                label,
+                str(trial.user_attrs[RUN_ID]),
+                self.halving.pause_step(part),
+                self.command,
+                on_branch,
+                self.say,
+                self.config.poll_s,
+            )
+        else:
+            result = self._train(plan, label, on_branch)
+        if result.paused is not None:
+            branch = result.branches[-1]
+            trial.set_user_attr(PAUSED_AT, branch.steps)
+            trial.set_user_attr(RUN_ID, result.run_id)
+            trial.set_user_attr(CHECKPOINT, str(result.paused))
+            self.say(
+                f"[tune] paused   {label} at rung {branch.steps} steps (branch val_loss "
+                f"{branch.val_loss:.4f}): it goes on if among the rung's best"
+            )
+            raise optuna.TrialPruned()
+        if "--pause-at-step" in plan.argv:  # it ended before its pause: it diverged
+            trial.set_user_attr("finals", [None])
+            trial.set_user_attr("logs", [str(result.log)])
+            trial.set_user_attr(OUTCOME, DIVERGED)
+            raise NoResult(f"{label} diverged before its rung")
+        return result
 
     def _plan(
         self, name: str, point: dict[str, str], extra: Sequence[str], seed: int

@@ -265,12 +265,15 @@ class Trainer:
             cfg.schedule.cooldown_frac,
             cfg.schedule.warmup_steps,
         )
-        pause = cfg.run.pause_at_step
-        if pause and not self.start_step < pause < cfg.schedule.num_iterations:
+        self._check_pause()
+
+    def _check_pause(self) -> None:
+        """``--pause-at-step`` between the step the run starts from and its last."""
+        pause, total = self.cfg.run.pause_at_step, self.cfg.schedule.num_iterations
+        if pause and not self.start_step < pause < total:
             raise UserError(
                 f"--pause-at-step {pause}: must lie after the step the run starts from "
-                f"({self.start_step}) and before --num-iterations "
-                f"({cfg.schedule.num_iterations})"
+                f"({self.start_step}) and before --num-iterations ({total})"
             )
 
     def _build_model(self) -> None:
