@@ -4,14 +4,17 @@ For each setup (``--setup NAME --search KEY=V1,V2 ...``, repeatable as ``--tune
 'NAME:KEY=...;KEY=...'``), one ``tune`` of the whole grid without rungs (every trial trains its
 full schedule), then the same grid with ``--rungs`` (each trial also trains its decay branches,
 and successive halving stops a trial whose branch loss at a rung is not among the best
-``1/eta``), both through ``nanoshampoo.evidence.tune`` with the real trainer, one worker, into
-separate stores. The compute of a study is counted in optimizer steps from its runs' own logs:
-a complete run's ``N`` plus every branch's own steps (``steps - fork_step``); a stopped run's
-last fork reached plus the branches it made (the trainer is stopped once the rung's branch
-record is read, and a branch is trained at its fork). Printed per setup: both best points,
-their values in the full grid, the pruned study's share of the grid's compute, and whether
-the two best points' full-grid values differ by less than the seed spread (``--noise``, the
-std of the final loss over seeds at that setup; e.g. from a study's Welch table).
+``1/eta``: synchronously by default, ``--halving async`` for Optuna's asynchronous pruner), both
+through ``nanoshampoo.evidence.tune`` with the real trainer, one worker, into separate stores
+(``grid`` and ``pruned-sync`` / ``pruned-async`` under the setup's out dir). The compute of a
+study is counted in optimizer steps from its runs' own logs: a complete run's ``N`` plus every
+branch's own steps (``steps - fork_step``); a stopped or paused run's last fork reached plus the
+branches it made (a branch is trained at its fork; the trainer pauses there, or is stopped once
+the rung's branch record is read). A paused run that was continued is one log, counted once.
+Printed per setup: both best points, their values in the full grid, the pruned study's share of
+the grid's compute, and whether the two best points' full-grid values differ by less than the
+seed spread (``--noise``, the std of the final loss over seeds at that setup; e.g. from a
+study's Welch table).
 
 Usage:
     python bench/pruning_vs_grid.py \\
@@ -59,23 +62,25 @@ def measure(
     rungs: tuple[float, ...],
     train_args: tuple[str, ...],
     out_dir: Path,
+    halving: str = "sync",
 ) -> dict[str, Any]:
     """The grid and the pruned grid of one setup; their best points and compute."""
     results: dict[str, TuneResult] = {}
-    for label, with_rungs in (("grid", ()), ("pruned", rungs)):
+    for label, with_rungs in (("grid", ()), (f"pruned-{halving}", rungs)):
         config = TuneConfig(
             Setup(name, f"tiny-{name}"),
             searches,
             train_args=train_args,
             rungs=with_rungs,
+            halving=halving,
             out_dir=out_dir / name / label,
         )
         results[label] = tune(config)
-    grid, pruned = results["grid"], results["pruned"]
+    grid, pruned = results["grid"], results[f"pruned-{halving}"]
     by_point = {json.dumps(t.params, sort_keys=True): t.value for t in grid.trials}
     pruned_best_in_grid = by_point[json.dumps(pruned.best_values, sort_keys=True)]
     grid_steps = study_steps(out_dir / name / "grid")
-    pruned_steps = study_steps(out_dir / name / "pruned")
+    pruned_steps = study_steps(out_dir / name / f"pruned-{halving}")
     states = [t.state for t in pruned.trials]
     return {
         "grid_best": grid.best_values,
@@ -97,6 +102,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--tune", action="append", required=True, metavar="SETUP:KEY=SPEC[;...]")
     parser.add_argument("--rungs", default="0.125,0.25,0.5")
     parser.add_argument(
+        "--halving",
+        choices=("sync", "async"),
+        default="sync",
+        help="successive halving's mode (tune --halving)",
+    )
+    parser.add_argument(
         "--noise",
         type=float,
         default=0.0,
@@ -109,7 +120,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     train_args = tuple(args.train_args[1:] if args.train_args[:1] == ["--"] else args.train_args)
     rungs = parse_rungs(args.rungs, "--rungs")
     results = {
-        name: measure(name, searches, rungs, train_args, args.out_dir)
+        name: measure(name, searches, rungs, train_args, args.out_dir, args.halving)
         for name, searches in parse_tune_specs(args.tune).items()
     }
     for name, r in results.items():
@@ -133,6 +144,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                 json.dumps(
                     {
                         "rungs": rungs,
+                        "halving": args.halving,
                         "train_args": train_args,
                         "noise": args.noise,
                         "results": results,
