@@ -96,6 +96,7 @@ class StudyPlan:
             out_dir=self.out_dir / size / setup.name,
             train_args=(*definition.train_args, "--model", size),
             rungs=definition.branches,
+            halving=definition.halving,
             storage=storage,
             study=f"{size}.{setup.name}",
         )

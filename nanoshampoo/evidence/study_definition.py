@@ -8,6 +8,7 @@ NAME.toml``: ``cpu``, the embedded default, and ``gpt2``, the GPU sizes)::
     budgets = [0.125, 0.25, 0.5, 1.0]     # fractions of --num-iterations: 1/eta^m .. 1/eta, 1
     seeds = 3
     train_args = ["--num-iterations", "200", "--threads", "1"]
+    halving = "sync"                      # successive halving's mode (tune --halving)
 
     [setups.adamw]
     preset = "tiny-adamw"
@@ -37,7 +38,9 @@ from typing import Any
 from nanoshampoo.errors import UserError
 
 STUDY_DIR = Path(__file__).parent / "studies"
-_TOP_KEYS = {"baseline", "sizes", "budgets", "seeds", "train_args", "setups"}
+_TOP_KEYS = {"baseline", "sizes", "budgets", "seeds", "train_args", "setups", "halving"}
+# How the tunes halve at the rungs (``tune --halving``; ``nanoshampoo.evidence.tune``).
+HALVINGS = ("sync", "async")
 _SETUP_KEYS = {"preset", "search", "trials"}
 
 
@@ -64,9 +67,14 @@ class StudyDefinition:
     baseline: str
     train_args: tuple[str, ...] = ()
     source: str = ""
+    halving: str = "sync"
 
     def __post_init__(self) -> None:
         where = self.source or "study"
+        if self.halving not in HALVINGS:
+            raise ValueError(
+                f"{where}: halving: {self.halving!r} is not one of {', '.join(HALVINGS)}"
+            )
         names = [s.name for s in self.setups]
         if not names:
             raise ValueError(f"{where}: setups: give at least one setup")
@@ -188,6 +196,7 @@ def _definition(raw: dict[str, Any], source: str) -> StudyDefinition:
         _typed(raw, "baseline", str, source),
         tuple(train_args),
         source,
+        _typed(raw, "halving", str, source) if "halving" in raw else "sync",
     )
 
 

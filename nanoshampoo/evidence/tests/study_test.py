@@ -60,6 +60,8 @@ def test_the_packaged_studies_load_and_end_at_the_full_run() -> None:
         assert definition.budgets[-1] == 1.0 and len(definition.budgets) >= 4
         assert definition.branches == definition.budgets[:-1]
         assert {s.name for s in definition.setups} >= {"adamw", "muon", "shampoo", "soap"}
+    # The embedded study keeps the halving its README table was made with until it is re-run.
+    assert load_definition("cpu").halving == "async" and load_definition("gpt2").halving == "sync"
 
 
 @pytest.mark.parametrize(
@@ -79,6 +81,7 @@ def test_the_packaged_studies_load_and_end_at_the_full_run() -> None:
         (("seeds = 2", "seeds = 2\nseed = 3"), "unknown keys ['seed']"),
         (('search = ["muon.lr=0.01,0.03"]', "search = []"), "setups.muon.search"),
         (("seeds = 2", "seeds = [2"), "not valid TOML"),
+        (("seeds = 2", 'seeds = 2\nhalving = "fast"'), "halving: 'fast' is not one of sync, async"),
     ],
 )
 def test_a_malformed_definition_is_one_line_naming_the_file_and_key(
