@@ -65,7 +65,6 @@ import importlib.util
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -78,6 +77,7 @@ from typing import Protocol
 from unittest import mock
 
 import torch
+from bench_facts import git_commit
 
 from nanoshampoo.io_utils import atomic_output
 from nanoshampoo.matmul_speed import probe_cpu_bf16_speedup
@@ -735,27 +735,6 @@ def write_json(
     }
     with atomic_output(args.json) as tmp:
         tmp.write_text(json.dumps(record, indent=2))
-
-
-def git_commit() -> str:
-    """The project's commit (short hash, "+changes" if the tree differs), or "unknown"."""
-    root = Path(__file__).resolve().parents[1]
-    try:
-        head = subprocess.run(
-            ["git", "-C", str(root), "rev-parse", "--short", "HEAD"],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-    return head + ("+changes" if dirty else "")
 
 
 def run_rows(

@@ -13,7 +13,8 @@ branches it made (a branch is trained at its fork; the trainer pauses there, or 
 the rung's branch record is read). A paused run that was continued is one log, counted once.
 Printed per setup: both best points, their values in the full grid, the pruned study's share of
 the grid's compute, and whether the two best points' full-grid values differ by less than the
-seed spread (``--noise``, the std of the final loss over seeds at that setup; e.g. from a
+seed spread (``--noise``, the std of the final loss over seeds at that setup, one number or
+``SETUP=STD,...``; e.g. from a
 study's Welch table).
 
 Usage:
@@ -31,6 +32,8 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+from bench_facts import measured_facts
 
 from nanoshampoo.evidence.compare import Setup
 from nanoshampoo.evidence.tune import TuneConfig, tune
@@ -82,7 +85,19 @@ def measure(
     grid_steps = study_steps(out_dir / name / "grid")
     pruned_steps = study_steps(out_dir / name / f"pruned-{halving}")
     states = [t.state for t in pruned.trials]
+    by_pruned = {json.dumps(t.params, sort_keys=True): t for t in pruned.trials}
+    points = [
+        {
+            "params": t.params,
+            "grid_value": t.value,
+            "state": by_pruned[key].state,
+            "rungs": by_pruned[key].rungs,
+        }
+        for t in sorted(grid.trials, key=lambda t: t.name)
+        for key in [json.dumps(t.params, sort_keys=True)]
+    ]
     return {
+        "points": points,
         "grid_best": grid.best_values,
         "grid_best_value": grid.best_value,
         "pruned_best": pruned.best_values,
@@ -97,6 +112,16 @@ def measure(
     }
 
 
+def parse_noise(text: str, setups: list[str]) -> dict[str, float]:
+    """``--noise``: one std for every setup, or ``SETUP=STD,...`` naming each."""
+    if "=" not in text:
+        return dict.fromkeys(setups, float(text))
+    given = {k.strip(): float(v) for k, v in (part.split("=", 1) for part in text.split(","))}
+    if sorted(given) != sorted(setups):
+        raise SystemExit(f"--noise: give a std for each of {setups}, got {sorted(given)}")
+    return given
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tune", action="append", required=True, metavar="SETUP:KEY=SPEC[;...]")
@@ -109,9 +134,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     parser.add_argument(
         "--noise",
-        type=float,
-        default=0.0,
-        help="the final loss's std over seeds: a gap below it is seed noise",
+        default="0",
+        metavar="STD or SETUP=STD,...",
+        help="the final loss's std over seeds (per setup): a gap below it is seed noise",
     )
     parser.add_argument("--out-dir", type=Path, default=Path("runs/pruning"))
     parser.add_argument("--json", default="", help="write the results here")
@@ -119,17 +144,21 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parser.parse_args(argv)
     train_args = tuple(args.train_args[1:] if args.train_args[:1] == ["--"] else args.train_args)
     rungs = parse_rungs(args.rungs, "--rungs")
+    specs = parse_tune_specs(args.tune)
+    noise = parse_noise(args.noise, list(specs))
+    threads = train_args[train_args.index("--threads") + 1] if "--threads" in train_args else "auto"
+    facts = measured_facts(threads)  # the commit of the code the runs use, taken before them
     results = {
         name: measure(name, searches, rungs, train_args, args.out_dir, args.halving)
-        for name, searches in parse_tune_specs(args.tune).items()
+        for name, searches in specs.items()
     }
     for name, r in results.items():
         verdict = (
             "the same point"
             if r["grid_best"] == r["pruned_best"]
-            else f"within seed noise ({r['gap']:.4f} < {args.noise})"
-            if r["gap"] < args.noise
-            else f"NOT within seed noise ({r['gap']:.4f} >= {args.noise})"
+            else f"within seed noise ({r['gap']:.4f} < {noise[name]})"
+            if r["gap"] < noise[name]
+            else f"NOT within seed noise ({r['gap']:.4f} >= {noise[name]})"
         )
         print(
             f"{name}: grid best {r['grid_best']} {r['grid_best_value']:.4f} "
@@ -143,10 +172,11 @@ def main(argv: Sequence[str] | None = None) -> None:
             tmp.write_text(
                 json.dumps(
                     {
+                        **facts,
                         "rungs": rungs,
                         "halving": args.halving,
                         "train_args": train_args,
-                        "noise": args.noise,
+                        "noise": noise,
                         "results": results,
                     },
                     indent=2,

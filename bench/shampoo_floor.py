@@ -49,7 +49,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 from collections import Counter
@@ -57,6 +56,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
+from bench_facts import git_commit
 
 from nanoshampoo.io_utils import atomic_output
 from nanoshampoo.optim.shampoo import (
@@ -278,24 +278,6 @@ def measure(args: argparse.Namespace) -> dict[str, object]:
         "date": time.strftime("%Y-%m-%d", time.gmtime()),
         "load_average": os.getloadavg()[0],
     }
-
-
-def git_commit() -> str:
-    """The project's commit (short hash, "+changes" if the tree differs), or "unknown"."""
-    root = Path(__file__).resolve().parents[1]
-    try:
-        head, dirty = (
-            subprocess.run(
-                ["git", "-C", str(root), *command], capture_output=True, text=True, check=True
-            ).stdout.strip()
-            for command in (
-                ("rev-parse", "--short", "HEAD"),
-                ("status", "--porcelain", "--untracked-files=no"),
-            )
-        )
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-    return head + ("+changes" if dirty else "")
 
 
 def report(result: dict[str, object]) -> str:

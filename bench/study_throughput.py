@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from bench_facts import git_commit
 
 from nanoshampoo.evidence.compare import MANIFEST_SUFFIX
 from nanoshampoo.evidence.logs import read_run
@@ -356,7 +357,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "torch": torch.__version__,
         "python": platform.python_version(),
         "date": time.strftime("%Y-%m-%d", time.gmtime()),
-        "commit": _commit(),
+        "commit": git_commit(),
         "engine": args.engine,
         "slice": {k: getattr(args, k) for k in ("setups", "size", "seeds", "num_iterations")},
         "workers": args.workers,
@@ -381,15 +382,6 @@ def _report(engine: dict[str, Any], baseline: dict[str, Any]) -> None:
     )
     for record in (engine, baseline):
         print(f"  {record['mode']:8s} phases {record['phases_s']} overhead {record['overhead_s']}")
-
-
-def _commit() -> str:
-    try:
-        return subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True
-        ).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 if __name__ == "__main__":

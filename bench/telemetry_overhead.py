@@ -43,6 +43,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
+from bench_facts import git_commit
 from scipy import stats
 
 from nanoshampoo.io_utils import atomic_output
@@ -245,16 +246,6 @@ def measure_runs(preset: str, runs: int) -> RunOverhead:
     )
 
 
-def _commit() -> str:
-    try:
-        result = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT
-        )
-        return result.stdout.strip() or "unknown"
-    except OSError:
-        return "unknown"
-
-
 def _line(name: str, c: Comparison, unit: str) -> str:
     return (
         f"{name}: off {c.mean_off:.1f} ± {c.std_off:.1f} {unit}, on {c.mean_on:.1f} ± "
@@ -304,7 +295,7 @@ def main() -> None:
     if args.json:
         data = {
             "command": shlex.join(["python", "bench/telemetry_overhead.py", *sys.argv[1:]]),
-            "commit": _commit(),
+            "commit": git_commit(),
             "machine": cpu_name(),
             "date": datetime.date.today().isoformat(),
             "threads": args.threads,

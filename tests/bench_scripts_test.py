@@ -24,7 +24,11 @@ from nanoshampoo.optim.shampoo.preconditioner.shampoo_preconditioner import Sham
 
 REPO = Path(__file__).resolve().parents[1]
 BENCH = REPO / "bench"
-SCRIPTS = sorted(BENCH.glob("*.py"))
+# A module the scripts import, not a script (python puts a script's folder on the path).
+SHARED = {"bench_facts.py"}
+SCRIPTS = sorted(p for p in BENCH.glob("*.py") if p.name not in SHARED)
+if str(BENCH) not in sys.path:
+    sys.path.insert(0, str(BENCH))
 # Scripts without a command line: `--help` would run the whole measurement, so they are only
 # imported. A new bench script should take --help (argparse) instead of joining this set.
 NO_COMMAND_LINE = {"data_prepare.py", "shampoo_fp32_accuracy.py"}

@@ -13,6 +13,8 @@ import pytest
 from nanoshampoo.evidence.study_definition import load_definition
 
 ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT / "bench") not in sys.path:  # the scripts import bench/bench_facts.py
+    sys.path.insert(0, str(ROOT / "bench"))
 
 
 def load(path: Path, name: str) -> Any:
