@@ -10,7 +10,8 @@ range of real numbers.
 
 Fields that set a trial's budget (``num_iterations``, ``batch_size``, ``seq_len``,
 ``grad_accum_steps``) cannot be searched: every trial shares them. Nor can the fields tune sets
-for each run (``seed``, ``run_id``, ...).
+for each run (``seed``, ``run_id``, ...). Either is refused for that reason however it is
+spelled (``num-iterations`` too).
 
 Example:
     >>> search = parse_search("muon.lr=0.01,0.02,0.04")
@@ -116,17 +117,19 @@ def parse_search(text: str) -> Search:
         raise ValueError(f"search: {key!r} is a field name (muon.lr), not a flag")
     if any(not part for part in key.split(".")):
         raise ValueError(f"search: {key!r} has an empty name between its dots")
+    # A budget or managed field is refused for what it is, however it is spelled.
+    field = ".".join(normalize_key(key).split(".")[:2])
+    named = field if key == field else f"{key} ({field})"
+    if field in BUDGET_FIELDS:
+        raise ValueError(
+            f"search: {named} sets the budget, which every trial shares: it cannot be searched"
+        )
+    if field in MANAGED_FIELDS:
+        raise ValueError(f"search: {named} is set by tune for each run, not a hyper-parameter")
     if normalize_key(key) != key:
         raise ValueError(
             f"search: write {normalize_key(key)}, not {key} (a key is spelled as in a preset)"
         )
-    field = ".".join(key.split(".")[:2])
-    if field in BUDGET_FIELDS:
-        raise ValueError(
-            f"search: {field} sets the budget, which every trial shares: it cannot be searched"
-        )
-    if field in MANAGED_FIELDS:
-        raise ValueError(f"search: {field} is set by tune for each run, not a hyper-parameter")
     if spec.startswith("log:"):
         parts = spec.split(":")
         try:

@@ -51,7 +51,12 @@ def _refused(argv: list[str], capsys: pytest.CaptureFixture[str], root: Path, *n
         ("nosuch=1", ["--nosuch"]),
         ("muon.lr=0.1", ["muon.lr", "adamw"]),
         ("num_iterations=1,2", ["num_iterations", "budget", "cannot be searched"]),
-        ("num-iterations=1,2", ["search: write num_iterations, not num-iterations"]),
+        (
+            "num-iterations=1,2",
+            ["search: num-iterations", "num_iterations", "budget", "cannot be searched"],
+        ),
+        ("batch-size=8,16", ["search: batch-size", "batch_size", "budget", "cannot be searched"]),
+        ("run-id=a,b", ["search: run-id", "run_id", "set by tune for each run"]),
         ("batch_size=log:1:8", ["batch_size", "cannot be searched"]),
         ("seq_len=64,128", ["seq_len", "cannot be searched"]),
         ("grad_accum_steps=1,2", ["grad_accum_steps", "cannot be searched"]),

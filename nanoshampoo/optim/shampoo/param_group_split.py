@@ -127,21 +127,23 @@ def _sub_groups(
     wanted = config.num_sub_groups
     shard_size = _shard_size(config, params)
     most = max(1, len(params) // shard_size)
+    # Both refusals start with the reference's facts, in its words, then say what to change.
     if wanted > most:
         raise ValueError(
-            f"num_sub_groups {wanted} is too large for a group of {len(params)} params with "
-            f"shard size {shard_size}: each sub-group needs at least {shard_size} params, so at "
-            f"most {most} sub-groups"
+            f"num_sub_groups={wanted} is too large for {len(params)} params with "
+            f"shard_group_size={shard_size}: each sub-group needs at least {shard_size} params, "
+            f"so at most {most} sub-groups"
         )
     names = group.get("param_names")
     bins, _ = greedy_bin_pack(range(len(params)), wanted, lambda i: _tensor(params[i]).numel())
+    for i, b in enumerate(bins):
+        if b and len(b) < shard_size:
+            raise ValueError(
+                f"HSDP sub-group {i} got {len(b)} params after greedy bin-packing, fewer than "
+                f"shard_size={shard_size}. A parameter much larger than the rest leaves it short "
+                f"(num_sub_groups={wanted}): use fewer sub-groups"
+            )
     bins = [b for b in bins if b]
-    if shard_size > 1 and (short := [len(b) for b in bins if len(b) < shard_size]):
-        raise ValueError(
-            f"num_sub_groups {wanted}: packing by numel leaves sub-groups of {short} params, fewer "
-            f"than the shard size {shard_size} (a parameter much larger than the rest); use fewer "
-            "sub-groups"
-        )
     others = {
         k: v for k, v in group.items() if k not in ("params", "param_names", "distributed_config")
     }

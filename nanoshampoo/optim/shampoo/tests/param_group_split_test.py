@@ -143,7 +143,7 @@ def test_params_torch_would_refuse_pass_through_for_torch_to_refuse() -> None:
 
 
 def test_a_single_tensor_is_a_group_of_one_and_cannot_be_split() -> None:
-    with pytest.raises(ValueError, match="^num_sub_groups 2 is too large for a group of 1 params"):
+    with pytest.raises(ValueError, match="^num_sub_groups=2 is too large for 1 params"):
         split_param_groups([{"params": torch.zeros(3), "distributed_config": fsdp(2)}])
 
 
@@ -183,18 +183,18 @@ def test_untouched_and_split_groups_keep_their_order() -> None:
         (
             fsdp(4),
             [3, 2, 1],
-            "num_sub_groups 4 is too large for a group of 3 params with shard size 1",
+            "num_sub_groups=4 is too large for 3 params with shard_group_size=1: ",
         ),
-        (fsdp(2), [], "num_sub_groups 2 is too large for a group of 0 params"),
+        (fsdp(2), [], "num_sub_groups=2 is too large for 0 params"),
         (
             hsdp(3, 2),
             [5, 4, 3, 2, 1],
-            "num_sub_groups 3 is too large for a group of 5 params with shard size 2",
+            "num_sub_groups=3 is too large for 5 params with shard_group_size=2: ",
         ),
         (
             hsdp(2, 2),
             [100, 1, 1, 1],
-            r"num_sub_groups 2: packing by numel leaves sub-groups of \[1\] params",
+            "HSDP sub-group 0 got 1 params after greedy bin-packing, fewer than shard_size=2. ",
         ),
     ],
 )
