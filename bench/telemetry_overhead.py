@@ -31,7 +31,6 @@ commit, machine and date; the commands and what they found: docs/results/telemet
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import shlex
 import statistics
@@ -43,14 +42,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
-from bench_facts import git_commit
+from bench_facts import measured_facts
 from scipy import stats
 
 from nanoshampoo.io_utils import atomic_output
 from nanoshampoo.model.gpt import GPT, gpt_preset
 from nanoshampoo.train.config import TrainConfig
 from nanoshampoo.train.distributed import DistributedContext
-from nanoshampoo.train.machine import cpu_name
 from nanoshampoo.train.optimizers import OptimizerSetup, build_optimizer_setup
 from nanoshampoo.train.presets import load_preset
 from nanoshampoo.train.telemetry import Telemetry, resolve_every
@@ -269,6 +267,7 @@ def main() -> None:
     if args.rounds < 2 or args.runs == 1 or args.runs < 0:
         parser.error("--rounds must be at least 2 and --runs 0 or at least 2 (a std needs two)")
     torch.set_num_threads(args.threads)
+    facts = measured_facts(args.threads)  # the commit of the code measured, before it runs
     steps = []
     for preset in args.presets.split(","):
         result = measure_steps(preset, args.rounds, args.every)
@@ -295,10 +294,7 @@ def main() -> None:
     if args.json:
         data = {
             "command": shlex.join(["python", "bench/telemetry_overhead.py", *sys.argv[1:]]),
-            "commit": git_commit(),
-            "machine": cpu_name(),
-            "date": datetime.date.today().isoformat(),
-            "threads": args.threads,
+            **facts,
             "steps": [asdict(s) for s in steps],
             "runs": None if runs is None else asdict(runs),
         }
