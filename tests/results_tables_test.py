@@ -140,3 +140,77 @@ def test_the_shampoo_floor_table_is_rendered_from_its_fields() -> None:
         "| **ours / floor**, median (fastest) | **1.10x** (1.04x) |",
         "| floor below every window | yes |",
     ]
+
+
+def test_the_pruning_table_is_rendered_from_its_fields() -> None:
+    def point(lr: str, value: float, state: str, rungs: dict[str, float]) -> dict[str, object]:
+        return {"params": {"muon.lr": lr}, "grid_value": value, "state": state, "rungs": rungs}
+
+    muon = {
+        "points": [
+            point("0.01", 4.08, "pruned", {"64": 5.2}),
+            point("0.02", 4.04, "complete", {"64": 5.1, "128": 4.6}),
+        ],
+        "grid_best": {"muon.lr": "0.02"},
+        "grid_best_value": 4.04,
+        "pruned_best": {"muon.lr": "0.02"},
+        "pruned_best_in_grid": 4.04,
+        "gap": 0.0,
+        "grid_steps": 1024,
+        "pruned_steps": 600,
+        "compute_share": 600 / 1024,
+        "trials": 2,
+        "pruned_trials": 1,
+    }
+    data = RUN | {"halving": "sync", "noise": {"muon": 0.01}, "results": {"muon": muon}}
+    lines = results_tables.pruning(data).splitlines()
+    assert lines[2:6] == [
+        "| muon: point | grid final loss | rung 64 steps | rung 128 steps | halving |",
+        "|---|---|---|---|---|",
+        "| lr 0.01 | 4.0800 | 5.2000 | - | pruned |",
+        "| lr 0.02 | **4.0400** | 5.1000 | 4.6000 | complete |",
+    ]
+    assert lines[-1] == (
+        "| muon | lr 0.02: 4.0400 (1024) | lr 0.02: 4.0400 (600) | **59 %** of the grid's "
+        "| 1 of 2 | the same point |"
+    )
+    assert lines[-3].startswith("| setup | grid: best point") and "synchronous halving" in lines[-3]
+
+
+def test_the_telemetry_overhead_table_is_rendered_from_its_fields() -> None:
+    def comparison(off: float, on: float) -> dict[str, float]:
+        return {
+            "mean_off": off,
+            "std_off": 1.0,
+            "mean_on": on,
+            "std_on": 2.0,
+            "overhead": on / off - 1,
+            "ratio_mean": 0.0009,
+            "ratio_std": 0.0076,
+            "welch_p": 0.94,
+        }
+
+    step = {
+        "preset": "tiny-muon",
+        "every": 50,
+        "rounds": 8,
+        "records_per_round": 16,
+        "record_ms_per_round": 158.2,
+        "ms_per_step": comparison(659.3, 659.9),
+    }
+    runs = {
+        "command": "python -m nanoshampoo.train --preset tiny-shampoo",
+        "runs": 3,
+        "wall_s": comparison(200.0, 201.0),
+        "train_time_s": comparison(150.0, 150.3),
+        "same_final_val_loss": True,
+    }
+    lines = results_tables.telemetry_overhead(RUN | {"steps": [step], "runs": runs}).splitlines()
+    assert lines[4] == (
+        "| tiny-muon, wall ms/step, telemetry every 50 steps (16 records, 158 ms a round) "
+        "| 8 rounds | 659.3 ± 1.0 ms | 659.9 ± 2.0 ms | **+0.09 %** | +0.09 ± 0.76 % | 0.94 |"
+    )
+    assert lines[5].startswith(
+        "| `python -m nanoshampoo.train --preset tiny-shampoo`, wall (same final val loss) "
+        "| 3 runs | 200.0 ± 1.0 s | 201.0 ± 2.0 s | **+0.50 %**"
+    )

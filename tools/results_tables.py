@@ -210,6 +210,86 @@ def shampoo_floor(data: dict[str, Any]) -> str:
     return measured_on(data) + "\n".join(lines) + "\n"
 
 
+def _point(params: dict[str, str]) -> str:
+    """``{"muon.lr": "0.02", "muon.weight_decay": "0.1"}`` -> ``lr 0.02, weight_decay 0.1``."""
+    return ", ".join(f"{key.split('.')[-1]} {value}" for key, value in params.items())
+
+
+def pruning(data: dict[str, Any]) -> str:
+    """``bench/pruning_vs_grid.py --json``: per setup, every grid point's final loss and how far
+    halving took it; then each setup's best points and compute against the grid's."""
+    out = [measured_on(data).rstrip("\n"), ""]
+    summary = [
+        f"| setup | grid: best point, final loss (steps) | {data['halving']}hronous halving: best "
+        "point, its grid loss (steps) | compute | trials pruned | gap vs seed noise |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name, r in data["results"].items():
+        steps = sorted({int(s) for p in r["points"] for s in p["rungs"]})
+        out += [
+            f"| {name}: point | grid final loss | "
+            + " | ".join(f"rung {s} steps" for s in steps)
+            + " | halving |",
+            "|---|---|" + "---|" * len(steps) + "---|",
+        ]
+        for p in r["points"]:
+            spelled = _point(p["params"])
+            best = p["params"] == r["grid_best"]
+            value = f"**{p['grid_value']:.4f}**" if best else f"{p['grid_value']:.4f}"
+            reached = [p["rungs"].get(str(s)) for s in steps]
+            out.append(
+                f"| {spelled} | {value} | "
+                + " | ".join("-" if v is None else f"{v:.4f}" for v in reached)
+                + f" | {p['state']} |"
+            )
+        out.append("")
+        noise = data["noise"][name]
+        verdict = (
+            "the same point"
+            if r["grid_best"] == r["pruned_best"]
+            else (f"{r['gap']:.4f} {'<' if r['gap'] < noise else '>='} {noise}")
+        )
+        summary.append(
+            f"| {name} | {_point(r['grid_best'])}: {r['grid_best_value']:.4f} ({r['grid_steps']}) "
+            f"| {_point(r['pruned_best'])}: {r['pruned_best_in_grid']:.4f} ({r['pruned_steps']}) "
+            f"| **{100 * r['compute_share']:.0f} %** of the grid's | {r['pruned_trials']} of "
+            f"{r['trials']} | {verdict} |"
+        )
+    return "\n".join(out + summary) + "\n"
+
+
+def telemetry_overhead(data: dict[str, Any]) -> str:
+    """``bench/telemetry_overhead.py --json``: each preset's step time with telemetry off and
+    on at its cadence, and (with ``--runs``) whole trainer runs off and on."""
+
+    def cells(c: dict[str, Any], unit: str) -> str:
+        return (
+            f"{c['mean_off']:.1f} ± {c['std_off']:.1f} {unit} | {c['mean_on']:.1f} ± "
+            f"{c['std_on']:.1f} {unit} | **{100 * c['overhead']:+.2f} %** | "
+            f"{100 * c['ratio_mean']:+.2f} ± {100 * c['ratio_std']:.2f} % | {c['welch_p']:.2g}"
+        )
+
+    lines = [
+        "| what | n | off | on | overhead | paired per round | Welch p |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for s in data["steps"]:
+        lines.append(
+            f"| {s['preset']}, wall ms/step, telemetry every {s['every']} steps "
+            f"({s['records_per_round']} records, {s['record_ms_per_round']:.0f} ms a round) "
+            f"| {s['rounds']} rounds | {cells(s['ms_per_step'], 'ms')} |"
+        )
+    runs = data.get("runs")
+    if runs:
+        same = "same" if runs["same_final_val_loss"] else "NOT the same"
+        for name, key in (("wall", "wall_s"), ("train_time", "train_time_s")):
+            lines.append(
+                f"| `{runs['command']}`, {name} ({same} final val loss) | {runs['runs']} runs "
+                f"| {cells(runs[key], 's')} |"
+            )
+    return measured_on(data) + "\n".join(lines) + "\n"
+
+
 # JSON file name (relative to docs/results/) -> its table's renderer.
 RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
     "decay-branches.json": decay_branches,
@@ -221,6 +301,7 @@ RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
     "peers-muon.json": peers,
     "shampoo-floor-freq1.json": shampoo_floor,
     "shampoo-floor-freq10.json": shampoo_floor,
+    "pruning-512.json": pruning,
 }
 
 
