@@ -195,7 +195,7 @@ def _assert_bit_for_bit(runs: dict[str, Any], branch_losses: dict[int, float]) -
 
 
 # Shampoo and SOAP take ~30 s each on 2 busy cores: slow; muon drives the same optimizer class.
-@pytest.mark.parametrize(
+EVERY_SETUP = pytest.mark.parametrize(
     "optimizer",
     [
         "adamw",
@@ -205,6 +205,9 @@ def _assert_bit_for_bit(runs: dict[str, Any], branch_losses: dict[int, float]) -
         pytest.param("schedule-free", marks=pytest.mark.slow),
     ],
 )
+
+
+@EVERY_SETUP
 def test_each_branch_is_the_shorter_run_and_the_main_run_is_unchanged(
     optimizer: str, shards: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -344,16 +347,7 @@ def test_a_resumed_run_keeps_its_branches_and_says_which_it_cannot_make(
     }
 
 
-@pytest.mark.parametrize(
-    "optimizer",
-    [
-        "adamw",
-        pytest.param("shampoo", marks=pytest.mark.slow),
-        pytest.param("soap", marks=pytest.mark.slow),
-        "muon",
-        pytest.param("schedule-free", marks=pytest.mark.slow),
-    ],
-)
+@EVERY_SETUP
 def test_a_run_paused_at_each_fork_and_resumed_is_the_uninterrupted_run(
     optimizer: str, shards: dict[str, str], tmp_path: Path
 ) -> None:
