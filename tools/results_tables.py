@@ -302,6 +302,7 @@ RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
     "shampoo-floor-freq1.json": shampoo_floor,
     "shampoo-floor-freq10.json": shampoo_floor,
     "pruning-512.json": pruning,
+    "telemetry-overhead.json": telemetry_overhead,
 }
 
 
