@@ -49,6 +49,7 @@ from nanoshampoo.io_utils import atomic_output
 from nanoshampoo.model.gpt import GPT, gpt_preset
 from nanoshampoo.train.config import TrainConfig
 from nanoshampoo.train.distributed import DistributedContext
+from nanoshampoo.train.machine import available_cores
 from nanoshampoo.train.optimizers import OptimizerSetup, build_optimizer_setup
 from nanoshampoo.train.presets import load_preset
 from nanoshampoo.train.telemetry import Telemetry, resolve_every
@@ -223,7 +224,10 @@ def _one_run(base: list[str], out_dir: Path, run_id: str, off: bool) -> tuple[fl
 def measure_runs(preset: str, runs: int) -> RunOverhead:
     """Measurement 2 (module docstring): ``runs`` runs with and without telemetry, alternating."""
     base = [sys.executable, "-m", "nanoshampoo.train", "--preset", preset, "--progress", "false"]
-    base += ["--save-final-checkpoint", "false"]  # make train's threads: all cores
+    # make train's threads, all cores, pinned: the trainer's thread probe, left to itself, may
+    # pick 1 thread in one run and 2 in the next on a noisy machine, which changes both the
+    # time and the rounding, and telemetry would be blamed for it.
+    base += ["--save-final-checkpoint", "false", "--threads", str(available_cores())]
     walls: dict[str, list[float]] = {"off": [], "on": []}
     trains: dict[str, list[float]] = {"off": [], "on": []}
     losses: dict[str, list[float]] = {"off": [], "on": []}
