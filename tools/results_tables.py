@@ -303,6 +303,7 @@ RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
     "shampoo-floor-freq10.json": shampoo_floor,
     "pruning-512.json": pruning,
     "telemetry-overhead.json": telemetry_overhead,
+    "telemetry-overhead-runs.json": telemetry_overhead,
 }
 
 
