@@ -39,6 +39,7 @@ from nanoshampoo.evidence.compare import Setup
 from nanoshampoo.evidence.tune import TuneConfig, tune
 from nanoshampoo.evidence.tune_cli import parse_rungs, parse_tune_specs
 from nanoshampoo.evidence.tune_report import TuneResult
+from nanoshampoo.evidence.tune_space import HALVINGS
 from nanoshampoo.io_utils import atomic_output
 
 
@@ -80,21 +81,24 @@ def measure(
         )
         results[label] = tune(config)
     grid, pruned = results["grid"], results[f"pruned-{halving}"]
-    by_point = {json.dumps(t.params, sort_keys=True): t.value for t in grid.trials}
-    pruned_best_in_grid = by_point[json.dumps(pruned.best_values, sort_keys=True)]
+
+    def point(params: dict[str, str]) -> str:
+        return json.dumps(params, sort_keys=True)
+
+    by_point = {point(t.params): t.value for t in grid.trials}
+    pruned_best_in_grid = by_point[point(pruned.best_values)]
     grid_steps = study_steps(out_dir / name / "grid")
     pruned_steps = study_steps(out_dir / name / f"pruned-{halving}")
     states = [t.state for t in pruned.trials]
-    by_pruned = {json.dumps(t.params, sort_keys=True): t for t in pruned.trials}
+    halved = {point(t.params): t for t in pruned.trials}
     points = [
         {
             "params": t.params,
             "grid_value": t.value,
-            "state": by_pruned[key].state,
-            "rungs": by_pruned[key].rungs,
+            "state": halved[point(t.params)].state,
+            "rungs": halved[point(t.params)].rungs,
         }
         for t in sorted(grid.trials, key=lambda t: t.name)
-        for key in [json.dumps(t.params, sort_keys=True)]
     ]
     return {
         "points": points,
@@ -128,7 +132,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--rungs", default="0.125,0.25,0.5")
     parser.add_argument(
         "--halving",
-        choices=("sync", "async"),
+        choices=HALVINGS,
         default="sync",
         help="successive halving's mode (tune --halving)",
     )

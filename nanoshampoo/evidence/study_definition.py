@@ -36,11 +36,11 @@ from pathlib import Path
 from typing import Any
 
 from nanoshampoo.errors import UserError
+from nanoshampoo.evidence.tune_space import HALVINGS
 
 STUDY_DIR = Path(__file__).parent / "studies"
 _TOP_KEYS = {"baseline", "sizes", "budgets", "seeds", "train_args", "setups", "halving"}
-# How the tunes halve at the rungs (``tune --halving``; ``nanoshampoo.evidence.tune``).
-HALVINGS = ("sync", "async")
+
 _SETUP_KEYS = {"preset", "search", "trials"}
 
 

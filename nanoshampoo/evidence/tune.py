@@ -73,6 +73,7 @@ from nanoshampoo.evidence.tune_report import (
     write_tuning,
 )
 from nanoshampoo.evidence.tune_space import (
+    HALVINGS,
     Search,
     SearchSpace,
     build_space,
@@ -84,7 +85,6 @@ from nanoshampoo.evidence.tune_study import (
     DIVERGED,
     HEARTBEAT_S,
     OUTCOME,
-    SEGMENT,
     SURPLUS,
     WAIT_POLL_S,
     NoResult,
@@ -96,6 +96,7 @@ from nanoshampoo.evidence.tune_study import (
     run_worker,
     rung_steps,
     sampler_for,
+    segment,
     shown_url,
     slot,
     storage_url,
@@ -114,9 +115,6 @@ from nanoshampoo.evidence.tune_trial import (
 from nanoshampoo.io_utils import check_output_dir
 
 __all__ = ["TuneConfig", "TuneSession", "parse_search", "tune"]
-
-# How successive halving decides at a rung (see the module docstring).
-HALVINGS = ("sync", "async")
 
 
 @dataclass(frozen=True)
@@ -347,7 +345,7 @@ class TuneSession:
         name = trial_name(slot_number)
         trial.set_user_attr("worker", f"{socket.gethostname()}:{os.getpid()}")
         finals, logs = [], []
-        part = int(trial.user_attrs.get(SEGMENT, 0))  # > 0: a paused trial's continuation
+        part = segment(trial)  # > 0: a paused trial's continuation
         for index, seed in enumerate(config.seed_list):
             label = (
                 f"{config.setup.name} {name} "
@@ -592,8 +590,8 @@ def _trial_result(
     notes = []
     if trial.state == TrialState.PRUNED and PAUSED_AT in trial.user_attrs:
         notes.append(f"paused at rung {trial.user_attrs[PAUSED_AT]} steps, not continued")
-    if int(trial.user_attrs.get(SEGMENT, 0)) > 0:
-        notes.append(f"its run continued over {trial.user_attrs[SEGMENT]} pause(s)")
+    if segment(trial) > 0:
+        notes.append(f"its run continued over {segment(trial)} pause(s)")
     if "failed_trial" in trial.system_attrs:
         notes.append(f"retry of trial {trial.system_attrs['failed_trial']}")
     if trial.state == TrialState.FAIL and trial.user_attrs.get(OUTCOME) == DIVERGED:

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 from nanoshampoo.errors import user_input
 from nanoshampoo.evidence.compare import CompareConfig, Setup, parse_setups
 from nanoshampoo.evidence.tables import format_markdown_table
-from nanoshampoo.evidence.tune_space import Search, parse_search
+from nanoshampoo.evidence.tune_space import HALVINGS, Search, parse_search
 from nanoshampoo.io_utils import atomic_output
 
 if TYPE_CHECKING:  # the tuning engine imports Optuna: only when a tune runs
@@ -83,7 +83,7 @@ def add_tune_command(commands: argparse._SubParsersAction) -> None:  # type: ign
     )
     parser.add_argument(
         "--halving",
-        choices=("sync", "async"),
+        choices=HALVINGS,
         default="sync",
         help="sync: every trial to each rung, paused there, the best 1/eta continued; "
         "async: Optuna's pruner judges each trial against those already at its rung",
@@ -135,7 +135,7 @@ def add_compare_tune_options(compare: argparse.ArgumentParser) -> None:
     )
     compare.add_argument(
         "--tune-halving",
-        choices=("sync", "async"),
+        choices=HALVINGS,
         default="sync",
         help="how every tune halves at its rungs (see tune --halving)",
     )

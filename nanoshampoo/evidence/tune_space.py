@@ -31,6 +31,10 @@ from typing import Any
 
 from nanoshampoo.evidence.compare import ConfigResolver
 
+# How successive halving decides at the rungs (``tune --halving``, a study's ``halving``):
+# synchronously (``nanoshampoo.evidence.tune_halving``) or by Optuna's asynchronous pruner.
+HALVINGS = ("sync", "async")
+
 # Train fields that set a trial's budget: equal for every trial, so never searched.
 BUDGET_FIELDS = ("num_iterations", "batch_size", "seq_len", "grad_accum_steps")
 # Train fields tune sets for each run (or that pick the setup itself).

@@ -201,7 +201,7 @@ def slot(trial: FrozenTrial) -> int:
     return int(trial.system_attrs.get("failed_trial", trial.number))
 
 
-def segment(trial: FrozenTrial) -> int:
+def segment(trial: FrozenTrial | optuna.Trial) -> int:
     """How many rungs the trial's run had passed when the trial started (0: a new trial)."""
     return int(trial.user_attrs.get(SEGMENT, 0))
 

@@ -135,28 +135,6 @@ def _branches(records: Sequence[Mapping[str, Any]]) -> Iterator[Branch]:
     return (parse_branch(r) for r in records if r.get("kind") == "branch")
 
 
-def paused_checkpoint(log: Path) -> Path | None:
-    """The checkpoint of the ``paused`` record that ends the log's last segment, if one does."""
-    paused: Path | None = None
-    for record in _records(log, 0)[0]:
-        if record.get("kind") == "config":
-            paused = None  # a resume appends a new segment
-        elif record.get("kind") == "paused" and isinstance(record.get("checkpoint"), str):
-            paused = Path(record["checkpoint"])
-    return paused
-
-
-def latest_checkpoint_step(directory: Path, run_id: str) -> tuple[int, Path] | None:
-    """``(step, path)`` of run ``run_id``'s published checkpoint with the highest step (the
-    trainer's ``RUN.ckpt/step_NNNNNN``; a ``.partial`` one is never trusted), or None."""
-    found = [
-        (int(path.name[len("step_") :]), path)
-        for path in (directory / f"{run_id}.ckpt").glob("step_*")
-        if path.is_dir() and path.name[len("step_") :].isdigit()
-    ]
-    return max(found) if found else None
-
-
 def train_seed(
     plan: PlannedRun,
     label: str,
@@ -215,13 +193,15 @@ def continue_seed(
     again: that checkpoint is the pause. Raises ``RuntimeError`` when the run has no checkpoint
     (its files were moved) or the trainer fails.
     """
-    latest = latest_checkpoint_step(plan.directory, run_id)
+    from nanoshampoo.train.checkpoint import latest_checkpoint  # imports torch
+
+    checkpoint = latest_checkpoint(str(plan.directory), run_id)
     log = plan.directory / f"{run_id}.jsonl"
-    if latest is None:
+    if checkpoint is None:
         raise RuntimeError(
             f"{label}: run {run_id} has no checkpoint in {plan.directory} to continue from"
         )
-    step, checkpoint = latest
+    step = int(checkpoint.name[len("step_") :])
     if target_step is not None and step >= target_step:
         branches = tuple(_branches(_records(log, 0)[0]))
         for branch in branches:
@@ -249,10 +229,16 @@ def _follow(
     process = spawn_trainer(argv, output)
     seen: list[Branch] = []
     offset, stopped = 0, False
+    paused: Path | None = None  # the checkpoint of a paused record ending the last segment
     try:
         while not stopped:
             ended = process.poll() is not None
             records, offset = _records(log, offset)
+            for record in records:
+                if record.get("kind") == "config":
+                    paused = None  # a resume appends a new segment
+                elif record.get("kind") == "paused" and isinstance(record.get("checkpoint"), str):
+                    paused = Path(record["checkpoint"])
             for branch in _branches(records):
                 seen.append(branch)
                 if on_branch(branch):
@@ -273,8 +259,7 @@ def _follow(
         manifest = plan.directory / f"{run_id}{MANIFEST_SUFFIX}"
         manifest.rename(plan.directory / f"{run_id}{PRUNED_SUFFIX}")
         return SeedResult(plan.seed, None, tuple(seen), True, False, log)
-    paused = paused_checkpoint(log) if process.returncode == 0 else None
-    if paused is not None:
+    if paused is not None and process.returncode == 0:
         return SeedResult(plan.seed, None, tuple(seen), False, False, log, paused=paused)
     try:
         run = read_run(log)
