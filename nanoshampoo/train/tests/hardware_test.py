@@ -63,3 +63,31 @@ def test_thread_probe_restores_the_thread_count() -> None:
     speedup = hardware.probe_thread_speedup(max(2, available_cores()))
     assert math.isfinite(speedup) and speedup > 0
     assert torch.get_num_threads() == before
+
+
+@pytest.mark.parametrize(
+    "timings, expected, rounds_run",
+    [
+        # A stalled round (2 threads 20x slower), then a round where 2 threads help: that wins.
+        ([1.0, 20.0, 1.0, 0.5], 2.0, 2),
+        # Threads help at once: one round is enough.
+        ([1.0, 0.8], 1.25, 1),
+        # Busy cores: every round loses, and the best of the three is still below 1.
+        ([1.0, 2.0, 1.0, 4.0, 1.0, 1.25], 0.8, 3),
+    ],
+)
+def test_thread_probe_takes_the_best_of_up_to_three_rounds(
+    timings: list[float], expected: float, rounds_run: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls: list[int] = []
+    scripted = iter(timings)
+
+    def fake_median(x: torch.Tensor, w: torch.Tensor, threads: int, repeats: int) -> float:
+        calls.append(threads)
+        return next(scripted)
+
+    monkeypatch.setattr(hardware, "_median_linear_time", fake_median)
+    before = torch.get_num_threads()
+    assert hardware.probe_thread_speedup(2) == pytest.approx(expected)
+    assert calls == [1, 2] * rounds_run
+    assert torch.get_num_threads() == before
