@@ -22,9 +22,9 @@ import torch
 from nanoshampoo.train.distributed import DistributedContext, broadcast_object, local_world_size
 from nanoshampoo.train.hardware import cpu_threads
 
-# The probe costs ~3 ms on idle cores, up to three rounds of ~150 ms on busy ones. Measured on 2 shared cores: a run
-# that started on idle cores with 2 threads (0.31 s/step) slowed to 6-28 s/step when other
-# processes took the cores, and runs at ~0.7 s/step on 1 thread then.
+# The probe costs ~3 ms on idle cores, up to three rounds of ~150 ms on busy ones. Measured on
+# 2 shared cores: a run that started on idle cores with 2 threads (0.31 s/step) slowed to
+# 6-28 s/step when other processes took the cores, and runs at ~0.7 s/step on 1 thread then.
 RETUNE_STEPS = 10
 
 
