@@ -36,6 +36,18 @@ HIDDEN_INIT_VARIANCE = 0.33
 ROTARY_MIN_ANGULAR_FREQ = 1.0 / 1024
 
 
+@torch.compiler.disable
+def _embedding_lookup(embed: nn.Embedding, idx: Tensor) -> Tensor:
+    """``embed(idx)``, always eager, also inside a ``torch.compile``d model.
+
+    Why: inductor's CPU kernel for the embedding's backward adds the rows of repeated tokens with
+    atomic adds in a multi-threaded loop, so their order, and the gradient's rounding, changes
+    from run to run; two compiled 2-thread runs of one command ended at different losses. The
+    eager backward sums in a fixed order, and the graph break costs one call per forward.
+    """
+    return embed(idx)
+
+
 @dataclass
 class GPTConfig:
     """Shape of a GPT. ``model_dim`` must be a multiple of ``head_dim``; ``head_dim`` of 4.
@@ -261,7 +273,7 @@ class GPT(nn.Module):
         T = idx.size(1)
         if T > self.config.max_seq_len:
             raise ValueError(f"sequence length {T} exceeds max_seq_len {self.config.max_seq_len}")
-        x = self.embed(idx)  # (B, T, C)
+        x = _embedding_lookup(self.embed, idx)  # (B, T, C)
         for block in self.blocks:
             x = block(x)
         z = self.lm_head(self.final_norm(x)).float()  # (B, T, V)
