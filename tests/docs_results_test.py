@@ -1,6 +1,6 @@
 """``docs/results/`` holds current answers, not a lab notebook (``docs/results/README.md``).
 
-A results page names no session or run of the project's history ("session 9", "sessions 7-8",
+A results page names no session or run of the project's history ("session 9", "this session",
 "Run D", "run B's"), which stays in git, and no path outside the project (``/tmp/...``,
 ``/work/...``, a home folder, ``/path/to/...``): a command a reader copies works from the
 project's root, with outside checkouts under the git-ignored ``runs/``.
@@ -36,7 +36,10 @@ PROVENANCE = {
     "machine": re.compile(r"\bAMD EPYC\b|\bIntel\b|\bXeon\b|\bNVIDIA\b|machine\s+not\s+recorded"),
     "date": re.compile(r"\b20\d\d-\d\d-\d\d\b"),
 }
-HISTORY = re.compile(r"\bsessions? \d|\b[Rr]un [A-Z]\b(?!\w)|\b[Rr]uns [A-Z] and [A-Z]\b")
+HISTORY = re.compile(
+    r"\bsessions? \d|\b(?:this|same|earlier|last|previous) session\b|\b[Ee]arlier changes\b"
+    r"|\b[Rr]un [A-Z]\b(?!\w)|\b[Rr]uns [A-Z] and [A-Z]\b"
+)
 OUTSIDE_PATH = re.compile(r"(?<![\w.:/])(/tmp/|/work/|/home/|/root/|/path/to/|~/)")
 
 
@@ -97,15 +100,17 @@ def test_a_results_page_has_no_history_and_no_outside_path(page: Path) -> None:
 def test_the_markers_are_found() -> None:
     text = (
         "## Run D: an idle machine\n"
-        "Earlier changes (sessions 7-8); in run B's table; in runs A and B\n"
+        "Earlier changes (sessions 7-8); in run B's table; in runs A and B; this session's\n"
         "git -C /work/.mirror/x archive | tar -x -C /tmp/peers; --dir /path/to/optimizers\n"
         "Run the bench; see https://example.org/tmp/x and runs/peers/ref; a Run of 3 seeds\n"
     )
     assert problems(text) == [
         "1: 'Run D'",
+        "2: 'Earlier changes'",
         "2: 'sessions 7'",
         "2: 'run B'",
         "2: 'runs A and B'",
+        "2: 'this session'",
         "3: '/work/'",
         "3: '/tmp/'",
         "3: '/path/to/'",
