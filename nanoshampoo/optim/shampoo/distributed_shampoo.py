@@ -119,6 +119,7 @@ from nanoshampoo.optim.shampoo.runtime_types import (
 )
 from nanoshampoo.optim.shampoo.shampoo_types import (
     LR_SUM,
+    OWNER_RANKS,
     DefaultShampooConfig,
     DefaultSingleDeviceDistributedConfig,
     DistributedConfig,
@@ -339,7 +340,7 @@ class DistributedShampoo(torch.optim.Optimizer):
         """
         first_param_index = sum(len(g["params"]) for g in self.param_groups)
         check_ordered_params("param_group['params']", param_group.get("params"))
-        validate_group_keys(param_group, [*self.defaults, "peak_lr"])
+        validate_group_keys(param_group, [*self.defaults, "peak_lr", OWNER_RANKS])
         param_group.setdefault("peak_lr", param_group.get("lr", self.defaults["lr"]))
         super().add_param_group(param_group)
         group = self.param_groups[-1]
