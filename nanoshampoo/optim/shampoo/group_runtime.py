@@ -88,7 +88,7 @@ class GroupRuntime:
         if owner_ranks is not None:
             if group.get(OWNER_RANKS) is None:
                 group[OWNER_RANKS] = owner_ranks
-            self._fixed[OWNER_RANKS] = list(owner_ranks)
+            self._fixed[OWNER_RANKS] = tuple(owner_ranks)
         names = group.get("param_names")
         offsets = self.distributor.local_block_param_offsets
         # Whether the group steps depends on every blocked parameter, not only the local ones,
@@ -171,6 +171,8 @@ class GroupRuntime:
         validate_changes(group, values, self.hyperparameters.group_values)
         for key, built in self._fixed.items():
             value = group.get(key)
+            if key == OWNER_RANKS and isinstance(value, list):
+                value = tuple(value)  # given as a list or a tuple, compared by its entries
             if value is not built and value != built:
                 decides = (
                     "which rank computes each parameter"

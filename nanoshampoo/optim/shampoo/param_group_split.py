@@ -138,7 +138,10 @@ def _owner_ranks(
 ) -> list[list[int]] | None:
     """Per bucket (a sub-group's ``params`` entries), its parameters' owners with the load
     carried over the buckets (:func:`owner_ranks_by_bucket`); None without an owner space."""
-    size = _owner_space(config, [p for bucket in buckets for p in bucket])
+    entries = [p for bucket in buckets for p in bucket]
+    if not all(isinstance(_tensor(p), torch.Tensor) for p in entries):
+        return None  # add_param_group refuses such params, in torch's words
+    size = _owner_space(config, entries)
     if size is None:
         return None
     metas = [
@@ -169,7 +172,7 @@ def _param_list(params: object) -> list[Any] | None:
 
 def _tensor(entry: Any) -> torch.Tensor:
     """A ``params`` entry's tensor: the entry, or the tensor of a ``(name, tensor)`` pair."""
-    return entry[1] if isinstance(entry, tuple) else entry
+    return entry[1] if isinstance(entry, tuple) and len(entry) == 2 else entry
 
 
 def _shard_size(
@@ -212,10 +215,11 @@ def _sub_groups(
     bins = [b for b in bins if b]
     given = group.get(OWNER_RANKS)
     if given is not None and (not isinstance(given, (list, tuple)) or len(given) != len(params)):
+        got = f"{len(given)} entries" if isinstance(given, (list, tuple)) else type(given).__name__
         raise field_error(
             OWNER_RANKS,
             f"owner_ranks must be a list of one owner rank per parameter of the group "
-            f"({len(params)} params), got {given!r}",
+            f"({len(params)} params), got {got}",
         )
     if given is not None:
         owners: list[list[Any]] | None = [[given[i] for i in indices] for indices in bins]

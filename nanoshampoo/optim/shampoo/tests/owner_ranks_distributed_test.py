@@ -94,7 +94,7 @@ def owned(optimizer: Any) -> list[int]:
     return sorted(i for i, entries in state.items() if any(is_block_key(k) for k in entries))
 
 
-def run_with(mesh: Any, given: list[int] | None) -> dict[str, Any]:
+def run_with(mesh: Any, given: tuple[int, ...] | None) -> dict[str, Any]:
     model = sharded_model(mesh)
     group: dict[str, Any] = {"params": list(model.parameters())}
     if given is not None:
@@ -194,7 +194,8 @@ def body(rank: int, world: int, mesh_shapes: list[tuple[int, ...]]) -> dict[str,
         results[shape] = {
             "shard_rank": mesh.get_local_rank(len(shape) - 1),
             "split": run_with(mesh, None),
-            "given": run_with(mesh, given_map(n, shard_size)),
+            # A tuple: the group keeps it as given, and the step's check compares entries.
+            "given": run_with(mesh, tuple(given_map(n, shard_size))),
             "added": run_added(mesh),
             "round trip": round_trip(mesh),
             "refusals": refusals(mesh),

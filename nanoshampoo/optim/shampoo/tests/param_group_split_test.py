@@ -380,6 +380,12 @@ def test_a_carried_map_not_one_entry_per_param_is_refused_naming_owner_ranks(
     assert error_field(info.value) == "owner_ranks"
 
 
+def test_params_torch_would_refuse_get_no_map(world_size: Any) -> None:
+    world_size(2)
+    group = {"params": [1.0, torch.zeros(2)], "distributed_config": fsdp(1, ROUND_ROBIN)}
+    assert split_param_groups([group])[0] is group  # for add_param_group to refuse
+
+
 def test_no_map_without_a_process_group_or_mesh_nor_under_other_strategies(
     world_size: Any,
 ) -> None:
