@@ -168,6 +168,7 @@ def build_distributor(
     max_preconditioner_dim: int | float,
     first_param_index: int,
     preconditioner_config: PreconditionerConfig,
+    owner_ranks: Sequence[int] | None = None,
 ) -> Distributor:
     """The distributor a config describes, for one parameter group.
 
@@ -176,10 +177,21 @@ def build_distributor(
     the optimizer talks to it through that interface only. Each distributor module is imported
     here, when a config needs it: a run imports (and its log records the source of) only the
     one it uses. The blocks merge small dims up to :func:`target_dimensionality`.
+    ``owner_ranks``: the group's ``ROUND_ROBIN`` owner map, read by the FSDP2 and HSDP
+    distributors; any other distributor refuses one (naming ``owner_ranks``).
     """
     target = target_dimensionality(config, preconditioner_config)
     if target != config.target_parameter_dimensionality:
         config = dataclasses.replace(config, target_parameter_dimensionality=target)
+    if owner_ranks is not None and isinstance(
+        config, (SingleDeviceDistributedConfig, DDPDistributedConfig)
+    ):
+        raise field_error(
+            "owner_ranks",
+            "owner_ranks is read under FullyShardDistributedConfig and "
+            f"HybridShardDistributedConfig (ROUND_ROBIN) only, got {type(config).__name__}: "
+            "leave it out of the group",
+        )
     if isinstance(config, SingleDeviceDistributedConfig):
         from nanoshampoo.optim.shampoo.distributor.single_device_distributor import (
             SingleDeviceDistributor,
@@ -195,13 +207,17 @@ def build_distributor(
             FullyShardDistributor,
         )
 
-        return FullyShardDistributor(params, max_preconditioner_dim, first_param_index, config)
+        return FullyShardDistributor(
+            params, max_preconditioner_dim, first_param_index, config, owner_ranks
+        )
     if isinstance(config, HybridShardDistributedConfig):
         from nanoshampoo.optim.shampoo.distributor.hybrid_shard_distributor import (
             HybridShardDistributor,
         )
 
-        return HybridShardDistributor(params, max_preconditioner_dim, first_param_index, config)
+        return HybridShardDistributor(
+            params, max_preconditioner_dim, first_param_index, config, owner_ranks
+        )
     for fsdp1_config, replacement in _FSDP1_REPLACEMENTS:
         if isinstance(config, fsdp1_config):
             raise field_error(

@@ -119,6 +119,7 @@ from nanoshampoo.optim.shampoo.runtime_types import (
 )
 from nanoshampoo.optim.shampoo.shampoo_types import (
     LR_SUM,
+    OWNER_RANKS,
     DefaultShampooConfig,
     DefaultSingleDeviceDistributedConfig,
     DistributedConfig,
@@ -128,9 +129,10 @@ from nanoshampoo.optim.shampoo.shampoo_types import (
 )
 from nanoshampoo.optim.shampoo.state_dict_layout import (
     GroupScalars,
-    holds_lambda,
     live_block_state,
+    loads_back,
     saved_state,
+    unloadable_part,
 )
 from nanoshampoo.optim.shampoo.state_dict_loading import (
     PendingLoad,
@@ -339,7 +341,7 @@ class DistributedShampoo(torch.optim.Optimizer):
         """
         first_param_index = sum(len(g["params"]) for g in self.param_groups)
         check_ordered_params("param_group['params']", param_group.get("params"))
-        validate_group_keys(param_group, [*self.defaults, "peak_lr"])
+        validate_group_keys(param_group, [*self.defaults, "peak_lr", OWNER_RANKS])
         param_group.setdefault("peak_lr", param_group.get("lr", self.defaults["lr"]))
         super().add_param_group(param_group)
         group = self.param_groups[-1]
@@ -498,7 +500,9 @@ class DistributedShampoo(torch.optim.Optimizer):
     @staticmethod
     def _saved_state(optimizer: torch.optim.Optimizer, state_dict: dict[str, Any]) -> None:
         """State-dict post-hook: the live state as nested dicts (``state_dict_layout.py``); a
-        warning for a group entry holding a lambda (``torch.save`` cannot pickle it)."""
+        warning for each group entry that would not load back under
+        ``torch.load(weights_only=True)`` (a lambda, a function or class not registered with
+        ``add_safe_globals``; :func:`unloadable_part` names which part)."""
         assert isinstance(optimizer, DistributedShampoo)
         lr_sums = [
             runtime.lr_power_sum if LR_SUM in scalars.tensors else None
@@ -506,13 +510,19 @@ class DistributedShampoo(torch.optim.Optimizer):
         ]
         saved_state(state_dict, optimizer._packed_roots, lr_sums)
         for group in state_dict["param_groups"]:
+            if loads_back(group):  # the common case, one round trip per group
+                continue
             for key, value in group.items():
-                if holds_lambda(value):
+                part = unloadable_part(value, key)
+                if part is not None:
+                    # The reference's sentence (it warns for every function), then which part.
                     logger.warning(
                         f"Found {key}={value!r}. Note that lambda function cannot be pickled. "
                         "torch.save() cannot serialize lambda functions, because it relies on "
                         "Python's pickle module for serialization, and pickle does not support "
-                        "lambda functions: give the config a named function to checkpoint it."
+                        "lambda functions. Nor does torch.load(weights_only=True) load a "
+                        "function or class not registered with "
+                        f"torch.serialization.add_safe_globals: {part}, to checkpoint it."
                     )
 
     @staticmethod

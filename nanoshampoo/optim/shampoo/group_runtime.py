@@ -39,7 +39,7 @@ from nanoshampoo.optim.shampoo.preconditioner.preconditioner import (
     BlockStateView,
     Preconditioner,
 )
-from nanoshampoo.optim.shampoo.shampoo_types import WeightDecayType
+from nanoshampoo.optim.shampoo.shampoo_types import OWNER_RANKS, WeightDecayType
 from nanoshampoo.optim.shampoo.state_dict_trees import clone_tree, flatten_tree
 
 _GRAFTING_NORM_EPSILON = 1e-16
@@ -79,7 +79,16 @@ class GroupRuntime:
             group["max_preconditioner_dim"],
             first_param_index,
             group["preconditioner_config"],
+            group.get(OWNER_RANKS),
         )
+        # ROUND_ROBIN (FSDP2/HSDP): the group carries the owner map its distributor uses, as
+        # split_param_groups attaches it (written here for a group added without one); like the
+        # fixed entries, it cannot change afterwards.
+        owner_ranks = getattr(self.distributor, "owner_ranks", None)
+        if owner_ranks is not None:
+            if group.get(OWNER_RANKS) is None:
+                group[OWNER_RANKS] = owner_ranks
+            self._fixed[OWNER_RANKS] = tuple(owner_ranks)
         names = group.get("param_names")
         offsets = self.distributor.local_block_param_offsets
         # Whether the group steps depends on every blocked parameter, not only the local ones,
@@ -155,16 +164,24 @@ class GroupRuntime:
 
         Changes nothing. Raises ``ValueError`` naming the field for an invalid entry (re-checked
         only where it changed since the last validated step entries: ``validate_changes``), or
-        for an entry fixed at construction (``params`` and ``FIXED_GROUP_KEYS``) that differs.
+        for an entry fixed at construction (``params``, ``FIXED_GROUP_KEYS`` and a
+        ``ROUND_ROBIN`` group's ``owner_ranks``) that differs.
         """
         values = step_values(group)
         validate_changes(group, values, self.hyperparameters.group_values)
         for key, built in self._fixed.items():
-            value = group[key]
+            value = group.get(key)
+            if key == OWNER_RANKS and isinstance(value, list):
+                value = tuple(value)  # given as a list or a tuple, compared by its entries
             if value is not built and value != built:
+                decides = (
+                    "which rank computes each parameter"
+                    if key == OWNER_RANKS
+                    else "the blocks and the layout of their state"
+                )
                 raise ValueError(
-                    f"{key} cannot change after the group is added (it decides the blocks and "
-                    f"the layout of their state): built with {built!r}, got {value!r}"
+                    f"{key} cannot change after the group is added (it decides {decides}): "
+                    f"built with {built!r}, got {value!r}"
                 )
         params = group["params"]
         if len(params) != len(self._params) or any(

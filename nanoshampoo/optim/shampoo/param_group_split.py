@@ -22,9 +22,16 @@ shallow copy of the config (its own object, equal fields) and, if the group name
 parameters (``param_names``, or ``(name, tensor)`` pairs in ``params``), its parameters'
 names in the same order.
 
-Owner ranks under ``ROUND_ROBIN`` are balanced per sub-group by its own distributor; the
-reference carries each rank's load from one sub-group to the next, so the two libraries may
-pick different owners (the numbers are the same either way).
+The owner map (``OWNER_RANKS = "owner_ranks"``, as in the reference library): every group
+under ``ROUND_ROBIN``, split or not, gets the shard rank that computes each of its parameters,
+a list aligned to its ``params``, which its distributor reads. The owners are chosen greedily,
+longest first by the cost model of the config's ``load_balancing_config`` (default: bytes),
+sub-group after sub-group with each rank's load carried from one to the next
+(:func:`owner_ranks_by_bucket`): so every sub-group reaches every shard rank when it can, and
+the whole group's load is balanced. The owner space is the shard group: the mesh's shard dim
+under HSDP (the config's mesh, else the parameters'), the parameters' mesh under FSDP2, else
+the world size; without a process group (nor mesh) no map is attached and the distributor
+computes the same one. A map the group already carries is kept, cut with its parameters.
 """
 
 from __future__ import annotations
@@ -34,12 +41,16 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
+from nanoshampoo.optim.shampoo.config_checks import field_error
 from nanoshampoo.optim.shampoo.distributor.distributor_types import (
+    FSDPParamAssignmentStrategy,
     FullyShardDistributedConfig,
     HybridShardDistributedConfig,
 )
-from nanoshampoo.optim.shampoo.utils.shampoo_utils import greedy_bin_pack
+from nanoshampoo.optim.shampoo.shampoo_types import OWNER_RANKS
+from nanoshampoo.optim.shampoo.utils.shampoo_utils import greedy_bin_pack, owner_ranks_by_bucket
 
 __all__ = ["split_constructor_params", "split_param_groups"]
 
@@ -54,15 +65,18 @@ def split_param_groups(param_groups: Sequence[dict[str, Any]]) -> list[dict[str,
             through unchanged for ``add_param_group`` to judge.
 
     Returns:
-        A new list: the untouched groups (the same dict objects) and, in place of each split
-        group, its sub-groups (new dicts) in sub-group order.
+        A new list: the untouched groups (the same dict objects); in place of each unsplit
+        ``ROUND_ROBIN`` group, a new dict with its owner map (``owner_ranks``) added; in place
+        of each split group, its sub-groups (new dicts, with their owner maps under
+        ``ROUND_ROBIN``) in sub-group order.
 
     Raises:
         ValueError: naming ``num_sub_groups``, when it exceeds the group's parameter count
             divided by the shard size (``device_mesh.size(1)`` under HSDP, 1 under FSDP2), or
             when, under HSDP, the packing leaves a sub-group with fewer parameters than the
             shard size (one parameter much larger than the rest). The reference refuses both
-            as degenerate sub-groups; nothing is returned half split.
+            as degenerate sub-groups; nothing is returned half split. Naming ``owner_ranks``,
+            when a group's own map is not a list or tuple of one entry per parameter.
 
     Example:
         >>> from nanoshampoo.optim.shampoo import FSDPParamAssignmentStrategy
@@ -78,11 +92,66 @@ def split_param_groups(param_groups: Sequence[dict[str, Any]]) -> list[dict[str,
     for group in param_groups:
         config = group.get("distributed_config")
         params = _param_list(group.get("params"))
-        if params is None or not _should_split(config):
+        if params is None:
             result.append(group)
-            continue
-        result.extend(_sub_groups(group, params, config))
+        elif _should_split(config):
+            result.extend(_sub_groups(group, params, config))
+        elif _is_round_robin(config) and group.get(OWNER_RANKS) is None:
+            owners = _owner_ranks(config, [params])
+            result.append(group if owners is None else {**group, OWNER_RANKS: owners[0]})
+        else:
+            result.append(group)
     return result
+
+
+def _is_round_robin(config: object) -> bool:
+    return (
+        isinstance(config, (FullyShardDistributedConfig, HybridShardDistributedConfig))
+        and config.param_assignment_strategy == FSDPParamAssignmentStrategy.ROUND_ROBIN
+    )
+
+
+def _owner_space(
+    config: FullyShardDistributedConfig | HybridShardDistributedConfig, params: list[Any]
+) -> int | None:
+    """The ranks that may own a parameter: the shard group's size (see the module doc), or
+    None when neither a mesh nor a process group says it."""
+    if isinstance(config, HybridShardDistributedConfig):
+        mesh = config.device_mesh
+        if mesh is None and params:
+            mesh = getattr(_tensor(params[0]), "device_mesh", None)
+        return None if mesh is None else int(mesh.size(1))
+    mesh = getattr(_tensor(params[0]), "device_mesh", None) if params else None
+    if mesh is not None:
+        return int(mesh.size(0))
+    if not dist.is_available():
+        return None
+    try:
+        return int(dist.get_world_size())
+    except (ValueError, RuntimeError):  # no default process group
+        return None
+
+
+def _owner_ranks(
+    config: FullyShardDistributedConfig | HybridShardDistributedConfig,
+    buckets: list[list[Any]],
+) -> list[list[int]] | None:
+    """Per bucket (a sub-group's ``params`` entries), its parameters' owners with the load
+    carried over the buckets (:func:`owner_ranks_by_bucket`); None without an owner space."""
+    entries = [p for bucket in buckets for p in bucket]
+    if not all(isinstance(_tensor(p), torch.Tensor) for p in entries):
+        return None  # add_param_group refuses such params, in torch's words
+    size = _owner_space(config, entries)
+    if size is None:
+        return None
+    metas = [
+        [
+            torch.empty(tuple(_tensor(p).shape), dtype=_tensor(p).dtype, device="meta")
+            for p in bucket
+        ]
+        for bucket in buckets
+    ]
+    return owner_ranks_by_bucket(metas, size, config.load_balancing_config)
 
 
 def _should_split(config: object) -> bool:
@@ -103,7 +172,7 @@ def _param_list(params: object) -> list[Any] | None:
 
 def _tensor(entry: Any) -> torch.Tensor:
     """A ``params`` entry's tensor: the entry, or the tensor of a ``(name, tensor)`` pair."""
-    return entry[1] if isinstance(entry, tuple) else entry
+    return entry[1] if isinstance(entry, tuple) and len(entry) == 2 else entry
 
 
 def _shard_size(
@@ -144,11 +213,27 @@ def _sub_groups(
                 f"(num_sub_groups={wanted}): use fewer sub-groups"
             )
     bins = [b for b in bins if b]
+    given = group.get(OWNER_RANKS)
+    if given is not None and (not isinstance(given, (list, tuple)) or len(given) != len(params)):
+        got = f"{len(given)} entries" if isinstance(given, (list, tuple)) else type(given).__name__
+        raise field_error(
+            OWNER_RANKS,
+            f"owner_ranks must be a list of one owner rank per parameter of the group "
+            f"({len(params)} params), got {got}",
+        )
+    if given is not None:
+        owners: list[list[Any]] | None = [[given[i] for i in indices] for indices in bins]
+    elif _is_round_robin(config):
+        owners = _owner_ranks(config, [[params[i] for i in indices] for indices in bins])
+    else:
+        owners = None
     others = {
-        k: v for k, v in group.items() if k not in ("params", "param_names", "distributed_config")
+        k: v
+        for k, v in group.items()
+        if k not in ("params", "param_names", "distributed_config", OWNER_RANKS)
     }
     subs = []
-    for indices in bins:
+    for b, indices in enumerate(bins):
         sub = {
             **others,
             "params": [params[i] for i in indices],
@@ -156,6 +241,8 @@ def _sub_groups(
         }
         if names is not None:
             sub["param_names"] = [names[i] for i in indices]
+        if owners is not None:
+            sub[OWNER_RANKS] = owners[b]
         subs.append(sub)
     return subs
 

@@ -124,6 +124,8 @@ from nanoshampoo.optim.shampoo.utils.load_balancing_utils import (
 # Keys of a param group and of a parameter's state, spelled as the reference library exports them.
 DISTRIBUTED_CONFIG = "distributed_config"
 LR_SUM = "lr_sum"
+# A ROUND_ROBIN FSDP2/HSDP group's owner map: the shard rank that computes each of its params.
+OWNER_RANKS = "owner_ranks"
 PARAMS = "params"
 STEP = "step"
 TRAIN_MODE = "train_mode"
@@ -131,6 +133,7 @@ TRAIN_MODE = "train_mode"
 __all__ = [
     "DISTRIBUTED_CONFIG",
     "LR_SUM",
+    "OWNER_RANKS",
     "PARAMS",
     "STEP",
     "TRAIN_MODE",

@@ -46,7 +46,9 @@ group) are converted on load by :func:`from_flat_layout`.
 from __future__ import annotations
 
 import dataclasses
+import io
 import math
+import pickle
 import types
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -228,13 +230,63 @@ def saved_state(
     }
 
 
-def holds_lambda(value: Any) -> bool:
-    """Whether ``value`` is, or a dataclass field of it (recursively) holds, a lambda."""
-    if isinstance(value, types.LambdaType) and value.__name__ == "<lambda>":
-        return True
+def loads_back(value: Any) -> bool:
+    """Whether ``value`` survives ``torch.save`` and then ``torch.load(weights_only=True)``:
+    pickled, and every function and class in it registered with
+    ``torch.serialization.add_safe_globals`` (or one of torch's own allowed types)."""
+    buffer = io.BytesIO()
+    try:
+        torch.save(value, buffer)
+        buffer.seek(0)
+        torch.load(buffer, weights_only=True)
+    except Exception:  # any refusal, pickling's or the weights-only unpickler's
+        return False
+    return True
+
+
+def unloadable_part(value: Any, where: str = "it") -> str | None:
+    """What in ``value`` a checkpoint cannot hold, and what to do about it: ``torch.save``
+    cannot pickle it (a lambda, a local function or class) or ``torch.load(weights_only=True)``
+    refuses it (a function or class not registered with ``torch.serialization.add_safe_globals``);
+    None when it loads back (:func:`loads_back`). Named by its path from ``where`` (``.field``,
+    ``[i]``), the innermost part that fails.
+
+    Example:
+        >>> unloadable_part({"scale": lambda x: x}, "config")
+        "config['scale'] is a lambda; use a named function, registered"
+    """
+    if loads_back(value):
+        return None
+    parts: Iterable[tuple[Any, str]] = ()
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return any(holds_lambda(getattr(value, f.name)) for f in dataclasses.fields(value))
-    return False
+        parts = ((getattr(value, f.name), f"{where}.{f.name}") for f in dataclasses.fields(value))
+    elif isinstance(value, (list, tuple)):
+        parts = ((item, f"{where}[{i}]") for i, item in enumerate(value))
+    elif isinstance(value, dict):
+        parts = ((item, f"{where}[{key!r}]") for key, item in value.items())
+    for item, path in parts:
+        part = unloadable_part(item, path)
+        if part is not None:
+            return part
+    if isinstance(value, types.FunctionType) and value.__name__ == "<lambda>":
+        return f"{where} is a lambda; use a named function, registered"
+    if callable(value) and not dataclasses.is_dataclass(value):
+        name = f"{getattr(value, '__module__', '?')}.{getattr(value, '__qualname__', value)}"
+        if "<locals>" in name:
+            return f"{where} is {name}, local; define it at module level and register it"
+        return f"{where} is {name}, not registered; register it"
+    kind = f"{type(value).__module__}.{type(value).__qualname__}"
+    if "<locals>" in kind or not _pickles(value):
+        return f"{where} is a {kind}, which pickle cannot save"
+    return f"{where} is a {kind}, a class not registered; register it"
+
+
+def _pickles(value: Any) -> bool:
+    try:
+        pickle.dumps(value)
+    except Exception:  # whatever pickle raises for what it cannot save
+        return False
+    return True
 
 
 def is_block_key(key: Any) -> bool:

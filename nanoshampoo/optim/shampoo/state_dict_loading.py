@@ -46,6 +46,7 @@ from nanoshampoo.optim.shampoo.shampoo_types import (
     CHECKPOINT_GLOBALS,
     DISTRIBUTED_CONFIG,
     LR_SUM,
+    OWNER_RANKS,
     PARAMS,
     STEP,
     TRAIN_MODE,
@@ -294,8 +295,9 @@ def _completed_entries(
     (a saved group leaves it out there), any other the optimizer's current value; lists where
     the optimizer holds tuples (``betas`` after a JSON round trip) become tuples, and another
     library's config objects this library's (:func:`as_our_config`). The optimizer's own entry
-    stays for ``distributed_config`` (a checkpoint may come from another distributor or world
-    size) and for another library's config at an entry fixed at construction (it describes how
+    stays for ``distributed_config`` and ``owner_ranks`` (a checkpoint may come from another
+    distributor or world size, or from before groups carried an owner map; the owners decide
+    no number) and for another library's config at an entry fixed at construction (it describes how
     that library built the group, in its own defaults: its ``inv_factor_matrix_dtype=float32``
     is our ``None`` for float32 blocks); the blocks' state is then checked one by one."""
     entries = {
@@ -303,7 +305,7 @@ def _completed_entries(
         if k in FIXED_GROUP_KEYS and _is_foreign(v)
         else as_our_config(v, f"{where}[{k!r}]")
         for k, v in loaded.items()
-        if k not in (PARAMS, DISTRIBUTED_CONFIG, LR_SUM_EXACT)
+        if k not in (PARAMS, DISTRIBUTED_CONFIG, OWNER_RANKS, LR_SUM_EXACT)
     }
     for key, value in group.items():
         if key == PARAMS:

@@ -29,7 +29,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-_MEMBERSHIP = ("params", "param_names")
+# Entries aligned to a group's parameters: a regrouped group gets its own (the optimizer's
+# ``owner_ranks`` stays at the load, state_dict_loading.py).
+_MEMBERSHIP = ("params", "param_names", "owner_ranks")
 
 
 def _names(groups: object) -> list[list[str]] | None:

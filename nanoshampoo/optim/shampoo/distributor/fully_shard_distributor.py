@@ -13,10 +13,11 @@ boundary: a ``(1000, 512)`` weight on 4 ranks is four ``(250, 512)`` blocks, eac
 The result equals single-device Shampoo run on the local shards as separate parameters.
 Block names are ``shard_{r}-block_{j}``, so its checkpoints load only at the same shard count.
 
-``ROUND_ROBIN`` (lossless): every parameter has one owner rank, chosen by
-``distribute_buffer_sizes`` over the parameters' bytes (greedy, balanced, identical on every
-rank). Each step one ``all_to_all_single`` brings every owner the gradient and value shards of
-its parameters (the value feeds weight decay and ``communicate_params``) into persistent
+``ROUND_ROBIN`` (lossless): every parameter has one owner rank, the group's ``owner_ranks``
+map (``split_param_groups`` attaches it: greedy longest-first over the parameters' bytes,
+balanced, identical on every rank) or, for a group without one, the same map computed here.
+Each step one ``all_to_all_single`` brings every owner the gradient and value shards of its
+parameters (the value feeds weight decay and ``communicate_params``) into persistent
 full-size buffers of those parameters only; the owner runs single-device Shampoo on their
 blocks; a second ``all_to_all_single`` sends each rank its rows of the update ``-lr * P``
 (``communicate_params=False``) or of the updated parameter (``True``) in
@@ -56,6 +57,7 @@ from nanoshampoo.optim.shampoo.distributor.fully_shard_plan import (
     plan_gather,
     plan_scatter,
     plan_work,
+    round_robin_owner_map,
     sharded_params,
 )
 from nanoshampoo.optim.shampoo.shampoo_types import (
@@ -83,6 +85,12 @@ class FullyShardDistributor(Distributor):
         max_preconditioner_dim: largest block dim (int >= 1 or ``math.inf``).
         first_param_index: index of ``params[0]`` among all of the optimizer's parameters.
         config: the :class:`FullyShardDistributedConfig`.
+        owner_ranks: ``ROUND_ROBIN`` only: the shard rank that computes each parameter (the
+            group's ``owner_ranks`` entry); None: computed (:func:`round_robin_owner_map`).
+
+    Raises:
+        ValueError: naming ``owner_ranks``: not one int in ``[0, shard size)`` per parameter,
+            or given under another strategy.
 
     "Work tensors" are the tensors this rank computes on: its local shards (``DEFAULT``) or
     full-size buffers of the parameters it owns (``ROUND_ROBIN``) or of all of them
@@ -98,6 +106,7 @@ class FullyShardDistributor(Distributor):
         max_preconditioner_dim: int | float,
         first_param_index: int,
         config: FullyShardDistributedConfig,
+        owner_ranks: Sequence[int] | None = None,
     ) -> None:
         super().__init__(
             (), max_preconditioner_dim, first_param_index, config.target_parameter_dimensionality
@@ -109,8 +118,16 @@ class FullyShardDistributor(Distributor):
         self._shard_group = None if mesh is None else mesh.get_group(self._shard_mesh_dim)
         self._shard_size = 1 if mesh is None else mesh.size(self._shard_mesh_dim)
         self._shard_rank = 0 if mesh is None else mesh.get_local_rank(self._shard_mesh_dim)
+        balancing = config.load_balancing_config
+        # ROUND_ROBIN: the group's owner map (split_param_groups attaches one), or the same map
+        # computed here for a group without one; any other strategy refuses a map.
+        self._owner_map = (
+            round_robin_owner_map(sharded, self._shard_size, balancing, owner_ranks)
+            if self._strategy == FSDPParamAssignmentStrategy.ROUND_ROBIN
+            else None
+        )
         self._owners = assign_owners(
-            sharded, self._strategy, self._shard_size, config.load_balancing_config
+            sharded, self._strategy, self._shard_size, balancing, self._owner_map or owner_ranks
         )
         layout = plan_work(
             sharded,
@@ -154,6 +171,14 @@ class FullyShardDistributor(Distributor):
             if self._strategy == FSDPParamAssignmentStrategy.ROUND_ROBIN
             else None
         )
+
+    @property
+    def owner_ranks(self) -> list[int] | None:
+        """``ROUND_ROBIN``: the owner (shard rank) of each parameter, in the group's order (an
+        empty parameter keeps its map entry though nobody computes it); else None."""
+        if self._strategy != FSDPParamAssignmentStrategy.ROUND_ROBIN:
+            return None
+        return list(self._owner_map)
 
     # ----- the Distributor interface -------------------------------------------------------
 

@@ -6,7 +6,8 @@ talks to another rank (the exchanges themselves are ``fully_shard_distributor.py
 - :func:`sharded_params` describes ``fully_shard`` parameters (:class:`ShardedParam`, with
   FSDP2's dim-0 split :func:`shard_row_ranges`);
 - :func:`assign_owners` picks the ranks that compute each parameter, per
-  :class:`FSDPParamAssignmentStrategy`;
+  :class:`FSDPParamAssignmentStrategy` (under ``ROUND_ROBIN`` from the group's ``owner_ranks``
+  map, :func:`check_owner_ranks`, or the same map computed here for a group without one);
 - :func:`plan_work` lists the global blocks and this rank's work tensors and blocks
   (:class:`WorkLayout`);
 - :func:`plan_gather` and :func:`plan_scatter` lay out the flat send and receive buffers of the
@@ -25,10 +26,12 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from nanoshampoo.optim.shampoo.config_checks import field_error
 from nanoshampoo.optim.shampoo.shampoo_types import FSDPParamAssignmentStrategy
 from nanoshampoo.optim.shampoo.utils.load_balancing_utils import LoadBalancingConfig
 from nanoshampoo.optim.shampoo.utils.shampoo_block_info import BlockInfo
-from nanoshampoo.optim.shampoo.utils.shampoo_utils import distribute_buffer_sizes
+from nanoshampoo.optim.shampoo.utils.shampoo_utils import owner_ranks_by_bucket
+from nanoshampoo.validation import is_int
 
 
 def shard_row_ranges(dim0: int, num_shards: int) -> tuple[tuple[int, int], ...]:
@@ -133,30 +136,86 @@ def sharded_params(
     return result, mesh
 
 
+def whole_param(param: torch.Tensor) -> torch.Tensor:
+    """A meta tensor of ``param``'s global shape and dtype: what a cost model reads of it."""
+    return torch.empty(tuple(param.shape), dtype=param.dtype, device="meta")
+
+
+def check_owner_ranks(owner_ranks: object, num_params: int, num_ranks: int) -> list[int]:
+    """``owner_ranks`` (a group's ``ROUND_ROBIN`` owner map) as a list, checked.
+
+    Raises:
+        ValueError: naming ``owner_ranks``, unless it is a list or tuple of ``num_params`` ints
+            (not bools), each ``0 <= rank < num_ranks``.
+    """
+    if not isinstance(owner_ranks, (list, tuple)):
+        raise field_error(
+            "owner_ranks",
+            f"owner_ranks must be a list of one owner rank per parameter of the group, got "
+            f"{type(owner_ranks).__name__}",
+        )
+    if len(owner_ranks) != num_params:
+        raise field_error(
+            "owner_ranks",
+            f"owner_ranks has {len(owner_ranks)} entries for the group's {num_params} params "
+            "(one owner rank per parameter, in the group's order)",
+        )
+    for i, rank in enumerate(owner_ranks):
+        if not is_int(rank) or not 0 <= rank < num_ranks:
+            raise field_error(
+                "owner_ranks",
+                f"owner_ranks[{i}]={rank!r} is not a shard rank: it must be an int in "
+                f"[0, {num_ranks}) for a shard group of {num_ranks} ranks",
+            )
+    return [int(rank) for rank in owner_ranks]
+
+
+def round_robin_owner_map(
+    sharded: Sequence[ShardedParam],
+    num_shards: int,
+    load_balancing_config: LoadBalancingConfig | None = None,
+    owner_ranks: Sequence[int] | None = None,
+) -> list[int]:
+    """The ``ROUND_ROBIN`` owner of each parameter: ``owner_ranks`` checked
+    (:func:`check_owner_ranks`), or without it the map ``split_param_groups`` attaches to an
+    unsplit group, :func:`owner_ranks_by_bucket` of the whole parameters as one bucket."""
+    if owner_ranks is not None:
+        return check_owner_ranks(owner_ranks, len(sharded), num_shards)
+    # Whole parameters are assigned, so the cost models see their full shapes.
+    buckets = [[whole_param(p.param) for p in sharded]]
+    return owner_ranks_by_bucket(buckets, num_shards, load_balancing_config)[0]
+
+
 def assign_owners(
     sharded: Sequence[ShardedParam],
     strategy: FSDPParamAssignmentStrategy,
     num_shards: int,
     load_balancing_config: LoadBalancingConfig | None = None,
+    owner_ranks: Sequence[int] | None = None,
 ) -> list[tuple[int, ...]]:
     """Per parameter, the shard ranks that compute its whole blocks (``()``: none).
 
     ``DEFAULT``: nobody (every rank computes its own shard's blocks instead). ``REPLICATE``:
-    every rank. ``ROUND_ROBIN``: one owner each, balanced by ``load_balancing_config``'s cost
-    model over the whole parameters (meta tensors of their shape and dtype; default: bytes).
+    every rank. ``ROUND_ROBIN``: one owner each, :func:`round_robin_owner_map` (the group's
+    ``owner_ranks``, or computed as ``split_param_groups`` computes it, balanced by
+    ``load_balancing_config``'s cost model, default bytes).
+
+    Raises:
+        ValueError: naming ``owner_ranks``, a map under another strategy or a bad map.
     """
+    if owner_ranks is not None and strategy != FSDPParamAssignmentStrategy.ROUND_ROBIN:
+        raise field_error(
+            "owner_ranks",
+            f"owner_ranks is read under param_assignment_strategy=ROUND_ROBIN only, got "
+            f"{strategy.name}: leave it out of the group",
+        )
     if strategy == FSDPParamAssignmentStrategy.DEFAULT:
         owners: list[tuple[int, ...]] = [()] * len(sharded)
     elif strategy == FSDPParamAssignmentStrategy.REPLICATE:
         owners = [tuple(range(num_shards))] * len(sharded)
     else:
-        # Whole parameters are assigned, so the cost models see their full shapes.
-        assignment = distribute_buffer_sizes(
-            [torch.empty(p.shape, dtype=p.local.dtype, device="meta") for p in sharded],
-            num_shards,
-            load_balancing_config,
-        )
-        owners = [(rank,) for _, rank in assignment]
+        ranks = round_robin_owner_map(sharded, num_shards, load_balancing_config, owner_ranks)
+        owners = [(r,) for r in ranks]
     # An empty parameter has no blocks: nobody computes it, nothing travels for it.
     return [ranks if math.prod(p.shape) else () for ranks, p in zip(owners, sharded)]
 

@@ -50,10 +50,14 @@ class HybridShardDistributor(FullyShardDistributor):
         max_preconditioner_dim: largest block dim (int >= 1 or ``math.inf``).
         first_param_index: index of ``params[0]`` among all of the optimizer's parameters.
         config: the :class:`HybridShardDistributedConfig`.
+        owner_ranks: ``ROUND_ROBIN`` only: the shard rank (position on the shard dim) that
+            computes each parameter in every replica; None: computed as
+            :class:`FullyShardDistributor` computes it.
 
     Raises:
         ValueError: ``device_mesh`` is not the parameters' mesh, or ``num_trainers_per_group`` is
-            neither -1 nor the replicate dim's size (both checked before any collective).
+            neither -1 nor the replicate dim's size (both checked before any collective); naming
+            ``owner_ranks``, a bad map (as :class:`FullyShardDistributor`).
     """
 
     _shard_mesh_dim = 1
@@ -65,6 +69,7 @@ class HybridShardDistributor(FullyShardDistributor):
         max_preconditioner_dim: int | float,
         first_param_index: int,
         config: HybridShardDistributedConfig,
+        owner_ranks: Sequence[int] | None = None,
     ) -> None:
         mesh = params[0].device_mesh if params and hasattr(params[0], "device_mesh") else None
         if config.device_mesh is not None and mesh is not None and config.device_mesh != mesh:
@@ -87,6 +92,7 @@ class HybridShardDistributor(FullyShardDistributor):
                 load_balancing_config=config.load_balancing_config,
                 target_parameter_dimensionality=config.target_parameter_dimensionality,
             ),
+            owner_ranks,
         )
         self._replicate_group = None if mesh is None else mesh.get_group(0)
         self._replicas = replicas

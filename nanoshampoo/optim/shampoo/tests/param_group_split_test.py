@@ -1,12 +1,14 @@
 """``split_param_groups`` (the ``num_sub_groups`` split) and the constructor's use of it.
 
-The packing is checked against a slow, obvious longest-first loop written here; the multi-process
-behaviour (the split changes no number, checkpoints load across it) is in
-``num_sub_groups_distributed_test.py``.
+The packing and the ``ROUND_ROBIN`` owner map are checked against slow, obvious longest-first
+loops written here; the multi-process behaviour (the split changes no number, checkpoints load
+across it) is in ``num_sub_groups_distributed_test.py``, the distributors' use of the owner map
+in ``distributor/tests/owner_ranks_test.py``.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import pytest
@@ -19,7 +21,9 @@ from nanoshampoo.optim.shampoo import (
     HybridShardDistributedConfig,
     SingleDeviceDistributedConfig,
 )
+from nanoshampoo.optim.shampoo.config_checks import error_field
 from nanoshampoo.optim.shampoo.param_group_split import split_constructor_params, split_param_groups
+from nanoshampoo.optim.shampoo.shampoo_types import OWNER_RANKS
 
 LOSSLESS = FSDPParamAssignmentStrategy.REPLICATE
 
@@ -44,10 +48,12 @@ def fsdp(
     )
 
 
-def hsdp(sub_groups: int, shard_size: int) -> HybridShardDistributedConfig:
+def hsdp(
+    sub_groups: int, shard_size: int, strategy: FSDPParamAssignmentStrategy = LOSSLESS
+) -> HybridShardDistributedConfig:
     return HybridShardDistributedConfig(
         device_mesh=FakeMesh(shard_size),
-        param_assignment_strategy=LOSSLESS,
+        param_assignment_strategy=strategy,
         num_sub_groups=sub_groups,
     )
 
@@ -245,3 +251,149 @@ def test_constructor_params_without_a_split_are_returned_as_given() -> None:
     result = split_constructor_params(groups, fsdp(1))
     assert result == groups and result[0] is groups[0]
     assert split_constructor_params([], fsdp(2)) == []
+
+
+# ----- the ROUND_ROBIN owner map ---------------------------------------------------------------
+
+ROUND_ROBIN = FSDPParamAssignmentStrategy.ROUND_ROBIN
+
+
+@pytest.fixture
+def world_size(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """Sets the world size the split reads under FSDP2 (no process group in this process)."""
+
+    def set_size(size: int) -> None:
+        monkeypatch.setattr(torch.distributed, "get_world_size", lambda group=None: size)
+
+    return set_size
+
+
+def reference_owners(buckets: list[list[torch.Tensor]], ranks: int) -> list[list[int]]:
+    """Longest first with the load carried over the buckets: per bucket, each tensor, largest
+    byte count (rounded up to 64 bytes) first (equal: the earlier position first), to the rank
+    of least total bytes so far over all buckets (ties: the lower rank)."""
+    totals = [0] * ranks
+    result = []
+    for bucket in buckets:
+        sizes = [64 * math.ceil(t.numel() * t.element_size() / 64) for t in bucket]
+        owners = [-1] * len(bucket)
+        for i in sorted(range(len(bucket)), key=lambda i: (-sizes[i], i)):
+            lightest = min(range(ranks), key=lambda r: (totals[r], r))
+            totals[lightest] += sizes[i]
+            owners[i] = lightest
+        result.append(owners)
+    return result
+
+
+OWNER_CASES = [
+    ([1000, 10, 10, 10, 1000, 10, 10, 10], 1, 4),
+    ([1, 100, 1, 100], 2, 2),
+    ([48, 35, 36, 36, 3, 12, 5, 36, 70, 1, 0, 17], 3, 3),
+    ([300, 20, 20, 20, 20, 20, 20, 20, 20], 2, 4),
+    ([1000, 500], 1, 4),  # fewer params than ranks: two ranks own nothing
+    ([7] * 9, 3, 2),
+]
+# HSDP refuses a sub-group of fewer params than shard ranks: the cases it splits.
+HSDP_CASES = [OWNER_CASES[i] for i in (0, 1, 4, 5)]
+
+
+@pytest.mark.parametrize(
+    "numels, sub_groups, ranks, mesh",
+    [(*case, "fsdp") for case in OWNER_CASES] + [(*case, "hsdp") for case in HSDP_CASES],
+)
+def test_round_robin_owner_map_is_longest_first_with_the_load_carried(
+    numels: list[int], sub_groups: int, ranks: int, mesh: str, world_size: Any
+) -> None:
+    params = tensors(numels)
+    if mesh == "fsdp":
+        world_size(ranks)
+        config: object = fsdp(sub_groups, ROUND_ROBIN)
+    else:
+        world_size(99)  # HSDP reads the mesh's shard dim, never the world size
+        config = hsdp(sub_groups, ranks, ROUND_ROBIN)
+    groups = split_param_groups([{"params": params, "distributed_config": config}])
+    assert [len(g[OWNER_RANKS]) for g in groups] == [len(g["params"]) for g in groups]
+    assert [g[OWNER_RANKS] for g in groups] == reference_owners(
+        [g["params"] for g in groups], ranks
+    )
+    loads = [0] * ranks
+    for group in groups:
+        for p, r in zip(group["params"], group[OWNER_RANKS], strict=True):
+            loads[r] += 64 * math.ceil(p.numel() * 4 / 64)
+    assert max(loads) - min(loads) <= 64 * math.ceil(max(numels) * 4 / 64)
+
+
+def test_every_sub_group_reaches_every_rank_and_the_whole_load_is_balanced(
+    world_size: Any,
+) -> None:
+    # One map sliced per sub-group would give each sub-group's params, in placing order, the
+    # ranks of one residue class; the carried load gives every sub-group every rank here.
+    world_size(2)
+    numels = [1, 100, 1, 100]
+    groups = split_param_groups(
+        [{"params": tensors(numels), "distributed_config": fsdp(2, ROUND_ROBIN)}]
+    )
+    loads = [0, 0]
+    for group in groups:
+        assert sorted(set(group[OWNER_RANKS])) == [0, 1]
+        for p, r in zip(group["params"], group[OWNER_RANKS], strict=True):
+            loads[r] += p.numel()
+    assert loads == [101, 101]
+
+
+def test_an_unsplit_round_robin_group_gets_its_map_in_a_new_dict(world_size: Any) -> None:
+    world_size(4)
+    params = tensors([1000, 10, 10, 10, 1000, 10, 10, 10])
+    group = {"params": params, "distributed_config": fsdp(1, ROUND_ROBIN), "lr": 0.1}
+    (result,) = split_param_groups([group])
+    assert result is not group and OWNER_RANKS not in group
+    assert result["params"] is params and result["lr"] == 0.1
+    # The two large params (4032 bytes each; the rest 64), which a positional i % 4 would
+    # both give rank 0, go to ranks 0 and 1; the small ones fill ranks 2 and 3.
+    assert result[OWNER_RANKS] == [0, 2, 3, 2, 1, 3, 2, 3]
+
+
+def test_a_map_the_group_carries_is_kept_and_cut_with_its_params(world_size: Any) -> None:
+    world_size(2)
+    params = tensors([1, 9, 5, 4])
+    unsplit = {"params": params, "distributed_config": fsdp(1, ROUND_ROBIN), OWNER_RANKS: [1] * 4}
+    assert split_param_groups([unsplit])[0] is unsplit
+    given = [0, 1, 1, 0]
+    subs = split_param_groups(
+        [{"params": params, "distributed_config": fsdp(2, ROUND_ROBIN), OWNER_RANKS: given}]
+    )
+    for sub, indices in zip(subs, positions(subs, params), strict=True):
+        assert sub[OWNER_RANKS] == [given[i] for i in indices]
+
+
+@pytest.mark.parametrize("given", [[0, 1], 3, "0,1,0"])
+def test_a_carried_map_not_one_entry_per_param_is_refused_naming_owner_ranks(
+    given: object, world_size: Any
+) -> None:
+    world_size(2)
+    group = {"params": tensors([3, 2, 1]), "distributed_config": fsdp(2, ROUND_ROBIN)}
+    group[OWNER_RANKS] = given
+    with pytest.raises(
+        ValueError, match="^owner_ranks must be a list of one owner rank per"
+    ) as info:
+        split_param_groups([group])
+    assert error_field(info.value) == "owner_ranks"
+
+
+def test_params_torch_would_refuse_get_no_map(world_size: Any) -> None:
+    world_size(2)
+    group = {"params": [1.0, torch.zeros(2)], "distributed_config": fsdp(1, ROUND_ROBIN)}
+    assert split_param_groups([group])[0] is group  # for add_param_group to refuse
+
+
+def test_no_map_without_a_process_group_or_mesh_nor_under_other_strategies(
+    world_size: Any,
+) -> None:
+    group = {"params": tensors([3, 2, 1]), "distributed_config": fsdp(1, ROUND_ROBIN)}
+    assert split_param_groups([group])[0] is group  # no world size: the distributor computes it
+    world_size(2)
+    for config in (fsdp(1), fsdp(2), FullyShardDistributedConfig(), DDPDistributedConfig()):
+        for sub in split_param_groups(
+            [{"params": tensors([3, 2, 1]), "distributed_config": config}]
+        ):
+            assert OWNER_RANKS not in sub

@@ -597,6 +597,73 @@ def test_soap_bases_are_saved_in_ascending_order_with_their_corrected_eigenvalue
     assert torch.equal(saved["corrected_eigenvalues"], corrected)
 
 
+def _unregistered_scale(grad: torch.Tensor) -> float:
+    """A named module-level function: it pickles, but ``weights_only=True`` refuses it until
+    it is registered."""
+    return 1.0
+
+
+@dataclasses.dataclass
+class _UnregisteredSignConfig(type(DefaultSignDescentPreconditionerConfig)):  # type: ignore[misc]
+    """A config class of the user's own, not registered."""
+
+
+def _warnings_at_state_dict(
+    optimizer: DistributedShampoo, value: Any, caplog: pytest.LogCaptureFixture
+) -> list[str]:
+    optimizer.param_groups[0]["preconditioner_config"] = value
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="nanoshampoo.optim.shampoo.distributed_shampoo"):
+        optimizer.state_dict()
+    return [record.getMessage() for record in caplog.records]
+
+
+def test_every_group_entry_that_weights_only_would_refuse_is_warned_about(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Not only a lambda: a named function or a config class not registered with
+    ``add_safe_globals`` saves, but ``torch.load(weights_only=True)`` refuses it; the warning
+    (the reference's sentence first) names the part. Registered ones load back, unwarned."""
+    optimizer = _small_optimizer(_zero_model(), DefaultSignDescentPreconditionerConfig)
+    sentence = (
+        "Note that lambda function cannot be pickled. torch.save() cannot serialize lambda "
+        "functions, because it relies on Python's pickle module for serialization, and pickle "
+        "does not support lambda functions."
+    )
+    cases = [
+        (
+            replace(DefaultSignDescentPreconditionerConfig, scale_fn=_unregistered_scale),
+            f"preconditioner_config.scale_fn is {__name__}._unregistered_scale, not registered; "
+            "register it, to checkpoint it.",
+        ),
+        (
+            _UnregisteredSignConfig(),
+            f"preconditioner_config is a {__name__}._UnregisteredSignConfig, a class not "
+            "registered; register it, to checkpoint it.",
+        ),
+        (
+            replace(DefaultSignDescentPreconditionerConfig, scale_fn=lambda grad: 1.0),
+            "preconditioner_config.scale_fn is a lambda; use a named function, registered, to "
+            "checkpoint it.",
+        ),
+    ]
+    for value, part in cases:
+        (message,) = _warnings_at_state_dict(optimizer, value, caplog)
+        assert message.startswith(f"Found preconditioner_config={value!r}. {sentence} ")
+        assert message.endswith(f"torch.serialization.add_safe_globals: {part}")
+        assert "\n" not in message
+    # The defaults (our own registered function) and a registered function of the user's.
+    assert _warnings_at_state_dict(optimizer, DefaultSignDescentPreconditionerConfig, caplog) == []
+    registered = replace(DefaultSignDescentPreconditionerConfig, scale_fn=_unregistered_scale)
+    with torch.serialization.safe_globals([_unregistered_scale]):
+        assert _warnings_at_state_dict(optimizer, registered, caplog) == []
+        buffer = io.BytesIO()
+        torch.save(optimizer.state_dict(), buffer)
+        buffer.seek(0)
+        loaded = torch.load(buffer, weights_only=True)
+    assert loaded["param_groups"][0]["preconditioner_config"] == registered
+
+
 def test_a_group_entry_holding_a_lambda_is_warned_about_at_state_dict(
     caplog: pytest.LogCaptureFixture,
 ) -> None:

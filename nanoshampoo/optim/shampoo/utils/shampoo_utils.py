@@ -41,6 +41,7 @@ __all__ = [
     "greedy_bin_pack",
     "merge_small_dims",
     "multi_dim_split",
+    "owner_ranks_by_bucket",
     "pack_upper_triangular",
     "prepare_update_param_buffers",
     "redistribute_and_update_params",
@@ -358,14 +359,20 @@ def _check_num_bins(name: str, value: int) -> None:
 
 
 def _longest_first_assignment(
-    costs: Sequence[float], num_bins: int, order: Sequence[int]
+    costs: Sequence[float],
+    num_bins: int,
+    order: Sequence[int],
+    start: Sequence[float] | None = None,
 ) -> tuple[list[int], list[float]]:
     """Greedy LPT: items in ``order`` each go to the least-loaded bin, ties to the lower bin.
 
     Returns the bin of every item (by item index) and the total cost of every bin. The loads
-    start at int 0, so int costs give int totals.
+    start at ``start`` (per bin; default int 0, so int costs give int totals).
     """
-    loads: list[tuple[float, int]] = [(0, b) for b in range(num_bins)]  # sorted: a heap already
+    loads: list[tuple[float, int]] = [
+        (0 if start is None else start[b], b) for b in range(num_bins)
+    ]
+    heapq.heapify(loads)
     bins = [0] * len(costs)
     for index in order:
         load, b = heapq.heappop(loads)
@@ -411,6 +418,48 @@ def greedy_bin_pack(
     for index in order:
         bins[assignment[index]].append(items[index])
     return bins, totals
+
+
+def owner_ranks_by_bucket(
+    buckets: Sequence[Sequence[torch.Tensor]],
+    group_size: int,
+    load_balancing_config: LoadBalancingConfig | None = None,
+) -> list[list[int]]:
+    """An owner rank for every tensor of every bucket: greedy LPT with the load carried over.
+
+    The buckets are taken in order. Within one, the tensors go in decreasing load, ties by
+    position, each to the rank with the least load so far, ties to the lower rank, where the
+    load of a rank counts the tensors it got in the earlier buckets too. So a single bucket gets
+    :func:`distribute_buffer_sizes`' ranks, every bucket of at least ``group_size`` tensors
+    tends to reach every rank, and over all buckets the ranks' loads stay within the largest
+    tensor's load of each other. A load is ``load_balancing_config.cost_model.cost(tensor)``
+    (default: its bytes rounded up to 64); the models read shapes and dtypes only, so meta
+    tensors work. The ``ROUND_ROBIN`` owner map of FSDP2/HSDP (``param_group_split.py``).
+
+    Args:
+        buckets: per bucket, its tensors (any shapes, 0-D and empty included).
+        group_size: the number of ranks, int ``>= 1``.
+        load_balancing_config: what to balance; ``None`` means ``LoadBalancingConfig()``.
+
+    Returns:
+        Per bucket, the owner rank (``0 <= rank < group_size``) of each of its tensors, in
+        bucket order. The same on every rank for the same shapes.
+
+    Example:
+        >>> t = [torch.empty(n, dtype=torch.uint8, device="meta") for n in (64, 640, 64, 640)]
+        >>> owner_ranks_by_bucket([t[:2], t[2:]], group_size=2)
+        [[1, 0], [0, 1]]
+    """
+    _check_num_bins("owner_ranks_by_bucket: group_size", group_size)
+    cost_model = (load_balancing_config or LoadBalancingConfig()).cost_model
+    carried: list[float] = [0] * group_size
+    result = []
+    for bucket in buckets:
+        loads = [float(cost_model.cost(t)) for t in bucket]
+        order = sorted(range(len(loads)), key=lambda i: (-loads[i], i))
+        ranks, carried = _longest_first_assignment(loads, group_size, order, carried)
+        result.append(ranks)
+    return result
 
 
 def distribute_buffer_sizes(
