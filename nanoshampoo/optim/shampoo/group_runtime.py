@@ -81,14 +81,7 @@ class GroupRuntime:
             group["preconditioner_config"],
             group.get(OWNER_RANKS),
         )
-        # ROUND_ROBIN (FSDP2/HSDP): the group carries the owner map its distributor uses, as
-        # split_param_groups attaches it (written here for a group added without one); like the
-        # fixed entries, it cannot change afterwards.
-        owner_ranks = getattr(self.distributor, "owner_ranks", None)
-        if owner_ranks is not None:
-            if group.get(OWNER_RANKS) is None:
-                group[OWNER_RANKS] = owner_ranks
-            self._fixed[OWNER_RANKS] = tuple(owner_ranks)
+        self._fix_owner_ranks(group)
         names = group.get("param_names")
         offsets = self.distributor.local_block_param_offsets
         # Whether the group steps depends on every blocked parameter, not only the local ones,
@@ -149,6 +142,16 @@ class GroupRuntime:
         for k, buffer in enumerate(self.updates):
             for position, i in enumerate(self.bucket_members[k]):
                 self._local_updates[i] = buffer[position]
+
+    def _fix_owner_ranks(self, group: dict[str, Any]) -> None:
+        """ROUND_ROBIN (FSDP2/HSDP): the group carries the owner map its distributor uses, as
+        ``split_param_groups`` attaches it (written here for a group added without one); like
+        the fixed entries, it cannot change afterwards."""
+        owner_ranks = getattr(self.distributor, "owner_ranks", None)
+        if owner_ranks is not None:
+            if group.get(OWNER_RANKS) is None:
+                group[OWNER_RANKS] = owner_ranks
+            self._fixed[OWNER_RANKS] = tuple(owner_ranks)
 
     def _build_preconditioner(self, hyperparameters: Hyperparameters) -> Preconditioner:
         return build_preconditioner(
