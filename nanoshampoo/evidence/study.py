@@ -274,6 +274,7 @@ def format_study(result: StudyResult) -> str:
         "",
     ]
     lines += _tunability_table(result)
+    lines += _edge_note(result)
     lines += ["", *telemetry_section(_runs_by_setup(result))]
     lines += [
         "",
@@ -393,6 +394,7 @@ def _tunability_table(result: StudyResult) -> list[str]:
             "trials: complete / pruned / failed",
             "best point",
             "best trial's final loss",
+            "best on the search's edge",
         ]
     ]
     for cell in result.cells:
@@ -406,9 +408,29 @@ def _tunability_table(result: StudyResult) -> list[str]:
                 f"{states.count('complete')} / {states.count('pruned')} / {states.count('failed')}",
                 ", ".join(f"{k}={v}" for k, v in cell.tune.best_values.items()),
                 f"{cell.tune.best_value:.4f}",
+                ", ".join(cell.tune.on_edge) or "-",
             ]
         )
     return format_markdown_table(rows)
+
+
+def _edge_note(result: StudyResult) -> list[str]:
+    """What a best point on its search's edge means for the speedups, when there is one."""
+    baseline = result.plan.definition.baseline
+    edges = [c for c in result.cells if c.tune.on_edge]
+    if not edges:
+        return []
+    sizes = sorted({c.size for c in edges if c.setup == baseline})
+    text = (
+        "A best point on its search's edge may not be the setup's optimum: the loss may fall "
+        "further beyond it. A setup tuned on an edge may understate its own speedup"
+    )
+    if sizes:
+        text += (
+            f"; the baseline ({baseline}) is on an edge at {', '.join(sizes)}, so every speedup "
+            "there may be overstated. Widen its search to check"
+        )
+    return ["", text + "."]
 
 
 def format_summary(result: StudyResult) -> str:
@@ -454,6 +476,7 @@ def study_json(result: StudyResult) -> dict[str, Any]:
             "best": c.tune.best_values,
             "best_value": c.tune.best_value,
             "tunability": c.tune.tunability,
+            "on_edge": c.tune.on_edge,
             "trials": list(c.tune.trials),
             "runs": [str(r.path) for r in c.runs],
         }

@@ -68,7 +68,7 @@ from nanoshampoo.evidence.tune_report import (
     TrialResult,
     TuneResult,
     best_trial,
-    edge_warnings,
+    edge_keys,
     trial_tunability,
     write_tuning,
 )
@@ -507,7 +507,7 @@ class TuneSession:
             best_number=best.number,
             best_values=best.params,
             best_value=best.value,
-            edge_warnings=tuple(edge_warnings(config.searches, results, best)),
+            on_edge=tuple(edge_keys(config.searches, results, best)),
             tunability=trial_tunability(results),
             confirm_finals=confirm,
             confirm_logs=confirm_logs,

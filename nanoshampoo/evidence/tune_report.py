@@ -4,7 +4,8 @@ Every trial of the study is listed (a surplus trial, failed before it trained, i
 point, its state (complete, pruned, failed, running), its value (the mean final validation
 loss over its seeds that did not diverge), each seed's final loss and each rung's branch loss.
 Then the best complete trial, a warning for every key whose best value lies on the edge of
-what was tried (a grid's first or last value, a range's smallest or largest sample), and the
+what was tried (a numeric grid's smallest or largest value, a range's smallest or largest
+sample), and the
 tunability: the share of the trials within ``TUNABILITY_TOLERANCE`` (1 %) of the best value
 (a pruned or failed trial is not; ``setup_scores.tunability``), with their count. A flat
 optimum (a high share) means the setup is easy to tune at this budget; a low share means few
@@ -73,13 +74,23 @@ class TuneResult:
     best_number: int
     best_values: dict[str, str]
     best_value: float
-    edge_warnings: tuple[str, ...]
+    # The searched keys whose best value lies on the edge of the values tried (edge_keys).
+    on_edge: tuple[str, ...]
     tunability: Tunability
     confirm_finals: tuple[float, ...] = ()
     # The JSONL log of each confirming seed's run ("" where it has none: it diverged or failed).
     confirm_logs: tuple[str, ...] = ()
     preset_file: str = ""
     typed_values: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def edge_warnings(self) -> tuple[str, ...]:
+        """One warning per key of :attr:`on_edge`, naming its best value."""
+        return tuple(
+            f"{key} = {self.best_values[key]} is on the edge of the values tried: the optimum "
+            "may lie beyond it; widen the search"
+            for key in self.on_edge
+        )
 
 
 def best_trial(trials: Sequence[TrialResult]) -> TrialResult | None:
@@ -99,24 +110,26 @@ def trial_tunability(trials: Sequence[TrialResult]) -> Tunability:
     return tunability(list(by_slot.values()), TUNABILITY_TOLERANCE)
 
 
-def edge_warnings(
+def edge_keys(
     searches: Sequence[Search], trials: Sequence[TrialResult], best: TrialResult
 ) -> list[str]:
-    """A warning per key whose best value lies on the edge of what was tried."""
-    warnings = []
+    """The searched keys whose best value is the lowest or the highest number tried (a numeric
+    grid's smallest or largest value, a range's smallest or largest sample), when more than one
+    was tried. A grid of names (not numbers) has no edge."""
+    keys = []
     for s in searches:
         value = best.params[s.key]
         if s.is_range:
             tried = sorted({float(t.params[s.key]) for t in trials if s.key in t.params})
-            on_edge = len(tried) > 1 and float(value) in (tried[0], tried[-1])
+            number = float(value)
+        elif all(isinstance(c, float) for c in s.choices):
+            tried = sorted(s.choices)
+            number = s.choices[s.values.index(value)]
         else:
-            on_edge = len(s.values) > 1 and value in (s.values[0], s.values[-1])
-        if on_edge:
-            warnings.append(
-                f"{s.key} = {value} is on the edge of the values tried: the optimum "
-                "may lie beyond it; widen the search"
-            )
-    return warnings
+            continue
+        if len(tried) > 1 and number in (tried[0], tried[-1]):
+            keys.append(s.key)
+    return keys
 
 
 def tuned_preset_text(result: TuneResult) -> str:

@@ -193,6 +193,11 @@ def test_a_study_end_to_end_reports_what_its_runs_logged(tmp_path: Path) -> None
         best = min(v for v in values if v is not None)
         within = sum(v is not None and v <= best * 1.01 for v in values)
         assert (tune["tunability"]["within"], tune["tunability"]["trials"]) == (within, 2)
+    # A grid of two values has its best on an edge, and the report says what that means.
+    assert [tune["on_edge"] for tune in data["tunes"]] == [["adamw.lr"], ["muon.lr"]]
+    report = (out / "study.md").read_text()
+    assert "| best on the search's edge |" in report
+    assert "the baseline (adamw) is on an edge at gpt-0.2m, so every speedup there" in report
     # Run again: everything is read back from the store, nothing trains.
     before = sorted(out.rglob("*.jsonl"))
     assert main(["study", "--study", str(path), "--out-dir", str(out), "--resamples", "200"]) == 0

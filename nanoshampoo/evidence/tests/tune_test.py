@@ -25,7 +25,7 @@ from nanoshampoo.cli import main
 from nanoshampoo.evidence.compare import Setup, resolve_train_config
 from nanoshampoo.evidence.logs import read_run
 from nanoshampoo.evidence.tune import TuneConfig, parse_search, tune
-from nanoshampoo.evidence.tune_report import TuneResult
+from nanoshampoo.evidence.tune_report import TrialResult, TuneResult, edge_keys
 
 
 def config(tmp_path: Path, *searches: str, **overrides: Any) -> TuneConfig:
@@ -116,6 +116,36 @@ def test_a_grid_trains_every_point_once_at_the_same_budget_and_picks_the_best(
         "Tunability: 2 of 8 trials (25 %) are within 1 % of the best"
         in (tmp_path / "tune" / "tuning.md").read_text()
     )
+
+
+@pytest.mark.parametrize(
+    "searches, best, expected",
+    [
+        # A numeric grid's edges are its smallest and largest values, in any order given.
+        (["muon.lr=0.001,0.004,0.002"], {"muon.lr": "0.004"}, ["muon.lr"]),
+        (["muon.lr=0.02,0.005,0.04"], {"muon.lr": "0.02"}, []),
+        (["muon.lr=0.02,0.005,0.04"], {"muon.lr": "0.005"}, ["muon.lr"]),
+        # A grid of names has no edge; a single value is no search.
+        (["soap.rank_deficient_stability=none,pseudo-inverse"], None, []),
+        (["muon.lr=0.01"], {"muon.lr": "0.01"}, []),
+        # A range: the smallest or largest sample of the trials.
+        (["muon.lr=log:0.001:0.1"], {"muon.lr": "0.05"}, []),
+        (["muon.lr=log:0.001:0.1"], {"muon.lr": "0.09"}, ["muon.lr"]),
+    ],
+)
+def test_the_edge_is_the_smallest_or_largest_number_tried(
+    searches: list[str], best: dict[str, str] | None, expected: list[str]
+) -> None:
+    parsed = [parse_search(text) for text in searches]
+    if best is None:
+        best = {parsed[0].key: parsed[0].values[0]}
+    samples = ("0.002", "0.05", "0.09")
+    trials = [
+        TrialResult(i, f"t{i:03d}", "complete", {s.key: v for s in parsed}, 1.0)
+        for i, v in enumerate(samples if parsed[0].is_range else parsed[0].values)
+    ]
+    best_trial = TrialResult(99, "t099", "complete", best, 0.5)
+    assert edge_keys(parsed, [*trials, best_trial], best_trial) == expected
 
 
 def test_a_best_value_on_the_grids_edge_is_warned_about(tmp_path: Path) -> None:
