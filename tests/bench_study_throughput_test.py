@@ -36,6 +36,7 @@ def test_the_slice_is_the_embedded_study_narrowed(tmp_path: Path) -> None:
     narrowed, embedded = load_definition(str(path)), load_definition("cpu")
     assert narrowed.sizes == ("gpt-0.2m",) and narrowed.seeds == 2
     assert narrowed.budgets == embedded.budgets and narrowed.baseline == embedded.baseline
+    assert narrowed.halving == embedded.halving
     flags = list(embedded.train_args)
     flags[flags.index("--num-iterations") + 1] = "32"
     assert list(narrowed.train_args) == flags
