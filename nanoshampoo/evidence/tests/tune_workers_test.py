@@ -64,6 +64,8 @@ def test_synchronous_halving_retries_a_killed_continuation_from_its_pause(tmp_pa
                     if t.state == optuna.trial.TrialState.RUNNING
                     and t.user_attrs.get("segment") == 2
                     and "worker" in t.user_attrs
+                    # A new trial has its attributes before its point: wait for both.
+                    and t.params
                 ),
                 None,
             )
@@ -82,11 +84,14 @@ def test_synchronous_halving_retries_a_killed_continuation_from_its_pause(tmp_pa
                 worker.kill()
                 worker.wait()
     trials = optuna.load_study(study_name="halving", storage=url).get_trials()
+    # The killed trial as the store keeps it (the snapshot above was taken while it started).
+    (killed_trial,) = [t for t in trials if t.number == victim.number]
     (retry,) = [t for t in trials if t.system_attrs.get("failed_trial") == victim.number]
-    assert retry.state == optuna.trial.TrialState.COMPLETE and retry.params == victim.params
-    assert (
-        retry.user_attrs["segment"] == 2 and retry.user_attrs["slot"] == victim.user_attrs["slot"]
-    )
+    assert killed_trial.state == optuna.trial.TrialState.FAIL
+    assert retry.state == optuna.trial.TrialState.COMPLETE
+    assert retry.params == killed_trial.params
+    assert retry.user_attrs["segment"] == 2
+    assert retry.user_attrs["slot"] == killed_trial.user_attrs["slot"]
     assert retry.params == {"muon.lr": 0.02} and retry.value == fake_loss(0.02, 0.0, 0)
     logs = sorted((tmp_path / "tune" / "trials" / "halving").glob("*/*.jsonl"))
     assert len(logs) == len(lrs)  # one run per point, however often it paused or was retried
