@@ -40,7 +40,6 @@ from nanoshampoo.evidence.tune_space import HALVINGS
 
 STUDY_DIR = Path(__file__).parent / "studies"
 _TOP_KEYS = {"baseline", "sizes", "budgets", "seeds", "train_args", "setups", "halving"}
-
 _SETUP_KEYS = {"preset", "search", "trials"}
 
 

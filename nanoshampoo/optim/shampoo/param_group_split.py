@@ -144,14 +144,8 @@ def _owner_ranks(
     size = _owner_space(config, entries)
     if size is None:
         return None
-    metas = [
-        [
-            torch.empty(tuple(_tensor(p).shape), dtype=_tensor(p).dtype, device="meta")
-            for p in bucket
-        ]
-        for bucket in buckets
-    ]
-    return owner_ranks_by_bucket(metas, size, config.load_balancing_config)
+    tensors = [[_tensor(p) for p in bucket] for bucket in buckets]
+    return owner_ranks_by_bucket(tensors, size, config.load_balancing_config)
 
 
 def _should_split(config: object) -> bool:

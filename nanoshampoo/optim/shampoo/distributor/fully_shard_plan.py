@@ -136,11 +136,6 @@ def sharded_params(
     return result, mesh
 
 
-def whole_param(param: torch.Tensor) -> torch.Tensor:
-    """A meta tensor of ``param``'s global shape and dtype: what a cost model reads of it."""
-    return torch.empty(tuple(param.shape), dtype=param.dtype, device="meta")
-
-
 def check_owner_ranks(owner_ranks: object, num_params: int, num_ranks: int) -> list[int]:
     """``owner_ranks`` (a group's ``ROUND_ROBIN`` owner map) as a list, checked.
 
@@ -181,8 +176,8 @@ def round_robin_owner_map(
     unsplit group, :func:`owner_ranks_by_bucket` of the whole parameters as one bucket."""
     if owner_ranks is not None:
         return check_owner_ranks(owner_ranks, len(sharded), num_shards)
-    # Whole parameters are assigned, so the cost models see their full shapes.
-    buckets = [[whole_param(p.param) for p in sharded]]
+    # Whole parameters are assigned, so the cost models see their full (global) shapes.
+    buckets = [[p.param for p in sharded]]
     return owner_ranks_by_bucket(buckets, num_shards, load_balancing_config)[0]
 
 

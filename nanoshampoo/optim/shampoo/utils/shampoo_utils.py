@@ -432,9 +432,10 @@ def owner_ranks_by_bucket(
     load of a rank counts the tensors it got in the earlier buckets too. So a single bucket gets
     :func:`distribute_buffer_sizes`' ranks, every bucket of at least ``group_size`` tensors
     tends to reach every rank, and over all buckets the ranks' loads stay within the largest
-    tensor's load of each other. A load is ``load_balancing_config.cost_model.cost(tensor)``
-    (default: its bytes rounded up to 64); the models read shapes and dtypes only, so meta
-    tensors work. The ``ROUND_ROBIN`` owner map of FSDP2/HSDP (``param_group_split.py``).
+    tensor's load of each other. A load is ``load_balancing_config.cost_model.cost`` of a meta
+    tensor of the tensor's shape and dtype (default: its bytes rounded up to 64): a ``DTensor``
+    costs as its whole (global) shape, whatever its device. The ``ROUND_ROBIN`` owner map of
+    FSDP2/HSDP (``param_group_split.py``, ``distributor/fully_shard_plan.py``).
 
     Args:
         buckets: per bucket, its tensors (any shapes, 0-D and empty included).
@@ -455,7 +456,10 @@ def owner_ranks_by_bucket(
     carried: list[float] = [0] * group_size
     result = []
     for bucket in buckets:
-        loads = [float(cost_model.cost(t)) for t in bucket]
+        loads = [
+            float(cost_model.cost(torch.empty(tuple(t.shape), dtype=t.dtype, device="meta")))
+            for t in bucket
+        ]
         order = sorted(range(len(loads)), key=lambda i: (-loads[i], i))
         ranks, carried = _longest_first_assignment(loads, group_size, order, carried)
         result.append(ranks)
