@@ -48,7 +48,6 @@ from bench_facts import git_commit
 
 from nanoshampoo.evidence.compare import MANIFEST_SUFFIX
 from nanoshampoo.evidence.logs import read_run
-from nanoshampoo.evidence.study_definition import load_definition
 from nanoshampoo.evidence.tune_trial import PRUNED_SUFFIX
 from nanoshampoo.io_utils import atomic_output
 from nanoshampoo.train.machine import cpu_name
@@ -57,7 +56,8 @@ from nanoshampoo.train.probe_cache import CACHE_VAR
 
 BOOST_NICE = -15
 MODES = ("engine", "baseline")
-# The embedded study's (nanoshampoo/evidence/studies/cpu.toml) searches, as its grid.
+# A 2-point learning-rate grid per setup, values from the embedded study's
+# (nanoshampoo/evidence/studies/cpu.toml) searches.
 SEARCHES = {
     "adamw": ("tiny-adamw", "adamw.lr=0.002,0.004"),
     "muon": ("tiny-muon", "muon.lr=0.01,0.02"),
@@ -67,8 +67,12 @@ SEARCHES = {
 
 
 def slice_definition(setups: Sequence[str], size: str, seeds: int, steps: int) -> str:
-    """The reduced study as a definition file: the embedded study's flags, budgets and
-    halving, one size, ``steps`` steps, one searched key (2 grid points) per setup."""
+    """The reduced study as a definition file: the embedded study's flags and budgets, one
+    size, ``steps`` steps, one searched key (2 grid points) per setup, asynchronous halving.
+
+    Asynchronous, not the embedded study's synchronous halving: this bench sums whole runs,
+    and a synchronously halved trial is paused at its rung and continued by another process,
+    so its phases are split over segments that no single run record holds."""
     flags = [
         "--num-iterations", str(steps), "--threads", "1", "--autocast", "off",
         "--compile", "false", "--progress", "false", "--save-final-checkpoint", "false",
@@ -80,7 +84,7 @@ def slice_definition(setups: Sequence[str], size: str, seeds: int, steps: int) -
         "budgets = [0.125, 0.25, 0.5, 1.0]",
         f"seeds = {seeds}",
         f"train_args = {json.dumps(flags)}",
-        f'halving = "{load_definition("cpu").halving}"',
+        'halving = "async"',
     ]
     for name in setups:
         preset, search = SEARCHES[name]

@@ -14,7 +14,12 @@ counted and left out of every mean, as in :mod:`nanoshampoo.evidence.stats`.
    "> D_max/D" is known (``"above"``), above L(D_min) only "< D_min/D" (``"below"``); the
    curve's D_eff/D is kept as ``extrapolated`` but is never the value. A cell whose every seed
    diverged has kind ``"diverged"``.
-3. Interval (:func:`estimate_speedups`): a percentile bootstrap over seeds. Each resample draws
+3. Fit check (:func:`check_fit`): the lack-of-fit F-test. Each residual in standard errors of
+   its mean, z_j = r_j / (s/√n_j) with s the seeds' pooled std, and F = Σ z_j² / (k − 3) on
+   (k − 3, N − k) degrees of freedom with its p-value. A small p says the curve misses the
+   points by more than the seeds' noise; the bootstrap below counts that noise only, not the
+   power law's misfit.
+4. Interval (:func:`estimate_speedups`): a percentile bootstrap over seeds. Each resample draws
    with replacement the baseline's seeds at every budget and each setup's seeds at each budget,
    refits the baseline and recomputes every speedup of that size. A resample's speedup beyond
    the fitted range is censored at the bound it crossed (D_max/D or D_min/D) and counted, so a
@@ -44,6 +49,7 @@ from typing import Literal
 
 import numpy as np
 import scipy.optimize
+import scipy.stats
 
 from nanoshampoo.evidence.stats import Comparison, welch_compare
 from nanoshampoo.validation import is_int, is_real
@@ -277,6 +283,59 @@ def _baseline_cells(
     return dict(sorted(found.items()))
 
 
+@dataclass(frozen=True)
+class FitCheck:
+    """How well one size's baseline fit describes its own points, measured in seed noise.
+
+    The lack-of-fit F-test of a curve fitted to replicated points: with ``n_j`` finite seeds at
+    budget j, k budgets and ``N = Σ n_j`` runs, the pure-error variance is the seeds' pooled
+    variance ``s² = Σ_j Σ_i (y_ij − ȳ_j)² / (N − k)``, ``standard_errors[j] = s/√n_j`` and
+    ``z[j] = residuals[j] / standard_errors[j]``. ``f_statistic = Σ_j z_j² / (k − 3)`` (three
+    fitted parameters) on ``dof = (k − 3, N − k)``, ``p_value`` its upper tail. Pooling over
+    budgets, rather than one std per budget, is what keeps the test honest at three seeds: a
+    3-seed std is too noisy to divide by. The statistic and its p are NaN (and ``z`` entries NaN)
+    when s is not > 0 or either dof is 0. ``floor_on_bound``: the fitted floor c sits at its
+    lower bound 0, so these budgets do not determine a floor and the fit is a pure power law.
+    """
+
+    size: str
+    standard_errors: tuple[float, ...]
+    z: tuple[float, ...]
+    f_statistic: float
+    dof: tuple[int, int]
+    p_value: float
+    floor_on_bound: bool
+
+
+# c within this fraction of the smallest mean loss above 0 counts as on its bound (the solver
+# stops at the bound up to its tolerance).
+_FLOOR_BOUND_RTOL = 1e-6
+
+
+def check_fit(fit: BaselineFit, cells: dict[int, CellLosses]) -> FitCheck:
+    """:class:`FitCheck` of ``fit`` against the baseline's runs ``cells`` (keyed by tokens,
+    the budgets of ``fit``)."""
+    runs = [cells[tokens].losses for tokens in fit.tokens]
+    dof = (len(runs) - 3, sum(r.size for r in runs) - len(runs))
+    pure_error = math.fsum(float(((r - r.mean()) ** 2).sum()) for r in runs)
+    sigma = math.sqrt(pure_error / dof[1]) if dof[1] > 0 else math.nan
+    errors = tuple(sigma / math.sqrt(r.size) for r in runs)
+    z = tuple(res / e if e > 0 else math.nan for res, e in zip(fit.residuals, errors))
+    f_statistic, p_value = math.nan, math.nan
+    if dof[0] > 0 and all(math.isfinite(v) for v in z):
+        f_statistic = math.fsum(v * v for v in z) / dof[0]
+        p_value = float(scipy.stats.f.sf(f_statistic, *dof))
+    return FitCheck(
+        size=fit.size,
+        standard_errors=errors,
+        z=z,
+        f_statistic=f_statistic,
+        dof=dof,
+        p_value=p_value,
+        floor_on_bound=fit.c <= _FLOOR_BOUND_RTOL * min(fit.mean_losses),
+    )
+
+
 def fit_baseline(observations: Sequence[Observation], baseline: str, size: str) -> BaselineFit:
     """:func:`fit_power_law` of ``baseline``'s seed-mean final losses at ``size``."""
     cells = _baseline_cells(group_observations(observations), baseline, size)
@@ -357,6 +416,7 @@ class ScalingStudy:
 
     Sizes and setups keep the order in which they first appear in the observations; budgets
     ascend. ``seed`` seeds the one ``numpy.random.Generator`` behind every interval.
+    ``fit_checks[i]`` is :func:`check_fit` of ``fits[i]``.
     """
 
     baseline: str
@@ -365,6 +425,7 @@ class ScalingStudy:
     resamples: int
     confidence: float
     seed: int
+    fit_checks: tuple[FitCheck, ...] = ()
 
     def fit(self, size: str) -> BaselineFit:
         """The baseline fit of ``size`` (``KeyError`` if there is none)."""
@@ -397,12 +458,13 @@ def estimate_speedups(
         raise ValueError(f"confidence: must be in (0, 1), got {confidence!r}")
     cells = group_observations(observations)
     rng = np.random.default_rng(seed)
-    fits, speedups = [], []
+    fits, checks, speedups = [], [], []
     setups = list(dict.fromkeys(setup for setup, _, _ in cells))
     for size in dict.fromkeys(size for _, size, _ in cells):
         base = _baseline_cells(cells, baseline, size)
         fit = fit_power_law(size, list(base), [float(c.losses.mean()) for c in base.values()])
         fits.append(fit)
+        checks.append(check_fit(fit, base))
         others = sorted(
             ((key, cell) for key, cell in cells.items() if key[1] == size and key[0] != baseline),
             key=lambda item: (setups.index(item[0][0]), item[0][2]),
@@ -417,6 +479,7 @@ def estimate_speedups(
         resamples=resamples,
         confidence=float(confidence),
         seed=seed,
+        fit_checks=tuple(checks),
     )
 
 

@@ -8,8 +8,9 @@ column). A cell reads
 result, the curve's extrapolation is labelled as one), ``< 0.50× [< 0.50, 0.61]`` (above the
 range), or ``diverged (3 of 3)``; an interval end written ``> x``/``< x`` is a bound too, and
 ``[all 1000 resamples above]`` says every resample fell beyond the range. The baseline's fits
-follow (a, α, c and each budget's residual), then the performance profile's scores when one is
-given.
+follow (a, α, c, each budget's residual, raw and in standard errors of its mean, and the
+lack-of-fit F-test), with a sentence for each fit that misses its points beyond seed noise or
+has no floor, then the performance profile's scores when one is given.
 
 The JSON form holds the same: the study's dataclasses (non-finite numbers as ``null``), N and
 D/N per size, and the profile.
@@ -26,7 +27,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from nanoshampoo.evidence.report import json_ready
-from nanoshampoo.evidence.scaling import ScalingStudy, Speedup, SpeedupInterval
+from nanoshampoo.evidence.scaling import FitCheck, ScalingStudy, Speedup, SpeedupInterval
 from nanoshampoo.evidence.setup_scores import PerformanceProfile
 from nanoshampoo.evidence.tables import format_markdown_table
 from nanoshampoo.validation import is_int
@@ -115,6 +116,7 @@ def format_study_markdown(
     blocks += [
         f"### Baseline fits: L(D) = a·D^(−α) + c to {study.baseline}'s mean final losses",
         "\n".join(format_markdown_table(_fit_rows(study))),
+        *fit_warnings(study),
     ]
     if profile is not None:
         blocks += [
@@ -145,9 +147,26 @@ def _speedup_rows(study: ScalingStudy, size: str, params: int) -> list[list[str]
     return rows
 
 
+FIT_HEADER = [
+    "size",
+    "budgets",
+    "a",
+    "α",
+    "c",
+    "L(D_min) − c",
+    "residuals (mean − fit)",
+    "residuals / std. error",
+    "lack of fit: F (dof), p",
+]
+# Below this p the curve misses the baseline's points by more than its seeds' noise.
+MISFIT_P = 0.05
+
+
 def _fit_rows(study: ScalingStudy) -> list[list[str]]:
-    rows = [["size", "budgets", "a", "α", "c", "L(D_min) − c", "residuals (mean − fit)"]]
+    checks = {check.size: check for check in study.fit_checks}
+    rows = [list(FIT_HEADER)]
     for fit in study.fits:
+        check = checks.get(fit.size)
         rows.append(
             [
                 fit.size,
@@ -157,9 +176,41 @@ def _fit_rows(study: ScalingStudy) -> list[list[str]]:
                 f"{fit.c:.4f}",
                 f"{fit.scale:.4f}",
                 ", ".join(f"{r:+.5f}" for r in fit.residuals),
+                "–" if check is None else ", ".join(f"{z:+.1f}" for z in check.z),
+                "–" if check is None else _format_f_test(check),
             ]
         )
     return rows
+
+
+def _format_f_test(check: FitCheck) -> str:
+    if not math.isfinite(check.f_statistic):
+        return "– (no seed noise to compare)" if check.dof[0] > 0 else "– (dof 0)"
+    return f"{check.f_statistic:.3g} ({check.dof[0]}, {check.dof[1]}), p {check.p_value:.2g}"
+
+
+def fit_warnings(study: ScalingStudy) -> list[str]:
+    """One sentence per size whose fit misses its points beyond seed noise (the lack-of-fit
+    F-test's p below ``MISFIT_P``) or whose floor c sits on its bound 0."""
+    found = []
+    for check in study.fit_checks:
+        if math.isfinite(check.p_value) and check.p_value < MISFIT_P:
+            worst = max(abs(z) for z in check.z)
+            found.append(
+                f"**{check.size}: the fitted curve misses {study.baseline}'s points beyond seed "
+                f"noise** (lack-of-fit F {check.f_statistic:.3g} on {check.dof} dof, "
+                f"p {check.p_value:.2g}; "
+                f"the worst point is {worst:.1f} standard errors off). A speedup read between "
+                "budgets rests on the power law's shape there, and its interval counts the "
+                "seeds' noise only, not this misfit."
+            )
+        if check.floor_on_bound:
+            found.append(
+                f"{check.size}: the fit's floor c is at its bound 0: these budgets do not "
+                "determine a floor, so the curve is a pure power law and its extrapolations "
+                "beyond the largest budget are the least certain."
+            )
+    return found
 
 
 def _profile_rows(profile: PerformanceProfile) -> list[list[str]]:

@@ -8,8 +8,9 @@ import math
 import pytest
 from scaling_fixtures import PARAMS, study_observations
 
-from nanoshampoo.evidence.scaling import Speedup, SpeedupInterval, estimate_speedups
+from nanoshampoo.evidence.scaling import Observation, Speedup, SpeedupInterval, estimate_speedups
 from nanoshampoo.evidence.scaling_report import (
+    fit_warnings,
     format_count,
     format_speedup,
     format_study_markdown,
@@ -181,13 +182,25 @@ def test_the_markdown_gives_the_fits_and_the_profile(study_and_profile) -> None:
     study, profile = study_and_profile
     text = format_study_markdown(study, PARAMS, profile)
     fits, scores = tables(text)[2:]
-    assert fits[0] == ["size", "budgets", "a", "α", "c", "L(D_min) − c", "residuals (mean − fit)"]
-    for row, fit in zip(fits[1:], study.fits):
+    assert fits[0] == [
+        "size",
+        "budgets",
+        "a",
+        "α",
+        "c",
+        "L(D_min) − c",
+        "residuals (mean − fit)",
+        "residuals / std. error",
+        "lack of fit: F (dof), p",
+    ]
+    for row, fit, check in zip(fits[1:], study.fits, study.fit_checks):
         assert row[0] == fit.size
         assert float(row[2]) == pytest.approx(fit.a, rel=1e-3)
         assert float(row[3]) == pytest.approx(fit.alpha, abs=1e-4)
         assert float(row[4]) == pytest.approx(fit.c, abs=1e-4)
         assert [float(r) for r in row[6].split(", ")] == pytest.approx(fit.residuals, abs=1e-5)
+        assert [float(z) for z in row[7].split(", ")] == pytest.approx(check.z, abs=0.05)
+        assert row[8] == f"{check.f_statistic:.3g} (1, 8), p {check.p_value:.2g}"
     assert scores[0] == ["setup", "score", "best (r = 1)", "within τ_max"]
     for row in scores[1:]:
         assert float(row[1]) == pytest.approx(profile.scores[row[0]], abs=5e-4)
@@ -236,3 +249,24 @@ def test_parameter_counts_are_required_for_every_size(study_and_profile, params,
     for render in (format_study_markdown, study_to_dict):
         with pytest.raises(ValueError, match=message):
             render(study, params)
+
+
+def test_a_misfit_and_a_floorless_fit_are_said_in_words(study_and_profile) -> None:
+    study, _ = study_and_profile
+    # The fixture's law is a power law with a floor and small noise: nothing to say.
+    assert all(c.p_value >= 0.05 and not c.floor_on_bound for c in study.fit_checks)
+    assert fit_warnings(study) == []
+    means = {32_768: 6.5833, 65_536: 6.1632, 131_072: 5.4814, 262_144: 4.9809}
+    obs = [
+        Observation("adamw", "z", t, seed, m + shift)
+        for t, m in means.items()
+        for seed, shift in enumerate((-0.01, 0.0, 0.01))
+    ]
+    bad = estimate_speedups(obs, "adamw", resamples=0)
+    check = bad.fit_checks[0]
+    misfit, floorless = fit_warnings(bad)
+    assert misfit.startswith("**z: the fitted curve misses adamw's points beyond seed noise**")
+    assert f"p {check.p_value:.2g}" in misfit
+    assert f"{max(abs(v) for v in check.z):.1f} standard errors off" in misfit
+    assert floorless.startswith("z: the fit's floor c is at its bound 0")
+    assert misfit in format_study_markdown(bad, {"z": 1000})

@@ -7,12 +7,14 @@ import math
 
 import numpy as np
 import pytest
+import scipy.integrate
 from scaling_fixtures import LAWS, SPEEDUPS, study_observations, true_loss
 
 from nanoshampoo.evidence.scaling import (
     BaselineFit,
     Observation,
     budget_comparisons,
+    check_fit,
     estimate_speedups,
     fit_baseline,
     fit_power_law,
@@ -389,3 +391,83 @@ def test_one_budget_comparisons_are_welchs() -> None:
         assert c.comparison.difference == pytest.approx(
             true_loss(c.size, SPEEDUPS[setup] * c.tokens) - true_loss(c.size, c.tokens), abs=0.02
         )
+
+
+def f_upper_tail(x: float, d1: int, d2: int) -> float:
+    """P(F > x) for F(d1, d2), integrating the density written from its definition."""
+    log_norm = (
+        math.lgamma((d1 + d2) / 2)
+        - math.lgamma(d1 / 2)
+        - math.lgamma(d2 / 2)
+        + (d1 / 2) * math.log(d1 / d2)
+    )
+
+    def density(t: float) -> float:
+        return math.exp(
+            log_norm + (d1 / 2 - 1) * math.log(t) - ((d1 + d2) / 2) * math.log1p(d1 * t / d2)
+        )
+
+    value, _ = scipy.integrate.quad(density, x, math.inf, epsabs=0.0, epsrel=1e-12, limit=200)
+    return value
+
+
+def reference_fit_check(fit: BaselineFit, runs: dict[int, list[float]]) -> tuple:
+    """(standard errors, z, F, dof, p) of the lack-of-fit test, with plain loops."""
+    pure_error, total = 0.0, 0
+    for tokens in fit.tokens:
+        losses = runs[tokens]
+        mean = sum(losses) / len(losses)
+        pure_error += sum((v - mean) ** 2 for v in losses)
+        total += len(losses)
+    dof = (len(fit.tokens) - 3, total - len(fit.tokens))
+    sigma = math.sqrt(pure_error / dof[1])
+    errors = [sigma / math.sqrt(len(runs[t])) for t in fit.tokens]
+    z = [r / e for r, e in zip(fit.residuals, errors)]
+    f = sum(v * v for v in z) / dof[0]
+    return errors, z, f, dof, f_upper_tail(f, *dof)
+
+
+@pytest.mark.parametrize("budgets, seeds", [(4, 3), (5, 3), (6, 2)])
+def test_the_fit_check_is_the_lack_of_fit_test(budgets: int, seeds: int) -> None:
+    obs = study_observations(seeds=seeds, noise=0.01, budgets=budgets)
+    cells = {t: c for (s, z, t), c in group_observations(obs).items() if s == "adamw" and z == "s"}
+    fit = fit_baseline(obs, "adamw", "s")
+    check = check_fit(fit, cells)
+    runs = {
+        t: [o.loss for o in obs if (o.setup, o.size, o.tokens) == ("adamw", "s", t)] for t in cells
+    }
+    errors, z, f, dof, p = reference_fit_check(fit, runs)
+    assert check.standard_errors == pytest.approx(errors, rel=1e-12)
+    assert check.z == pytest.approx(z, rel=1e-9)
+    assert check.dof == dof
+    assert check.f_statistic == pytest.approx(f, rel=1e-9)
+    assert check.p_value == pytest.approx(p, rel=1e-7)
+    # The fixture's law has a floor of 2.95 that these budgets resolve.
+    assert not check.floor_on_bound
+    assert estimate_speedups(obs, "adamw", resamples=0).fit_checks[0] == check
+
+
+def test_a_curve_that_misses_its_points_fails_the_check() -> None:
+    # The embedded study's adamw means at gpt-0.2m, 16-128 steps, with a seed std of 0.01:
+    # no a·D^(−α) + c with c >= 0 passes within it, and c goes to its bound.
+    means = {32_768: 6.5833, 65_536: 6.1632, 131_072: 5.4814, 262_144: 4.9809}
+    obs = [
+        Observation("adamw", "z", t, seed, m + shift)
+        for t, m in means.items()
+        for seed, shift in enumerate((-0.01, 0.0, 0.01))
+    ]
+    check = estimate_speedups(obs, "adamw", resamples=0).fit_checks[0]
+    assert check.floor_on_bound
+    assert check.p_value < 1e-6 and max(abs(v) for v in check.z) > 5
+
+
+def test_the_fit_check_has_no_verdict_without_seed_noise() -> None:
+    obs = [Observation("adamw", "s", t, 0, true_loss("s", t)) for t in BUDGETS[:4]]
+    obs += [Observation("adamw", "s", t, 1, true_loss("s", t)) for t in BUDGETS[:4]]
+    check = estimate_speedups(obs, "adamw", resamples=0).fit_checks[0]
+    assert check.standard_errors == (0.0,) * 4 and check.dof == (1, 4)
+    assert all(math.isnan(v) for v in (*check.z, check.f_statistic, check.p_value))
+    one_seed = [o for o in obs if o.seed == 0]
+    check = estimate_speedups(one_seed, "adamw", resamples=0).fit_checks[0]
+    assert check.dof == (1, 0) and all(math.isnan(v) for v in check.standard_errors)
+    assert math.isnan(check.p_value)
