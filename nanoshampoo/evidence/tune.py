@@ -9,7 +9,9 @@ scored by its mean final validation loss (diverged seeds are left out; a trial w
 diverged fails). With rungs, successive halving keeps only the best ``1/eta`` of the trials at
 each rung by their branch losses: synchronously by default (``halving="sync"``, every trial
 paused at each rung until the rung is complete: ``nanoshampoo.evidence.tune_halving``), or
-asynchronously (``"async"``: Optuna's pruner judges a trial against those already at its rung).
+asynchronously (``"async"``: Optuna's pruner judges a trial against those already at its rung),
+or not at all (``"off"``: every trial trains to the end and records its branch losses at the
+rungs, the full grid's curves).
 The best complete trial is then trained up to
 ``confirm_seeds`` seeds (a second study, ``STUDY.confirm-N``, so workers share that too).
 
@@ -177,7 +179,8 @@ class TuneConfig:
         if self.halving not in HALVINGS:
             raise ValueError(f"halving: {self.halving!r} is not one of {', '.join(HALVINGS)}")
         if self.rungs:
-            reduction_factor(self.rungs)
+            if self.halving != "off":  # nothing halves otherwise, so any rungs do
+                reduction_factor(self.rungs)
             if "decay_branches" in given:
                 raise ValueError("train flags: --decay-branches is set by tune from --rungs")
         storage_url(self.storage, self.out_dir)
@@ -266,6 +269,8 @@ class TuneSession:
                 float(resolved["cooldown_frac"]),
                 int(resolved["warmup_steps"]),
             )
+        elif config.halving == "off":
+            self.pruner = optuna.pruners.NopPruner()
         else:
             self.pruner = make_pruner(config.rungs, self.num_iterations)
         if config.rungs:  # the trainer must know the flags before a trial asks for branches
@@ -296,12 +301,14 @@ class TuneSession:
             )
         counts = study_counts(self._study.get_trials(deepcopy=False), config.budget)
         shape = f"grid {' x '.join(str(len(s.values)) for s in config.searches)}" if grid else "TPE"
-        rungs = (
-            f", rungs {','.join(f'{f:g}' for f in config.rungs)} ({config.halving}hronous "
-            f"successive halving, eta {reduction_factor(config.rungs)})"
-            if config.rungs
-            else ""
-        )
+        rungs = ""
+        if config.rungs:
+            rungs = f", rungs {','.join(f'{f:g}' for f in config.rungs)} " + (
+                "(decay branches recorded, no halving)"
+                if config.halving == "off"
+                else f"({config.halving}hronous successive halving, "
+                f"eta {reduction_factor(config.rungs)})"
+            )
         self.say(
             f"[tune] {config.setup.name}: study {config.study_name} in "
             f"{shown_url(self.url)}: {config.budget} trials ({shape}), {config.seeds} "

@@ -86,7 +86,8 @@ def add_tune_command(commands: argparse._SubParsersAction) -> None:  # type: ign
         choices=HALVINGS,
         default="sync",
         help="sync: every trial to each rung, paused there, the best 1/eta continued; "
-        "async: Optuna's pruner judges each trial against those already at its rung",
+        "async: Optuna's pruner judges each trial against those already at its rung; "
+        "off: no pruning, every trial records its branches at the rungs",
     )
     parser.add_argument(
         "--storage",

@@ -32,8 +32,9 @@ from typing import Any
 from nanoshampoo.evidence.compare import ConfigResolver
 
 # How successive halving decides at the rungs (``tune --halving``, a study's ``halving``):
-# synchronously (``nanoshampoo.evidence.tune_halving``) or by Optuna's asynchronous pruner.
-HALVINGS = ("sync", "async")
+# synchronously (``nanoshampoo.evidence.tune_halving``), by Optuna's asynchronous pruner, or
+# not at all ("off": every trial trains to the end, its branches at the rungs recorded).
+HALVINGS = ("sync", "async", "off")
 
 # Train fields that set a trial's budget: equal for every trial, so never searched.
 BUDGET_FIELDS = ("num_iterations", "batch_size", "seq_len", "grad_accum_steps")

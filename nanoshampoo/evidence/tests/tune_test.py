@@ -281,6 +281,29 @@ def test_asynchronous_halving_prunes_on_decay_branches_only(
     ]
 
 
+def test_halving_off_trains_every_point_to_its_end_with_every_branch(tmp_path: Path) -> None:
+    lrs = ("0.002", "0.01", "0.03", "0.1")
+    # Rungs that no halving could use (not geometric): with halving off they are only branches.
+    lines: list[str] = []
+    result = run(
+        config(tmp_path, f"muon.lr={','.join(lrs)}", rungs=(0.25, 0.75), halving="off"), lines
+    )
+    assert {t.state for t in result.trials} == {"complete"} and len(result.trials) == len(lrs)
+    for trial in result.trials:
+        lr = float(trial.params["muon.lr"])
+        assert trial.rungs == {2: fake_loss(lr, 0.0, 0, 0.25), 6: fake_loss(lr, 0.0, 0, 0.75)}
+        assert trial.value == fake_loss(lr, 0.0, 0, 1.0)
+    assert not manifests(tmp_path / "tune", "pruned")
+    assert all(
+        flag(m["argv"], "--decay-branches") == "0.25,0.75" for m in manifests(tmp_path / "tune")
+    )
+    assert any("rungs 0.25,0.75 (decay branches recorded, no halving)" in line for line in lines)
+    best = min(lrs, key=lambda lr: fake_loss(float(lr), 0.0, 0, 1.0))
+    assert result.best_values == {"muon.lr": best}
+    with pytest.raises(ValueError, match="rungs"):
+        config(tmp_path, "muon.lr=0.01,0.02", rungs=(0.25, 0.75), halving="sync")
+
+
 def test_synchronous_halving_continues_the_best_of_each_rung_from_its_pause(
     tmp_path: Path,
 ) -> None:
