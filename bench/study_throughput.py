@@ -56,8 +56,8 @@ from nanoshampoo.train.probe_cache import CACHE_VAR
 
 BOOST_NICE = -15
 MODES = ("engine", "baseline")
-# A 2-point learning-rate grid per setup, values from the embedded study's
-# (nanoshampoo/evidence/studies/cpu.toml) searches.
+# A 2-point learning-rate grid per setup: the values of an earlier embedded study's grid, those
+# the figures in docs/results/throughput.md were measured with.
 SEARCHES = {
     "adamw": ("tiny-adamw", "adamw.lr=0.002,0.004"),
     "muon": ("tiny-muon", "muon.lr=0.01,0.02"),
