@@ -29,6 +29,7 @@ WHOLE_PROJECT = {
     "bench_train_compile_test.py",  # bench/train_compile*.py figures from logs and step times
     "bench_shampoo_floor_test.py",  # bench/shampoo_floor.py's work count and a tiny run
     "bench_study_throughput_test.py",  # bench/study_throughput.py on hand-built and real runs
+    "bench_halving_replay_test.py",  # bench/halving_replay.py against real synchronous halving
     "docs_references_test.py",  # references into docs/ and the README resolve
     "docs_flags_test.py",  # flags, commands and make targets the docs name exist
     "docs_results_test.py",  # docs/results/ holds no history and no outside path

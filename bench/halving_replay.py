@@ -1,0 +1,178 @@
+"""Benchmark: synchronous successive halving replayed on a study's full grids.
+
+A study whose tunes ran with ``halving = "off"`` (the embedded one, ``make study``) trained every
+grid point to its end, and each trial recorded its decay branches' final losses at the rungs.
+Synchronous halving (``tune --halving sync``) decides on nothing else: at each rung it keeps the
+best ``max(1, n // eta)`` of the ``n`` trials there by that rung's branch loss (ties: the lower
+slot), and a kept trial resumes its own run from its pause bit for bit (tested in
+``decay_branches_test.py`` and the tune tests). So on such a grid, the trials halving would keep,
+the point it would pick and the steps it would train follow exactly from the records, without
+training anything. This bench does that for each rung set asked, at every (size, setup) of the
+study, and compares the pick with the grid's best.
+
+Compute is counted in optimizer steps, as ``bench/pruning_vs_grid.py`` counts it from logs:
+the grid is ``N`` steps per point (no branches); a halved trial pays, per segment, the main run
+from its previous pause to the rung's fork plus that rung's branch after the fork, and the last
+segment the rest of the run, ``N - fork``. Forks come from the trainer's schedule
+(``nanoshampoo.train.branches.fork_step``) with the study's flags. The noise is the std over the
+study's seeds of the final loss at the grid's best point (its three confirm runs): a pick whose
+grid loss is within it of the best counts as the best point within seed noise.
+
+Usage:
+    python bench/halving_replay.py --study-json docs/results/study/study.json \\
+        --rungs 0.125,0.25,0.5 --rungs 0.25,0.5 --json docs/results/halving-replay.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from bench_facts import git_commit
+
+from nanoshampoo.evidence.compare import resolve_train_config
+from nanoshampoo.evidence.tune_study import reduction_factor, rung_steps
+from nanoshampoo.io_utils import atomic_output
+
+
+def replay(
+    trials: Sequence[dict[str, Any]], rung_steps_: Sequence[int], eta: int
+) -> list[list[int]]:
+    """The trial indices at each rung (``at[k]``: those that reached rung ``k``, in slot
+    order) and, last, the ones that finish the run: ``len(result) == len(rung_steps_) + 1``.
+
+    ``trials[i]["rungs"]`` maps a branch's steps (as a string) to its final loss."""
+    at = [list(range(len(trials)))]
+    for steps in rung_steps_:
+        here = at[-1]
+        ranked = sorted(here, key=lambda i: (trials[i]["rungs"][str(steps)], i))
+        at.append(sorted(ranked[: max(1, len(here) // eta)]))
+    return at
+
+
+def halved_steps(at: Sequence[Sequence[int]], forks: Sequence[int], rung_steps_: Sequence[int],
+                 num_iterations: int) -> int:  # fmt: skip
+    """Steps synchronous halving trains: segment k of each trial at rung k (main run from the
+    previous fork to fork k, then branch k past its fork), the last segment ``N - fork``."""
+    total, previous = 0, 0
+    for k, (fork, steps) in enumerate(zip(forks, rung_steps_)):
+        total += len(at[k]) * ((fork - previous) + (steps - fork))
+        previous = fork
+    return total + len(at[-1]) * (num_iterations - previous)
+
+
+def cell_result(
+    tune: dict[str, Any],
+    noise: float,
+    rungs: Sequence[float],
+    num_iterations: int,
+    forks: Sequence[int],
+) -> dict[str, Any]:
+    """One (size, setup): the grid's best, halving's pick and compute at ``rungs``."""
+    trials = sorted(tune["trials"], key=lambda t: t["number"])
+    if any(t["state"] != "complete" for t in trials):
+        raise SystemExit(
+            f"{tune['study']}: trials that did not complete; replay needs a full grid "
+            "(a study with halving off)"
+        )
+    steps = rung_steps(rungs, num_iterations)
+    at = replay(trials, steps, reduction_factor(rungs))
+    best = min(range(len(trials)), key=lambda i: (trials[i]["value"], i))
+    (pick,) = at[-1]
+    gap = trials[pick]["value"] - trials[best]["value"]
+    grid_steps = len(trials) * num_iterations
+    pruned_steps = halved_steps(at, forks, steps, num_iterations)
+    return {
+        "size": tune["size"],
+        "setup": tune["setup"],
+        "grid_best": trials[best]["params"],
+        "grid_best_value": trials[best]["value"],
+        "pick": trials[pick]["params"],
+        "pick_value": trials[pick]["value"],
+        "gap": gap,
+        "noise": noise,
+        "within_noise": gap <= noise,
+        "kept": [len(a) for a in at],
+        "grid_steps": grid_steps,
+        "halved_steps": pruned_steps,
+        "compute_share": pruned_steps / grid_steps,
+    }
+
+
+def seed_noise(study: dict[str, Any], size: str, setup: str) -> float:
+    """The std (n - 1) over seeds of ``setup``'s final loss at ``size``'s largest budget."""
+    cells = [o for o in study["observations"] if o["size"] == size and o["setup"] == setup]
+    largest = max(o["tokens"] for o in cells)
+    return statistics.stdev(o["loss"] for o in cells if o["tokens"] == largest)
+
+
+def measure(study: dict[str, Any], rung_sets: Sequence[tuple[float, ...]]) -> dict[str, Any]:
+    definition = study["definition"]
+    train_args = list(definition["train_args"])
+    num_iterations = int(train_args[train_args.index("--num-iterations") + 1])
+    presets = {s["name"]: s["preset"] for s in definition["setups"]}
+    from nanoshampoo.train.branches import fork_step  # imports torch
+
+    results = []
+    for rungs in rung_sets:
+        for tune in study["tunes"]:
+            config = resolve_train_config(
+                ["--preset", presets[tune["setup"]], *train_args, "--model", tune["size"]]
+            )
+            forks = [
+                fork_step(s, num_iterations, config["cooldown_frac"], config["warmup_steps"])
+                for s in rung_steps(rungs, num_iterations)
+            ]
+            noise = seed_noise(study, tune["size"], tune["setup"])
+            results.append(
+                {"rungs": list(rungs), "forks": forks}
+                | cell_result(tune, noise, rungs, num_iterations, forks)
+            )
+    return {
+        "num_iterations": num_iterations,
+        "results": results,
+        "commit": git_commit(),
+        "date": time.strftime("%Y-%m-%d", time.gmtime()),
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--study-json", type=Path, required=True, help="a study's study.json")
+    parser.add_argument(
+        "--rungs",
+        action="append",
+        required=True,
+        metavar="F,...",
+        help="a rung set to replay (repeatable), e.g. 0.125,0.25,0.5",
+    )
+    parser.add_argument("--json", type=Path, default=None, help="write the results here")
+    args = parser.parse_args(argv)
+    try:
+        study = json.loads(args.study_json.read_text())
+        rung_sets = [tuple(float(f) for f in text.split(",")) for text in args.rungs]
+        for rungs in rung_sets:
+            reduction_factor(rungs)
+    except (OSError, ValueError) as exc:
+        raise SystemExit(f"halving_replay: {exc}") from None
+    result = measure(study, rung_sets)
+    for r in result["results"]:
+        print(
+            f"rungs {r['rungs']} {r['size']:>8} {r['setup']:>7}: grid best {r['grid_best']} "
+            f"{r['grid_best_value']:.4f}; halving keeps {r['kept']} and picks {r['pick']} "
+            f"{r['pick_value']:.4f} (gap {r['gap']:.4f}, noise {r['noise']:.4f}); "
+            f"{r['halved_steps']} of {r['grid_steps']} steps ({100 * r['compute_share']:.0f} %)"
+        )
+    if args.json is not None:
+        with atomic_output(args.json) as tmp:
+            tmp.write_text(json.dumps(result, indent=1) + "\n")
+    return result
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,110 @@
+"""``bench/halving_replay.py``: successive halving replayed on a full grid's records keeps the
+trials, picks the point and counts the steps that synchronous halving does when it trains."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+for folder in (ROOT / "bench", ROOT / "nanoshampoo" / "evidence" / "tests"):
+    if str(folder) not in sys.path:  # bench_facts.py; the fake trainer's fixtures
+        sys.path.insert(0, str(folder))
+
+from tune_fixtures import fake_command, fake_resolve  # noqa: E402
+
+from nanoshampoo.evidence.compare import Setup  # noqa: E402
+from nanoshampoo.evidence.tune import TuneConfig, parse_search, tune  # noqa: E402
+from nanoshampoo.train.branches import fork_step  # noqa: E402
+
+
+def load(path: Path, name: str) -> Any:
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+replay_bench = load(ROOT / "bench" / "halving_replay.py", "bench_halving_replay")
+grid_bench = load(ROOT / "bench" / "pruning_vs_grid.py", "bench_pruning_vs_grid")
+
+
+def trial(number: int, value: float, *rungs: float) -> dict[str, Any]:
+    steps = (16, 32, 64)
+    return {
+        "number": number,
+        "state": "complete",
+        "params": {"lr": str(number)},
+        "value": value,
+        "rungs": {str(s): v for s, v in zip(steps, rungs)},
+    }
+
+
+def test_a_flip_after_the_first_rung_prunes_the_grids_best() -> None:
+    # Trial 4 is best at the end but last at 16 steps; trials 0-3 lead the first rung.
+    trials = [
+        trial(0, 4.90, 6.0, 5.5, 5.20),
+        trial(1, 4.95, 6.1, 5.4, 5.10),
+        trial(2, 4.85, 6.2, 5.6, 5.00),
+        trial(3, 4.99, 6.3, 5.3, 5.30),
+        trial(4, 4.70, 6.9, 5.0, 4.90),
+    ]
+    at = replay_bench.replay(trials, [16, 32, 64], eta=2)
+    assert at == [[0, 1, 2, 3, 4], [0, 1], [1], [1]]
+    forks, steps = [5, 10, 19], [16, 32, 64]
+    # 5 x 16 + 2 x ((10 - 5) + (32 - 10)) + 1 x ((19 - 10) + (64 - 19)) + 1 x (128 - 19)
+    assert replay_bench.halved_steps(at, forks, steps, 128) == 80 + 54 + 54 + 109
+    result = replay_bench.cell_result(
+        {"study": "s.x", "size": "s", "setup": "x", "trials": trials}, 0.01, (0.125, 0.25, 0.5),
+        128, forks,
+    )  # fmt: skip
+    assert result["grid_best"] == {"lr": "4"} and result["pick"] == {"lr": "1"}
+    assert result["gap"] == pytest.approx(0.25) and not result["within_noise"]
+    assert result["compute_share"] == pytest.approx(297 / 640)
+    assert result["kept"] == [5, 2, 1, 1]
+
+
+def test_a_grid_that_was_halved_cannot_be_replayed() -> None:
+    pruned = [trial(0, 4.9, 6.0, 5.5, 5.2), trial(1, 4.8, 6.1, 5.4, 5.1) | {"state": "pruned"}]
+    with pytest.raises(SystemExit, match="s.x: trials that did not complete"):
+        replay_bench.cell_result(
+            {"study": "s.x", "size": "s", "setup": "x", "trials": pruned}, 0.01, (0.5,), 8, [3]
+        )
+
+
+def test_the_replay_is_what_synchronous_halving_trains(tmp_path: Path) -> None:
+    lrs = "muon.lr=0.002,0.005,0.01,0.02,0.04,0.1,0.3"
+    results = {}
+    for halving in ("off", "sync"):
+        config = TuneConfig(
+            Setup("muon", "tiny-muon"),
+            (parse_search(lrs),),
+            out_dir=tmp_path / halving,
+            train_args=("--num-iterations", "16"),
+            rungs=(0.25, 0.5),
+            halving=halving,
+            poll_s=0.02,
+        )
+        results[halving] = tune(config, fake_resolve, fake_command, lambda line: None)
+    grid = sorted(results["off"].trials, key=lambda t: t.number)
+    records = [
+        {"number": t.number, "state": t.state, "params": t.params, "value": t.value,
+         "rungs": {str(s): v for s, v in t.rungs.items()}}
+        for t in grid
+    ]  # fmt: skip
+    at = replay_bench.replay(records, [4, 8], eta=2)
+    halved = results["sync"]
+    assert grid[at[-1][0]].params == halved.best_values
+    # The trials that reached each rung: those whose run recorded that rung's branch.
+    for k, steps in enumerate((4, 8)):
+        reached = {t.params["muon.lr"] for t in halved.trials if steps in t.rungs}
+        assert reached == {grid[i].params["muon.lr"] for i in at[k]}
+    forks = [fork_step(s, 16, 0.5, 0) for s in (4, 8)]
+    counted = grid_bench.study_steps(tmp_path / "sync")
+    assert replay_bench.halved_steps(at, forks, [4, 8], 16) == counted
