@@ -2,7 +2,8 @@
 
 For every model size of a study definition (:mod:`study_definition`) and every setup, in
 that order: ``tune`` the setup at that size with an equal budget of trials (its search, one
-seed per trial, successive halving whose rungs are the decay branches), then train the best
+seed per trial, the decay branches as successive halving's rungs or, with halving off, only
+recorded), then train the best
 point at every seed, each run with a decay branch at every budget, so each seed gives the whole
 loss-versus-budget curve. From those final losses (:class:`~nanoshampoo.evidence.scaling.
 Observation`, one per setup, size, budget and seed):
@@ -11,7 +12,9 @@ Observation`, one per setup, size, budget and seed):
   with a bootstrap interval over seeds (:mod:`scaling`);
 - Welch's test against the baseline at each (size, budget) (one budget, where it applies);
 - an AlgoPerf performance profile over the (size, budget) cells (:mod:`setup_scores`);
-- each setup's tunability at each size: the share of its trials within 1 % of its best.
+- each setup's tunability at each size: the share of its trials within 1 % of its best;
+- with ``halving = "off"`` (every trial trained to its end), the grid's best point at every
+  budget, from the trials' decay branches: where it moves with the budget.
 
 Writes ``study.md``, ``study.json`` and the plots (``speedups.png``, ``baseline_fits.png``,
 ``performance_profile.png``) into the out dir; the tuning of each (size, setup) lives in
@@ -275,6 +278,7 @@ def format_study(result: StudyResult) -> str:
     ]
     lines += _tunability_table(result)
     lines += _edge_note(result)
+    lines += _budget_best_section(result)
     lines += ["", *telemetry_section(_runs_by_setup(result))]
     lines += [
         "",
@@ -431,6 +435,46 @@ def _edge_note(result: StudyResult) -> list[str]:
             "there may be overstated. Widen its search to check"
         )
     return ["", text + "."]
+
+
+def _budget_best_section(result: StudyResult) -> list[str]:
+    """Each cell's best grid point at every budget, from its trials' decay branches: only
+    when every trial trained to its end (halving off), so each budget ranks every point."""
+    if result.plan.definition.halving != "off":
+        return []
+    steps = sorted(
+        {s for cell in result.cells for t in cell.tune.trials for s in t.rungs}
+        | {s for cell in result.cells for run in cell.runs for s in run.final_losses_by_steps()}
+    )
+    rows = [["size", "setup", *(f"{s} steps" for s in steps)]]
+    moved = 0
+    for cell in result.cells:
+        trials = [t for t in cell.tune.trials if t.state == "complete"]
+        full = max(steps)
+        row = [cell.size, cell.setup]
+        for s in steps:
+            losses = {t.name: (t.value if s == full else t.rungs.get(s)) for t in trials}
+            if any(v is None for v in losses.values()) or not losses:
+                row.append("–")
+                continue
+            best = min(trials, key=lambda t: (losses[t.name], t.number))
+            same = best.params == cell.tune.best_values
+            moved += not same
+            point = ", ".join(f"{k.split('.')[-1]} {v}" for k, v in best.params.items())
+            row.append(f"{point}: {losses[best.name]:.4f}" + ("" if same else " *"))
+        rows.append(row)
+    return [
+        "",
+        "### The grid's best point at each budget (one seed per point, from every trial's "
+        "decay branches)",
+        "",
+        *format_markdown_table(rows),
+        "",
+        f"`*`: not the full budget's best point ({moved} of {len(result.cells) * len(steps)} "
+        "cells). The seeds above train the full budget's best point, so a shorter budget's "
+        "losses and speedups are read at hyper-parameters tuned for the full run, as one tune "
+        "at the full budget gives them.",
+    ]
 
 
 def format_summary(result: StudyResult) -> str:

@@ -203,3 +203,40 @@ def test_a_study_end_to_end_reports_what_its_runs_logged(tmp_path: Path) -> None
     assert sorted(out.rglob("*.jsonl")) == before
     assert json.loads((out / "study.json").read_text())["observations"] == data["observations"]
     assert all(math.isfinite(o["loss"]) for o in data["observations"])
+
+
+def test_with_halving_off_the_report_gives_the_grids_best_point_at_every_budget() -> None:
+    from types import SimpleNamespace
+
+    from nanoshampoo.evidence.study import _budget_best_section
+
+    def trial(number: int, lr: str, value: float, rungs: dict[int, float]) -> SimpleNamespace:
+        return SimpleNamespace(
+            number=number, name=f"t{number:03d}", state="complete",
+            params={"adamw.lr": lr}, value=value, rungs=rungs,
+        )  # fmt: skip
+
+    trials = [
+        trial(0, "0.001", 4.90, {16: 6.50, 32: 6.00}),  # best at 16 steps only
+        trial(1, "0.002", 4.80, {16: 6.60, 32: 5.90}),  # the full budget's best
+        trial(2, "0.004", 4.85, {16: 6.70, 32: 5.80}),  # best at 32 steps
+    ]
+    run = SimpleNamespace(final_losses_by_steps=lambda: {16: 6.6, 32: 5.9, 64: 4.8})
+    cell = SimpleNamespace(
+        size="tiny", setup="adamw", runs=[run],
+        tune=SimpleNamespace(trials=trials, best_values={"adamw.lr": "0.002"}),
+    )  # fmt: skip
+    result = SimpleNamespace(
+        plan=SimpleNamespace(definition=SimpleNamespace(halving="off")), cells=[cell]
+    )
+    lines = _budget_best_section(result)
+    assert "| size | setup | 16 steps | 32 steps | 64 steps |" in [
+        " ".join(line.split()) for line in lines
+    ]
+    (row,) = [line for line in lines if line.startswith("| tiny")]
+    assert [c.strip() for c in row.strip("|").split("|")] == [
+        "tiny", "adamw", "lr 0.001: 6.5000 *", "lr 0.004: 5.8000 *", "lr 0.002: 4.8000",
+    ]  # fmt: skip
+    assert "(2 of 3 cells)" in lines[-1]
+    result.plan.definition.halving = "sync"  # pruned trials did not reach every budget
+    assert _budget_best_section(result) == []
