@@ -83,7 +83,8 @@ def cell_result(
     steps = rung_steps(rungs, num_iterations)
     at = replay(trials, steps, reduction_factor(rungs))
     best = min(range(len(trials)), key=lambda i: (trials[i]["value"], i))
-    (pick,) = at[-1]
+    # The trials that finish the run: the best of them is the halved study's pick.
+    pick = min(at[-1], key=lambda i: (trials[i]["value"], i))
     gap = trials[pick]["value"] - trials[best]["value"]
     grid_steps = len(trials) * num_iterations
     pruned_steps = halved_steps(at, forks, steps, num_iterations)

@@ -214,3 +214,35 @@ def test_the_telemetry_overhead_table_is_rendered_from_its_fields() -> None:
         "| `python -m nanoshampoo.train --preset tiny-shampoo`, wall (same final val loss) "
         "| 3 runs | 200.0 ± 1.0 s | 201.0 ± 2.0 s | **+0.50 %**"
     )
+
+
+def test_the_halving_replay_table_is_rendered_from_its_fields() -> None:
+    def row(pick: str, gap: float, within: bool) -> dict[str, object]:
+        return {
+            "rungs": [0.125, 0.25, 0.5],
+            "size": "tiny",
+            "setup": "muon",
+            "grid_best": {"muon.lr": "0.02", "muon.weight_decay": "0.1"},
+            "grid_best_value": 4.7933,
+            "pick": {"muon.lr": pick, "muon.weight_decay": "0.1"},
+            "pick_value": 4.7933 + gap,
+            "gap": gap,
+            "noise": 0.0012,
+            "within_noise": within,
+            "kept": [9, 4, 2, 1],
+            "compute_share": 0.4123,
+        }
+
+    data = {
+        "commit": "abc1234",
+        "date": "2026-12-07",
+        "num_iterations": 128,
+        "results": [row("0.04", 0.0495, False), row("0.02", 0.0, True)],
+    }
+    lines = results_tables.halving_replay(data).splitlines()
+    assert lines[0] == "Commit abc1234, 2026-12-07; replayed from the study's records, no training."
+    assert lines[4] == (
+        "| 16, 32, 64 | tiny | muon | lr 0.02, weight_decay 0.1: 4.7933 | lr 0.04, "
+        "weight_decay 0.1: 4.8428 | 0.0495 / 0.0012 (**beyond**) | 9 → 4 → 2 → 1 | 41 % |"
+    )
+    assert "| the same point |" in lines[5]

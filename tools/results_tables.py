@@ -258,6 +258,33 @@ def pruning(data: dict[str, Any]) -> str:
     return "\n".join(out + summary) + "\n"
 
 
+def halving_replay(data: dict[str, Any]) -> str:
+    """``bench/halving_replay.py --json``: per rung set and (size, setup), the grid's best,
+    halving's pick, the gap against the seed noise, and the compute."""
+    lines = [
+        f"Commit {data['commit']}, {data['date']}; replayed from the study's records, no training.",
+        "",
+        "| rungs (steps) | size | setup | grid best: point, final loss | halving's pick: point, "
+        "its final loss | gap / seed std | trials at each rung | compute |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    n = data["num_iterations"]
+    for r in data["results"]:
+        steps = ", ".join(str(round(f * n)) for f in r["rungs"])
+        verdict = (
+            "the same point"
+            if r["pick"] == r["grid_best"]
+            else f"{r['gap']:.4f} / {r['noise']:.4f}"
+            + (" (within)" if r["within_noise"] else " (**beyond**)")
+        )
+        lines.append(
+            f"| {steps} | {r['size']} | {r['setup']} | {_point(r['grid_best'])}: "
+            f"{r['grid_best_value']:.4f} | {_point(r['pick'])}: {r['pick_value']:.4f} | {verdict} "
+            f"| {' → '.join(str(k) for k in r['kept'])} | {100 * r['compute_share']:.0f} % |"
+        )
+    return "\n".join(lines) + "\n"
+
+
 def telemetry_overhead(data: dict[str, Any]) -> str:
     """``bench/telemetry_overhead.py --json``: each preset's step time with telemetry off and
     on at its cadence, and (with ``--runs``) whole trainer runs off and on."""
@@ -302,6 +329,7 @@ RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
     "shampoo-floor-freq1.json": shampoo_floor,
     "shampoo-floor-freq10.json": shampoo_floor,
     "pruning-512.json": pruning,
+    "halving-replay.json": halving_replay,
     "telemetry-overhead.json": telemetry_overhead,
     "telemetry-overhead-runs.json": telemetry_overhead,
 }
