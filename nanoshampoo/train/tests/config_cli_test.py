@@ -273,6 +273,16 @@ def test_cli_reports_an_invalid_value_as_a_usage_error(capsys: pytest.CaptureFix
     assert len(capsys.readouterr().err.strip().splitlines()) == 1
 
 
+def test_soap_with_a_pseudo_inverse_is_a_one_line_usage_error(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    flags = ["--optimizer", "soap", "--preconditioner.rank-deficient-stability", "pseudo-inverse"]
+    assert main(flags) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert "error: preconditioner.rank_deficient_stability " in line
+    assert "must be 'perturbation' for SOAP, got 'pseudo-inverse'" in line
+
+
 def test_presets_hold_only_what_differs_from_the_defaults() -> None:
     defaults = TrainConfig()
     for name in preset_names():

@@ -30,6 +30,7 @@ from nanoshampoo.optim.shampoo import (
     GeneralizedPrimalAveragingConfig,
     HybridShardDistributedConfig,
     IterateAveragingConfig,
+    PerturbationConfig,
     PreconditionerConfig,
     PseudoInverseConfig,
     QREigendecompositionConfig,
@@ -141,6 +142,28 @@ CONFIG_CASES: list[tuple[Callable[[], Any], str, str]] = [
         "overrides must be > 0.",
     ),
     (
+        lambda: SOAP(
+            amortized_computation_config=EighEigendecompositionConfig(
+                rank_deficient_stability_config=PseudoInverseConfig()
+            )
+        ),
+        "amortized_computation_config",
+        "PseudoInverseConfig is an invalid rank_deficient_stability_config for "
+        "EigenvalueCorrectedShampooPreconditionerConfig. Please use an instance of "
+        "PerturbationConfig instead.",
+    ),
+    (
+        lambda: SOAP(
+            amortized_computation_config=QREigendecompositionConfig(
+                rank_deficient_stability_config=PseudoInverseConfig(rank_rtol=1e-6)
+            )
+        ),
+        "amortized_computation_config",
+        "PseudoInverseConfig is an invalid rank_deficient_stability_config for "
+        "EigenvalueCorrectedShampooPreconditionerConfig. Please use an instance of "
+        "PerturbationConfig instead.",
+    ),
+    (
         lambda: ClassicMomentumConfig(momentum=1.0),
         "momentum",
         "Invalid self.momentum=1.0. Must be within (0.0, 1.0).",
@@ -220,6 +243,27 @@ def test_a_config_error_starts_with_the_reference_sentence(
         make()
     assert str(info.value).startswith(sentence), str(info.value)
     assert error_field(info.value) == field
+
+
+def test_a_soap_subclass_names_itself_when_it_refuses_a_pseudo_inverse() -> None:
+    @dataclass(kw_only=True)
+    class MySOAPConfig(SOAP):
+        pass
+
+    solver = EighEigendecompositionConfig(rank_deficient_stability_config=PseudoInverseConfig())
+    with pytest.raises(ValueError) as info:
+        MySOAPConfig(amortized_computation_config=solver)
+    assert str(info.value).startswith(
+        "PseudoInverseConfig is an invalid rank_deficient_stability_config for MySOAPConfig."
+    )
+    # A perturbation is what it takes, with or without a floor.
+    for stability in (PerturbationConfig(), PerturbationConfig(eigenvalue_floor_rtol=0.0)):
+        config = MySOAPConfig(
+            amortized_computation_config=EighEigendecompositionConfig(
+                rank_deficient_stability_config=stability
+            )
+        )
+        assert config.amortized_computation_config.rank_deficient_stability_config is stability
 
 
 @pytest.mark.parametrize(
