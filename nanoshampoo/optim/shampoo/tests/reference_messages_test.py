@@ -500,3 +500,39 @@ def test_a_compiled_step_warns_once_per_new_gradient_selection(
         "not intended, please check the data and/or model."
     )
     assert warnings[0].msg.endswith("- Current step: 2\n- Changed gradient selector indices: [1]")
+
+
+@pytest.mark.slow
+def test_a_compiled_step_warns_when_a_group_loses_every_gradient(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A group whose gradients all turn None still steps (its step counts, as the reference's
+    does), and its compiled step meets a selection it has not run with, no block selected: it
+    compiles again, and the reference's warning says so, naming both blocks. The same idle
+    selection again reuses that code and is not warned about."""
+    from torch._dynamo.utils import counters
+
+    layer = torch.nn.Linear(5, 10, bias=False)  # max_preconditioner_dim 5: two (5, 5) blocks
+    optimizer = DistributedShampoo(
+        layer.parameters(),
+        lr=0.01,
+        max_preconditioner_dim=5,
+        precondition_frequency=1,
+        start_preconditioning_step=1,
+        grafting_config=None,
+        shampoo_pt2_compile_config=ShampooPT2CompileConfig(backend="eager"),
+    )
+    assert optimizer.step_compiled
+    compiled_frames = []
+    with caplog.at_level(logging.WARNING):
+        for has_grad in (True, False, True, False):
+            layer.weight.grad = torch.ones_like(layer.weight) if has_grad else None
+            frames = counters["frames"]["total"]
+            optimizer.step()
+            compiled_frames.append(counters["frames"]["total"] - frames)
+    warnings = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert [r.msg.startswith("PT2 will recompile") for r in warnings] == [True]
+    ending = "- Current step: 1\n- Changed gradient selector indices: [0, 1]"
+    assert warnings[0].msg.endswith(ending)
+    assert compiled_frames[1] > 0  # the warning is true: the idle step compiled
+    assert int(optimizer.state[layer.weight]["step"]) == 4
