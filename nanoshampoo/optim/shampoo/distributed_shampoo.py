@@ -48,6 +48,11 @@ Blocks with the same shape are stacked into buckets and processed by batched ker
 (``baddbmm``/``bmm``/``_foreach_*``; one ``eigh`` per factor size); the buffers a group's
 hyperparameters need are allocated when the group is added.
 
+A block whose parameter has no gradient (``grad`` None) is left as it was: its state and its
+parameter do not move, while the group's ``step`` counts on. A group none of whose parameters
+has a gradient counts the step too (and Schedule-Free's ``sum lr_i^r``), as the reference
+library's does, so bias corrections and root schedules keep its count; nothing else of it moves.
+
 A step is all or nothing. Before anything moves it checks, for every group: the
 hyperparameters (validated when the group is added; a step or a load re-checks the entries
 that changed since, so that a scheduler's ``lr = inf`` is refused), that
@@ -284,7 +289,8 @@ class DistributedShampoo(torch.optim.Optimizer):
         self._concurrency_config = concurrency_config
         self._step_compiled: list[bool] = []
         # Per compiled group: the "has a gradient" masks its step has run with, and the last one.
-        self._compiled_masks: list[tuple[set[tuple[bool, ...]], list[bool] | None]] = []
+        # (None: a step without any gradient.)
+        self._compiled_masks: list[tuple[set[tuple[bool, ...] | None], list[bool] | None]] = []
         self._runtimes: list[GroupRuntime] = []
         self._scalars: list[GroupScalars] = []
         self._packed_roots: list[bool] = []  # per group: its state dict packs the roots
@@ -432,23 +438,27 @@ class DistributedShampoo(torch.optim.Optimizer):
             if runtime.configure(hyperparameters):
                 self._register_state(g)
         for g, mask in enumerate(masks):
-            if mask is not None and self._step_compiled[g]:
+            if self._step_compiled[g]:
                 self._warn_of_a_recompile(g, mask)
-        for runtime, mask in active:
+        # A group without any gradient steps too, with the mask None (GroupRuntime.apply_step).
+        for runtime, mask in zip(self._runtimes, masks):
             runtime.apply_step(mask)
         for runtime, scalars in zip(self._runtimes, self._scalars):
             scalars.write_from(runtime)
         return loss
 
-    def _warn_of_a_recompile(self, g: int, mask: list[bool]) -> None:
+    def _warn_of_a_recompile(self, g: int, mask: list[bool] | None) -> None:
         """Warn, in the reference's words, when group ``g``'s compiled step meets a "has a
         gradient" mask it has not run with: the compiled step specializes on the mask, so a new
-        one compiles it again (a mask seen before reuses its compiled code, and a group without
-        any gradient does not step at all)."""
+        one compiles it again (a mask seen before reuses its compiled code). None, a group
+        without any gradient, is such a mask too, with no block selected: the reference's step
+        recompiles then as well, and says so in these words."""
+        selected = [False] * len(self._runtimes[g].block_infos) if mask is None else mask
+        key = None if mask is None else tuple(mask)
         seen, last = self._compiled_masks[g]
-        self._compiled_masks[g] = (seen, mask)
-        if last is not None and tuple(mask) not in seen:
-            changed = [i for i, (was, now) in enumerate(zip(last, mask)) if was != now]
+        self._compiled_masks[g] = (seen, selected)
+        if last is not None and key not in seen:
+            changed = [i for i, (was, now) in enumerate(zip(last, selected)) if was != now]
             logger.warning(
                 "PT2 will recompile because the gradient selection of model parameters have "
                 "changed from the previous step. Possible reasons include some gradients are "
@@ -456,7 +466,7 @@ class DistributedShampoo(torch.optim.Optimizer):
                 f"- Current step: {self._runtimes[g].step}\n"
                 f"- Changed gradient selector indices: {changed}"
             )
-        seen.add(tuple(mask))
+        seen.add(key)
 
     @property
     def step_compiled(self) -> bool:

@@ -398,13 +398,24 @@ class GroupRuntime:
             )
         return [self.param_labels[o] for o in sorted(bad)]
 
-    def apply_step(self, present: list[bool]) -> None:
+    def apply_step(self, present: list[bool] | None) -> None:
         """Steps 1-8 of the module docstring for every local block, then the distributor update.
 
         Uses :attr:`hyperparameters` (set by :meth:`configure`); ``present`` is
-        :meth:`gather_grads`' mask.
+        :meth:`gather_grads`' mask. None (no block of the group has a gradient, on any rank):
+        the step still counts, as the reference library's does (its ``step`` and Schedule-Free's
+        ``sum lr^r`` move on, so bias corrections and schedules stay in step with its), and
+        nothing else moves: no statistics, roots, momentum, decay or exchange.
         """
         averaging_coeffs = self._advance_averaging()
+        if present is None:
+            if self.step == 0 and self.hyperparameters.primal_averaging is not None:
+                # z is read at the first step, whether or not it has gradients (collective
+                # under the lossless FSDP2/HSDP2 distributors, which fill their blocks here).
+                self.distributor.local_blocked_grads()
+                self._start_averaged_iterate()
+            self.step += 1
+            return
         if not self.block_infos:
             # A DDP rank that owns no block still takes part in the exchange.
             self.step += 1
@@ -415,11 +426,8 @@ class GroupRuntime:
         # batched kernels over all of its blocks (one baddbmm per bucket, one eigh per factor
         # size), and under DDP every rank must enter the same exchanges with the same buffers.
         # So their state is saved here, restored after the step, and their update is zero.
-        if self.step == 0 and self.weights:
-            # z starts at the parameters of the first step (x = y = z), read here, after the
-            # gather: the lossless FSDP2/HSDP2 distributors fill their blocks only there.
-            for buffer, views in zip(self.weights, self._bucket_param_views):
-                torch._foreach_copy_(list(buffer.unbind(0)), views)
+        if self.step == 0:
+            self._start_averaged_iterate()
         missing = [i for i, has in enumerate(present) if not has]
         saved = {i: clone_tree(self.block_states[i].state_dict()) for i in missing}
         self.step += 1
@@ -447,6 +455,12 @@ class GroupRuntime:
         if missing:  # their filtered gradient went back a step
             self.preconditioner.forget_filtered()
         self.distributor.update_params(self._local_updates)
+
+    def _start_averaged_iterate(self) -> None:
+        """Under primal averaging, z = the parameters (x = y = z), at the first step, after the
+        gather: the lossless FSDP2/HSDP2 distributors fill their blocks only there."""
+        for buffer, views in zip(self.weights, self._bucket_param_views):
+            torch._foreach_copy_(list(buffer.unbind(0)), views)
 
     def _precondition(self, filtered: list[torch.Tensor], t: int, start: int | float) -> None:
         """Step 6 of the module docstring: :attr:`updates` = the (grafted) direction of

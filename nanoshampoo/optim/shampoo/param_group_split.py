@@ -48,6 +48,7 @@ from nanoshampoo.optim.shampoo.distributor.distributor_types import (
     FSDPParamAssignmentStrategy,
     FullyShardDistributedConfig,
     HybridShardDistributedConfig,
+    check_hsdp_device_mesh,
 )
 from nanoshampoo.optim.shampoo.shampoo_types import OWNER_RANKS
 from nanoshampoo.optim.shampoo.utils.shampoo_utils import greedy_bin_pack, owner_ranks_by_bucket
@@ -260,6 +261,9 @@ def split_constructor_params(params: list[Any], default_config: object) -> list[
             if "distributed_config" in group
             else {**group, "distributed_config": default_config}
         )
+        if isinstance(resolved["distributed_config"], HybridShardDistributedConfig):
+            # The split reads the mesh's shard size: refuse an unusable mesh first (one line).
+            check_hsdp_device_mesh(resolved["distributed_config"])
         split = split_param_groups([resolved])
         result.extend([group] if split[0] is resolved else split)
     if not is_groups and result[0] is groups[0]:

@@ -73,7 +73,8 @@ class PreconditionerConfig:
     library's rule). ``amortize_roots`` (shampoo, soap): a fixed share of the roots every step
     instead of all of them every ``precondition_frequency`` steps. ``momentum_dtype``: storage
     of the filtered gradient and the momentum. ``rank_deficient_stability``: "perturbation"
-    adds epsilon, "pseudo-inverse" drops numerically-zero eigenvalues (epsilon is then 0).
+    adds epsilon, "pseudo-inverse" drops numerically-zero eigenvalues (epsilon is then 0;
+    Shampoo and KL-Shampoo only: SOAP refuses it, as the library's SOAP config does).
     ``eigenvalue_floor_rtol``: eigenvalues below it times lambda_max count as rounding noise
     (raised to it, or dropped under "pseudo-inverse"); -1: the optimizer's default, 0: none.
     """
@@ -425,6 +426,15 @@ def soap_kwargs(pre: PreconditionerConfig, hp: SoapConfig) -> dict[str, Any]:
         QREigendecompositionConfig,
     )
 
+    if pre.rank_deficient_stability != "perturbation":
+        # The library's SOAP config refuses a PseudoInverseConfig (as the reference's does):
+        # SOAP adds epsilon to its corrected eigenvalues. Said here in the trainer's terms.
+        raise ValueError(
+            f"{field_label('preconditioner', 'rank_deficient_stability')} must be "
+            f"'perturbation' for SOAP, got {pre.rank_deficient_stability!r}: SOAP adds epsilon "
+            "to its corrected eigenvalues and has no pseudo-inverse (shampoo and kl-shampoo "
+            "have one)"
+        )
     preconditioner = library_config(
         EigenvalueCorrectedShampooPreconditionerConfig,
         labels("preconditioner", factor_matrix_dtype="factor_dtype"),
@@ -445,7 +455,7 @@ def soap_kwargs(pre: PreconditionerConfig, hp: SoapConfig) -> dict[str, Any]:
     return dict(
         lr=hp.lr,
         betas=(hp.beta1, hp.beta2),
-        epsilon=_epsilon(pre, hp.epsilon),
+        epsilon=hp.epsilon,
         weight_decay=hp.weight_decay,
         precondition_frequency=hp.precondition_frequency,
         use_bias_correction=True,

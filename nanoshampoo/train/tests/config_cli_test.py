@@ -6,6 +6,7 @@ import tomllib
 
 import pytest
 
+from nanoshampoo.train import trainer
 from nanoshampoo.train.cli import config_from_args, main
 from nanoshampoo.train.config import RENAMED, TrainConfig, run_keys
 from nanoshampoo.train.presets import PRESET_DIR, load_preset, preset_names
@@ -271,6 +272,20 @@ def test_cli_reports_an_invalid_value_as_a_usage_error(capsys: pytest.CaptureFix
         main(["--seed", "x"])
     assert info.value.code == 2
     assert len(capsys.readouterr().err.strip().splitlines()) == 1
+
+
+def test_soap_with_a_pseudo_inverse_is_a_one_line_usage_error(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def no_training(cfg: object) -> None:
+        raise AssertionError("the config was accepted")
+
+    monkeypatch.setattr(trainer, "Trainer", no_training)
+    flags = ["--optimizer", "soap", "--preconditioner.rank-deficient-stability", "pseudo-inverse"]
+    assert main(flags) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert "error: preconditioner.rank_deficient_stability " in line
+    assert "must be 'perturbation' for SOAP, got 'pseudo-inverse'" in line
 
 
 def test_presets_hold_only_what_differs_from_the_defaults() -> None:

@@ -313,31 +313,46 @@ def test_distadam_gradient_sync_follows_set_gradient_sync(tiny_gpt: Callable[...
     assert all(o.should_sync for o in setup.optimizers)
 
 
-@pytest.mark.parametrize("setup_name", ["shampoo", "soap"])
-@pytest.mark.parametrize(
-    "choice, config_type, epsilon",
-    [
-        ("perturbation", shampoo.PerturbationConfig, None),
-        ("pseudo-inverse", shampoo.PseudoInverseConfig, 0.0),
-    ],
-)
+# Each setup with a rank_deficient_stability choice, and the choices it takes: SOAP only the
+# perturbation (the library's SOAP config refuses a PseudoInverseConfig, as the reference's does).
+STABILITY_CHOICES = [
+    ("shampoo", "perturbation"),
+    ("shampoo", "pseudo-inverse"),
+    ("kl-shampoo", "perturbation"),
+    ("kl-shampoo", "pseudo-inverse"),
+    ("soap", "perturbation"),
+]
+
+
+@pytest.mark.parametrize("setup_name, choice", STABILITY_CHOICES)
 def test_rank_deficient_stability_choice_reaches_the_solver(
-    tiny_gpt: Callable[..., GPT],
-    setup_name: str,
-    choice: str,
-    config_type: type,
-    epsilon: float | None,
+    tiny_gpt: Callable[..., GPT], setup_name: str, choice: str
 ) -> None:
     cfg = TrainConfig(optimizer=setup_name, **{"preconditioner.rank_deficient_stability": choice})
     (group,) = build_shampoo(list(tiny_gpt().blocks.parameters())[:1], cfg, 1).param_groups
     solver = group["preconditioner_config"].amortized_computation_config
+    pseudo_inverse = choice == "pseudo-inverse"
+    config_type = shampoo.PseudoInverseConfig if pseudo_inverse else shampoo.PerturbationConfig
     assert isinstance(solver.rank_deficient_stability_config, config_type)
-    recipe_epsilon = cfg.tables[setup_name].epsilon
-    assert group["epsilon"] == (recipe_epsilon if epsilon is None else epsilon)
+    recipe_epsilon = cfg.tables[setup_name.replace("-", "_")].epsilon
+    assert group["epsilon"] == (0.0 if pseudo_inverse else recipe_epsilon)
 
 
-@pytest.mark.parametrize("setup_name", ["shampoo", "soap"])
-@pytest.mark.parametrize("choice", ["perturbation", "pseudo-inverse"])
+@pytest.mark.parametrize("setup_name", ["soap", "soap-distadam"])
+def test_soap_refuses_the_pseudo_inverse_in_one_line_naming_the_field(setup_name: str) -> None:
+    with pytest.raises(ValueError) as refused:
+        TrainConfig(
+            optimizer=setup_name, **{"preconditioner.rank_deficient_stability": "pseudo-inverse"}
+        )
+    message = str(refused.value)
+    assert message.startswith(
+        "preconditioner.rank_deficient_stability (--preconditioner.rank-deficient-stability) "
+        "must be 'perturbation' for SOAP, got 'pseudo-inverse'"
+    )
+    assert "\n" not in message
+
+
+@pytest.mark.parametrize("setup_name, choice", STABILITY_CHOICES)
 def test_eigenvalue_floor_rtol_reaches_the_solver(
     tiny_gpt: Callable[..., GPT], setup_name: str, choice: str
 ) -> None:

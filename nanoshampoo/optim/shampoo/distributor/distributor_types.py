@@ -202,7 +202,10 @@ class HybridShardDistributedConfig(DistributedConfig):
 
     Args:
         device_mesh: the 2-D ``DeviceMesh`` of the parameters (dim 0 replicate, dim 1 shard);
-            ``None``: the parameters' own mesh.
+            ``None``: the parameters' own mesh. Not checked here, as in the reference library
+            (``split_param_groups`` reads only its ``size(1)``, so a stand-in serves it); the
+            optimizer refuses anything else before it splits or builds the group
+            (:func:`check_hsdp_device_mesh`).
         communication_dtype: dtype the updates (or parameters) travel in; a float dtype.
         num_trainers_per_group: replicas sharing the blocks; ``-1`` = all replicas (the only
             other accepted value is the replicate dim's size).
@@ -223,18 +226,38 @@ class HybridShardDistributedConfig(DistributedConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        # The reference's order: num_sub_groups (its parent's rule) before the mesh.
+        # The reference's order: num_sub_groups (its parent's rule) first.
         _check_sharded_exchange_fields(self)
-        if self.device_mesh is not None and getattr(self.device_mesh, "ndim", None) != 2:
-            raise ValueError(
-                f"device_mesh must be None or a 2-D DeviceMesh, got {self.device_mesh!r}"
-            )
         _check_num_trainers_per_group(self.num_trainers_per_group)
         if not isinstance(self.param_assignment_strategy, FSDPParamAssignmentStrategy):
             raise ValueError(
                 "param_assignment_strategy must be an FSDPParamAssignmentStrategy, got "
                 f"{self.param_assignment_strategy!r}"
             )
+
+
+def check_hsdp_device_mesh(config: HybridShardDistributedConfig) -> None:
+    """Refuse a ``device_mesh`` the HSDP distributor cannot use: anything but None or a 2-D
+    ``DeviceMesh`` (``ValueError`` naming ``device_mesh``, one line). Called by the optimizer
+    before it splits or builds the group, so nothing has been touched yet."""
+    mesh = config.device_mesh
+    if mesh is None:
+        return
+    is_mesh = False
+    try:
+        from torch.distributed.device_mesh import DeviceMesh
+
+        is_mesh = isinstance(mesh, DeviceMesh)
+    except ImportError:  # a torch built without torch.distributed: no mesh is usable
+        pass
+    if is_mesh and mesh.ndim == 2:
+        return
+    got = f"a {mesh.ndim}-D DeviceMesh" if is_mesh else f"a {type(mesh).__name__}"
+    raise refuse(
+        "device_mesh",
+        f"device_mesh must be None or a 2-D DeviceMesh (replicate x shard) to build "
+        f"HybridShardDistributedConfig's distributor, got {got}",
+    )
 
 
 # ---------------------------------------------------------------------------------------------

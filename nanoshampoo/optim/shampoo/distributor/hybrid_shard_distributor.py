@@ -26,6 +26,7 @@ from collections.abc import Sequence
 import torch
 import torch.distributed as dist
 
+from nanoshampoo.optim.shampoo.distributor.distributor_types import check_hsdp_device_mesh
 from nanoshampoo.optim.shampoo.distributor.fully_shard_distributor import (
     FullyShardDistributor,
 )
@@ -55,9 +56,10 @@ class HybridShardDistributor(FullyShardDistributor):
             :class:`FullyShardDistributor` computes it.
 
     Raises:
-        ValueError: ``device_mesh`` is not the parameters' mesh, or ``num_trainers_per_group`` is
-            neither -1 nor the replicate dim's size (both checked before any collective); naming
-            ``owner_ranks``, a bad map (as :class:`FullyShardDistributor`).
+        ValueError: ``device_mesh`` is neither None nor a 2-D ``DeviceMesh``, or not the
+            parameters' mesh, or ``num_trainers_per_group`` is neither -1 nor the replicate dim's
+            size (all checked before any collective); naming ``owner_ranks``, a bad map (as
+            :class:`FullyShardDistributor`).
     """
 
     _shard_mesh_dim = 1
@@ -71,6 +73,7 @@ class HybridShardDistributor(FullyShardDistributor):
         config: HybridShardDistributedConfig,
         owner_ranks: Sequence[int] | None = None,
     ) -> None:
+        check_hsdp_device_mesh(config)  # the config accepts any object, as the reference's does
         mesh = params[0].device_mesh if params and hasattr(params[0], "device_mesh") else None
         if config.device_mesh is not None and mesh is not None and config.device_mesh != mesh:
             raise ValueError("device_mesh must be the parameters' device mesh")

@@ -78,7 +78,6 @@ from nanoshampoo.optim.shampoo.shampoo_types import (
     EigenvalueCorrectedShampooPreconditionerConfig,
     EighEigendecompositionConfig,
     PerturbationConfig,
-    PseudoInverseConfig,
     QREigendecompositionConfig,
 )
 
@@ -386,16 +385,11 @@ class EigenvalueCorrectedShampooPreconditioner(KroneckerFactoredPreconditioner):
             rotated_blocks = (
                 self._rotated_blocks(index).to(out.dtype).view(-1, *([1] * (out.dim() - 1)))
             )
-            kept = None
-            if isinstance(stability, PseudoInverseConfig):
-                rtol = noise if stability.rank_rtol is None else stability.rank_rtol
-                threshold = torch.clamp(top * rtol, min=stability.rank_atol)
-                kept = out > threshold * rotated_blocks
-            elif isinstance(stability, PerturbationConfig):
-                rtol = stability.eigenvalue_floor_rtol
-                if rtol is None or rtol > 0.0:
-                    floor = top * (noise if rtol is None else rtol)
-                    torch.maximum(out, floor * rotated_blocks, out=out)
+            # The config admits only a PerturbationConfig (as the reference library does).
+            rtol = stability.eigenvalue_floor_rtol
+            if rtol is None or rtol > 0.0:
+                floor = top * (noise if rtol is None else rtol)
+                torch.maximum(out, floor * rotated_blocks, out=out)
             exponent = self._config.corrected_eigenvalue_exponent(len(bucket.shape))
             if exponent == 0.5:
                 out.sqrt_()  # correctly rounded, and faster than pow(0.5)
@@ -403,8 +397,6 @@ class EigenvalueCorrectedShampooPreconditioner(KroneckerFactoredPreconditioner):
                 out.pow_(exponent)
             out.add_(self._epsilon)
             torch.div(rotated, out, out=rotated)
-            if kept is not None:  # dropped coordinates (0 / 0 with epsilon 0) move by nothing
-                rotated.masked_fill_(~kept, 0.0)
             self._rotate(index, rotated, bases, False, out)
         return self._outputs
 

@@ -29,6 +29,7 @@ from nanoshampoo.optim.shampoo.preconditioner.matrix_functions_types import (
     EigenConfig,
     EigendecompositionConfig,
     EighEigendecompositionConfig,
+    PerturbationConfig,
     QREigendecompositionConfig,
     RootInvConfig,
 )
@@ -412,14 +413,15 @@ class EigenvalueCorrectedShampooPreconditionerConfig(BaseShampooPreconditionerCo
 
     Args:
         amortized_computation_config: eigenbasis solver (``EighEigendecompositionConfig`` or
-            ``QREigendecompositionConfig``). Its ``rank_deficient_stability_config`` acts twice:
-            eigenvectors of numerically-zero factor eigenvalues (tolerance as for root-inverse
-            Shampoo) get a canonical basis of their span, so the rotation does not depend on
-            rounding; and corrected eigenvalues below ``rtol * max(D / bc2)`` of their block
-            (``rtol`` = ``eigenvalue_floor_rtol``, default ``finfo(dtype).eps``: below float32's
-            resolution of ``D``) are raised to it (``PerturbationConfig``) or their coordinates
-            get a zero update (``PseudoInverseConfig``, ``rank_rtol`` with the same default).
-            A zero ``eigenvalue_floor_rtol`` turns both off (the plain algorithm).
+            ``QREigendecompositionConfig``). Its ``rank_deficient_stability_config`` must be a
+            ``PerturbationConfig`` (a ``PseudoInverseConfig`` is refused, as the reference
+            library refuses it: ``epsilon`` is added to the corrected eigenvalues). It acts
+            twice: eigenvectors of numerically-zero factor eigenvalues (tolerance as for
+            root-inverse Shampoo) get a canonical basis of their span, so the rotation does not
+            depend on rounding; and corrected eigenvalues below ``rtol * max(D / bc2)`` of their
+            block (``rtol`` = ``eigenvalue_floor_rtol``, default ``finfo(dtype).eps``: below
+            float32's resolution of ``D``) are raised to it. A zero ``eigenvalue_floor_rtol``
+            turns both off (the plain algorithm).
         num_tolerated_failed_amortized_computations: consecutive failed eigenbasis computations of
             one factor that are tolerated (the previous basis is kept); one more raises.
         factor_matrix_dtype: storage dtype of the factor matrices.
@@ -454,6 +456,14 @@ class EigenvalueCorrectedShampooPreconditionerConfig(BaseShampooPreconditionerCo
             raise ValueError(
                 "amortized_computation_config must be an EighEigendecompositionConfig or "
                 f"QREigendecompositionConfig, got {self.amortized_computation_config!r}"
+            )
+        stability = self.amortized_computation_config.rank_deficient_stability_config
+        if not isinstance(stability, PerturbationConfig):
+            raise refuse(
+                "amortized_computation_config",
+                f"{type(stability).__name__} is an invalid rank_deficient_stability_config for "
+                f"{type(self).__name__}. Please use an instance of PerturbationConfig instead.",
+                "(its eigenvalue_floor_rtol floors the corrected eigenvalues)",
             )
         _check_num_tolerated(self.num_tolerated_failed_amortized_computations)
         for name in (

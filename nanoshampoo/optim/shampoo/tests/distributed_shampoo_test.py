@@ -19,6 +19,7 @@ from nanoshampoo.optim.shampoo import (
     NonFiniteGradientError,
     RMSpropPreconditionerConfig,
     RootInvShampooPreconditionerConfig,
+    ScheduleFreeConfig,
     SGDPreconditionerConfig,
     WeightDecayType,
 )
@@ -444,6 +445,71 @@ def test_parameter_without_gradient_is_left_untouched() -> None:
         # The step is the group's (one tensor aliased under every parameter): it moves on.
         assert torch.equal(value, frozen_state[key] + (key == "step")), key
     assert not torch.equal(params[0].detach(), other)
+
+
+@pytest.mark.parametrize("averaging", [False, True])
+def test_a_group_without_any_gradient_counts_the_step_and_moves_nothing(averaging: bool) -> None:
+    """As in the reference library, a group whose gradients are all None still counts the step:
+    its bias corrections and root schedule go by that count. Nothing else of it moves (state but
+    the step, parameters). Checked against the dense reference stepped only at the steps with
+    gradients, with the step count running on; the other group steps throughout."""
+    h = {**DEFAULTS, **CASES["beta2_ema"], "precondition_frequency": 2}
+    params = _make_params(5)
+    grads = _grad_sequence(5, 6)
+    idle = {2, 3}  # the steps at which the second group (params[4:]) has no gradient
+    expected = [p.detach().clone() for p in params]
+    ref_blocks = [
+        [ReferenceBlock(tuple(b.shape), h) for b in reference_blocks(p.detach(), MAX_DIM)]
+        for p in params
+    ]
+    for t, step_grads in enumerate(grads, start=1):
+        for index, g in enumerate(step_grads):
+            if index >= 4 and t in idle:
+                continue
+            w_blocks = reference_blocks(expected[index], MAX_DIM)
+            for block, wb, gb in zip(ref_blocks[index], w_blocks, reference_blocks(g, MAX_DIM)):
+                wb.copy_(torch.from_numpy(block.step(t, gb.numpy(), wb.numpy().copy())))
+
+    groups = [{"params": params[:4]}, {"params": params[4:]}]
+    if averaging:
+        # Schedule-Free with a constant lr and r = 0: mu_x = 1 - 1/t, so its sum of lr^r is the
+        # step count; the group keeps it running while idle. Only the step count is compared.
+        groups[1]["iterate_averaging_config"] = ScheduleFreeConfig(eval_coeff_lr_power=0.0)
+    opt = _optimizer(groups, h)  # type: ignore[arg-type]
+    for t, step_grads in enumerate(grads, start=1):
+        for p, g in zip(params, step_grads):
+            p.grad = g.clone()
+        if t in idle:
+            for p in params[4:]:
+                p.grad = None
+            before = flat_state(opt.state_dict())
+            idle_params = [p.detach().clone() for p in params[4:]]
+        opt.step()
+        if t in idle:
+            after = flat_state(opt.state_dict())
+            for index in range(4, len(params)):
+                for key, value in after[index].items():
+                    moved = 1.0 if key in ("step", "lr_sum") else 0.0
+                    assert torch.equal(value, before[index][key] + moved), (index, key)
+            assert all(torch.equal(p.detach(), q) for p, q in zip(params[4:], idle_params))
+    assert group_step(opt, 0) == group_step(opt, 1) == len(grads)
+    if not averaging:
+        for p, e in zip(params, expected):
+            relative = torch.linalg.vector_norm(p.detach() - e) / torch.linalg.vector_norm(e)
+            assert relative.item() < 1e-9, tuple(p.shape)
+
+
+def test_a_first_step_without_any_gradient_still_starts_the_averaged_iterate() -> None:
+    """Primal averaging's z is the parameters at the first step, counted or idle: after an idle
+    first step (the reference takes z at construction) it holds them, and the next step
+    averages towards them."""
+    params = _make_params(6)[:1]  # (6, 5): one block
+    opt = _optimizer(params, DEFAULTS, iterate_averaging_config=ScheduleFreeConfig())
+    start = params[0].detach().clone()
+    opt.step()
+    assert group_step(opt) == 1
+    assert torch.equal(params[0].detach(), start)
+    assert torch.equal(flat_state(opt.state_dict())[0]["block_0.weight_buffer"], start)
 
 
 def test_per_group_overrides() -> None:

@@ -30,6 +30,7 @@ from nanoshampoo.optim.shampoo import (
     GeneralizedPrimalAveragingConfig,
     HybridShardDistributedConfig,
     IterateAveragingConfig,
+    PerturbationConfig,
     PreconditionerConfig,
     PseudoInverseConfig,
     QREigendecompositionConfig,
@@ -141,6 +142,28 @@ CONFIG_CASES: list[tuple[Callable[[], Any], str, str]] = [
         "overrides must be > 0.",
     ),
     (
+        lambda: SOAP(
+            amortized_computation_config=EighEigendecompositionConfig(
+                rank_deficient_stability_config=PseudoInverseConfig()
+            )
+        ),
+        "amortized_computation_config",
+        "PseudoInverseConfig is an invalid rank_deficient_stability_config for "
+        "EigenvalueCorrectedShampooPreconditionerConfig. Please use an instance of "
+        "PerturbationConfig instead.",
+    ),
+    (
+        lambda: SOAP(
+            amortized_computation_config=QREigendecompositionConfig(
+                rank_deficient_stability_config=PseudoInverseConfig(rank_rtol=1e-6)
+            )
+        ),
+        "amortized_computation_config",
+        "PseudoInverseConfig is an invalid rank_deficient_stability_config for "
+        "EigenvalueCorrectedShampooPreconditionerConfig. Please use an instance of "
+        "PerturbationConfig instead.",
+    ),
+    (
         lambda: ClassicMomentumConfig(momentum=1.0),
         "momentum",
         "Invalid self.momentum=1.0. Must be within (0.0, 1.0).",
@@ -220,6 +243,27 @@ def test_a_config_error_starts_with_the_reference_sentence(
         make()
     assert str(info.value).startswith(sentence), str(info.value)
     assert error_field(info.value) == field
+
+
+def test_a_soap_subclass_names_itself_when_it_refuses_a_pseudo_inverse() -> None:
+    @dataclass(kw_only=True)
+    class MySOAPConfig(SOAP):
+        pass
+
+    solver = EighEigendecompositionConfig(rank_deficient_stability_config=PseudoInverseConfig())
+    with pytest.raises(ValueError) as info:
+        MySOAPConfig(amortized_computation_config=solver)
+    assert str(info.value).startswith(
+        "PseudoInverseConfig is an invalid rank_deficient_stability_config for MySOAPConfig."
+    )
+    # A perturbation is what it takes, with or without a floor.
+    for stability in (PerturbationConfig(), PerturbationConfig(eigenvalue_floor_rtol=0.0)):
+        config = MySOAPConfig(
+            amortized_computation_config=EighEigendecompositionConfig(
+                rank_deficient_stability_config=stability
+            )
+        )
+        assert config.amortized_computation_config.rank_deficient_stability_config is stability
 
 
 @pytest.mark.parametrize(
@@ -456,3 +500,39 @@ def test_a_compiled_step_warns_once_per_new_gradient_selection(
         "not intended, please check the data and/or model."
     )
     assert warnings[0].msg.endswith("- Current step: 2\n- Changed gradient selector indices: [1]")
+
+
+@pytest.mark.slow
+def test_a_compiled_step_warns_when_a_group_loses_every_gradient(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A group whose gradients all turn None still steps (its step counts, as the reference's
+    does), and its compiled step meets a selection it has not run with, no block selected: it
+    compiles again, and the reference's warning says so, naming both blocks. The same idle
+    selection again reuses that code and is not warned about."""
+    from torch._dynamo.utils import counters
+
+    layer = torch.nn.Linear(5, 10, bias=False)  # max_preconditioner_dim 5: two (5, 5) blocks
+    optimizer = DistributedShampoo(
+        layer.parameters(),
+        lr=0.01,
+        max_preconditioner_dim=5,
+        precondition_frequency=1,
+        start_preconditioning_step=1,
+        grafting_config=None,
+        shampoo_pt2_compile_config=ShampooPT2CompileConfig(backend="eager"),
+    )
+    assert optimizer.step_compiled
+    compiled_frames = []
+    with caplog.at_level(logging.WARNING):
+        for has_grad in (True, False, True, False):
+            layer.weight.grad = torch.ones_like(layer.weight) if has_grad else None
+            frames = counters["frames"]["total"]
+            optimizer.step()
+            compiled_frames.append(counters["frames"]["total"] - frames)
+    warnings = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert [r.msg.startswith("PT2 will recompile") for r in warnings] == [True]
+    ending = "- Current step: 1\n- Changed gradient selector indices: [0, 1]"
+    assert warnings[0].msg.endswith(ending)
+    assert compiled_frames[1] > 0  # the warning is true: the idle step compiled
+    assert int(optimizer.state[layer.weight]["step"]) == 4

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import re
 from typing import Any
+from unittest.mock import MagicMock
 
 import pytest
 import torch
@@ -30,6 +31,7 @@ from fully_shard_distributor_test import (
 )
 
 from nanoshampoo.optim.shampoo import (
+    DistributedShampoo,
     FSDPParamAssignmentStrategy,
     FullyShardDistributedConfig,
     HybridShardDistributedConfig,
@@ -169,10 +171,44 @@ def test_num_trainers_per_group_other_than_the_replicas_is_refused(
         )
 
 
+@pytest.mark.parametrize("mesh", ["mesh", MagicMock(), "1-D"])
+@pytest.mark.parametrize("sub_groups", [1, 2])
+def test_an_unusable_mesh_is_accepted_by_the_config_and_refused_by_the_optimizer(
+    mesh: Any, sub_groups: int
+) -> None:
+    """As in the reference, the config takes any ``device_mesh`` (a stand-in serves
+    ``split_param_groups``); building the optimizer refuses one the distributor cannot use, in
+    one line naming the field, before anything is split or built. Also for a group added later,
+    which the distributor itself checks."""
+    if mesh == "1-D":
+        from torch.distributed.device_mesh import DeviceMesh
+
+        mesh = MagicMock(spec=DeviceMesh, ndim=1)
+    config = HybridShardDistributedConfig(
+        device_mesh=mesh,
+        param_assignment_strategy=FSDPParamAssignmentStrategy.REPLICATE,
+        num_sub_groups=sub_groups,
+    )
+    assert config.device_mesh is mesh
+    params = [torch.nn.Parameter(torch.zeros(4, 4)) for _ in range(4)]
+    got = "a 1-D DeviceMesh" if getattr(mesh, "ndim", None) == 1 else f"a {type(mesh).__name__}"
+    want = (
+        "device_mesh must be None or a 2-D DeviceMesh (replicate x shard) to build "
+        f"HybridShardDistributedConfig's distributor, got {got}"
+    )
+    with pytest.raises(ValueError) as refused:
+        DistributedShampoo(params, distributed_config=config)
+    assert (str(refused.value), error_field(refused.value)) == (want, "device_mesh")
+    optimizer = DistributedShampoo(params[:1])
+    with pytest.raises(ValueError) as refused:
+        optimizer.add_param_group({"params": params[1:], "distributed_config": config})
+    assert (str(refused.value), error_field(refused.value)) == (want, "device_mesh")
+    assert len(optimizer.param_groups) == 1
+
+
 @pytest.mark.parametrize(
     "kwargs, field",
     [
-        ({"device_mesh": "mesh"}, "device_mesh"),
         ({"communication_dtype": torch.int8}, "communication_dtype"),
         ({"num_trainers_per_group": 0}, "num_trainers_per_group"),
         ({"communicate_params": None}, "communicate_params"),
