@@ -298,6 +298,8 @@ RUNS = (
     ("shampoo-distadam", "shampoo-distadam", "auto"),
 )
 RESUMED = ("shampoo-ddp", "distadam")  # setups whose optimizer state differs per rank
+# The smallest model size (2 layers, width 96): the ranks' agreement needs no larger one.
+TWO_RANK_MODEL = "gpt-0.2m"
 
 
 def train_every_setup_on_rank(
@@ -312,6 +314,7 @@ def train_every_setup_on_rank(
             run_id=run_id,
             **{"distributor.kind": distributor},
             checkpoint_every=4,
+            model=TWO_RANK_MODEL,
         )
         trainer = Trainer(cfg)
         result = trainer.run()
@@ -329,6 +332,7 @@ def train_every_setup_on_rank(
                     run_id=f"{run_id}-resumed",
                     **{"distributor.kind": distributor},
                     resume=str(Path(out_dir) / f"{run_id}.ckpt" / "step_000004"),
+                    model=TWO_RANK_MODEL,
                 )
             )
             resumed.run()
@@ -357,8 +361,11 @@ def test_two_rank_runs_keep_ranks_identical_and_match_one_process(
     )
     # The 2-rank run sees the same global batches as one process: same result up to rounding
     # (Adam with eps 1e-10 turns rounding-level gradient differences of near-zero entries into
-    # update differences of up to ~1e-4; a real averaging bug moves parameters by ~lr = 0.3).
-    single = Trainer(tiny_config(shards, tmp_path / "single", optimizer="adamw"))
+    # update differences of up to ~1e-4, measured 9.0e-6 at gpt-0.2m; a real averaging bug moves
+    # parameters by ~lr = 0.3).
+    single = Trainer(
+        tiny_config(shards, tmp_path / "single", optimizer="adamw", model=TWO_RANK_MODEL)
+    )
     single_result = single.run()
     torch.testing.assert_close(rank0["adamw"]["params"], flat_params(single), rtol=0, atol=2e-4)
     assert abs(rank0["adamw"]["val_loss"].item() - single_result.final_val_loss) < 1e-4
@@ -411,6 +418,7 @@ def accumulate_on_rank(
             optimizer=optimizer,
             run_id=f"{optimizer}-k{k}",
             grad_accum_steps=k,
+            model=TWO_RANK_MODEL,
             **{"adam.eps": 1e-8, "shampoo.grafting_epsilon": 1e-8, "shampoo.epsilon": 1e-6},
         )
         for optimizer in ("distadam", "shampoo")
