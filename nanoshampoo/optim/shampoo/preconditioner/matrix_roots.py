@@ -162,6 +162,7 @@ def eigh_inverse_root(
     retry_double_precision: bool = True,
     stability: RankDeficientStabilityConfig = DefaultPerturbationConfig,
     root_dtype: torch.dtype | None = None,
+    overwrite_input: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(A + eps I)^(-e)`` for each matrix of a stack, by one batched eigendecomposition.
 
@@ -178,15 +179,20 @@ def eigh_inverse_root(
             storage, root storage; default: the input's). A float32 root of a float64 factor
             amplifies its own rounding by its condition number, and a bfloat16 factor carries
             bfloat16 rounding into a float32 solve, so the default tolerances use this dtype.
+        overwrite_input: ``matrices`` is the caller's temporary: the ridge is added to its
+            diagonal in place (the same numbers as ``A + eps I``, without a copy of the stack).
 
     Returns:
         ``(roots (N, n, n), ok (N,) bool)``; ``roots[i]`` is garbage where ``ok[i]`` is False.
     """
     perturbed = isinstance(stability, PerturbationConfig) and stability.perturb_before_computation
     if perturbed and epsilon > 0.0:
-        matrices = matrices + epsilon * torch.eye(
-            matrices.shape[-1], dtype=matrices.dtype, device=matrices.device
-        )
+        if overwrite_input:
+            matrices.diagonal(dim1=-2, dim2=-1).add_(epsilon)
+        else:
+            matrices = matrices + epsilon * torch.eye(
+                matrices.shape[-1], dtype=matrices.dtype, device=matrices.device
+            )
     evals, evecs, ok = robust_eigh(matrices, retry_double_precision)
     noise_dtype = least_precise_dtype(matrices.dtype, root_dtype or matrices.dtype)
     weights = inverse_root_spectrum(

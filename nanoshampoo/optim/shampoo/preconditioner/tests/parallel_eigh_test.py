@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import torch
@@ -60,6 +61,8 @@ def test_split_stack_is_the_single_threaded_eigh_of_each_chunk(threads: None) ->
     chunks = [torch.linalg.eigh(chunk) for chunk in torch.tensor_split(stack, 2)]
     assert torch.equal(evals, torch.cat([c[0] for c in chunks]))
     assert torch.equal(evecs, torch.cat([c[1] for c in chunks]))
+    # Column-major per matrix, as an unsplit eigh returns its eigenvectors.
+    assert evecs.stride() == torch.linalg.eigh(stack)[1].stride()
 
 
 def test_split_stack_against_float64_reference(threads: None) -> None:
@@ -81,11 +84,11 @@ def test_threads_restored_when_a_chunk_raises(
     real = torch.linalg.eigh
     calls: list[int] = []
 
-    def failing(chunk: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def failing(chunk: torch.Tensor, out: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
         calls.append(torch.get_num_threads())
         if len(calls) == 2:
             raise torch.linalg.LinAlgError("no convergence")
-        return real(chunk)
+        return real(chunk, out=out)
 
     monkeypatch.setattr(parallel_eigh.torch.linalg, "eigh", failing)
     torch.set_num_threads(2)
@@ -104,11 +107,11 @@ def test_robust_eigh_falls_back_per_matrix_through_the_split(
     bad = stack[2].clone()
     real = torch.linalg.eigh
 
-    def rejects_bad(chunk: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def rejects_bad(chunk: torch.Tensor, out: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
         rows = chunk if chunk.dim() == 3 else chunk.unsqueeze(0)
         if any(torch.equal(row, bad) for row in rows):
             raise torch.linalg.LinAlgError("no convergence")
-        return real(chunk)
+        return real(chunk, out=out)
 
     monkeypatch.setattr(parallel_eigh.torch.linalg, "eigh", rejects_bad)
     torch.set_num_threads(2)
