@@ -70,6 +70,14 @@ def robust_eigh(
     return evals, evecs, ok
 
 
+def all_finite(matrices: torch.Tensor) -> torch.Tensor:
+    """``(N,)`` bool: whether each matrix of a stack ``(N, ...)`` is finite, from one sum per
+    matrix (one read pass, where ``isfinite(x).all()`` makes four). A NaN or Inf entry makes the
+    sum non-finite; only an overflow of the sum of finite entries reads as non-finite too,
+    which fails a root whose entries near ``float max / numel`` are no usable root anyway."""
+    return torch.isfinite(matrices.sum(dim=tuple(range(1, matrices.dim()))))
+
+
 def least_precise_dtype(first: torch.dtype, second: torch.dtype) -> torch.dtype:
     """The dtype with the larger machine epsilon."""
     return first if torch.finfo(first).eps >= torch.finfo(second).eps else second
@@ -199,7 +207,7 @@ def eigh_inverse_root(
         evals, exponents, epsilon, stability, matrices.shape[-1], perturbed, noise_dtype
     )
     roots = (evecs * weights.unsqueeze(-2)) @ evecs.mT
-    return roots, ok & torch.isfinite(roots).all(dim=-1).all(dim=-1)
+    return roots, ok & all_finite(roots)
 
 
 def coupled_newton_inverse_root(
@@ -253,7 +261,7 @@ def coupled_newton_inverse_root(
         step = ((root_order + 1) * identity - m) / root_order
         roots = roots @ step
         m = torch.linalg.matrix_power(step, root_order) @ m
-    return roots, torch.isfinite(roots).all(dim=-1).all(dim=-1)
+    return roots, all_finite(roots)
 
 
 # A coupled iteration that ends with max |M - I| above this has not found the root. The
@@ -345,7 +353,7 @@ def coupled_higher_order_inverse_root(
         error = torch.where(active, new_error, error)
     if q > 1:
         roots = torch.linalg.matrix_power(roots, q)
-    ok = torch.isfinite(roots).all(dim=-1).all(dim=-1) & (error <= _COUPLED_RESIDUAL_LIMIT)
+    ok = all_finite(roots) & (error <= _COUPLED_RESIDUAL_LIMIT)
     return roots, ok
 
 
@@ -509,7 +517,4 @@ def warm_started_eigh_inverse_root(
         bases = bases.index_copy(0, solve, evecs.flip(-1))
         ok = ok.index_copy(0, solve, solved_ok)
     roots = (root_bases * weights.unsqueeze(-2)) @ root_bases.mT
-    finite = torch.isfinite(roots).all(dim=-1).all(dim=-1) & torch.isfinite(bases).all(dim=-1).all(
-        dim=-1
-    )
-    return roots, bases, ok & finite, warm & ~accepted
+    return roots, bases, ok & all_finite(roots) & all_finite(bases), warm & ~accepted

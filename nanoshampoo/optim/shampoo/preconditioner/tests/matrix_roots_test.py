@@ -23,6 +23,7 @@ from nanoshampoo.optim.shampoo.preconditioner.eigenbasis import (
     eigh_eigenbasis,
 )
 from nanoshampoo.optim.shampoo.preconditioner.matrix_roots import (
+    all_finite,
     coupled_newton_inverse_root,
     eigh_inverse_root,
 )
@@ -169,6 +170,17 @@ def test_invalid_stability_configs_name_the_field(factory: Any, field: str) -> N
 
 def test_coupled_newton_has_no_pseudo_inverse_field() -> None:
     assert not hasattr(CoupledNewtonConfig(), "rank_deficient_stability_config")
+
+
+def test_all_finite_flags_each_matrix_with_a_nan_or_an_inf() -> None:
+    stack = torch.ones(5, 3, 4)
+    stack[1, 2, 0] = float("nan")
+    stack[2, 0, 3] = float("inf")
+    stack[3, 1, 1] = float("-inf")
+    stack[4, 0, 0], stack[4, 0, 1] = float("inf"), float("-inf")  # inf - inf: NaN, still caught
+    assert all_finite(stack).tolist() == [True, False, False, False, False]
+    big = torch.full((1, 2, 2), torch.finfo(torch.float32).max)
+    assert all_finite(big).tolist() == [False]  # the sum overflows: counted as a failure
 
 
 def test_eigh_inverse_root_overwriting_its_input_gives_the_same_roots() -> None:
