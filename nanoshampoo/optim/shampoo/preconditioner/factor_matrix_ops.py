@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import torch
 
+from nanoshampoo.optim.shampoo.preconditioner.parallel_eigh import rows_over_threads
+
 
 def solve_dtype(factor_dtype: torch.dtype) -> torch.dtype:
     """Amortized computations run in at least float32 (``eigh``/``qr`` have no half kernels)."""
@@ -167,14 +169,32 @@ class SymmetricPacking:
         the same values (bit for bit), without the mirror pass that ``pack`` needs; written
         into ``out`` ``(M, n (n + 1) / 2)`` when given (the packed factors themselves: no
         temporary and no copy)."""
-        if out is None:
-            return full.flatten(1).index_select(1, self.flat_updated)
-        return torch.index_select(full.flatten(1), 1, self.flat_updated, out=out)
+        return _gather_columns(full.flatten(1), self.flat_updated, out)
 
     def unpack(self, packed: torch.Tensor) -> torch.Tensor:
-        return packed.index_select(1, self._flat_index).view(
+        return _gather_columns(packed, self._flat_index).view(
             packed.shape[0], self._size, self._size
         )
+
+
+def _gather_columns(
+    source: torch.Tensor, index: torch.Tensor, out: torch.Tensor | None = None
+) -> torch.Tensor:
+    """``source.index_select(1, index)`` for ``(M, k)`` ``source``, into ``out`` when given.
+
+    On a CPU, ``index_select`` along dim 1 runs on one thread whatever the intra-op count; the
+    packed update and the roots gather every packed factor each step this way, so the rows are
+    split over the threads (:func:`rows_over_threads`): the same gather, the same bits."""
+    if out is None:
+        out = source.new_empty(source.shape[0], index.numel())
+    if source.device.type != "cpu":
+        return torch.index_select(source, 1, index, out=out)
+
+    def gather(rows: slice) -> None:
+        torch.index_select(source[rows], 1, index, out=out[rows])
+
+    rows_over_threads(gather, source.shape[0])
+    return out
 
 
 def keep_previous_where_failed(

@@ -2,7 +2,8 @@
 
 (The module keeps its name from when it held ``eigh`` alone: :func:`stacked_eigh`, and
 :func:`stacked_qr` for the warm-started QR refresh of the eigenbases, share one splitting
-helper.)
+helper; :func:`rows_over_threads` lends it to other single-threaded kernels over a stack, the
+packed factors' gathers.)
 
 LAPACK's symmetric eigensolver (``syevd``) spends most of its time in the Householder
 tridiagonalisation, a chain of memory-bound matrix-vector products with a synchronisation per
@@ -145,6 +146,18 @@ def stacked_eigh(
 
     _run_split(solve, _chunk_rows(matrices.shape[0], width))
     return evals, evecs
+
+
+def rows_over_threads(work: Callable[[slice], object], count: int) -> None:
+    """``work(rows)`` for contiguous slices of ``range(count)`` covering it, one slice per
+    intra-op thread, concurrently, each worker with one intra-op thread: for a single-threaded
+    CPU kernel over a stack (``index_select`` along dim 1 runs on one thread). With one thread
+    or fewer than two rows, ``work(slice(0, count))`` here."""
+    width = min(torch.get_num_threads(), count)
+    if width < 2:
+        work(slice(0, count))
+        return
+    _run_split(work, _chunk_rows(count, width))
 
 
 def _chunk_rows(count: int, width: int) -> list[slice]:

@@ -16,6 +16,7 @@ from nanoshampoo.optim.shampoo.preconditioner.matrix_roots import (
 from nanoshampoo.optim.shampoo.preconditioner.parallel_eigh import (
     MIN_PARALLEL_SIZE,
     parallel_width,
+    rows_over_threads,
     stacked_eigh,
 )
 
@@ -134,3 +135,24 @@ def test_inverse_roots_same_with_one_or_two_threads(threads: None) -> None:
     assert ok1.all() and ok2.all()
     scale = single.abs().amax(dim=(-2, -1), keepdim=True)
     assert ((split - single).abs() / scale).max().item() < 1e-5
+
+
+def test_rows_over_threads_covers_every_row_once_on_one_thread_each(threads: None) -> None:
+    """5 rows at 2 threads: slices [0, 3) and [3, 5), run by workers with one intra-op thread
+    each; the caller's count comes back. One thread, or one row: one slice, run here."""
+    seen: list[tuple[slice, int]] = []
+
+    def work(rows: slice) -> None:
+        seen.append((rows, torch.get_num_threads()))
+
+    torch.set_num_threads(2)
+    rows_over_threads(work, 5)
+    assert sorted((r.start, r.stop, n) for r, n in seen) == [(0, 3, 1), (3, 5, 1)]
+    assert torch.get_num_threads() == 2
+    seen.clear()
+    rows_over_threads(work, 1)
+    assert seen == [(slice(0, 1), 2)]
+    torch.set_num_threads(1)
+    seen.clear()
+    rows_over_threads(work, 5)
+    assert seen == [(slice(0, 5), 1)]
