@@ -137,7 +137,8 @@ def test_the_floor_times_every_product_of_a_step_at_its_shape(
     floor: ModuleType, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The GEMM part times, per block shape (blocks stacked) and per factor size, exactly the
-    products that ``products_of_a_step`` writes out: the updates both ways (full and tiles)."""
+    products that ``products_of_a_step`` writes out: the updates both ways (full and tiles), the
+    roots both ways (Q row-major and column-major)."""
     timed: list[tuple[int, int, int, int]] = []
 
     def record(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -158,5 +159,5 @@ def test_the_floor_times_every_product_of_a_step_at_its_shape(
             expected[(count, rows, inner, cols)] += 4 if i < 2 else 2
     sizes, _, _ = floor.floor_work(shapes, 32)
     for size, count in sizes.items():
-        expected[(count, size, size, size)] += 2
+        expected[(count, size, size, size)] += 4
     assert counted == expected

@@ -28,6 +28,7 @@ from nanoshampoo.optim.shampoo.preconditioner.eigenbasis import (
     off_diagonal_ratio,
     qr_eigenbasis,
 )
+from nanoshampoo.optim.shampoo.preconditioner.factor_matrix_ops import keep_previous_where_failed
 from nanoshampoo.optim.shampoo.preconditioner.kronecker_factors import KroneckerFactors
 from nanoshampoo.optim.shampoo.preconditioner.matrix_roots import (
     inverse_root_spectrum,
@@ -99,6 +100,11 @@ class EigendecomposedShampooPreconditioner(ShampooPreconditioner):
 
     def _result_dtype(self, key: Hashable) -> torch.dtype:
         return self._config.factor_matrix_eigenvectors_dtype
+
+    def _keep(self, previous: torch.Tensor, results: torch.Tensor, ok: torch.Tensor) -> None:
+        """The bases are stored as solved: the symmetric part that root-inverse Shampoo's
+        :meth:`ShampooPreconditioner._keep` takes is for roots, and a basis is not symmetric."""
+        keep_previous_where_failed(previous, results, ok)
 
     def _solve(
         self, key: Hashable, matrices: torch.Tensor, rows: torch.Tensor | None

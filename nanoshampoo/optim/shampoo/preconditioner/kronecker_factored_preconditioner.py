@@ -159,7 +159,15 @@ class KroneckerFactoredPreconditioner(Preconditioner):
         self, key: Hashable, matrices: torch.Tensor, rows: torch.Tensor | None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``(results (M, n, n), ok (M,) bool)`` from the bias-corrected factors ``matrices``
-        ``(M, n, n)`` of pool ``key``: all of them (``rows`` None) or rows ``rows``."""
+        ``(M, n, n)`` of pool ``key``: all of them (``rows`` None) or rows ``rows``.
+
+        ``matrices`` is a temporary of :meth:`amortized_computation` (read nowhere after): a
+        solver may overwrite it. The results are stored by :meth:`_keep`."""
+
+    def _keep(self, previous: torch.Tensor, results: torch.Tensor, ok: torch.Tensor) -> None:
+        """``previous[i] = results[i]`` where ``ok[i]``, in place (``(M, n, n)`` and ``(M,)``):
+        the stored results of the solved rows; a failed row keeps its previous result."""
+        keep_previous_where_failed(previous, results, ok)
 
     def _large_factor_schedule(self) -> tuple[int, int]:
         """``(size, multiplier)``: factors of at least ``size`` are solved every ``multiplier``
@@ -239,10 +247,10 @@ class KroneckerFactoredPreconditioner(Preconditioner):
             results, ok = self._solve(key, factors, rows)
             previous = self._results[key]
             if rows is None:
-                keep_previous_where_failed(previous, results, ok)
+                self._keep(previous, results, ok)
             else:
                 kept = previous.index_select(0, rows)
-                keep_previous_where_failed(kept, results, ok)
+                self._keep(kept, results, ok)
                 previous.index_copy_(0, rows, kept)
             self._factors.record_outcome(pool, rows, ok)
             outcomes.append((pool, rows, ok))

@@ -207,7 +207,8 @@ class KroneckerFactors:
                 full = symmetric_rank_update_(
                     packing.unpack(factors), unfold(grad, dim), beta2, weight, mirror=False
                 )
-                factors.copy_(packing.pack_updated(full))
+                # Straight into the packed rows (a contiguous slice of the pool).
+                packing.pack_updated(full, out=factors)
 
     @staticmethod
     def record_outcome(pool: FactorPool, rows: torch.Tensor | None, ok: torch.Tensor) -> None:

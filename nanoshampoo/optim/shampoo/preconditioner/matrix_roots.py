@@ -70,6 +70,14 @@ def robust_eigh(
     return evals, evecs, ok
 
 
+def all_finite(matrices: torch.Tensor) -> torch.Tensor:
+    """``(N,)`` bool: whether each matrix of a stack ``(N, ...)`` is finite, from one sum per
+    matrix (one read pass, where ``isfinite(x).all()`` makes four). A NaN or Inf entry makes the
+    sum non-finite; only an overflow of the sum of finite entries reads as non-finite too,
+    which fails a root whose entries near ``float max / numel`` are no usable root anyway."""
+    return torch.isfinite(matrices.sum(dim=tuple(range(1, matrices.dim()))))
+
+
 def least_precise_dtype(first: torch.dtype, second: torch.dtype) -> torch.dtype:
     """The dtype with the larger machine epsilon."""
     return first if torch.finfo(first).eps >= torch.finfo(second).eps else second
@@ -162,6 +170,7 @@ def eigh_inverse_root(
     retry_double_precision: bool = True,
     stability: RankDeficientStabilityConfig = DefaultPerturbationConfig,
     root_dtype: torch.dtype | None = None,
+    overwrite_input: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(A + eps I)^(-e)`` for each matrix of a stack, by one batched eigendecomposition.
 
@@ -178,22 +187,27 @@ def eigh_inverse_root(
             storage, root storage; default: the input's). A float32 root of a float64 factor
             amplifies its own rounding by its condition number, and a bfloat16 factor carries
             bfloat16 rounding into a float32 solve, so the default tolerances use this dtype.
+        overwrite_input: ``matrices`` is the caller's temporary: the ridge is added to its
+            diagonal in place (the same numbers as ``A + eps I``, without a copy of the stack).
 
     Returns:
         ``(roots (N, n, n), ok (N,) bool)``; ``roots[i]`` is garbage where ``ok[i]`` is False.
     """
     perturbed = isinstance(stability, PerturbationConfig) and stability.perturb_before_computation
     if perturbed and epsilon > 0.0:
-        matrices = matrices + epsilon * torch.eye(
-            matrices.shape[-1], dtype=matrices.dtype, device=matrices.device
-        )
+        if overwrite_input:
+            matrices.diagonal(dim1=-2, dim2=-1).add_(epsilon)
+        else:
+            matrices = matrices + epsilon * torch.eye(
+                matrices.shape[-1], dtype=matrices.dtype, device=matrices.device
+            )
     evals, evecs, ok = robust_eigh(matrices, retry_double_precision)
     noise_dtype = least_precise_dtype(matrices.dtype, root_dtype or matrices.dtype)
     weights = inverse_root_spectrum(
         evals, exponents, epsilon, stability, matrices.shape[-1], perturbed, noise_dtype
     )
     roots = (evecs * weights.unsqueeze(-2)) @ evecs.mT
-    return roots, ok & torch.isfinite(roots).all(dim=-1).all(dim=-1)
+    return roots, ok & all_finite(roots)
 
 
 def coupled_newton_inverse_root(
@@ -247,7 +261,7 @@ def coupled_newton_inverse_root(
         step = ((root_order + 1) * identity - m) / root_order
         roots = roots @ step
         m = torch.linalg.matrix_power(step, root_order) @ m
-    return roots, torch.isfinite(roots).all(dim=-1).all(dim=-1)
+    return roots, all_finite(roots)
 
 
 # A coupled iteration that ends with max |M - I| above this has not found the root. The
@@ -339,7 +353,7 @@ def coupled_higher_order_inverse_root(
         error = torch.where(active, new_error, error)
     if q > 1:
         roots = torch.linalg.matrix_power(roots, q)
-    ok = torch.isfinite(roots).all(dim=-1).all(dim=-1) & (error <= _COUPLED_RESIDUAL_LIMIT)
+    ok = all_finite(roots) & (error <= _COUPLED_RESIDUAL_LIMIT)
     return roots, ok
 
 
@@ -503,7 +517,4 @@ def warm_started_eigh_inverse_root(
         bases = bases.index_copy(0, solve, evecs.flip(-1))
         ok = ok.index_copy(0, solve, solved_ok)
     roots = (root_bases * weights.unsqueeze(-2)) @ root_bases.mT
-    finite = torch.isfinite(roots).all(dim=-1).all(dim=-1) & torch.isfinite(bases).all(dim=-1).all(
-        dim=-1
-    )
-    return roots, bases, ok & finite, warm & ~accepted
+    return roots, bases, ok & all_finite(roots) & all_finite(bases), warm & ~accepted

@@ -2,7 +2,8 @@
 
 (The module keeps its name from when it held ``eigh`` alone: :func:`stacked_eigh`, and
 :func:`stacked_qr` for the warm-started QR refresh of the eigenbases, share one splitting
-helper.)
+helper; :func:`rows_over_threads` lends it to other single-threaded kernels over a stack, the
+packed factors' gathers.)
 
 LAPACK's symmetric eigensolver (``syevd``) spends most of its time in the Householder
 tridiagonalisation, a chain of memory-bound matrix-vector products with a synchronisation per
@@ -42,10 +43,14 @@ Example:
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
 
 import torch
+
+_Chunk = TypeVar("_Chunk")
+_Result = TypeVar("_Result")
 
 # Matrices smaller than this are decomposed by one batched call: measured on the idle 2-core AMD
 # EPYC (bench/parallel_eigh.py, 8 matrices), split/batched was 1.19x at 128 and 1.21x at 192
@@ -97,14 +102,20 @@ def _split_over_threads(
         width = parallel_width(matrices)
     if width < 2 or matrices.dim() != 3 or matrices.device.type != "cpu":
         return tuple(solve(matrices))
+    results = _run_split(solve, torch.tensor_split(matrices, width))
+    return tuple(torch.cat(parts) for parts in zip(*results, strict=True))
+
+
+def _run_split(work: Callable[[_Chunk], _Result], chunks: Sequence[_Chunk]) -> list[_Result]:
+    """``[work(chunk) for chunk in chunks]``, one chunk per worker thread, each worker with one
+    intra-op thread; the caller's thread count is 1 during the calls and restored afterwards,
+    also when one raises (``work``'s exceptions propagate)."""
     threads = torch.get_num_threads()
-    chunks = torch.tensor_split(matrices, width)
     torch.set_num_threads(1)
     try:
-        results = list(_pool(width).map(solve, chunks))
+        return list(_pool(len(chunks)).map(work, chunks))
     finally:
         torch.set_num_threads(threads)
-    return tuple(torch.cat(parts) for parts in zip(*results, strict=True))
 
 
 def stacked_eigh(
@@ -119,9 +130,42 @@ def stacked_eigh(
     what ``torch.linalg.eigh`` raises (``torch.linalg.LinAlgError`` when a decomposition fails).
     ``width`` overrides the number of chunks (a CPU ``(N, n, n)`` stack; for benchmarks).
     """
+    if width is None:
+        width = parallel_width(matrices)
     # Looked up at each call (not bound at import) so that tests can patch torch.linalg.eigh.
-    evals, evecs = _split_over_threads(lambda chunk: torch.linalg.eigh(chunk), matrices, width)
+    if width < 2 or matrices.dim() != 3 or matrices.device.type != "cpu":
+        return torch.linalg.eigh(matrices)
+    # Each chunk writes into its rows of the results (no concatenation copy). The eigenvectors
+    # are column-major per matrix, as LAPACK computes them and an unsplit call returns them, so
+    # the out= rows are used as they are.
+    evals = matrices.new_empty(matrices.shape[:-1])
+    evecs = matrices.new_empty(matrices.shape).mT
+
+    def solve(rows: slice) -> None:
+        torch.linalg.eigh(matrices[rows], out=(evals[rows], evecs[rows]))
+
+    _run_split(solve, _chunk_rows(matrices.shape[0], width))
     return evals, evecs
+
+
+def rows_over_threads(work: Callable[[slice], object], count: int) -> None:
+    """``work(rows)`` for contiguous slices of ``range(count)`` covering it, one slice per
+    intra-op thread, concurrently, each worker with one intra-op thread: for a single-threaded
+    CPU kernel over a stack (``index_select`` along dim 1 runs on one thread). With one thread
+    or fewer than two rows, ``work(slice(0, count))`` here."""
+    width = min(torch.get_num_threads(), count)
+    if width < 2:
+        work(slice(0, count))
+        return
+    _run_split(work, _chunk_rows(count, width))
+
+
+def _chunk_rows(count: int, width: int) -> list[slice]:
+    """The rows of ``torch.tensor_split`` of ``count`` rows into ``width`` chunks, empty ones
+    left out."""
+    size, extra = divmod(count, width)
+    edges = [i * size + min(i, extra) for i in range(width + 1)]
+    return [slice(a, b) for a, b in zip(edges[:-1], edges[1:]) if b > a]
 
 
 def _qr_with_r_diagonal(matrices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -10,7 +10,7 @@ stack of roots (in ``inv_factor_matrix_dtype``, by default the block dtype), so 
 size are one batched ``eigh`` call.
 With ``use_symmetric_packing`` (the default) the factors keep only their upper triangles (half
 their bytes, the same numbers: :mod:`kronecker_factors`); the roots stay full matrices, exactly
-symmetric (:meth:`ShampooPreconditioner._solve`), and a state dict holds their upper triangles.
+symmetric (:meth:`ShampooPreconditioner._keep`), and a state dict holds their upper triangles.
 With ``precondition_dtype=torch.bfloat16`` the products run in bfloat16 buffers allocated once
 per bucket (:class:`_GemmBuffers`: the rounded gradient, roots, ``X_L G`` and the product),
 and the product is copied into the block-dtype output; roots and factors keep their dtypes.
@@ -42,7 +42,9 @@ from fractions import Fraction
 import torch
 
 from nanoshampoo.optim.shampoo.preconditioner.factor_matrix_ops import (
+    keep_previous_where_failed,
     multiply_along_dim,
+    symmetric_part,
 )
 from nanoshampoo.optim.shampoo.preconditioner.kronecker_factored_preconditioner import (
     KroneckerFactoredPreconditioner,
@@ -168,17 +170,8 @@ class ShampooPreconditioner(KroneckerFactoredPreconditioner):
     def _solve(
         self, key: Hashable, matrices: torch.Tensor, rows: torch.Tensor | None
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The roots, made exactly symmetric, ``(X + X^T) / 2``: each solver's result differs
-        from its transpose (an eigh product ``Q W Q^T`` in the last bits, a float32 coupled
-        Newton iterate on a rank-deficient factor by about 0.5 %), and the symmetric part is the
-        nearest symmetric matrix. A checkpoint with ``use_symmetric_packing`` keeps the upper
-        triangle, so a resume from it continues bit for bit."""
-        roots, ok = self._unsymmetric_roots(key, matrices, rows)
-        return (roots + roots.mT).mul_(0.5), ok
-
-    def _unsymmetric_roots(
-        self, key: Hashable, matrices: torch.Tensor, rows: torch.Tensor | None
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The roots as the solver gives them, not yet symmetric: :meth:`_keep` stores their
+        symmetric part."""
         solver = self._config.amortized_computation_config
         exponents = self._exponents[key] if rows is None else self._exponents[key][rows]
         # The floor follows the factor and block dtypes, not inv_factor_matrix_dtype: measured
@@ -187,6 +180,11 @@ class ShampooPreconditioner(KroneckerFactoredPreconditioner):
         precision = least_precise_dtype(key[1], self._config.factor_matrix_dtype)
         if isinstance(solver, EigenConfig):
             device = solver.eigendecomposition_offload_device or matrices.device
+            if self._factors.pools[key].packed:
+                # Unpacked from one triangle, these matrices are exactly symmetric, so their
+                # transposed view holds the same numbers in LAPACK's column-major layout: eigh
+                # copies them as they lie, not by a strided transpose (slow at n = 1024).
+                matrices = matrices.mT
             roots, ok = eigh_inverse_root(
                 matrices.to(device),
                 exponents.to(device),
@@ -194,6 +192,7 @@ class ShampooPreconditioner(KroneckerFactoredPreconditioner):
                 solver.retry_double_precision,
                 solver.rank_deficient_stability_config,
                 root_dtype=precision,
+                overwrite_input=True,  # the amortized computation's temporary (see _solve)
             )
             return roots.to(matrices.device), ok.to(matrices.device)
         if isinstance(solver, WarmStartedEigenConfig):
@@ -203,6 +202,21 @@ class ShampooPreconditioner(KroneckerFactoredPreconditioner):
         if isinstance(solver, CoupledHigherOrderConfig):
             return self._higher_order_roots(matrices, exponents, solver, precision)
         raise TypeError(f"unsupported amortized_computation_config {solver!r}")
+
+    def _keep(self, previous: torch.Tensor, results: torch.Tensor, ok: torch.Tensor) -> None:
+        """Stores the roots made exactly symmetric, ``(X + X^T) / 2``: each solver's result
+        differs from its transpose (an eigh product ``Q W Q^T`` in the last bits, a float32
+        coupled Newton iterate on a rank-deficient factor by about 0.5 %), and the symmetric
+        part is the nearest symmetric matrix. A checkpoint with ``use_symmetric_packing`` keeps
+        the upper triangle, so a resume from it continues bit for bit.
+
+        When every root succeeded (the common case) and the stored dtype is the solver's, the
+        symmetric part is summed straight into the stored roots: no temporary, no copy."""
+        if previous.dtype == results.dtype and bool(ok.all()):
+            symmetric_part(results, out=previous)
+        else:
+            symmetric = symmetric_part(results, out=torch.empty_like(results))
+            keep_previous_where_failed(previous, symmetric, ok)
 
     def _warm_started_roots(
         self,

@@ -9,7 +9,10 @@ import pytest
 import torch
 
 from nanoshampoo.optim.shampoo.preconditioner.factor_matrix_ops import (
+    SYMMETRIC_PART_TILE,
+    SYMMETRIC_PART_TILED_MIN_SIZE,
     multiply_along_dim,
+    symmetric_part,
     symmetric_rank_update_,
 )
 from nanoshampoo.optim.shampoo.preconditioner.kronecker_factors import KroneckerFactors
@@ -106,6 +109,19 @@ def test_symmetric_rank_update_matches_the_dense_product() -> None:
     # 4 tiles of 275 rows: each tile below the diagonal is the copy of its mirror.
     assert torch.equal(result[:, 275:, :275], result[:, :275, 275:].mT)
     assert torch.equal(result[:, 825:, 550:825], result[:, 550:825, 825:].mT)
+
+
+@pytest.mark.parametrize("size", [5, SYMMETRIC_PART_TILED_MIN_SIZE + SYMMETRIC_PART_TILE // 3])
+def test_symmetric_part_is_the_halved_sum_with_the_transpose(size: int) -> None:
+    """Untiled and tiled (the larger size, its last tiles partial): ``(X + X^T) / 2`` of the
+    float64 reference, rounded once, i.e. the float32 sum halved, bit for bit."""
+    gen = torch.Generator().manual_seed(4)
+    x = torch.randn(2, size, size, generator=gen)
+    out = torch.full_like(x, float("nan"))
+    assert symmetric_part(x, out=out) is out
+    expected = ((x.double() + x.double().mT) / 2).float()
+    assert torch.equal(out, expected)
+    assert torch.equal(out, out.mT)
 
 
 def test_share_rows_cover_every_factor_once_balanced_by_cost() -> None:

@@ -23,6 +23,7 @@ from nanoshampoo.optim.shampoo.preconditioner.eigenbasis import (
     eigh_eigenbasis,
 )
 from nanoshampoo.optim.shampoo.preconditioner.matrix_roots import (
+    all_finite,
     coupled_newton_inverse_root,
     eigh_inverse_root,
 )
@@ -169,3 +170,35 @@ def test_invalid_stability_configs_name_the_field(factory: Any, field: str) -> N
 
 def test_coupled_newton_has_no_pseudo_inverse_field() -> None:
     assert not hasattr(CoupledNewtonConfig(), "rank_deficient_stability_config")
+
+
+def test_all_finite_flags_each_matrix_with_a_nan_or_an_inf() -> None:
+    stack = torch.ones(5, 3, 4)
+    stack[1, 2, 0] = float("nan")
+    stack[2, 0, 3] = float("inf")
+    stack[3, 1, 1] = float("-inf")
+    stack[4, 0, 0], stack[4, 0, 1] = float("inf"), float("-inf")  # inf - inf: NaN, still caught
+    assert all_finite(stack).tolist() == [True, False, False, False, False]
+    big = torch.full((1, 2, 2), torch.finfo(torch.float32).max)
+    assert all_finite(big).tolist() == [False]  # the sum overflows: counted as a failure
+
+
+def test_eigh_inverse_root_overwriting_its_input_gives_the_same_roots() -> None:
+    """``overwrite_input`` adds the ridge to the caller's diagonal in place: the same bits as the
+    copy ``A + eps I``, whichever layout the (exactly symmetric) stack has."""
+    gen = torch.Generator().manual_seed(5)
+    g = torch.randn(3, 40, 20, generator=gen)
+    stack = g @ g.mT / 20
+    stack = (stack + stack.mT) / 2
+    exponents = torch.full((3,), 0.25)
+    expected, ok = eigh_inverse_root(stack, exponents, 1e-3)
+    for given in (stack.clone(), stack.clone().mT):
+        roots, ok_inplace = eigh_inverse_root(given, exponents, 1e-3, overwrite_input=True)
+        assert torch.equal(roots, expected) and torch.equal(ok_inplace, ok)
+        assert torch.equal(given, stack + 1e-3 * torch.eye(40))
+    # The ridge (1e-3) lies far above the noise floor: the roots are (A + eps I)^(-1/4), to the
+    # float32 rounding of the null-space eigenvalues (near eps, weighted eps^(-1/4) ~ 5.6).
+    evals, evecs = torch.linalg.eigh(stack.double() + 1e-3 * torch.eye(40, dtype=torch.float64))
+    root64 = (evecs * evals.pow(-0.25).unsqueeze(-2)) @ evecs.mT
+    error = (expected.double() - root64).abs().amax() / root64.abs().amax()
+    assert error.item() < 5e-4

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import torch
@@ -15,6 +16,7 @@ from nanoshampoo.optim.shampoo.preconditioner.matrix_roots import (
 from nanoshampoo.optim.shampoo.preconditioner.parallel_eigh import (
     MIN_PARALLEL_SIZE,
     parallel_width,
+    rows_over_threads,
     stacked_eigh,
 )
 
@@ -60,6 +62,8 @@ def test_split_stack_is_the_single_threaded_eigh_of_each_chunk(threads: None) ->
     chunks = [torch.linalg.eigh(chunk) for chunk in torch.tensor_split(stack, 2)]
     assert torch.equal(evals, torch.cat([c[0] for c in chunks]))
     assert torch.equal(evecs, torch.cat([c[1] for c in chunks]))
+    # Column-major per matrix, as an unsplit eigh returns its eigenvectors.
+    assert evecs.stride() == torch.linalg.eigh(stack)[1].stride()
 
 
 def test_split_stack_against_float64_reference(threads: None) -> None:
@@ -81,11 +85,11 @@ def test_threads_restored_when_a_chunk_raises(
     real = torch.linalg.eigh
     calls: list[int] = []
 
-    def failing(chunk: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def failing(chunk: torch.Tensor, out: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
         calls.append(torch.get_num_threads())
         if len(calls) == 2:
             raise torch.linalg.LinAlgError("no convergence")
-        return real(chunk)
+        return real(chunk, out=out)
 
     monkeypatch.setattr(parallel_eigh.torch.linalg, "eigh", failing)
     torch.set_num_threads(2)
@@ -104,11 +108,11 @@ def test_robust_eigh_falls_back_per_matrix_through_the_split(
     bad = stack[2].clone()
     real = torch.linalg.eigh
 
-    def rejects_bad(chunk: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def rejects_bad(chunk: torch.Tensor, out: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
         rows = chunk if chunk.dim() == 3 else chunk.unsqueeze(0)
         if any(torch.equal(row, bad) for row in rows):
             raise torch.linalg.LinAlgError("no convergence")
-        return real(chunk)
+        return real(chunk, out=out)
 
     monkeypatch.setattr(parallel_eigh.torch.linalg, "eigh", rejects_bad)
     torch.set_num_threads(2)
@@ -131,3 +135,24 @@ def test_inverse_roots_same_with_one_or_two_threads(threads: None) -> None:
     assert ok1.all() and ok2.all()
     scale = single.abs().amax(dim=(-2, -1), keepdim=True)
     assert ((split - single).abs() / scale).max().item() < 1e-5
+
+
+def test_rows_over_threads_covers_every_row_once_on_one_thread_each(threads: None) -> None:
+    """5 rows at 2 threads: slices [0, 3) and [3, 5), run by workers with one intra-op thread
+    each; the caller's count comes back. One thread, or one row: one slice, run here."""
+    seen: list[tuple[slice, int]] = []
+
+    def work(rows: slice) -> None:
+        seen.append((rows, torch.get_num_threads()))
+
+    torch.set_num_threads(2)
+    rows_over_threads(work, 5)
+    assert sorted((r.start, r.stop, n) for r, n in seen) == [(0, 3, 1), (3, 5, 1)]
+    assert torch.get_num_threads() == 2
+    seen.clear()
+    rows_over_threads(work, 1)
+    assert seen == [(slice(0, 1), 2)]
+    torch.set_num_threads(1)
+    seen.clear()
+    rows_over_threads(work, 5)
+    assert seen == [(slice(0, 5), 1)]
