@@ -328,6 +328,7 @@ RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
     "peers-muon.json": peers,
     "shampoo-floor-freq1.json": shampoo_floor,
     "shampoo-floor-freq10.json": shampoo_floor,
+    "shampoo-floor-intel-freq1.json": shampoo_floor,
     "pruning-512.json": pruning,
     "halving-replay.json": halving_replay,
     "telemetry-overhead.json": telemetry_overhead,
