@@ -272,15 +272,20 @@ def test_full_factors_match_dense_reference(case: str) -> None:
     _check_against_dense_reference(case, shampoo={"use_symmetric_packing": False})
 
 
+def _reference_block_lists(params: list[torch.Tensor], h: dict[str, Any]) -> list[list[Any]]:
+    """One float64 ``ReferenceBlock`` per block of each parameter, as the optimizer blocks it."""
+    return [
+        [ReferenceBlock(tuple(b.shape), h) for b in reference_blocks(p.detach(), MAX_DIM)]
+        for p in params
+    ]
+
+
 def _check_against_dense_reference(case: str, **extra: Any) -> None:
     h = {**DEFAULTS, **CASES[case]}
     params = _make_params(0)
     grads = _grad_sequence(0, STEPS)
     expected = [p.detach().clone() for p in params]
-    ref_blocks = [
-        [ReferenceBlock(tuple(b.shape), h) for b in reference_blocks(p.detach(), MAX_DIM)]
-        for p in params
-    ]
+    ref_blocks = _reference_block_lists(params, h)
     for t, step_grads in enumerate(grads, start=1):
         for index, g in enumerate(step_grads):
             w_blocks = reference_blocks(expected[index], MAX_DIM)
@@ -458,10 +463,7 @@ def test_a_group_without_any_gradient_counts_the_step_and_moves_nothing(averagin
     grads = _grad_sequence(5, 6)
     idle = {2, 3}  # the steps at which the second group (params[4:]) has no gradient
     expected = [p.detach().clone() for p in params]
-    ref_blocks = [
-        [ReferenceBlock(tuple(b.shape), h) for b in reference_blocks(p.detach(), MAX_DIM)]
-        for p in params
-    ]
+    ref_blocks = _reference_block_lists(params, h)
     for t, step_grads in enumerate(grads, start=1):
         for index, g in enumerate(step_grads):
             if index >= 4 and t in idle:
@@ -613,10 +615,7 @@ def test_hyperparameters_changed_between_steps_match_the_reference() -> None:
     params = _make_params(7)
     grads = _grad_sequence(7, STEPS)
     expected = [p.detach().clone() for p in params]
-    ref_blocks = [
-        [ReferenceBlock(tuple(b.shape), h) for b in reference_blocks(p.detach(), MAX_DIM)]
-        for p in params
-    ]
+    ref_blocks = _reference_block_lists(params, h)
     opt = _optimizer(params, h)
     for steps, changes in phases:
         h.update(changes)  # the reference blocks read h at every step
