@@ -279,6 +279,8 @@ def test_sharded_presets_differ_from_their_base_only_in_model_and_parallel() -> 
         TrainConfig(**fields)
 
 
+@pytest.mark.slow
+@pytest.mark.distributed
 def test_fsdp2_telemetry_matches_ddp(two_rank_results: tuple[Path, list[Any]]) -> None:
     """Telemetry computed where FSDP2's blocks live (full tensors gathered, Shampoo's blocks on
     their round-robin owners) gives the ddp run's records, up to the runs' float32 agreement

@@ -288,6 +288,7 @@ def _gloo_records(rank: int, world_size: int, setup_name: str) -> list[dict[str,
     return [{k: v for k, v in r.items() if k not in ("kind", "layer")} for r in records]
 
 
+@pytest.mark.distributed
 @pytest.mark.parametrize("setup_name", ["shampoo", "distadam", "muon", *MUON_FAMILY])
 def test_two_ranks_record_what_one_process_records(setup_name: str) -> None:
     """World size 2 (Shampoo's and spectral-descent Muon's DDP distributor: each rank holds
