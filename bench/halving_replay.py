@@ -36,6 +36,7 @@ from typing import Any
 from bench_facts import git_commit
 
 from nanoshampoo.evidence.compare import resolve_train_config
+from nanoshampoo.evidence.tune_halving import keep_best
 from nanoshampoo.evidence.tune_study import reduction_factor, rung_steps
 from nanoshampoo.io_utils import atomic_output
 
@@ -45,13 +46,15 @@ def replay(
 ) -> list[list[int]]:
     """The trial indices at each rung (``at[k]``: those that reached rung ``k``, in slot
     order) and, last, the ones that finish the run: ``len(result) == len(rung_steps_) + 1``.
+    Each rung keeps what the tune's own rule keeps (``tune_halving.keep_best``; a trial's slot
+    is its index).
 
     ``trials[i]["rungs"]`` maps a branch's steps (as a string) to its final loss."""
     at = [list(range(len(trials)))]
     for steps in rung_steps_:
         here = at[-1]
-        ranked = sorted(here, key=lambda i: (trials[i]["rungs"][str(steps)], i))
-        at.append(sorted(ranked[: max(1, len(here) // eta)]))
+        kept = keep_best(here, len(here), eta, lambda i: trials[i]["rungs"][str(steps)], int)
+        at.append(sorted(kept))
     return at
 
 

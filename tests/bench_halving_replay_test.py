@@ -3,17 +3,16 @@ trials, picks the point and counts the steps that synchronous halving does when 
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+from bench_scripts_test import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
-for folder in (ROOT / "bench", ROOT / "nanoshampoo" / "evidence" / "tests"):
-    if str(folder) not in sys.path:  # bench_facts.py; the fake trainer's fixtures
-        sys.path.insert(0, str(folder))
+if str(ROOT / "nanoshampoo" / "evidence" / "tests") not in sys.path:  # tune_fixtures
+    sys.path.insert(0, str(ROOT / "nanoshampoo" / "evidence" / "tests"))
 
 from tune_fixtures import fake_command, fake_resolve  # noqa: E402
 
@@ -21,18 +20,8 @@ from nanoshampoo.evidence.compare import Setup  # noqa: E402
 from nanoshampoo.evidence.tune import TuneConfig, parse_search, tune  # noqa: E402
 from nanoshampoo.train.branches import fork_step  # noqa: E402
 
-
-def load(path: Path, name: str) -> Any:
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-replay_bench = load(ROOT / "bench" / "halving_replay.py", "bench_halving_replay")
-grid_bench = load(ROOT / "bench" / "pruning_vs_grid.py", "bench_pruning_vs_grid")
+replay_bench = load_script("halving_replay.py")
+grid_bench = load_script("pruning_vs_grid.py")
 
 
 def trial(number: int, value: float, *rungs: float) -> dict[str, Any]:

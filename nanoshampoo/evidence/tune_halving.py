@@ -30,8 +30,9 @@ retried from the latest checkpoint of that run, so no step is trained twice and 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
@@ -87,6 +88,22 @@ class HalvingPlan:
         return None
 
 
+_Trial = TypeVar("_Trial")
+
+
+def keep_best(
+    reached: Sequence[_Trial],
+    at_rung: int,
+    eta: int,
+    loss: Callable[[_Trial], float],
+    slot_of: Callable[[_Trial], int],
+) -> list[_Trial]:
+    """Synchronous halving's rule at a rung of ``at_rung`` trials: the best ``max(1, at_rung //
+    eta)`` of those that ``reached`` it, by their branch ``loss`` (ties: the lower slot)."""
+    ranked = sorted(reached, key=lambda t: (loss(t), slot_of(t)))
+    return ranked[: max(1, at_rung // eta)]
+
+
 def rung_decision(
     trials: Sequence[FrozenTrial], budget: int, plan: HalvingPlan
 ) -> tuple[int, list[FrozenTrial]] | None:
@@ -110,8 +127,9 @@ def rung_decision(
         for t in at_rung
         if t.state in (TrialState.PRUNED, TrialState.COMPLETE) and steps in t.intermediate_values
     ]
-    ranked = sorted(reached, key=lambda t: (t.intermediate_values[steps], slot(t)))
-    return k, ranked[: max(1, len(at_rung) // plan.eta)]
+    return k, keep_best(
+        reached, len(at_rung), plan.eta, lambda t: t.intermediate_values[steps], slot
+    )
 
 
 def promote(study: optuna.Study, budget: int, plan: HalvingPlan) -> list[int]:
