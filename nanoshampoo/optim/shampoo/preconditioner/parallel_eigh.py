@@ -98,12 +98,20 @@ def _split_over_threads(
     along dim 0 (``solve`` returns a tuple of tensors whose dim 0 indexes the matrices). The
     intra-op thread count is 1 during the calls and restored afterwards, also when one raises;
     ``solve``'s exceptions propagate."""
-    if width is None:
-        width = parallel_width(matrices)
-    if width < 2 or matrices.dim() != 3 or matrices.device.type != "cpu":
+    width = _split_width(matrices, width)
+    if width < 2:
         return tuple(solve(matrices))
-    results = _run_split(solve, torch.tensor_split(matrices, width))
+    chunks = [matrices[rows] for rows in _chunk_rows(matrices.shape[0], width)]
+    results = _run_split(solve, chunks)
     return tuple(torch.cat(parts) for parts in zip(*results, strict=True))
+
+
+def _split_width(matrices: torch.Tensor, width: int | None) -> int:
+    """The chunks a stack is split into: ``width`` (default :func:`parallel_width`), or 1 for
+    anything but a CPU ``(N, n, n)`` stack."""
+    if matrices.dim() != 3 or matrices.device.type != "cpu":
+        return 1
+    return parallel_width(matrices) if width is None else width
 
 
 def _run_split(work: Callable[[_Chunk], _Result], chunks: Sequence[_Chunk]) -> list[_Result]:
@@ -130,10 +138,9 @@ def stacked_eigh(
     what ``torch.linalg.eigh`` raises (``torch.linalg.LinAlgError`` when a decomposition fails).
     ``width`` overrides the number of chunks (a CPU ``(N, n, n)`` stack; for benchmarks).
     """
-    if width is None:
-        width = parallel_width(matrices)
+    width = _split_width(matrices, width)
     # Looked up at each call (not bound at import) so that tests can patch torch.linalg.eigh.
-    if width < 2 or matrices.dim() != 3 or matrices.device.type != "cpu":
+    if width < 2:
         return torch.linalg.eigh(matrices)
     # Each chunk writes into its rows of the results (no concatenation copy). The eigenvectors
     # are column-major per matrix, as LAPACK computes them and an unsplit call returns them, so
@@ -161,8 +168,8 @@ def rows_over_threads(work: Callable[[slice], object], count: int) -> None:
 
 
 def _chunk_rows(count: int, width: int) -> list[slice]:
-    """The rows of ``torch.tensor_split`` of ``count`` rows into ``width`` chunks, empty ones
-    left out."""
+    """``count`` rows in ``width`` contiguous chunks, the first ``count % width`` one row longer
+    (as ``torch.tensor_split`` cuts them), empty ones left out."""
     size, extra = divmod(count, width)
     edges = [i * size + min(i, extra) for i in range(width + 1)]
     return [slice(a, b) for a, b in zip(edges[:-1], edges[1:]) if b > a]
