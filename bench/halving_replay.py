@@ -18,9 +18,16 @@ segment the rest of the run, ``N - fork``. Forks come from the trainer's schedul
 study's seeds of the final loss at the grid's best point (its three confirm runs): a pick whose
 grid loss is within it of the best counts as the best point within seed noise.
 
+The grids come from a study (``--study-json``: every (size, setup) tune of it) or from tunes
+(``--tuning-json``, repeatable: each a ``tune --halving off --rungs ... --confirm-seeds 3``
+grid, whose confirming runs give the noise).
+
 Usage:
     python bench/halving_replay.py --study-json docs/results/study/study.json \\
         --rungs 0.125,0.25,0.5 --rungs 0.25,0.5 --json docs/results/halving-replay.json
+    python bench/halving_replay.py --tuning-json runs/a/tuning.json \\
+        --tuning-json runs/b/tuning.json \\
+        --rungs 0.25,0.5 --json OUT
 """
 
 from __future__ import annotations
@@ -31,7 +38,7 @@ import statistics
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from bench_facts import git_commit
 
@@ -115,30 +122,70 @@ def seed_noise(study: dict[str, Any], size: str, setup: str) -> float:
     return statistics.stdev(o["loss"] for o in cells if o["tokens"] == largest)
 
 
-def measure(study: dict[str, Any], rung_sets: Sequence[tuple[float, ...]]) -> dict[str, Any]:
+class Cell(NamedTuple):
+    """One grid to replay: ``tune`` holds ``study``, ``size``, ``setup`` and ``trials`` (each
+    with ``number``, ``state``, ``params``, ``value`` and ``rungs``); the rest is how it was
+    trained and the seed std of its best point's final loss."""
+
+    tune: dict[str, Any]
+    preset: str
+    train_args: list[str]
+    noise: float
+
+
+def study_cells(study: dict[str, Any]) -> list[Cell]:
+    """Every (size, setup) tune of a study's ``study.json``."""
     definition = study["definition"]
-    train_args = list(definition["train_args"])
-    num_iterations = int(train_args[train_args.index("--num-iterations") + 1])
     presets = {s["name"]: s["preset"] for s in definition["setups"]}
+    return [
+        Cell(
+            tune,
+            presets[tune["setup"]],
+            [*definition["train_args"], "--model", tune["size"]],
+            seed_noise(study, tune["size"], tune["setup"]),
+        )
+        for tune in study["tunes"]
+    ]
+
+
+def tuning_cell(tuning: dict[str, Any], path: Path) -> Cell:
+    """One ``tune``'s ``tuning.json`` (a grid tuned with ``--halving off --rungs ...`` and
+    ``--confirm-seeds`` >= 2, whose confirming runs give the noise)."""
+    finals = [f for f in tuning["confirm_finals"] if f is not None]
+    if len(finals) < 2:
+        raise SystemExit(
+            f"{path}: the noise needs the best point's final loss at >= 2 seeds "
+            "(tune --confirm-seeds 3)"
+        )
+    train_args = list(tuning["train_args"])
+    size = str(resolve_train_config(["--preset", tuning["preset"], *train_args])["model"])
+    tune = {
+        "study": tuning["study"],
+        "size": size,
+        "setup": tuning["setup"],
+        "trials": [t | {"rungs": {str(k): v for k, v in t["rungs"].items()}}
+                   for t in tuning["trials"]],
+    }  # fmt: skip
+    return Cell(tune, tuning["preset"], train_args, statistics.stdev(finals))
+
+
+def measure(cells: Sequence[Cell], rung_sets: Sequence[tuple[float, ...]]) -> dict[str, Any]:
     from nanoshampoo.train.branches import fork_step  # imports torch
 
     results = []
     for rungs in rung_sets:
-        for tune in study["tunes"]:
-            config = resolve_train_config(
-                ["--preset", presets[tune["setup"]], *train_args, "--model", tune["size"]]
-            )
+        for cell in cells:
+            config = resolve_train_config(["--preset", cell.preset, *cell.train_args])
+            num_iterations = int(config["num_iterations"])
             forks = [
                 fork_step(s, num_iterations, config["cooldown_frac"], config["warmup_steps"])
                 for s in rung_steps(rungs, num_iterations)
             ]
-            noise = seed_noise(study, tune["size"], tune["setup"])
             results.append(
-                {"rungs": list(rungs), "forks": forks}
-                | cell_result(tune, noise, rungs, num_iterations, forks)
+                {"rungs": list(rungs), "forks": forks, "num_iterations": num_iterations}
+                | cell_result(cell.tune, cell.noise, rungs, num_iterations, forks)
             )
     return {
-        "num_iterations": num_iterations,
         "results": results,
         "commit": git_commit(),
         "date": time.strftime("%Y-%m-%d", time.gmtime()),
@@ -147,7 +194,14 @@ def measure(study: dict[str, Any], rung_sets: Sequence[tuple[float, ...]]) -> di
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--study-json", type=Path, required=True, help="a study's study.json")
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--study-json", type=Path, help="a study's study.json")
+    source.add_argument(
+        "--tuning-json",
+        type=Path,
+        action="append",
+        help="a tune's tuning.json (repeatable): a grid with --halving off and --confirm-seeds",
+    )
     parser.add_argument(
         "--rungs",
         action="append",
@@ -158,13 +212,16 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--json", type=Path, default=None, help="write the results here")
     args = parser.parse_args(argv)
     try:
-        study = json.loads(args.study_json.read_text())
+        if args.study_json is not None:
+            cells = study_cells(json.loads(args.study_json.read_text()))
+        else:
+            cells = [tuning_cell(json.loads(p.read_text()), p) for p in args.tuning_json]
         rung_sets = [tuple(float(f) for f in text.split(",")) for text in args.rungs]
         for rungs in rung_sets:
             reduction_factor(rungs)
     except (OSError, ValueError) as exc:
         raise SystemExit(f"halving_replay: {exc}") from None
-    result = measure(study, rung_sets)
+    result = measure(cells, rung_sets)
     for r in result["results"]:
         print(
             f"rungs {r['rungs']} {r['size']:>8} {r['setup']:>7}: grid best {r['grid_best']} "

@@ -3,6 +3,8 @@ trials, picks the point and counts the steps that synchronous halving does when 
 
 from __future__ import annotations
 
+import json
+import statistics
 import sys
 from pathlib import Path
 from typing import Any
@@ -97,3 +99,31 @@ def test_the_replay_is_what_synchronous_halving_trains(tmp_path: Path) -> None:
     forks = [fork_step(s, 16, 0.5, 0) for s in (4, 8)]
     counted = grid_bench.study_steps(tmp_path / "sync")
     assert replay_bench.halved_steps(at, forks, [4, 8], 16) == counted
+
+
+def test_a_tunes_grid_replays_from_its_tuning_json(tmp_path: Path) -> None:
+    # A `tune --halving off --rungs ... --confirm-seeds 3` grid: its tuning.json is a cell whose
+    # noise is the std of the confirming seeds' finals, and whose replay is the study's.
+    config = TuneConfig(
+        Setup("muon", "tiny-muon"),
+        (parse_search("muon.lr=0.002,0.01,0.04,0.3"),),
+        out_dir=tmp_path,
+        train_args=("--num-iterations", "16"),
+        rungs=(0.25, 0.5),
+        halving="off",
+        confirm_seeds=3,
+        poll_s=0.02,
+    )
+    result = tune(config, fake_resolve, fake_command, lambda line: None)
+    tuning = json.loads((tmp_path / "tuning.json").read_text())
+    cell = replay_bench.tuning_cell(tuning, tmp_path / "tuning.json")
+    assert cell.noise == pytest.approx(statistics.stdev(result.confirm_finals), abs=1e-12)
+    assert cell.preset == "tiny-muon" and cell.tune["size"] == "tiny"
+    measured = replay_bench.measure([cell], [(0.25, 0.5)])["results"][0]
+    records = sorted(cell.tune["trials"], key=lambda t: t["number"])
+    at = replay_bench.replay(records, [4, 8], eta=2)
+    assert measured["kept"] == [len(a) for a in at] and measured["num_iterations"] == 16
+    best = min(result.trials, key=lambda t: (t.value, t.number))
+    assert measured["grid_best"] == best.params
+    with pytest.raises(SystemExit, match="tuning.json: the noise needs"):
+        replay_bench.tuning_cell(tuning | {"confirm_finals": [4.0]}, tmp_path / "tuning.json")

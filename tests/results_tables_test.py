@@ -240,7 +240,7 @@ def test_the_halving_replay_table_is_rendered_from_its_fields() -> None:
         "results": [row("0.04", 0.0495, False), row("0.02", 0.0, True)],
     }
     lines = results_tables.halving_replay(data).splitlines()
-    assert lines[0] == "Commit abc1234, 2026-12-07; replayed from the study's records, no training."
+    assert lines[0] == "Commit abc1234, 2026-12-07; replayed from the grids' records, no training."
     assert lines[4] == (
         "| 16, 32, 64 | tiny | muon | lr 0.02, weight_decay 0.1: 4.7933 | lr 0.04, "
         "weight_decay 0.1: 4.8428 | 0.0495 / 0.0012 (**beyond**) | 9 → 4 → 2 → 1 | 41 % |"

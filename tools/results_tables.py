@@ -262,14 +262,15 @@ def halving_replay(data: dict[str, Any]) -> str:
     """``bench/halving_replay.py --json``: per rung set and (size, setup), the grid's best,
     halving's pick, the gap against the seed noise, and the compute."""
     lines = [
-        f"Commit {data['commit']}, {data['date']}; replayed from the study's records, no training.",
+        f"Commit {data['commit']}, {data['date']}; replayed from the grids' records, no training.",
         "",
         "| rungs (steps) | size | setup | grid best: point, final loss | halving's pick: point, "
         "its final loss | gap / seed std | trials at each rung | compute |",
         "|---|---|---|---|---|---|---|---|",
     ]
-    n = data["num_iterations"]
     for r in data["results"]:
+        # Older files hold one num_iterations for every result.
+        n = r.get("num_iterations", data.get("num_iterations"))
         steps = ", ".join(str(round(f * n)) for f in r["rungs"])
         verdict = (
             "the same point"
