@@ -34,7 +34,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -89,7 +89,7 @@ class StudyPlan:
         definition = self.definition
         setup = definition.setup(setup_name)
         storage = self.storage
-        return TuneConfig(
+        config = TuneConfig(
             setup=Setup(setup.name, setup.preset),
             searches=tuple(parse_search(s) for s in setup.search),
             trials=setup.trials,
@@ -101,8 +101,11 @@ class StudyPlan:
             rungs=definition.branches,
             halving=definition.halving,
             storage=storage,
-            study=f"{size}.{setup.name}",
         )
+        # Named by size and setup for people, and by the digest of the tune's definition so
+        # that a changed grid or train flag is a new study (reusing the runs that ended),
+        # never trials mixed into the old one.
+        return replace(config, study=f"{size}.{config.study_name}")
 
 
 @dataclass(frozen=True)
@@ -134,14 +137,17 @@ def check_study(
     build: Callable[[TuneConfig], TuneSession] | None = None,
 ) -> dict[tuple[str, str], TuneSession]:
     """Build every (size, setup)'s tune session: each checks its search against the setup, every
-    grid value and the rungs through the trainer's parser, and writes nothing. So a malformed
-    setup fails the study before any trial trains."""
+    grid value and the rungs through the trainer's parser, and that a study of its name already
+    in the store is its own; it writes nothing. So a malformed setup fails the study before any
+    trial trains."""
     build = build or (lambda config: TuneSession(config, resolve))
     sessions = {}
     for size in plan.definition.sizes:
         for setup in plan.definition.setups:
             try:
-                sessions[(size, setup.name)] = build(plan.tune_config(size, setup.name))
+                session = build(plan.tune_config(size, setup.name))
+                session.check_store()
+                sessions[(size, setup.name)] = session
             except ValueError as exc:
                 raise ValueError(f"study: size {size}, setup {setup.name}: {exc}") from None
     return sessions

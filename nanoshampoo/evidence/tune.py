@@ -87,6 +87,7 @@ from nanoshampoo.evidence.tune_study import (
     DIVERGED,
     HEARTBEAT_S,
     OUTCOME,
+    STORE_FILE,
     SURPLUS,
     WAIT_POLL_S,
     NoResult,
@@ -117,6 +118,9 @@ from nanoshampoo.evidence.tune_trial import (
 from nanoshampoo.io_utils import check_output_dir
 
 __all__ = ["TuneConfig", "TuneSession", "parse_search", "tune"]
+
+# The study's user attribute holding its TuneConfig.definition.
+DEFINITION = "definition"
 
 
 @dataclass(frozen=True)
@@ -196,10 +200,10 @@ class TuneConfig:
         return range(self.seed0, self.seed0 + self.seeds)
 
     @property
-    def study_name(self) -> str:
-        """``study``, or ``SETUP-<digest>`` of what makes two commands the same study."""
-        if self.study:
-            return self.study
+    def definition(self) -> str:
+        """The sha256 digest of what makes two commands the same study: the preset, the train
+        flags, the searches, the trial and seed counts, the rungs (and halving mode) and the
+        processes per run."""
         spelled = {
             "preset": self.setup.preset,
             "train_args": self.train_args,
@@ -213,8 +217,12 @@ class TuneConfig:
         }
         if self.rungs:  # a study without rungs keeps the name it had before halving modes
             spelled["halving"] = self.halving
-        digest = hashlib.sha256(json.dumps(spelled, sort_keys=True).encode()).hexdigest()
-        return f"{self.setup.name}-{digest[:10]}"
+        return hashlib.sha256(json.dumps(spelled, sort_keys=True).encode()).hexdigest()
+
+    @property
+    def study_name(self) -> str:
+        """``study``, or ``SETUP-<digest>`` of :attr:`definition`."""
+        return self.study or f"{self.setup.name}-{self.definition[:10]}"
 
     def base_argv(self, seed: int | None = None) -> tuple[str, ...]:
         return (
@@ -299,6 +307,9 @@ class TuneSession:
                 direction="minimize",
                 load_if_exists=True,
             )
+        self._check_definition(self._study.user_attrs.get(DEFINITION))
+        if DEFINITION not in self._study.user_attrs:
+            self._study.set_user_attr(DEFINITION, config.definition)
         counts = study_counts(self._study.get_trials(deepcopy=False), config.budget)
         shape = f"grid {' x '.join(str(len(s.values)) for s in config.searches)}" if grid else "TPE"
         rungs = ""
@@ -315,6 +326,32 @@ class TuneSession:
             f"seed(s) each{rungs}: " + ", ".join(f"{n} {name}" for name, n in counts.items())
         )
         return self._study
+
+    def _check_definition(self, stored: str | None) -> None:
+        """ValueError naming ``--study`` when the store holds a study of this name that another
+        command made (``stored``: its :attr:`TuneConfig.definition`; ``None``: a new study, or
+        one made before studies recorded it, which is taken as it is): its trials would be
+        read as this command's."""
+        config = self.config
+        if stored is not None and stored != config.definition:
+            raise ValueError(
+                f"--study {config.study_name}: {shown_url(self.url)} holds a study of this name "
+                "made by another command (its preset, train flags, search, rungs or seeds "
+                "differ); give a new --study name or --out-dir"
+            )
+
+    def check_store(self) -> None:
+        """The check of :attr:`study` without creating anything: where the store already holds
+        a study of this name, it must be this command's (see :meth:`_check_definition`)."""
+        config = self.config
+        if config.storage is None and not (config.out_dir / STORE_FILE).exists():
+            return
+        storage = open_storage(self.url, config.heartbeat_s)
+        try:
+            study_id = storage.get_study_id_from_name(config.study_name)
+        except KeyError:  # no such study yet
+            return
+        self._check_definition(storage.get_study_user_attrs(study_id).get(DEFINITION))
 
     def work(self, wait: bool = True) -> int:
         """Run trials while the study has one to run (``wait``: then wait for the other

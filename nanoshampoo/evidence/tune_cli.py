@@ -267,6 +267,8 @@ def tuned_compare_config(config: CompareConfig, args: argparse.Namespace) -> Com
             f"tune: every setup needs the same number of trials (an equal budget), got {counts}"
         )
     sessions = [TuneSession(tunes[s.name]) for s in config.setups]
+    for session in sessions:  # every store checked before any trial trains
+        session.check_store()
     for session in sessions:
         session.work(wait=False)
     tuned, results = [], []

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -13,7 +14,7 @@ from scipy import stats
 
 from nanoshampoo.cli import main
 from nanoshampoo.errors import UserError
-from nanoshampoo.evidence.study import stored_storage
+from nanoshampoo.evidence.study import StudyPlan, stored_storage
 from nanoshampoo.evidence.study_definition import load_definition, packaged_studies
 
 TRAIN_ARGS = [
@@ -112,6 +113,19 @@ def test_a_bad_setup_fails_the_study_before_any_trial_trains(
     assert err.startswith("nanoshampoo study: error: study: size gpt-0.2m, setup muon:")
     assert "muon.lrr" in err and len(err.splitlines()) == 1
     assert not any(out.rglob("*.jsonl"))  # adamw, the first setup, trained nothing
+
+
+def test_a_cells_study_is_named_by_size_setup_and_the_digest_of_its_tune(tmp_path: Path) -> None:
+    path = tmp_path / "study.toml"
+    path.write_text(definition_text(SETUPS))
+    config = StudyPlan(load_definition(str(path)), tmp_path / "out").tune_config("gpt-0.2m", "muon")
+    unnamed = dataclasses.replace(config, study="")
+    assert config.study == f"gpt-0.2m.{unnamed.study_name}"
+    assert unnamed.study_name == f"muon-{unnamed.definition[:10]}"
+    # A changed grid is another study (its ended runs are reused by run, not by trial).
+    path.write_text(definition_text(SETUPS.replace("muon.lr=0.01,0.03", "muon.lr=0.01,0.03,0.1")))
+    grown = StudyPlan(load_definition(str(path)), tmp_path / "out").tune_config("gpt-0.2m", "muon")
+    assert grown.study.startswith("gpt-0.2m.muon-") and grown.study != config.study
 
 
 def test_geometric_rungs_are_required_of_the_budgets(

@@ -24,7 +24,7 @@ from tune_fixtures import fake_command, fake_loss, fake_resolve
 from nanoshampoo.cli import main
 from nanoshampoo.evidence.compare import Setup, resolve_train_config
 from nanoshampoo.evidence.logs import read_run
-from nanoshampoo.evidence.tune import TuneConfig, parse_search, tune
+from nanoshampoo.evidence.tune import TuneConfig, TuneSession, parse_search, tune
 from nanoshampoo.evidence.tune_report import TrialResult, TuneResult, edge_keys
 
 
@@ -180,6 +180,38 @@ def test_a_grown_grid_is_a_new_study_that_reuses_the_ended_runs(tmp_path: Path) 
     new = manifests(tmp_path / "tune")[2:]
     assert [flag(r["argv"], "--muon.lr") for r in manifests(tmp_path / "tune")].count("0.04") == 1
     assert len(new) == 1 and sum(line.startswith("[tune] reused") for line in lines) == 2
+
+
+def test_a_named_study_made_by_another_command_is_refused_before_anything_trains(
+    tmp_path: Path,
+) -> None:
+    first = run(config(tmp_path, "muon.lr=0.01,0.02", study="mine"))
+    launched = manifests(tmp_path / "tune")
+    changed = config(tmp_path, "muon.lr=0.01,0.02,0.04", study="mine")
+    message = (
+        f"--study mine: sqlite:///{tmp_path}/tune/study.db holds a study of this name made by "
+        "another command (its preset, train flags, search, rungs or seeds differ); give a new "
+        "--study name or --out-dir"
+    )
+    session = TuneSession(changed, fake_resolve, fake_command, lambda line: None)
+    with pytest.raises(ValueError) as error:
+        session.check_store()  # reads the store, creates nothing
+    assert str(error.value) == message
+    with pytest.raises(ValueError) as error:
+        run(changed)
+    assert str(error.value) == message
+    assert manifests(tmp_path / "tune") == launched  # nothing trained, nothing mixed in
+    stored = study_of(first, tmp_path / "tune")
+    assert stored.user_attrs["definition"] == config(tmp_path, "muon.lr=0.01,0.02").definition
+    assert len(stored.trials) == 2
+    # The same command again reads its study back.
+    assert run(config(tmp_path, "muon.lr=0.01,0.02", study="mine")) == first
+
+
+def test_check_store_creates_no_store(tmp_path: Path) -> None:
+    session = TuneSession(config(tmp_path), fake_resolve, fake_command, lambda line: None)
+    session.check_store()
+    assert not (tmp_path / "tune").exists()
 
 
 def test_ranges_are_searched_by_tpe_reproducibly(tmp_path: Path) -> None:
