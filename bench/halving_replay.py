@@ -185,8 +185,21 @@ def measure(cells: Sequence[Cell], rung_sets: Sequence[tuple[float, ...]]) -> di
                 {"rungs": list(rungs), "forks": forks, "num_iterations": num_iterations}
                 | cell_result(cell.tune, cell.noise, rungs, num_iterations, forks)
             )
+    grids = [
+        {
+            "size": cell.tune["size"],
+            "setup": cell.tune["setup"],
+            "noise": cell.noise,
+            "trials": [
+                {"params": t["params"], "rungs": t["rungs"], "value": t["value"]}
+                for t in sorted(cell.tune["trials"], key=lambda t: t["number"])
+            ],
+        }
+        for cell in cells
+    ]
     return {
         "results": results,
+        "grids": grids,
         "commit": git_commit(),
         "date": time.strftime("%Y-%m-%d", time.gmtime()),
     }

@@ -246,3 +246,27 @@ def test_the_halving_replay_table_is_rendered_from_its_fields() -> None:
         "weight_decay 0.1: 4.8428 | 0.0495 / 0.0012 (**beyond**) | 9 → 4 → 2 → 1 | 41 % |"
     )
     assert "| the same point |" in lines[5]
+
+
+def test_the_halving_replays_grids_are_tables_of_every_points_budgets() -> None:
+    grid = {
+        "size": "gpt-0.2m",
+        "setup": "adamw",
+        "noise": 0.0061,
+        "trials": [
+            {"params": {"adamw.lr": "0.008"}, "rungs": {"128": 5.48, "256": 4.87}, "value": 4.08},
+            {"params": {"adamw.lr": "0.002"}, "rungs": {"128": 4.97, "256": 4.51}, "value": 4.09},
+        ],
+    }
+    data = {"commit": "abc1234", "date": "2026-12-07", "results": [], "grids": [grid]}
+    lines = results_tables.halving_replay(data).splitlines()
+    assert lines[4:] == [
+        "",
+        "adamw at gpt-0.2m: each grid point's decay-branch losses and final loss (one seed; the "
+        "best point's seed std 0.0061; bold: the best at each budget)",
+        "",
+        "| point | 128 steps | 256 steps | final |",
+        "|---|---|---|---|",
+        "| lr 0.008 | 5.4800 | 4.8700 | **4.0800** |",
+        "| lr 0.002 | **4.9700** | **4.5100** | 4.0900 |",
+    ]

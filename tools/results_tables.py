@@ -283,6 +283,28 @@ def halving_replay(data: dict[str, Any]) -> str:
             f"{r['grid_best_value']:.4f} | {_point(r['pick'])}: {r['pick_value']:.4f} | {verdict} "
             f"| {' → '.join(str(k) for k in r['kept'])} | {100 * r['compute_share']:.0f} % |"
         )
+    for grid in data.get("grids", []):  # files from before hold the results only
+        steps = sorted({int(k) for t in grid["trials"] for k in t["rungs"]})
+        lines += [
+            "",
+            f"{grid['setup']} at {grid['size']}: each grid point's decay-branch losses and final "
+            f"loss (one seed; the best point's seed std {grid['noise']:.4f}; bold: the best at "
+            "each budget)",
+            "",
+            "| point | " + " | ".join(f"{s} steps" for s in steps) + " | final |",
+            "|---|" + "---|" * (len(steps) + 1),
+        ]
+        columns = [[t["rungs"].get(str(s)) for t in grid["trials"]] for s in steps]
+        columns.append([t["value"] for t in grid["trials"]])
+        best = [min(v for v in column if v is not None) for column in columns]
+        order = sorted(range(len(grid["trials"])), key=lambda i: grid["trials"][i]["value"])
+        for i in order:
+            cells = []
+            for column, low in zip(columns, best):
+                value = column[i]
+                text = "-" if value is None else f"{value:.4f}"
+                cells.append(f"**{text}**" if value == low else text)
+            lines.append(f"| {_point(grid['trials'][i]['params'])} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
