@@ -84,8 +84,14 @@ def cell_result(
     forks: Sequence[int],
 ) -> dict[str, Any]:
     """One (size, setup): the grid's best, halving's pick and compute at ``rungs``."""
-    trials = sorted(tune["trials"], key=lambda t: t["number"])
-    if any(t["state"] != "complete" for t in trials):
+    # A failed trial whose point ran again to completion (its worker died; the retry keeps its
+    # slot) is not a grid point of its own. Slot order (the trial's directory, tNNN) breaks ties.
+    trials = sorted(
+        (t for t in tune["trials"] if t["state"] == "complete"),
+        key=lambda t: (t.get("name", ""), t["number"]),
+    )
+    done = [t["params"] for t in trials]
+    if any(t["state"] != "complete" and t["params"] not in done for t in tune["trials"]):
         raise SystemExit(
             f"{tune['study']}: trials that did not complete; replay needs a full grid "
             "(a study with halving off)"
@@ -169,7 +175,11 @@ def tuning_cell(tuning: dict[str, Any], path: Path) -> Cell:
     return Cell(tune, tuning["preset"], train_args, statistics.stdev(finals))
 
 
-def measure(cells: Sequence[Cell], rung_sets: Sequence[tuple[float, ...]]) -> dict[str, Any]:
+def measure(
+    cells: Sequence[Cell], rung_sets: Sequence[tuple[float, ...]], grids: bool = False
+) -> dict[str, Any]:
+    """Each rung set replayed on each cell; with ``grids``, also every cell's complete trials
+    (their branch and final losses), which a study's own files already show."""
     from nanoshampoo.train.branches import fork_step  # imports torch
 
     results = []
@@ -185,7 +195,7 @@ def measure(cells: Sequence[Cell], rung_sets: Sequence[tuple[float, ...]]) -> di
                 {"rungs": list(rungs), "forks": forks, "num_iterations": num_iterations}
                 | cell_result(cell.tune, cell.noise, rungs, num_iterations, forks)
             )
-    grids = [
+    tables = [
         {
             "size": cell.tune["size"],
             "setup": cell.tune["setup"],
@@ -193,13 +203,14 @@ def measure(cells: Sequence[Cell], rung_sets: Sequence[tuple[float, ...]]) -> di
             "trials": [
                 {"params": t["params"], "rungs": t["rungs"], "value": t["value"]}
                 for t in sorted(cell.tune["trials"], key=lambda t: t["number"])
+                if t["state"] == "complete"
             ],
         }
         for cell in cells
     ]
     return {
         "results": results,
-        "grids": grids,
+        "grids": tables if grids else [],
         "commit": git_commit(),
         "date": time.strftime("%Y-%m-%d", time.gmtime()),
     }
@@ -234,7 +245,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             reduction_factor(rungs)
     except (OSError, ValueError) as exc:
         raise SystemExit(f"halving_replay: {exc}") from None
-    result = measure(cells, rung_sets)
+    result = measure(cells, rung_sets, grids=args.tuning_json is not None)
     for r in result["results"]:
         print(
             f"rungs {r['rungs']} {r['size']:>8} {r['setup']:>7}: grid best {r['grid_best']} "

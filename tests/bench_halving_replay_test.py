@@ -69,6 +69,28 @@ def test_a_grid_that_was_halved_cannot_be_replayed() -> None:
         )
 
 
+def test_a_failed_trial_that_ran_again_is_replayed_as_its_retry() -> None:
+    trials = [trial(0, 4.90, 6.0, 5.5, 5.2), trial(1, 4.80, 6.1, 5.4, 5.1)]
+    killed = trial(1, 0.0) | {"state": "fail", "value": None, "rungs": {}}
+    retried = [trials[0], killed, trial(2, 4.80, 6.1, 5.4, 5.1) | {"params": {"lr": "1"}}]
+    cells = [
+        replay_bench.cell_result(
+            {"study": "s.x", "size": "s", "setup": "x", "trials": grid},
+            0.01,
+            (0.125, 0.25, 0.5),
+            128,
+            [5, 10, 19],
+        )  # fmt: skip
+        for grid in (trials, retried)
+    ]
+    assert cells[0] == cells[1]
+    alone = [trials[0], killed | {"params": {"lr": "9"}}]
+    with pytest.raises(SystemExit, match="s.x: trials that did not complete"):
+        replay_bench.cell_result(
+            {"study": "s.x", "size": "s", "setup": "x", "trials": alone}, 0.01, (0.5,), 8, [3]
+        )
+
+
 def test_the_replay_is_what_synchronous_halving_trains(tmp_path: Path) -> None:
     lrs = "muon.lr=0.002,0.005,0.01,0.02,0.04,0.1,0.3"
     results = {}
@@ -119,7 +141,11 @@ def test_a_tunes_grid_replays_from_its_tuning_json(tmp_path: Path) -> None:
     cell = replay_bench.tuning_cell(tuning, tmp_path / "tuning.json")
     assert cell.noise == pytest.approx(statistics.stdev(result.confirm_finals), abs=1e-12)
     assert cell.preset == "tiny-muon" and cell.tune["size"] == "tiny"
-    measured = replay_bench.measure([cell], [(0.25, 0.5)])["results"][0]
+    replayed = replay_bench.measure([cell], [(0.25, 0.5)], grids=True)
+    measured = replayed["results"][0]
+    assert [t["value"] for t in replayed["grids"][0]["trials"]] == [
+        t.value for t in sorted(result.trials, key=lambda t: t.number)
+    ]
     records = sorted(cell.tune["trials"], key=lambda t: t["number"])
     at = replay_bench.replay(records, [4, 8], eta=2)
     assert measured["kept"] == [len(a) for a in at] and measured["num_iterations"] == 16
