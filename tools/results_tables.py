@@ -354,6 +354,7 @@ RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
     "shampoo-floor-intel-freq1.json": shampoo_floor,
     "pruning-512.json": pruning,
     "halving-replay.json": halving_replay,
+    "halving-replay-1024.json": halving_replay,
     "telemetry-overhead.json": telemetry_overhead,
     "telemetry-overhead-runs.json": telemetry_overhead,
 }
