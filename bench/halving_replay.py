@@ -76,16 +76,10 @@ def halved_steps(at: Sequence[Sequence[int]], forks: Sequence[int], rung_steps_:
     return total + len(at[-1]) * (num_iterations - previous)
 
 
-def cell_result(
-    tune: dict[str, Any],
-    noise: float,
-    rungs: Sequence[float],
-    num_iterations: int,
-    forks: Sequence[int],
-) -> dict[str, Any]:
-    """One (size, setup): the grid's best, halving's pick and compute at ``rungs``."""
-    # A failed trial whose point ran again to completion (its worker died; the retry keeps its
-    # slot) is not a grid point of its own. Slot order (the trial's directory, tNNN) breaks ties.
+def grid_points(tune: dict[str, Any]) -> list[dict[str, Any]]:
+    """The grid's complete trials in slot order (the trial's directory, tNNN, which breaks ties).
+    A failed trial whose point ran again to completion (its worker died; the retry keeps its
+    slot) is not a point of its own; a point that never completed ends the replay."""
     trials = sorted(
         (t for t in tune["trials"] if t["state"] == "complete"),
         key=lambda t: (t.get("name", ""), t["number"]),
@@ -96,6 +90,18 @@ def cell_result(
             f"{tune['study']}: trials that did not complete; replay needs a full grid "
             "(a study with halving off)"
         )
+    return trials
+
+
+def cell_result(
+    tune: dict[str, Any],
+    noise: float,
+    rungs: Sequence[float],
+    num_iterations: int,
+    forks: Sequence[int],
+) -> dict[str, Any]:
+    """One (size, setup): the grid's best, halving's pick and compute at ``rungs``."""
+    trials = grid_points(tune)
     steps = rung_steps(rungs, num_iterations)
     at = replay(trials, steps, reduction_factor(rungs))
     best = min(range(len(trials)), key=lambda i: (trials[i]["value"], i))
@@ -182,10 +188,10 @@ def measure(
     (their branch and final losses), which a study's own files already show."""
     from nanoshampoo.train.branches import fork_step  # imports torch
 
+    configs = [resolve_train_config(["--preset", c.preset, *c.train_args]) for c in cells]
     results = []
     for rungs in rung_sets:
-        for cell in cells:
-            config = resolve_train_config(["--preset", cell.preset, *cell.train_args])
+        for cell, config in zip(cells, configs):
             num_iterations = int(config["num_iterations"])
             forks = [
                 fork_step(s, num_iterations, config["cooldown_frac"], config["warmup_steps"])
@@ -202,15 +208,14 @@ def measure(
             "noise": cell.noise,
             "trials": [
                 {"params": t["params"], "rungs": t["rungs"], "value": t["value"]}
-                for t in sorted(cell.tune["trials"], key=lambda t: t["number"])
-                if t["state"] == "complete"
+                for t in grid_points(cell.tune)
             ],
         }
-        for cell in cells
+        for cell in (cells if grids else ())
     ]
     return {
         "results": results,
-        "grids": tables if grids else [],
+        "grids": tables,
         "commit": git_commit(),
         "date": time.strftime("%Y-%m-%d", time.gmtime()),
     }

@@ -231,13 +231,14 @@ def test_the_halving_replay_table_is_rendered_from_its_fields() -> None:
             "within_noise": within,
             "kept": [9, 4, 2, 1],
             "compute_share": 0.4123,
+            "num_iterations": 128,
         }
 
     data = {
         "commit": "abc1234",
         "date": "2026-12-07",
-        "num_iterations": 128,
         "results": [row("0.04", 0.0495, False), row("0.02", 0.0, True)],
+        "grids": [],
     }
     lines = results_tables.halving_replay(data).splitlines()
     assert lines[0] == "Commit abc1234, 2026-12-07; replayed from the grids' records, no training."

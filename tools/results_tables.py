@@ -269,9 +269,7 @@ def halving_replay(data: dict[str, Any]) -> str:
         "|---|---|---|---|---|---|---|---|",
     ]
     for r in data["results"]:
-        # Older files hold one num_iterations for every result.
-        n = r.get("num_iterations", data.get("num_iterations"))
-        steps = ", ".join(str(round(f * n)) for f in r["rungs"])
+        steps = ", ".join(str(round(f * r["num_iterations"])) for f in r["rungs"])
         verdict = (
             "the same point"
             if r["pick"] == r["grid_best"]
@@ -283,7 +281,7 @@ def halving_replay(data: dict[str, Any]) -> str:
             f"{r['grid_best_value']:.4f} | {_point(r['pick'])}: {r['pick_value']:.4f} | {verdict} "
             f"| {' → '.join(str(k) for k in r['kept'])} | {100 * r['compute_share']:.0f} % |"
         )
-    for grid in data.get("grids", []):  # files from before hold the results only
+    for grid in data["grids"]:
         steps = sorted({int(k) for t in grid["trials"] for k in t["rungs"]})
         lines += [
             "",

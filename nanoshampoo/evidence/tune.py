@@ -307,8 +307,9 @@ class TuneSession:
                 direction="minimize",
                 load_if_exists=True,
             )
-        self._check_definition(self._study.user_attrs.get(DEFINITION))
-        if DEFINITION not in self._study.user_attrs:
+        stored = self._study.user_attrs.get(DEFINITION)
+        self._check_definition(stored)
+        if stored is None:
             self._study.set_user_attr(DEFINITION, config.definition)
         counts = study_counts(self._study.get_trials(deepcopy=False), config.budget)
         shape = f"grid {' x '.join(str(len(s.values)) for s in config.searches)}" if grid else "TPE"
