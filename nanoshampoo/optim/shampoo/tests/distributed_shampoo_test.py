@@ -585,6 +585,22 @@ def test_nonfinite_gradient_skip_policy_skips_the_step() -> None:
     assert group_step(opt, 0) == 0
 
 
+def test_finite_gradients_whose_float32_sum_overflows_still_step() -> None:
+    """The finiteness check sums a CPU float32 bucket in float32 first: entries near float32's
+    max overflow that sum, and the float64 sum then tells them from a NaN or Inf entry."""
+    big = torch.finfo(torch.float32).max / 2
+    w = torch.nn.Parameter(torch.ones(3, 3))
+    opt = DistributedShampoo([w], lr=0.1, nonfinite_grad_policy="skip")
+    w.grad = torch.full((3, 3), big)
+    assert not torch.isfinite(w.grad.sum())
+    opt.step()
+    assert group_step(opt, 0) == 1
+    w.grad = torch.full((3, 3), big)
+    w.grad[1, 2] = float("inf")
+    with pytest.raises(NonFiniteGradientError, match="non-finite gradient"):
+        DistributedShampoo([w], lr=0.1).step()
+
+
 def test_hyperparameters_changed_between_steps_match_the_reference() -> None:
     """lr, betas, epsilon, momentum, weight decay and the schedule changed between steps (momentum
     and the filtered gradient start from zero) match the reference run with the same schedule.
