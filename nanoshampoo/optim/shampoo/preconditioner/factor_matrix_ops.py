@@ -117,6 +117,37 @@ def symmetric_part(matrices: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
     return out
 
 
+def symmetric_product(left: torch.Tensor, right: torch.Tensor) -> torch.Tensor:
+    """An exactly symmetric ``(B, n, n)`` stack equal, up to rounding, to ``left @ right^T``,
+    for ``(B, n, n)`` operands whose product is symmetric in exact arithmetic (a root
+    ``Q diag(w) Q^T``: ``left = Q diag(w)``, ``right = Q``).
+
+    Below ``TILED_UPDATE_MIN_SIZE``: the symmetric part ``(X + X^T) / 2`` of the full product.
+    From it on, the tiles of :func:`tile_edges` on and above the diagonal only, ``(k + 1) / 2k``
+    of the flops: a tile above the diagonal is its product and the one below it its transpose,
+    a diagonal tile its own symmetric part. A new row-major tensor either way. Measured on the
+    2-core Xeon (1 thread, loaded, CPU time), the roots of the GPT-small block's 14 factors of
+    768 and 6 of 1024 (column scaling, product, symmetric part): 192 -> 159 ms.
+    """
+    edges = tile_edges(left.shape[-1])
+    if len(edges) <= 2:
+        product = left @ right.mT
+        return symmetric_part(product, out=torch.empty_like(product))
+    out = left.new_empty(left.shape)
+    spans = list(zip(edges[:-1], edges[1:]))
+    for i, (r0, r1) in enumerate(spans):
+        for c0, c1 in spans[i:]:
+            # beta 0: the uninitialized tile is not read.
+            out[:, r0:r1, c0:c1].baddbmm_(left[:, r0:r1], right[:, c0:c1].mT, beta=0.0)
+    for i, (r0, r1) in enumerate(spans):
+        diagonal = out[:, r0:r1, r0:r1]
+        product = diagonal.clone()
+        torch.add(product, product.mT, out=diagonal).mul_(0.5)
+        for c0, c1 in spans[i + 1 :]:
+            out[:, c0:c1, r0:r1].copy_(out[:, r0:r1, c0:c1].mT)
+    return out
+
+
 class SymmetricPacking:
     """Packed storage of stacked symmetric ``n x n`` matrices (one per ``(n, device)``), laid out
     as the reference library's upper triangle.

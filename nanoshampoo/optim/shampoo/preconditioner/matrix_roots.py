@@ -3,7 +3,9 @@
 Pure math on tensors: no optimizer state, no communication. Each function takes a stack
 ``A`` of shape ``(N, n, n)`` and returns ``(roots, ok)``: ``roots`` ``(N, n, n)`` and a bool
 mask ``ok`` ``(N,)`` that is False for matrices whose computation failed (solver error or
-non-finite result); callers keep their previous root for those.
+non-finite result); callers keep their previous root for those. The roots from an
+eigendecomposition (:func:`eigh_inverse_root`, :func:`warm_started_eigh_inverse_root`) are
+exactly symmetric (:func:`~factor_matrix_ops.symmetric_product`); the iterations' are not.
 
 Example:
     >>> A = torch.eye(3).expand(2, 3, 3) * 16.0
@@ -19,6 +21,7 @@ from fractions import Fraction
 
 import torch
 
+from nanoshampoo.optim.shampoo.preconditioner.factor_matrix_ops import symmetric_product
 from nanoshampoo.optim.shampoo.preconditioner.parallel_eigh import stacked_eigh
 from nanoshampoo.optim.shampoo.shampoo_types import (
     DefaultPerturbationConfig,
@@ -192,6 +195,7 @@ def eigh_inverse_root(
 
     Returns:
         ``(roots (N, n, n), ok (N,) bool)``; ``roots[i]`` is garbage where ``ok[i]`` is False.
+        The roots are exactly symmetric (:func:`~factor_matrix_ops.symmetric_product`).
     """
     perturbed = isinstance(stability, PerturbationConfig) and stability.perturb_before_computation
     if perturbed and epsilon > 0.0:
@@ -206,7 +210,7 @@ def eigh_inverse_root(
     weights = inverse_root_spectrum(
         evals, exponents, epsilon, stability, matrices.shape[-1], perturbed, noise_dtype
     )
-    roots = (evecs * weights.unsqueeze(-2)) @ evecs.mT
+    roots = symmetric_product(evecs * weights.unsqueeze(-2), evecs)
     return roots, ok & all_finite(roots)
 
 
@@ -516,5 +520,5 @@ def warm_started_eigh_inverse_root(
         weights = weights.index_copy(0, solve, ascending)
         bases = bases.index_copy(0, solve, evecs.flip(-1))
         ok = ok.index_copy(0, solve, solved_ok)
-    roots = (root_bases * weights.unsqueeze(-2)) @ root_bases.mT
+    roots = symmetric_product(root_bases * weights.unsqueeze(-2), root_bases)
     return roots, bases, ok & all_finite(roots) & all_finite(bases), warm & ~accepted

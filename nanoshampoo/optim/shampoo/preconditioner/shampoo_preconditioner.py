@@ -68,6 +68,10 @@ from nanoshampoo.optim.shampoo.shampoo_types import (
     WarmStartedEigenConfig,
 )
 
+# The solvers whose roots are exactly symmetric as computed (eigenvector products formed by
+# factor_matrix_ops.symmetric_product).
+_SYMMETRIC_ROOT_SOLVERS = (EigenConfig, WarmStartedEigenConfig)
+
 # Exponents are floats (1/6 is not exact); the root 1 / e of CoupledHigherOrderConfig is the
 # nearest fraction with at most this denominator (1/6 -> 6, 0.4 -> 5/2).
 _MAX_ROOT_DENOMINATOR = 64
@@ -204,15 +208,18 @@ class ShampooPreconditioner(KroneckerFactoredPreconditioner):
         raise TypeError(f"unsupported amortized_computation_config {solver!r}")
 
     def _keep(self, previous: torch.Tensor, results: torch.Tensor, ok: torch.Tensor) -> None:
-        """Stores the roots made exactly symmetric, ``(X + X^T) / 2``: each solver's result
-        differs from its transpose (an eigh product ``Q W Q^T`` in the last bits, a float32
-        coupled Newton iterate on a rank-deficient factor by about 0.5 %), and the symmetric
-        part is the nearest symmetric matrix. A checkpoint with ``use_symmetric_packing`` keeps
-        the upper triangle, so a resume from it continues bit for bit.
+        """Stores the roots exactly symmetric, so that a checkpoint with
+        ``use_symmetric_packing`` (the upper triangle) resumes bit for bit.
 
-        When every root succeeded (the common case) and the stored dtype is the solver's, the
-        symmetric part is summed straight into the stored roots: no temporary, no copy."""
-        if previous.dtype == results.dtype and bool(ok.all()):
+        The eigh solvers' roots are exactly symmetric as computed (:func:`symmetric_product`)
+        and are stored as they are. The coupled iterations' differ from their
+        transposes (a float32 coupled Newton iterate on a rank-deficient factor by about
+        0.5 %): their symmetric part ``(X + X^T) / 2``, the nearest symmetric matrix, is
+        stored; when every root succeeded (the common case) and the stored dtype is the
+        solver's, it is summed straight into the stored roots: no temporary, no copy."""
+        if isinstance(self._config.amortized_computation_config, _SYMMETRIC_ROOT_SOLVERS):
+            keep_previous_where_failed(previous, results, ok)
+        elif previous.dtype == results.dtype and bool(ok.all()):
             symmetric_part(results, out=previous)
         else:
             symmetric = symmetric_part(results, out=torch.empty_like(results))

@@ -11,8 +11,10 @@ import torch
 from nanoshampoo.optim.shampoo.preconditioner.factor_matrix_ops import (
     SYMMETRIC_PART_TILE,
     SYMMETRIC_PART_TILED_MIN_SIZE,
+    TILED_UPDATE_MIN_SIZE,
     multiply_along_dim,
     symmetric_part,
+    symmetric_product,
     symmetric_rank_update_,
 )
 from nanoshampoo.optim.shampoo.preconditioner.kronecker_factors import KroneckerFactors
@@ -109,6 +111,27 @@ def test_symmetric_rank_update_matches_the_dense_product() -> None:
     # 4 tiles of 275 rows: each tile below the diagonal is the copy of its mirror.
     assert torch.equal(result[:, 275:, :275], result[:, :275, 275:].mT)
     assert torch.equal(result[:, 825:, 550:825], result[:, 550:825, 825:].mT)
+
+
+@pytest.mark.parametrize("size", [40, TILED_UPDATE_MIN_SIZE + 90])
+def test_symmetric_product_is_exactly_symmetric_and_the_root_product(size: int) -> None:
+    """``Q diag(w) Q^T`` in float32, against the float64 product of the same float32 operands:
+    within float32 rounding, exactly symmetric; untiled (the smaller size) the symmetric part
+    of the full product, bit for bit; tiled, each tile below the diagonal the copy of its
+    mirror (two tiles of 301 rows)."""
+    gen = torch.Generator().manual_seed(5)
+    q = torch.linalg.qr(torch.randn(2, size, size, dtype=torch.float64, generator=gen)).Q.float()
+    w = torch.rand(2, size, generator=gen, dtype=torch.float64).float() * 10 + 0.1
+    left = q * w.unsqueeze(-2)
+    result = symmetric_product(left, q)
+    expected = left.double() @ q.double().mT
+    torch.testing.assert_close(result.double(), expected, rtol=0.0, atol=1e-5 * 10)
+    assert torch.equal(result, result.mT)
+    if size < TILED_UPDATE_MIN_SIZE:
+        full = left @ q.mT
+        assert torch.equal(result, symmetric_part(full, out=torch.empty_like(full)))
+    else:
+        assert torch.equal(result[:, 301:, :301], result[:, :301, 301:].mT)
 
 
 @pytest.mark.parametrize("size", [5, SYMMETRIC_PART_TILED_MIN_SIZE + SYMMETRIC_PART_TILE // 3])
