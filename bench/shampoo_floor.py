@@ -36,6 +36,12 @@ printed: the median and the fastest window's mean step over all rounds, each ove
 Threads: every available core by default (what a training run on idle cores uses); the first
 printed line and the JSON name the count.
 
+Allocator: run as a script, the bench re-executes itself with the glibc malloc settings a
+training run uses (``nanoshampoo.train.allocator``: freed memory kept for reuse, not unmapped),
+so our step's temporaries are not page-faulted in anew every step, as they are not in a run; the
+floor's parts run in the same process, under the same settings. The printed report and the JSON
+name the settings in force.
+
 Usage:
     python bench/shampoo_floor.py [--shapes 768x768,...] [--max-preconditioner-dim 1024]
         [--frequency 1] [--rounds 5] [--steps 3] [--repeats 3] [--threads 0] [--json OUT]
@@ -67,6 +73,7 @@ from nanoshampoo.optim.shampoo import (
 )
 from nanoshampoo.optim.shampoo.preconditioner.factor_matrix_ops import symmetric_rank_update_
 from nanoshampoo.optim.shampoo.preconditioner.parallel_eigh import parallel_width, stacked_eigh
+from nanoshampoo.train.allocator import TUNED_MALLOC_ENV, exec_script_with_tuned_malloc
 from nanoshampoo.train.machine import available_cores, cpu_name
 
 GPT_SMALL_SHAPES = "768x768,768x768,768x768,768x768,768x3072,3072x768"
@@ -283,6 +290,7 @@ def measure(args: argparse.Namespace) -> dict[str, object]:
         "floor_below_every_window": floor_ms < min(ours_ms),
         "rounds": rounds,
         "machine": cpu_name(),
+        "malloc": {name: os.environ.get(name, "default") for name in TUNED_MALLOC_ENV},
         "torch": torch.__version__,
         "commit": commit,
         "date": time.strftime("%Y-%m-%d", time.gmtime()),
@@ -298,7 +306,8 @@ def report(result: dict[str, object]) -> str:
     return "\n".join(
         [
             f"{result['machine']}; {result['threads']} threads; load average "
-            f"{result['load_average']:.2f}; commit {result['commit']}",
+            f"{result['load_average']:.2f}; commit {result['commit']}; malloc "
+            + " ".join(f"{k}={v}" for k, v in result["malloc"].items()),  # type: ignore[union-attr]
             f"shapes {result['shapes']}; blocks of at most {result['max_preconditioner_dim']}; "
             f"frequency {result['frequency']}",
             f"eigh (per size, every root computation, best of the rounds): {eigh}; per step "
@@ -352,6 +361,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, object]:
 
 
 if __name__ == "__main__":
+    exec_script_with_tuned_malloc(__file__, sys.argv[1:])
     try:
         main()
     except ValueError as error:

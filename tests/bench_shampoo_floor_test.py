@@ -4,6 +4,10 @@ count of every product written out, and a tiny run of the whole bench so it cann
 from __future__ import annotations
 
 import json
+import os
+import platform
+import subprocess
+import sys
 from collections import Counter
 from pathlib import Path
 from types import ModuleType
@@ -12,6 +16,7 @@ import pytest
 import torch
 from bench_scripts_test import load_script
 
+from nanoshampoo.train.allocator import OPT_OUT_VAR, TUNED_MALLOC_ENV
 from nanoshampoo.train.machine import available_cores
 
 
@@ -161,3 +166,18 @@ def test_the_floor_times_every_product_of_a_step_at_its_shape(
     for size, count in sizes.items():
         expected[(count, size, size, size)] += 4
     assert counted == expected
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc only")
+def test_run_as_a_script_it_times_under_a_training_runs_malloc(tmp_path: Path) -> None:
+    """Started without the settings, the script re-executes itself with the trainer's
+    (``TUNED_MALLOC_ENV``), and the JSON names them."""
+    out = tmp_path / "floor.json"
+    env = {k: v for k, v in os.environ.items() if k not in TUNED_MALLOC_ENV and k != OPT_OUT_VAR}
+    script = Path(__file__).resolve().parents[1] / "bench" / "shampoo_floor.py"
+    args = ["--shapes", "16x16", "--max-preconditioner-dim", "32", "--rounds", "1"]
+    args += ["--steps", "1", "--repeats", "1", "--threads", "1", "--json", str(out)]
+    subprocess.run(
+        [sys.executable, str(script), *args], env=env, check=True, capture_output=True, timeout=300
+    )
+    assert json.loads(out.read_text())["malloc"] == TUNED_MALLOC_ENV

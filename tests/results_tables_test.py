@@ -140,6 +140,11 @@ def test_the_shampoo_floor_table_is_rendered_from_its_fields() -> None:
         "| **ours / floor**, median (fastest) | **1.10x** (1.04x) |",
         "| floor below every window | yes |",
     ]
+    malloc = {"MALLOC_MMAP_THRESHOLD_": "268435456", "MALLOC_TRIM_THRESHOLD_": "default"}
+    assert results_tables.shampoo_floor(data | {"malloc": malloc}).splitlines()[-1] == (
+        "| glibc malloc (a training run's: freed memory kept) | "
+        "`MALLOC_MMAP_THRESHOLD_=268435456`, `MALLOC_TRIM_THRESHOLD_=default` |"
+    )
 
 
 def test_the_pruning_table_is_rendered_from_its_fields() -> None:

@@ -207,6 +207,9 @@ def shampoo_floor(data: dict[str, Any]) -> str:
         f"({data['ours_min_over_floor']:.2f}x) |",
         f"| floor below every window | {'yes' if data['floor_below_every_window'] else 'no'} |",
     ]
+    if "malloc" in data:  # files from before the bench named its allocator settings lack it
+        settings = ", ".join(f"`{k}={v}`" for k, v in data["malloc"].items())
+        lines.append(f"| glibc malloc (a training run's: freed memory kept) | {settings} |")
     return measured_on(data) + "\n".join(lines) + "\n"
 
 

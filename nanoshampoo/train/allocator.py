@@ -1,4 +1,5 @@
-"""glibc malloc settings for training on CPU, applied by re-executing the entry point once.
+"""glibc malloc settings for training on CPU, applied by re-executing the entry point once
+(the trainer's; a benchmark that times what a run computes re-executes itself the same way).
 
 Why: glibc serves every allocation above its mmap threshold (dynamic, at most 32 MiB) with a
 fresh ``mmap`` and gives it back with ``munmap`` on free, and trims the heap top eagerly; a
@@ -78,8 +79,23 @@ def exec_with_tuned_malloc(module: str, args: Sequence[str]) -> None:
     environment = tuned_environment(os.environ, platform.libc_ver()[0])
     if environment is None:
         return
+    _exec([sys.executable, "-m", module, *args], safe_python_environment(environment))
+
+
+def exec_script_with_tuned_malloc(script: str | Path, args: Sequence[str]) -> None:
+    """Replace this process by ``python script *args`` with :data:`TUNED_MALLOC_ENV` set: a
+    benchmark script that times what a training run computes, under the run's allocator.
+
+    As :func:`exec_with_tuned_malloc`, but the environment is otherwise the caller's: the
+    script's folder stays first on ``sys.path`` (a bench imports its sibling modules).
+    """
+    environment = tuned_environment(os.environ, platform.libc_ver()[0])
+    if environment is None:
+        return
+    _exec([sys.executable, str(script), *args], environment)
+
+
+def _exec(argv: list[str], environment: Mapping[str, str]) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
-    os.execve(
-        sys.executable, [sys.executable, "-m", module, *args], safe_python_environment(environment)
-    )
+    os.execve(sys.executable, argv, dict(environment))

@@ -61,3 +61,34 @@ def test_reexec_runs_the_module_once_more_in_the_same_process(tmp_path) -> None:
     assert first[2] == "None" and second[2] == TUNED_MALLOC_ENV["MALLOC_MMAP_THRESHOLD_"]
     assert first[1] == second[1] == done[1]  # execve keeps the pid: safe under torchrun
     assert out[0].endswith("['--seed', '3']") and out[1].endswith("['--seed', '3']")
+
+
+SCRIPT = """
+import os, sys
+import sibling  # the script's own folder is still on sys.path after the re-exec
+from nanoshampoo.train.allocator import exec_script_with_tuned_malloc
+if __name__ == "__main__":
+    print("pid", os.getpid(), os.environ.get("MALLOC_TRIM_THRESHOLD_"), sys.argv[1:], flush=True)
+    exec_script_with_tuned_malloc(__file__, sys.argv[1:])
+    print("done", os.getpid(), flush=True)
+"""
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc only")
+def test_a_script_reexecutes_once_with_its_folder_on_the_path(tmp_path) -> None:
+    (tmp_path / "probe_script.py").write_text(SCRIPT)
+    (tmp_path / "sibling.py").write_text("")
+    env = {k: v for k, v in os.environ.items() if k not in TUNED_MALLOC_ENV and k != OPT_OUT_VAR}
+    env["PYTHONPATH"] = os.pathsep.join(sys.path)
+    out = subprocess.run(
+        [sys.executable, str(tmp_path / "probe_script.py"), "--rounds", "2"],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    ).stdout.split("\n")
+    first, second, done = out[0].split(), out[1].split(), out[2].split()
+    assert first[2] == "None" and second[2] == TUNED_MALLOC_ENV["MALLOC_TRIM_THRESHOLD_"]
+    assert first[1] == second[1] == done[1]
+    assert out[1].endswith("['--rounds', '2']")
