@@ -585,10 +585,9 @@ def _finite_if_entries_are(buffer: torch.Tensor) -> torch.Tensor:
 
     A NaN or Inf entry makes any sum non-finite; only an overflow of finite entries could make
     a float32 sum non-finite too, and the float64 sum tells the two apart. On a CPU the float64
-    sum of a float32 tensor first writes a float64 copy of it (4.6x the time of the float32
-    sum over the GPT-small block's gradients, 1 thread), so a float32 CPU buffer is summed in
-    float32 and summed again in float64 only where that sum is not finite (a host read, free
-    on a CPU). Elsewhere the float64 sum, which a GPU computes without the copy."""
+    sum of a float32 tensor first writes a float64 copy of it, so a float32 CPU buffer is
+    summed in float32 and summed again in float64 only where that sum is not finite (a host
+    read, free on a CPU). Elsewhere the float64 sum, which a GPU computes without the copy."""
     if buffer.device.type == "cpu" and buffer.dtype == torch.float32:
         partial = buffer.sum()
         if bool(torch.isfinite(partial)):

@@ -125,9 +125,7 @@ def symmetric_product(left: torch.Tensor, right: torch.Tensor) -> torch.Tensor:
     Below ``TILED_UPDATE_MIN_SIZE``: the symmetric part ``(X + X^T) / 2`` of the full product.
     From it on, the tiles of :func:`tile_edges` on and above the diagonal only, ``(k + 1) / 2k``
     of the flops: a tile above the diagonal is its product and the one below it its transpose,
-    a diagonal tile its own symmetric part. A new row-major tensor either way. Measured on the
-    2-core Xeon (1 thread, loaded, CPU time), the roots of the GPT-small block's 14 factors of
-    768 and 6 of 1024 (column scaling, product, symmetric part): 192 -> 159 ms.
+    a diagonal tile its own symmetric part. A new row-major tensor either way.
     """
     edges = tile_edges(left.shape[-1])
     if len(edges) <= 2:
