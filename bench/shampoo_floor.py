@@ -16,7 +16,10 @@ root work divided by F, the rest every step):
 
 Each part is timed ``--repeats`` times per round with the threads the step uses, and the floor
 sums each part's best over all rounds: a lower bound, not a typical time, so on a loaded
-machine it stays below every measured step instead of the other way round. (A GEMM rate
+machine it stays below every measured step instead of the other way round. Against it, ours'
+fastest window is the like statistic. A typical floor is also kept: each part's median call,
+the median over the rounds; ours' median window over it compares typical with typical, which
+the machine's own spread between calls does not tilt. (A GEMM rate
 probed on one 1024^3 product, as this bench once did, was slower per FLOP than the step's own
 stacked products, which put the "floor" above our step.)
 
@@ -59,6 +62,7 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -120,15 +124,35 @@ def floor_work(
     return sizes, step_flops, root_flops
 
 
-def _best_seconds(work: Callable[[], object], repeats: int) -> float:
-    """The fastest of ``repeats`` timed calls of ``work``, after one untimed call."""
+@dataclass(frozen=True)
+class Timing:
+    """Seconds of one part of the floor in one round: the fastest and the median call."""
+
+    best: float
+    median: float
+
+    @staticmethod
+    def faster(*timings: Timing) -> Timing:
+        """The part done the faster way: each statistic's minimum over the ways."""
+        return Timing(min(t.best for t in timings), min(t.median for t in timings))
+
+    def __add__(self, other: Timing) -> Timing:
+        return Timing(self.best + other.best, self.median + other.median)
+
+
+ZERO = Timing(0.0, 0.0)
+
+
+def _timed(work: Callable[[], object], repeats: int) -> Timing:
+    """The fastest and the median of ``repeats`` timed calls of ``work``, after one untimed
+    call."""
     work()
-    best = float("inf")
+    seconds = []
     for _ in range(repeats):
         start = time.perf_counter()
         work()
-        best = min(best, time.perf_counter() - start)
-    return best
+        seconds.append(time.perf_counter() - start)
+    return Timing(min(seconds), statistics.median(seconds))
 
 
 def _spd(count: int, size: int, generator: torch.Generator) -> torch.Tensor:
@@ -136,52 +160,52 @@ def _spd(count: int, size: int, generator: torch.Generator) -> torch.Tensor:
     return a @ a.mT / size + 1e-3 * torch.eye(size)
 
 
-def eigh_seconds(size: int, count: int, generator: torch.Generator, repeats: int) -> float:
-    """Float32 ``eigh`` of ``count`` SPD ``size x size`` matrices: the best of ``repeats`` of
-    the faster of one batched call and the stack split over the threads.
+def eigh_seconds(size: int, count: int, generator: torch.Generator, repeats: int) -> Timing:
+    """Float32 ``eigh`` of ``count`` SPD ``size x size`` matrices over ``repeats`` calls, the
+    faster of one batched call and the stack split over the threads.
 
     The matrices lie column-major, LAPACK's layout, so ``eigh``'s copy of its input is a plain
     copy: what our step gives it (an exactly symmetric factor's transposed view), and faster
     than the strided transpose a row-major input needs (at 1024 on a CPU)."""
     spd = _spd(count, size, generator)
     spd = ((spd + spd.mT) / 2).mT  # exactly symmetric, so the view is the same matrices
-    best = _best_seconds(lambda: torch.linalg.eigh(spd), repeats)
+    timing = _timed(lambda: torch.linalg.eigh(spd), repeats)
     if parallel_width(spd) >= 2:
-        best = min(best, _best_seconds(lambda: stacked_eigh(spd), repeats))
-    return best
+        timing = Timing.faster(timing, _timed(lambda: stacked_eigh(spd), repeats))
+    return timing
 
 
 def gemm_seconds(
     shapes: Sequence[tuple[int, int]], max_dim: int, generator: torch.Generator, repeats: int
-) -> tuple[float, float]:
-    """``(seconds of every step's GEMMs, seconds of the roots' GEMMs)``, each product timed at
-    the shapes the step uses, with the threads it uses, best of ``repeats``.
+) -> tuple[Timing, Timing]:
+    """``(every step's GEMMs, the roots' GEMMs)``, each product timed at the shapes the step
+    uses, with the threads it uses, over ``repeats`` calls.
 
     Blocks of one shape are stacked (one ``bmm`` per product, as our step batches them), factors
     of one size too. A factor update ``F += G G^T`` is the faster of the full product and our
     triangle of tiles (:func:`symmetric_rank_update_`), so the floor stays below a step that
     computes half of it.
     """
-    step = root = 0.0
+    step = root = ZERO
     for (m, n), count in sorted(Counter(blocks(shapes, max_dim)).items()):
         g = torch.randn(count, m, n, generator=generator)
         left, right = _spd(count, m, generator), _spd(count, n, generator)
         for unfolded, factor in ((g, left), (g.mT, right)):
-            full = _best_seconds(lambda u=unfolded: torch.bmm(u, u.mT), repeats)
-            triangle = _best_seconds(
+            full = _timed(lambda u=unfolded: torch.bmm(u, u.mT), repeats)
+            triangle = _timed(
                 lambda u=unfolded, f=factor: symmetric_rank_update_(f, u, 0.999, 0.001), repeats
             )
-            step += min(full, triangle)
-        step += _best_seconds(lambda: torch.bmm(left, g), repeats)
-        step += _best_seconds(lambda: torch.bmm(g, right), repeats)
+            step += Timing.faster(full, triangle)
+        step += _timed(lambda: torch.bmm(left, g), repeats)
+        step += _timed(lambda: torch.bmm(g, right), repeats)
     sizes, _, _ = floor_work(shapes, max_dim)
     for size, count in sorted(sizes.items()):
         # Q row-major, and column-major as eigh returns it (our step multiplies that): the
         # faster of the two.
         q = _spd(count, size, generator)
-        root += min(
-            _best_seconds(lambda q=q: torch.bmm(q, q.mT), repeats),
-            _best_seconds(lambda q=q.mT: torch.bmm(q, q.mT), repeats),
+        root += Timing.faster(
+            _timed(lambda q=q: torch.bmm(q, q.mT), repeats),
+            _timed(lambda q=q.mT: torch.bmm(q, q.mT), repeats),
         )
     return step, root
 
@@ -254,9 +278,13 @@ def measure(args: argparse.Namespace) -> dict[str, object]:
         ]
         rounds.append(
             {
-                "eigh_ms": {s: 1000 * t for s, t in eigh.items()},
-                "step_gemm_ms": 1000 * step_gemm,
-                "root_gemm_ms": 1000 * root_gemm,
+                "eigh_ms": {s: 1000 * t.best for s, t in eigh.items()},
+                "step_gemm_ms": 1000 * step_gemm.best,
+                "root_gemm_ms": 1000 * root_gemm.best,
+                # The same parts' median calls: the floor's typical time, against ours' median.
+                "eigh_median_ms": {s: 1000 * t.median for s, t in eigh.items()},
+                "step_gemm_median_ms": 1000 * step_gemm.median,
+                "root_gemm_median_ms": 1000 * root_gemm.median,
                 "ours_ms": [1000 * w for w in windows],
             }
         )
@@ -266,6 +294,15 @@ def measure(args: argparse.Namespace) -> dict[str, object]:
     eigh_per_step = sum(eigh_ms.values()) / frequency
     gemm_ms = step_gemm_ms + root_gemm_ms / frequency
     floor_ms = eigh_per_step + gemm_ms
+
+    def typical(field: str) -> float:
+        return statistics.median(r[field] for r in rounds)
+
+    floor_median_ms = (
+        sum(statistics.median(r["eigh_median_ms"][s] for r in rounds) for s in sizes) / frequency
+        + typical("step_gemm_median_ms")
+        + typical("root_gemm_median_ms") / frequency
+    )
     ours_ms = [w for r in rounds for w in r["ours_ms"]]
     flops = root_flops / frequency + step_flops  # per step, the roots' share included
     return {
@@ -287,6 +324,8 @@ def measure(args: argparse.Namespace) -> dict[str, object]:
         "ours_median_ms": statistics.median(ours_ms),
         "ours_over_floor": statistics.median(ours_ms) / floor_ms,
         "ours_min_over_floor": min(ours_ms) / floor_ms,
+        "floor_median_ms": floor_median_ms,
+        "ours_median_over_floor_median": statistics.median(ours_ms) / floor_median_ms,
         "floor_below_every_window": floor_ms < min(ours_ms),
         "rounds": rounds,
         "machine": cpu_name(),
@@ -320,6 +359,8 @@ def report(result: dict[str, object]) -> str:
             f"{result['ours_median_ms']:.1f} ms; ours / floor: median "
             f"{result['ours_over_floor']:.2f}x, min {result['ours_min_over_floor']:.2f}x; floor "
             f"below every window: {'yes' if result['floor_below_every_window'] else 'NO'}",
+            f"typical: the floor's parts at their median calls {result['floor_median_ms']:.1f} "
+            f"ms; ours' median / that: {result['ours_median_over_floor_median']:.2f}x",
         ]
     )
 

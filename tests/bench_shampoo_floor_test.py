@@ -91,8 +91,26 @@ def test_tiny_run_reports_ours_over_its_floor(
         + min(r["step_gemm_ms"] for r in rounds)
         + min(r["root_gemm_ms"] for r in rounds)
     )
+
+    # The typical floor: each part's median call, the median over the (two) rounds.
+    def mean_of_rounds(field: str, size: int | None = None) -> float:
+        values = [r[field] if size is None else r[field][size] for r in rounds]
+        assert len(values) == 2
+        return sum(values) / 2
+
+    assert result["floor_median_ms"] == pytest.approx(
+        sum(mean_of_rounds("eigh_median_ms", s) for s in (8, 16, 32))
+        + mean_of_rounds("step_gemm_median_ms")
+        + mean_of_rounds("root_gemm_median_ms")
+    )
+    for r in rounds:  # a part's fastest call is no slower than its median one
+        assert r["step_gemm_ms"] <= r["step_gemm_median_ms"]
+        assert all(r["eigh_ms"][s] <= r["eigh_median_ms"][s] for s in (8, 16, 32))
     windows = [w for r in rounds for w in r["ours_ms"]]
     assert len(windows) == 4 and result["ours_min_ms"] == min(windows)
+    assert result["ours_median_over_floor_median"] == pytest.approx(
+        result["ours_median_ms"] / result["floor_median_ms"]
+    )
     assert result["ours_over_floor"] == pytest.approx(result["ours_median_ms"] / result["floor_ms"])
     assert result["floor_below_every_window"] == (result["floor_ms"] < min(windows))
     assert json.loads(out.read_text())["ours_over_floor"] == result["ours_over_floor"]

@@ -207,6 +207,14 @@ def shampoo_floor(data: dict[str, Any]) -> str:
         f"({data['ours_min_over_floor']:.2f}x) |",
         f"| floor below every window | {'yes' if data['floor_below_every_window'] else 'no'} |",
     ]
+    if "floor_median_ms" in data:  # files from before the bench kept the parts' medians lack it
+        lines.append(
+            f"| typical: the floor's parts at their median call | {data['floor_median_ms']:.1f} |"
+        )
+        lines.append(
+            "| **ours / floor, typical** (ours' median over the parts' medians) "
+            f"| **{data['ours_median_over_floor_median']:.2f}x** |"
+        )
     if "malloc" in data:  # files from before the bench named its allocator settings lack it
         settings = ", ".join(f"`{k}={v}`" for k, v in data["malloc"].items())
         lines.append(f"| glibc malloc (a training run's: freed memory kept) | {settings} |")
