@@ -38,6 +38,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import importlib
+import re
 import sys
 import typing
 from collections.abc import Sequence
@@ -96,9 +97,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         # Imported only when used: training and data preparation pull in heavy dependencies.
         result = getattr(importlib.import_module(module), function)(argv[1:])
         return int(result or 0)
+    dashes = next((a for a in argv if re.fullmatch(r"--[A-Za-z][\w.-]*=--", a)), None)
+    if dashes is not None:
+        # Python 3.11's argparse hands "--FLAG=--" over as an empty list, not a string: no
+        # command reads that, so it is refused here for what was typed.
+        command = f"nanoshampoo {argv[0]}" if not argv[0].startswith("-") else "nanoshampoo"
+        flag = dashes.partition("=")[0]
+        return run_command(command, lambda: _refuse(f"{flag}: expected a value, got '--'"))
     parser = _parser()
     args = parser.parse_args(argv)
     return run_command(f"nanoshampoo {args.command}", lambda: args.handler(args))
+
+
+def _refuse(message: str) -> typing.NoReturn:
+    raise UserError(message)
 
 
 class _OneLineErrorParser(argparse.ArgumentParser):

@@ -16,7 +16,7 @@ from bad_input_fixtures import (
     write_trace,
     x_event,
 )
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from nanoshampoo.cli import main
@@ -359,6 +359,8 @@ def test_an_unusable_out_dir_is_refused_before_any_run(
         ),
     )
 )
+# Python 3.11's argparse hands "--search=--" over as an empty list, not the string "--".
+@example(spec="--")
 def test_tune_on_a_generated_search_refuses_in_one_line_or_is_a_valid_search(
     spec: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -383,6 +385,17 @@ def test_tune_on_a_generated_search_refuses_in_one_line_or_is_a_valid_search(
     assert status == EXIT_USER_ERROR
     one_error_line(capsys, "nanoshampoo tune")
     assert snapshot(tmp_path) == before
+
+
+@pytest.mark.parametrize(
+    "argv", [["compare", "--setups=--"], ["tune", "--setup", "adamw", "--search=--"]]
+)
+def test_a_flag_given_dashes_as_its_value_is_refused_in_one_line(
+    argv: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """argparse (3.11) would hand the command an empty list for ``--FLAG=--``."""
+    flag = next(a for a in argv if a.endswith("=--")).partition("=")[0]
+    _refused([*argv, *TRAIN], capsys, tmp_path, flag, "expected a value, got '--'")
 
 
 def test_compare_refuses_a_table_flag_that_a_setup_does_not_read(
