@@ -44,23 +44,24 @@ if __name__ == "__main__":
 """
 
 
+def _untuned_run(command: list[str], paths: list[str]) -> list[list[str]]:
+    """``python *command`` without the malloc variables, ``paths`` first on ``PYTHONPATH``;
+    its stdout's lines, split into words."""
+    env = {k: v for k, v in os.environ.items() if k not in TUNED_MALLOC_ENV and k != OPT_OUT_VAR}
+    env["PYTHONPATH"] = os.pathsep.join([*paths, *sys.path])
+    out = subprocess.run(
+        [sys.executable, *command], env=env, capture_output=True, text=True, check=True, timeout=60
+    )
+    return [line.split() for line in out.stdout.splitlines()]
+
+
 @pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc only")
 def test_reexec_runs_the_module_once_more_in_the_same_process(tmp_path) -> None:
     (tmp_path / "probe_module.py").write_text(PROBE)
-    env = {k: v for k, v in os.environ.items() if k not in TUNED_MALLOC_ENV and k != OPT_OUT_VAR}
-    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), *sys.path])
-    out = subprocess.run(
-        [sys.executable, "-m", "probe_module", "--seed", "3"],
-        env=env,
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=60,
-    ).stdout.split("\n")
-    first, second, done = out[0].split(), out[1].split(), out[2].split()
+    first, second, done = _untuned_run(["-m", "probe_module", "--seed", "3"], [str(tmp_path)])
     assert first[2] == "None" and second[2] == TUNED_MALLOC_ENV["MALLOC_MMAP_THRESHOLD_"]
     assert first[1] == second[1] == done[1]  # execve keeps the pid: safe under torchrun
-    assert out[0].endswith("['--seed', '3']") and out[1].endswith("['--seed', '3']")
+    assert first[3:] == second[3:] == ["['--seed',", "'3']"]
 
 
 SCRIPT = """
@@ -78,17 +79,7 @@ if __name__ == "__main__":
 def test_a_script_reexecutes_once_with_its_folder_on_the_path(tmp_path) -> None:
     (tmp_path / "probe_script.py").write_text(SCRIPT)
     (tmp_path / "sibling.py").write_text("")
-    env = {k: v for k, v in os.environ.items() if k not in TUNED_MALLOC_ENV and k != OPT_OUT_VAR}
-    env["PYTHONPATH"] = os.pathsep.join(sys.path)
-    out = subprocess.run(
-        [sys.executable, str(tmp_path / "probe_script.py"), "--rounds", "2"],
-        env=env,
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=60,
-    ).stdout.split("\n")
-    first, second, done = out[0].split(), out[1].split(), out[2].split()
+    first, second, done = _untuned_run([str(tmp_path / "probe_script.py"), "--rounds", "2"], [])
     assert first[2] == "None" and second[2] == TUNED_MALLOC_ENV["MALLOC_TRIM_THRESHOLD_"]
     assert first[1] == second[1] == done[1]
-    assert out[1].endswith("['--rounds', '2']")
+    assert second[3:] == ["['--rounds',", "'2']"]
