@@ -61,7 +61,7 @@ import statistics
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -288,20 +288,26 @@ def measure(args: argparse.Namespace) -> dict[str, object]:
                 "ours_ms": [1000 * w for w in windows],
             }
         )
-    eigh_ms = {s: min(r["eigh_ms"][s] for r in rounds) for s in sorted(sizes)}
-    step_gemm_ms = min(r["step_gemm_ms"] for r in rounds)
-    root_gemm_ms = min(r["root_gemm_ms"] for r in rounds)
+
+    def over_rounds(
+        pick: Callable[[Iterable[float]], float], stat: str
+    ) -> tuple[dict[int, float], float, float]:
+        """Each part's ``pick`` over the rounds of its calls' ``stat`` ("": the fastest,
+        "_median": the median): ``(eigh per size, step GEMMs, root GEMMs)``."""
+        return (
+            {s: pick(r[f"eigh{stat}_ms"][s] for r in rounds) for s in sorted(sizes)},
+            pick(r[f"step_gemm{stat}_ms"] for r in rounds),
+            pick(r[f"root_gemm{stat}_ms"] for r in rounds),
+        )
+
+    eigh_ms, step_gemm_ms, root_gemm_ms = over_rounds(min, "")
     eigh_per_step = sum(eigh_ms.values()) / frequency
     gemm_ms = step_gemm_ms + root_gemm_ms / frequency
     floor_ms = eigh_per_step + gemm_ms
-
-    def typical(field: str) -> float:
-        return statistics.median(r[field] for r in rounds)
-
+    # The typical floor: each part's median call, the median over the rounds.
+    eigh_typical, step_typical, root_typical = over_rounds(statistics.median, "_median")
     floor_median_ms = (
-        sum(statistics.median(r["eigh_median_ms"][s] for r in rounds) for s in sizes) / frequency
-        + typical("step_gemm_median_ms")
-        + typical("root_gemm_median_ms") / frequency
+        sum(eigh_typical.values()) / frequency + step_typical + root_typical / frequency
     )
     ours_ms = [w for r in rounds for w in r["ours_ms"]]
     flops = root_flops / frequency + step_flops  # per step, the roots' share included
