@@ -8,11 +8,17 @@ root work divided by F, the rest every step):
   size (float32), the faster of one batched ``torch.linalg.eigh`` and the stack split over
   the threads (``parallel_eigh.stacked_eigh``), the matrices column-major as LAPACK wants them;
 * the GEMMs, each timed at the shape the step computes it, blocks (factors) of one shape
-  stacked into one ``bmm``: per factor the root ``Q diag(λ^(-1/4)) Q^T`` (one ``d x d x d``
-  product; the scaling of ``Q``'s columns is not a GEMM); per block ``m x n`` the factor
-  updates ``L += G G^T`` and ``R += G^T G`` (each the faster of the full product and our
-  triangle of tiles, ``symmetric_rank_update_``) and the preconditioning ``L^(-1/4) G``
-  and ``(...) R^(-1/4)``.
+  stacked into one ``bmm``: per factor the root ``Q diag(λ^(-1/4)) Q^T`` (the faster of one
+  ``d x d x d`` product and our triangle of tiles, ``symmetric_product``; the scaling of
+  ``Q``'s columns is not a GEMM); per block ``m x n`` the factor updates ``L += G G^T`` and
+  ``R += G^T G`` (each the faster of the full product and our triangle of tiles,
+  ``symmetric_rank_update_``) and the preconditioning ``L^(-1/4) G`` and ``(...) R^(-1/4)``;
+* the elementwise work, as few passes over memory as any step can make: it must read the
+  gradient, the momentum ``M``, the grafting's second moment ``V``, the preconditioned
+  direction and the parameters, and write ``M``, ``V`` and the parameters, eight float32
+  arrays of the parameters' size. Timed as two ``torch.addcmul`` calls (three arrays read,
+  one written) over that many elements, as if the grafting's norms, the bias corrections and
+  the learning rate were folded into those passes and nothing else touched memory.
 
 Each part is timed ``--repeats`` times per round with the threads the step uses, and the floor
 sums each part's best over all rounds: a lower bound, not a typical time, so on a loaded
@@ -26,8 +32,9 @@ stacked products, which put the "floor" above our step.)
 Blocks: each matrix split into ``--max-preconditioner-dim`` blocks per dimension (the last
 one smaller), as ``DistributedShampoo`` splits them; a block ``m x n`` has a left factor
 ``m x m`` and a right one ``n x n``. Elementwise work (momentum, the Adam grafting, the
-update) is not in the floor: ours / floor above 1 is that work plus everything our step does
-worse than the floor's kernels.
+update) is in the floor only as its least memory traffic at streaming speed (above): ours /
+floor above 1 is every pass our step makes beyond it plus everything it does worse than the
+floor's kernels.
 
 Ours: ``nanoshampoo.optim.shampoo.DistributedShampoo`` with ``bench/peers.py``'s Shampoo
 settings at frequency F (eigh roots, Adam grafting, ``max_preconditioner_dim``, epsilon
@@ -75,7 +82,10 @@ from nanoshampoo.optim.shampoo import (
     EigenConfig,
     RootInvShampooPreconditionerConfig,
 )
-from nanoshampoo.optim.shampoo.preconditioner.factor_matrix_ops import symmetric_rank_update_
+from nanoshampoo.optim.shampoo.preconditioner.factor_matrix_ops import (
+    symmetric_product,
+    symmetric_rank_update_,
+)
 from nanoshampoo.optim.shampoo.preconditioner.parallel_eigh import parallel_width, stacked_eigh
 from nanoshampoo.train.allocator import TUNED_MALLOC_ENV, exec_script_with_tuned_malloc
 from nanoshampoo.train.machine import available_cores, cpu_name
@@ -200,14 +210,38 @@ def gemm_seconds(
         step += _timed(lambda: torch.bmm(g, right), repeats)
     sizes, _, _ = floor_work(shapes, max_dim)
     for size, count in sorted(sizes.items()):
-        # Q row-major, and column-major as eigh returns it (our step multiplies that): the
-        # faster of the two.
+        # Q row-major, and column-major as eigh returns it (our step multiplies that), each
+        # as one product and as our triangle of tiles: the fastest.
         q = _spd(count, size, generator)
         root += Timing.faster(
-            _timed(lambda q=q: torch.bmm(q, q.mT), repeats),
-            _timed(lambda q=q.mT: torch.bmm(q, q.mT), repeats),
+            *(
+                _timed(lambda q=layout, product=product: product(q, q), repeats)
+                for layout in (q, q.mT)
+                for product in (_full_product, symmetric_product)
+            )
         )
     return step, root
+
+
+def _full_product(left: torch.Tensor, right: torch.Tensor) -> torch.Tensor:
+    return torch.bmm(left, right.mT)
+
+
+# Arrays of the parameters' size that a step must at least read or write (module docstring).
+ELEMENTWISE_ARRAYS = 8
+
+
+def elementwise_seconds(numel: int, generator: torch.Generator, repeats: int) -> Timing:
+    """The elementwise part of the floor: ``ELEMENTWISE_ARRAYS`` float32 arrays of ``numel``
+    elements moved once, timed as ``torch.addcmul`` calls of four arrays each (three read, one
+    written) over ``repeats`` calls."""
+    a, b, c = (torch.randn(numel, generator=generator) for _ in range(3))
+    out = torch.empty(numel)
+    one = _timed(lambda: torch.addcmul(a, b, c, out=out), repeats)
+    total = ZERO
+    for _ in range(ELEMENTWISE_ARRAYS // 4):
+        total += one
+    return total
 
 
 def ours(
@@ -264,6 +298,7 @@ def measure(args: argparse.Namespace) -> dict[str, object]:
     shapes = parse_shapes(args.shapes)
     max_dim = args.max_preconditioner_dim
     sizes, step_flops, root_flops = floor_work(shapes, max_dim)
+    numel = sum(m * n for m, n in shapes)
     frequency = args.frequency
     generator = torch.Generator().manual_seed(1)
     optimizer, params = ours(shapes, max_dim, frequency)
@@ -273,6 +308,7 @@ def measure(args: argparse.Namespace) -> dict[str, object]:
     for _ in range(args.rounds):
         eigh = {s: eigh_seconds(s, n, generator, args.repeats) for s, n in sorted(sizes.items())}
         step_gemm, root_gemm = gemm_seconds(shapes, max_dim, generator, args.repeats)
+        elementwise = elementwise_seconds(numel, generator, args.repeats)
         windows = [
             our_step_seconds(optimizer, params, 1, generator, frequency) for _ in range(args.steps)
         ]
@@ -281,33 +317,41 @@ def measure(args: argparse.Namespace) -> dict[str, object]:
                 "eigh_ms": {s: 1000 * t.best for s, t in eigh.items()},
                 "step_gemm_ms": 1000 * step_gemm.best,
                 "root_gemm_ms": 1000 * root_gemm.best,
+                "elementwise_ms": 1000 * elementwise.best,
                 # The same parts' median calls: the floor's typical time, against ours' median.
                 "eigh_median_ms": {s: 1000 * t.median for s, t in eigh.items()},
                 "step_gemm_median_ms": 1000 * step_gemm.median,
                 "root_gemm_median_ms": 1000 * root_gemm.median,
+                "elementwise_median_ms": 1000 * elementwise.median,
                 "ours_ms": [1000 * w for w in windows],
             }
         )
 
     def over_rounds(
         pick: Callable[[Iterable[float]], float], stat: str
-    ) -> tuple[dict[int, float], float, float]:
+    ) -> tuple[dict[int, float], float, float, float]:
         """Each part's ``pick`` over the rounds of its calls' ``stat`` ("": the fastest,
-        "_median": the median): ``(eigh per size, step GEMMs, root GEMMs)``."""
+        "_median": the median): ``(eigh per size, step GEMMs, root GEMMs, elementwise)``."""
         return (
             {s: pick(r[f"eigh{stat}_ms"][s] for r in rounds) for s in sorted(sizes)},
             pick(r[f"step_gemm{stat}_ms"] for r in rounds),
             pick(r[f"root_gemm{stat}_ms"] for r in rounds),
+            pick(r[f"elementwise{stat}_ms"] for r in rounds),
         )
 
-    eigh_ms, step_gemm_ms, root_gemm_ms = over_rounds(min, "")
+    eigh_ms, step_gemm_ms, root_gemm_ms, elementwise_ms = over_rounds(min, "")
     eigh_per_step = sum(eigh_ms.values()) / frequency
     gemm_ms = step_gemm_ms + root_gemm_ms / frequency
-    floor_ms = eigh_per_step + gemm_ms
+    floor_ms = eigh_per_step + gemm_ms + elementwise_ms
     # The typical floor: each part's median call, the median over the rounds.
-    eigh_typical, step_typical, root_typical = over_rounds(statistics.median, "_median")
+    eigh_typical, step_typical, root_typical, elementwise_typical = over_rounds(
+        statistics.median, "_median"
+    )
     floor_median_ms = (
-        sum(eigh_typical.values()) / frequency + step_typical + root_typical / frequency
+        sum(eigh_typical.values()) / frequency
+        + step_typical
+        + root_typical / frequency
+        + elementwise_typical
     )
     ours_ms = [w for r in rounds for w in r["ours_ms"]]
     flops = root_flops / frequency + step_flops  # per step, the roots' share included
@@ -325,6 +369,10 @@ def measure(args: argparse.Namespace) -> dict[str, object]:
         "eigh_ms_per_step": eigh_per_step,
         "gemm_ms": gemm_ms,
         "gemm_gflop_s": flops / gemm_ms / 1e6,
+        "elementwise_arrays": ELEMENTWISE_ARRAYS,
+        "numel": numel,
+        "elementwise_ms": elementwise_ms,
+        "elementwise_gb_s": ELEMENTWISE_ARRAYS * numel * 4 / elementwise_ms / 1e6,
         "floor_ms": floor_ms,
         "ours_min_ms": min(ours_ms),
         "ours_median_ms": statistics.median(ours_ms),
@@ -360,6 +408,8 @@ def report(result: dict[str, object]) -> str:
             f"GEMMs per step (each at its own shape, best of the rounds): "
             f"{result['gemm_gflop']:.2f} GFLOP in {result['gemm_ms']:.1f} ms "
             f"({result['gemm_gflop_s']:.1f} GFLOP/s)",
+            f"elementwise: {result['elementwise_arrays']} arrays of {result['numel']} float32 "
+            f"in {result['elementwise_ms']:.1f} ms ({result['elementwise_gb_s']:.1f} GB/s)",
             f"floor {result['floor_ms']:.1f} ms; ours (windows of {result['frequency']} steps, "
             f"mean step) min {result['ours_min_ms']:.1f} ms, median "
             f"{result['ours_median_ms']:.1f} ms; ours / floor: median "

@@ -90,6 +90,12 @@ def test_tiny_run_reports_ours_over_its_floor(
         sum(min(r["eigh_ms"][s] for r in rounds) for s in (8, 16, 32))
         + min(r["step_gemm_ms"] for r in rounds)
         + min(r["root_gemm_ms"] for r in rounds)
+        + min(r["elementwise_ms"] for r in rounds)
+    )
+    # The elementwise part: eight float32 arrays of the parameters' size.
+    assert result["numel"] == 16 * 16 + 16 * 40
+    assert result["elementwise_gb_s"] == pytest.approx(
+        8 * result["numel"] * 4 / (result["elementwise_ms"] / 1000) / 1e9
     )
 
     # The typical floor: each part's median call, the median over the (two) rounds.
@@ -102,9 +108,11 @@ def test_tiny_run_reports_ours_over_its_floor(
         sum(mean_of_rounds("eigh_median_ms", s) for s in (8, 16, 32))
         + mean_of_rounds("step_gemm_median_ms")
         + mean_of_rounds("root_gemm_median_ms")
+        + mean_of_rounds("elementwise_median_ms")
     )
     for r in rounds:  # a part's fastest call is no slower than its median one
         assert r["step_gemm_ms"] <= r["step_gemm_median_ms"]
+        assert r["elementwise_ms"] <= r["elementwise_median_ms"]
         assert all(r["eigh_ms"][s] <= r["eigh_median_ms"][s] for s in (8, 16, 32))
     windows = [w for r in rounds for w in r["ours_ms"]]
     assert len(windows) == 4 and result["ours_min_ms"] == min(windows)

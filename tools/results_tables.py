@@ -199,6 +199,13 @@ def shampoo_floor(data: dict[str, Any]) -> str:
         f"| `eigh`: {eigh}{per} | {data['eigh_ms_per_step']:.1f} |",
         f"| GEMMs: {data['gemm_gflop']:.2f} GFLOP, each at its shape "
         f"({data['gemm_gflop_s']:.1f} GFLOP/s) | {data['gemm_ms']:.1f} |",
+    ]
+    if "elementwise_ms" in data:  # older files: the floor had no elementwise part
+        lines.append(
+            f"| elementwise: {data['elementwise_arrays']} float32 arrays of {data['numel']} "
+            f"moved once ({data['elementwise_gb_s']:.1f} GB/s) | {data['elementwise_ms']:.1f} |"
+        )
+    lines += [
         f"| **floor** (each part's best of {data['rounds_run']} rounds) "
         f"| **{data['floor_ms']:.1f}** |",
         f"| **ours**, median of {windows} windows (fastest) "
