@@ -447,6 +447,7 @@ class GroupRuntime:
         if self.grafting is not None:
             self.grafting.update_statistics(grads, t)
         self._compute_roots(t)
+        self.preconditioner.release_step_temporaries()
 
         self._precondition(self._filtered_grads(t), t, start)
         self._decay_and_average(averaging_coeffs)

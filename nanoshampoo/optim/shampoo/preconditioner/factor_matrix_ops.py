@@ -200,10 +200,30 @@ class SymmetricPacking:
         temporary and no copy)."""
         return _gather_columns(full.flatten(1), self.flat_updated, out)
 
-    def unpack(self, packed: torch.Tensor) -> torch.Tensor:
-        return _gather_columns(packed, self._flat_index).view(
+    def unpack(self, packed: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """New full ``(M, n, n)`` matrices from ``packed`` ``(M, n (n + 1) / 2)``, or written
+        into ``out`` (contiguous ``(M, n, n)``) when given."""
+        flat = None if out is None else out.view(packed.shape[0], -1)
+        return _gather_columns(packed, self._flat_index, flat).view(
             packed.shape[0], self._size, self._size
         )
+
+    def mirror_updated_(self, full: torch.Tensor, lower: bool = True) -> torch.Tensor:
+        """``unpack(pack_updated(full))`` in place, returned: each entry off the tiles that
+        ``symmetric_rank_update_(..., mirror=False)`` computed, or in the upper triangle of a
+        diagonal tile, is overwritten by its mirror, which :meth:`pack_updated` keeps. Copies
+        only, so the same bits. ``lower=False`` leaves the tiles below the diagonal as they
+        are: the upper triangle alone then equals ``unpack``'s."""
+        edges = tile_edges(self._size)
+        spans = list(zip(edges[:-1], edges[1:]))
+        for i, (r0, r1) in enumerate(spans):
+            diagonal = full[:, r0:r1, r0:r1]
+            upper = torch.ones(r1 - r0, r1 - r0, dtype=torch.bool, device=full.device).triu_(1)
+            # torch.where writes a new tensor, so the copy does not read what it overwrites.
+            diagonal.copy_(torch.where(upper, diagonal.mT, diagonal))
+            for c0, c1 in spans[i + 1 :] if lower else ():
+                full[:, c0:c1, r0:r1].copy_(full[:, r0:r1, c0:c1].mT)
+        return full
 
 
 def _gather_columns(

@@ -164,6 +164,11 @@ class KroneckerFactoredPreconditioner(Preconditioner):
         ``matrices`` is a temporary of :meth:`amortized_computation` (read nowhere after): a
         solver may overwrite it. The results are stored by :meth:`_keep`."""
 
+    def _solver_reads_upper(self) -> bool:
+        """Whether :meth:`_solve` reads only the upper triangle of a packed pool's matrices
+        (so :meth:`KroneckerFactors.matrices` may leave the lower one stale). No by default."""
+        return False
+
     def _keep(self, previous: torch.Tensor, results: torch.Tensor, ok: torch.Tensor) -> None:
         """``previous[i] = results[i]`` where ``ok[i]``, in place (``(M, n, n)`` and ``(M,)``):
         the stored results of the solved rows; a failed row keeps its previous result."""
@@ -217,6 +222,9 @@ class KroneckerFactoredPreconditioner(Preconditioner):
     def update_statistics(self, grads: Sequence[torch.Tensor], step: int) -> None:
         self._factors.update(grads, self._beta2, self._weight)
 
+    def release_step_temporaries(self) -> None:
+        self._factors.release_unpacked()
+
     def _trace_scaled(self, factors: torch.Tensor) -> torch.Tensor:
         """``F max(tr F, eps)^(-a)`` per matrix of ``(M, n, n)`` with ``use_trace_scaling``
         (``a`` its exponent; ``eps`` the group's, or the smallest normal number when 0, so a
@@ -242,7 +250,9 @@ class KroneckerFactoredPreconditioner(Preconditioner):
                 continue
             rows = None if selected is None else selected[key]
             factors = self._trace_scaled(
-                self._factors.matrices(pool, rows, self._solve_dtype, bias_correction)
+                self._factors.matrices(
+                    pool, rows, self._solve_dtype, bias_correction, self._solver_reads_upper()
+                )
             )
             results, ok = self._solve(key, factors, rows)
             previous = self._results[key]

@@ -14,11 +14,16 @@ A bucket's factors for one dim are a contiguous slice of a pool, so statistics a
 Packed storage (``packed=True``; root-inverse Shampoo's ``use_symmetric_packing``): a factor is
 symmetric, so a pool may keep one triangle, ``(N, n (n + 1) / 2)`` in the reference library's
 order (the row-major upper triangle of ``torch.triu_indices(n, n)``; :class:`SymmetricPacking`),
-half the bytes. Every use unpacks to full symmetric ``(M, n, n)`` matrices first (a temporary of
-one bucket's factors during the update, one pool's during the amortized computation, which
-copies the factors anyway), so the statistics and the solves see exactly what the full layout
-gives them: ``eigh`` reads the lower triangle, and the packed values are the lower triangle's,
-which evolves bit for bit like that of a full factor (``packed_factors_test.py``).
+half the bytes. Every use unpacks to full symmetric ``(M, n, n)`` matrices first (during the
+update, one pool's temporary, filled a bucket at a time; during the amortized computation, one
+pool's, which copies the factors anyway), so the statistics and the solves see exactly what the
+full layout gives them: ``eigh`` reads the lower triangle, and the packed values are the lower
+triangle's, which evolves bit for bit like that of a full factor (``packed_factors_test.py``).
+The amortized computation of the same step starts from the update's temporary, its computed
+tiles mirrored (:meth:`SymmetricPacking.mirror_updated_`), instead of unpacking the rows just
+packed again: the same numbers, one gather fewer per factor. It is kept only until
+:meth:`KroneckerFactors.release_unpacked` (the end of the step's amortized work) and only while
+the packed rows are unchanged (their version counter), so a loaded state dict is never shadowed.
 
 A failed amortized computation (solver error or non-finite result) keeps the previous result
 and is counted per factor; more than ``num_tolerated_failed_amortized_computations``
@@ -147,6 +152,9 @@ class KroneckerFactors:
             for key, (size, labels, positions) in plan.items()
         }
         self._packings: dict[int, SymmetricPacking] = {}
+        # Per packed pool (by id), the full factors the last update() unpacked and updated, and
+        # the version of the packed rows it then wrote (module doc).
+        self._updated_full: dict[int, tuple[torch.Tensor, int]] = {}
         if packed:
             for pool in self.pools.values():
                 if pool.size not in self._packings:
@@ -158,16 +166,42 @@ class KroneckerFactors:
         rows: torch.Tensor | None = None,
         dtype: torch.dtype | None = None,
         divisor: float = 1.0,
+        upper_only: bool = False,
     ) -> torch.Tensor:
         """New full ``(M, n, n)`` factors of ``pool`` (all rows, or rows ``rows``), cast to
         ``dtype`` (None: the factor dtype) and divided by ``divisor``.
 
         A packed pool is cast and divided before it is unpacked (half the elements, and one
-        full-size temporary instead of two); elementwise, so the values are the same.
+        full-size temporary instead of two); elementwise, so the values are the same. Right
+        after an update, a packed pool's come from the update's full factors instead (module
+        doc); with ``upper_only`` only their upper triangle is then made the factors' (what
+        ``eigh`` reads of the transposed view), and the lower one may hold other numbers.
         """
+        if pool.packed and (updated := self._take_updated_full(pool)) is not None:
+            # The same numbers as the branch below: mirroring is a copy, the cast and the
+            # division are elementwise (so before or after unpacking alike).
+            full = updated if rows is None else updated.index_select(0, rows)
+            full = self._packings[pool.size].mirror_updated_(full, lower=not upper_only)
+            full = full.to(dtype or full.dtype)
+            return full.div_(divisor) if divisor != 1.0 else full
         factors = pool.factors if rows is None else pool.factors.index_select(0, rows)
         factors = factors.to(dtype or factors.dtype) / divisor
         return self._packings[pool.size].unpack(factors) if pool.packed else factors
+
+    def _take_updated_full(self, pool: FactorPool) -> torch.Tensor | None:
+        """The update's full factors of packed ``pool`` (once: they are the caller's to
+        overwrite), or None when there are none or the packed rows changed since."""
+        if not self._updated_full or torch.compiler.is_compiling():
+            return None  # (dynamo cannot trace the id and version checks)
+        kept = self._updated_full.pop(id(pool), None)
+        if kept is None or kept[1] != pool.factors._version:
+            return None
+        return kept[0]
+
+    def release_unpacked(self) -> None:
+        """Drop the update's full factors that no amortized computation took (a step
+        without one): between steps a packed pool holds its packed rows only."""
+        self._updated_full.clear()
 
     @staticmethod
     def rows(slot: FactorSlot, count: int, tensors: dict[Hashable, torch.Tensor]) -> torch.Tensor:
@@ -190,6 +224,10 @@ class KroneckerFactors:
         """
         if weight is None:
             weight = 1.0 if beta2 == 1.0 else 1.0 - beta2
+        self._updated_full.clear()
+        # Per packed pool, the full factors, unpacked and updated a bucket at a time, and how
+        # many of its rows were.
+        unpacked: dict[Hashable, tuple[torch.Tensor, list[int]]] = {}
         for bucket, bucket_slots, bucket_grads in zip(self._buckets, self.slots, grads):
             per_dim = not isinstance(bucket_grads, torch.Tensor)
             count = bucket.num_blocks
@@ -204,11 +242,26 @@ class KroneckerFactors:
                     symmetric_rank_update_(factors, unfold(grad, dim), beta2, weight)
                     continue
                 packing = self._packings[pool.size]
+                if slot.pool_key not in unpacked:
+                    rows = len(pool.labels)
+                    unpacked[slot.pool_key] = (factors.new_empty(rows, pool.size, pool.size), [0])
+                buffer, filled = unpacked[slot.pool_key]
                 full = symmetric_rank_update_(
-                    packing.unpack(factors), unfold(grad, dim), beta2, weight, mirror=False
+                    packing.unpack(factors, out=buffer[slot.offset : slot.offset + count]),
+                    unfold(grad, dim),
+                    beta2,
+                    weight,
+                    mirror=False,
                 )
                 # Straight into the packed rows (a contiguous slice of the pool).
                 packing.pack_updated(full, out=factors)
+                filled[0] += count
+        if torch.compiler.is_compiling():
+            return  # dynamo cannot trace a version counter: a compiled step unpacks again
+        for key, (buffer, filled) in unpacked.items():
+            pool = self.pools[key]
+            if filled[0] == len(pool.labels):
+                self._updated_full[id(pool)] = (buffer, pool.factors._version)
 
     @staticmethod
     def record_outcome(pool: FactorPool, rows: torch.Tensor | None, ok: torch.Tensor) -> None:

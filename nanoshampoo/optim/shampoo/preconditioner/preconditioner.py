@@ -136,6 +136,11 @@ class Preconditioner(ABC):
         """Finish what ``update_statistics`` deferred, for a step that calls no ``precondition``
         (the optimizer calls it then, e.g. while grafting alone steps). Nothing by default."""
 
+    def release_step_temporaries(self) -> None:
+        """Drop what ``update_statistics`` kept for the same step's ``amortized_computation``
+        (the optimizer calls it after that computation, or in its place on a step without one).
+        Nothing by default."""
+
     def expect_filtered(self, filtered: FilteredInput | None, step: int) -> None:
         """How step ``step``'s ``precondition`` input is made (None: unknown); see the module doc.
         Preconditioners that cannot use it ignore it."""

@@ -171,6 +171,10 @@ class ShampooPreconditioner(KroneckerFactoredPreconditioner):
         # Roots are applied to the block: by default they live in its dtype.
         return self._config.inv_factor_matrix_dtype or key[1]
 
+    def _solver_reads_upper(self) -> bool:
+        # eigh of a packed pool's transposed view reads the lower triangle of the view (below).
+        return isinstance(self._config.amortized_computation_config, EigenConfig)
+
     def _solve(
         self, key: Hashable, matrices: torch.Tensor, rows: torch.Tensor | None
     ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -185,9 +189,10 @@ class ShampooPreconditioner(KroneckerFactoredPreconditioner):
         if isinstance(solver, EigenConfig):
             device = solver.eigendecomposition_offload_device or matrices.device
             if self._factors.pools[key].packed:
-                # Unpacked from one triangle, these matrices are exactly symmetric, so their
-                # transposed view holds the same numbers in LAPACK's column-major layout: eigh
-                # copies them as they lie, not by a strided transpose (slow at n = 1024).
+                # The transposed view lies in LAPACK's column-major layout, so eigh copies it
+                # as it lies, not by a strided transpose (slow at n = 1024). eigh reads the
+                # view's lower triangle, the matrices' upper one: all that
+                # _solver_reads_upper asked to hold the factors.
                 matrices = matrices.mT
             roots, ok = eigh_inverse_root(
                 matrices.to(device),

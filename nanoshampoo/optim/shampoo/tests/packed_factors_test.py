@@ -255,3 +255,44 @@ def test_the_packed_update_skips_the_mirror_and_packs_the_same_bits(size: int) -
     assert torch.equal(packing.pack_updated(unmirrored), packing.pack(mirrored))
     if size >= 512:  # tiled: the lower tiles were left stale, so a plain pack would differ
         assert not torch.equal(packing.pack(unmirrored), packing.pack(mirrored))
+
+
+@pytest.mark.parametrize("size", [5, 600, 768])
+def test_the_roots_start_from_the_updates_full_factors_with_the_same_bits(size: int) -> None:
+    """The amortized computation right after an update takes the update's full factors,
+    mirrored, instead of unpacking the packed rows again: the same numbers (a second
+    ``matrices`` call unpacks), for every row or some, in another dtype; and not once the
+    packed rows changed after the update (a loaded state dict)."""
+    # Two buckets whose factors share the pool of ``size``, filled a bucket at a time.
+    buckets = [
+        BlockBucket((size, 7), torch.float32, torch.device("cpu"), ("a block_0", "a block_1")),
+        BlockBucket((9, size), torch.float32, torch.device("cpu"), ("b block_0",)),
+    ]
+    factors = KroneckerFactors(buckets, torch.float32, lambda b, dim: b.shape[dim], packed=True)
+    pool = factors.pools[size]
+    assert len(pool.labels) == 3
+    gen = torch.Generator().manual_seed(0)
+
+    def update() -> None:
+        grads = [torch.randn(2, size, 7, generator=gen), torch.randn(1, 9, size, generator=gen)]
+        factors.update(grads, beta2=0.95)
+
+    for rows in (None, torch.tensor([2, 0])):
+        update()
+        assert id(pool) in factors._updated_full  # kept for the roots, and taken once
+        taken = factors.matrices(pool, rows, torch.float64, 0.37)
+        assert id(pool) not in factors._updated_full
+        unpacked = factors.matrices(pool, rows, torch.float64, 0.37)
+        assert torch.equal(taken, unpacked)
+        assert torch.equal(taken, taken.mT)
+    # For eigh of the transposed view, the upper triangle alone.
+    update()
+    upper = torch.triu(factors.matrices(pool, None, torch.float64, 0.37, upper_only=True))
+    assert torch.equal(upper, torch.triu(factors.matrices(pool, None, torch.float64, 0.37)))
+    update()
+    pool.factors.mul_(2.0)  # as a loaded state dict would change them
+    expected = factors._packings[size].unpack(pool.factors)
+    assert torch.equal(factors.matrices(pool), expected)
+    update()
+    factors.release_unpacked()  # a step without an amortized computation
+    assert torch.equal(factors.matrices(pool), factors._packings[size].unpack(pool.factors))
