@@ -225,9 +225,9 @@ class KroneckerFactors:
         if weight is None:
             weight = 1.0 if beta2 == 1.0 else 1.0 - beta2
         self._updated_full.clear()
-        # Per packed pool, the full factors, unpacked and updated a bucket at a time, and how
-        # many of its rows were.
-        unpacked: dict[Hashable, tuple[torch.Tensor, list[int]]] = {}
+        # Per packed pool, its full factors, unpacked and updated a bucket at a time: every
+        # slot of a pool is visited below, so each buffer is whole at the end.
+        unpacked: dict[Hashable, torch.Tensor] = {}
         for bucket, bucket_slots, bucket_grads in zip(self._buckets, self.slots, grads):
             per_dim = not isinstance(bucket_grads, torch.Tensor)
             count = bucket.num_blocks
@@ -244,8 +244,8 @@ class KroneckerFactors:
                 packing = self._packings[pool.size]
                 if slot.pool_key not in unpacked:
                     rows = len(pool.labels)
-                    unpacked[slot.pool_key] = (factors.new_empty(rows, pool.size, pool.size), [0])
-                buffer, filled = unpacked[slot.pool_key]
+                    unpacked[slot.pool_key] = factors.new_empty(rows, pool.size, pool.size)
+                buffer = unpacked[slot.pool_key]
                 full = symmetric_rank_update_(
                     packing.unpack(factors, out=buffer[slot.offset : slot.offset + count]),
                     unfold(grad, dim),
@@ -255,13 +255,11 @@ class KroneckerFactors:
                 )
                 # Straight into the packed rows (a contiguous slice of the pool).
                 packing.pack_updated(full, out=factors)
-                filled[0] += count
         if torch.compiler.is_compiling():
             return  # dynamo cannot trace a version counter: a compiled step unpacks again
-        for key, (buffer, filled) in unpacked.items():
+        for key, buffer in unpacked.items():
             pool = self.pools[key]
-            if filled[0] == len(pool.labels):
-                self._updated_full[id(pool)] = (buffer, pool.factors._version)
+            self._updated_full[id(pool)] = (buffer, pool.factors._version)
 
     @staticmethod
     def record_outcome(pool: FactorPool, rows: torch.Tensor | None, ok: torch.Tensor) -> None:
