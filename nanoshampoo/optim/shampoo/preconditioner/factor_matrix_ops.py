@@ -68,9 +68,8 @@ def symmetric_rank_update_(
     tile ``(i, j)`` with ``i <= j`` is one ``baddbmm_`` and tile ``(j, i)`` its transpose:
     ``(k + 1) / 2k`` of the flops. Tiles below the diagonal are exact copies of their mirrors;
     ``mirror=False`` leaves them stale (for :meth:`SymmetricPacking.pack_updated`, which reads
-    the computed tiles only). Measured on the 2-core
-    EPYC (1 thread, float32, GPT-small blocks): 768-factors of 768x768 blocks 161 -> 133 ms,
-    1024-factors of 1024x768 blocks 241-310 -> 183-203 ms, per bucket update.
+    the computed tiles only). What the tiles save: docs/results/shampoo-step.md
+    "Kernel choices inside the step".
     """
     edges = tile_edges(factors.shape[-1])
     if len(edges) <= 2:
@@ -91,9 +90,8 @@ def symmetric_rank_update_(
 
 # symmetric_part reads one operand transposed: a row of the result reads a column of the input,
 # one cache line per element. Up to 768 the lines of a column stay in the L1 cache across the
-# rows that reuse them; from 1024 on they do not, and tiles of 256 x 256 keep them there (on the
-# idle 2-core Xeon, 1 thread: 6 x 1024 39 -> 16 ms, 4 x 2048 117 -> 51 ms; 14 x 768 17 ms
-# untiled, 23 ms tiled).
+# rows that reuse them; from 1024 on they do not, and tiles of 256 x 256 keep them there
+# (docs/results/shampoo-step.md "Kernel choices inside the step").
 SYMMETRIC_PART_TILED_MIN_SIZE = 1024
 SYMMETRIC_PART_TILE = 256
 
@@ -163,18 +161,18 @@ class SymmetricPacking:
     def __init__(self, size: int, device: torch.device) -> None:
         rows, cols = torch.triu_indices(size, size, device=device)
         # The flat indices below are read in full by every pack and unpack (each step, each
-        # packed factor): int32 where they fit is a third less memory traffic than int64 (an
-        # unpack ran about 15 % faster on a CPU at 768 and 1024).
+        # packed factor): int32 where they fit is a third less memory traffic than int64
+        # (docs/results/shampoo-step.md "Kernel choices inside the step").
         flat_dtype = torch.int32 if size * size <= torch.iinfo(torch.int32).max else torch.int64
         # Flat positions of the mirrored entries (j, i) in an n x n matrix: index_select on the
-        # flattened matrices packs about 2x faster than advanced indexing on a CPU.
+        # flattened matrices packs faster than advanced indexing on a CPU.
         self.flat_mirrored = (cols * size + rows).to(flat_dtype)
         index = torch.empty(size, size, dtype=torch.int64, device=device)
         index[rows, cols] = torch.arange(rows.numel(), device=device)
         index[cols, rows] = torch.arange(rows.numel(), device=device)
         self.index = index
-        # The same, flat: index_select unpacks 1.7-2.1x faster than packed[:, index] (CPU,
-        # 768 and 1024; it runs every step on every packed factor).
+        # The same, flat: index_select unpacks faster than packed[:, index] on a CPU (it runs
+        # every step on every packed factor).
         self._flat_index = index.flatten().to(flat_dtype)
         self._size = size
         # The same values read where symmetric_rank_update_(mirror=False) computed them: the

@@ -52,9 +52,8 @@ import torch
 _Chunk = TypeVar("_Chunk")
 _Result = TypeVar("_Result")
 
-# Matrices smaller than this are decomposed by one batched call: measured on the idle 2-core AMD
-# EPYC (bench/parallel_eigh.py, 8 matrices), split/batched was 1.19x at 128 and 1.21x at 192
-# (slower), 0.97x at 256 and 0.94x at 512.
+# Matrices smaller than this are decomposed by one batched call: below it the thread hand-off
+# cost more than the split saved (docs/results/shampoo-step.md "Kernel choices inside the step").
 MIN_PARALLEL_SIZE = 256
 
 _pools: dict[int, ThreadPoolExecutor] = {}
