@@ -9,21 +9,19 @@ LAPACK's symmetric eigensolver (``syevd``) spends most of its time in the Househ
 tridiagonalisation, a chain of memory-bound matrix-vector products with a synchronisation per
 column, so it parallelises unevenly at the sizes Shampoo uses. A batched ``eigh`` on CPU
 decomposes its matrices one after the other, each with every intra-op thread. Here each thread
-takes whole matrices instead (one single-threaded LAPACK call per matrix, each thread taking the
-next matrix as it finishes one): the same arithmetic with no synchronisation between threads, so
-a slow or busy core decomposes fewer matrices instead of delaying the others. On idle cores the
-split is as fast as the batched call; with a core partly busy it is faster:
-docs/results/shampoo-step.md "The eigendecompositions split over the threads". A single matrix
-keeps every thread.
+takes whole matrices instead (one single-threaded LAPACK call per chunk of the stack): the same
+arithmetic with no synchronisation between threads, so one slow or busy core delays only its own
+chunk. On idle cores the split is as fast as the batched call; with a core partly busy it is
+faster: docs/results/shampoo-step.md "The eigendecompositions split over the threads".
+A single matrix keeps every thread.
 
-Each matrix's decomposition is the single-threaded ``torch.linalg.eigh`` of that matrix whichever
-worker runs it, so the output is repeatable and depends neither on the scheduling nor on the
-number of threads (from two on). It can differ in the last bits from one batched call (MKL's
-kernels depend on the thread count and on each matrix's position in the batched workspace).
+Each chunk's decomposition is the single-threaded ``torch.linalg.eigh`` of that chunk whichever
+worker runs it, so the output is repeatable and does not depend on the scheduling. It can differ
+in the last bits from one batched call (MKL's kernels depend on the thread count and on each
+matrix's position in the batched workspace), as two thread counts already do.
 
-:func:`stacked_qr` splits its stack too, in one contiguous chunk per thread. A batched QR on CPU
-also factors its matrices one after the other with every thread, and it parallelises poorly as
-well; the split's gain:
+:func:`stacked_qr` splits the same way. A batched QR on CPU also factors its matrices one
+after the other with every thread, and it parallelises poorly as well; the split's gain:
 docs/results/peers.md "What SOAP's step does to meet its goals". It calls ``torch.geqrf`` and
 ``torch.linalg.householder_product``, the two LAPACK steps of ``torch.linalg.qr`` without
 building ``R`` (only its diagonal is needed): the same ``Q``, same signs, up to rounding.
@@ -46,7 +44,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor, wait
+from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
 import torch
@@ -115,21 +113,14 @@ def _split_width(matrices: torch.Tensor, width: int | None) -> int:
     return parallel_width(matrices) if width is None else width
 
 
-def _run_split(
-    work: Callable[[_Chunk], _Result], chunks: Sequence[_Chunk], width: int | None = None
-) -> list[_Result]:
-    """``[work(chunk) for chunk in chunks]`` over ``width`` worker threads (default: one per
-    chunk), each worker with one intra-op thread and taking the next chunk in order as it
-    finishes one; the caller's thread count is 1 during the calls and restored afterwards.
-    Every call has ended when this returns or raises (the first exception of ``work``, in
-    chunk order, propagates), so none still writes into the caller's tensors."""
+def _run_split(work: Callable[[_Chunk], _Result], chunks: Sequence[_Chunk]) -> list[_Result]:
+    """``[work(chunk) for chunk in chunks]``, one chunk per worker thread, each worker with one
+    intra-op thread; the caller's thread count is 1 during the calls and restored afterwards,
+    also when one raises (``work``'s exceptions propagate)."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        pool = _pool(width or len(chunks))
-        futures = [pool.submit(work, chunk) for chunk in chunks]
-        wait(futures)
-        return [future.result() for future in futures]
+        return list(_pool(len(chunks)).map(work, chunks))
     finally:
         torch.set_num_threads(threads)
 
@@ -140,19 +131,17 @@ def stacked_eigh(
     """``torch.linalg.eigh(matrices)``: ``(eigenvalues (N, n) ascending, eigenvectors (N, n, n))``.
 
     ``matrices`` ``(N, n, n)`` (or any shape ``torch.linalg.eigh`` takes), symmetric, float32 or
-    float64. On CPU with ``T = parallel_width(matrices) >= 2``, ``T`` threads decompose the
-    matrices concurrently, one at a time each by a single-threaded ``eigh``, every thread taking
-    the next matrix as it finishes one: a thread slowed by a busy core decomposes fewer, instead
-    of holding up a fixed share. The intra-op thread count is 1 during the calls and restored
-    afterwards, also when one raises. Raises what ``torch.linalg.eigh`` raises
-    (``torch.linalg.LinAlgError`` when a decomposition fails), after every call has ended.
-    ``width`` overrides ``T`` (a CPU ``(N, n, n)`` stack; for benchmarks).
+    float64. On CPU with ``T = parallel_width(matrices) >= 2``, the stack is cut into ``T``
+    contiguous chunks decomposed concurrently, each by a single-threaded ``eigh``; the intra-op
+    thread count is 1 during the calls and restored afterwards, also when one raises. Raises
+    what ``torch.linalg.eigh`` raises (``torch.linalg.LinAlgError`` when a decomposition fails).
+    ``width`` overrides the number of chunks (a CPU ``(N, n, n)`` stack; for benchmarks).
     """
     width = _split_width(matrices, width)
     # Looked up at each call (not bound at import) so that tests can patch torch.linalg.eigh.
     if width < 2:
         return torch.linalg.eigh(matrices)
-    # Each call writes into its row of the results (no concatenation copy). The eigenvectors
+    # Each chunk writes into its rows of the results (no concatenation copy). The eigenvectors
     # are column-major per matrix, as LAPACK computes them and an unsplit call returns them, so
     # the out= rows are used as they are.
     evals = matrices.new_empty(matrices.shape[:-1])
@@ -161,7 +150,7 @@ def stacked_eigh(
     def solve(rows: slice) -> None:
         torch.linalg.eigh(matrices[rows], out=(evals[rows], evecs[rows]))
 
-    _run_split(solve, [slice(i, i + 1) for i in range(matrices.shape[0])], width)
+    _run_split(solve, _chunk_rows(matrices.shape[0], width))
     return evals, evecs
 
 
