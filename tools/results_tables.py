@@ -373,6 +373,7 @@ RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
     "halving-replay-1024.json": halving_replay,
     "halving-replay-1024-cooldown02.json": halving_replay,
     "halving-replay-1024-cooldown01.json": halving_replay,
+    "halving-replay-1024-eta3.json": halving_replay,
     "telemetry-overhead.json": telemetry_overhead,
     "telemetry-overhead-runs.json": telemetry_overhead,
 }
