@@ -18,6 +18,9 @@ preconditioner and grafting keeps grafting under ``grafting``. What differs from
 
 - ``inv_factor_matrices`` are kept full and exactly symmetric; with ``use_symmetric_packing``
   they are saved packed (the upper triangle, lossless) and unpacked on load.
+- Packed ``factor_matrices`` of size 512 and more live by tiles (``TiledPacking``, updated in
+  place), not as one triangle: they are saved in the triangle's layout (:func:`saved_factor`)
+  and converted back on load, so a state dict holds the same numbers either way.
 - ``failure_counts`` (consecutive failed root computations) are not saved, as in the
   reference: a loaded optimizer counts from 0 (a checkpoint that holds them still loads them).
 - ``lr_sum`` is a float32 CPU tensor, as the reference's, but Schedule-Free sums ``lr^r`` in
@@ -67,6 +70,7 @@ _DIAGONAL = ("second_moment",)
 # Per-factor entries that a loaded checkpoint may lack: not saved / not in the reference's.
 FAILURE_COUNTS, EIGENVECTORS_COMPUTED = "failure_counts", "eigenvectors_computed"
 ROOTS = "inv_factor_matrices"
+FACTORS = "factor_matrices"
 BASES, CORRECTED = "factor_matrices_eigenvectors", "corrected_eigenvalues"
 # The group scalars, with their dtypes (the reference's).
 GROUP_SCALARS = {STEP: torch.int64, LR_SUM: torch.float32, TRAIN_MODE: torch.bool}
@@ -191,6 +195,12 @@ def _saved_tree(value: Any, packed: bool, implied_computed: bool) -> Any:
     tree = {
         k: _saved_tree(v, packed, implied_computed) for k, v in value.items() if k != FAILURE_COUNTS
     }
+    results = tree.get(ROOTS, tree.get(BASES))
+    if isinstance(tree.get(FACTORS), Mapping) and isinstance(results, Mapping):
+        tree[FACTORS] = {
+            d: saved_factor(f, results[d].shape[-1]) if d in results else f
+            for d, f in tree[FACTORS].items()
+        }
     if packed and isinstance(tree.get(ROOTS), Mapping):
         tree[ROOTS] = {
             d: pack_upper_triangular(r) if r.dim() == 2 else r for d, r in tree[ROOTS].items()
@@ -200,6 +210,42 @@ def _saved_tree(value: Any, packed: bool, implied_computed: bool) -> Any:
     if isinstance(flags, Mapping) and all(bool(f) == implied_computed for f in flags.values()):
         del tree[EIGENVECTORS_COMPUTED]
     return tree
+
+
+def tiled_storage(size: int, numel: int) -> bool:
+    """Whether a flat factor of ``numel`` elements is the tiled storage of an ``size x size``
+    factor (``TiledPacking``)."""
+    # Imported here: a run without Kronecker factors (Muon, AdaGrad) never loads the module.
+    from nanoshampoo.optim.shampoo.preconditioner.factor_matrix_ops import (
+        tiled_storage_size,
+        tiles_pack,
+    )
+
+    return tiles_pack(size) and numel == tiled_storage_size(size)
+
+
+def saved_factor(factor: torch.Tensor, size: int) -> torch.Tensor:
+    """A live factor as a state dict keeps it: a tiled one (``TiledPacking``, flat) in the
+    packed triangle's layout (a new tensor), any other as it is. ``size`` is its ``n``."""
+    from nanoshampoo.optim.shampoo.preconditioner.factor_matrix_ops import tiled_packing
+
+    if factor.dim() != 1 or not tiled_storage(size, factor.numel()):
+        return factor
+    return tiled_packing(size, factor.device).to_reference(factor.unsqueeze(0)).squeeze(0)
+
+
+def loaded_factor(value: torch.Tensor, size: int, numel: int) -> torch.Tensor:
+    """A saved packed factor for a live tiled one of ``numel`` elements (``size x size``): in
+    the tiled layout (a new tensor); anything else as it is (the caller checks the shape)."""
+    if (
+        value.dim() != 1
+        or value.numel() != size * (size + 1) // 2
+        or not tiled_storage(size, numel)
+    ):
+        return value
+    from nanoshampoo.optim.shampoo.preconditioner.factor_matrix_ops import tiled_packing
+
+    return tiled_packing(size, value.device).from_reference(value.unsqueeze(0)).squeeze(0)
 
 
 def saved_state(

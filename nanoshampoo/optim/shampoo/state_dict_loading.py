@@ -52,8 +52,10 @@ from nanoshampoo.optim.shampoo.shampoo_types import (
     TRAIN_MODE,
 )
 from nanoshampoo.optim.shampoo.state_dict_layout import (
+    BASES,
     EIGENVECTORS_COMPUTED,
     EXTENSION_DEFAULTS,
+    FACTORS,
     FAILURE_COUNTS,
     GROUP_SCALARS,
     LR_SUM_EXACT,
@@ -62,6 +64,7 @@ from nanoshampoo.optim.shampoo.state_dict_layout import (
     from_flat_layout,
     is_block_key,
     is_flat_layout,
+    loaded_factor,
     reorder_soap_bases,
     saved_key,
 )
@@ -408,6 +411,11 @@ def _block_load(
             and value.numel() == shape[0] * (shape[0] + 1) // 2
         ):
             value = unpack_upper_triangular(value, shape[0])
+        if key.split(".")[-2] == FACTORS and len(shape) == 1:
+            result_shapes = [expected.get(_sibling(key, name)) for name in (ROOTS, BASES)]
+            sizes = [s[0][-1] for s in result_shapes if s is not None]
+            if sizes:
+                value = loaded_factor(value, sizes[0], shape[0])
         if value.is_floating_point() and not bool(torch.isfinite(value).all()):
             raise ValueError(
                 f"{where} holds NaN or Inf: a step from it would turn the parameters non-finite"
@@ -423,6 +431,12 @@ def _block_load(
             f"unexpected block state in state_dict: {sorted(f'{index}.{k}' for k in received)[:4]}"
         )
     return values
+
+
+def _sibling(key: str, name: str) -> str:
+    """``key`` (``block_j.<module>.<entry>.<dim>``) with its entry renamed ``name``."""
+    parts = key.split(".")
+    return ".".join([*parts[:-2], name, parts[-1]])
 
 
 def _ours_soap_order(block: Mapping[Any, Any], computed_by_default: bool) -> Mapping[Any, Any]:

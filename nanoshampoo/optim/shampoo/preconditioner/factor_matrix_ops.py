@@ -224,6 +224,154 @@ class SymmetricPacking:
         return full
 
 
+class TiledPacking:
+    """Packed storage of stacked symmetric ``n x n`` matrices, for ``n >= TILED_UPDATE_MIN_SIZE``,
+    as the tiles that :func:`symmetric_rank_update_` computes: the tiles ``(a, b)``, ``a <= b``,
+    of :func:`tile_edges`'s grid, each whole and row-major, one after the other (by tile row,
+    then column) in ``(M, storage_size)``.
+
+    The rank update writes straight into the tiles (:meth:`update_`), so a step neither unpacks
+    nor packs its factors. The values are those of :class:`SymmetricPacking` as
+    :meth:`SymmetricPacking.pack_updated` keeps them: entry ``(i, j)``, ``i <= j``, is the tile
+    entry ``(i, j)`` where ``i`` and ``j`` lie in different tiles, and the diagonal tile's entry
+    ``(j, i)`` (its lower triangle, the triangle ``eigh`` reads) where they lie in one; a
+    diagonal tile's upper triangle is computed but never read. So a tiled factor evolves bit for
+    bit like a packed one, and :meth:`to_reference` / :meth:`from_reference` convert between the
+    two (state dicts keep :class:`SymmetricPacking`'s layout, the reference library's).
+
+    Size: ``n (n + 1) / 2`` plus the diagonal tiles' other halves, ``sum_a h_a (h_a - 1) / 2``
+    (a third more than the triangle at ``n = 768``, a quarter at 1024; still well under
+    ``n^2``).
+    """
+
+    def __init__(self, size: int, device: torch.device) -> None:
+        edges = tile_edges(size)
+        if len(edges) <= 2:
+            raise ValueError(f"TiledPacking: size {size} is below {TILED_UPDATE_MIN_SIZE}")
+        spans = list(zip(edges[:-1], edges[1:]))
+        # (r0, r1, c0, c1, offset) of each stored tile.
+        self.tiles: list[tuple[int, int, int, int, int]] = []
+        offset = 0
+        for a, (r0, r1) in enumerate(spans):
+            for c0, c1 in spans[a:]:
+                self.tiles.append((r0, r1, c0, c1, offset))
+                offset += (r1 - r0) * (c1 - c0)
+        self.size = size
+        self.storage_size = offset
+        # The storage position whose value entry (i, j) of the matrix takes (both triangles).
+        where = torch.empty(size, size, dtype=torch.int64)
+        for r0, r1, c0, c1, start in self.tiles:
+            local = torch.arange(start, start + (r1 - r0) * (c1 - c0)).view(r1 - r0, c1 - c0)
+            if r0 == c0:
+                where[r0:r1, c0:c1] = torch.tril(local) + torch.tril(local, -1).mT
+            else:
+                where[r0:r1, c0:c1] = local
+                where[c0:c1, r0:r1] = local.mT
+        rows, cols = torch.triu_indices(size, size)
+        triangle = torch.empty(size, size, dtype=torch.int64)
+        triangle[rows, cols] = torch.arange(rows.numel())
+        triangle[cols, rows] = torch.arange(rows.numel())
+        flat_dtype = torch.int32 if size * size <= torch.iinfo(torch.int32).max else torch.int64
+        self._to_reference = where[rows, cols].to(device=device, dtype=flat_dtype)
+        self._from_reference = torch.cat(
+            [triangle[r0:r1, c0:c1].flatten() for r0, r1, c0, c1, _ in self.tiles]
+        ).to(device=device, dtype=flat_dtype)
+        # Per diagonal tile size, the mask of its strict upper triangle (where its mirror is read).
+        self._upper = {
+            r1 - r0: torch.ones(r1 - r0, r1 - r0, dtype=torch.bool, device=device).triu_(1)
+            for r0, r1, c0, _, _ in self.tiles
+            if r0 == c0
+        }
+
+    def tile(self, storage: torch.Tensor, index: int) -> torch.Tensor:
+        """Tile ``index`` (of :attr:`tiles`) of ``storage`` ``(M, storage_size)``: an
+        ``(M, r1 - r0, c1 - c0)`` view."""
+        r0, r1, c0, c1, start = self.tiles[index]
+        return storage[:, start : start + (r1 - r0) * (c1 - c0)].view(-1, r1 - r0, c1 - c0)
+
+    def update_(
+        self, storage: torch.Tensor, unfolded: torch.Tensor, beta: float, alpha: float
+    ) -> torch.Tensor:
+        """``F <- beta F + alpha U U^T`` in place on tiled ``storage`` ``(M, storage_size)``
+        from ``unfolded`` ``(M, n, m)``: one ``baddbmm_`` per tile, the very products of
+        :func:`symmetric_rank_update_` (``mirror=False``), written where they are kept."""
+        for index, (r0, r1, c0, c1, _) in enumerate(self.tiles):
+            self.tile(storage, index).baddbmm_(
+                unfolded[:, r0:r1], unfolded[:, c0:c1].mT, beta=beta, alpha=alpha
+            )
+        return storage
+
+    def full(
+        self,
+        storage: torch.Tensor,
+        dtype: torch.dtype | None = None,
+        divisor: float = 1.0,
+        upper_only: bool = False,
+    ) -> torch.Tensor:
+        """New full ``(M, n, n)`` matrices of tiled ``storage``, cast to ``dtype`` (None: the
+        storage's) and divided by ``divisor``, both elementwise (the same numbers as unpacking
+        first). With ``upper_only`` only the upper triangle is written (what ``eigh`` reads of
+        the transposed view): the tiles below the diagonal are left uninitialized."""
+        dtype = dtype or storage.dtype
+        out = storage.new_empty(storage.shape[0], self.size, self.size, dtype=dtype)
+        for index, (r0, r1, c0, c1, _) in enumerate(self.tiles):
+            tile = self.tile(storage, index)
+            target = out[:, r0:r1, c0:c1]
+            if r0 == c0:
+                # The lower triangle is the kept one: mirror it over the upper.
+                if tile.dtype == dtype:
+                    torch.where(self._upper[r1 - r0], tile.mT, tile, out=target)
+                else:
+                    target.copy_(torch.where(self._upper[r1 - r0], tile.mT, tile))
+                if divisor != 1.0:
+                    target.div_(divisor)
+                continue
+            if divisor == 1.0:
+                target.copy_(tile)
+            elif tile.dtype == dtype:
+                torch.div(tile, divisor, out=target)
+            else:
+                torch.div(tile.to(dtype), divisor, out=target)
+            if not upper_only:
+                out[:, c0:c1, r0:r1].copy_(target.mT)
+        return out
+
+    def to_reference(self, storage: torch.Tensor) -> torch.Tensor:
+        """:class:`SymmetricPacking`'s layout ``(M, n (n + 1) / 2)`` of tiled ``storage``
+        ``(M, storage_size)``, a new tensor (the same values)."""
+        return _gather_columns(storage, self._to_reference)
+
+    def from_reference(self, packed: torch.Tensor) -> torch.Tensor:
+        """Tiled storage ``(M, storage_size)`` of :class:`SymmetricPacking`'s ``packed``
+        ``(M, n (n + 1) / 2)``, a new tensor; ``to_reference(from_reference(p))`` is ``p``."""
+        return _gather_columns(packed, self._from_reference)
+
+
+def tiles_pack(size: int) -> bool:
+    """Whether packed factors of ``size`` are kept by tiles (:class:`TiledPacking`), not as one
+    triangle (:class:`SymmetricPacking`): from ``TILED_UPDATE_MIN_SIZE`` on."""
+    return len(tile_edges(size)) > 2
+
+
+def tiled_storage_size(size: int) -> int:
+    """Elements of one factor of ``size`` in :class:`TiledPacking` (``size`` tiled)."""
+    edges = tile_edges(size)
+    heights = [b - a for a, b in zip(edges[:-1], edges[1:])]
+    return (size * size + sum(h * h for h in heights)) // 2
+
+
+_tiled_packings: dict[tuple[int, torch.device], TiledPacking] = {}
+
+
+def tiled_packing(size: int, device: torch.device) -> TiledPacking:
+    """The :class:`TiledPacking` of ``size`` on ``device``, built once (its index tensors are
+    read-only)."""
+    key = (size, torch.device(device))
+    if key not in _tiled_packings:
+        _tiled_packings[key] = TiledPacking(size, key[1])
+    return _tiled_packings[key]
+
+
 def _gather_columns(
     source: torch.Tensor, index: torch.Tensor, out: torch.Tensor | None = None
 ) -> torch.Tensor:

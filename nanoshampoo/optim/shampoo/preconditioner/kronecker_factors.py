@@ -12,18 +12,28 @@ A bucket's factors for one dim are a contiguous slice of a pool, so statistics a
 ``baddbmm_`` per bucket and dim, and the amortized computation is one batched call per pool.
 
 Packed storage (``packed=True``; root-inverse Shampoo's ``use_symmetric_packing``): a factor is
-symmetric, so a pool may keep one triangle, ``(N, n (n + 1) / 2)`` in the reference library's
-order (the row-major upper triangle of ``torch.triu_indices(n, n)``; :class:`SymmetricPacking`),
-half the bytes. Every use unpacks to full symmetric ``(M, n, n)`` matrices first (during the
-update, one pool's temporary, filled a bucket at a time; during the amortized computation, one
-pool's, which copies the factors anyway), so the statistics and the solves see exactly what the
-full layout gives them: ``eigh`` reads the lower triangle, and the packed values are the lower
-triangle's, which evolves bit for bit like that of a full factor (``packed_factors_test.py``).
-The amortized computation of the same step starts from the update's temporary, its computed
-tiles mirrored (:meth:`SymmetricPacking.mirror_updated_`), instead of unpacking the rows just
-packed again: the same numbers, one gather fewer per factor. It is kept only until
-:meth:`KroneckerFactors.release_unpacked` (the end of the step's amortized work) and only while
-the packed rows are unchanged (their version counter), so a loaded state dict is never shadowed.
+symmetric, so a pool keeps less than ``n^2`` per factor, in one of two layouts by size:
+
+- Below ``TILED_UPDATE_MIN_SIZE`` (512), one triangle, ``(N, n (n + 1) / 2)`` in the reference
+  library's order (the row-major upper triangle of ``torch.triu_indices(n, n)``;
+  :class:`SymmetricPacking`), half the bytes. Every use unpacks to full symmetric ``(M, n, n)``
+  matrices first (during the update, one pool's temporary, filled a bucket at a time; during
+  the amortized computation, one pool's, which copies the factors anyway). The amortized
+  computation of the same step starts from the update's temporary, its computed tiles mirrored
+  (:meth:`SymmetricPacking.mirror_updated_`), instead of unpacking the rows just packed again.
+  It is kept only until :meth:`KroneckerFactors.release_unpacked` (the end of the step's
+  amortized work) and only while the packed rows are unchanged (their version counter), so a
+  loaded state dict is never shadowed.
+- From 512 on, the tiles on and above the diagonal of the tiled update, each whole
+  (:class:`TiledPacking`): the update's products are written into them in place, so a step
+  neither unpacks nor packs (what that saves: docs/results/shampoo-step.md), for a third
+  (``n = 768``) to a quarter (1024) more bytes than the triangle. The amortized computation assembles full matrices from
+  the tiles, cast and divided on the way.
+
+Either way the statistics and the solves see exactly what the full layout gives them: ``eigh``
+reads the lower triangle, and the packed values are the lower triangle's, which evolves bit for
+bit like that of a full factor (``packed_factors_test.py``). A state dict holds the triangle's
+layout for both (:meth:`KroneckerFactors.reference_layout`; ``state_dict_layout.py``).
 
 A failed amortized computation (solver error or non-finite result) keeps the previous result
 and is counted per factor; more than ``num_tolerated_failed_amortized_computations``
@@ -63,7 +73,10 @@ import torch
 
 from nanoshampoo.optim.shampoo.preconditioner.factor_matrix_ops import (
     SymmetricPacking,
+    TiledPacking,
     symmetric_rank_update_,
+    tiled_packing,
+    tiles_pack,
     unfold,
 )
 from nanoshampoo.optim.shampoo.preconditioner.preconditioner import BlockBucket
@@ -139,7 +152,24 @@ class KroneckerFactors:
                 positions.extend((order, dim) for _ in bucket.block_labels)
             self.slots.append(bucket_slots)
         device = self._buckets[0].device if self._buckets else torch.device("cpu")
-        shape = (lambda n: (SymmetricPacking.packed_size(n),)) if packed else (lambda n: (n, n))
+        self._packings: dict[int, SymmetricPacking | TiledPacking] = {}
+        if packed:
+            for size, _, _ in plan.values():
+                if size not in self._packings:
+                    self._packings[size] = (
+                        tiled_packing(size, device)
+                        if tiles_pack(size)
+                        else SymmetricPacking(size, device)
+                    )
+
+        def shape(n: int) -> tuple[int, ...]:
+            if not packed:
+                return (n, n)
+            packing = self._packings[n]
+            if isinstance(packing, TiledPacking):
+                return (packing.storage_size,)
+            return (SymmetricPacking.packed_size(n),)
+
         self.pools = {
             key: FactorPool(
                 factors=torch.zeros(len(labels), *shape(size), dtype=factor_dtype, device=device),
@@ -151,14 +181,9 @@ class KroneckerFactors:
             )
             for key, (size, labels, positions) in plan.items()
         }
-        self._packings: dict[int, SymmetricPacking] = {}
-        # Per packed pool (by id), the full factors the last update() unpacked and updated, and
-        # the version of the packed rows it then wrote (module doc).
+        # Per triangle-packed pool (by id), the full factors the last update() unpacked and
+        # updated, and the version of the packed rows it then wrote (module doc).
         self._updated_full: dict[int, tuple[torch.Tensor, int]] = {}
-        if packed:
-            for pool in self.pools.values():
-                if pool.size not in self._packings:
-                    self._packings[pool.size] = SymmetricPacking(pool.size, device)
 
     def matrices(
         self,
@@ -171,22 +196,36 @@ class KroneckerFactors:
         """New full ``(M, n, n)`` factors of ``pool`` (all rows, or rows ``rows``), cast to
         ``dtype`` (None: the factor dtype) and divided by ``divisor``.
 
-        A packed pool is cast and divided before it is unpacked (half the elements, and one
-        full-size temporary instead of two); elementwise, so the values are the same. Right
-        after an update, a packed pool's come from the update's full factors instead (module
-        doc); with ``upper_only`` only their upper triangle is then made the factors' (what
-        ``eigh`` reads of the transposed view), and the lower one may hold other numbers.
+        A triangle-packed pool is cast and divided before it is unpacked (half the elements,
+        and one full-size temporary instead of two); elementwise, so the values are the same.
+        Right after an update, its factors come from the update's full factors instead (module
+        doc). A tiled pool is assembled from its tiles, cast and divided on the way. With
+        ``upper_only`` only the upper triangle is made the factors' (what ``eigh`` reads of the
+        transposed view) in both, and the lower one may hold other numbers or none.
         """
-        if pool.packed and (updated := self._take_updated_full(pool)) is not None:
+        packing = self._packings.get(pool.size) if pool.packed else None
+        if isinstance(packing, TiledPacking):
+            factors = pool.factors if rows is None else pool.factors.index_select(0, rows)
+            return packing.full(factors, dtype, divisor, upper_only)
+        if packing is not None and (updated := self._take_updated_full(pool)) is not None:
             # The same numbers as the branch below: mirroring is a copy, the cast and the
             # division are elementwise (so before or after unpacking alike).
             full = updated if rows is None else updated.index_select(0, rows)
-            full = self._packings[pool.size].mirror_updated_(full, lower=not upper_only)
+            full = packing.mirror_updated_(full, lower=not upper_only)
             full = full.to(dtype or full.dtype)
             return full.div_(divisor) if divisor != 1.0 else full
         factors = pool.factors if rows is None else pool.factors.index_select(0, rows)
         factors = factors.to(dtype or factors.dtype) / divisor
-        return self._packings[pool.size].unpack(factors) if pool.packed else factors
+        return packing.unpack(factors) if packing is not None else factors
+
+    def reference_layout(self, pool: FactorPool) -> torch.Tensor:
+        """``pool``'s factors as a state dict keeps them: full ``(N, n, n)``, or packed
+        ``(N, n (n + 1) / 2)`` in :class:`SymmetricPacking`'s layout (tiled pools converted; a
+        new tensor then, else the pool's own)."""
+        packing = self._packings.get(pool.size) if pool.packed else None
+        if isinstance(packing, TiledPacking):
+            return packing.to_reference(pool.factors)
+        return pool.factors
 
     def _take_updated_full(self, pool: FactorPool) -> torch.Tensor | None:
         """The update's full factors of packed ``pool`` (once: they are the caller's to
@@ -242,6 +281,9 @@ class KroneckerFactors:
                     symmetric_rank_update_(factors, unfold(grad, dim), beta2, weight)
                     continue
                 packing = self._packings[pool.size]
+                if isinstance(packing, TiledPacking):
+                    packing.update_(factors, unfold(grad, dim), beta2, weight)
+                    continue
                 if slot.pool_key not in unpacked:
                     rows = len(pool.labels)
                     unpacked[slot.pool_key] = factors.new_empty(rows, pool.size, pool.size)

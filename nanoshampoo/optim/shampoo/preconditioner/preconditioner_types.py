@@ -246,11 +246,13 @@ class ClassicShampooPreconditionerConfig(BaseShampooPreconditionerConfig):
             and at the first preconditioned step with all the others); with ``amortize_roots``
             they are spread over ``precondition_frequency * multiplier`` shares instead of
             ``precondition_frequency``. An int >= 1; 1: the plain schedule.
-        use_symmetric_packing: keep only the upper triangle of each (symmetric) factor matrix
-            (default, as in the reference library), half the factors' bytes, unpacked to full
-            matrices for each use; the update and the roots are the same numbers as unpacked.
-            The state dict then holds ``factor_matrices`` as ``n (n + 1) / 2`` vectors in
-            ``torch.triu_indices`` order, the reference's layout. The roots
+        use_symmetric_packing: keep each (symmetric) factor matrix packed (default, as in the
+            reference library): below 512 its upper triangle, half its bytes, unpacked for each
+            use; from 512 on the tiles on and above the diagonal of the tiled update, updated
+            in place (a third to a quarter more than the triangle, still well under ``n^2``).
+            The update and the roots are the same numbers as unpacked. The state dict holds
+            ``factor_matrices`` as ``n (n + 1) / 2`` vectors in ``torch.triu_indices`` order,
+            the reference's layout, either way. The roots
             (``inv_factor_matrices``) stay full ``n x n`` matrices here. Measured cost on the
             GPT-small bench: docs/results/shampoo-state.md "Which bf16 state costs loss?".
         pack_factor_matrices: deprecated alias of ``use_symmetric_packing`` (None: not given);
@@ -431,8 +433,8 @@ class EigenvalueCorrectedShampooPreconditionerConfig(BaseShampooPreconditionerCo
             corrected eigenvalues of blocks of that order (default ``1/2``, Adam's square root).
         factor_matrix_eigenvectors_dtype: storage dtype of the eigenbases.
         corrected_eigenvalues_dtype: storage dtype of the corrected eigenvalues.
-        use_symmetric_packing: the factors as packed upper triangles, as root-inverse
-            Shampoo's (half the bytes), on by default as in the reference library. The eigh
+        use_symmetric_packing: the factors packed as root-inverse Shampoo's (upper
+            triangles, or from 512 on upper tiles), on by default as in the reference library. The eigh
             bases are the same numbers packed or not; the QR refresh multiplies by the
             symmetrized factor, which can rotate a degenerate (rank-deficient) eigenspace
             differently in the last bits, so packed and unpacked runs can differ slightly.

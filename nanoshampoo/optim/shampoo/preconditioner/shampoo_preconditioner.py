@@ -8,8 +8,8 @@ block: ``X_L G X_R``.
 Layout: factors are pooled by ``(size, block dtype)``; each pool has a matching ``(N, n, n)``
 stack of roots (in ``inv_factor_matrix_dtype``, by default the block dtype), so all roots of one
 size are one batched ``eigh`` call.
-With ``use_symmetric_packing`` (the default) the factors keep only their upper triangles (half
-their bytes, the same numbers: :mod:`kronecker_factors`); the roots stay full matrices, exactly
+With ``use_symmetric_packing`` (the default) the factors are packed (their upper triangles, or
+from 512 on their upper tiles; the same numbers: :mod:`kronecker_factors`); the roots stay full matrices, exactly
 symmetric (:meth:`ShampooPreconditioner._keep`), and a state dict holds their upper triangles.
 With ``precondition_dtype=torch.bfloat16`` the products run in bfloat16 buffers allocated once
 per bucket (:class:`_GemmBuffers`: the rounded gradient, roots, ``X_L G`` and the product),

@@ -1,9 +1,11 @@
-"""``use_symmetric_packing``: factors kept as one triangle, laid out as the reference library's
-upper triangle, give the same numbers in half the bytes (update, roots, steps, checkpoints, DDP), at
-the
+"""``use_symmetric_packing``: factors kept as one triangle (below 512) or as the upper tiles of
+the tiled update (from 512 on, updated in place), saved as the reference library's upper
+triangle, give the same numbers in fewer bytes (update, roots, steps, checkpoints, DDP), at the
 recipe's float32 settings; ``pack_factor_matrices`` is its deprecated alias."""
 
 from __future__ import annotations
+
+import copy
 
 import pytest
 import torch
@@ -17,7 +19,10 @@ from nanoshampoo.optim.shampoo import (
 )
 from nanoshampoo.optim.shampoo.preconditioner.factor_matrix_ops import (
     SymmetricPacking,
+    TiledPacking,
     symmetric_rank_update_,
+    tile_edges,
+    tiled_storage_size,
 )
 from nanoshampoo.optim.shampoo.preconditioner.kronecker_factors import KroneckerFactors
 from nanoshampoo.optim.shampoo.preconditioner.preconditioner import BlockBucket
@@ -49,7 +54,17 @@ def test_pack_then_unpack_restores_a_symmetric_matrix() -> None:
     assert torch.equal(packing.unpack(packing.pack(torch.tril(symmetric))), symmetric)
 
 
-@pytest.mark.parametrize("size", [5, 600])
+def _stored_elements(n: int) -> int:
+    """Elements a packed factor of size ``n`` keeps: the triangle, or from 512 on the tiles on
+    and above the diagonal of ``n // 256`` near-equal tiles per side, each whole."""
+    if n < 512:
+        return n * (n + 1) // 2
+    tiles = n // 256
+    heights = [n * (i + 1) // tiles - n * i // tiles for i in range(tiles)]
+    return sum(heights[a] * heights[b] for a in range(tiles) for b in range(a, tiles))
+
+
+@pytest.mark.parametrize("size", [5, 600, 768])
 def test_packed_statistics_keep_the_lower_triangle_bit_for_bit(size: int) -> None:
     bucket = BlockBucket((size, 7), torch.float32, torch.device("cpu"), ("a block_0", "b block_0"))
     full = KroneckerFactors([bucket], torch.float32, lambda b, dim: b.shape[dim])
@@ -61,11 +76,11 @@ def test_packed_statistics_keep_the_lower_triangle_bit_for_bit(size: int) -> Non
         packed.update([grad], beta2=0.95)
     for key in (size, 7):
         n = key
-        assert packed.pools[key].factors.shape == (2, n * (n + 1) // 2)
+        assert packed.pools[key].factors.shape == (2, _stored_elements(n))
         reference = full.pools[key].factors
         rows, cols = torch.triu_indices(n, n)
         # Position (i, j) of the upper triangle holds the lower triangle's (j, i).
-        assert torch.equal(packed.pools[key].factors, reference[:, cols, rows])
+        assert torch.equal(packed.reference_layout(packed.pools[key]), reference[:, cols, rows])
         lower = torch.tril(reference)
         mirrored = lower + torch.tril(reference, -1).mT
         assert torch.equal(packed.matrices(packed.pools[key]), mirrored)
@@ -155,14 +170,14 @@ def _factor_sizes(opt: DistributedShampoo) -> list[int]:
     return sizes
 
 
-def test_packing_saves_the_upper_triangles_bytes() -> None:
+def test_packing_saves_the_bytes_its_layout_leaves_out() -> None:
     full_params, packed_params = _params(), _params()
     full, packed = _optimizer(full_params, False), _optimizer(packed_params, True)
     _train(full, full_params, range(1))
     _train(packed, packed_params, range(1))
     sizes = _factor_sizes(full)
     assert sizes == _factor_sizes(packed) and 600 in sizes and 520 in sizes
-    saved = sum(4 * (n * n - n * (n + 1) // 2) for n in sizes)
+    saved = sum(4 * (n * n - _stored_elements(n)) for n in sizes)
     assert full.optimizer_state_bytes() - packed.optimizer_state_bytes() == saved
 
 
@@ -257,7 +272,7 @@ def test_the_packed_update_skips_the_mirror_and_packs_the_same_bits(size: int) -
         assert not torch.equal(packing.pack(unmirrored), packing.pack(mirrored))
 
 
-@pytest.mark.parametrize("size", [5, 600, 768])
+@pytest.mark.parametrize("size", [5, 300])
 def test_the_roots_start_from_the_updates_full_factors_with_the_same_bits(size: int) -> None:
     """The amortized computation right after an update takes the update's full factors,
     mirrored, instead of unpacking the packed rows again: the same numbers (a second
@@ -296,3 +311,66 @@ def test_the_roots_start_from_the_updates_full_factors_with_the_same_bits(size: 
     update()
     factors.release_unpacked()  # a step without an amortized computation
     assert torch.equal(factors.matrices(pool), factors._packings[size].unpack(pool.factors))
+
+
+@pytest.mark.parametrize("size", [512, 600, 768, 1000, 1024])
+def test_the_tiled_update_in_place_keeps_the_packed_updates_bits(size: int) -> None:
+    """From 512 on a packed factor lives by tiles, updated in place: its values, in the
+    triangle's layout, are those of the triangle packing's unpack / update / pack, bit for bit,
+    and the two layouts convert both ways."""
+    packing = SymmetricPacking(size, torch.device("cpu"))
+    tiled = TiledPacking(size, torch.device("cpu"))
+    edges = tile_edges(size)
+    assert len(tiled.tiles) == (len(edges) - 1) * len(edges) // 2
+    assert tiled.storage_size == _stored_elements(size) == tiled_storage_size(size)
+    gen = torch.Generator().manual_seed(size)
+    a = torch.randn(2, size, size, generator=gen)
+    packed = packing.pack(a @ a.mT / size)
+    storage = tiled.from_reference(packed)
+    assert torch.equal(tiled.to_reference(storage), packed)
+    for _ in range(2):
+        unfolded = torch.randn(2, size, 96, generator=gen)
+        full = symmetric_rank_update_(packing.unpack(packed), unfolded, 0.95, 0.05, mirror=False)
+        packed = packing.pack_updated(full)
+        tiled.update_(storage, unfolded, 0.95, 0.05)
+        assert torch.equal(tiled.to_reference(storage), packed)
+    # Full matrices from the tiles: the unpacked ones, cast and divided elementwise.
+    expected = packing.unpack(packed.double() / 0.37)
+    assert torch.equal(tiled.full(storage, torch.float64, 0.37), expected)
+    upper = torch.triu(tiled.full(storage, torch.float64, 0.37, upper_only=True))
+    assert torch.equal(upper, torch.triu(expected))
+    assert torch.equal(tiled.full(storage), packing.unpack(packed))
+
+
+def test_tiled_factors_are_saved_in_the_triangles_layout_and_load_back() -> None:
+    """A state dict holds a tiled factor (600 x 600, 520 x 520) as the triangle packing would,
+    from the full-storage run's factor, and a packed optimizer loads it back to the same
+    values (the round trip's steps: test_packed_checkpoint_round_trip_continues_identically)."""
+    full_params, packed_params = _params(), _params()
+    full, packed = _optimizer(full_params, False), _optimizer(packed_params, True)
+    _train(full, full_params, range(3))
+    _train(packed, packed_params, range(3))
+    index = len(SHAPES) - 1  # the 600 x 520 matrix, one block
+    saved = packed.state_dict()["state"][index]["block_0"]["shampoo"]["factor_matrices"]
+    want = full.state_dict()["state"][index]["block_0"]["shampoo"]["factor_matrices"]
+    for dim, n in ((0, 600), (1, 520)):
+        rows, cols = torch.triu_indices(n, n)
+        assert saved[dim].shape == (n * (n + 1) // 2,)
+        # Position (i, j) holds the lower triangle's (j, i), as the triangle packing keeps it.
+        assert torch.equal(saved[dim], want[dim][cols, rows])
+    # Compared as saved: a diagonal tile's upper triangle is not saved (it is never read, and
+    # a load fills it with the mirror of the lower one).
+    live = {
+        key: runtime.preconditioner._factors.reference_layout(pool).clone()
+        for runtime in packed._runtimes
+        for key, pool in runtime.preconditioner._factors.pools.items()
+    }
+    state = copy.deepcopy(packed.state_dict())  # (untiled entries are the live tensors)
+    for runtime in packed._runtimes:
+        for pool in runtime.preconditioner._factors.pools.values():
+            pool.factors.zero_()
+    packed.load_state_dict(state)
+    for runtime in packed._runtimes:
+        factors = runtime.preconditioner._factors
+        for key, pool in factors.pools.items():
+            assert torch.equal(factors.reference_layout(pool), live[key]), key
