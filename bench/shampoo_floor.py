@@ -12,7 +12,8 @@ root work divided by F, the rest every step):
   ``d x d x d`` product and our triangle of tiles, ``symmetric_product``; the scaling of
   ``Q``'s columns is not a GEMM); per block ``m x n`` the factor updates ``L += G G^T`` and
   ``R += G^T G`` (each the faster of the full product and our triangle of tiles,
-  ``symmetric_rank_update_``) and the preconditioning ``L^(-1/4) G`` and ``(...) R^(-1/4)``;
+  ``symmetric_rank_update_`` without the mirror copies) and the preconditioning
+  ``L^(-1/4) G`` and ``(...) R^(-1/4)``;
 * the elementwise work, as few passes over memory as any step can make: it must read the
   gradient, the momentum ``M``, the grafting's second moment ``V``, the preconditioned
   direction and the parameters, and write ``M``, ``V`` and the parameters, eight float32
@@ -193,8 +194,8 @@ def gemm_seconds(
 
     Blocks of one shape are stacked (one ``bmm`` per product, as our step batches them), factors
     of one size too. A factor update ``F += G G^T`` is the faster of the full product and our
-    triangle of tiles (:func:`symmetric_rank_update_`), so the floor stays below a step that
-    computes half of it.
+    triangle of tiles (:func:`symmetric_rank_update_` without its mirror copies, as a packed
+    factor is updated), so the floor stays below a step that computes half of it.
     """
     step = root = ZERO
     for (m, n), count in sorted(Counter(blocks(shapes, max_dim)).items()):
@@ -202,8 +203,12 @@ def gemm_seconds(
         left, right = _spd(count, m, generator), _spd(count, n, generator)
         for unfolded, factor in ((g, left), (g.mT, right)):
             full = _timed(lambda u=unfolded: torch.bmm(u, u.mT), repeats)
+            # Without the mirror copies: a packed factor keeps the triangle's tiles only.
             triangle = _timed(
-                lambda u=unfolded, f=factor: symmetric_rank_update_(f, u, 0.999, 0.001), repeats
+                lambda u=unfolded, f=factor: symmetric_rank_update_(
+                    f, u, 0.999, 0.001, mirror=False
+                ),
+                repeats,
             )
             step += Timing.faster(full, triangle)
         step += _timed(lambda: torch.bmm(left, g), repeats)

@@ -115,7 +115,9 @@ def symmetric_part(matrices: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def symmetric_product(left: torch.Tensor, right: torch.Tensor) -> torch.Tensor:
+def symmetric_product(
+    left: torch.Tensor, right: torch.Tensor, out: torch.Tensor | None = None
+) -> torch.Tensor:
     """An exactly symmetric ``(B, n, n)`` stack equal, up to rounding, to ``left @ right^T``,
     for ``(B, n, n)`` operands whose product is symmetric in exact arithmetic (a root
     ``Q diag(w) Q^T``: ``left = Q diag(w)``, ``right = Q``).
@@ -123,13 +125,15 @@ def symmetric_product(left: torch.Tensor, right: torch.Tensor) -> torch.Tensor:
     Below ``TILED_UPDATE_MIN_SIZE``: the symmetric part ``(X + X^T) / 2`` of the full product.
     From it on, the tiles of :func:`tile_edges` on and above the diagonal only, ``(k + 1) / 2k``
     of the flops: a tile above the diagonal is its product and the one below it its transpose,
-    a diagonal tile its own symmetric part. A new row-major tensor either way.
+    a diagonal tile its own symmetric part. A new row-major tensor either way, or written into
+    ``out`` (contiguous ``(B, n, n)``, the operands' dtype, overlapping neither) when given.
     """
     edges = tile_edges(left.shape[-1])
     if len(edges) <= 2:
         product = left @ right.mT
-        return symmetric_part(product, out=torch.empty_like(product))
-    out = left.new_empty(left.shape)
+        return symmetric_part(product, out=torch.empty_like(product) if out is None else out)
+    if out is None:
+        out = left.new_empty(left.shape)
     spans = list(zip(edges[:-1], edges[1:]))
     for i, (r0, r1) in enumerate(spans):
         for c0, c1 in spans[i:]:

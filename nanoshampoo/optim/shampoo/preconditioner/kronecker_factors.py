@@ -27,8 +27,8 @@ symmetric, so a pool keeps less than ``n^2`` per factor, in one of two layouts b
 - From 512 on, the tiles on and above the diagonal of the tiled update, each whole
   (:class:`TiledPacking`): the update's products are written into them in place, so a step
   neither unpacks nor packs (what that saves: docs/results/shampoo-step.md), for a third
-  (``n = 768``) to a quarter (1024) more bytes than the triangle. The amortized computation assembles full matrices from
-  the tiles, cast and divided on the way.
+  (``n = 768``) to a quarter (1024) more bytes than the triangle. The amortized computation
+  assembles full matrices from the tiles, cast and divided on the way.
 
 Either way the statistics and the solves see exactly what the full layout gives them: ``eigh``
 reads the lower triangle, and the packed values are the lower triangle's, which evolves bit for

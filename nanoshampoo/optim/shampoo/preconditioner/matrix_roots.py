@@ -174,6 +174,7 @@ def eigh_inverse_root(
     stability: RankDeficientStabilityConfig = DefaultPerturbationConfig,
     root_dtype: torch.dtype | None = None,
     overwrite_input: bool = False,
+    out: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(A + eps I)^(-e)`` for each matrix of a stack, by one batched eigendecomposition.
 
@@ -192,9 +193,17 @@ def eigh_inverse_root(
             bfloat16 rounding into a float32 solve, so the default tolerances use this dtype.
         overwrite_input: ``matrices`` is the caller's temporary: the ridge is added to its
             diagonal in place (the same numbers as ``A + eps I``, without a copy of the stack).
+        out: the caller's stored roots ``(N, n, n)`` (CPU, the input's dtype), or None. On a
+            CPU, when every root is sure to succeed before it is formed, the roots are written
+            straight into ``out`` and ``out`` is returned: no new stack and no copy into place.
+            Otherwise ``out`` is left alone. Sure to succeed: the decomposition succeeded and
+            ``Q`` and ``w`` are finite with ``max |w| < float max / 2``, since an entry of
+            ``Q diag(w) Q^T`` with orthonormal ``Q`` is at most ``max |w|`` in magnitude (so
+            ``ok`` is what the check of the formed roots would give).
 
     Returns:
-        ``(roots (N, n, n), ok (N,) bool)``; ``roots[i]`` is garbage where ``ok[i]`` is False.
+        ``(roots (N, n, n), ok (N,) bool)``; ``roots[i]`` is garbage where ``ok[i]`` is False
+        (never so for ``out``, which is returned only when every ``ok`` holds).
         The roots are exactly symmetric (:func:`~factor_matrix_ops.symmetric_product`).
     """
     perturbed = isinstance(stability, PerturbationConfig) and stability.perturb_before_computation
@@ -210,6 +219,16 @@ def eigh_inverse_root(
     weights = inverse_root_spectrum(
         evals, exponents, epsilon, stability, matrices.shape[-1], perturbed, noise_dtype
     )
+    if (
+        out is not None
+        and out.device.type == "cpu"  # (elsewhere the check below would synchronize)
+        and out.dtype == evecs.dtype
+        and out.shape == evecs.shape
+    ):
+        bound = torch.finfo(weights.dtype).max / 2
+        sure = ok & all_finite(evecs) & (weights.abs().amax(dim=-1) < bound)
+        if bool(sure.all()):
+            return symmetric_product(evecs * weights.unsqueeze(-2), evecs, out=out), sure
     roots = symmetric_product(evecs * weights.unsqueeze(-2), evecs)
     return roots, ok & all_finite(roots)
 

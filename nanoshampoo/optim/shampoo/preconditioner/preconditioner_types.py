@@ -434,10 +434,11 @@ class EigenvalueCorrectedShampooPreconditionerConfig(BaseShampooPreconditionerCo
         factor_matrix_eigenvectors_dtype: storage dtype of the eigenbases.
         corrected_eigenvalues_dtype: storage dtype of the corrected eigenvalues.
         use_symmetric_packing: the factors packed as root-inverse Shampoo's (upper
-            triangles, or from 512 on upper tiles), on by default as in the reference library. The eigh
-            bases are the same numbers packed or not; the QR refresh multiplies by the
-            symmetrized factor, which can rotate a degenerate (rank-deficient) eigenspace
-            differently in the last bits, so packed and unpacked runs can differ slightly.
+            triangles, or from 512 on upper tiles), on by default as in the reference
+            library. The eigh bases are the same numbers packed or not; the QR refresh
+            multiplies by the symmetrized factor, which can rotate a degenerate
+            (rank-deficient) eigenspace differently in the last bits, so packed and unpacked
+            runs can differ slightly.
     """
 
     amortized_computation_config: EigendecompositionConfig = field(

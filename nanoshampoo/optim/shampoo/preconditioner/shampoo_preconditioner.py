@@ -9,8 +9,9 @@ Layout: factors are pooled by ``(size, block dtype)``; each pool has a matching 
 stack of roots (in ``inv_factor_matrix_dtype``, by default the block dtype), so all roots of one
 size are one batched ``eigh`` call.
 With ``use_symmetric_packing`` (the default) the factors are packed (their upper triangles, or
-from 512 on their upper tiles; the same numbers: :mod:`kronecker_factors`); the roots stay full matrices, exactly
-symmetric (:meth:`ShampooPreconditioner._keep`), and a state dict holds their upper triangles.
+from 512 on their upper tiles; the same numbers: :mod:`kronecker_factors`); the roots stay
+full matrices, exactly symmetric (:meth:`ShampooPreconditioner._keep`), and a state dict holds
+their upper triangles.
 With ``precondition_dtype=torch.bfloat16`` the products run in bfloat16 buffers allocated once
 per bucket (:class:`_GemmBuffers`: the rounded gradient, roots, ``X_L G`` and the product),
 and the product is copied into the block-dtype output; roots and factors keep their dtypes.
@@ -194,6 +195,10 @@ class ShampooPreconditioner(KroneckerFactoredPreconditioner):
                 # view's lower triangle, the matrices' upper one: all that
                 # _solver_reads_upper asked to hold the factors.
                 matrices = matrices.mT
+            # Every row solved on the stored roots' device: they may be written in place.
+            stored = self._results[key] if rows is None else None
+            if stored is not None and stored.device != torch.device(device):
+                stored = None
             roots, ok = eigh_inverse_root(
                 matrices.to(device),
                 exponents.to(device),
@@ -202,6 +207,7 @@ class ShampooPreconditioner(KroneckerFactoredPreconditioner):
                 solver.rank_deficient_stability_config,
                 root_dtype=precision,
                 overwrite_input=True,  # the amortized computation's temporary (see _solve)
+                out=stored,
             )
             return roots.to(matrices.device), ok.to(matrices.device)
         if isinstance(solver, WarmStartedEigenConfig):
@@ -222,6 +228,8 @@ class ShampooPreconditioner(KroneckerFactoredPreconditioner):
         0.5 %): their symmetric part ``(X + X^T) / 2``, the nearest symmetric matrix, is
         stored; when every root succeeded (the common case) and the stored dtype is the
         solver's, it is summed straight into the stored roots: no temporary, no copy."""
+        if results is previous:
+            return  # written in place, every root succeeded (eigh_inverse_root's ``out``)
         if isinstance(self._config.amortized_computation_config, _SYMMETRIC_ROOT_SOLVERS):
             keep_previous_where_failed(previous, results, ok)
         elif previous.dtype == results.dtype and bool(ok.all()):

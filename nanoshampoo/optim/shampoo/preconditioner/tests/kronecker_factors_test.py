@@ -211,7 +211,11 @@ def test_both_preconditioners_keep_results_where_the_solve_failed_and_count(
     def fail_first(
         self: Any, key: Any, matrices: torch.Tensor, rows: torch.Tensor | None
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        results, ok = solve(self, key, matrices, rows)
+        # The first factor's solve fails for real (a NaN factor: a solver never writes over
+        # the stored results in place unless every solve will succeed), and is reported failed.
+        broken = matrices.clone()
+        broken[0, 0, 0] = float("nan")
+        results, ok = solve(self, key, broken, rows)
         return results, ok & torch.tensor([False, True])
 
     monkeypatch.setattr(type(preconditioner), "_solve", fail_first)

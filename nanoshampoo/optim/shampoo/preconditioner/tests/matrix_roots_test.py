@@ -183,6 +183,39 @@ def test_all_finite_flags_each_matrix_with_a_nan_or_an_inf() -> None:
     assert all_finite(big).tolist() == [False]  # the sum overflows: counted as a failure
 
 
+@pytest.mark.parametrize("size", [40, 600])
+def test_eigh_inverse_root_into_the_stored_roots_gives_the_same_bits(size: int) -> None:
+    """``out``: when every root is sure to succeed (``Q`` and ``w`` finite, ``max |w|`` below
+    half float max), the roots are written into ``out`` and it is returned, the same bits as a
+    new stack (untiled 40, tiled 600); otherwise ``out`` keeps what it held and the roots come
+    back in a new stack, with the same ``ok`` as without ``out``."""
+    gen = torch.Generator().manual_seed(size)
+    g = torch.randn(3, size, size // 2, generator=gen)
+    stack = g @ g.mT / size
+    stack = (stack + stack.mT) / 2
+    exponents = torch.full((3,), 0.25)
+    expected, ok = eigh_inverse_root(stack, exponents, 1e-3)
+    assert ok.all()
+    out = torch.full_like(stack, 7.0)
+    roots, ok_out = eigh_inverse_root(stack, exponents, 1e-3, out=out)
+    assert roots is out and torch.equal(out, expected) and torch.equal(ok_out, ok)
+    # A NaN matrix fails: nothing is written over the stored roots.
+    broken = stack.clone()
+    broken[1, 0, 0] = float("nan")
+    without, ok_without = eigh_inverse_root(broken, exponents, 1e-3)
+    out = torch.full_like(stack, 7.0)
+    roots, ok_out = eigh_inverse_root(broken, exponents, 1e-3, out=out)
+    assert roots is not out and bool((out == 7.0).all())
+    assert torch.equal(ok_out, ok_without) and ok_out.tolist() == [True, False, True]
+    assert torch.equal(roots[ok_out], without[ok_out])
+    # A weight near float max (exponent 40 of eigenvalues near 0.1): not sure, so not in place.
+    huge = torch.full((3,), 40.0)
+    reference, ok_huge = eigh_inverse_root(stack / stack.amax() * 0.1, huge, 0.0)
+    out = torch.full_like(stack, 7.0)
+    roots, ok_out = eigh_inverse_root(stack / stack.amax() * 0.1, huge, 0.0, out=out)
+    assert roots is not out and bool((out == 7.0).all()) and torch.equal(ok_out, ok_huge)
+
+
 def test_eigh_inverse_root_overwriting_its_input_gives_the_same_roots() -> None:
     """``overwrite_input`` adds the ridge to the caller's diagonal in place: the same bits as the
     copy ``A + eps I``, whichever layout the (exactly symmetric) stack has."""
