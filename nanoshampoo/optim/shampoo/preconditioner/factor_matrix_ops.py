@@ -65,8 +65,9 @@ def symmetric_rank_update_(
 
     ``factors`` ``(B, n, n)`` symmetric, ``unfolded`` ``(B, n, m)``. torch has no ``syrk``,
     so for ``n >= TILED_UPDATE_MIN_SIZE`` the rows are cut into ``k = n // TILE_SIZE`` tiles;
-    tile ``(i, j)`` with ``i <= j`` is one ``baddbmm_`` and tile ``(j, i)`` its transpose:
-    ``(k + 1) / 2k`` of the flops. Tiles below the diagonal are exact copies of their mirrors;
+    the tiles ``(i, j)`` with ``i <= j`` are computed, a row of them (a band) per ``baddbmm_``,
+    and tile ``(j, i)`` is their transpose: ``(k + 1) / 2k`` of the flops. Tiles below the
+    diagonal are exact copies of their mirrors;
     ``mirror=False`` leaves them stale (for :meth:`SymmetricPacking.pack_updated`, which reads
     the computed tiles only). What the tiles save: docs/results/shampoo-step.md
     "Kernel choices inside the step".
@@ -74,17 +75,16 @@ def symmetric_rank_update_(
     edges = tile_edges(factors.shape[-1])
     if len(edges) <= 2:
         return factors.baddbmm_(unfolded, unfolded.mT, beta=beta, alpha=alpha)
-    spans = list(zip(edges[:-1], edges[1:]))
-    for i, (r0, r1) in enumerate(spans):
-        for c0, c1 in spans[i:]:
-            factors[:, r0:r1, c0:c1].baddbmm_(
-                unfolded[:, r0:r1], unfolded[:, c0:c1].mT, beta=beta, alpha=alpha
-            )
+    # One product per row of tiles (its band: the diagonal tile and those right of it), the
+    # same entries as one per tile, bit for bit, in fewer and larger GEMMs.
+    for r0, r1 in zip(edges[:-1], edges[1:]):
+        factors[:, r0:r1, r0:].baddbmm_(
+            unfolded[:, r0:r1], unfolded[:, r0:].mT, beta=beta, alpha=alpha
+        )
     if not mirror:
         return factors
-    for i, (r0, r1) in enumerate(spans):
-        for c0, c1 in spans[i + 1 :]:
-            factors[:, c0:c1, r0:r1].copy_(factors[:, r0:r1, c0:c1].mT)
+    for r0, r1 in zip(edges[:-2], edges[1:-1]):
+        factors[:, r1:, r0:r1].copy_(factors[:, r0:r1, r1:].mT)
     return factors
 
 
@@ -123,8 +123,9 @@ def symmetric_product(
     ``Q diag(w) Q^T``: ``left = Q diag(w)``, ``right = Q``).
 
     Below ``TILED_UPDATE_MIN_SIZE``: the symmetric part ``(X + X^T) / 2`` of the full product.
-    From it on, the tiles of :func:`tile_edges` on and above the diagonal only, ``(k + 1) / 2k``
-    of the flops: a tile above the diagonal is its product and the one below it its transpose,
+    From it on, the tiles of :func:`tile_edges` on and above the diagonal only (a row of them
+    per product), ``(k + 1) / 2k`` of the flops: a tile above the diagonal is its product and
+    the one below it its transpose,
     a diagonal tile its own symmetric part. A new row-major tensor either way, or written into
     ``out`` (contiguous ``(B, n, n)``, the operands' dtype, overlapping neither) when given.
     """
@@ -134,17 +135,14 @@ def symmetric_product(
         return symmetric_part(product, out=torch.empty_like(product) if out is None else out)
     if out is None:
         out = left.new_empty(left.shape)
-    spans = list(zip(edges[:-1], edges[1:]))
-    for i, (r0, r1) in enumerate(spans):
-        for c0, c1 in spans[i:]:
-            # beta 0: the uninitialized tile is not read.
-            out[:, r0:r1, c0:c1].baddbmm_(left[:, r0:r1], right[:, c0:c1].mT, beta=0.0)
-    for i, (r0, r1) in enumerate(spans):
+    for r0, r1 in zip(edges[:-1], edges[1:]):
+        # One product per row of tiles (as symmetric_rank_update_); beta 0: the uninitialized
+        # band is not read.
+        out[:, r0:r1, r0:].baddbmm_(left[:, r0:r1], right[:, r0:].mT, beta=0.0)
         diagonal = out[:, r0:r1, r0:r1]
         product = diagonal.clone()
         torch.add(product, product.mT, out=diagonal).mul_(0.5)
-        for c0, c1 in spans[i + 1 :]:
-            out[:, c0:c1, r0:r1].copy_(out[:, r0:r1, c0:c1].mT)
+        out[:, r1:, r0:r1].copy_(out[:, r0:r1, r1:].mT)
     return out
 
 
@@ -230,13 +228,14 @@ class SymmetricPacking:
 
 class TiledPacking:
     """Packed storage of stacked symmetric ``n x n`` matrices, for ``n >= TILED_UPDATE_MIN_SIZE``,
-    as the tiles that :func:`symmetric_rank_update_` computes: the tiles ``(a, b)``, ``a <= b``,
-    of :func:`tile_edges`'s grid, each whole and row-major, one after the other (by tile row,
-    then column) in ``(M, storage_size)``.
+    as the tiles that :func:`symmetric_rank_update_` computes: per row of tiles ``a`` of
+    :func:`tile_edges`'s grid (rows ``r0:r1``), its *band*, the tiles on and right of the
+    diagonal, rows ``r0:r1`` by columns ``r0:n``, whole and row-major, the bands one after the
+    other in ``(M, storage_size)``.
 
-    The rank update writes straight into the tiles (:meth:`update_`), so a step neither unpacks
+    The rank update writes straight into the bands (:meth:`update_`), so a step neither unpacks
     nor packs its factors. The values are those of :class:`SymmetricPacking` as
-    :meth:`SymmetricPacking.pack_updated` keeps them: entry ``(i, j)``, ``i <= j``, is the tile
+    :meth:`SymmetricPacking.pack_updated` keeps them: entry ``(i, j)``, ``i <= j``, is the band
     entry ``(i, j)`` where ``i`` and ``j`` lie in different tiles, and the diagonal tile's entry
     ``(j, i)`` (its lower triangle, the triangle ``eigh`` reads) where they lie in one; a
     diagonal tile's upper triangle is computed but never read. So a tiled factor evolves bit for
@@ -252,25 +251,22 @@ class TiledPacking:
         edges = tile_edges(size)
         if len(edges) <= 2:
             raise ValueError(f"TiledPacking: size {size} is below {TILED_UPDATE_MIN_SIZE}")
-        spans = list(zip(edges[:-1], edges[1:]))
-        # (r0, r1, c0, c1, offset) of each stored tile.
-        self.tiles: list[tuple[int, int, int, int, int]] = []
+        # (r0, r1, offset) of each band.
+        self.bands: list[tuple[int, int, int]] = []
         offset = 0
-        for a, (r0, r1) in enumerate(spans):
-            for c0, c1 in spans[a:]:
-                self.tiles.append((r0, r1, c0, c1, offset))
-                offset += (r1 - r0) * (c1 - c0)
+        for r0, r1 in zip(edges[:-1], edges[1:]):
+            self.bands.append((r0, r1, offset))
+            offset += (r1 - r0) * (size - r0)
         self.size = size
         self.storage_size = offset
         # The storage position whose value entry (i, j) of the matrix takes (both triangles).
         where = torch.empty(size, size, dtype=torch.int64)
-        for r0, r1, c0, c1, start in self.tiles:
-            local = torch.arange(start, start + (r1 - r0) * (c1 - c0)).view(r1 - r0, c1 - c0)
-            if r0 == c0:
-                where[r0:r1, c0:c1] = torch.tril(local) + torch.tril(local, -1).mT
-            else:
-                where[r0:r1, c0:c1] = local
-                where[c0:c1, r0:r1] = local.mT
+        for r0, r1, start in self.bands:
+            band = torch.arange(start, start + (r1 - r0) * (size - r0)).view(r1 - r0, -1)
+            diagonal = band[:, : r1 - r0]
+            where[r0:r1, r0:r1] = torch.tril(diagonal) + torch.tril(diagonal, -1).mT
+            where[r0:r1, r1:] = band[:, r1 - r0 :]
+            where[r1:, r0:r1] = band[:, r1 - r0 :].mT
         rows, cols = torch.triu_indices(size, size)
         triangle = torch.empty(size, size, dtype=torch.int64)
         triangle[rows, cols] = torch.arange(rows.numel())
@@ -278,30 +274,30 @@ class TiledPacking:
         flat_dtype = torch.int32 if size * size <= torch.iinfo(torch.int32).max else torch.int64
         self._to_reference = where[rows, cols].to(device=device, dtype=flat_dtype)
         self._from_reference = torch.cat(
-            [triangle[r0:r1, c0:c1].flatten() for r0, r1, c0, c1, _ in self.tiles]
+            [triangle[r0:r1, r0:].flatten() for r0, r1, _ in self.bands]
         ).to(device=device, dtype=flat_dtype)
         # Per diagonal tile size, the mask of its strict upper triangle (where its mirror is read).
         self._upper = {
             r1 - r0: torch.ones(r1 - r0, r1 - r0, dtype=torch.bool, device=device).triu_(1)
-            for r0, r1, c0, _, _ in self.tiles
-            if r0 == c0
+            for r0, r1, _ in self.bands
         }
 
-    def tile(self, storage: torch.Tensor, index: int) -> torch.Tensor:
-        """Tile ``index`` (of :attr:`tiles`) of ``storage`` ``(M, storage_size)``: an
-        ``(M, r1 - r0, c1 - c0)`` view."""
-        r0, r1, c0, c1, start = self.tiles[index]
-        return storage[:, start : start + (r1 - r0) * (c1 - c0)].view(-1, r1 - r0, c1 - c0)
+    def band(self, storage: torch.Tensor, index: int) -> torch.Tensor:
+        """Band ``index`` (of :attr:`bands`) of ``storage`` ``(M, storage_size)``: an
+        ``(M, r1 - r0, n - r0)`` view."""
+        r0, r1, start = self.bands[index]
+        width = self.size - r0
+        return storage[:, start : start + (r1 - r0) * width].view(-1, r1 - r0, width)
 
     def update_(
         self, storage: torch.Tensor, unfolded: torch.Tensor, beta: float, alpha: float
     ) -> torch.Tensor:
         """``F <- beta F + alpha U U^T`` in place on tiled ``storage`` ``(M, storage_size)``
-        from ``unfolded`` ``(M, n, m)``: one ``baddbmm_`` per tile, the very products of
+        from ``unfolded`` ``(M, n, m)``: one ``baddbmm_`` per band, the very products of
         :func:`symmetric_rank_update_` (``mirror=False``), written where they are kept."""
-        for index, (r0, r1, c0, c1, _) in enumerate(self.tiles):
-            self.tile(storage, index).baddbmm_(
-                unfolded[:, r0:r1], unfolded[:, c0:c1].mT, beta=beta, alpha=alpha
+        for index, (r0, r1, _) in enumerate(self.bands):
+            self.band(storage, index).baddbmm_(
+                unfolded[:, r0:r1], unfolded[:, r0:].mT, beta=beta, alpha=alpha
             )
         return storage
 
@@ -318,26 +314,28 @@ class TiledPacking:
         the transposed view): the tiles below the diagonal are left uninitialized."""
         dtype = dtype or storage.dtype
         out = storage.new_empty(storage.shape[0], self.size, self.size, dtype=dtype)
-        for index, (r0, r1, c0, c1, _) in enumerate(self.tiles):
-            tile = self.tile(storage, index)
-            target = out[:, r0:r1, c0:c1]
-            if r0 == c0:
-                # The lower triangle is the kept one: mirror it over the upper.
-                if tile.dtype == dtype:
-                    torch.where(self._upper[r1 - r0], tile.mT, tile, out=target)
-                else:
-                    target.copy_(torch.where(self._upper[r1 - r0], tile.mT, tile))
-                if divisor != 1.0:
-                    target.div_(divisor)
-                continue
-            if divisor == 1.0:
-                target.copy_(tile)
-            elif tile.dtype == dtype:
-                torch.div(tile, divisor, out=target)
+        for index, (r0, r1, _) in enumerate(self.bands):
+            band = self.band(storage, index)
+            tile, right = band[:, :, : r1 - r0], band[:, :, r1 - r0 :]
+            target = out[:, r0:r1, r0:r1]
+            # The diagonal tile's lower triangle is the kept one: mirrored over the upper.
+            if tile.dtype == dtype:
+                torch.where(self._upper[r1 - r0], tile.mT, tile, out=target)
             else:
-                torch.div(tile.to(dtype), divisor, out=target)
+                target.copy_(torch.where(self._upper[r1 - r0], tile.mT, tile))
+            if divisor != 1.0:
+                target.div_(divisor)
+            if r1 == self.size:
+                continue
+            target = out[:, r0:r1, r1:]
+            if divisor == 1.0:
+                target.copy_(right)
+            elif right.dtype == dtype:
+                torch.div(right, divisor, out=target)
+            else:
+                torch.div(right.to(dtype), divisor, out=target)
             if not upper_only:
-                out[:, c0:c1, r0:r1].copy_(target.mT)
+                out[:, r1:, r0:r1].copy_(target.mT)
         return out
 
     def to_reference(self, storage: torch.Tensor) -> torch.Tensor:
