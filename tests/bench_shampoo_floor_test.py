@@ -168,16 +168,24 @@ def test_the_floor_times_every_product_of_a_step_at_its_shape(
     floor: ModuleType, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The GEMM part times, per block shape (blocks stacked) and per factor size, exactly the
-    products that ``products_of_a_step`` writes out: the updates both ways (full and tiles), the
-    roots both ways (Q row-major and column-major)."""
+    products that ``products_of_a_step`` writes out: the updates both ways (full and tiles,
+    these without mirror copies), the roots both ways (Q row-major and column-major)."""
     timed: list[tuple[int, int, int, int]] = []
 
     def record(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         timed.append((a.shape[0], a.shape[1], a.shape[2], b.shape[2]))
         return torch.zeros(a.shape[0], a.shape[1], b.shape[2])
 
+    mirrors: list[bool] = []
+
+    def tiled_update(
+        f: torch.Tensor, u: torch.Tensor, beta: float, alpha: float, mirror: bool = True
+    ) -> torch.Tensor:
+        mirrors.append(mirror)
+        return record(u, u.mT)
+
     monkeypatch.setattr(floor.torch, "bmm", record)
-    monkeypatch.setattr(floor, "symmetric_rank_update_", lambda f, u, beta, alpha: record(u, u.mT))
+    monkeypatch.setattr(floor, "symmetric_rank_update_", tiled_update)
     shapes = [(16, 16), (16, 16), (16, 40)]
     floor.gemm_seconds(shapes, 32, torch.Generator().manual_seed(0), repeats=1)
     counted = Counter(timed)  # one untimed call and one timed one per product
@@ -192,6 +200,8 @@ def test_the_floor_times_every_product_of_a_step_at_its_shape(
     for size, count in sizes.items():
         expected[(count, size, size, size)] += 4
     assert counted == expected
+    # The tiles as a packed factor is updated: without the mirror copies.
+    assert mirrors and not any(mirrors)
 
 
 @pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc only")
