@@ -88,8 +88,9 @@ logger = logging.getLogger(__name__)
 class FactorPool:
     """All factors of one pool key.
 
-    ``factors`` ``(N, n, n)`` in the factor dtype, or ``(N, n (n + 1) / 2)`` lower triangles
-    when ``packed`` (see the module doc); ``size`` is ``n``; ``failure_counts`` ``(N,)`` int64,
+    ``factors`` ``(N, n, n)`` in the factor dtype, or when ``packed`` (see the module doc)
+    ``(N, n (n + 1) / 2)`` lower triangles below 512 and ``(N, TiledPacking.storage_size)``
+    bands of tiles from 512 on; ``size`` is ``n``; ``failure_counts`` ``(N,)`` int64,
     consecutive failed amortized computations; ``labels[r]`` names factor ``r`` (block label
     and dim) for error messages; ``positions[r]`` is its ``(block order, dim)``.
     """
@@ -120,7 +121,8 @@ class KroneckerFactors:
         pool_key: ``pool_key(bucket, dim)`` is the key of the pool holding the factors of that
             dim, or None where the dim has no factor (ignored, or exponent 0). Keys must
             determine the factor size ``bucket.shape[dim]``.
-        packed: keep one triangle (:class:`SymmetricPacking`; half the bytes).
+        packed: keep one triangle (:class:`SymmetricPacking`; half the bytes) below 512, the
+            tiles on and above the diagonal (:class:`TiledPacking`) from 512 on.
 
     Attributes:
         slots: per bucket, per dim, a :class:`FactorSlot` (None: no factor).
