@@ -237,13 +237,17 @@ def saved_factor(factor: torch.Tensor, size: int) -> torch.Tensor:
 def loaded_factor(value: torch.Tensor, size: int, numel: int) -> torch.Tensor:
     """A saved packed factor for a live tiled one of ``numel`` elements (``size x size``): in
     the tiled layout (a new tensor); anything else as it is (the caller checks the shape)."""
+    from nanoshampoo.optim.shampoo.preconditioner.factor_matrix_ops import (
+        SymmetricPacking,
+        tiled_packing,
+    )
+
     if (
         value.dim() != 1
-        or value.numel() != size * (size + 1) // 2
+        or value.numel() != SymmetricPacking.packed_size(size)
         or not tiled_storage(size, numel)
     ):
         return value
-    from nanoshampoo.optim.shampoo.preconditioner.factor_matrix_ops import tiled_packing
 
     return tiled_packing(size, value.device).from_reference(value.unsqueeze(0)).squeeze(0)
 

@@ -177,6 +177,8 @@ class SymmetricPacking:
         # every step on every packed factor).
         self._flat_index = index.flatten().to(flat_dtype)
         self._size = size
+        # Elements per packed matrix (as TiledPacking.storage_size).
+        self.storage_size = self.packed_size(size)
         # The same values read where symmetric_rank_update_(mirror=False) computed them: the
         # lower triangle inside a diagonal tile, the upper one (whose mirror the lower would
         # be, bit for bit) between tiles.
@@ -248,17 +250,11 @@ class TiledPacking:
     """
 
     def __init__(self, size: int, device: torch.device) -> None:
-        edges = tile_edges(size)
-        if len(edges) <= 2:
+        if not tiles_pack(size):
             raise ValueError(f"TiledPacking: size {size} is below {TILED_UPDATE_MIN_SIZE}")
         # (r0, r1, offset) of each band.
-        self.bands: list[tuple[int, int, int]] = []
-        offset = 0
-        for r0, r1 in zip(edges[:-1], edges[1:]):
-            self.bands.append((r0, r1, offset))
-            offset += (r1 - r0) * (size - r0)
+        self.bands, self.storage_size = _bands(size)
         self.size = size
-        self.storage_size = offset
         # The storage position whose value entry (i, j) of the matrix takes (both triangles).
         where = torch.empty(size, size, dtype=torch.int64)
         for r0, r1, start in self.bands:
@@ -315,14 +311,12 @@ class TiledPacking:
         dtype = dtype or storage.dtype
         out = storage.new_empty(storage.shape[0], self.size, self.size, dtype=dtype)
         for index, (r0, r1, _) in enumerate(self.bands):
-            band = self.band(storage, index)
+            # Cast first (no copy in the storage's dtype), then divide: as unpacking does.
+            band = self.band(storage, index).to(dtype)
             tile, right = band[:, :, : r1 - r0], band[:, :, r1 - r0 :]
             target = out[:, r0:r1, r0:r1]
             # The diagonal tile's lower triangle is the kept one: mirrored over the upper.
-            if tile.dtype == dtype:
-                torch.where(self._upper[r1 - r0], tile.mT, tile, out=target)
-            else:
-                target.copy_(torch.where(self._upper[r1 - r0], tile.mT, tile))
+            torch.where(self._upper[r1 - r0], tile.mT, tile, out=target)
             if divisor != 1.0:
                 target.div_(divisor)
             if r1 == self.size:
@@ -330,10 +324,8 @@ class TiledPacking:
             target = out[:, r0:r1, r1:]
             if divisor == 1.0:
                 target.copy_(right)
-            elif right.dtype == dtype:
-                torch.div(right, divisor, out=target)
             else:
-                torch.div(right.to(dtype), divisor, out=target)
+                torch.div(right, divisor, out=target)
             if not upper_only:
                 out[:, r1:, r0:r1].copy_(target.mT)
         return out
@@ -355,11 +347,21 @@ def tiles_pack(size: int) -> bool:
     return len(tile_edges(size)) > 2
 
 
-def tiled_storage_size(size: int) -> int:
-    """Elements of one factor of ``size`` in :class:`TiledPacking` (``size`` tiled)."""
+def _bands(size: int) -> tuple[list[tuple[int, int, int]], int]:
+    """``([(r0, r1, offset) per band], elements in all)`` of :class:`TiledPacking` at
+    ``size``: band ``r0:r1`` holds rows ``r0:r1`` by columns ``r0:size``."""
+    bands, offset = [], 0
     edges = tile_edges(size)
-    heights = [b - a for a, b in zip(edges[:-1], edges[1:])]
-    return (size * size + sum(h * h for h in heights)) // 2
+    for r0, r1 in zip(edges[:-1], edges[1:]):
+        bands.append((r0, r1, offset))
+        offset += (r1 - r0) * (size - r0)
+    return bands, offset
+
+
+def tiled_storage_size(size: int) -> int:
+    """Elements of one factor of ``size`` in :class:`TiledPacking` (``size`` tiled), without
+    building its index tensors."""
+    return _bands(size)[1]
 
 
 _tiled_packings: dict[tuple[int, torch.device], TiledPacking] = {}

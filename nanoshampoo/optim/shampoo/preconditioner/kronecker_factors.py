@@ -165,12 +165,7 @@ class KroneckerFactors:
                     )
 
         def shape(n: int) -> tuple[int, ...]:
-            if not packed:
-                return (n, n)
-            packing = self._packings[n]
-            if isinstance(packing, TiledPacking):
-                return (packing.storage_size,)
-            return (SymmetricPacking.packed_size(n),)
+            return (self._packings[n].storage_size,) if packed else (n, n)
 
         self.pools = {
             key: FactorPool(
