@@ -1,18 +1,31 @@
 # Two commands on a fresh machine: `make test` and `make train`.
 # The virtualenv is created on first use; torch is pinned to the CPU wheel first so that
 # installing the package never pulls a multi-GB CUDA build of torch.
+# Two stamps: what a run needs (torch and the package: RUN_STAMP, for train, compare, study,
+# bench) and, on top of it, the test and lint tools (STAMP: `.[dev]`), so that a fresh clone's
+# first `make train` does not wait for pytest, ruff, HeavyBall or TensorBoard.
 PYTHON ?= python3
 comma := ,
 VENV ?= .venv
 PY := $(VENV)/bin/python
+RUN_STAMP := $(VENV)/.installed-run
 STAMP := $(VENV)/.installed
 TORCH_PIN ?= torch==2.13.0
 
 .PHONY: install lint test test-quick train train-adamw train-soap train-muon bench clean
 
-$(STAMP): pyproject.toml
+# torch's 2,300 modules are byte-compiled by compileall on one core while pip installs the
+# rest on the other, instead of by pip, alone, after unpacking torch (the same .pyc files;
+# compileall's exit status is not read: like pip, it skips the few files it cannot compile).
+$(RUN_STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet "$(TORCH_PIN)"
+	$(PY) -m pip install --quiet --no-compile "$(TORCH_PIN)"
+	purelib=$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])'); \
+	$(PY) -m compileall -q "$$purelib/torch" >/dev/null 2>&1 & compiling=$$!; \
+	$(PY) -m pip install --quiet -e .; status=$$?; wait $$compiling; exit $$status
+	touch $(RUN_STAMP)
+
+$(STAMP): $(RUN_STAMP)
 	$(PY) -m pip install --quiet -e ".[dev]"
 	touch $(STAMP)
 
@@ -34,19 +47,19 @@ test: $(STAMP)
 test-quick: $(STAMP)
 	$(PY) -m pytest -q $(PYTEST_PARALLEL) -m "not slow and not distributed" $(PYTEST_ARGS)
 
-train: $(STAMP)
+train: $(RUN_STAMP)
 	$(PY) -m nanoshampoo.train --preset tiny-shampoo
 
-train-adamw: $(STAMP)
+train-adamw: $(RUN_STAMP)
 	$(PY) -m nanoshampoo.train --preset tiny-adamw
 
-train-soap: $(STAMP)
+train-soap: $(RUN_STAMP)
 	$(PY) -m nanoshampoo.train --preset tiny-soap
 
-train-muon: $(STAMP)
+train-muon: $(RUN_STAMP)
 	$(PY) -m nanoshampoo.train --preset tiny-muon
 
-bench: $(STAMP)
+bench: $(RUN_STAMP)
 	$(PY) bench/shampoo_step.py
 
 clean:
@@ -58,7 +71,7 @@ clean:
 # COMPARE_ARGS="--num-iterations 100".
 .PHONY: compare
 STEP_FRACTIONS ?= 0.7
-compare: $(STAMP)
+compare: $(RUN_STAMP)
 	$(PY) -m nanoshampoo compare --setups adamw,shampoo,soap,muon,normuon,muon-cwd,soap-muon,schedule-free,lion,kl-shampoo --seeds 3 --baseline adamw --step-fractions $(STEP_FRACTIONS) --out-dir runs/compare -- --save-final-checkpoint false $(COMPARE_ARGS)
 
 # Every setup tuned at the same budget, then compared at its tuned point, in one command:
@@ -83,7 +96,7 @@ TUNE_SPECS := \
 	--tune 'lion:lion.lr=0.001,0.002,0.004' \
 	--tune 'kl-shampoo:kl_shampoo.lr=0.0015,0.003,0.006'
 .PHONY: compare-tuned
-compare-tuned: $(STAMP)
+compare-tuned: $(RUN_STAMP)
 	$(PY) -m nanoshampoo compare --setups adamw,shampoo,soap,muon,normuon,muon-cwd,soap-muon,schedule-free,lion,kl-shampoo --seeds 3 --baseline adamw --rule track3 --out-dir runs/tuned $(TUNE_SPECS) $(if $(TUNE_STORAGE),--tune-storage $(TUNE_STORAGE)) -- --threads 1 --autocast bf16 --compile false --progress false --save-final-checkpoint false $(COMPARE_ARGS)
 
 # The longer task: 1300 steps (one epoch of the embedded corpus, 2.7 M tokens; about 50 min on
@@ -91,7 +104,7 @@ compare-tuned: $(STAMP)
 # (presets long-adamw and long-muon; docs/results/leaderboard.md "A longer task: 1300 steps"),
 # Muon at its full schedule and at 0.7x of it, 3 seeds each, into runs/long-tuned.
 .PHONY: compare-long
-compare-long: $(STAMP)
+compare-long: $(RUN_STAMP)
 	$(PY) -m nanoshampoo compare --setups adamw=long-adamw,muon=long-muon --seeds 3 --baseline adamw --step-fractions $(STEP_FRACTIONS) --out-dir runs/long-tuned -- --save-final-checkpoint false $(COMPARE_ARGS)
 
 # Issue 11's configs of Shampoo at equal quality: each tiny-shampoo variant in
@@ -103,7 +116,7 @@ compare-long: $(STAMP)
 # "Which bf16 state costs loss?".
 SHAMPOO_CONFIGS ?= freq1 freq10 bf16-state bf16-state-floor packed-bf16 warm-qr large-factor fast
 .PHONY: shampoo-configs
-shampoo-configs: $(STAMP)
+shampoo-configs: $(RUN_STAMP)
 	$(PY) -m nanoshampoo compare --setups $(subst $() ,$(comma),$(foreach c,$(SHAMPOO_CONFIGS),$(c)=bench/shampoo_configs/$(c).toml)),shampoo --baseline shampoo --seeds 3 --out-dir runs/shampoo-configs -- --save-final-checkpoint false $(COMPARE_ARGS)
 
 # The study: does a matrix optimizer train faster than a tuned AdamW, and does the gain hold as
@@ -116,7 +129,7 @@ shampoo-configs: $(STAMP)
 # Re-running trains nothing.
 STUDY_DIR ?= runs/study
 .PHONY: study
-study: $(STAMP)
+study: $(RUN_STAMP)
 	mkdir -p $(STUDY_DIR)
 	$(PY) -m nanoshampoo study --study cpu --out-dir $(STUDY_DIR) > $(STUDY_DIR)/worker-2.out 2>&1 & \
 	worker=$$!; $(PY) -m nanoshampoo study --study cpu --out-dir $(STUDY_DIR); status=$$?; \
