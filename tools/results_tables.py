@@ -369,6 +369,8 @@ RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
     "shampoo-floor-freq10.json": shampoo_floor,
     "shampoo-floor-intel-freq1.json": shampoo_floor,
     "shampoo-floor-intel-freq10.json": shampoo_floor,
+    "shampoo-floor-amd-avx2-freq1.json": shampoo_floor,
+    "shampoo-floor-amd-avx2-freq10.json": shampoo_floor,
     "pruning-512.json": pruning,
     "halving-replay.json": halving_replay,
     "halving-replay-1024.json": halving_replay,
