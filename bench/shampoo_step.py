@@ -54,45 +54,7 @@ and ~2.7 s with them; the 8192 rows add eigh of 3072x3072 factors (several secon
 the default runs only max_dim 1024 (about a minute and a half) and ``--max-dims 1024,8192``
 asks for both.
 
-Measured (2-core AMD EPYC shared with other jobs, ``--threads 1``, fp32, GPT-small, max_dim
-1024; before = commit 15231a9, after = tiled factor updates and ``amortize_roots``; mean ms per
-step, x AdamW of the same run; AdamW itself varied 36-52 ms between runs):
-
-==============================  ========  ==========  =========  ==========  ======  ========
-config (--steps 20)             mean ms   x AdamW     stats ms   roots ms    max/med  state
-==============================  ========  ==========  =========  ==========  ======  ========
-freq 10 before                  1251      26.5x       409        353         5.05    6.11
-freq 10 after                   1177      22.3x       317        388         6.36    6.11
-freq 10 after, amortize_roots   1201      22.8x       336        362         1.25    6.11
-freq 1 before (--steps 10)      4374      100.5x      415        3461        1.01    6.11
-freq 1 after (--steps 10)       4342      115.0x      322        3519        1.09    6.11
-==============================  ========  ==========  =========  ==========  ======  ========
-
-At freq 1, 80 % of the step is ``eigh`` (one thread: ~100 ms per 768 factor, ~240 ms per 1024
-factor, 14 + 6 of them), which no change at identical settings removes.
-
-Warm-started roots and the large-factor schedule (same machine, still shared: load 4-5, AdamW
-36.7-79 ms between runs, so compare roots ms and rows of one run; ``--threads 1 --steps 20``,
-GPT-small, max_dim 1024, warm-qr tolerance 0.05; runs A, B, C are three invocations):
-
-============================================  ====  =======  =======  ========  ========  =====
-config                                         run  mean ms  x AdamW  roots ms  fallback  state
-============================================  ====  =======  =======  ========  ========  =====
-freq 1 eigh                                    A    3458     94.4x    2820      -         6.11
-freq 1 warm-qr, max 1 QR iteration             A    3150     85.9x    2429      10.5 %    8.17
-freq 1 warm-qr, no QR iteration                B    2752     -        2087      24.1 %    8.17
-freq 10 eigh                                   A    965      26.3x    286       -         6.11
-freq 10 warm-qr, max 1 QR iteration            A    1021     27.9x    194       0 %       8.17
-freq 10, 1024-factors every 40 steps, eigh     C    744      15.2x    154       -         6.11
-freq 10, 1024-factors every 40, warm-qr (0 it) C    705      14.4x    109       0 %       8.17
-============================================  ====  =======  =======  ========  ========  =====
-
-On this CPU a warm-started root costs three GEMMs and the error estimate against LAPACK's fast
-``eigh`` (roots 0.74-0.86x at freq 1, 0.68x at freq 10); a QR iteration costs more than an
-``eigh`` here, so ``--warm-max-iterations 0`` is the faster CPU setting. The eigenvectors are
-kept as state (+2.06 B/param B). The large-factor schedule halves the freq-10 roots; with
-warm-qr they are 0.38x of the plain freq-10 roots. Whether the losses stay equal is measured
-with ``nanoshampoo stats`` (the trainer's ``--shampoo.root-method``, ``--shampoo.large-factor-*``).
+Measured figures, with their commands: ``docs/results/shampoo-step.md``.
 """
 
 from __future__ import annotations

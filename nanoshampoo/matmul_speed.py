@@ -5,9 +5,8 @@ compute dtype of spectral descent (``spectral_descent_preconditioner.py``) and m
 utilisation (``train/throughput.py``). It sits below all of them (it imports
 only torch), so the optimizer does not import the trainer.
 
-Measured on a 2-core Intel Xeon with ``amx_bf16`` (2 threads, medians of 7): a 768x768x768
-matmul ran at 393 GFLOP/s in float32 and 1362 GFLOP/s in bf16 (3.5x; 8x on one thread); on a
-2-core AMD EPYC without ``avx512_bf16`` bf16 ran at 0.28 GFLOP/s against 105 in float32.
+bf16 ran 3.5x float32's rate on a CPU with AMX and a small fraction of it on CPUs without bf16
+kernels (``docs/results/cpu-choices.md``): the answer has to be measured on the machine.
 
 Example:
     >>> rate = matmul_flops_per_second(torch.float32, torch.device("cpu"), shape=(64, 64, 64))
@@ -24,13 +23,15 @@ import torch
 import torch.nn.functional as F
 
 # The autocast probe runs ``F.linear`` on a (256, 128) input and a (512, 128) weight: the tiny
-# model's MLP shape at a quarter of its rows, 33.6 MFLOP, so one bf16 product costs ~6 ms on the
-# slow CPU above. One thread: the probe compares kernels, not thread scheduling (on a loaded
-# 2-core machine two threads made a float32 product of this size 40x slower, at random).
+# model's MLP shape at a quarter of its rows, 33.6 MFLOP, small enough that a bf16 product is
+# quick to time even on a CPU without bf16 kernels. One thread: the probe compares kernels, not
+# thread scheduling (on a loaded 2-core machine two threads made a float32 product of this size
+# 40x slower, at random).
 PROBE_SHAPE = (256, 128, 512)
 PROBE_REPEATS = 5
 # The peak probe's product: large enough that the kernel, not the call, sets the rate (on the
-# Xeon above 1024^3 ran at 94 % of 3072x768x3072's bf16 rate), small enough to take ~10 ms.
+# project's Xeon with AMX, 1024^3 ran at 94 % of 3072x768x3072's bf16 rate), small enough to
+# take ~10 ms.
 PEAK_SHAPE = (1024, 1024, 1024)
 PEAK_REPEATS = 7
 

@@ -4,10 +4,9 @@
 Why: glibc serves every allocation above its mmap threshold (dynamic, at most 32 MiB) with a
 fresh ``mmap`` and gives it back with ``munmap`` on free, and trims the heap top eagerly; a
 training step allocates and frees the same large activations every step (e.g. the
-``(B, T, vocab)`` logits), so each step page-faults them in anew. Measured on the ``tiny-shampoo``
-preset (30 steps, 2 cores, glibc 2.36): 10.8 s of 16.9 s wall in the kernel and 12.7 s of
-training time with the defaults; 0.7 s in the kernel and 7.9 s of training with
-:data:`TUNED_MALLOC_ENV`. Freed memory up to the thresholds is kept for reuse instead.
+``(B, T, vocab)`` logits), so each step page-faults them in anew: most of a tiny run's wall
+time went to the kernel (``docs/results/cpu-choices.md``). Freed memory up to the thresholds
+is kept for reuse instead.
 
 These settings can only come from the environment before the process starts (``mallopt`` caps
 the mmap threshold at 32 MiB), hence the re-exec. It keeps the process id, so it is safe under

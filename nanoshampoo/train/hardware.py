@@ -1,9 +1,8 @@
 """Choices that depend on the machine the run lands on: bf16 autocast and CPU threads.
 
-bf16 autocast: on a CPU without bf16 kernels it is very slow. Measured on a 2-core AMD EPYC
-without ``avx512_bf16`` (``bench/train_autocast_speed.py``): a bf16 matmul ran at 0.28 GFLOP/s
-against 105 GFLOP/s in float32, and the tiny-shampoo step took 4.8 s instead of 0.52 s. On an
-Intel CPU with ``avx512_bf16`` bf16 was about as fast as float32. So ``autocast="auto"`` uses
+bf16 autocast: on a CPU without bf16 kernels it is slower than float32 by an order of
+magnitude or more, on one with them faster or about as fast (the measurements:
+``docs/results/cpu-choices.md``). So ``autocast="auto"`` uses
 bf16 on CUDA when the GPU supports it, and on a CPU only when :func:`probe_cpu_bf16_speedup`
 finds bf16 matmuls faster than float32 ones (the probe lives in ``nanoshampoo/matmul_speed.py``,
 where spectral descent's Newton-Schulz dtype choice uses it too).
@@ -118,9 +117,8 @@ def cpu_threads(requested: int, local_world_size: int) -> tuple[int, str]:
     """Intra-op threads per process and why: ``requested``, or for 0 the available cores shared
     evenly by the ranks on this machine, unless a probe finds one thread faster.
 
-    Measured on a 2-core machine whose cores other processes kept busy (load average ~10): the
-    tiny-shampoo step took 8.5 s on 2 threads and 1.3 s on 1 (the threads wait for each other
-    at every parallel region). On an idle machine 2 threads are faster; the probe tells them apart.
+    On a machine whose cores other processes keep busy, one thread is faster by far, and on
+    idle ones several are (``docs/results/cpu-choices.md``); the probe tells them apart.
     """
     if requested > 0:
         return requested, "threads=" + str(requested)

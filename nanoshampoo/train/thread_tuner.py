@@ -22,9 +22,9 @@ import torch
 from nanoshampoo.train.distributed import DistributedContext, broadcast_object, local_world_size
 from nanoshampoo.train.hardware import cpu_threads
 
-# The probe costs ~3 ms on idle cores, up to three rounds of ~150 ms on busy ones. Measured on
-# 2 shared cores: a run that started on idle cores with 2 threads (0.31 s/step) slowed to
-# 6-28 s/step when other processes took the cores, and runs at ~0.7 s/step on 1 thread then.
+# Other processes take and free cores during a run, and a run on busy cores with too many
+# threads is many times slower (docs/results/cpu-choices.md); the probe is cheap enough to
+# repeat this often.
 RETUNE_STEPS = 10
 
 
