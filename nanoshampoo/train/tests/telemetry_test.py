@@ -249,8 +249,9 @@ def test_muon_family_statistics_of_the_newton_schulz_output_in_float64(setup_nam
         np.testing.assert_allclose(update, want, rtol=0, atol=1e-4 * np.abs(want).max())
         error, low, high = svd_statistics(u)
         assert record["ns_orthogonality_error"] == pytest.approx(error, rel=1e-9)
-        # svdvals in float32: a few ulps of sigma_max.
-        assert record["ns_sigma_min"] == pytest.approx(low, abs=16 * EPS32 * high)
+        # svdvals in float32: LAPACK's error bound is a low power of n ulps of sigma_max (on an
+        # AVX2-only AMD EPYC, at 2 threads, sigma_min came out 25 ulps of it away).
+        assert record["ns_sigma_min"] == pytest.approx(low, abs=64 * EPS32 * high)
         assert record["ns_sigma_max"] == pytest.approx(high, rel=16 * EPS32)
         # The quintic pushes singular values towards ~[0.7, 1.2] but leaves small ones of U
         # smaller: 5 steps are not an exact orthogonalization.

@@ -58,6 +58,8 @@ MIN_PARALLEL_SIZE = 256
 
 _pools: dict[int, ThreadPoolExecutor] = {}
 _pools_lock = threading.Lock()
+# The alignment of torch's CPU allocations, so of an unsplit eigh's outputs.
+_ALIGNMENT = 64
 
 
 def _pool(width: int) -> ThreadPoolExecutor:
@@ -148,7 +150,16 @@ def stacked_eigh(
     evecs = matrices.new_empty(matrices.shape).mT
 
     def solve(rows: slice) -> None:
-        torch.linalg.eigh(matrices[rows], out=(evals[rows], evecs[rows]))
+        values, vectors = evals[rows], evecs[rows]
+        if values.data_ptr() % _ALIGNMENT == 0 and vectors.data_ptr() % _ALIGNMENT == 0:
+            torch.linalg.eigh(matrices[rows], out=(values, vectors))
+            return
+        # MKL's result depends on where its output lies (on an AVX2-only AMD EPYC an eigh into
+        # rows 64-byte misaligned differs in the last bits from one into fresh memory): such
+        # rows are decomposed into fresh, aligned memory, as an unsplit call's are, and copied.
+        fresh = torch.linalg.eigh(matrices[rows])
+        values.copy_(fresh[0])
+        vectors.copy_(fresh[1])
 
     _run_split(solve, _chunk_rows(matrices.shape[0], width))
     return evals, evecs
