@@ -67,10 +67,9 @@ def symmetric_rank_update_(
     so for ``n >= TILED_UPDATE_MIN_SIZE`` the rows are cut into ``k = n // TILE_SIZE`` tiles;
     the tiles ``(i, j)`` with ``i <= j`` are computed, a row of them (a band) per ``baddbmm_``,
     and tile ``(j, i)`` is their transpose: ``(k + 1) / 2k`` of the flops. Tiles below the
-    diagonal are exact copies of their mirrors;
-    ``mirror=False`` leaves them stale (for :meth:`SymmetricPacking.pack_updated`, which reads
-    the computed tiles only). What the tiles save: docs/results/shampoo-step.md
-    "Kernel choices inside the step".
+    diagonal are exact copies of their mirrors; ``mirror=False`` leaves them stale (for
+    :meth:`SymmetricPacking.pack_updated`, which reads the computed tiles only). What the tiles
+    save: docs/results/shampoo-step.md "Kernel choices inside the step".
     """
     edges = tile_edges(factors.shape[-1])
     if len(edges) <= 2:
@@ -125,9 +124,9 @@ def symmetric_product(
     Below ``TILED_UPDATE_MIN_SIZE``: the symmetric part ``(X + X^T) / 2`` of the full product.
     From it on, the tiles of :func:`tile_edges` on and above the diagonal only (a row of them
     per product), ``(k + 1) / 2k`` of the flops: a tile above the diagonal is its product and
-    the one below it its transpose,
-    a diagonal tile its own symmetric part. A new row-major tensor either way, or written into
-    ``out`` (contiguous ``(B, n, n)``, the operands' dtype, overlapping neither) when given.
+    the one below it its transpose, a diagonal tile its own symmetric part. A new row-major
+    tensor either way, or written into ``out`` (contiguous ``(B, n, n)``, the operands' dtype,
+    overlapping neither) when given.
     """
     edges = tile_edges(left.shape[-1])
     if len(edges) <= 2:

@@ -193,13 +193,14 @@ def eigh_inverse_root(
             bfloat16 rounding into a float32 solve, so the default tolerances use this dtype.
         overwrite_input: ``matrices`` is the caller's temporary: the ridge is added to its
             diagonal in place (the same numbers as ``A + eps I``, without a copy of the stack).
-        out: the caller's stored roots ``(N, n, n)`` (CPU, the input's dtype), or None. On a
-            CPU, when every root is sure to succeed before it is formed, the roots are written
-            straight into ``out`` and ``out`` is returned: no new stack and no copy into place.
-            Otherwise ``out`` is left alone. Sure to succeed: the decomposition succeeded and
-            ``Q`` and ``w`` are finite with ``max |w| < float max / 2``, since an entry of
-            ``Q diag(w) Q^T`` with orthonormal ``Q`` is at most ``max |w|`` in magnitude (so
-            ``ok`` is what the check of the formed roots would give).
+        out: the caller's stored roots ``(N, n, n)``, or None. When ``out`` is on the CPU
+            with the decomposition (its shape and dtype) and every root is sure to succeed
+            before it is formed, the roots are written straight into ``out`` and ``out`` is
+            returned: no new stack and no copy into place. Otherwise ``out`` is left alone.
+            Sure to succeed: the decomposition succeeded and ``Q`` and ``w`` are finite with
+            ``max |w| < float max / 2``, since an entry of ``Q diag(w) Q^T`` with orthonormal
+            ``Q`` is at most ``max |w|`` in magnitude (so ``ok`` is what the check of the
+            formed roots would give).
 
     Returns:
         ``(roots (N, n, n), ok (N,) bool)``; ``roots[i]`` is garbage where ``ok[i]`` is False
@@ -221,6 +222,7 @@ def eigh_inverse_root(
     )
     if (
         out is not None
+        and out.device == evecs.device
         and out.device.type == "cpu"  # (elsewhere the check below would synchronize)
         and out.dtype == evecs.dtype
         and out.shape == evecs.shape

@@ -195,10 +195,9 @@ class ShampooPreconditioner(KroneckerFactoredPreconditioner):
                 # view's lower triangle, the matrices' upper one: all that
                 # _solver_reads_upper asked to hold the factors.
                 matrices = matrices.mT
-            # Every row solved on the stored roots' device: they may be written in place.
+            # Every row solved: the stored roots may be written in place (eigh_inverse_root
+            # decides where that is safe).
             stored = self._results[key] if rows is None else None
-            if stored is not None and stored.device != torch.device(device):
-                stored = None
             roots, ok = eigh_inverse_root(
                 matrices.to(device),
                 exponents.to(device),
